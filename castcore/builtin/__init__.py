@@ -1,0 +1,34 @@
+"""The core's own plugin: aten formulas, the roofline estimator and the memory-only fallback.
+
+Both hook implementations are ``trylast``: every pack and user file is asked first.
+"""
+
+from __future__ import annotations
+
+from ..claims import ClaimTable, claims_of
+from ..estimate import STEP_FALLBACK, Source
+from ..hookspecs import hookimpl
+from . import formulas
+from .roofline import roofline
+
+CORE_NAME = "core"
+
+
+class CorePlugin(ClaimTable):
+    def __init__(self):
+        super().__init__(claims_of(formulas.__name__))
+        self.resolver = None  # set by the Session once the plugin manager exists
+
+    @hookimpl(trylast=True)
+    def estimate_op(self, invoke, device):
+        props, source = self.resolver.properties(invoke, device)
+        if props is None:
+            return roofline(invoke.memory_access_properties(), device, Source(CORE_NAME, STEP_FALLBACK))
+        return roofline(props, device, source)
+
+    @hookimpl(trylast=True)
+    def op_properties(self, invoke, device):
+        claim = self.find("properties", invoke.op, device.name)
+        if claim is not None:
+            return claim.fn(invoke, device)
+        return formulas.by_tag(invoke)

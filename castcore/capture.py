@@ -1,0 +1,133 @@
+"""Running a model or function on fake tensors and recording every operator call as an OpInvoke.
+
+Weights are never allocated: parameters and buffers are replaced by fake CPU tensors of the
+same shape for the duration of the call (through functional_call, so the user's module is
+left untouched), whether the module lives on the meta device or on a real one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.module_tracker import ModuleTracker
+
+from .invoke import OpInvoke, to_meta
+
+# Namespaces whose calls are bookkeeping, not work a device does.
+_SKIPPED_NAMESPACES = {"prim"}
+
+
+class CaptureError(RuntimeError):
+    """The model could not be run on fake tensors; the message names the op and the fix."""
+
+
+@dataclass
+class Capture:
+    invokes: list[OpInvoke]
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tracker: ModuleTracker):
+        super().__init__()
+        self.tracker = tracker
+        self.invokes: list[OpInvoke] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            out = func(*args, **kwargs)
+        except CaptureError:
+            raise
+        except (DynamicOutputShapeException, DataDependentOutputException) as exc:
+            raise CaptureError(
+                f"{func} needs tensor values to decide its output shape ({type(exc).__name__}); fake tensors "
+                "carry none: write that step with static shapes or give its module an estimator"
+            ) from None
+        except Exception as exc:
+            if func.namespace in ("aten", "prim") and not isinstance(exc, UnsupportedOperatorException):
+                raise
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CaptureError(
+                f"operator {func._schema.name} cannot run on fake tensors ({first_line}); give it a fake "
+                f"implementation with torch.library.register_fake('{func._schema.name}'), or define it with "
+                "castcore.register_op and a dimension annotation"
+            ) from None
+        if func.namespace not in _SKIPPED_NAMESPACES:
+            self.invokes.append(OpInvoke(
+                op=func, args=to_meta(args), kwargs=to_meta(kwargs), out=to_meta(out),
+                module=self._module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
+            ))
+        return out
+
+    def _module(self) -> str:
+        # ModuleTracker.parents is a set of dotted paths; the innermost module has the longest one.
+        parents = [p for p in self.tracker.parents if p != "Global"]
+        return max(parents, key=len) if parents else ""
+
+
+def _attrs(func, args, kwargs) -> dict:
+    """Facts the arguments do not carry: the size of a collective's process group."""
+    schema_names = [a.name for a in func._schema.arguments]
+    if "group_name" not in schema_names:
+        return {}
+    position = schema_names.index("group_name")
+    name = kwargs.get("group_name", args[position] if position < len(args) else None)
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return {"group_size": _resolve_process_group(name).size(), "group_name": name}
+    except Exception:  # no such group in this process: estimators fall back to the op's own arguments
+        return {"group_name": name}
+
+
+def _fake_like(t: torch.Tensor) -> torch.Tensor:
+    """A fake CPU tensor with t's shape, stride and dtype; must run under the fake mode."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", requires_grad=t.requires_grad)
+
+
+def _fake_inputs(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _fake_like(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fake_inputs(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _fake_inputs(v) for k, v in value.items()}
+    return value
+
+
+def capture(target: torch.nn.Module | Callable, *inputs: Any, grad: bool = False, **kwargs: Any) -> Capture:
+    """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made."""
+    tracker = ModuleTracker()
+    recorder = _Recorder(tracker)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake_args = _fake_inputs(inputs)
+        fake_kwargs = _fake_inputs(kwargs)
+        if isinstance(target, torch.nn.Module):
+            state = {name: _fake_like(t) for name, t in _state(target).items()}
+
+            def run():
+                return torch.func.functional_call(target, state, tuple(fake_args), fake_kwargs, strict=False)
+        else:
+            def run():
+                return target(*fake_args, **fake_kwargs)
+
+        with torch.set_grad_enabled(grad), tracker, recorder:
+            run()
+    return Capture(invokes=recorder.invokes)
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # remove_duplicate=False keeps tied weights under each name, as functional_call expects.
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(module.named_buffers(remove_duplicate=False))
+    return state

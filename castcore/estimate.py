@@ -1,0 +1,142 @@
+"""Resolving one OpInvoke on one device to an Estimate, recording who answered and at which step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from .properties import PerformanceProperties
+
+if TYPE_CHECKING:
+    from .devices import DeviceProfile
+    from .invoke import OpInvoke
+
+STEP_ESTIMATOR = "estimator"
+STEP_PROPERTIES = "properties"
+STEP_FALLBACK = "fallback"
+BOUNDS = ("compute", "memory", "comm", "overhead", "none", "unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Which plugin answered and at which step of the priority order."""
+
+    plugin: str
+    step: str
+
+    def __str__(self) -> str:
+        return f"{self.plugin} ({self.step})"
+
+
+@dataclass(slots=True)
+class Estimate:
+    """Time of one operator call and its parts, in seconds."""
+
+    time_s: float
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    comm_s: float = 0.0
+    overhead_s: float = 0.0
+    bound: str = "unknown"
+    source: Source | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fallback(self) -> bool:
+        return self.source is not None and self.source.step == STEP_FALLBACK
+
+
+class EstimatorError(RuntimeError):
+    """A plugin raised or answered nonsense; the message names the plugin, the op and its inputs."""
+
+
+def hookimpls_in_call_order(caller: pluggy.HookCaller) -> list[pluggy.HookImpl]:
+    """The non-wrapper implementations of a hook in the order a firstresult call tries them.
+
+    pluggy keeps implementations so that the last one is called first; this is the only
+    place castcore relies on that, and tests/test_pluggy_order.py fails if pluggy changes it.
+    """
+    return [impl for impl in reversed(caller.get_hookimpls()) if not (impl.hookwrapper or impl.wrapper)]
+
+
+def _call(impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile) -> Any:
+    available = {"invoke": invoke, "device": device}
+    return impl.function(*(available[name] for name in impl.argnames))
+
+
+def _describe_inputs(invoke: OpInvoke) -> str:
+    return ", ".join(repr(t) for t in invoke.inputs()) or "no tensor inputs"
+
+
+class Resolver:
+    """Answers estimate and properties questions through the plugin order, caching by invoke key."""
+
+    def __init__(self, pm: pluggy.PluginManager, display_name):
+        self.pm = pm
+        self.display_name = display_name  # pluggy plugin name -> name shown to users
+        self._estimates: dict[tuple, Estimate] = {}
+        self._properties: dict[tuple, tuple[PerformanceProperties | None, Source | None]] = {}
+
+    def _error(self, impl: pluggy.HookImpl, invoke: OpInvoke, what: str) -> EstimatorError:
+        return EstimatorError(
+            f"{self.display_name(impl.plugin_name)}: {impl.function.__name__} {what} "
+            f"for {invoke.name} on inputs {_describe_inputs(invoke)}"
+        )
+
+    def estimate(self, invoke: OpInvoke, device: DeviceProfile) -> Estimate:
+        """The first estimate in plugin order (the core's roofline answers last)."""
+        cache_key = (invoke.key, device.name)
+        cached = self._estimates.get(cache_key)
+        if cached is not None:
+            return cached
+        for impl in hookimpls_in_call_order(self.pm.hook.estimate_op):
+            try:
+                result = _call(impl, invoke, device)
+            except Exception as exc:  # a plugin's bug must be reported by name, not crash blind
+                raise self._error(impl, invoke, f"raised {type(exc).__name__}: {exc}") from exc
+            if result is None:
+                continue
+            estimate = self._checked_estimate(result, impl, invoke)
+            if estimate.source is None:
+                estimate.source = Source(self.display_name(impl.plugin_name), STEP_ESTIMATOR)
+            self._estimates[cache_key] = estimate
+            return estimate
+        raise EstimatorError(f"no plugin estimated {invoke.name}: the core plugin is not registered")
+
+    def _checked_estimate(self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke) -> Estimate:
+        if isinstance(result, Estimate):
+            estimate = result
+        elif isinstance(result, (int, float)) and not isinstance(result, bool):
+            estimate = Estimate(time_s=float(result))
+        else:
+            raise self._error(impl, invoke, f"returned {type(result).__name__}, not an Estimate or seconds")
+        numbers = [estimate.time_s, estimate.compute_s, estimate.memory_s, estimate.comm_s, estimate.overhead_s]
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in numbers):
+            raise self._error(impl, invoke, f"returned a time that is negative, NaN or infinite ({estimate.time_s!r})")
+        return estimate
+
+    def properties(self, invoke: OpInvoke, device: DeviceProfile) -> tuple[PerformanceProperties | None, Source | None]:
+        """The first op_properties answer in plugin order, with its source; (None, None) if nobody claims it."""
+        cache_key = (invoke.key, device.name)
+        if cache_key in self._properties:
+            return self._properties[cache_key]
+        answer: tuple[PerformanceProperties | None, Source | None] = (None, None)
+        for impl in hookimpls_in_call_order(self.pm.hook.op_properties):
+            try:
+                result = _call(impl, invoke, device)
+            except Exception as exc:
+                raise self._error(impl, invoke, f"raised {type(exc).__name__}: {exc}") from exc
+            if result is None:
+                continue
+            if not isinstance(result, PerformanceProperties):
+                raise self._error(impl, invoke, f"returned {type(result).__name__}, not PerformanceProperties")
+            problems = result.problems()
+            if problems:
+                raise self._error(impl, invoke, f"returned nonsense properties ({'; '.join(problems)})")
+            answer = (result, Source(self.display_name(impl.plugin_name), STEP_PROPERTIES))
+            break
+        self._properties[cache_key] = answer
+        return answer

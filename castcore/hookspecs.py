@@ -1,0 +1,32 @@
+"""The hook specifications castcore plugins implement (see DESIGN.md, "The hooks")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .devices import DeviceProfile
+    from .estimate import Estimate
+    from .invoke import OpInvoke
+    from .properties import PerformanceProperties
+
+PROJECT = "castcore"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def device_profiles() -> list[DeviceProfile]:
+    """Return the device profiles this plugin knows; every plugin's list is collected."""
+
+
+@hookspec(firstresult=True)
+def estimate_op(invoke: OpInvoke, device: DeviceProfile) -> Estimate | float | None:
+    """Return the time of one operator call on ``device`` (an Estimate or seconds), or None to pass."""
+
+
+@hookspec(firstresult=True)
+def op_properties(invoke: OpInvoke, device: DeviceProfile) -> PerformanceProperties | None:
+    """Return the FLOPs per dtype and the bytes moved by one operator call, or None to pass."""

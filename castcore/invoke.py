@@ -1,0 +1,159 @@
+"""What an estimator sees of one operator call: tensor metadata, never tensor data."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .properties import PerformanceProperties
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """Shape, dtype and layout of a tensor, with the few methods formulas read like torch code."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stride: tuple[int, ...] = ()
+    storage_offset: int = 0
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorMeta:
+        return cls(
+            shape=tuple(int(s) for s in t.shape),
+            dtype=t.dtype,
+            stride=tuple(int(s) for s in t.stride()) if t.layout == torch.strided else (),
+            storage_offset=int(t.storage_offset()) if t.layout == torch.strided else 0,
+            device=str(t.device),
+        )
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.element_size()
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+        return self.shape if dim is None else self.shape[dim]
+
+    def __repr__(self) -> str:
+        dims = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"{str(self.dtype).removeprefix('torch.')}[{dims}]"
+
+
+def to_meta(value: Any) -> Any:
+    """Replace every tensor inside ``value`` by its TensorMeta; lists become tuples so the result hashes."""
+    if isinstance(value, torch.Tensor):
+        return TensorMeta.of(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_meta(v) for k, v in value.items()}
+    return value
+
+
+def tensors_in(value: Any) -> list[TensorMeta]:
+    """Every TensorMeta inside a (nested) value, in order."""
+    if isinstance(value, TensorMeta):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, tuple):
+        return tuple(_hashable(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+@dataclass(slots=True)
+class OpInvoke:
+    """One captured operator call: the op, its arguments with TensorMeta for tensors, and where it ran.
+
+    ``attrs`` carries facts the capture knew and the arguments do not say, such as the
+    size of a collective's process group (``attrs["group_size"]``).
+    """
+
+    op: Any  # torch._ops.OpOverload, or any callable a test feeds in
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    out: Any = None
+    module: str = ""
+    index: int = 0
+    attrs: dict = field(default_factory=dict)
+    _key: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        """The operator's name as torch prints it, e.g. ``aten::mm`` (overload omitted when default)."""
+        return op_name(self.op)
+
+    @property
+    def key(self) -> Any:
+        """Hashable identity over the op and all metadata: identical calls resolve once."""
+        if self._key is None:
+            self._key = (
+                self.op,
+                _hashable(self.args),
+                _hashable(self.kwargs),
+                _hashable(self.out),
+                _hashable(self.attrs),
+            )
+        return self._key
+
+    def argument(self, name: str, default: Any = None) -> Any:
+        """An argument by its schema name, whether passed by position or keyword, else its default."""
+        if name in self.kwargs:
+            return self.kwargs[name]
+        schema = getattr(self.op, "_schema", None)
+        for position, arg in enumerate(schema.arguments if schema is not None else ()):
+            if arg.name == name:
+                if position < len(self.args) and not arg.kwarg_only:
+                    return self.args[position]
+                return arg.default_value if arg.has_default_value() else default
+        return default
+
+    def inputs(self) -> list[TensorMeta]:
+        return tensors_in(self.args) + tensors_in(self.kwargs)
+
+    def outputs(self) -> list[TensorMeta]:
+        return tensors_in(self.out)
+
+    def memory_access_properties(self) -> PerformanceProperties:
+        """Properties with every input read once and every output written once, and no compute."""
+        return PerformanceProperties(
+            memory_read_bytes=sum(t.nbytes for t in self.inputs()),
+            memory_write_bytes=sum(t.nbytes for t in self.outputs()),
+        )
+
+    # The seed RFC's spelling, so estimator files written for it port unchanged.
+    get_memory_access_properties = memory_access_properties
+
+
+def op_name(op: Any) -> str:
+    """``aten::mm`` for aten.mm.default, ``aten::add.Tensor`` for other overloads."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return getattr(op, "__qualname__", repr(op))
+    overload = schema.overload_name
+    return f"{schema.name}.{overload}" if overload and overload != "default" else schema.name

@@ -1,0 +1,55 @@
+"""What an operator call costs in work: operations per dtype and unit, and bytes moved.
+
+Names follow the seed RFC (ComputeOps, mma_ops, gp_ops, memory_read_bytes) so estimator
+files written for it port with import changes only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class ComputeOps:
+    """Operations on the matrix unit (``mma_ops``) and the vector/scalar units (``gp_ops``)."""
+
+    mma_ops: float = 0
+    gp_ops: float = 0
+
+
+@dataclass(slots=True)
+class PerformanceProperties:
+    compute_ops: dict[torch.dtype, ComputeOps] = field(default_factory=dict)
+    memory_read_bytes: float = 0
+    memory_write_bytes: float = 0
+
+    def add(self, dtype: torch.dtype, *, mma: float = 0, gp: float = 0) -> PerformanceProperties:
+        """Add operations counted in ``dtype``; returns self so formulas chain."""
+        ops = self.compute_ops.setdefault(dtype, ComputeOps())
+        ops.mma_ops += mma
+        ops.gp_ops += gp
+        return self
+
+    @property
+    def flops(self) -> float:
+        return sum(c.mma_ops + c.gp_ops for c in self.compute_ops.values())
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_read_bytes + self.memory_write_bytes
+
+    def problems(self) -> list[str]:
+        """Why these properties are nonsense (negative or non-finite numbers), empty when sane."""
+        found = []
+        numbers = {"memory_read_bytes": self.memory_read_bytes, "memory_write_bytes": self.memory_write_bytes}
+        for dtype, ops in self.compute_ops.items():
+            numbers[f"compute_ops[{dtype}].mma_ops"] = ops.mma_ops
+            numbers[f"compute_ops[{dtype}].gp_ops"] = ops.gp_ops
+        for name, value in numbers.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                found.append(f"{name} is {type(value).__name__}, not a number")
+            elif not value >= 0 or value == float("inf"):
+                found.append(f"{name} = {value}")
+        return found

@@ -1,0 +1,115 @@
+"""A Session owns one plugin manager, its configuration and its devices: the embedded API's centre."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from .capture import Capture, capture
+from .config import Config, load_config
+from .devices import DeviceError, DeviceProfile, load_device_file
+from .estimate import Resolver
+from .plugins import LoadedPlugins, load_plugins
+from .report import OpRecord, Report
+
+
+class Session:
+    """Plugins and devices loaded once; estimate as many models as you like with them.
+
+    ``Session(custom_op_dirs=[...], load_packs=[...])`` takes any Config field as an override.
+    """
+
+    def __init__(self, config: Config | None = None, **overrides: Any):
+        self.config = config.with_overrides(**overrides) if config else load_config(**overrides)
+        self.plugins: LoadedPlugins = load_plugins(self.config)
+        self.resolver = Resolver(self.plugins.pm, self.plugins.label)
+        self.plugins.core.resolver = self.resolver
+        self.warnings: list[str] = [f"{info.label}: {info.error}" for info in self.plugins.infos
+                                    if info.status == "failed"]
+        self.devices: dict[str, DeviceProfile] = self._collect_devices()
+
+    def _collect_devices(self) -> dict[str, DeviceProfile]:
+        devices: dict[str, DeviceProfile] = {}
+        for impl in reversed(self.plugins.pm.hook.device_profiles.get_hookimpls()):
+            label = self.plugins.label(impl.plugin_name)
+            try:
+                profiles = list(impl.function() or ())
+            except Exception as exc:
+                self.warnings.append(f"{label}: device_profiles raised {type(exc).__name__}: {exc}")
+                continue
+            for profile in profiles:
+                if not isinstance(profile, DeviceProfile):
+                    self.warnings.append(f"{label}: device_profiles returned {type(profile).__name__}, not a DeviceProfile")
+                elif profile.name in devices:
+                    self.warnings.append(f"device {profile.name!r} is provided by both {devices[profile.name].origin} "
+                                         f"and {label}; using the first (set priority to choose)")
+                else:
+                    devices[profile.name] = profile if profile.origin else _with_origin(profile, label)
+        self._file_devices = []
+        for path in self.config.device_files:
+            profile = load_device_file(path)
+            self._file_devices.append(profile.name)
+            if profile.name in devices:
+                self.warnings.append(f"{path} replaces device {profile.name!r} from {devices[profile.name].origin}")
+            devices[profile.name] = profile
+        return dict(sorted(devices.items()))
+
+    def device(self, name: str | DeviceProfile | None = None) -> DeviceProfile:
+        """A device by name; None picks the configured default, else a --device-file's device, else the
+        first installed profile marked ``default``, else the first by name."""
+        if isinstance(name, DeviceProfile):
+            return name
+        name = name or self.config.default_device
+        if name is None:
+            if self._file_devices:
+                return self.devices[self._file_devices[0]]
+            marked = [d for d in self.devices.values() if d.default]
+            chosen = marked or list(self.devices.values())
+            if not chosen:
+                raise DeviceError("no device profiles are installed: install a pack (pip install castpack-ascend) "
+                                  "or pass --device-file my.toml")
+            return chosen[0]
+        if name not in self.devices:
+            raise DeviceError(f"unknown device {name!r}; installed: {', '.join(self.devices) or 'none'} "
+                              "(castcore devices lists them)")
+        return self.devices[name]
+
+    def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
+                         description: str = "") -> Report:
+        profile = self.device(device)
+        records = []
+        for invoke in captured.invokes:
+            estimate = self.resolver.estimate(invoke, profile)
+            props, _ = self.resolver.properties(invoke, profile)
+            records.append(OpRecord(invoke=invoke, estimate=estimate, properties=props))
+        return Report(records, profile, description)
+
+    def estimate(self, model_or_fn: torch.nn.Module | Callable, *inputs: Any, device: str | DeviceProfile | None = None,
+                 kwargs: dict[str, Any] | None = None, description: str = "", grad: bool = False) -> Report:
+        """Capture ``model_or_fn(*inputs, **kwargs)`` on fake tensors and estimate every call on ``device``."""
+        profile = self.device(device)  # fail on a bad device before the capture, not after
+        captured = capture(model_or_fn, *inputs, grad=grad, **(kwargs or {}))
+        return self.estimate_capture(captured, profile, description)
+
+
+def _with_origin(profile: DeviceProfile, origin: str) -> DeviceProfile:
+    return replace(profile, origin=origin)
+
+
+_default: Session | None = None
+
+
+def default_session() -> Session:
+    """The Session the module-level functions use, created on first use from the environment."""
+    global _default
+    if _default is None:
+        _default = Session()
+    return _default
+
+
+def estimate(model_or_fn, *inputs, device=None, **options) -> Report:
+    """Estimate a model or function with the default session; see Session.estimate."""
+    return default_session().estimate(model_or_fn, *inputs, device=device, **options)

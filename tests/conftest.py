@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import castcore
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def h100_file() -> Path:
+    return DATA / "h100-sxm.toml"
+
+
+@pytest.fixture
+def tiny_llama() -> Path:
+    return DATA / "tiny-llama.json"
+
+
+@pytest.fixture
+def session(h100_file, monkeypatch) -> castcore.Session:
+    """A session with no packs and the H100 test profile, unaffected by the caller's environment."""
+    for var in ("CASTCORE_CUSTOM_OP_PATH", "CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_STRICT"):
+        monkeypatch.delenv(var, raising=False)
+    return castcore.Session(load_packs=[], device_files=[h100_file])
+
+
+@pytest.fixture
+def simple_profile() -> castcore.DeviceProfile:
+    """Round numbers so hand-computed times are easy to check."""
+    return castcore.device_from_dict({
+        "name": "round-numbers", "vendor": "test",
+        "mma_flops": {"bfloat16": 100e12, "float32": 25e12},
+        "gp_flops": {"bfloat16": 10e12, "float32": 5e12},
+        "memory_bytes": 64e9, "memory_bandwidth": 1e12,
+        "compute_efficiency": 0.5, "memory_efficiency": 0.8,
+        "mma_op_cost_s": 4e-6, "gp_op_cost_s": 2e-6,
+        "sources": {"mma_flops": "test value", "gp_flops": "test value", "memory_bytes": "test value",
+                    "memory_bandwidth": "test value", "compute_efficiency": "test value",
+                    "memory_efficiency": "test value", "mma_op_cost_s": "test value", "gp_op_cost_s": "test value"},
+    }, origin="conftest")

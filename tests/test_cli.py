@@ -1,0 +1,73 @@
+"""The castcore command as a user runs it: help, estimates, devices, custom-op files, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+USER_MM = '''
+import torch
+import castcore
+
+@castcore.register_op_estimator(torch.ops.aten.mm.default)
+def mm(invoke, device):
+    return 0.5
+'''
+
+
+def castcore_cli(*args, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "castcore.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_estimate_help_lists_the_options():
+    done = castcore_cli("estimate", "--help")
+    assert done.returncode == 0
+    for option in ("--model", "--batch", "--seq", "--dtype", "--device", "--device-file", "--custom-op-dir", "--json"):
+        assert option in done.stdout
+
+
+def test_estimate_prints_a_table_and_totals(tiny_llama, h100_file):
+    done = castcore_cli("estimate", "--model", str(tiny_llama), "--seq", "32", "--device-file", str(h100_file),
+                        "--no-packs")
+    assert done.returncode == 0, done.stderr
+    assert "on h100-sxm" in done.stdout
+    assert "aten::mm" in done.stdout
+    for total in ("total time", "total FLOPs", "bytes moved"):
+        assert total in done.stdout
+
+
+def test_custom_op_file_wins_in_the_json_report(tiny_llama, h100_file, tmp_path):
+    (tmp_path / "mm.py").write_text(USER_MM)
+    done = castcore_cli("estimate", "--model", str(tiny_llama), "--seq", "16", "--device-file", str(h100_file),
+                        "--no-packs", "--custom-op-dir", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    mm = next(row for row in report["ops"] if row["op"] == "aten::mm")
+    assert mm["source"] == f"file:{tmp_path / 'mm.py'} (estimator)"
+    assert mm["time_s"] == pytest.approx(0.5 * mm["calls"])
+    assert report["totals"]["time_s"] >= mm["time_s"]
+
+
+def test_devices_json_lists_the_device_file(h100_file):
+    done = castcore_cli("devices", "--json", "--no-packs", "--device-file", str(h100_file))
+    assert done.returncode == 0, done.stderr
+    assert [d["name"] for d in json.loads(done.stdout)] == ["h100-sxm"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gpt-9"], "unknown model 'gpt-9'; use a preset (llama-3-70b, llama-3-8b)"),
+    (["--device", "tpu-v9"], "unknown device 'tpu-v9'"),
+    (["--custom-op-dir", "/no/such/dir"], "custom-op directory /no/such/dir does not exist"),
+])
+def test_bad_input_is_one_line_naming_the_culprit(h100_file, args, message):
+    done = castcore_cli("estimate", "--no-packs", "--device-file", str(h100_file), *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 2
