@@ -8,7 +8,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .capture import CaptureError
+from . import audit
+from .capture import CaptureError, capture
 from .config import ConfigError
 from .devices import DeviceError, dtype_name
 from .estimate import EstimatorError
@@ -26,28 +27,87 @@ def _plugin_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device-file", action="append", metavar="TOML",
                        help="add a device profile from a TOML file (repeatable); the first is the default device")
     group.add_argument("--no-packs", action="store_true", help="load no installed packs (same as CASTCORE_LOAD_PACKS=)")
+    group.add_argument("--strict", action="store_true", default=None,
+                       help="fail on any plugin that did not load, and as each command says (also CASTCORE_STRICT=1)")
     group.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
 
 
-def _session(args: argparse.Namespace) -> Session:
+def _model_options(parser: argparse.ArgumentParser, default_model: str | None) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=default_model,
+                       help=f"a preset ({', '.join(preset_names())}) or a transformers config.json path"
+                            + (f" (default: {default_model})" if default_model else ""))
+    group.add_argument("--batch", type=int, default=1, help="sequences per batch (default: 1)")
+    group.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: 2048)")
+    group.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="weights and activations (default: bf16)")
+
+
+class StrictFailure(RuntimeError):
+    """--strict turned a reported problem into a failure."""
+
+
+def _session(args: argparse.Namespace, **extra) -> Session:
     session = Session(custom_op_dirs=args.custom_op_dir, device_files=args.device_file,
-                      load_packs=[] if args.no_packs else None)
+                      load_packs=[] if args.no_packs else None, strict=args.strict, **extra)
     for warning in session.warnings:
         print(f"castcore: warning: {warning}", file=sys.stderr)
+    if session.config.strict and session.warnings:
+        raise StrictFailure(f"{len(session.warnings)} plugin problem(s) above and --strict is on")
     return session
 
 
-def cmd_estimate(args: argparse.Namespace) -> int:
-    session = _session(args)
-    device = session.device(args.device)
-    started = time.perf_counter()
+def _capture_workload(session: Session, args: argparse.Namespace):
     print(f"castcore: building {args.model} and capturing on fake tensors ...", file=sys.stderr)
     workload = build_workload(args.model, batch=args.batch, seq=args.seq, dtype=args.dtype)
-    report = session.estimate(workload.model, *workload.args, kwargs=workload.kwargs, device=device,
-                              description=workload.description)
+    return workload, capture(workload.model, *workload.args, **workload.kwargs)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    session = _session(args, on_error=args.on_error)
+    device = session.device(args.device)
+    started = time.perf_counter()
+    workload, captured = _capture_workload(session, args)
+    report = session.estimate_capture(captured, device, description=workload.description)
     print(f"castcore: {len(report.records)} op calls estimated in {time.perf_counter() - started:.1f} s",
           file=sys.stderr)
+    for error in dict.fromkeys(session.resolver.errors):
+        print(f"castcore: warning: {error} (fell back to the next plugin)", file=sys.stderr)
     print(report.to_json() if args.json else report.format_table(top=args.top))
+    if session.config.strict and session.resolver.errors:
+        raise StrictFailure(f"{len(session.resolver.errors)} estimator error(s) and --strict is on")
+    return 0
+
+
+def cmd_packs(args: argparse.Namespace) -> int:
+    session = _session(args)
+    rows = [{"name": i.name, "kind": i.kind, "distribution": i.distribution, "version": i.version,
+             "origin": i.origin, "status": i.status if i.status != "failed" else f"failed: {i.error}",
+             "hooks": i.hooks, "claims": len(i.claims)} for i in session.plugins.infos]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        who = f"{row['distribution']} {row['version'] or ''}".strip() if row["kind"] == "pack" else row["kind"]
+        print(f"{row['name']:<14} {who:<28} {row['status']:<10} hooks: {', '.join(row['hooks']) or '-'}; "
+              f"{row['claims']} claims; from {row['origin']}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    session = _session(args)
+    if args.model:
+        device = session.device(args.device).name
+        _, captured = _capture_workload(session, args)
+        rows = audit.dynamic_audit(session, captured, device, op=args.op)
+    else:
+        devices = [session.device(args.device).name] if args.device else list(session.devices)
+        if not devices:
+            session.device()  # raises the "no device profiles" error with its fix
+        rows = audit.static_audit(session, devices, op=args.op)
+    print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json else audit.format_audit(rows, bool(args.model)))
+    bad = [r for r in rows if r.status in (audit.CONFLICT, audit.UNCOVERED)]
+    if session.config.strict and bad:
+        raise StrictFailure(f"{len(bad)} CONFLICT/UNCOVERED row(s) and --strict is on")
     return 0
 
 
@@ -84,18 +144,38 @@ def build_parser() -> argparse.ArgumentParser:
         description="Capture a model on fake tensors (no weights are allocated) and estimate each operator "
                     "call on a device. With no arguments: Llama-3-8B prefill, batch 1, 2048 tokens, bf16, "
                     "on the default installed device.")
-    est.add_argument("--model", default=DEFAULT_MODEL,
-                     help=f"a preset ({', '.join(preset_names())}) or a transformers config.json path "
-                          f"(default: {DEFAULT_MODEL})")
-    est.add_argument("--batch", type=int, default=1, help="sequences per batch (default: 1)")
-    est.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: 2048)")
-    est.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="weights and activations (default: bf16)")
+    _model_options(est, DEFAULT_MODEL)
     est.add_argument("--device", help="device profile name (castcore devices lists them; default: the "
                                       "configured default_device, else the first profile marked default)")
     est.add_argument("--top", type=int, default=30, help="rows in the table, slowest first (default: 30)")
     est.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    est.add_argument("--on-error", choices=("raise", "fallback"), default=None,
+                     help="when a plugin raises or answers nonsense: stop (raise, the default) or record it and "
+                          "ask the next plugin (fallback)")
     _plugin_options(est)
     est.set_defaults(func=cmd_estimate)
+
+    aud = sub.add_parser(
+        "audit", help="show which plugin wins each operator, and conflicts, overrides, uncovered ops",
+        description="Static (default): every operator any plugin claims, per device, with the candidates in call "
+                    "order, the winner, the shadowed ones and a status: ok, override (declared override=True) or "
+                    "CONFLICT (two plugins claim it and neither declares override). With --model: capture that model "
+                    "and list who answers each operator it runs; ops left to the memory-only fallback are UNCOVERED.")
+    aud.add_argument("--device", help="audit this device only (default: every installed device; with --model, "
+                                      "the default device)")
+    aud.add_argument("--op", help="only this operator, e.g. aten::mm (every overload) or aten::add.Tensor")
+    aud.add_argument("--json", action="store_true", help="print JSON")
+    _model_options(aud, None)
+    _plugin_options(aud)
+    aud.set_defaults(func=cmd_audit)
+
+    packs = sub.add_parser("packs", help="list plugins: packs, custom-op files, their status and claims",
+                           description="Every plugin castcore found: the core, installed packs (entry points in "
+                                       "group 'castcore') and custom-op files, with status loaded, disabled or "
+                                       "failed: <reason>, the hooks each implements and how many ops it claims.")
+    packs.add_argument("--json", action="store_true", help="print JSON")
+    _plugin_options(packs)
+    packs.set_defaults(func=cmd_packs)
 
     dev = sub.add_parser("devices", help="list installed device profiles",
                          description="List the device profiles installed packs provide, and any --device-file.")
@@ -113,6 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except BrokenPipeError:  # output piped into head & co: not an error
+        sys.stderr.close()
+        return 0
+    except StrictFailure as exc:
+        print(f"castcore: error: {exc}", file=sys.stderr)
+        return 1
     except USER_ERRORS as exc:
         if args.debug:
             raise

@@ -74,9 +74,11 @@ def _describe_inputs(invoke: OpInvoke) -> str:
 class Resolver:
     """Answers estimate and properties questions through the plugin order, caching by invoke key."""
 
-    def __init__(self, pm: pluggy.PluginManager, display_name):
+    def __init__(self, pm: pluggy.PluginManager, display_name, on_error: str = "raise"):
         self.pm = pm
         self.display_name = display_name  # pluggy plugin name -> name shown to users
+        self.on_error = on_error  # "raise": stop at a plugin's error; "fallback": record it, ask the next plugin
+        self.errors: list[str] = []
         self._estimates: dict[tuple, Estimate] = {}
         self._properties: dict[tuple, tuple[PerformanceProperties | None, Source | None]] = {}
 
@@ -86,20 +88,36 @@ class Resolver:
             f"for {invoke.name} on inputs {_describe_inputs(invoke)}"
         )
 
+    def _ask(self, caller: pluggy.HookCaller, invoke: OpInvoke, device: DeviceProfile, check):
+        """Walk the implementations in call order; return (first checked answer, its impl) or (None, None).
+
+        ``check(result, impl, invoke)`` turns a raw answer into a valid one or raises EstimatorError.
+        """
+        for impl in hookimpls_in_call_order(caller):
+            try:
+                try:
+                    result = _call(impl, invoke, device)
+                except EstimatorError:
+                    raise  # already names the plugin at fault (a nested properties question)
+                except Exception as exc:  # a plugin's bug is reported by name, never blind
+                    raise self._error(impl, invoke, f"raised {type(exc).__name__}: {exc}") from exc
+                if result is None:
+                    continue
+                return check(result, impl, invoke), impl
+            except EstimatorError as exc:
+                if self.on_error == "raise":
+                    raise
+                self.errors.append(str(exc))
+        return None, None
+
     def estimate(self, invoke: OpInvoke, device: DeviceProfile) -> Estimate:
         """The first estimate in plugin order (the core's roofline answers last)."""
         cache_key = (invoke.key, device.name)
         cached = self._estimates.get(cache_key)
         if cached is not None:
             return cached
-        for impl in hookimpls_in_call_order(self.pm.hook.estimate_op):
-            try:
-                result = _call(impl, invoke, device)
-            except Exception as exc:  # a plugin's bug must be reported by name, not crash blind
-                raise self._error(impl, invoke, f"raised {type(exc).__name__}: {exc}") from exc
-            if result is None:
-                continue
-            estimate = self._checked_estimate(result, impl, invoke)
+        estimate, impl = self._ask(self.pm.hook.estimate_op, invoke, device, self._checked_estimate)
+        if estimate is not None:
             if estimate.source is None:
                 estimate.source = Source(self.display_name(impl.plugin_name), STEP_ESTIMATOR)
             self._estimates[cache_key] = estimate
@@ -123,20 +141,15 @@ class Resolver:
         cache_key = (invoke.key, device.name)
         if cache_key in self._properties:
             return self._properties[cache_key]
-        answer: tuple[PerformanceProperties | None, Source | None] = (None, None)
-        for impl in hookimpls_in_call_order(self.pm.hook.op_properties):
-            try:
-                result = _call(impl, invoke, device)
-            except Exception as exc:
-                raise self._error(impl, invoke, f"raised {type(exc).__name__}: {exc}") from exc
-            if result is None:
-                continue
-            if not isinstance(result, PerformanceProperties):
-                raise self._error(impl, invoke, f"returned {type(result).__name__}, not PerformanceProperties")
-            problems = result.problems()
-            if problems:
-                raise self._error(impl, invoke, f"returned nonsense properties ({'; '.join(problems)})")
-            answer = (result, Source(self.display_name(impl.plugin_name), STEP_PROPERTIES))
-            break
+        props, impl = self._ask(self.pm.hook.op_properties, invoke, device, self._checked_properties)
+        answer = (props, Source(self.display_name(impl.plugin_name), STEP_PROPERTIES)) if impl else (None, None)
         self._properties[cache_key] = answer
         return answer
+
+    def _checked_properties(self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke) -> PerformanceProperties:
+        if not isinstance(result, PerformanceProperties):
+            raise self._error(impl, invoke, f"returned {type(result).__name__}, not PerformanceProperties")
+        problems = result.problems()
+        if problems:
+            raise self._error(impl, invoke, f"returned nonsense properties ({'; '.join(problems)})")
+        return result

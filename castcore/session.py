@@ -25,7 +25,7 @@ class Session:
     def __init__(self, config: Config | None = None, **overrides: Any):
         self.config = config.with_overrides(**overrides) if config else load_config(**overrides)
         self.plugins: LoadedPlugins = load_plugins(self.config)
-        self.resolver = Resolver(self.plugins.pm, self.plugins.label)
+        self.resolver = Resolver(self.plugins.pm, self.plugins.label, on_error=self.config.on_error)
         self.plugins.core.resolver = self.resolver
         self.warnings: list[str] = [f"{info.label}: {info.error}" for info in self.plugins.infos
                                     if info.status == "failed"]
