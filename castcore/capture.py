@@ -8,7 +8,7 @@ left untouched), whether the module lives on the meta device or on a real one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,10 +18,11 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     UnsupportedOperatorException,
 )
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
-from .invoke import OpInvoke, to_meta
+from .invoke import OpInvoke, tensors_in, to_meta
 
 # Namespaces whose calls are bookkeeping, not work a device does.
 _SKIPPED_NAMESPACES = {"prim"}
@@ -33,7 +34,12 @@ class CaptureError(RuntimeError):
 
 @dataclass
 class Capture:
+    """Every operator call, and which storages were weights, inputs and the call's outputs."""
+
     invokes: list[OpInvoke]
+    weight_storages: dict[int, int] = field(default_factory=dict)  # storage id -> bytes
+    input_storages: dict[int, int] = field(default_factory=dict)
+    output_storages: set[int] = field(default_factory=set)
 
 
 class _Recorder(TorchDispatchMode):
@@ -41,6 +47,21 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
         self.invokes: list[OpInvoke] = []
+        self._storage_ids: dict[int, int] = {}
+        self._keep_alive: list = []  # storages stay referenced so their addresses are never reused
+
+    def storage_of(self, t: torch.Tensor) -> int:
+        if t.layout != torch.strided:
+            return -1
+        storage = t.untyped_storage()
+        key = StorageWeakRef(storage).cdata
+        if key not in self._storage_ids:
+            self._storage_ids[key] = len(self._storage_ids)
+            self._keep_alive.append(storage)
+        return self._storage_ids[key]
+
+    def storages(self, value: Any) -> dict[int, int]:
+        return {t.storage: t.storage_nbytes for t in tensors_in(to_meta(value, self.storage_of)) if t.storage >= 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -64,7 +85,8 @@ class _Recorder(TorchDispatchMode):
             ) from None
         if func.namespace not in _SKIPPED_NAMESPACES:
             self.invokes.append(OpInvoke(
-                op=func, args=to_meta(args), kwargs=to_meta(kwargs), out=to_meta(out),
+                op=func, args=to_meta(args, self.storage_of), kwargs=to_meta(kwargs, self.storage_of),
+                out=to_meta(out, self.storage_of),
                 module=self._module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
             ))
         return out
@@ -113,17 +135,27 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, grad: bool = False
         fake_args = _fake_inputs(inputs)
         fake_kwargs = _fake_inputs(kwargs)
         if isinstance(target, torch.nn.Module):
-            state = {name: _fake_like(t) for name, t in _state(target).items()}
+            fakes: dict[int, torch.Tensor] = {}  # tied weights share one fake, as they share one storage
+            state = {}
+            for name, t in _state(target).items():
+                if id(t) not in fakes:
+                    fakes[id(t)] = _fake_like(t)
+                state[name] = fakes[id(t)]
 
             def run():
                 return torch.func.functional_call(target, state, tuple(fake_args), fake_kwargs, strict=False)
         else:
+            state = {}
+
             def run():
                 return target(*fake_args, **fake_kwargs)
 
+        weights = recorder.storages(state)
+        given = recorder.storages((fake_args, fake_kwargs))
         with torch.set_grad_enabled(grad), tracker, recorder:
-            run()
-    return Capture(invokes=recorder.invokes)
+            result = run()
+        outputs = set(recorder.storages(result))
+    return Capture(invokes=recorder.invokes, weight_storages=weights, input_storages=given, output_storages=outputs)
 
 
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

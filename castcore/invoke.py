@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,15 +21,22 @@ class TensorMeta:
     stride: tuple[int, ...] = ()
     storage_offset: int = 0
     device: str = "cpu"
+    # Which storage the tensor views (an id unique within one capture) and its size: for memory
+    # liveness. Not part of equality, so identical calls on different buffers still match.
+    storage: int = field(default=-1, compare=False)
+    storage_nbytes: int = field(default=0, compare=False)
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> TensorMeta:
+    def of(cls, t: torch.Tensor, storage: int = -1) -> TensorMeta:
+        strided = t.layout == torch.strided
         return cls(
             shape=tuple(int(s) for s in t.shape),
             dtype=t.dtype,
-            stride=tuple(int(s) for s in t.stride()) if t.layout == torch.strided else (),
-            storage_offset=int(t.storage_offset()) if t.layout == torch.strided else 0,
+            stride=tuple(int(s) for s in t.stride()) if strided else (),
+            storage_offset=int(t.storage_offset()) if strided else 0,
             device=str(t.device),
+            storage=storage,
+            storage_nbytes=int(t.untyped_storage().nbytes()) if strided and storage >= 0 else 0,
         )
 
     def numel(self) -> int:
@@ -52,14 +60,17 @@ class TensorMeta:
         return f"{str(self.dtype).removeprefix('torch.')}[{dims}]"
 
 
-def to_meta(value: Any) -> Any:
-    """Replace every tensor inside ``value`` by its TensorMeta; lists become tuples so the result hashes."""
+def to_meta(value: Any, storage_of: Callable[[torch.Tensor], int] | None = None) -> Any:
+    """Replace every tensor inside ``value`` by its TensorMeta; lists become tuples so the result hashes.
+
+    ``storage_of`` numbers each tensor's storage (the capture passes one); without it storage is -1.
+    """
     if isinstance(value, torch.Tensor):
-        return TensorMeta.of(value)
+        return TensorMeta.of(value, storage_of(value) if storage_of else -1)
     if isinstance(value, (list, tuple)):
-        return tuple(to_meta(v) for v in value)
+        return tuple(to_meta(v, storage_of) for v in value)
     if isinstance(value, dict):
-        return {k: to_meta(v) for k, v in value.items()}
+        return {k: to_meta(v, storage_of) for k, v in value.items()}
     return value
 
 
