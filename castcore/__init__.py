@@ -13,6 +13,8 @@ from .devices import DeviceError, DeviceProfile, Interconnect, device_from_dict,
 from .estimate import Estimate, EstimatorError, Source
 from .hookspecs import hookimpl
 from .invoke import OpInvoke, TensorMeta
+from .memory import MemoryReport, analyze_memory, kv_cache_bytes
+from .models import Workload, build_workload
 from .properties import ComputeOps, PerformanceProperties
 from .report import OpRecord, OpSummary, Report
 from .session import Session, default_session, estimate
@@ -20,6 +22,7 @@ from .session import Session, default_session, estimate
 __all__ = [
     "Capture", "CaptureError", "ComputeOps", "Config", "ConfigError", "DeviceError", "DeviceProfile",
     "Estimate", "EstimatorError", "Interconnect", "OpInvoke", "OpRecord", "OpSummary", "PerformanceProperties",
-    "Report", "Session", "Source", "TensorMeta", "capture", "default_session", "device_from_dict", "estimate",
-    "hookimpl", "load_config", "load_device_file", "register_op_estimator", "register_op_properties",
+    "MemoryReport", "Report", "Session", "Source", "TensorMeta", "Workload", "analyze_memory", "build_workload",
+    "capture", "default_session", "device_from_dict", "estimate", "hookimpl", "kv_cache_bytes", "load_config",
+    "load_device_file", "register_op_estimator", "register_op_properties",
 ]

@@ -40,12 +40,15 @@ class Capture:
     weight_storages: dict[int, int] = field(default_factory=dict)  # storage id -> bytes
     input_storages: dict[int, int] = field(default_factory=dict)
     output_storages: set[int] = field(default_factory=set)
+    # Tensors held inside input objects, such as a KV cache: state the call reads and updates.
+    state_storages: dict[int, int] = field(default_factory=dict)
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, tracker: ModuleTracker):
+    def __init__(self, tracker: ModuleTracker, progress: Callable[[int], None] | None = None):
         super().__init__()
         self.tracker = tracker
+        self.progress = progress
         self.invokes: list[OpInvoke] = []
         self._storage_ids: dict[int, int] = {}
         self._keep_alive: list = []  # storages stay referenced so their addresses are never reused
@@ -89,6 +92,8 @@ class _Recorder(TorchDispatchMode):
                 out=to_meta(out, self.storage_of),
                 module=self._module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
             ))
+            if self.progress is not None and len(self.invokes) % 256 == 0:
+                self.progress(len(self.invokes))
         return out
 
     def _module(self) -> str:
@@ -127,13 +132,26 @@ def _fake_inputs(value: Any) -> Any:
     return value
 
 
-def capture(target: torch.nn.Module | Callable, *inputs: Any, grad: bool = False, **kwargs: Any) -> Capture:
-    """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made."""
+def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = False,
+            inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
+            progress: Callable[[int], None] | None = None, **kwargs: Any) -> Capture:
+    """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made.
+
+    ``train=True`` records the forward with autograd on and then the backward of its loss (the
+    output's ``loss`` if it has one, else the sum of its first tensor).
+
+    ``inputs_fn() -> (args, kwargs)`` builds further inputs inside the fake mode before recording
+    starts: for inputs that are not plain tensors, such as a pre-filled KV cache object.
+    ``progress(n)`` is called every few hundred recorded calls.
+    """
     tracker = ModuleTracker()
-    recorder = _Recorder(tracker)
+    recorder = _Recorder(tracker, progress)
     with FakeTensorMode(allow_non_fake_inputs=True):
         fake_args = _fake_inputs(inputs)
         fake_kwargs = _fake_inputs(kwargs)
+        if inputs_fn is not None:
+            more_args, more_kwargs = inputs_fn()
+            fake_args, fake_kwargs = (*fake_args, *more_args), {**fake_kwargs, **more_kwargs}
         if isinstance(target, torch.nn.Module):
             fakes: dict[int, torch.Tensor] = {}  # tied weights share one fake, as they share one storage
             state = {}
@@ -152,10 +170,51 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, grad: bool = False
 
         weights = recorder.storages(state)
         given = recorder.storages((fake_args, fake_kwargs))
-        with torch.set_grad_enabled(grad), tracker, recorder:
+        state = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
+        with torch.set_grad_enabled(train), tracker, recorder:
             result = run()
+            if train:
+                _loss_of(result).backward()
         outputs = set(recorder.storages(result))
-    return Capture(invokes=recorder.invokes, weight_storages=weights, input_storages=given, output_storages=outputs)
+    return Capture(invokes=recorder.invokes, weight_storages=weights, input_storages=given, output_storages=outputs,
+                   state_storages=state)
+
+
+def _tensors_inside_objects(value: Any, depth: int = 4) -> list[torch.Tensor]:
+    """Tensors reachable through the attributes of non-container inputs (e.g. a transformers Cache)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(v: Any, level: int, inside_object: bool) -> None:
+        if id(v) in seen or level > depth:
+            return
+        seen.add(id(v))
+        if isinstance(v, torch.Tensor):
+            if inside_object:
+                found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                walk(item, level + 1, inside_object)
+        elif isinstance(v, dict):
+            for item in v.values():
+                walk(item, level + 1, inside_object)
+        elif hasattr(v, "__dict__") and not isinstance(v, (torch.nn.Module, type)):
+            for item in vars(v).values():
+                walk(item, level + 1, True)
+
+    walk(value, 0, False)
+    return found
+
+
+def _loss_of(result: Any) -> torch.Tensor:
+    loss = getattr(result, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    found = tensors_in(result, torch.Tensor)
+    if not found or not found[0].requires_grad:
+        raise CaptureError("--train needs the model's output to depend on its weights: it returned no tensor "
+                           "that requires grad (return a loss, or a tensor computed from the parameters)")
+    return found[0].float().sum()
 
 
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -7,16 +7,19 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import audit
 from .capture import CaptureError, capture
 from .config import ConfigError
 from .devices import DeviceError, dtype_name
 from .estimate import EstimatorError
-from .models import DEFAULT_MODEL, DTYPES, ModelError, build_workload, preset_names
+from .memory import kv_cache_bytes
+from .models import DEFAULT_MODEL, DTYPES, PHASES, ModelError, build_workload, parse_dtype, preset_names
+from .plot import PlotError, plot_roofline
 from .session import Session
 
-USER_ERRORS = (ConfigError, DeviceError, ModelError, CaptureError, EstimatorError)
+USER_ERRORS = (ConfigError, DeviceError, ModelError, CaptureError, EstimatorError, PlotError)
 
 
 def _plugin_options(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +43,11 @@ def _model_options(parser: argparse.ArgumentParser, default_model: str | None) -
     group.add_argument("--batch", type=int, default=1, help="sequences per batch (default: 1)")
     group.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: 2048)")
     group.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="weights and activations (default: bf16)")
+    group.add_argument("--phase", default="prefill", choices=PHASES,
+                       help="prefill: --seq tokens at once; decode: one new token per sequence over a KV cache "
+                            "(default: prefill)")
+    group.add_argument("--kv-len", type=int, help="tokens already in the KV cache for --phase decode (default: --seq)")
+    group.add_argument("--train", action="store_true", help="a training step: forward and backward of the loss")
 
 
 class StrictFailure(RuntimeError):
@@ -56,10 +64,20 @@ def _session(args: argparse.Namespace, **extra) -> Session:
     return session
 
 
+def _progress(count: int) -> None:
+    print(f"\rcastcore: {count} op calls captured", end="", file=sys.stderr, flush=True)
+
+
 def _capture_workload(session: Session, args: argparse.Namespace):
     print(f"castcore: building {args.model} and capturing on fake tensors ...", file=sys.stderr)
-    workload = build_workload(args.model, batch=args.batch, seq=args.seq, dtype=args.dtype)
-    return workload, capture(workload.model, *workload.args, **workload.kwargs)
+    workload = build_workload(args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, phase=args.phase,
+                              kv_len=args.kv_len, train=args.train)
+    show = _progress if sys.stderr.isatty() else None
+    captured = capture(workload.model, *workload.args, train=args.train, inputs_fn=workload.inputs_fn,
+                       progress=show, **workload.kwargs)
+    if show:
+        print(file=sys.stderr)
+    return workload, captured
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -67,14 +85,32 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     device = session.device(args.device)
     started = time.perf_counter()
     workload, captured = _capture_workload(session, args)
-    report = session.estimate_capture(captured, device, description=workload.description)
+    # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
+    cache = (kv_cache_bytes(workload.config, args.batch, args.seq, parse_dtype(args.dtype))
+             if workload.config and args.phase == "prefill" and not args.train else 0)
+    report = session.estimate_capture(captured, device, description=workload.description, kv_cache_bytes=cache)
     print(f"castcore: {len(report.records)} op calls estimated in {time.perf_counter() - started:.1f} s",
           file=sys.stderr)
     for error in dict.fromkeys(session.resolver.errors):
         print(f"castcore: warning: {error} (fell back to the next plugin)", file=sys.stderr)
-    print(report.to_json() if args.json else report.format_table(top=args.top))
+    if args.json:
+        print(report.to_json())
+    elif args.csv:
+        print(report.to_csv(by=args.by), end="")
+    else:
+        print(report.format_table(top=args.top, by=args.by))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(report.to_trace()), encoding="utf-8")
+        print(f"castcore: wrote {len(report.records)} slices to {args.trace} (open it in ui.perfetto.dev)",
+              file=sys.stderr)
+    if args.plot:
+        print(f"castcore: wrote roofline chart {plot_roofline(report, args.plot)}", file=sys.stderr)
     if session.config.strict and session.resolver.errors:
         raise StrictFailure(f"{len(session.resolver.errors)} estimator error(s) and --strict is on")
+    fallback = report.coverage()["fallback_ops"]
+    if session.config.strict and fallback:
+        raise StrictFailure(f"{len(fallback)} op(s) fell back to the memory-only estimate and --strict is on: "
+                            f"{', '.join(fallback)}; give them an estimator or op_properties")
     return 0
 
 
@@ -148,7 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--device", help="device profile name (castcore devices lists them; default: the "
                                       "configured default_device, else the first profile marked default)")
     est.add_argument("--top", type=int, default=30, help="rows in the table, slowest first (default: 30)")
-    est.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    out = est.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the whole report (every op and module row, "
+                                                         "totals, coverage) as JSON")
+    out.add_argument("--csv", action="store_true", help="print the rows (see --by) and a TOTAL row as CSV")
+    est.add_argument("--by", choices=("op", "module"), default="op",
+                     help="rows by operator, or by module (layer) that made the calls (default: op)")
+    est.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) that Perfetto opens: one slice per op")
+    est.add_argument("--plot", metavar="PNG", help="write a roofline chart (needs matplotlib: castcore[plot])")
     est.add_argument("--on-error", choices=("raise", "fallback"), default=None,
                      help="when a plugin raises or answers nonsense: stop (raise, the default) or record it and "
                           "ask the next plugin (fallback)")

@@ -73,6 +73,8 @@ def from_file(path: Path) -> Config:
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown castcore setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if "strict" in table and not isinstance(table["strict"], bool):
+        raise ConfigError(f"{path}: 'strict' must be true or false, not {table['strict']!r}")
     for key in ("priority", "disable", "custom_op_dirs", "load_packs", "device_files"):
         if key in table and not (isinstance(table[key], list) and all(isinstance(v, str) for v in table[key])):
             raise ConfigError(f"{path}: '{key}' must be a list of strings")
@@ -81,6 +83,9 @@ def from_file(path: Path) -> Config:
         if key in table:
             table[key] = [str((path.parent / v).resolve()) for v in table[key]]
     return Config(origin=str(path)).with_overrides(**table)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _split(value: str) -> list[str]:
@@ -99,7 +104,10 @@ def load_config(cwd: Path | None = None, environ: dict[str, str] | None = None, 
         env["load_packs"] = _split(environ[ENV_LOAD_PACKS])
     if environ.get(ENV_DISABLE_PACKS):
         env["disable"] = _split(environ[ENV_DISABLE_PACKS])
-    if environ.get(ENV_STRICT, "").lower() in ("1", "true", "yes", "on"):
-        env["strict"] = True
+    if environ.get(ENV_STRICT, "").strip():
+        value = environ[ENV_STRICT].strip().lower()
+        if value not in _TRUE + _FALSE:
+            raise ConfigError(f"{ENV_STRICT}={environ[ENV_STRICT]!r}; use 1 or 0")
+        env["strict"] = value in _TRUE
     return config.with_overrides(**env).with_overrides(**overrides)
 

@@ -6,6 +6,8 @@ import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -40,8 +42,8 @@ class DeviceProfile:
 
     name: str
     vendor: str
-    mma_flops: dict[str, float]
-    gp_flops: dict[str, float]
+    mma_flops: Mapping[str, float]
+    gp_flops: Mapping[str, float]
     memory_bytes: float
     memory_bandwidth: float
     compute_efficiency: float = 1.0
@@ -50,7 +52,7 @@ class DeviceProfile:
     gp_op_cost_s: float = 0.0
     comm_op_cost_s: float = 0.0
     interconnect: tuple[Interconnect, ...] = ()
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
     default: bool = False
     origin: str = ""  # the file or plugin it came from, for messages
 
@@ -138,8 +140,11 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     default = data.get("default", False)
     if not isinstance(default, bool):
         raise fail("'default' must be true or false")
-    return DeviceProfile(name=data["name"], vendor=data["vendor"], interconnect=links, sources=dict(sources),
-                         default=default, origin=origin, **rates, **numbers)
+    # Read-only tables: a plugin must not be able to change the device for every op after it.
+    return DeviceProfile(name=data["name"], vendor=data["vendor"], interconnect=links,
+                         sources=MappingProxyType(dict(sources)), default=default, origin=origin,
+                         mma_flops=MappingProxyType(rates["mma_flops"]), gp_flops=MappingProxyType(rates["gp_flops"]),
+                         **numbers)
 
 
 def _number(value: Any, key: str, fail, positive: bool = False) -> float:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from .claims import ESTIMATOR, PROPERTIES, ClaimTable
 from .properties import PerformanceProperties
 
 if TYPE_CHECKING:
@@ -67,6 +68,16 @@ def _call(impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile) -> Any
     return impl.function(*(available[name] for name in impl.argnames))
 
 
+def _function_name(impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile) -> str:
+    """The user's own function: the decorated one behind a claim table, else the hook function."""
+    if isinstance(impl.plugin, ClaimTable):
+        kind = ESTIMATOR if impl.function.__name__ == "estimate_op" else PROPERTIES
+        claim = impl.plugin.find(kind, invoke.op, device.name)
+        if claim is not None:
+            return claim.fn.__qualname__
+    return impl.function.__name__
+
+
 def _describe_inputs(invoke: OpInvoke) -> str:
     return ", ".join(repr(t) for t in invoke.inputs()) or "no tensor inputs"
 
@@ -82,16 +93,16 @@ class Resolver:
         self._estimates: dict[tuple, Estimate] = {}
         self._properties: dict[tuple, tuple[PerformanceProperties | None, Source | None]] = {}
 
-    def _error(self, impl: pluggy.HookImpl, invoke: OpInvoke, what: str) -> EstimatorError:
+    def _error(self, impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile, what: str) -> EstimatorError:
         return EstimatorError(
-            f"{self.display_name(impl.plugin_name)}: {impl.function.__name__} {what} "
+            f"{self.display_name(impl.plugin_name)}: {_function_name(impl, invoke, device)} {what} "
             f"for {invoke.name} on inputs {_describe_inputs(invoke)}"
         )
 
     def _ask(self, caller: pluggy.HookCaller, invoke: OpInvoke, device: DeviceProfile, check):
         """Walk the implementations in call order; return (first checked answer, its impl) or (None, None).
 
-        ``check(result, impl, invoke)`` turns a raw answer into a valid one or raises EstimatorError.
+        ``check(result, impl, invoke, device)`` turns a raw answer into a valid one or raises EstimatorError.
         """
         for impl in hookimpls_in_call_order(caller):
             try:
@@ -100,10 +111,16 @@ class Resolver:
                 except EstimatorError:
                     raise  # already names the plugin at fault (a nested properties question)
                 except Exception as exc:  # a plugin's bug is reported by name, never blind
-                    raise self._error(impl, invoke, f"raised {type(exc).__name__}: {exc}") from exc
+                    raise self._error(impl, invoke, device, f"raised {type(exc).__name__}: {exc}") from exc
                 if result is None:
                     continue
-                return check(result, impl, invoke), impl
+                try:
+                    return check(result, impl, invoke, device), impl
+                except EstimatorError:
+                    raise
+                except Exception as exc:  # an answer so malformed that checking it failed
+                    raise self._error(impl, invoke, device, f"returned a malformed answer ({type(exc).__name__}: "
+                                                            f"{exc})") from exc
             except EstimatorError as exc:
                 if self.on_error == "raise":
                     raise
@@ -124,16 +141,16 @@ class Resolver:
             return estimate
         raise EstimatorError(f"no plugin estimated {invoke.name}: the core plugin is not registered")
 
-    def _checked_estimate(self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke) -> Estimate:
+    def _checked_estimate(self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke, device) -> Estimate:
         if isinstance(result, Estimate):
             estimate = result
         elif isinstance(result, (int, float)) and not isinstance(result, bool):
             estimate = Estimate(time_s=float(result))
         else:
-            raise self._error(impl, invoke, f"returned {type(result).__name__}, not an Estimate or seconds")
+            raise self._error(impl, invoke, device, f"returned {type(result).__name__}, not an Estimate or seconds")
         numbers = [estimate.time_s, estimate.compute_s, estimate.memory_s, estimate.comm_s, estimate.overhead_s]
         if not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in numbers):
-            raise self._error(impl, invoke, f"returned a time that is negative, NaN or infinite ({estimate.time_s!r})")
+            raise self._error(impl, invoke, device, f"returned a time that is negative, NaN or infinite ({estimate.time_s!r})")
         return estimate
 
     def properties(self, invoke: OpInvoke, device: DeviceProfile) -> tuple[PerformanceProperties | None, Source | None]:
@@ -146,10 +163,11 @@ class Resolver:
         self._properties[cache_key] = answer
         return answer
 
-    def _checked_properties(self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke) -> PerformanceProperties:
+    def _checked_properties(self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke,
+                            device) -> PerformanceProperties:
         if not isinstance(result, PerformanceProperties):
-            raise self._error(impl, invoke, f"returned {type(result).__name__}, not PerformanceProperties")
+            raise self._error(impl, invoke, device, f"returned {type(result).__name__}, not PerformanceProperties")
         problems = result.problems()
         if problems:
-            raise self._error(impl, invoke, f"returned nonsense properties ({'; '.join(problems)})")
+            raise self._error(impl, invoke, device, f"returned nonsense properties ({'; '.join(problems)})")
         return result

@@ -74,14 +74,14 @@ def to_meta(value: Any, storage_of: Callable[[torch.Tensor], int] | None = None)
     return value
 
 
-def tensors_in(value: Any) -> list[TensorMeta]:
-    """Every TensorMeta inside a (nested) value, in order."""
-    if isinstance(value, TensorMeta):
+def tensors_in(value: Any, kind: type = TensorMeta) -> list:
+    """Every instance of ``kind`` (TensorMeta, or torch.Tensor) inside a nested value, in order."""
+    if isinstance(value, kind):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensors_in(v)]
+        return [t for v in value for t in tensors_in(v, kind)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in tensors_in(v)]
+        return [t for v in value.values() for t in tensors_in(v, kind)]
     return []
 
 

@@ -54,7 +54,8 @@ class PluginInfo:
         return self.name
 
     def fail(self, reason: str) -> None:
-        self.status, self.error = "failed", reason.splitlines()[0] if reason else "failed"
+        # One line, but all of it: pluggy puts the useful part (the argument at fault) on later lines.
+        self.status, self.error = "failed", " ".join(line.strip() for line in reason.splitlines() if line.strip()) or "failed"
 
 
 @dataclass
@@ -77,6 +78,11 @@ class LoadedPlugins:
 def _register(pm: pluggy.PluginManager, info: PluginInfo, obj: Any, suffix: str = "") -> bool:
     """Register one object for ``info``; a spec mismatch marks the plugin failed instead of raising."""
     name = f"{info.kind}:{info.name}{suffix}"
+    unknown = sorted(attr for attr in dir(obj) if attr not in HOOK_NAMES and pm.parse_hookimpl_opts(obj, attr) is not None)
+    if unknown:
+        # pluggy would register these and never call them; a misspelled hook must not pass silently.
+        info.fail(f"{', '.join(unknown)} is not a castcore hook; the hooks are {', '.join(HOOK_NAMES)}")
+        return False
     try:
         pm.register(obj, name=name)
     except pluggy.PluginValidationError as exc:

@@ -44,7 +44,12 @@ class PerformanceProperties:
         """Why these properties are nonsense (negative or non-finite numbers), empty when sane."""
         found = []
         numbers = {"memory_read_bytes": self.memory_read_bytes, "memory_write_bytes": self.memory_write_bytes}
+        if not isinstance(self.compute_ops, dict):
+            return [f"compute_ops is {type(self.compute_ops).__name__}, not a dict of dtype -> ComputeOps"]
         for dtype, ops in self.compute_ops.items():
+            if not isinstance(ops, ComputeOps):
+                found.append(f"compute_ops[{dtype}] is {type(ops).__name__}, not ComputeOps")
+                continue
             numbers[f"compute_ops[{dtype}].mma_ops"] = ops.mma_ops
             numbers[f"compute_ops[{dtype}].gp_ops"] = ops.gp_ops
         for name, value in numbers.items():

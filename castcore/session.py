@@ -12,6 +12,7 @@ from .capture import Capture, capture
 from .config import Config, load_config
 from .devices import DeviceError, DeviceProfile, load_device_file
 from .estimate import Resolver
+from .memory import analyze_memory
 from .plugins import LoadedPlugins, load_plugins
 from .report import OpRecord, Report
 
@@ -33,6 +34,7 @@ class Session:
 
     def _collect_devices(self) -> dict[str, DeviceProfile]:
         devices: dict[str, DeviceProfile] = {}
+        provider: dict[str, str] = {}  # device name -> the plugin that gave it
         for impl in reversed(self.plugins.pm.hook.device_profiles.get_hookimpls()):
             label = self.plugins.label(impl.plugin_name)
             try:
@@ -44,16 +46,17 @@ class Session:
                 if not isinstance(profile, DeviceProfile):
                     self.warnings.append(f"{label}: device_profiles returned {type(profile).__name__}, not a DeviceProfile")
                 elif profile.name in devices:
-                    self.warnings.append(f"device {profile.name!r} is provided by both {devices[profile.name].origin} "
-                                         f"and {label}; using the first (set priority to choose)")
+                    self.warnings.append(f"device {profile.name!r} is provided by both {provider[profile.name]} "
+                                         f"and {label}; using {provider[profile.name]}'s (set priority to choose)")
                 else:
                     devices[profile.name] = profile if profile.origin else _with_origin(profile, label)
+                    provider[profile.name] = label
         self._file_devices = []
         for path in self.config.device_files:
             profile = load_device_file(path)
             self._file_devices.append(profile.name)
             if profile.name in devices:
-                self.warnings.append(f"{path} replaces device {profile.name!r} from {devices[profile.name].origin}")
+                self.warnings.append(f"{path} replaces device {profile.name!r} from {provider[profile.name]}")
             devices[profile.name] = profile
         return dict(sorted(devices.items()))
 
@@ -78,21 +81,26 @@ class Session:
         return self.devices[name]
 
     def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
-                         description: str = "") -> Report:
+                         description: str = "", kv_cache_bytes: int = 0) -> Report:
+        """Estimate every call of a capture; the report includes its memory footprint (see castcore.memory)."""
         profile = self.device(device)
         records = []
         for invoke in captured.invokes:
             estimate = self.resolver.estimate(invoke, profile)
             props, _ = self.resolver.properties(invoke, profile)
             records.append(OpRecord(invoke=invoke, estimate=estimate, properties=props))
-        return Report(records, profile, description)
+        return Report(records, profile, description, memory=analyze_memory(captured, kv_cache_bytes=kv_cache_bytes))
 
     def estimate(self, model_or_fn: torch.nn.Module | Callable, *inputs: Any, device: str | DeviceProfile | None = None,
-                 kwargs: dict[str, Any] | None = None, description: str = "", grad: bool = False) -> Report:
-        """Capture ``model_or_fn(*inputs, **kwargs)`` on fake tensors and estimate every call on ``device``."""
+                 kwargs: dict[str, Any] | None = None, description: str = "", train: bool = False,
+                 inputs_fn=None, kv_cache_bytes: int = 0) -> Report:
+        """Capture ``model_or_fn(*inputs, **kwargs)`` on fake tensors and estimate every call on ``device``.
+
+        ``train=True`` adds the backward pass; ``inputs_fn`` builds extra inputs inside the fake mode.
+        """
         profile = self.device(device)  # fail on a bad device before the capture, not after
-        captured = capture(model_or_fn, *inputs, grad=grad, **(kwargs or {}))
-        return self.estimate_capture(captured, profile, description)
+        captured = capture(model_or_fn, *inputs, train=train, inputs_fn=inputs_fn, **(kwargs or {}))
+        return self.estimate_capture(captured, profile, description, kv_cache_bytes=kv_cache_bytes)
 
 
 def _with_origin(profile: DeviceProfile, origin: str) -> DeviceProfile:

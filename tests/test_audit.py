@@ -47,7 +47,7 @@ def test_static_audit_names_winner_shadowed_and_conflict(site):
 def test_declared_override_is_not_a_conflict(site):
     cumsum = rows_by(cli(site, "audit", "--json"))[("h100-sxm", "aten::cumsum")]
     assert cumsum["status"] == "override"
-    assert {c["plugin"] for c in [cumsum["winner"], *cumsum["shadowed"]]} == {THROWAWAY, RIVAL}
+    assert {THROWAWAY, RIVAL} <= {c["plugin"] for c in [cumsum["winner"], *cumsum["shadowed"]]}
 
 
 def test_claims_follow_device_globs(site):
