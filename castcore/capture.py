@@ -170,14 +170,14 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
 
         weights = recorder.storages(state)
         given = recorder.storages((fake_args, fake_kwargs))
-        state = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
+        held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
         with torch.set_grad_enabled(train), tracker, recorder:
             result = run()
             if train:
                 _loss_of(result).backward()
         outputs = set(recorder.storages(result))
     return Capture(invokes=recorder.invokes, weight_storages=weights, input_storages=given, output_storages=outputs,
-                   state_storages=state)
+                   state_storages=held)
 
 
 def _tensors_inside_objects(value: Any, depth: int = 4) -> list[torch.Tensor]:

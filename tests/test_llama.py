@@ -42,7 +42,9 @@ def test_attention_reaches_the_estimator_as_one_causal_op(session, tiny_llama):
 def test_weights_are_never_allocated_and_model_is_untouched(session, tiny_llama):
     workload = build_workload(str(tiny_llama), batch=1, seq=8)
     before = {n: (p.device.type, p.shape) for n, p in workload.model.named_parameters()}
-    session.estimate(workload.model, kwargs=workload.kwargs)
+    report = session.estimate(workload.model, kwargs=workload.kwargs)
+    # Every op ran on fake CPU tensors standing in for the weights, never on the meta weights themselves.
+    assert {t.device for r in report.records for t in r.invoke.inputs()} == {"cpu"}
     after = {n: (p.device.type, p.shape) for n, p in workload.model.named_parameters()}
     assert before == after
     assert {dev for dev, _ in after.values()} == {"meta"}
