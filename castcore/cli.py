@@ -48,6 +48,9 @@ def _model_options(parser: argparse.ArgumentParser, default_model: str | None) -
                             "(default: prefill)")
     group.add_argument("--kv-len", type=int, help="tokens already in the KV cache for --phase decode (default: --seq)")
     group.add_argument("--train", action="store_true", help="a training step: forward and backward of the loss")
+    group.add_argument("--fuse", action="store_true",
+                       help="let packs swap model parts for their fused operators first (as the model would run "
+                            "with the device vendor's kernels)")
 
 
 class StrictFailure(RuntimeError):
@@ -72,6 +75,13 @@ def _capture_workload(session: Session, args: argparse.Namespace):
     print(f"castcore: building {args.model} and capturing on fake tensors ...", file=sys.stderr)
     workload = build_workload(args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, phase=args.phase,
                               kv_len=args.kv_len, train=args.train)
+    if args.fuse:
+        swaps = session.fuse(workload.model, args.device)
+        for line in swaps:
+            print(f"castcore: fused {line}", file=sys.stderr)
+        if not swaps:
+            print("castcore: --fuse: no installed pack fused anything for this model and device", file=sys.stderr)
+        workload.description += " (fused)" if swaps else ""
     show = _progress if sys.stderr.isatty() else None
     captured = capture(workload.model, *workload.args, train=args.train, inputs_fn=workload.inputs_fn,
                        progress=show, **workload.kwargs)

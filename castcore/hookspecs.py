@@ -30,3 +30,10 @@ def estimate_op(invoke: OpInvoke, device: DeviceProfile) -> Estimate | float | N
 @hookspec(firstresult=True)
 def op_properties(invoke: OpInvoke, device: DeviceProfile) -> PerformanceProperties | None:
     """Return the FLOPs per dtype and the bytes moved by one operator call, or None to pass."""
+
+
+@hookspec
+def fuse_model(model, device: DeviceProfile) -> list[str] | None:
+    """Rewrite ``model`` in place to call this plugin's fused operators on ``device`` (as a stock
+    model would run with a vendor's fused kernels); return a line per replacement. Called only when
+    the user asks for it (``castcore estimate --fuse``); every plugin's implementation runs."""

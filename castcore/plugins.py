@@ -26,7 +26,7 @@ from .claims import Claim, ClaimTable, claims_of, declaring_modules
 from .config import Config, ConfigError
 
 ENTRY_POINT_GROUP = "castcore"
-HOOK_NAMES = ("device_profiles", "estimate_op", "op_properties")
+HOOK_NAMES = ("device_profiles", "estimate_op", "op_properties", "fuse_model")
 
 
 @dataclass

@@ -80,6 +80,22 @@ class Session:
                               "(castcore devices lists them)")
         return self.devices[name]
 
+    def fuse(self, model: torch.nn.Module, device: str | DeviceProfile | None = None) -> list[str]:
+        """Let every plugin swap parts of ``model`` for its fused operators on ``device``; what each did.
+
+        A plugin that raises is reported in ``warnings`` and the model keeps what the others did.
+        """
+        profile = self.device(device)
+        done: list[str] = []
+        for impl in reversed(self.plugins.pm.hook.fuse_model.get_hookimpls()):
+            label = self.plugins.label(impl.plugin_name)
+            try:
+                given = {"model": model, "device": profile}
+                done += [f"{label}: {line}" for line in impl.function(*(given[a] for a in impl.argnames)) or ()]
+            except Exception as exc:
+                self.warnings.append(f"{label}: fuse_model raised {type(exc).__name__}: {exc}")
+        return done
+
     def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
                          description: str = "", kv_cache_bytes: int = 0) -> Report:
         """Estimate every call of a capture; the report includes its memory footprint (see castcore.memory)."""
