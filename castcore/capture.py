@@ -7,7 +7,9 @@ left untouched), whether the module lives on the meta device or on a real one.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +54,7 @@ class _Recorder(TorchDispatchMode):
         self.invokes: list[OpInvoke] = []
         self._storage_ids: dict[int, int] = {}
         self._keep_alive: list = []  # storages stay referenced so their addresses are never reused
+        self.shadow = 0  # > 0 while DTensor's sharding propagation runs an op on global shapes
 
     def storage_of(self, t: torch.Tensor) -> int:
         if t.layout != torch.strided:
@@ -64,10 +67,18 @@ class _Recorder(TorchDispatchMode):
         return self._storage_ids[key]
 
     def storages(self, value: Any) -> dict[int, int]:
+        value = _local_shards(value)
         return {t.storage: t.storage_nbytes for t in tensors_in(to_meta(value, self.storage_of)) if t.storage >= 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.shadow:  # DTensor inferring a global output shape: no device runs this
+            return func(*args, **kwargs)
+        dtensor = _dtensor_type()
+        if dtensor is not None and any(issubclass(t, dtensor) for t in types):
+            # Let DTensor run the op: the local ops and collectives it issues come back here with
+            # local shard shapes, which is what one device does.
+            return NotImplemented
         try:
             out = func(*args, **kwargs)
         except CaptureError:
@@ -118,8 +129,67 @@ def _attrs(func, args, kwargs) -> dict:
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
-    """A fake CPU tensor with t's shape, stride and dtype; must run under the fake mode."""
+    """A fake CPU tensor with t's shape, stride and dtype; must run under the fake mode.
+
+    A DTensor (a tensor-parallel weight) stays a DTensor with the same mesh and placements over
+    a fake copy of its local shard, so only the shard is ever counted as held on the device."""
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(t, dtensor):
+        local = _fake_like(t._local_tensor)
+        return dtensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", requires_grad=t.requires_grad)
+
+
+def _dtensor_type() -> type | None:
+    """DTensor, if the program has imported torch.distributed.tensor (castcore never imports it itself)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def _local_shards(value: Any) -> Any:
+    """``value`` with every DTensor replaced by its local shard: what one device holds."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return value
+    if isinstance(value, dtensor):
+        return value._local_tensor
+    if isinstance(value, (list, tuple)):
+        return type(value)(_local_shards(v) for v in value) if not hasattr(value, "_fields") else value
+    if isinstance(value, dict):
+        return {k: _local_shards(v) for k, v in value.items()}
+    return value
+
+
+@contextmanager
+def _dtensor_shadow(recorder: _Recorder):
+    """Mark the ops DTensor runs on global shapes to infer an output's shape, so they are not recorded.
+
+    torch.distributed.tensor's ShardingPropagator runs each op once on fake global-shape tensors
+    inside ``ShardingPropagator._fake_mode_lock`` (a nullcontext unless a test installs a lock);
+    wrapping that context is the one place that tells those calls from the real local ones.
+    """
+    module = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    propagator = getattr(module, "ShardingPropagator", None)
+    if propagator is None or not hasattr(propagator, "_fake_mode_lock"):
+        yield
+        return
+    previous = propagator._fake_mode_lock
+
+    class Marked:
+        def __enter__(self):
+            previous.__enter__()
+            recorder.shadow += 1
+
+        def __exit__(self, *exc):
+            recorder.shadow -= 1
+            return previous.__exit__(*exc)
+
+    propagator._fake_mode_lock = Marked()
+    try:
+        yield
+    finally:
+        propagator._fake_mode_lock = previous
 
 
 def _fake_inputs(value: Any) -> Any:
@@ -171,7 +241,7 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
         weights = recorder.storages(state)
         given = recorder.storages((fake_args, fake_kwargs))
         held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
-        with torch.set_grad_enabled(train), tracker, recorder:
+        with torch.set_grad_enabled(train), _dtensor_shadow(recorder), tracker, recorder:
             result = run()
             if train:
                 _loss_of(result).backward()
@@ -180,7 +250,7 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
                    state_storages=held)
 
 
-def _tensors_inside_objects(value: Any, depth: int = 4) -> list[torch.Tensor]:
+def _tensors_inside_objects(value: Any, depth: int = 8) -> list[torch.Tensor]:
     """Tensors reachable through the attributes of non-container inputs (e.g. a transformers Cache)."""
     found: list[torch.Tensor] = []
     seen: set[int] = set()

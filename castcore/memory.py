@@ -119,8 +119,7 @@ def analyze_memory(captured: Capture, kv_cache_bytes: int = 0, top: int = 5) -> 
             if s not in first:
                 first[s] = i
             last[s] = i
-            if t.storage_nbytes > size.get(s, 0):  # a storage may grow (resize_ of an out= tensor)
-                size[s] = t.storage_nbytes
+            size[s] = max(size.get(s, 0), t.storage_nbytes)  # a storage may grow (resize_ of an out= tensor)
 
     end = len(invokes) - 1
     delta = [0] * (len(invokes) + 1)

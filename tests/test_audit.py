@@ -84,11 +84,10 @@ def test_dynamic_audit_shows_who_answers_and_uncovered_ops(site, tmp_path):
     assert rows[("aten::mm",)]["calls"] == 15
     assert rows[("aten::mm",)]["status"] == "CONFLICT"
     assert rows[("aten::_scaled_dot_product_flash_attention_for_cpu",)]["answered_by"] == ["core (properties)"]
-    no_pack = rows_by(cli(None, "audit", "--json", "--model", str(HERE / "data" / "tiny-llama.json"), "--seq", "8"),
-                      key=("op",))
-    assert no_pack[("aten::cumsum",)]["status"] == "UNCOVERED"
-    assert no_pack[("aten::cumsum",)]["answered_by"] == ["core (fallback)"]
-    assert no_pack[("aten::mm",)]["status"] == "ok"
+    no_pack = rows_by(cli(None, "audit", "--json", "--model", "factories.tiny_mlp:with_custom_op"), key=("op",))
+    assert no_pack[("castcore_factories::mystery",)]["status"] == "UNCOVERED"
+    assert no_pack[("castcore_factories::mystery",)]["answered_by"] == ["core (fallback)"]
+    assert no_pack[("aten::addmm",)]["status"] == "ok"
 
 
 def test_packs_json_lists_every_plugin_with_status(site, tmp_path):

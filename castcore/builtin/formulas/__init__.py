@@ -1,0 +1,37 @@
+"""The core's op_properties formulas for aten operators, one module per family.
+
+Conventions: one multiply-add is 2 operations; matrix products count on the matrix unit
+(``mma_ops``) in the dtype of their inputs (fp8 inputs count as fp8); everything else on the
+vector unit (``gp_ops``) in the dtype of the data (of a comparison's inputs, not its bool result).
+Memory is every input read once and every output written once unless a formula says otherwise
+(gathers and scatters count what they touch). Per-op vector costs are in ``pointwise.py``.
+
+Claims (``register_op_properties``) answer for single ops; ``by_tag`` answers for the families
+torch's own op metadata names: views, allocations, fills, pointwise and reduction ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...invoke import OpInvoke
+from ...properties import PerformanceProperties
+from . import attention, matmul, memory, pointwise, reductions
+from .attention import SOFTMAX_OPS_PER_SCORE, attention_properties, causal_pairs
+from .pointwise import OPS_PER_ELEMENT, is_pointwise
+
+__all__ = ["OPS_PER_ELEMENT", "SOFTMAX_OPS_PER_SCORE", "attention_properties", "by_tag", "causal_pairs"]
+
+
+def by_tag(invoke: OpInvoke) -> PerformanceProperties | None:
+    """Properties for whole families of ops, recognised from torch's own op metadata."""
+    op = invoke.op
+    if getattr(op, "is_view", False) or op in memory.FREE:
+        return PerformanceProperties()
+    if op in memory.FILLS:
+        return PerformanceProperties(memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
+    if is_pointwise(op):
+        return pointwise.pointwise_properties(invoke)
+    if torch.Tag.reduction in getattr(op, "tags", ()):
+        return reductions.reduction_properties(invoke)
+    return None

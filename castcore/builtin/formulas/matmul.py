@@ -1,0 +1,116 @@
+"""Matrix products and convolutions: 2 operations per multiply-add on the matrix unit, in the inputs' dtype."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...claims import register_op_properties
+from ...invoke import OpInvoke
+from ...properties import PerformanceProperties
+
+aten = torch.ops.aten
+
+
+def matmul_properties(invoke: OpInvoke, a, extra_gp_per_output: int = 0) -> PerformanceProperties:
+    """2*M*N*K per (broadcast) batch: the output's element count times the shared dim K = a.shape[-1]."""
+    out = invoke.outputs()[0]
+    props = invoke.memory_access_properties()
+    return props.add(a.dtype, mma=2 * out.numel() * a.shape[-1], gp=extra_gp_per_output * out.numel())
+
+
+@register_op_properties(aten.mm.default)
+@register_op_properties(aten.bmm.default)
+@register_op_properties(aten.matmul.default)
+@register_op_properties(aten._int_mm.default)
+def _matmul(invoke: OpInvoke, device) -> PerformanceProperties:
+    return matmul_properties(invoke, invoke.args[0])
+
+
+@register_op_properties(aten.addmm.default)
+@register_op_properties(aten.baddbmm.default)
+def _addmm(invoke: OpInvoke, device) -> PerformanceProperties:
+    # out = beta * self + alpha * (a @ b): one add per output element, a multiply more for each scale
+    # that is not 1; beta = 0 (a common way to get a plain bmm) neither reads nor adds self.
+    beta, alpha = invoke.argument("beta", 1), invoke.argument("alpha", 1)
+    scaling = (beta != 0) + (beta not in (0, 1)) + (alpha != 1)
+    props = matmul_properties(invoke, invoke.args[1], extra_gp_per_output=scaling)
+    if beta == 0:
+        props.memory_read_bytes -= invoke.args[0].nbytes
+    return props
+
+
+@register_op_properties(aten.linear.default)
+def _linear(invoke: OpInvoke, device) -> PerformanceProperties:
+    has_bias = invoke.argument("bias") is not None
+    return matmul_properties(invoke, invoke.args[0], extra_gp_per_output=int(has_bias))
+
+
+@register_op_properties(aten._scaled_mm.default)
+@register_op_properties(aten._scaled_mm_v2.default)
+def _scaled_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    # fp8 (or int8) inputs run at the matrix unit's fp8 rate: count in the inputs' dtype. Each output
+    # is then scaled once (scale_a * scale_b folded) and gets the bias added.
+    has_bias = invoke.argument("bias") is not None
+    return matmul_properties(invoke, invoke.args[0], extra_gp_per_output=1 + has_bias)
+
+
+@register_op_properties(aten._grouped_mm.default)
+@register_op_properties(aten._scaled_grouped_mm.default)
+def _grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    # One product per group (mixture-of-experts). Each output element takes K = self.shape[-1]
+    # multiply-adds, except 2-D x 2-D (a weight gradient): there the groups split K, and the output
+    # holds one (M, N) result per group.
+    a, b = invoke.args[:2]
+    out = invoke.outputs()[0]
+    outputs = out.numel() // max(1, out.shape[0]) if a.dim() == b.dim() == 2 else out.numel()
+    has_bias, scaled = invoke.argument("bias") is not None, invoke.argument("scale_a") is not None
+    props = invoke.memory_access_properties()
+    return props.add(a.dtype, mma=2 * outputs * a.shape[-1], gp=(has_bias + scaled) * out.numel())
+
+
+@register_op_properties(aten.mv.default)
+@register_op_properties(aten.addmv.default)
+@register_op_properties(aten.dot.default)
+@register_op_properties(aten.vdot.default)
+def _matrix_vector(invoke: OpInvoke, device) -> PerformanceProperties:
+    # A matrix-vector product uses one column of a matrix unit; BLAS runs it on the vector units.
+    a = invoke.argument("mat", invoke.args[0])
+    out = invoke.outputs()[0]
+    extra = invoke.argument("beta", 0) != 0  # addmv adds self
+    return invoke.memory_access_properties().add(a.dtype, gp=2 * a.numel() + extra * out.numel())
+
+
+def conv_mma(input, weight, out, transposed: bool) -> int:
+    """2 * N * C_out * prod(out spatial) * (C_in / groups) * prod(kernel): one multiply-add per weight tap.
+
+    weight is (C_out, C_in/groups, *kernel); a transposed conv's weight is (C_in, C_out/groups, *kernel)
+    and it is the input-gradient of a plain conv, so its work runs over its input positions instead.
+    """
+    taps = weight.shape[1] * math.prod(weight.shape[2:])
+    positions = input.numel() if transposed else out.numel()
+    return 2 * positions * taps
+
+
+@register_op_properties(aten.convolution.default)
+@register_op_properties(aten._convolution.default)
+def _convolution(invoke: OpInvoke, device) -> PerformanceProperties:
+    input, weight = invoke.args[:2]
+    out = invoke.outputs()[0]
+    has_bias = invoke.argument("bias") is not None
+    mma = conv_mma(input, weight, out, bool(invoke.argument("transposed")))
+    return invoke.memory_access_properties().add(input.dtype, mma=mma, gp=has_bias * out.numel())
+
+
+@register_op_properties(aten.convolution_backward.default)
+def _convolution_backward(invoke: OpInvoke, device) -> PerformanceProperties:
+    # grad_input is a transposed conv of grad_output with the weight, grad_weight a conv of the input
+    # with grad_output: each is exactly the forward's work. grad_bias sums grad_output.
+    grad_output, input, weight = invoke.args[:3]
+    want_input, want_weight, want_bias = invoke.argument("output_mask")
+    transposed = bool(invoke.argument("transposed"))
+    forward = conv_mma(input, weight, grad_output, transposed)
+    read = grad_output.nbytes + want_input * weight.nbytes + want_weight * input.nbytes
+    props = PerformanceProperties(memory_read_bytes=read, memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
+    return props.add(grad_output.dtype, mma=(want_input + want_weight) * forward, gp=want_bias * grad_output.numel())

@@ -1,0 +1,86 @@
+"""Model sources: shipped presets, config.json files of other architectures, factories, phases, training, MoE."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import castcore
+from castcore.models import ModelError, build_workload, load_model_config, preset_names
+
+PRESET_PARAMS = {  # published parameter counts (billions), to one decimal
+    "llama-3-8b": 8.0, "llama-3-70b": 70.6, "qwen2.5-7b": 7.6, "mistral-7b": 7.2, "mixtral-8x7b": 46.7,
+}
+
+
+def test_presets_are_the_published_models():
+    assert set(preset_names()) == set(PRESET_PARAMS)
+    for name, billions in PRESET_PARAMS.items():
+        model = build_workload(name, seq=8).model
+        count = sum(p.numel() for p in model.parameters())
+        assert count / 1e9 == pytest.approx(billions, abs=0.05), name
+        assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def _estimate(session, workload, train=False):
+    return session.estimate(workload.model, *workload.args, kwargs=workload.kwargs, inputs_fn=workload.inputs_fn,
+                            train=train)
+
+
+def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
+    kv_len = 96
+    report = _estimate(session, build_workload(str(tiny_llama), batch=2, phase="decode", kv_len=kv_len))
+    attention = [r for r in report.records if "scaled_dot_product" in r.invoke.name]
+    assert len(attention) == 2
+    q, k, _ = attention[0].invoke.args[:3]
+    assert q.shape[0] == 2 and q.shape[2] == 1  # one new token per sequence
+    assert k.shape[2] == kv_len + 1  # the cached tokens and the new one
+    writes = [r for r in report.records if r.invoke.name == "aten::index_copy_"]
+    assert len(writes) == 4  # K and V of each layer, written in place
+    cfg = load_model_config(str(tiny_llama))
+    assert report.memory.kv_cache_bytes >= castcore.kv_cache_bytes(cfg, 2, kv_len + 1, torch.bfloat16)
+
+
+def test_training_step_records_the_backward(session, tiny_llama):
+    forward = _estimate(session, build_workload(str(tiny_llama), seq=16))
+    train = _estimate(session, build_workload(str(tiny_llama), seq=16, train=True), train=True)
+    mm_forward = sum(r.flops for r in forward.records if r.invoke.name == "aten::mm")
+    mm_train = sum(r.flops for r in train.records if r.invoke.name == "aten::mm")
+    # Backward of each matmul is two matmuls of the same size (input and weight gradients).
+    assert mm_train == pytest.approx(3 * mm_forward, rel=0.02)
+
+
+def test_mixture_of_experts_captures_with_balanced_routing(session):
+    workload = build_workload("tests/data/tiny-mixtral.json", seq=16)
+    report = _estimate(session, workload)
+    grouped = [r for r in report.records if r.invoke.name == "aten::_grouped_mm"]
+    assert len(grouped) == 4  # up and down projection per layer
+    tokens, top_k, hidden, inter = 16, 2, 64, 96
+    # Every token goes to top_k experts: S = tokens * top_k rows, however they are routed.
+    up = 2 * tokens * top_k * hidden * 2 * inter
+    down = 2 * tokens * top_k * inter * hidden
+    assert sum(r.flops for r in grouped) == pytest.approx(2 * (up + down))
+
+
+def test_factory_model_with_example_inputs(session):
+    workload = build_workload("tests.factories.tiny_mlp:make", batch=4, dtype="fp32")
+    report = _estimate(session, workload)
+    assert report.flops >= 2 * 4 * (32 * 64 + 64 * 8)
+    assert [r.invoke.module for r in report.records if r.invoke.name == "aten::addmm"] == ["Sequential.0",
+                                                                                           "Sequential.2"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tests.factories.tiny_mlp:not_a_model", "returned int"),
+    ("tests.factories.nowhere:make", "cannot load model factory"),
+    ("no-such-preset", "unknown model 'no-such-preset'"),
+    ("missing.json", "missing.json does not exist"),
+])
+def test_bad_model_specs_say_what_is_accepted(spec, message):
+    with pytest.raises(ModelError, match=message):
+        build_workload(spec)
+
+
+def test_decode_and_train_do_not_mix():
+    with pytest.raises(ModelError, match="--train goes with --phase prefill"):
+        build_workload("llama-3-8b", phase="decode", train=True)
