@@ -1,0 +1,83 @@
+"""Matrix products on the Cube unit, padded to whole fractal tiles.
+
+The Cube multiplies 16 x K0 by K0 x 16 fractals (K0 = 32 bytes of the input dtype: 16 for fp16/bf16,
+32 for int8, 8 for fp32), so a product of M x K by K x N costs as if M, K and N were rounded up to
+M0, K0 and N0: cube ops = 2 * batch * M' * K' * N'. HBM traffic is the real tensors (the padding happens
+in L1/L0 through the ND-to-NZ move, never in HBM). The bias of addmm/linear is added in the Cube's
+fixpipe on its way out, so it costs bytes, not vector work.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import castcore
+
+from .hardware import padded_mkn, timed
+
+aten = torch.ops.aten
+DEVICES = "ascend-*"
+
+
+def cube_estimate(invoke: castcore.OpInvoke, device: castcore.DeviceProfile, a, b_shape: tuple[int, ...],
+                  batch: int) -> castcore.Estimate:
+    """``a`` (..., M, K) times a (K, N) operand of ``b_shape``; ``batch`` independent products."""
+    m, k = (a.shape[-2] if a.dim() >= 2 else 1), a.shape[-1]
+    n = b_shape[-1]
+    mp, kp, np_ = padded_mkn(m, k, n, a.dtype)
+    real, padded = 2 * batch * m * k * n, 2 * batch * mp * kp * np_
+    props = invoke.memory_access_properties()
+    detail = {"shape": f"{batch}x{m}x{k}x{n}" if batch > 1 else f"{m}x{k}x{n}",
+              "padded_shape": f"{batch}x{mp}x{kp}x{np_}" if batch > 1 else f"{mp}x{kp}x{np_}",
+              "cube_ops": padded, "useful_ops": real,
+              "padding_waste": (1 - real / padded) if padded else 0.0}
+    return timed(device, cube={a.dtype: padded}, read_bytes=props.memory_read_bytes,
+                 write_bytes=props.memory_write_bytes, detail=detail)
+
+
+@castcore.register_op_estimator(aten.mm.default, device=DEVICES)
+def mm(invoke, device):
+    a, b = invoke.args[:2]
+    return cube_estimate(invoke, device, a, b.shape, 1)
+
+
+@castcore.register_op_estimator(aten.addmm.default, device=DEVICES)
+def addmm(invoke, device):
+    a, b = invoke.args[1:3]
+    return cube_estimate(invoke, device, a, b.shape, 1)
+
+
+@castcore.register_op_estimator(aten.bmm.default, device=DEVICES)
+def bmm(invoke, device):
+    a, b = invoke.args[:2]
+    return cube_estimate(invoke, device, a, b.shape, a.shape[0])
+
+
+@castcore.register_op_estimator(aten.baddbmm.default, device=DEVICES)
+def baddbmm(invoke, device):
+    a, b = invoke.args[1:3]
+    return cube_estimate(invoke, device, a, b.shape, a.shape[0])
+
+
+@castcore.register_op_estimator(aten.linear.default, device=DEVICES)
+def linear(invoke, device):
+    # x (..., K) @ weight.T (K, N): the leading dims of x are one M.
+    x, weight = invoke.args[:2]
+    rows = math.prod(x.shape[:-1])
+    flat = castcore.TensorMeta(shape=(rows, x.shape[-1]), dtype=x.dtype)
+    return cube_estimate(invoke, device, flat, (weight.shape[-1], weight.shape[0]), 1)
+
+
+@castcore.register_op_estimator(aten.matmul.default, device=DEVICES)
+def matmul(invoke, device):
+    a, b = invoke.args[:2]
+    out = invoke.outputs()[0]
+    if a.dim() < 2 or b.dim() < 2:  # a vector product: one row or one column
+        a2 = castcore.TensorMeta(shape=(1, a.shape[-1]) if a.dim() == 1 else a.shape, dtype=a.dtype)
+        n = b.shape[-1] if b.dim() >= 2 else 1
+        batch = math.prod(out.shape[:-2]) if out.dim() > 2 else 1
+        return cube_estimate(invoke, device, a2, (a.shape[-1], n), batch)
+    batch = math.prod(out.shape[:-2]) if out.dim() > 2 else 1
+    return cube_estimate(invoke, device, a, b.shape, batch)

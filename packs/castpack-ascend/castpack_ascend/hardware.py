@@ -1,0 +1,86 @@
+"""How Ascend's Da Vinci cores see work: fractal tiles on the Cube unit, 32-byte blocks on the vector
+unit, and a per-launch floor. Every estimator of this pack ends in ``timed``.
+
+Numbers (all from the CANN platform files read for the profiles, see the pack README):
+- Cube fractal M0 x K0 x N0 = 16 x (32 bytes / element size) x 16: [DtypeMKN] Default=16,16,16 (fp16,
+  bf16), DT_INT8=16,32,16, DT_INT4=16,64,16; fp32 (and hf32) data is 16 x 8 x 16 by the same 32-byte rule.
+- Vector unit and unified buffer move and compute in 32-byte blocks: [AICoreSpec] ubblock_size=32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import castcore
+
+BLOCK_BYTES = 32  # ubblock_size=32 in every CANN platform file read (910B1-B4, 910_9391, 310P3)
+CUBE_MN = 16  # cube_m_size = cube_n_size = 16
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def fractal(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(M0, K0, N0) of one Cube fractal for inputs of ``dtype``: K0 fills 32 bytes."""
+    return CUBE_MN, max(1, BLOCK_BYTES // dtype_bytes(dtype)), CUBE_MN
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple if n > 0 else 0
+
+
+def padded_mkn(m: int, k: int, n: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    m0, k0, n0 = fractal(dtype)
+    return round_up(m, m0), round_up(k, k0), round_up(n, n0)
+
+
+def block_elements(dtype: torch.dtype) -> int:
+    """Elements of ``dtype`` in one 32-byte block (16 fp16, 8 fp32)."""
+    return max(1, BLOCK_BYTES // dtype_bytes(dtype))
+
+
+def padded_rows(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Elements a row-wise vector kernel processes: every row's last dim rounded up to whole 32-byte blocks."""
+    if not shape:
+        return 1
+    rows = math.prod(shape[:-1])
+    return rows * round_up(shape[-1], block_elements(dtype))
+
+
+def timed(device: castcore.DeviceProfile, *, cube: dict | None = None, vector: dict | None = None,
+          read_bytes: float = 0, write_bytes: float = 0, detail: dict | None = None,
+          overlap: bool = True) -> castcore.Estimate:
+    """An Estimate from Cube and vector operations per dtype and HBM bytes.
+
+    compute = cube time and vector time, overlapped (max) when the kernel runs both units at once
+    (A2/A3 split cube and vector cores), added otherwise; memory = bytes / (bandwidth x efficiency).
+    The launch cost is a floor, not an addition: with torch_npu's task queue the host launches the next
+    kernel while the device runs this one, so a stream of ops takes max(device time, launch time) each.
+    """
+    cube, vector = cube or {}, vector or {}
+    rates: dict[str, str] = {}
+
+    def seconds(unit: str, work: dict) -> float:
+        total = 0.0
+        for dtype, ops in work.items():
+            if ops:
+                rate, used = device.rate(unit, dtype)
+                rates[f"{'cube' if unit == 'mma' else 'vector'}:{castcore.devices.dtype_name(dtype)}"] = used
+                total += ops / (rate * device.compute_efficiency)
+        return total
+
+    cube_s, vector_s = seconds("mma", cube), seconds("gp", vector)
+    compute_s = max(cube_s, vector_s) if overlap else cube_s + vector_s
+    memory_s = (read_bytes + write_bytes) / (device.memory_bandwidth * device.memory_efficiency)
+    launch_s = device.mma_op_cost_s if any(cube.values()) else device.gp_op_cost_s
+    busy = max(compute_s, memory_s)
+    time_s = max(busy, launch_s)
+    bound = "overhead" if launch_s > busy else ("compute" if compute_s >= memory_s else "memory")
+    info = {"cube_s": cube_s, "vector_s": vector_s, "launch_floor_s": launch_s, "rates": rates}
+    info.update(detail or {})
+    # overhead_s is what the floor adds beyond the device's own time, so time = max(compute, memory) + overhead.
+    return castcore.Estimate(time_s=time_s, compute_s=compute_s, memory_s=memory_s, overhead_s=time_s - busy,
+                             bound=bound, detail=info)

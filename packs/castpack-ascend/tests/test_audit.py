@@ -1,0 +1,37 @@
+"""castcore audit (static) beside the core: the pack wins the ops it claims on Ascend devices."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+WON = ["aten::mm", "aten::bmm", "aten::addmm", "aten::add.Tensor", "aten::_softmax", "aten::_fused_rms_norm",
+       "ascend::rms_norm", "ascend::add_rms_norm", "ascend::swiglu", "ascend::rotary_mul",
+       "ascend::apply_rotary_pos_emb", "ascend::prompt_flash_attention", "ascend::incre_flash_attention",
+       "ascend::grouped_matmul", "ascend::moe_gating_top_k_softmax"]
+
+
+def audit(*extra):
+    done = subprocess.run([sys.executable, "-m", "castcore.cli", "audit", "--json", *extra],
+                          capture_output=True, text=True, env={"CASTCORE_LOAD_PACKS": "ascend", "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    return {row["op"]: row for row in json.loads(done.stdout)}
+
+
+def test_the_pack_wins_its_ops_on_the_910b3_without_conflict():
+    rows = audit("--device", "ascend-910b3")
+    for op in WON:
+        assert rows[op]["status"] == "ok", op
+        assert rows[op]["winner"]["plugin"].startswith("castpack-ascend"), op
+        assert rows[op]["winner"]["kind"] == "estimator", op
+    assert rows["aten::mm"]["shadowed"][0]["plugin"] == "core"  # the core's formula is still there, behind
+    assert not [op for op, row in rows.items() if row["status"] == "CONFLICT"]
+
+
+def test_on_a_non_ascend_device_the_core_answers_aten_ops(tmp_path):
+    from pathlib import Path
+    h100 = Path(__file__).resolve().parents[3] / "tests" / "data" / "h100-sxm.toml"
+    rows = audit("--device-file", str(h100), "--device", "h100-sxm")
+    assert rows["aten::mm"]["winner"]["plugin"] == "core"
+    assert rows["ascend::rms_norm"]["winner"]["kind"] == "properties"  # FLOPs and bytes still known

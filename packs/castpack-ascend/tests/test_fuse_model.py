@@ -1,0 +1,67 @@
+"""fuse_model on a stock tiny Llama: the fused ops replace the stock modules, FLOPs stay put."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import castcore
+
+TINY_LLAMA = Path(__file__).resolve().parents[3] / "tests" / "data" / "tiny-llama.json"
+FUSED = {"ascend::rms_norm", "ascend::swiglu", "ascend::apply_rotary_pos_emb", "ascend::prompt_flash_attention"}
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def session():
+    return castcore.Session(load_packs=["ascend"])
+
+
+def estimate(session, fuse: bool):
+    work = castcore.build_workload(str(TINY_LLAMA), seq=16)
+    lines = session.fuse(work.model, "ascend-910b3") if fuse else []
+    return lines, session.estimate(work.model, *work.args, kwargs=work.kwargs, device="ascend-910b3")
+
+
+def test_fuse_swaps_each_kind_and_counts_it(session):
+    lines, _ = estimate(session, fuse=True)
+    assert lines == [
+        "castpack-ascend 0.1.0: 5 RMSNorm -> ascend::rms_norm",
+        "castpack-ascend 0.1.0: 2 SiLU-gated MLP -> merged gate/up projection + ascend::swiglu",
+        "castpack-ascend 0.1.0: 2 rotary attention -> ascend::apply_rotary_pos_emb + "
+        "ascend::prompt_flash_attention (incre_flash_attention when decoding)",
+    ]
+    assert not session.warnings
+
+
+def test_fused_model_runs_the_fused_ops_answered_by_the_pack_with_the_same_flops(session):
+    _, stock = estimate(session, fuse=False)
+    _, fused = estimate(session, fuse=True)
+    rows = {row.op: row for row in fused.by_op()}
+    assert FUSED <= set(rows)
+    assert rows["ascend::rms_norm"].calls == 5 and rows["ascend::prompt_flash_attention"].calls == 2
+    assert all(rows[op].source.startswith("castpack-ascend") for op in FUSED)
+    stock_ops = {row.op for row in stock.by_op()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in stock_ops
+    assert not any(op.startswith("aten::_scaled_dot_product") for op in rows)
+    assert fused.flops == pytest.approx(stock.flops, rel=0.03)
+    assert len(fused.records) < len(stock.records)
+
+
+def test_fuse_leaves_non_ascend_devices_alone(tmp_path):
+    h100 = Path(__file__).resolve().parents[3] / "tests" / "data" / "h100-sxm.toml"
+    session = castcore.Session(load_packs=["ascend"], device_files=[str(h100)])
+    work = castcore.build_workload(str(TINY_LLAMA), seq=16)
+    assert session.fuse(work.model, "h100-sxm") == []
+
+
+def test_fused_decode_step_uses_incremental_attention(session):
+    work = castcore.build_workload(str(TINY_LLAMA), seq=16, phase="decode", kv_len=32)
+    session.fuse(work.model, "ascend-910b3")
+    report = session.estimate(work.model, *work.args, kwargs=work.kwargs, device="ascend-910b3",
+                              inputs_fn=work.inputs_fn)
+    ops = {row.op for row in report.by_op()}
+    assert "ascend::incre_flash_attention" in ops and "ascend::prompt_flash_attention" not in ops
