@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["tests", "ascend", "collectives"]
+nox.options.sessions = ["tests", "ascend", "collectives", "template"]
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"
@@ -48,3 +48,37 @@ def demo(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".", "packs/castpack-ascend", "packs/castpack-collectives")
     session.run("castcore", "estimate")
+
+
+@nox.session
+def template(session: nox.Session) -> None:
+    """castcore new-pack from a non-editable install: render, install the pack, run its tests, see it win."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    session.install(TORCH)
+    session.install(".")
+    # Outside the checkout, so neither pytest nor castcore picks up this repository's pyproject.toml.
+    tmp = Path(tempfile.mkdtemp(prefix="castcore-template-"))
+    # cookiecutter keeps a replay of every rendering in ~ unless its config says otherwise.
+    (tmp / "cookiecutter.yaml").write_text(f"replay_dir: {tmp / 'replay'}\n")
+    try:
+        session.run("castcore", "new-pack", "castpack-demo", "--no-input", "--output-dir", str(tmp),
+                    env={"COOKIECUTTER_CONFIG": str(tmp / "cookiecutter.yaml")})
+        pack = tmp / "castpack-demo"
+        session.install(f"{pack}[test]")
+        checker = str(Path("tests/template_check.py").resolve())
+        with session.chdir(pack):
+            session.run("pytest", "-p", "no:cacheprovider", "tests", *session.posargs)
+            session.run("python", checker, str(pack), "castpack-demo", "demo", "demo")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Speed and memory figures (not tests): writes bench-results/*.json and prints tables."""
+    _install_core(session)
+    session.run("python", "bench/scale.py", "--out", "bench-results/scale.json", *session.posargs)
+    session.run("python", "bench/resolution.py", "--out", "bench-results/resolution.json")

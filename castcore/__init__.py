@@ -6,6 +6,7 @@ The public, embeddable API. Packs use ``hookimpl``, ``register_op_estimator`` an
 
 from __future__ import annotations
 
+from .annotations import AnnotationError, CustomOpError
 from .capture import Capture, CaptureError, capture
 from .claims import register_op_estimator, register_op_properties
 from .config import Config, ConfigError, load_config
@@ -13,16 +14,22 @@ from .devices import DeviceError, DeviceProfile, Interconnect, device_from_dict,
 from .estimate import Estimate, EstimatorError, Source
 from .hookspecs import hookimpl
 from .invoke import OpInvoke, TensorMeta
+from .measure import MeasureError, MeasureReport, Measurement, calibrate, measure
 from .memory import MemoryReport, analyze_memory, kv_cache_bytes
 from .models import Workload, build_workload
 from .properties import ComputeOps, PerformanceProperties
+from .partition import Collective, PartitionError, PartitionPlan, Split, partition
+from .register import RegisteredOp, register_op
 from .report import OpRecord, OpSummary, Report
 from .session import Session, default_session, estimate
 
 __all__ = [
-    "Capture", "CaptureError", "ComputeOps", "Config", "ConfigError", "DeviceError", "DeviceProfile",
-    "Estimate", "EstimatorError", "Interconnect", "OpInvoke", "OpRecord", "OpSummary", "PerformanceProperties",
-    "MemoryReport", "Report", "Session", "Source", "TensorMeta", "Workload", "analyze_memory", "build_workload",
-    "capture", "default_session", "device_from_dict", "estimate", "hookimpl", "kv_cache_bytes", "load_config",
-    "load_device_file", "register_op_estimator", "register_op_properties",
+    "AnnotationError", "Capture", "CaptureError", "Collective", "ComputeOps", "Config", "ConfigError",
+    "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect",
+    "MeasureError", "MeasureReport", "Measurement", "MemoryReport", "OpInvoke", "OpRecord", "OpSummary",
+    "PartitionError", "PartitionPlan", "PerformanceProperties", "RegisteredOp", "Report", "Session", "Source",
+    "Split", "TensorMeta", "Workload", "analyze_memory", "build_workload", "calibrate", "capture",
+    "default_session", "device_from_dict", "estimate", "hookimpl", "kv_cache_bytes", "load_config",
+    "load_device_file", "measure", "partition", "register_op", "register_op_estimator",
+    "register_op_properties",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from .invoke import OpInvoke, tensors_in, to_meta
+from .reuse import LayerReuse
 
 # Namespaces whose calls are bookkeeping, not work a device does.
 _SKIPPED_NAMESPACES = {"prim"}
@@ -52,9 +53,28 @@ class _Recorder(TorchDispatchMode):
         self.tracker = tracker
         self.progress = progress
         self.invokes: list[OpInvoke] = []
-        self._storage_ids: dict[int, int] = {}
+        self._storage_ids: dict[Any, int] = {}
         self._keep_alive: list = []  # storages stay referenced so their addresses are never reused
+        self._paused = False
         self.shadow = 0  # > 0 while DTensor's sharding propagation runs an op on global shapes
+
+    @contextmanager
+    def paused(self):
+        """Ops run in here are not recorded (fake outputs made by layer reuse)."""
+        self._paused, was = True, self._paused
+        try:
+            yield
+        finally:
+            self._paused = was
+
+    def storage_count(self) -> int:
+        return len(self._storage_ids)
+
+    def new_storage_id(self) -> int:
+        """A storage id for a storage that exists only in replayed records."""
+        key = ("replayed", len(self._storage_ids))
+        self._storage_ids[key] = len(self._storage_ids)
+        return self._storage_ids[key]
 
     def storage_of(self, t: torch.Tensor) -> int:
         if t.layout != torch.strided:
@@ -97,17 +117,17 @@ class _Recorder(TorchDispatchMode):
                 f"implementation with torch.library.register_fake('{func._schema.name}'), or define it with "
                 "castcore.register_op and a dimension annotation"
             ) from None
-        if func.namespace not in _SKIPPED_NAMESPACES:
+        if func.namespace not in _SKIPPED_NAMESPACES and not self._paused:
             self.invokes.append(OpInvoke(
                 op=func, args=to_meta(args, self.storage_of), kwargs=to_meta(kwargs, self.storage_of),
                 out=to_meta(out, self.storage_of),
-                module=self._module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
+                module=self.current_module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
             ))
             if self.progress is not None and len(self.invokes) % 256 == 0:
                 self.progress(len(self.invokes))
         return out
 
-    def _module(self) -> str:
+    def current_module(self) -> str:
         # ModuleTracker.parents is a set of dotted paths; the innermost module has the longest one.
         parents = [p for p in self.tracker.parents if p != "Global"]
         return max(parents, key=len) if parents else ""
@@ -204,7 +224,7 @@ def _fake_inputs(value: Any) -> Any:
 
 def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = False,
             inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
-            progress: Callable[[int], None] | None = None, **kwargs: Any) -> Capture:
+            progress: Callable[[int], None] | None = None, reuse: bool = True, **kwargs: Any) -> Capture:
     """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made.
 
     ``train=True`` records the forward with autograd on and then the backward of its loss (the
@@ -212,7 +232,9 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
 
     ``inputs_fn() -> (args, kwargs)`` builds further inputs inside the fake mode before recording
     starts: for inputs that are not plain tensors, such as a pre-filled KV cache object.
-    ``progress(n)`` is called every few hundred recorded calls.
+    ``progress(n)`` is called every few hundred recorded calls. ``reuse`` captures one of each set
+    of identical layers and replays its records for the others (see castcore.reuse); totals are
+    the same as with ``reuse=False``.
     """
     tracker = ModuleTracker()
     recorder = _Recorder(tracker, progress)
@@ -241,7 +263,11 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
         weights = recorder.storages(state)
         given = recorder.storages((fake_args, fake_kwargs))
         held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
-        with torch.set_grad_enabled(train), _dtensor_shadow(recorder), tracker, recorder:
+        # Replaying layers needs plain weights; training needs every forward really run for autograd.
+        sharded = _dtensor_type() is not None and any(isinstance(t, _dtensor_type()) for t in state.values())
+        reusing = (LayerReuse(recorder).active(target) if reuse and not train and not sharded
+                   and isinstance(target, torch.nn.Module) else nullcontext())
+        with torch.set_grad_enabled(train), _dtensor_shadow(recorder), tracker, recorder, reusing:
             result = run()
             if train:
                 _loss_of(result).backward()

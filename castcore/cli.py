@@ -14,12 +14,19 @@ from .capture import CaptureError, capture
 from .config import ConfigError
 from .devices import DeviceError, dtype_name
 from .estimate import EstimatorError
+from .annotations import CustomOpError
+from .measure import add_calibrate_parser
+from .measure import add_parser as add_measure_parser
 from .memory import kv_cache_bytes
+from .partition import add_parser as add_partition_parser
 from .models import DEFAULT_MODEL, DTYPES, PHASES, ModelError, build_workload, parse_dtype, preset_names
+from .newpack import NewPackError, add_parser as add_new_pack_parser
+from .parallel import tensor_parallel
 from .plot import PlotError, plot_roofline
 from .session import Session
 
-USER_ERRORS = (ConfigError, DeviceError, ModelError, CaptureError, EstimatorError, PlotError)
+USER_ERRORS = (ConfigError, DeviceError, ModelError, CaptureError, EstimatorError, PlotError, NewPackError,
+               CustomOpError)
 
 
 def _plugin_options(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +58,12 @@ def _model_options(parser: argparse.ArgumentParser, default_model: str | None) -
     group.add_argument("--fuse", action="store_true",
                        help="let packs swap model parts for their fused operators first (as the model would run "
                             "with the device vendor's kernels)")
+    group.add_argument("--no-reuse", action="store_true",
+                       help="run every one of a model's identical layers on fake tensors instead of capturing one "
+                            "and replaying it for the rest (same totals, slower)")
+    group.add_argument("--tp", type=int, default=1, metavar="N",
+                       help="tensor parallel over N devices (torch's parallelize_module on a fake process group): "
+                            "estimate one device's compute, memory and collectives (default: 1)")
 
 
 class StrictFailure(RuntimeError):
@@ -83,8 +96,9 @@ def _capture_workload(session: Session, args: argparse.Namespace):
             print("castcore: --fuse: no installed pack fused anything for this model and device", file=sys.stderr)
         workload.description += " (fused)" if swaps else ""
     show = _progress if sys.stderr.isatty() else None
-    captured = capture(workload.model, *workload.args, train=args.train, inputs_fn=workload.inputs_fn,
-                       progress=show, **workload.kwargs)
+    with tensor_parallel(workload, args.tp):
+        captured = capture(workload.model, *workload.args, train=args.train, inputs_fn=workload.inputs_fn,
+                           progress=show, reuse=not args.no_reuse, **workload.kwargs)
     if show:
         print(file=sys.stderr)
     return workload, captured
@@ -235,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--json", action="store_true", help="print JSON")
     _plugin_options(dev)
     dev.set_defaults(func=cmd_devices)
+    add_new_pack_parser(sub)
+    add_partition_parser(sub)
+    add_measure_parser(sub)
+    add_calibrate_parser(sub)
     return parser
 
 

@@ -1,62 +1,210 @@
-"""The alpha-beta ring model as pure functions of bytes, group size and interconnect levels.
+"""The alpha-beta (latency, bandwidth) model of collectives, as pure functions of bytes, ranks and levels.
 
-Kept free of torch and of OpInvoke so the numbers can be checked by hand.
+Kept free of torch and of OpInvoke so every number can be checked by hand. ``S`` is always the
+collective's full size, as nccl-tests counts it: the tensor for all_reduce and broadcast, the
+gathered output for all_gather, the input before scattering for reduce_scatter, and one rank's
+send buffer for all_to_all.
+
+One level (an ``Interconnect``) gives ``alpha = latency_s`` per step and ``B = bandwidth *
+efficiency`` per device one way. A ``full-mesh`` level has one link per peer, so one transfer
+gets ``B / (devices - 1)`` and a device sending to k peers at once gets ``k`` such links; on a
+``switch`` or ``clos`` any pair gets the whole ``B`` but a device sends one transfer at a time;
+on a ``ring`` only neighbours are linked, so only the ring algorithm is offered there.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from castcore import Interconnect
 
-# Ring traffic per device, as a multiple of (n-1)/n of the collective's full size S.
-# nccl-tests' doc/PERFORMANCE.md derives the same factors for its "bus bandwidth":
-# all-reduce needs 2(n-1)/n * S per rank (a reduce pass then a broadcast pass), while
-# all-gather and reduce-scatter each need (n-1)/n * S, S being the whole array (the
-# gathered output, or the un-scattered input), i.e. per-rank count * element size * n.
-PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+ALGORITHMS = ("ring", "recursive_doubling", "direct", "hierarchical")
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth (S / time) to bus bandwidth (doc/PERFORMANCE.md):
+    all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast 1."""
+    _check(collective, n)
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective == "broadcast":
+        return 1.0
+    return (n - 1) / n
+
+
+def bus_bandwidth(collective: str, nbytes: float, n: int, time_s: float) -> float:
+    """busbw = algbw * bus_factor, algbw = S / time: comparable with a profile's bandwidth * efficiency."""
+    return nbytes / time_s * bus_factor(collective, n) if time_s > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
-class RingCost:
-    """One collective's ring cost; ``level`` is None when nothing moves (a group of one)."""
+class Phase:
+    """One flat collective on one level: what a hierarchical algorithm is made of."""
 
+    collective: str
+    algorithm: str
+    level: Interconnect
+    ranks: int
+    nbytes: float
+    steps: int
+    bytes_moved: float  # per rank
+    time_s: float
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """The fastest algorithm for one call, its time and the alternatives' times."""
+
+    collective: str
+    nbytes: float
+    ranks: int
+    algorithm: str  # "none" for a group of one
     time_s: float
     comm_s: float
     overhead_s: float
     steps: int
-    bytes_moved: float
-    level: Interconnect | None
-    fits: bool  # False: the group is larger than every level and the outermost was used
+    bytes_moved: float  # per rank, summed over phases
+    phases: tuple[Phase, ...] = ()
+    fits: bool = True  # False: the group is larger than every level; the outermost was used
+    candidates: dict[str, float] = field(default_factory=dict)  # algorithm -> comm seconds
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.level.name for p in self.phases))
 
 
-def pick_level(levels: Sequence[Interconnect], n: int) -> tuple[Interconnect, bool]:
-    """The innermost level spanning ``n`` devices, else the outermost (second element False)."""
+def pick_level(levels: Sequence[Interconnect], devices: int) -> tuple[Interconnect, bool]:
+    """The innermost level spanning ``devices`` devices, else the outermost (second element False)."""
     if not levels:
         raise ValueError("no interconnect levels to choose from")
     for level in levels:
-        if level.devices >= n:
+        if level.devices >= devices:
             return level, True
     return levels[-1], False
 
 
-def ring_cost(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect],
-              op_cost_s: float = 0.0) -> RingCost:
-    """op_cost + steps * latency + moved / (bandwidth * efficiency) for a ring of ``n`` ranks.
+def _check(collective: str, n: int) -> None:
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"group size must be a whole number >= 1, not {n!r}")
 
-    ``nbytes`` is S: the tensor for all_reduce, the gathered output for all_gather, the
-    input for reduce_scatter. Steps are 2(n-1) for all_reduce and n-1 for the others.
+
+def _bandwidths(level: Interconnect, n: int) -> tuple[float, float, bool]:
+    """(one transfer's B/s, B/s when sending to all n-1 peers at once, whether those run concurrently)."""
+    full = level.bandwidth * level.efficiency
+    if level.topology == "full-mesh" and level.devices > 1:
+        link = full / (level.devices - 1)
+        return link, link * min(n - 1, level.devices - 1), True
+    return full, full, False
+
+
+def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Interconnect) -> Phase | None:
+    """One algorithm on one level for ``n`` ranks, or None where the topology does not offer it."""
+    _check(collective, n)
+    alpha = level.latency_s
+    link, fan, concurrent = _bandwidths(level, n)
+    s = float(nbytes)
+    share = (n - 1) / n * s  # what each rank sends in a bandwidth-optimal gather or scatter
+    if algorithm == "ring":
+        if collective == "all_to_all":
+            return None  # all-to-all is direct (pairwise) or Bruck, not a ring
+        steps, moved = {"all_reduce": (2 * (n - 1), 2 * share), "broadcast": (n - 1, s)}.get(
+            collective, (n - 1, share))
+        rate = link
+    elif algorithm == "recursive_doubling":  # "tree" for broadcast: a binomial tree
+        if level.topology == "ring":
+            return None  # partners 2^k apart are not neighbours
+        k = math.ceil(math.log2(n)) if n > 1 else 0
+        steps, moved = {"all_reduce": (k, k * s), "broadcast": (k, k * s), "all_to_all": (k, k * s / 2)}.get(
+            collective, (k, share))
+        rate = link
+    elif algorithm == "direct":
+        if level.topology == "ring":
+            return None
+        rounds = 2 if collective == "all_reduce" else 1  # all_reduce = reduce_scatter + all_gather
+        moved = {"all_reduce": 2 * share, "broadcast": (n - 1) * s}.get(collective, share)
+        if concurrent:  # one link per peer: every peer at once
+            steps, rate = rounds, fan
+        else:  # one port: the n-1 transfers (per round) go one after another
+            steps, rate = rounds * (n - 1), link
+    else:
+        raise ValueError(f"unknown flat algorithm {algorithm!r}; known: ring, recursive_doubling, direct")
+    return Phase(collective, algorithm, level, n, s, steps, moved, steps * alpha + moved / rate)
+
+
+def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect], unit: int,
+          allowed: Sequence[str]) -> tuple[str, tuple[Phase, ...], bool, dict[str, float]]:
+    """The fastest allowed algorithm for ``n`` ranks spaced ``unit`` devices apart."""
+    level, fits = pick_level(levels, n * unit)
+    options: dict[str, tuple[Phase, ...]] = {}
+    for algorithm in ("ring", "recursive_doubling", "direct"):
+        if algorithm in allowed:
+            phase = flat(collective, algorithm, nbytes, n, level)
+            if phase is not None:
+                options[algorithm] = (phase,)
+    if "hierarchical" in allowed:
+        phases = _hierarchical(collective, nbytes, n, levels, unit, allowed)
+        if phases is not None:
+            options["hierarchical"] = phases
+    if not options:
+        raise ValueError(f"none of {', '.join(allowed)} can run {collective} on level {level.name!r} "
+                         f"(topology {level.topology})")
+    times = {name: sum(p.time_s for p in phases) for name, phases in options.items()}
+    chosen = min(times, key=times.__getitem__)  # on a tie the earlier (simpler) algorithm wins
+    return chosen, options[chosen], fits, times
+
+
+def _hierarchical(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect], unit: int,
+                  allowed: Sequence[str]) -> tuple[Phase, ...] | None:
+    """Inside each innermost domain, then across domains (recursively over the outer levels)."""
+    if len(levels) < 2:
+        return None
+    inner_level = levels[0]
+    p = inner_level.devices // unit  # ranks of the group inside one innermost domain (ranks packed)
+    if p < 2 or p >= n or n % p:
+        return None
+    q = n // p
+
+    def inner(c: str, size: float) -> tuple[Phase, ...]:
+        return _best(c, size, p, [inner_level], unit, [a for a in allowed if a != "hierarchical"])[1]
+
+    def outer(c: str, size: float) -> tuple[Phase, ...]:
+        return _best(c, size, q, levels[1:], unit * p, allowed)[1]
+
+    if collective == "all_reduce":
+        return (*inner("reduce_scatter", nbytes), *outer("all_reduce", nbytes / p), *inner("all_gather", nbytes))
+    if collective == "all_gather":
+        return (*outer("all_gather", nbytes / p), *inner("all_gather", nbytes))
+    if collective == "reduce_scatter":
+        return (*inner("reduce_scatter", nbytes), *outer("reduce_scatter", nbytes / p))
+    if collective == "broadcast":
+        return (*outer("broadcast", nbytes), *inner("broadcast", nbytes))
+    return (*inner("all_to_all", nbytes), *outer("all_to_all", nbytes))  # a 2-D all-to-all
+
+
+def collective_cost(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect],
+                    op_cost_s: float = 0.0, algorithms: Sequence[str] = ALGORITHMS) -> CollectiveCost:
+    """The fastest of ``algorithms`` for one collective of ``nbytes`` over ``n`` ranks, plus ``op_cost_s``.
+
+    The group's ranks are taken as packed: a group of n spans the innermost level with
+    ``devices >= n``. Flat algorithms run wholly on that level; hierarchical runs inside each
+    innermost domain and across domains on the outer levels.
     """
-    if collective not in PASSES:
-        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(PASSES)}")
-    if n < 1:
-        raise ValueError(f"group size must be >= 1, not {n}")
+    _check(collective, n)
+    if nbytes < 0:
+        raise ValueError(f"collective size must be >= 0 bytes, not {nbytes}")
+    unknown = sorted(set(algorithms) - set(ALGORITHMS))
+    if unknown:
+        raise ValueError(f"unknown algorithm(s) {', '.join(unknown)}; known: {', '.join(ALGORITHMS)}")
     if n == 1:  # nothing leaves the device, and NCCL-style libraries skip the launch
-        return RingCost(0.0, 0.0, 0.0, 0, 0.0, None, True)
-    level, fits = pick_level(levels, n)
-    passes = PASSES[collective]
-    steps = passes * (n - 1)
-    moved = passes * (n - 1) / n * nbytes
-    comm_s = steps * level.latency_s + moved / (level.bandwidth * level.efficiency)
-    return RingCost(comm_s + op_cost_s, comm_s, op_cost_s, steps, moved, level, fits)
+        return CollectiveCost(collective, nbytes, 1, "none", 0.0, 0.0, 0.0, 0, 0.0)
+    if not levels:
+        raise ValueError("no interconnect levels to choose from")
+    algorithm, phases, fits, times = _best(collective, nbytes, n, levels, 1, algorithms)
+    comm_s = sum(p.time_s for p in phases)
+    return CollectiveCost(collective, nbytes, n, algorithm, comm_s + op_cost_s, comm_s, op_cost_s,
+                          sum(p.steps for p in phases), sum(p.bytes_moved for p in phases), phases, fits, times)

@@ -1,0 +1,26 @@
+"""castcore pack for the {{ cookiecutter.device_name }} ({{ cookiecutter.vendor }}).
+
+castcore imports this module through the entry point in pyproject.toml. Everything declared
+while it is imported belongs to this pack: the ``@castcore.hookimpl`` functions here, and the
+``register_op_estimator`` / ``register_op_properties`` claims in ``ops.py`` (imported below).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import castcore
+
+from . import ops  # noqa: F401  (importing ops declares its estimators and properties)
+
+PACK = "{{ cookiecutter.pack_name }}"
+DEVICE = "{{ cookiecutter.device_name }}"
+
+
+@castcore.hookimpl
+def device_profiles() -> list[castcore.DeviceProfile]:
+    """Every ``profiles/*.toml`` of this package, validated (a missing source is an error naming the field)."""
+    folder = resources.files(__package__) / "profiles"
+    return [castcore.device_from_dict(castcore.devices.tomllib.loads(f.read_text(encoding="utf-8")),
+                                      origin=f"{PACK}:profiles/{f.name}")
+            for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")]

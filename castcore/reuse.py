@@ -1,0 +1,161 @@
+"""Repeated-layer reuse: capture one of a model's identical layers and replay its records for the rest.
+
+A 70B model runs 80 identical decoder layers on identical input shapes; running each on fake
+tensors costs the same dispatch work for the same answer. Layers are candidates when they sit in
+one ``nn.ModuleList``, share a class, parameter shapes and plain attributes (the layer index
+aside). The first call of a candidate with a given input signature is captured for real; later
+calls with the same signature return fake outputs of the recorded shapes and append the recorded
+calls, renamed to their own module and with storages renumbered (their own weights, their own
+inputs, fresh activations), so memory liveness stays right and totals equal a full capture.
+
+Calls with inputs that are neither tensors nor plain values (a KV cache object) and training
+(autograd needs the real forward) are always captured in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .invoke import OpInvoke, TensorMeta
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def _signature(value: Any) -> Any:
+    """A hashable picture of a call's inputs, or None when an input is an object reuse cannot copy."""
+    if isinstance(value, torch.Tensor):
+        return ("t", tuple(value.shape), value.dtype, tuple(value.stride()) if value.layout == torch.strided else ())
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_signature(v) for v in value]
+        return None if any(i is None and v is not None for i, v in zip(items, value)) else tuple(items)
+    if isinstance(value, dict):
+        items = {k: _signature(v) for k, v in value.items()}
+        if any(items[k] is None and value[k] is not None for k in value):
+            return None
+        return tuple(sorted(items.items()))
+    return None
+
+
+def _layer_identity(module: torch.nn.Module) -> tuple:
+    tensors = tuple((n, tuple(t.shape), t.dtype) for n, t in (*module.named_parameters(), *module.named_buffers()))
+    plain = tuple(sorted((k, v) for k, v in vars(module).items()
+                         if isinstance(v, _PLAIN) and "idx" not in k and "index" not in k))
+    return type(module), tensors, plain
+
+
+def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:
+    """Groups of at least two interchangeable modules, each group from one ModuleList."""
+    groups = []
+    for container in model.modules():
+        if not isinstance(container, torch.nn.ModuleList):
+            continue
+        by_identity: dict[tuple, list[torch.nn.Module]] = {}
+        for child in container:
+            by_identity.setdefault(_layer_identity(child), []).append(child)
+        groups += [members for members in by_identity.values() if len(members) > 1]
+    return groups
+
+
+@dataclasses.dataclass
+class _Template:
+    invokes: list[OpInvoke]
+    module: str  # the recorded layer's module path
+    first_new_storage: int  # storages numbered from here on were born inside the layer
+    weights: dict[str, int]  # parameter name -> storage
+    inputs: list[int]  # storages of the input tensors, in flattening order
+    outputs: list[TensorMeta]
+    out_spec: Any
+
+
+class LayerReuse:
+    """Patches the forward of repeated layers for the duration of one capture."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.templates: dict[tuple, _Template] = {}
+        self.replayed = 0
+
+    @contextmanager
+    def active(self, model: torch.nn.Module) -> Iterator[None]:
+        patched = []
+        for group_id, members in enumerate(repeated_layers(model)):
+            for layer in members:
+                layer.forward = self._wrap(layer, layer.forward, group_id)
+                patched.append(layer)
+        try:
+            yield
+        finally:
+            for layer in patched:
+                del layer.forward  # back to the class's forward
+
+    def _wrap(self, layer: torch.nn.Module, forward: Callable, group_id: int) -> Callable:
+        def reusing_forward(*args, **kwargs):
+            signature = _signature((args, kwargs))
+            key = (group_id, signature)
+            template = self.templates.get(key) if signature is not None else None
+            if template is not None:
+                return self._replay(template, layer, args, kwargs)
+            start, first_new = len(self.recorder.invokes), self.recorder.storage_count()
+            out = forward(*args, **kwargs)
+            flat_out, spec = pytree.tree_flatten(out)
+            if signature is not None and all(isinstance(t, torch.Tensor) for t in flat_out):
+                self.templates[key] = _Template(
+                    invokes=self.recorder.invokes[start:], module=self.recorder.current_module(),
+                    first_new_storage=first_new, weights=self._weight_storages(layer),
+                    inputs=[self.recorder.storage_of(t) for t in _tensors(args, kwargs)],
+                    outputs=[TensorMeta.of(t, self.recorder.storage_of(t)) for t in flat_out], out_spec=spec)
+            return out
+
+        return reusing_forward
+
+    def _weight_storages(self, layer: torch.nn.Module) -> dict[str, int]:
+        return {name: self.recorder.storage_of(t) for name, t in (*layer.named_parameters(), *layer.named_buffers())}
+
+    def _replay(self, template: _Template, layer: torch.nn.Module, args, kwargs):
+        recorder = self.recorder
+        with recorder.paused():
+            outputs = [torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="cpu") for m in template.outputs]
+        mapping: dict[int, int] = {}
+        weights = self._weight_storages(layer)
+        for name, storage in template.weights.items():
+            mapping[storage] = weights[name]
+        for old, tensor in zip(template.inputs, _tensors(args, kwargs)):
+            mapping[old] = recorder.storage_of(tensor)
+        for meta, tensor in zip(template.outputs, outputs):
+            mapping[meta.storage] = recorder.storage_of(tensor)
+
+        def renumber(storage: int) -> int:
+            if storage not in mapping:
+                born_inside = storage >= template.first_new_storage
+                mapping[storage] = recorder.new_storage_id() if born_inside else storage
+            return mapping[storage]
+
+        def remap(value: Any) -> Any:
+            if isinstance(value, TensorMeta):
+                return dataclasses.replace(value, storage=renumber(value.storage)) if value.storage >= 0 else value
+            if isinstance(value, tuple):
+                return tuple(remap(v) for v in value)
+            if isinstance(value, dict):
+                return {k: remap(v) for k, v in value.items()}
+            return value
+
+        module = recorder.current_module()
+        for invoke in template.invokes:
+            recorder.invokes.append(OpInvoke(
+                op=invoke.op, args=remap(invoke.args), kwargs=remap(invoke.kwargs), out=remap(invoke.out),
+                module=module + invoke.module[len(template.module):], index=len(recorder.invokes),
+                attrs=invoke.attrs, _key=invoke.key))
+        self.replayed += 1
+        return pytree.tree_unflatten(outputs, template.out_spec)
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

@@ -1,0 +1,140 @@
+"""Tensor parallelism: torch's parallelize_module on a fake process group, captured per device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import castcore
+from castcore.memory import analyze_memory
+from castcore.models import ModelError
+from castcore.parallel import tensor_parallel
+
+DATA = Path(__file__).parent / "data"
+TINY = str(DATA / "tiny-llama.json")  # hidden 64, ffn 160, 2 layers, 4 heads, 2 KV heads, vocab 500
+LAYERS, HIDDEN, BATCH, SEQ = 2, 64, 2, 16
+
+
+def _capture(tp: int):
+    workload = castcore.build_workload(TINY, batch=BATCH, seq=SEQ)
+    with tensor_parallel(workload, tp) as info:
+        captured = castcore.capture(workload.model, *workload.args, **workload.kwargs)
+    return workload, captured, info
+
+
+def _mm_flops(captured) -> int:
+    return sum(2 * i.args[0].shape[0] * i.args[0].shape[1] * i.args[1].shape[1]
+               for i in captured.invokes if i.name == "aten::mm")
+
+
+@pytest.fixture(scope="module")
+def whole():
+    return _capture(1)
+
+
+@pytest.fixture(scope="module")
+def tp2():
+    return _capture(2)
+
+
+def test_matmul_flops_per_device_are_one_nth(whole, tp2):
+    # Embedding and LM head are vocab-parallel too, so every matmul is split: exactly half.
+    # (A model whose vocab does not divide by N keeps its LM head whole: its matmul is then not split.)
+    assert _mm_flops(tp2[1]) * 2 == _mm_flops(whole[1])
+    assert [i.name for i in tp2[1].invokes].count("aten::mm") == [i.name for i in whole[1].invokes].count("aten::mm")
+
+
+def test_local_shard_shapes_reach_the_estimators(tp2):
+    mms = {i.module.rsplit(".", 1)[-1]: i for i in tp2[1].invokes if i.name == "aten::mm"}
+    assert mms["q_proj"].args[1].shape == (HIDDEN, HIDDEN // 2)  # column-parallel: half the outputs
+    assert mms["k_proj"].args[1].shape == (HIDDEN, 16)  # 2 KV heads of 16 -> 1 per device
+    assert mms["o_proj"].args[0].shape == (BATCH * SEQ, HIDDEN // 2)  # row-parallel: half the inputs
+    assert mms["down_proj"].args[1].shape == (80, HIDDEN)
+    assert mms["lm_head"].out.shape == (BATCH * SEQ, 250)
+    (sdpa, *_) = [i for i in tp2[1].invokes if "scaled_dot_product" in i.name]
+    assert sdpa.args[0].shape[1] == 2 and sdpa.args[1].shape[1] == 1  # 2 query heads, 1 KV head per device
+    assert sdpa.argument("is_causal") is True
+
+
+def test_one_all_reduce_per_attention_and_mlp_block(tp2):
+    reduces = [i for i in tp2[1].invokes if i.name == "_c10d_functional::all_reduce"]
+    blocks = [i.module.rsplit(".", 1)[-1] for i in reduces]
+    assert blocks == ["model"] + ["self_attn", "mlp"] * LAYERS  # "model": the vocab-parallel embedding
+    assert all(i.attrs["group_size"] == 2 and i.args[0].shape == (BATCH, SEQ, HIDDEN) for i in reduces)
+    gathers = [i for i in tp2[1].invokes if i.name == "_c10d_functional::all_gather_into_tensor"]
+    assert len(gathers) == 1 and gathers[0].out.shape == (2 * BATCH, SEQ, 250)  # the logits, once
+    waits = [i for i in tp2[1].invokes if i.name == "_c10d_functional::wait_tensor"]
+    assert len(waits) == len(reduces) + len(gathers)
+
+
+def test_weights_per_device_are_one_nth_but_the_norms(whole, tp2):
+    # RMSNorm weights (bf16) and the rotary inv_freq buffers (2 x float32[8]) stay whole on every device
+    replicated = (2 * LAYERS + 1) * HIDDEN * 2 + 2 * 8 * 4
+    full, per_device = analyze_memory(whole[1]).weight_bytes, analyze_memory(tp2[1]).weight_bytes
+    assert per_device == (full - replicated) // 2 + replicated
+    assert per_device / full == pytest.approx(0.5, rel=0.01)
+
+
+def test_the_plan_and_per_device_kv_cache(tp2):
+    workload, _, info = tp2
+    assert info.size == 2 and not info.replicated
+    assert info.plan["model.layers.0.self_attn.q_proj"] == "colwise"
+    assert info.plan["model.layers.1.mlp.down_proj"] == "rowwise"
+    assert (info.plan["model.embed_tokens"], info.plan["lm_head"]) == ("embedding", "lm_head")
+    assert "tensor parallel 2" in workload.description
+    whole = castcore.kv_cache_bytes(json.loads(Path(TINY).read_text()), BATCH, SEQ, "bf16")
+    assert castcore.kv_cache_bytes(workload.config, BATCH, SEQ, "bf16") * 2 == whole
+
+
+def test_the_fake_process_group_is_destroyed_even_on_error():
+    workload = castcore.build_workload(TINY, batch=1, seq=8)
+    with pytest.raises(RuntimeError, match="boom"):
+        with tensor_parallel(workload, 2):
+            assert dist.is_initialized() and dist.get_world_size() == 2
+            raise RuntimeError("boom")
+    assert not dist.is_initialized()
+
+
+def test_tp_one_changes_nothing():
+    workload = castcore.build_workload(TINY, batch=1, seq=8)
+    with tensor_parallel(workload, 1) as info:
+        assert info is None and not dist.is_initialized()
+    assert "tensor parallel" not in workload.description
+
+
+def test_what_cannot_be_split_is_a_clear_error():
+    with pytest.raises(ModelError, match="num_attention_heads = 4 does not divide by 3"):
+        with tensor_parallel(castcore.build_workload(TINY, seq=8), 3):
+            pass
+    assert not dist.is_initialized()
+    with pytest.raises(ModelError, match="--phase prefill"):
+        with tensor_parallel(castcore.build_workload(TINY, seq=8, phase="decode"), 2):
+            pass
+    with pytest.raises(ModelError, match="no attention/MLP projections"):
+        with tensor_parallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2):
+            pass
+    assert not dist.is_initialized()
+
+
+def test_cli_estimate_tp(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    args = ["estimate", "--model", TINY, "--seq", "16", "--no-packs", "--device-file", str(DATA / "h100-sxm.toml"),
+            "--json"]
+    runs = [subprocess.run([sys.executable, "-m", "castcore.cli", *args, *extra], capture_output=True, text=True,
+                           env=env) for extra in ([], ["--tp", "2"])]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    whole, split = (json.loads(r.stdout) for r in runs)
+    assert "tensor parallel 2 (per device)" in split["description"]
+    assert split["totals"]["flops"] < whole["totals"]["flops"] * 0.6
+    assert split["memory"]["weight_bytes"] / whole["memory"]["weight_bytes"] == pytest.approx(0.5, rel=0.01)
+    assert split["memory"]["kv_cache_bytes"] * 2 == whole["memory"]["kv_cache_bytes"]
+    bad = subprocess.run([sys.executable, "-m", "castcore.cli", *args, "--tp", "3"], capture_output=True, text=True,
+                         env=env)
+    assert bad.returncode == 2 and "does not divide by 3" in bad.stderr and "Traceback" not in bad.stderr

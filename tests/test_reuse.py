@@ -1,0 +1,60 @@
+"""Repeated-layer reuse: one identical layer captured, the rest replayed, and nothing changes but speed."""
+
+from __future__ import annotations
+
+import pytest
+
+import castcore
+from castcore.models import build_workload
+from castcore.reuse import repeated_layers
+
+
+def _both(session, spec, **options):
+    workload = build_workload(spec, **options)
+    reports = []
+    for reuse in (False, True):
+        captured = castcore.capture(workload.model, reuse=reuse, inputs_fn=workload.inputs_fn, **workload.kwargs)
+        reports.append((captured, session.estimate_capture(captured)))
+    return reports
+
+
+@pytest.mark.parametrize("spec, options", [
+    ("tests/data/tiny-llama.json", {"seq": 24}),
+    ("tests/data/tiny-mixtral.json", {"seq": 16, "batch": 2}),
+    ("tests/data/tiny-llama.json", {"phase": "decode", "kv_len": 40}),
+])
+def test_totals_and_records_equal_a_full_capture(session, spec, options):
+    (full_capture, full), (reused_capture, reused) = _both(session, spec, **options)
+    assert [(r.invoke.name, r.invoke.module) for r in reused.records] == \
+        [(r.invoke.name, r.invoke.module) for r in full.records]
+    assert [r.invoke.key for r in reused.records] == [r.invoke.key for r in full.records]
+    assert reused.time_s == full.time_s
+    assert reused.flops == full.flops
+    assert reused.memory.to_dict() == full.memory.to_dict()
+    assert [r.index for r in (rec.invoke for rec in reused.records)] == list(range(len(reused.records)))
+
+
+def test_layers_after_the_first_are_replayed_not_run(session, monkeypatch):
+    workload = build_workload("tests/data/tiny-llama.json", seq=8)
+    (layer0, layer1), = repeated_layers(workload.model)
+    calls = []
+    original = type(layer1).forward
+    monkeypatch.setattr(type(layer1), "forward", lambda self, *a, **k: calls.append(self) or original(self, *a, **k))
+    castcore.capture(workload.model, reuse=True, **workload.kwargs)
+    assert calls == [layer0]
+    calls.clear()
+    castcore.capture(workload.model, reuse=False, **workload.kwargs)
+    assert calls == [layer0, layer1]
+
+
+def test_replayed_layers_use_their_own_weights_and_fresh_activations(session):
+    workload = build_workload("tests/data/tiny-llama.json", seq=8)
+    captured = castcore.capture(workload.model, reuse=True, **workload.kwargs)
+    by_layer = {}
+    for invoke in captured.invokes:
+        if invoke.name == "aten::mm" and ".layers." in invoke.module:
+            layer = invoke.module.split(".layers.")[1].split(".")[0]
+            by_layer.setdefault(layer, []).append(invoke.args[1].storage)
+    assert set(by_layer) == {"0", "1"}
+    assert not set(by_layer["0"]) & set(by_layer["1"])
+    assert set(by_layer["1"]) <= set(captured.weight_storages)
