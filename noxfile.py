@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["tests", "ascend", "collectives", "template"]
+nox.options.sessions = ["lint", "tests", "ascend", "collectives", "template"]
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"
@@ -17,6 +17,14 @@ TORCH = "torch==2.13.0"
 def _install_core(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".[test]")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Undefined names, unused imports and variables, syntax errors (ruff's F and E9 rules)."""
+    session.install("ruff")
+    session.run("ruff", "check", "--select", "F,E9", "--exclude", "castcore/pack_template",
+                "castcore", "packs", "tests", "bench", "noxfile.py")
 
 
 @nox.session

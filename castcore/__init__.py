@@ -10,7 +10,7 @@ from .annotations import AnnotationError, CustomOpError
 from .capture import Capture, CaptureError, capture
 from .claims import register_op_estimator, register_op_properties
 from .config import Config, ConfigError, load_config
-from .devices import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file
+from .devices import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file, package_profiles
 from .estimate import Estimate, EstimatorError, Source
 from .hookspecs import hookimpl
 from .invoke import OpInvoke, TensorMeta
@@ -30,6 +30,6 @@ __all__ = [
     "PartitionError", "PartitionPlan", "PerformanceProperties", "RegisteredOp", "Report", "Session", "Source",
     "Split", "TensorMeta", "Workload", "analyze_memory", "build_workload", "calibrate", "capture",
     "default_session", "device_from_dict", "estimate", "hookimpl", "kv_cache_bytes", "load_config",
-    "load_device_file", "measure", "partition", "register_op", "register_op_estimator",
+    "load_device_file", "measure", "package_profiles", "partition", "register_op", "register_op_estimator",
     "register_op_properties",
 ]

@@ -96,6 +96,16 @@ def load_device_file(path: str | Path) -> DeviceProfile:
     return device_from_dict(data, origin=str(path))
 
 
+def package_profiles(package: str, folder: str = "profiles", label: str | None = None) -> list[DeviceProfile]:
+    """Every ``*.toml`` in ``folder`` of an installed package, validated: what a pack's
+    ``device_profiles`` hook usually returns. ``label`` names the origin in messages (default: the package)."""
+    from importlib import resources
+
+    directory = resources.files(package) / folder
+    return [device_from_dict(tomllib.loads(f.read_text(encoding="utf-8")), origin=f"{label or package}:{folder}/{f.name}")
+            for f in sorted(directory.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")]
+
+
 def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProfile:
     """Build and validate a profile from the TOML layout documented in README."""
 

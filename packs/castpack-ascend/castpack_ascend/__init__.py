@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
 
 import castcore
 
@@ -21,7 +20,4 @@ __all__ = ["device_profiles", "fuse_model"]
 
 @castcore.hookimpl
 def device_profiles() -> list[castcore.DeviceProfile]:
-    folder = resources.files(__package__) / "profiles"
-    return [castcore.device_from_dict(castcore.devices.tomllib.loads(f.read_text(encoding="utf-8")),
-                                      origin=f"castpack-ascend:profiles/{f.name}")
-            for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")]
+    return castcore.package_profiles(__package__, label="castpack-ascend")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 import castcore
 from castcore.builtin.formulas import attention, pointwise, reductions
@@ -207,7 +206,6 @@ def grouped_matmul_properties(invoke, device):
     k, n = weight.shape[-2], weight.shape[-1]
     sizes = _groups(invoke)
     used = sum(1 for s in sizes if s)  # experts with no tokens are skipped, their weights never read
-    out = invoke.outputs()[0]
     bias = invoke.argument("bias")
     read = x.nbytes + used * k * n * weight.element_size() + (bias.nbytes if bias is not None else 0)
     return _props(invoke, x.dtype, mma=2 * x.shape[0] * k * n, read=read)

@@ -9,7 +9,6 @@ capture runs). Arguments that carry data torch_npu reads on the host (sequence l
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import Tensor

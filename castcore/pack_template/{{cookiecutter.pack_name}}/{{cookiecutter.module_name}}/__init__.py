@@ -7,7 +7,6 @@ while it is imported belongs to this pack: the ``@castcore.hookimpl`` functions 
 
 from __future__ import annotations
 
-from importlib import resources
 
 import castcore
 
@@ -20,7 +19,4 @@ DEVICE = "{{ cookiecutter.device_name }}"
 @castcore.hookimpl
 def device_profiles() -> list[castcore.DeviceProfile]:
     """Every ``profiles/*.toml`` of this package, validated (a missing source is an error naming the field)."""
-    folder = resources.files(__package__) / "profiles"
-    return [castcore.device_from_dict(castcore.devices.tomllib.loads(f.read_text(encoding="utf-8")),
-                                      origin=f"{PACK}:profiles/{f.name}")
-            for f in sorted(folder.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")]
+    return castcore.package_profiles(__package__, label=PACK)
