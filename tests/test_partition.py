@@ -87,16 +87,6 @@ def test_sum_split_all_reduce_is_timed_by_the_plugin_that_claims_it(ops, h100_fi
     assert k.time_s == pytest.approx(k.estimate.time_s + 4e-3)
 
 
-def test_sum_split_all_reduce_by_the_collectives_pack(ops, h100_file):
-    pytest.importorskip("castpack_collectives", exc_type=ImportError)
-    session = castcore.Session(load_packs=["collectives"], device_files=[h100_file])
-    _, matmul, _ = ops
-    plan = castcore.partition(matmul, bf16(4096, 4096), bf16(4096, 4096), ways=8, session=session)
-    k = next(s for s in plan.splits if s.dim == "k")
-    assert k.collective.time_s > 0
-    assert "collectives" in str(k.collective.estimate.source)
-
-
 def test_frozen_and_indivisible_dims_are_illegal_with_a_reason(ops, session):
     _, matmul, heads = ops
     plan = castcore.partition(heads, bf16(1024, 64), ways=4, session=session, h=8)

@@ -11,7 +11,6 @@ import castcore
 TINY_LLAMA = Path(__file__).resolve().parents[3] / "tests" / "data" / "tiny-llama.json"
 FUSED = {"ascend::rms_norm", "ascend::swiglu", "ascend::apply_rotary_pos_emb", "ascend::prompt_flash_attention"}
 
-pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
