@@ -1,8 +1,8 @@
 """castcore at scale: its estimate against a bare fake-tensor capture and torch's FlopCounterMode.
 
-For each model (a subprocess each, so peak RSS is that model's), after one unmeasured capture
-of the same model that warms torch's shared fake-tensor cache, in one process and one run each,
-in this order: castcore's estimate (repeated-layer reuse on), castcore's estimate with
+For each model (a subprocess each, so peak RSS is that model's), in one process and one run
+each, each run starting with torch's shared fake-tensor dispatch cache emptied (as in a fresh
+process), in this order: castcore's estimate (repeated-layer reuse on), castcore's estimate with
 reuse off, a bare capture with reuse off (no estimation), and FlopCounterMode over the same
 model on fake tensors. Writes wall times, ratios, op calls per second and peak RSS to JSON and
 prints a table.
@@ -29,6 +29,11 @@ def _rss_mib() -> float:
 
 
 def _timed(fn):
+    # torch's fake-tensor dispatch cache is shared by every FakeTensorMode: empty it so each run
+    # starts cold, as a user's fresh process does, whatever ran before it.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    FakeTensorMode.cache_clear()
     started = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - started
@@ -45,9 +50,6 @@ def measure(model_name: str, seq: int, device_file: str) -> dict:
     session = castcore.Session(load_packs=[], device_files=[device_file])
     workload = build_workload(model_name, seq=seq)
     rows: dict[str, dict] = {}
-    # One unmeasured capture of the same model first: torch's fake-tensor dispatch cache is shared
-    # by every FakeTensorMode, so without it whichever run comes first pays to fill it.
-    castcore.capture(workload.model, reuse=False, **workload.kwargs)
 
     def estimate(reuse: bool):
         captured = castcore.capture(workload.model, reuse=reuse, **workload.kwargs)

@@ -15,6 +15,8 @@ from .estimate import Estimate, EstimatorError, Source
 from .hookspecs import hookimpl
 from .invoke import OpInvoke, TensorMeta
 from .measure import MeasureError, MeasureReport, Measurement, calibrate, measure
+from .measured import (MeasuredTable, MeasuredTableError, load_measured_table, measure_table,
+                       register_measured_table, write_measured_table)
 from .memory import MemoryReport, analyze_memory, kv_cache_bytes
 from .models import Workload, build_workload
 from .properties import ComputeOps, PerformanceProperties
@@ -25,11 +27,12 @@ from .session import Session, default_session, estimate
 
 __all__ = [
     "AnnotationError", "Capture", "CaptureError", "Collective", "ComputeOps", "Config", "ConfigError",
-    "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect",
-    "MeasureError", "MeasureReport", "Measurement", "MemoryReport", "OpInvoke", "OpRecord", "OpSummary",
-    "PartitionError", "PartitionPlan", "PerformanceProperties", "RegisteredOp", "Report", "Session", "Source",
-    "Split", "TensorMeta", "Workload", "analyze_memory", "build_workload", "calibrate", "capture",
+    "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect", "MeasureError",
+    "MeasureReport", "MeasuredTable", "MeasuredTableError", "Measurement", "MemoryReport", "OpInvoke", "OpRecord",
+    "OpSummary", "PartitionError", "PartitionPlan", "PerformanceProperties", "RegisteredOp", "Report", "Session",
+    "Source", "Split", "TensorMeta", "Workload", "analyze_memory", "build_workload", "calibrate", "capture",
     "default_session", "device_from_dict", "estimate", "hookimpl", "kv_cache_bytes", "load_config",
-    "load_device_file", "measure", "package_profiles", "partition", "register_op", "register_op_estimator",
-    "register_op_properties",
+    "load_device_file", "load_measured_table", "measure", "measure_table", "package_profiles", "partition",
+    "register_measured_table", "register_op", "register_op_estimator", "register_op_properties",
+    "write_measured_table",
 ]
