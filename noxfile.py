@@ -90,3 +90,14 @@ def bench(session: nox.Session) -> None:
     _install_core(session)
     session.run("python", "bench/scale.py", "--out", "bench-results/scale.json", *session.posargs)
     session.run("python", "bench/resolution.py", "--out", "bench-results/resolution.json")
+
+
+@nox.session
+def fidelity(session: nox.Session) -> None:
+    """Fidelity report (not a test): estimates vs timings on this machine and vs published figures.
+
+    Writes bench-results/fidelity.json and fidelity.md; about half a minute. Not a default session.
+    """
+    _install_core(session)
+    session.install("packs/castpack-ascend")  # the Ascend 910B2 published figure is estimated with it
+    session.run("python", "bench/fidelity.py", "--out", "bench-results/fidelity.json", *session.posargs)

@@ -234,7 +234,9 @@ def calibrate(quick: bool = False, dtypes: tuple[torch.dtype, ...] = (torch.floa
                 b = torch.rand(n, n, dtype=dtype, device=device)
                 best = max(best, _best_rate(2 * n ** 3, time_call(lambda: torch.mm(a, b), 3, repeat, device)))
             mma[dtype_name(dtype)] = best
-        numel = 1 << (16 if quick else 24)
+        # Small enough to stay in cache: the vector rate must measure the vector units, not DRAM
+        # (a 16M-element add ran at memory speed, a third of the in-cache rate); bandwidth is below.
+        numel = 1 << (16 if quick else 18)
         for dtype in dtypes:
             x = torch.rand(numel, dtype=dtype, device=device)
             y = torch.rand(numel, dtype=dtype, device=device)
