@@ -123,13 +123,13 @@ class OpInvoke:
     def key(self) -> Any:
         """Hashable identity over the op and all metadata: identical calls resolve once."""
         if self._key is None:
-            self._key = (
-                self.op,
-                _hashable(self.args),
-                _hashable(self.kwargs),
-                _hashable(self.out),
-                _hashable(self.attrs),
-            )
+            key = (self.op, self.args, tuple(self.kwargs.items()), self.out, tuple(self.attrs.items()))
+            try:
+                hash(key)  # the usual case: arguments are already tuples, TensorMetas and plain values
+            except TypeError:
+                key = (self.op, _hashable(self.args), _hashable(self.kwargs), _hashable(self.out),
+                       _hashable(self.attrs))
+            self._key = key
         return self._key
 
     def argument(self, name: str, default: Any = None) -> Any:

@@ -140,7 +140,11 @@ class LayerReuse:
 
         def remap(value: Any) -> Any:
             if isinstance(value, TensorMeta):
-                return dataclasses.replace(value, storage=renumber(value.storage)) if value.storage >= 0 else value
+                if value.storage < 0:
+                    return value
+                # Positional construction: several times faster than dataclasses.replace on this hot path.
+                return TensorMeta(value.shape, value.dtype, value.stride, value.storage_offset, value.device,
+                                  renumber(value.storage), value.storage_nbytes)
             if isinstance(value, tuple):
                 return tuple(remap(v) for v in value)
             if isinstance(value, dict):
