@@ -84,3 +84,14 @@ def test_bad_model_specs_say_what_is_accepted(spec, message):
 def test_decode_and_train_do_not_mix():
     with pytest.raises(ModelError, match="--train goes with --phase prefill"):
         build_workload("llama-3-8b", phase="decode", train=True)
+
+
+def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
+    (tmp_path / "castcore_test_cwd_models.py").write_text(
+        "import torch\n"
+        "def make(batch=1):\n"
+        "    return torch.nn.Linear(4, 4), (torch.empty(batch, 4, device='meta'),)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    workload = build_workload("castcore_test_cwd_models:make", batch=3)
+    assert workload.args[0].shape == (3, 4)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -111,6 +113,8 @@ def from_factory(spec: str, **options: Any) -> Workload:
     ``(module, args, kwargs)``.
     """
     module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:  # the castcore script does not put the working directory on the path
+        sys.path.insert(0, os.getcwd())
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
