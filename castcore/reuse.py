@@ -138,16 +138,23 @@ class LayerReuse:
                 mapping[storage] = recorder.new_storage_id() if born_inside else storage
             return mapping[storage]
 
+        remapped: dict[tuple, TensorMeta] = {}  # one new TensorMeta per (metadata, storage) in this replay
+
         def remap(value: Any) -> Any:
-            if isinstance(value, TensorMeta):
+            kind = type(value)
+            if kind is TensorMeta:
                 if value.storage < 0:
                     return value
-                # Positional construction: several times faster than dataclasses.replace on this hot path.
-                return TensorMeta(value.shape, value.dtype, value.stride, value.storage_offset, value.device,
-                                  renumber(value.storage), value.storage_nbytes)
-            if isinstance(value, tuple):
-                return tuple(remap(v) for v in value)
-            if isinstance(value, dict):
+                key = (value, value.storage)  # equality ignores storage, so it is part of the key
+                new = remapped.get(key)
+                if new is None:
+                    # Positional construction: several times faster than dataclasses.replace here.
+                    new = remapped[key] = TensorMeta(value.shape, value.dtype, value.stride, value.storage_offset,
+                                                     value.device, renumber(value.storage), value.storage_nbytes)
+                return new
+            if kind is tuple:
+                return tuple([remap(v) for v in value])
+            if kind is dict:
                 return {k: remap(v) for k, v in value.items()}
             return value
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .capture import Capture, capture
+from .capture import Capture, capture, no_cyclic_gc
 from .config import Config, load_config
 from .devices import DeviceError, DeviceProfile, load_device_file
 from .estimate import Resolver
@@ -100,12 +100,12 @@ class Session:
                          description: str = "", kv_cache_bytes: int = 0) -> Report:
         """Estimate every call of a capture; the report includes its memory footprint (see castcore.memory)."""
         profile = self.device(device)
-        records = []
-        for invoke in captured.invokes:
-            estimate = self.resolver.estimate(invoke, profile)
-            props, _ = self.resolver.properties(invoke, profile)
-            records.append(OpRecord(invoke=invoke, estimate=estimate, properties=props))
-        return Report(records, profile, description, memory=analyze_memory(captured, kv_cache_bytes=kv_cache_bytes))
+        with no_cyclic_gc():
+            records = [OpRecord(invoke=invoke, estimate=self.resolver.estimate(invoke, profile),
+                                properties=self.resolver.properties(invoke, profile)[0])
+                       for invoke in captured.invokes]
+            memory = analyze_memory(captured, kv_cache_bytes=kv_cache_bytes)
+        return Report(records, profile, description, memory=memory)
 
     def estimate(self, model_or_fn: torch.nn.Module | Callable, *inputs: Any, device: str | DeviceProfile | None = None,
                  kwargs: dict[str, Any] | None = None, description: str = "", train: bool = False,
