@@ -66,7 +66,7 @@ class DeviceProfile:
         name = dtype_name(dtype)
         if name in table:
             return table[name], name
-        if unit == "mma" and name not in table and self.gp_flops:
+        if unit == "mma" and self.gp_flops:
             # A matrix op in a dtype the matrix unit lacks runs on the vector unit.
             return self.rate("gp", dtype)
         if not table:

@@ -36,11 +36,6 @@ def all_reduce(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x * group_size
 
 
-@all_reduce.register_fake
-def _(x, group_size):
-    _check(x, group_size)
-    return torch.empty_like(x)
-
 
 @torch.library.custom_op(f"{NAMESPACE}::all_gather", mutates_args=())
 def all_gather(x: torch.Tensor, group_size: int, dim: int = 0) -> torch.Tensor:
@@ -76,11 +71,6 @@ def all_to_all(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.clone()
 
 
-@all_to_all.register_fake
-def _(x, group_size):
-    _check(x, group_size)
-    return torch.empty_like(x)
-
 
 @torch.library.custom_op(f"{NAMESPACE}::broadcast", mutates_args=())
 def broadcast(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -88,7 +78,11 @@ def broadcast(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.clone()
 
 
-@broadcast.register_fake
-def _(x, group_size):
+def _same_shape(x, group_size):
+    """The fake of every collective whose output has its input's shape."""
     _check(x, group_size)
     return torch.empty_like(x)
+
+
+for _op in (all_reduce, all_to_all, broadcast):
+    _op.register_fake(_same_shape)
