@@ -7,6 +7,7 @@ left untouched), whether the module lives on the meta device or on a real one.
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 from collections.abc import Callable
@@ -134,12 +135,18 @@ class _Recorder(TorchDispatchMode):
         return max(parents, key=len) if parents else ""
 
 
+@functools.cache
+def _group_name_position(func) -> int | None:
+    """Where an op's ``group_name`` argument sits, if it has one: asked once per op, not per call."""
+    names = [a.name for a in func._schema.arguments]
+    return names.index("group_name") if "group_name" in names else None
+
+
 def _attrs(func, args, kwargs) -> dict:
     """Facts the arguments do not carry: the size of a collective's process group."""
-    schema_names = [a.name for a in func._schema.arguments]
-    if "group_name" not in schema_names:
+    position = _group_name_position(func)
+    if position is None:
         return {}
-    position = schema_names.index("group_name")
     name = kwargs.get("group_name", args[position] if position < len(args) else None)
     try:
         from torch.distributed.distributed_c10d import _resolve_process_group
