@@ -55,7 +55,8 @@ class _Recorder(TorchDispatchMode):
         self.tracker = tracker
         self.progress = progress
         self.invokes: list[OpInvoke] = []
-        self._storage_ids: dict[Any, int] = {}
+        self._storage_ids: dict[Any, int] = {}  # StorageWeakRef(...).cdata -> storage id
+        self._ids_handed_out = 0
         self._keep_alive: list = []  # storages stay referenced so their addresses are never reused
         self._paused = False
         self.shadow = 0  # > 0 while DTensor's sharding propagation runs an op on global shapes
@@ -70,13 +71,19 @@ class _Recorder(TorchDispatchMode):
             self._paused = was
 
     def storage_count(self) -> int:
-        return len(self._storage_ids)
+        return self._ids_handed_out
 
     def new_storage_id(self) -> int:
-        """A storage id for a storage that exists only in replayed records."""
-        key = ("replayed", len(self._storage_ids))
-        self._storage_ids[key] = len(self._storage_ids)
-        return self._storage_ids[key]
+        """The next storage id. Called on its own, for a storage no tensor has yet: one that exists only
+        in replayed records, or a weight whose fake is made only if its layer runs (see ``bind``)."""
+        self._ids_handed_out += 1
+        return self._ids_handed_out - 1
+
+    def bind(self, t: torch.Tensor, storage: int) -> None:
+        """Number t's storage ``storage``, an id handed out earlier by ``new_storage_id``."""
+        untyped = t.untyped_storage()
+        self._storage_ids[StorageWeakRef(untyped).cdata] = storage
+        self._keep_alive.append(untyped)
 
     def storage_of(self, t: torch.Tensor) -> int:
         if t.layout != torch.strided:
@@ -84,7 +91,7 @@ class _Recorder(TorchDispatchMode):
         storage = t.untyped_storage()
         key = StorageWeakRef(storage).cdata
         if key not in self._storage_ids:
-            self._storage_ids[key] = len(self._storage_ids)
+            self._storage_ids[key] = self.new_storage_id()
             self._keep_alive.append(storage)
         return self._storage_ids[key]
 
@@ -154,6 +161,47 @@ def _attrs(func, args, kwargs) -> dict:
         return {"group_size": _resolve_process_group(name).size(), "group_name": name}
     except Exception:  # no such group in this process: estimators fall back to the op's own arguments
         return {"group_name": name}
+
+
+class _FakeWeights:
+    """Fake stand-ins for a module's parameters and buffers, each made on first use.
+
+    Tied tensors share one fake, as they share one storage. A weight of a layer that layer reuse
+    replays is never touched by an op, so it only needs a storage id (``storage``); its fake is
+    made, under that id, only if the layer has to run after all (``fake``)."""
+
+    def __init__(self, recorder: _Recorder):
+        self.recorder = recorder
+        self._fakes: dict[int, torch.Tensor] = {}  # id(tensor) -> its fake
+        self._unbacked: dict[int, tuple[int, int]] = {}  # id(tensor) -> (storage id, bytes), no fake yet
+
+    def fake(self, t: torch.Tensor) -> torch.Tensor:
+        fake = self._fakes.get(id(t))
+        if fake is None:
+            fake = self._fakes[id(t)] = _fake_like(t)
+            if id(t) in self._unbacked:
+                self.recorder.bind(fake, self._unbacked.pop(id(t))[0])
+        return fake
+
+    def storage(self, t: torch.Tensor) -> int:
+        if id(t) in self._fakes:
+            return self.recorder.storage_of(_local_shards(self._fakes[id(t)]))
+        if id(t) not in self._unbacked:
+            self._unbacked[id(t)] = (self.recorder.new_storage_id(), _dense_nbytes(t))
+        return self._unbacked[id(t)][0]
+
+    def storages(self) -> dict[int, int]:
+        """Storage id -> bytes for every weight, with or without a fake."""
+        held = self.recorder.storages(list(self._fakes.values()))
+        held.update(self._unbacked.values())
+        return held
+
+
+def _dense_nbytes(t: torch.Tensor) -> int:
+    """The bytes of the storage ``_fake_like(t)`` would allocate: just enough for t's shape and stride."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
@@ -265,36 +313,35 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
         if inputs_fn is not None:
             more_args, more_kwargs = inputs_fn()
             fake_args, fake_kwargs = (*fake_args, *more_args), {**fake_kwargs, **more_kwargs}
+        weights = _FakeWeights(recorder)
+        state = _state(target) if isinstance(target, torch.nn.Module) else {}
+        # Replaying layers needs plain weights; training needs every forward really run for autograd.
+        sharded = _dtensor_type() is not None and any(isinstance(t, _dtensor_type()) for t in state.values())
+        layer_reuse = (LayerReuse(recorder, target, state, weights) if reuse and not train and not sharded
+                       and isinstance(target, torch.nn.Module) else None)
+        deferred = layer_reuse.deferred_names() if layer_reuse else set()
+        fake_state = {}
+        for name, t in state.items():
+            if name not in deferred:
+                fake_state[name] = weights.fake(t)
+            weights.storage(t)  # every weight numbered now, in state order: ids match with or without reuse
         if isinstance(target, torch.nn.Module):
-            fakes: dict[int, torch.Tensor] = {}  # tied weights share one fake, as they share one storage
-            state = {}
-            for name, t in _state(target).items():
-                if id(t) not in fakes:
-                    fakes[id(t)] = _fake_like(t)
-                state[name] = fakes[id(t)]
-
             def run():
-                return torch.func.functional_call(target, state, tuple(fake_args), fake_kwargs, strict=False)
+                return torch.func.functional_call(target, fake_state, tuple(fake_args), fake_kwargs, strict=False)
         else:
-            state = {}
-
             def run():
                 return target(*fake_args, **fake_kwargs)
 
-        weights = recorder.storages(state)
         given = recorder.storages((fake_args, fake_kwargs))
         held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
-        # Replaying layers needs plain weights; training needs every forward really run for autograd.
-        sharded = _dtensor_type() is not None and any(isinstance(t, _dtensor_type()) for t in state.values())
-        reusing = (LayerReuse(recorder).active(target) if reuse and not train and not sharded
-                   and isinstance(target, torch.nn.Module) else nullcontext())
+        reusing = layer_reuse.active() if layer_reuse else nullcontext()
         with torch.set_grad_enabled(train), _dtensor_shadow(recorder), tracker, recorder, reusing:
             result = run()
             if train:
                 _loss_of(result).backward()
         outputs = set(recorder.storages(result))
-    return Capture(invokes=recorder.invokes, weight_storages=weights, input_storages=given, output_storages=outputs,
-                   state_storages=held)
+    return Capture(invokes=recorder.invokes, weight_storages=weights.storages(), input_storages=given,
+                   output_storages=outputs, state_storages=held)
 
 
 def _tensors_inside_objects(value: Any, depth: int = 8) -> list[torch.Tensor]:

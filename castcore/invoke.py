@@ -97,6 +97,26 @@ def _hashable(value: Any) -> Any:
     return value
 
 
+class CallKey:
+    """An invoke's identity with its hash worked out once: the same key is looked up several times
+    per call, and hashing its nested TensorMetas again each time costs more than the lookup."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple):
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is CallKey and self._hash == other._hash and self.value == other.value)
+
+    def __repr__(self) -> str:
+        return f"CallKey({self.value!r})"
+
+
 @dataclass(slots=True)
 class OpInvoke:
     """One captured operator call: the op, its arguments with TensorMeta for tensors, and where it ran.
@@ -125,11 +145,10 @@ class OpInvoke:
         if self._key is None:
             key = (self.op, self.args, tuple(self.kwargs.items()), self.out, tuple(self.attrs.items()))
             try:
-                hash(key)  # the usual case: arguments are already tuples, TensorMetas and plain values
+                self._key = CallKey(key)  # the usual case: arguments are already tuples, TensorMetas and plain values
             except TypeError:
-                key = (self.op, _hashable(self.args), _hashable(self.kwargs), _hashable(self.out),
-                       _hashable(self.attrs))
-            self._key = key
+                self._key = CallKey((self.op, _hashable(self.args), _hashable(self.kwargs), _hashable(self.out),
+                                     _hashable(self.attrs)))
         return self._key
 
     def argument(self, name: str, default: Any = None) -> Any:

@@ -53,13 +53,21 @@ def _layer_identity(module: torch.nn.Module) -> tuple:
 
 def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:
     """Groups of at least two interchangeable modules, each group from one ModuleList."""
+    return [[layer for _, layer in group] for group in _repeated_layers_by_path(model)]
+
+
+def _repeated_layers_by_path(model: torch.nn.Module) -> list[list[tuple[str, torch.nn.Module]]]:
     groups = []
-    for container in model.modules():
+    seen: set[int] = set()  # a module listed twice (shared layers) is patched once
+    for path, container in model.named_modules():
         if not isinstance(container, torch.nn.ModuleList):
             continue
-        by_identity: dict[tuple, list[torch.nn.Module]] = {}
-        for child in container:
-            by_identity.setdefault(_layer_identity(child), []).append(child)
+        by_identity: dict[tuple, list[tuple[str, torch.nn.Module]]] = {}
+        for index, child in enumerate(container):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            by_identity.setdefault(_layer_identity(child), []).append((f"{path}.{index}" if path else str(index), child))
         groups += [members for members in by_identity.values() if len(members) > 1]
     return groups
 
@@ -76,19 +84,41 @@ class _Template:
 
 
 class LayerReuse:
-    """Patches the forward of repeated layers for the duration of one capture."""
+    """Patches the forward of repeated layers for the duration of one capture.
 
-    def __init__(self, recorder):
+    ``state`` is the capture's name -> parameter or buffer table, and ``weights`` its fake weights
+    (``fake(t)``, ``storage(t)``): the weights of layers after the first in a group are left out of
+    the capture's functional_call (``deferred_names``), as replay needs only their storage ids; a
+    layer that has to run after all gets its fakes then.
+    """
+
+    def __init__(self, recorder, model: torch.nn.Module, state: dict[str, torch.Tensor], weights):
         self.recorder = recorder
+        self.weights = weights
         self.templates: dict[tuple, _Template] = {}
         self.replayed = 0
+        self.groups = _repeated_layers_by_path(model)
+        # Each member layer's own tensors, by name inside the layer.
+        members_by_path = {path: layer for members in self.groups for path, layer in members}
+        self.layer_state: dict[int, dict[str, torch.Tensor]] = {id(layer): {} for layer in members_by_path.values()}
+        for name, t in state.items():
+            for end in (i for i, c in enumerate(name) if c == "."):
+                layer = members_by_path.get(name[:end])
+                if layer is not None:
+                    self.layer_state[id(layer)][name[end + 1:]] = t
+                    break
+
+    def deferred_names(self) -> set[str]:
+        """Names in ``state`` whose fakes are made only if their layer runs."""
+        return {f"{path}.{local}" for members in self.groups for path, layer in members[1:]
+                for local in self.layer_state[id(layer)]}
 
     @contextmanager
-    def active(self, model: torch.nn.Module) -> Iterator[None]:
+    def active(self) -> Iterator[None]:
         patched = []
-        for group_id, members in enumerate(repeated_layers(model)):
-            for layer in members:
-                layer.forward = self._wrap(layer, layer.forward, group_id)
+        for group_id, members in enumerate(self.groups):
+            for position, (_, layer) in enumerate(members):
+                layer.forward = self._wrap(layer, layer.forward, group_id, deferred=position > 0)
                 patched.append(layer)
         try:
             yield
@@ -96,35 +126,42 @@ class LayerReuse:
             for layer in patched:
                 del layer.forward  # back to the class's forward
 
-    def _wrap(self, layer: torch.nn.Module, forward: Callable, group_id: int) -> Callable:
+    def _wrap(self, layer: torch.nn.Module, forward: Callable, group_id: int, deferred: bool) -> Callable:
+        weight_storages = None
+
         def reusing_forward(*args, **kwargs):
+            nonlocal weight_storages
+            if weight_storages is None:
+                weight_storages = {name: self.weights.storage(t) for name, t in self.layer_state[id(layer)].items()}
             signature = _signature((args, kwargs))
             key = (group_id, signature)
             template = self.templates.get(key) if signature is not None else None
             if template is not None:
-                return self._replay(template, layer, args, kwargs)
+                return self._replay(template, weight_storages, args, kwargs)
             start, first_new = len(self.recorder.invokes), self.recorder.storage_count()
-            out = forward(*args, **kwargs)
+            if deferred:  # its weights were left out of the capture's functional_call: swap fakes in now
+                with self.recorder.paused():
+                    fakes = {name: self.weights.fake(t) for name, t in self.layer_state[id(layer)].items()}
+                with _swapped(layer, fakes):
+                    out = forward(*args, **kwargs)
+            else:
+                out = forward(*args, **kwargs)
             flat_out, spec = pytree.tree_flatten(out)
             if signature is not None and all(isinstance(t, torch.Tensor) for t in flat_out):
                 self.templates[key] = _Template(
                     invokes=self.recorder.invokes[start:], module=self.recorder.current_module(),
-                    first_new_storage=first_new, weights=self._weight_storages(layer),
+                    first_new_storage=first_new, weights=weight_storages,
                     inputs=[self.recorder.storage_of(t) for t in _tensors(args, kwargs)],
                     outputs=[TensorMeta.of(t, self.recorder.storage_of(t)) for t in flat_out], out_spec=spec)
             return out
 
         return reusing_forward
 
-    def _weight_storages(self, layer: torch.nn.Module) -> dict[str, int]:
-        return {name: self.recorder.storage_of(t) for name, t in (*layer.named_parameters(), *layer.named_buffers())}
-
-    def _replay(self, template: _Template, layer: torch.nn.Module, args, kwargs):
+    def _replay(self, template: _Template, weights: dict[str, int], args, kwargs):
         recorder = self.recorder
         with recorder.paused():
             outputs = [torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="cpu") for m in template.outputs]
         mapping: dict[int, int] = {}
-        weights = self._weight_storages(layer)
         for name, storage in template.weights.items():
             mapping[storage] = weights[name]
         for old, tensor in zip(template.inputs, _tensors(args, kwargs)):
@@ -170,3 +207,20 @@ class LayerReuse:
 
 def _tensors(args, kwargs) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+
+
+@contextmanager
+def _swapped(layer: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Put ``tensors`` in place of the layer's parameters and buffers of those names, then put them back."""
+    saved = []
+    for name, t in tensors.items():
+        owner_path, _, leaf = name.rpartition(".")
+        owner = layer.get_submodule(owner_path)
+        table = owner._parameters if leaf in owner._parameters else owner._buffers
+        saved.append((table, leaf, table[leaf]))
+        table[leaf] = t
+    try:
+        yield
+    finally:
+        for table, leaf, original in reversed(saved):
+            table[leaf] = original

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import castcore
 from castcore.models import build_workload
@@ -58,3 +59,28 @@ def test_replayed_layers_use_their_own_weights_and_fresh_activations(session):
     assert set(by_layer) == {"0", "1"}
     assert not set(by_layer["0"]) & set(by_layer["1"])
     assert set(by_layer["1"]) <= set(captured.weight_storages)
+
+
+class _ThreeLinears(torch.nn.Module):
+    """Layer 2 sees a batch twice as large, so it cannot replay layer 0's records and must run."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        x = self.layers[1](self.layers[0](x))
+        return self.layers[2](torch.cat([x, x]))
+
+
+def test_a_layer_that_cannot_replay_runs_on_its_own_weights(session):
+    model = _ThreeLinears()
+    originals = [layer.weight for layer in model.layers]
+    full = castcore.capture(model, torch.ones(4, 8), reuse=False)
+    reused = castcore.capture(model, torch.ones(4, 8), reuse=True)
+    assert [(i.name, i.module, i.key) for i in reused.invokes] == [(i.name, i.module, i.key) for i in full.invokes]
+    assert reused.weight_storages == full.weight_storages
+    assert session.estimate_capture(reused).memory.to_dict() == session.estimate_capture(full).memory.to_dict()
+    weight_of = {i.module.rsplit(".", 1)[1]: i.args[2].storage for i in reused.invokes if i.name == "aten::addmm"}
+    assert len(set(weight_of.values())) == 3 and set(weight_of.values()) <= set(reused.weight_storages)
+    assert [layer.weight for layer in model.layers] == originals  # the module is left as it was
