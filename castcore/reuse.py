@@ -2,8 +2,8 @@
 
 A 70B model runs 80 identical decoder layers on identical input shapes; running each on fake
 tensors costs the same dispatch work for the same answer. Layers are candidates when they sit in
-one ``nn.ModuleList``, share a class, parameter shapes and plain attributes (the layer index
-aside). The first call of a candidate with a given input signature is captured for real; later
+one ``nn.ModuleList`` and share classes, parameter shapes and the plain attributes of every
+submodule (the layer index aside). The first call of a candidate with a given input signature is captured for real; later
 calls with the same signature return fake outputs of the recorded shapes and append the recorded
 calls, renamed to their own module and with storages renumbered (their own weights, their own
 inputs, fresh activations), so memory liveness stays right and totals equal a full capture.
@@ -45,10 +45,13 @@ def _signature(value: Any) -> Any:
 
 
 def _layer_identity(module: torch.nn.Module) -> tuple:
+    """What must match for two layers to run the same ops: classes, tensor shapes, and the plain
+    attributes of the layer and every submodule (a sliding window, a flag), the layer's index aside."""
     tensors = tuple((n, tuple(t.shape), t.dtype) for n, t in (*module.named_parameters(), *module.named_buffers()))
-    plain = tuple(sorted((k, v) for k, v in vars(module).items()
-                         if isinstance(v, _PLAIN) and "idx" not in k and "index" not in k))
-    return type(module), tensors, plain
+    plain = tuple((path, type(sub), tuple(sorted((k, v) for k, v in vars(sub).items()
+                                                 if isinstance(v, _PLAIN) and "idx" not in k and "index" not in k)))
+                  for path, sub in module.named_modules())
+    return tensors, plain
 
 
 def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:

@@ -23,6 +23,8 @@ def _both(session, spec, **options):
     ("tests/data/tiny-llama.json", {"seq": 24}),
     ("tests/data/tiny-mixtral.json", {"seq": 16, "batch": 2}),
     ("tests/data/tiny-llama.json", {"phase": "decode", "kv_len": 40}),
+    ("tests/data/tiny-gemma3.json", {"seq": 24}),  # sliding and full attention layers, seq beyond the window
+    ("tests/data/tiny-deepseek-v3.json", {"seq": 16}),  # a dense first layer, then MoE layers; MLA attention
 ])
 def test_totals_and_records_equal_a_full_capture(session, spec, options):
     (full_capture, full), (reused_capture, reused) = _both(session, spec, **options)
@@ -84,3 +86,25 @@ def test_a_layer_that_cannot_replay_runs_on_its_own_weights(session):
     weight_of = {i.module.rsplit(".", 1)[1]: i.args[2].storage for i in reused.invokes if i.name == "aten::addmm"}
     assert len(set(weight_of.values())) == 3 and set(weight_of.values()) <= set(reused.weight_storages)
     assert [layer.weight for layer in model.layers] == originals  # the module is left as it was
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, gelu: bool):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.proj.gelu = gelu  # a plain flag on a submodule that changes which ops run
+
+    def forward(self, x):
+        y = self.proj(x)
+        return torch.nn.functional.gelu(y) if self.proj.gelu else y
+
+
+def test_layers_differing_only_in_a_submodule_flag_are_not_interchangeable(session):
+    model = torch.nn.Sequential()
+    model.layers = torch.nn.ModuleList([_Block(False), _Block(True), _Block(False)])
+    model.forward = lambda x: model.layers[2](model.layers[1](model.layers[0](x)))
+    assert [len(group) for group in repeated_layers(model)] == [2]
+    full = castcore.capture(model, torch.ones(2, 8), reuse=False)
+    reused = castcore.capture(model, torch.ones(2, 8), reuse=True)
+    assert [i.name for i in reused.invokes] == [i.name for i in full.invokes]
+    assert sum(i.name == "aten::gelu" for i in reused.invokes) == 1
