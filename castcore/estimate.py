@@ -93,6 +93,11 @@ class Resolver:
         self._estimates: dict[tuple, Estimate] = {}
         self._properties: dict[tuple, tuple[PerformanceProperties | None, Source | None]] = {}
 
+    def clear_cache(self) -> None:
+        """Forget every answer, so the next questions go to the plugins again."""
+        self._estimates.clear()
+        self._properties.clear()
+
     def _error(self, impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile, what: str) -> EstimatorError:
         return EstimatorError(
             f"{self.display_name(impl.plugin_name)}: {_function_name(impl, invoke, device)} {what} "

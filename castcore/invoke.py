@@ -76,13 +76,25 @@ def to_meta(value: Any, storage_of: Callable[[torch.Tensor], int] | None = None)
 
 def tensors_in(value: Any, kind: type = TensorMeta) -> list:
     """Every instance of ``kind`` (TensorMeta, or torch.Tensor) inside a nested value, in order."""
+    found: list = []
+    _collect(value, kind, found)
+    return found
+
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def _collect(value: Any, kind: type, found: list) -> None:
+    # Memory analysis walks every argument of every call: leaves are tested inline, not by a call each.
     if isinstance(value, kind):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensors_in(v, kind)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in tensors_in(v, kind)]
-    return []
+        found.append(value)
+        return
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for v in items:
+        if isinstance(v, kind):
+            found.append(v)
+        elif isinstance(v, _CONTAINERS):
+            _collect(v, kind, found)
 
 
 def _hashable(value: Any) -> Any:
@@ -164,7 +176,10 @@ class OpInvoke:
         return default
 
     def inputs(self) -> list[TensorMeta]:
-        return tensors_in(self.args) + tensors_in(self.kwargs)
+        found = tensors_in(self.args)
+        if self.kwargs:
+            _collect(self.kwargs, TensorMeta, found)
+        return found
 
     def outputs(self) -> list[TensorMeta]:
         return tensors_in(self.out)

@@ -45,13 +45,16 @@ def _signature(value: Any) -> Any:
 
 
 def _layer_identity(module: torch.nn.Module) -> tuple:
-    """What must match for two layers to run the same ops: classes, tensor shapes, and the plain
-    attributes of the layer and every submodule (a sliding window, a flag), the layer's index aside."""
-    tensors = tuple((n, tuple(t.shape), t.dtype) for n, t in (*module.named_parameters(), *module.named_buffers()))
-    plain = tuple((path, type(sub), tuple(sorted((k, v) for k, v in vars(sub).items()
-                                                 if isinstance(v, _PLAIN) and "idx" not in k and "index" not in k)))
-                  for path, sub in module.named_modules())
-    return tensors, plain
+    """What must match for two layers to run the same ops: for the layer and every submodule, its
+    class, its tensors' shapes and dtypes, and its plain attributes (a sliding window, a flag), the
+    layer's index aside."""
+    return tuple(
+        (path, type(sub),
+         tuple((n, tuple(t.shape), t.dtype) for n, t in (*sub._parameters.items(), *sub._buffers.items())
+               if t is not None),
+         tuple(sorted((k, v) for k, v in vars(sub).items()
+                      if isinstance(v, _PLAIN) and "idx" not in k and "index" not in k)))
+        for path, sub in module.named_modules())
 
 
 def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:
@@ -151,6 +154,7 @@ class LayerReuse:
                 out = forward(*args, **kwargs)
             flat_out, spec = pytree.tree_flatten(out)
             if signature is not None and all(isinstance(t, torch.Tensor) for t in flat_out):
+                _share_equal_keys(self.recorder.invokes[start:])
                 self.templates[key] = _Template(
                     invokes=self.recorder.invokes[start:], module=self.recorder.current_module(),
                     first_new_storage=first_new, weights=weight_storages,
@@ -178,22 +182,24 @@ class LayerReuse:
                 mapping[storage] = recorder.new_storage_id() if born_inside else storage
             return mapping[storage]
 
-        remapped: dict[tuple, TensorMeta] = {}  # one new TensorMeta per (metadata, storage) in this replay
+        remapped: dict[int, TensorMeta] = {}  # id(a template TensorMeta) -> this replay's
+
+        def meta(value: TensorMeta) -> TensorMeta:
+            new = remapped.get(id(value))
+            if new is None:
+                # Positional construction: several times faster than dataclasses.replace here.
+                new = remapped[id(value)] = value if value.storage < 0 else TensorMeta(
+                    value.shape, value.dtype, value.stride, value.storage_offset, value.device,
+                    renumber(value.storage), value.storage_nbytes)
+            return new
 
         def remap(value: Any) -> Any:
             kind = type(value)
             if kind is TensorMeta:
-                if value.storage < 0:
-                    return value
-                key = (value, value.storage)  # equality ignores storage, so it is part of the key
-                new = remapped.get(key)
-                if new is None:
-                    # Positional construction: several times faster than dataclasses.replace here.
-                    new = remapped[key] = TensorMeta(value.shape, value.dtype, value.stride, value.storage_offset,
-                                                     value.device, renumber(value.storage), value.storage_nbytes)
-                return new
-            if kind is tuple:
-                return tuple([remap(v) for v in value])
+                return meta(value)
+            if kind is tuple:  # most leaves are plain values: test them here rather than call per leaf
+                return tuple([meta(v) if type(v) is TensorMeta else remap(v) if type(v) in (tuple, dict) else v
+                              for v in value])
             if kind is dict:
                 return {k: remap(v) for k, v in value.items()}
             return value
@@ -206,6 +212,14 @@ class LayerReuse:
                 attrs=invoke.attrs, _key=invoke.key))
         self.replayed += 1
         return pytree.tree_unflatten(outputs, template.out_spec)
+
+
+def _share_equal_keys(invokes: list[OpInvoke]) -> None:
+    """Give invokes with equal keys one key object: replays copy them, and estimate caches then
+    find every replayed call by identity instead of comparing its key field by field."""
+    first: dict = {}
+    for invoke in invokes:
+        invoke._key = first.setdefault(invoke.key, invoke.key)
 
 
 def _tensors(args, kwargs) -> list[torch.Tensor]:
