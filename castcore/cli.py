@@ -88,6 +88,8 @@ def _capture_workload(session: Session, args: argparse.Namespace):
     print(f"castcore: building {args.model} and capturing on fake tensors ...", file=sys.stderr)
     workload = build_workload(args.model, batch=args.batch, seq=args.seq, dtype=args.dtype, phase=args.phase,
                               kv_len=args.kv_len, train=args.train)
+    for note in workload.notes:
+        print(f"castcore: note: {note}", file=sys.stderr)
     if args.fuse:
         swaps = session.fuse(workload.model, args.device)
         for line in swaps:

@@ -305,7 +305,7 @@ def published_workload(workload: dict[str, Any]) -> tuple[Any, tuple, dict[str, 
     if kind == "causal_lm_prefill":
         from .models.hf import build_causal_lm
 
-        model = build_causal_lm(workload["config"], dtype)
+        model, _ = build_causal_lm(workload["config"], dtype)  # published models all take castcore attention
         ids = torch.zeros((workload["batch"], workload["seq"]), dtype=torch.long, device="meta")
         kwargs = {"input_ids": ids, "use_cache": False}
         if workload.get("logits_to_keep"):

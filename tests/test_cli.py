@@ -42,6 +42,14 @@ def test_estimate_prints_a_table_and_totals(tiny_llama, h100_file):
         assert total in done.stdout
 
 
+def test_estimate_says_when_a_model_runs_its_own_attention(h100_file):
+    falcon = os.path.join(os.path.dirname(__file__), "data", "tiny-falcon.json")
+    done = castcore_cli("estimate", "--model", falcon, "--seq", "8", "--device-file",
+                        str(h100_file), "--no-packs")
+    assert done.returncode == 0, done.stderr
+    assert "castcore: note: FalconForCausalLM cannot take castcore's attention path" in done.stderr
+
+
 def test_custom_op_file_wins_in_the_json_report(tiny_llama, h100_file, tmp_path):
     (tmp_path / "mm.py").write_text(USER_MM)
     done = castcore_cli("estimate", "--model", str(tiny_llama), "--seq", "16", "--device-file", str(h100_file),

@@ -95,3 +95,44 @@ def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
     workload = build_workload("castcore_test_cwd_models:make", batch=3)
     assert workload.args[0].shape == (3, 4)
+
+
+def test_softcapped_attention_matches_transformers_eager_attention():
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    from castcore.models.hf import _attention
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.head_dim, module.training, module.is_causal = 2, 16, False, True
+    q, k, v = torch.randn(1, 4, 6, 16), torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
+    # castcore's mask function hands over no mask for a plain causal prefill; transformers' eager
+    # attention needs the causal mask spelled out.
+    causal = torch.full((6, 6), float("-inf")).triu(1)
+    ours, _ = _attention(module, q, k, v, None, scaling=0.25, softcap=20.0)
+    theirs, _ = eager_attention_forward(module, q, k, v, causal, scaling=0.25, softcap=20.0)
+    torch.testing.assert_close(ours, theirs)
+    window = torch.ones(6, 6, dtype=torch.bool).tril().triu(-2)  # a boolean sliding-window mask
+    ours, _ = _attention(module, q, k, v, window, scaling=0.25, softcap=20.0)
+    theirs, _ = eager_attention_forward(module, q, k, v, torch.zeros(6, 6).masked_fill(~window, float("-inf")),
+                                        scaling=0.25, softcap=20.0)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_gemma2_counts_its_softcapped_attention_in_full(session):
+    workload = build_workload("tests/data/tiny-gemma2.json", seq=12)
+    report = session.estimate(workload.model, kwargs=workload.kwargs)
+    scores = [r for r in report.records if r.invoke.name == "aten::bmm" and r.invoke.module.endswith("self_attn")]
+    # Per layer: QK^T and PV over every query-key pair, 4 heads of 16 over 12 tokens (eager attention
+    # computes the masked half too).
+    assert len(scores) == 4
+    assert sum(r.flops for r in scores) == 2 * 2 * (2 * 4 * 12 * 12 * 16)
+    tanh_shapes = {r.invoke.args[0].shape for r in report.records if r.invoke.name == "aten::tanh"}
+    assert (1, 4, 12, 12) in tanh_shapes and (1, 12, 256) in tanh_shapes  # attention and final-logit caps
+
+
+def test_a_model_without_the_attention_interface_runs_with_a_note(session):
+    workload = build_workload("tests/data/tiny-falcon.json", seq=8)
+    assert len(workload.notes) == 1 and "FalconForCausalLM" in workload.notes[0] and "sdpa" in workload.notes[0]
+    report = session.estimate(workload.model, kwargs=workload.kwargs)
+    assert report.flops > 0 and report.time_s > 0

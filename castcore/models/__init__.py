@@ -41,6 +41,7 @@ class Workload:
     description: str = ""
     inputs_fn: Callable[[], tuple[tuple, dict]] | None = None
     config: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)  # what a user should know about how it was built
 
 
 def preset_names() -> list[str]:
@@ -88,17 +89,18 @@ def build_workload(model: str = DEFAULT_MODEL, batch: int = 1, seq: int = 2048, 
         return from_factory(model, batch=batch, seq=seq, dtype=parse_dtype(dtype), phase=phase, kv_len=kv_len,
                             train=train)
     config = load_model_config(model)
-    module = build_causal_lm(config, parse_dtype(dtype))
+    module, note = build_causal_lm(config, parse_dtype(dtype))
+    notes = [note] if note else []
     if phase == "decode":
         return Workload(model=module, inputs_fn=decode_inputs(module, batch, kv_len, parse_dtype(dtype)),
                         description=f"{model} decode, batch {batch}, 1 token over {kv_len} cached, {dtype}",
-                        config=config)
+                        config=config, notes=notes)
     input_ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
     kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
     if train:
         kwargs["labels"] = input_ids
     what = "training step (forward + backward)" if train else "prefill"
-    return Workload(model=module, kwargs=kwargs, config=config,
+    return Workload(model=module, kwargs=kwargs, config=config, notes=notes,
                     description=f"{model} {what}, batch {batch}, {seq} tokens, {dtype}")
 
 

@@ -25,18 +25,42 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_ma
                      local_size=local_size, **kwargs)
 
 
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+    """transformers' SDPA attention; with a logit soft-cap (Gemma 2), which SDPA cannot apply, the
+    ops an eager soft-capped attention runs: scores, tanh cap, mask, softmax, weighted sum."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if softcap is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    scores = torch.tanh(scores / softcap) * softcap
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if attention_mask is None and q_len > 1:  # _mask left causality to the kernel: apply it here
+        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    if attention_mask is not None:
+        attention_mask = attention_mask[..., :kv_len]
+        scores = (scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool
+                  else scores + attention_mask)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(ATTENTION, sdpa_attention_forward)
+    AttentionInterface.register(ATTENTION, _attention)
     AttentionMaskInterface.register(ATTENTION, _mask)
 
 
-def build_causal_lm(config: dict[str, Any], dtype: torch.dtype) -> torch.nn.Module:
-    """An AutoModelForCausalLM from a config.json dict, on the meta device: no weights allocated."""
+def build_causal_lm(config: dict[str, Any], dtype: torch.dtype) -> tuple[torch.nn.Module, str | None]:
+    """An AutoModelForCausalLM from a config.json dict, on the meta device (no weights allocated),
+    and a note when the model cannot take castcore's attention path."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     register_attention()
     fields = {k: v for k, v in config.items() if not k.startswith("_")}
@@ -44,10 +68,18 @@ def build_causal_lm(config: dict[str, Any], dtype: torch.dtype) -> torch.nn.Modu
     if model_type is None:
         raise ValueError("the model config has no 'model_type'; it must be a transformers config.json")
     hf_config = AutoConfig.for_model(model_type, **fields)
-    hf_config._attn_implementation = ATTENTION
+    attention, note = ATTENTION, None
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    if model_class is not None and not getattr(model_class, "_supports_attention_backend", True):
+        # Models written before transformers' attention interface pick their attention class by name.
+        attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
+        note = (f"{model_class.__name__} cannot take castcore's attention path, so it runs its own {attention} "
+                "attention: on fake tensors that builds an explicit causal mask, so attention is counted over "
+                "every query-key pair, about twice the causal work")
+    hf_config._attn_implementation = attention
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=ATTENTION)
-    return model.eval()
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
+    return model.eval(), note
 
 
 def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype):
