@@ -99,8 +99,17 @@ def _capture_workload(session: Session, args: argparse.Namespace):
         workload.description += " (fused)" if swaps else ""
     show = _progress if sys.stderr.isatty() else None
     with tensor_parallel(workload, args.tp):
-        captured = capture(workload.model, *workload.args, train=args.train, inputs_fn=workload.inputs_fn,
-                           progress=show, reuse=not args.no_reuse, **workload.kwargs)
+        try:
+            captured = capture(workload.model, *workload.args, train=args.train, inputs_fn=workload.inputs_fn,
+                               progress=show, reuse=not args.no_reuse, **workload.kwargs)
+        except RuntimeError as exc:
+            if args.phase == "decode" and "index_copy_" in str(exc):
+                # castcore's static cache gives every layer num_key_value_heads x head_dim keys and values.
+                raise ModelError(f"{args.model}: its attention writes keys or values of another shape than "
+                                 "castcore's decode cache (num_key_value_heads x head_dim per layer), as multi-query "
+                                 "and latent (MLA) attention do; --phase decode does not support this model yet: "
+                                 "use --phase prefill") from None
+            raise
     if show:
         print(file=sys.stderr)
     return workload, captured
