@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import resource
@@ -209,18 +210,25 @@ def main() -> None:
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "processor": platform.processor(),
-                               "python": platform.python_version(), "targets": TARGETS, "results": results},
-                              indent=2))
-    for result in results:
-        print(f"\n{result['description']}: {result['op_calls']} operator calls")
-        print(f"{'':32} {'seconds':>8} {'calls/s':>9} {'peak RSS MiB':>13}")
-        for name, row in result["rows"].items():
-            print(f"{name:32} {row['seconds']:8.2f} {row['calls_per_s']:9.0f} {row['peak_rss_mib']:13.0f}")
-        for line in _verdicts(result):
-            print(line)
-    print(f"\nwrote {out}")
+    machine = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    out.write_text(json.dumps({**machine, "targets": TARGETS, "results": results}, indent=2))
+    table = _markdown(results, machine)
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
 
+
+def _markdown(results: list[dict], machine: dict) -> str:
+    lines = ["# castcore at scale", "",
+             f"{machine['date']}, {machine['machine']}, {machine['cpus']} CPUs, Python {machine['python']}"]
+    for result in results:
+        lines += ["", f"## {result['description']}: {result['op_calls']} operator calls", "",
+                  "| run | seconds | calls/s | peak RSS MiB |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {row['seconds']:.3f} | {row['calls_per_s']:.0f} | {row['peak_rss_mib']:.0f} |"
+                  for name, row in result["rows"].items()]
+        lines += ["", *(f"- {line}" for line in _verdicts(result))]
+    return "\n".join(lines) + "\n"
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,7 @@ def test_scale_bench_writes_consistent_figures(tmp_path):
     # FlopCounterMode counts matmul and attention FLOPs only; castcore counts those and every other op.
     assert 0 < rows["FlopCounterMode"]["flops"] <= rows["castcore estimate"]["flops"]
     assert "FlopCounterMode / castcore estimate" in done.stdout
+    assert "| castcore estimate |" in out.with_suffix(".md").read_text()
 
 
 def test_scale_bench_names_a_model_it_cannot_build(tmp_path):
