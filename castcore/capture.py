@@ -19,6 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensorDeviceMismatchError,
     FakeTensorMode,
     UnsupportedOperatorException,
 )
@@ -305,6 +306,17 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
     of identical layers and replays its records for the others (see castcore.reuse); totals are
     the same as with ``reuse=False``.
     """
+    try:
+        return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse)
+    except FakeTensorDeviceMismatchError:
+        if not reuse:
+            raise
+        # A replayed layer's weights stay on the meta device; code outside the layer used one, so
+        # this model cannot be replayed: capture it in full.
+        return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse=False)
+
+
+def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool) -> Capture:
     tracker = ModuleTracker()
     recorder = _Recorder(tracker, progress)
     with no_cyclic_gc(), FakeTensorMode(allow_non_fake_inputs=True):

@@ -115,9 +115,11 @@ class LayerReuse:
                     break
 
     def deferred_names(self) -> set[str]:
-        """Names in ``state`` whose fakes are made only if their layer runs."""
+        """Names in ``state`` whose fakes are made only if their layer runs: meta tensors only, so
+        code that uses one outside its layer fails loudly (and capture then runs in full) instead of
+        silently computing on a real weight."""
         return {f"{path}.{local}" for members in self.groups for path, layer in members[1:]
-                for local in self.layer_state[id(layer)]}
+                for local, t in self.layer_state[id(layer)].items() if t.device.type == "meta"}
 
     @contextmanager
     def active(self) -> Iterator[None]:

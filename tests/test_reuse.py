@@ -108,3 +108,28 @@ def test_layers_differing_only_in_a_submodule_flag_are_not_interchangeable(sessi
     reused = castcore.capture(model, torch.ones(2, 8), reuse=True)
     assert [i.name for i in reused.invokes] == [i.name for i in full.invokes]
     assert sum(i.name == "aten::gelu" for i in reused.invokes) == 1
+
+
+class _LastWeightReused(torch.nn.Module):
+    """Uses a later layer's weight outside that layer, which a replayed layer's deferred weight cannot serve."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x @ self.layers[2].weight
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_a_weight_used_outside_its_replayed_layer_gives_a_full_capture(device):
+    with torch.device(device):
+        model = _LastWeightReused()
+    full = castcore.capture(model, torch.ones(2, 8), reuse=False)
+    reused = castcore.capture(model, torch.ones(2, 8), reuse=True)
+    assert [(i.name, i.module, i.key) for i in reused.invokes] == [(i.name, i.module, i.key) for i in full.invokes]
+    last_mm = reused.invokes[-1]
+    assert last_mm.name == "aten::mm" and last_mm.args[1].storage in reused.weight_storages
+    assert reused.weight_storages == full.weight_storages
