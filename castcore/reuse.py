@@ -3,10 +3,11 @@
 A 70B model runs 80 identical decoder layers on identical input shapes; running each on fake
 tensors costs the same dispatch work for the same answer. Layers are candidates when they sit in
 one ``nn.ModuleList`` and share classes, parameter shapes and the plain attributes of every
-submodule (the layer index aside). The first call of a candidate with a given input signature is captured for real; later
-calls with the same signature return fake outputs of the recorded shapes and append the recorded
-calls, renamed to their own module and with storages renumbered (their own weights, their own
-inputs, fresh activations), so memory liveness stays right and totals equal a full capture.
+submodule (the layer index aside). The first call of a candidate with a given input signature
+is captured for real; later calls with the same signature return fake outputs of the recorded
+shapes and append the recorded calls, renamed to their own module and with storages renumbered
+(their own weights, their own inputs, fresh activations), so memory liveness stays right and
+totals equal a full capture.
 
 Calls with inputs that are neither tensors nor plain values (a KV cache object) and training
 (autograd needs the real forward) are always captured in full.
@@ -102,7 +103,6 @@ class LayerReuse:
         self.recorder = recorder
         self.weights = weights
         self.templates: dict[tuple, _Template] = {}
-        self.replayed = 0
         self.groups = _repeated_layers_by_path(model)
         # Each member layer's own tensors, by name inside the layer.
         members_by_path = {path: layer for members in self.groups for path, layer in members}
@@ -114,19 +114,23 @@ class LayerReuse:
                     self.layer_state[id(layer)][name[end + 1:]] = t
                     break
 
+        # Layers after the first in a group whose weights are all on the meta device: their fakes
+        # are made only if they run. Meta only, so code that uses such a weight outside its layer
+        # fails loudly (and capture then runs in full) instead of silently computing on a real one.
+        self.deferred = {id(layer) for members in self.groups for _, layer in members[1:]
+                         if all(t.device.type == "meta" for t in self.layer_state[id(layer)].values())}
+
     def deferred_names(self) -> set[str]:
-        """Names in ``state`` whose fakes are made only if their layer runs: meta tensors only, so
-        code that uses one outside its layer fails loudly (and capture then runs in full) instead of
-        silently computing on a real weight."""
-        return {f"{path}.{local}" for members in self.groups for path, layer in members[1:]
-                for local, t in self.layer_state[id(layer)].items() if t.device.type == "meta"}
+        """Names in ``state`` whose fakes are made only if their layer runs."""
+        return {f"{path}.{local}" for members in self.groups for path, layer in members
+                if id(layer) in self.deferred for local in self.layer_state[id(layer)]}
 
     @contextmanager
     def active(self) -> Iterator[None]:
         patched = []
         for group_id, members in enumerate(self.groups):
-            for position, (_, layer) in enumerate(members):
-                layer.forward = self._wrap(layer, layer.forward, group_id, deferred=position > 0)
+            for _, layer in members:
+                layer.forward = self._wrap(layer, layer.forward, group_id, deferred=id(layer) in self.deferred)
                 patched.append(layer)
         try:
             yield
@@ -212,7 +216,6 @@ class LayerReuse:
                 op=invoke.op, args=remap(invoke.args), kwargs=remap(invoke.kwargs), out=remap(invoke.out),
                 module=module + invoke.module[len(template.module):], index=len(recorder.invokes),
                 attrs=invoke.attrs, _key=invoke.key))
-        self.replayed += 1
         return pytree.tree_unflatten(outputs, template.out_spec)
 
 
