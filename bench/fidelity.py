@@ -2,7 +2,7 @@
 
 Local part: calibrate this machine (castcore calibrate's code), estimate an operator suite (matmuls,
 pointwise, norms, softmax, attention) on that profile and time each op for real (warm-up, repeats,
-median). Published part: the cited figures in castcore/fidelity_published.json estimated on their
+median). Published part: the cited figures in bench/fidelity_published.json estimated on their
 device profiles. Writes JSON and Markdown and prints the Markdown.
 
     python bench/fidelity.py --out bench-results/fidelity.json [--quick] [--no-local] [--no-published]
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--no-published", action="store_true", help="skip the published figures")
     args = parser.parse_args()
 
-    from castcore.fidelity import fidelity_report, format_markdown, run_local, run_published, write_report
+    from fidelity_report import fidelity_report, format_markdown, run_local, run_published, write_report
 
     started = time.perf_counter()
 

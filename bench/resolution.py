@@ -92,9 +92,9 @@ def child(repeats: int, seq: int) -> None:
     import torch
 
     import castcore
-    from castcore.models import build_workload
+    from castcore.workload.spec import build_workload
 
-    workload = build_workload(str(MODEL), batch=1, seq=seq, dtype="bf16")
+    workload = build_workload(str(MODEL), batch=1, seq=seq, dtype="bf16").build()
     captured = castcore.capture(workload.model, *workload.args, **workload.kwargs)
     invokes = captured.invokes
     gc.collect()

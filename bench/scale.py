@@ -114,12 +114,12 @@ def measure(model_name: str, seq: int, device_file: str, warmup_seq: int) -> dic
     import gc
 
     import castcore
-    from castcore.models import build_workload
+    from castcore.workload.spec import build_workload
 
     session = castcore.Session(load_packs=[], device_files=[device_file])
-    warm = Paths(build_workload(model_name, seq=warmup_seq), session)
+    warm = Paths(build_workload(model_name, seq=warmup_seq).build(), session)
     warm.estimate(True), warm.estimate(False), warm.capture(False), warm.flop_counter()
-    paths = Paths(build_workload(model_name, seq=seq), session)
+    paths = Paths(build_workload(model_name, seq=seq).build(), session)
     rows: dict[str, dict] = {}
     own_peak = _reset_peak_rss()
 
@@ -193,7 +193,7 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one model in this process
     args = parser.parse_args()
     if args.one:
-        from castcore.models import ModelError
+        from castcore.workload.spec import ModelError
 
         try:
             print(json.dumps(measure(args.one, args.seq, args.device_file, args.warmup_seq)))

@@ -1,38 +1,106 @@
-"""castcore: estimate PyTorch operator and model cost on accelerators from fake-tensor captures.
+"""castcore: how fast a PyTorch model or operator runs on an accelerator you may not have.
 
-The public, embeddable API. Packs use ``hookimpl``, ``register_op_estimator`` and
-``register_op_properties``; tools use ``estimate`` and ``Session``.
+The embedder's face. ``castcore.estimate(castcore.build_workload("llama-3-8b"), device="...")``
+returns the Report ``castcore estimate`` prints; ``castcore.estimate(model, input_ids)`` does the
+same for a model you built. Pack and custom-op authors import ``castcore.pack`` instead.
+
+Names load on first use, so ``import castcore`` (and ``castcore --help``) does not import torch.
 """
 
 from __future__ import annotations
 
-from .annotations import AnnotationError, CustomOpError
-from .capture import Capture, CaptureError, capture
-from .claims import register_op_estimator, register_op_properties
-from .config import Config, ConfigError, load_config
-from .devices import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file, package_profiles
-from .estimate import Estimate, EstimatorError, Source
-from .hookspecs import hookimpl
-from .invoke import OpInvoke, TensorMeta
-from .measure import MeasureError, MeasureReport, Measurement, calibrate, measure
-from .measured import (MeasuredTable, MeasuredTableError, load_measured_table, measure_table,
-                       register_measured_table, write_measured_table)
-from .memory import MemoryReport, analyze_memory, kv_cache_bytes
-from .models import Workload, build_workload
-from .properties import ComputeOps, PerformanceProperties
-from .partition import Collective, PartitionError, PartitionPlan, Split, partition
-from .register import RegisteredOp, register_op
-from .report import OpRecord, OpSummary, Report
-from .session import Session, default_session, estimate
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the module that defines it
+_EXPORTS = {
+    "Session": "castcore.workload.session",
+    "estimate": "castcore.workload.session",
+    "default_session": "castcore.workload.session",
+    "build_workload": "castcore.workload.spec",
+    "Workload": "castcore.workload.spec",
+    "Report": "castcore.report.records",
+    "OpRecord": "castcore.report.records",
+    "MemoryReport": "castcore.report.memory",
+    "DeviceProfile": "castcore.devices.profile",
+    "Interconnect": "castcore.devices.profile",
+    "load_device_file": "castcore.devices.profile",
+    "device_from_dict": "castcore.devices.profile",
+    "Config": "castcore.plugins.config",
+    "load_config": "castcore.plugins.config",
+    "capture": "castcore.recording.recorder",
+    "Capture": "castcore.recording.recorder",
+    "register_op": "castcore.ops.register",
+    "partition": "castcore.ops.partition",
+    "measure": "castcore.ops.timing",
+    "calibrate": "castcore.ops.timing",
+    # the error types
+    "CastcoreError": "castcore.errors",
+    "CaptureError": "castcore.recording.recorder",
+    "ConfigError": "castcore.plugins.config",
+    "DeviceError": "castcore.devices.profile",
+    "EstimatorError": "castcore.plugins.resolve",
+    "ModelError": "castcore.workload.spec",
+    "CustomOpError": "castcore.ops.annotations",
+    "AnnotationError": "castcore.ops.annotations",
+    "PartitionError": "castcore.ops.partition",
+    "MeasureError": "castcore.ops.timing",
+    "MeasuredTableError": "castcore.ops.tables",
+}
+# What a pack or custom-op file uses is castcore.pack's; these few are here too so files written for
+# the seed RFC (``castcore.register_op_estimator``, ``castcore.hookimpl``) run with their imports as they are.
+_PACK_NAMES = ("hookimpl", "register_op_estimator", "register_op_properties", "Estimate", "PerformanceProperties",
+               "ComputeOps", "OpInvoke", "TensorMeta", "register_measured_table")
 
 __all__ = [
-    "AnnotationError", "Capture", "CaptureError", "Collective", "ComputeOps", "Config", "ConfigError",
+    "AnnotationError", "Capture", "CaptureError", "CastcoreError", "ComputeOps", "Config", "ConfigError",
     "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect", "MeasureError",
-    "MeasureReport", "MeasuredTable", "MeasuredTableError", "Measurement", "MemoryReport", "OpInvoke", "OpRecord",
-    "OpSummary", "PartitionError", "PartitionPlan", "PerformanceProperties", "RegisteredOp", "Report", "Session",
-    "Source", "Split", "TensorMeta", "Workload", "analyze_memory", "build_workload", "calibrate", "capture",
-    "default_session", "device_from_dict", "estimate", "hookimpl", "kv_cache_bytes", "load_config",
-    "load_device_file", "load_measured_table", "measure", "measure_table", "package_profiles", "partition",
-    "register_measured_table", "register_op", "register_op_estimator", "register_op_properties",
-    "write_measured_table",
+    "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpRecord", "PartitionError",
+    "PerformanceProperties", "Report", "Session", "TensorMeta", "Workload", "__version__", "build_workload",
+    "calibrate", "capture", "default_session", "device_from_dict", "estimate", "hookimpl", "load_config",
+    "load_device_file", "measure", "partition", "register_measured_table", "register_op", "register_op_estimator",
+    "register_op_properties",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _PACK_NAMES:
+        value = getattr(importlib.import_module("castcore.pack"), name)
+    elif name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("castcore")
+        except PackageNotFoundError:
+            value = "unknown"
+    else:
+        raise AttributeError(f"module 'castcore' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file
+    from castcore.errors import CastcoreError
+    from castcore.ops.annotations import AnnotationError, CustomOpError
+    from castcore.ops.partition import PartitionError, partition
+    from castcore.ops.register import register_op
+    from castcore.ops.tables import MeasuredTableError
+    from castcore.ops.timing import MeasureError, calibrate, measure
+    from castcore.pack import (ComputeOps, Estimate, OpInvoke, PerformanceProperties, TensorMeta, hookimpl,
+                               register_measured_table, register_op_estimator, register_op_properties)
+    from castcore.plugins.config import Config, ConfigError, load_config
+    from castcore.plugins.resolve import EstimatorError
+    from castcore.recording.recorder import Capture, CaptureError, capture
+    from castcore.report.memory import MemoryReport
+    from castcore.report.records import OpRecord, Report
+    from castcore.workload.session import Session, default_session, estimate
+    from castcore.workload.spec import ModelError, Workload, build_workload
+
+    __version__: str

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import castcore
-from castcore.devices import DeviceError
+from castcore.devices.profile import DeviceError
 
 PACK_PROFILES = Path(__file__).parents[1] / "packs" / "castpack-ascend" / "castpack_ascend" / "profiles"
 

@@ -15,13 +15,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import castcore
+import castcore.pack
 from castcore.builtin.formulas import causal_pairs
-from castcore.capture import capture
-from castcore.claims import claims_of
-from castcore.invoke import OpInvoke, TensorMeta
+from castcore.recording.recorder import capture
+from castcore.plugins.claims import claims_of
+from castcore.recording.invoke import OpInvoke, TensorMeta
 
 aten = torch.ops.aten
-PROPERTIES = castcore.Source("core", "properties")
+PROPERTIES = castcore.pack.Source("core", "properties")
 
 
 class Call(NamedTuple):
@@ -496,9 +497,9 @@ def test_common_op_is_answered_by_a_formula(session, name, fn, args):
 
 @pytest.mark.parametrize("config", ["tiny-llama.json", "tiny-mixtral.json"])
 def test_tiny_models_prefill_and_training_step_never_fall_back(session, tiny_llama, config):
-    from castcore.models import build_workload
+    from castcore.workload.spec import build_workload
 
-    workload = build_workload(str(tiny_llama.parent / config), batch=2, seq=16)
+    workload = build_workload(str(tiny_llama.parent / config), batch=2, seq=16).build()
     model = workload.model
 
     class TrainStep(torch.nn.Module):

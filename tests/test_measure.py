@@ -7,8 +7,8 @@ import json
 import torch
 
 import castcore
-from castcore.cli import main
-from castcore.measure import calibrate, profile_toml, real_inputs
+from castcore.cli.main import main
+from castcore.ops.timing import calibrate, profile_toml, real_inputs
 
 GENERATED = []
 

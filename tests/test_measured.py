@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import castcore
-from castcore.audit import static_audit
-from castcore.measured import SCHEME_GRID, MeasuredTableError, load_measured_table
+from castcore.plugins.audit import static_audit
+from castcore.ops.tables import SCHEME_GRID, MeasuredTableError, load_measured_table
 
 HERE = Path(__file__).parent
 SOURCE = "# source: measurement, test bench (made up for the test), 2026-01-01\n"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import castcore
-from castcore.models import ModelError, build_workload, load_model_config, preset_names
+from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
 
 PRESET_PARAMS = {  # published parameter counts (billions), to one decimal
     "llama-3-8b": 8.0, "llama-3-70b": 70.6, "qwen2.5-7b": 7.6, "mistral-7b": 7.2, "mixtral-8x7b": 46.7,
@@ -16,7 +16,7 @@ PRESET_PARAMS = {  # published parameter counts (billions), to one decimal
 def test_presets_are_the_published_models():
     assert set(preset_names()) == set(PRESET_PARAMS)
     for name, billions in PRESET_PARAMS.items():
-        model = build_workload(name, seq=8).model
+        model = build_workload(name, seq=8).build().model
         count = sum(p.numel() for p in model.parameters())
         assert count / 1e9 == pytest.approx(billions, abs=0.05), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
@@ -29,7 +29,7 @@ def _estimate(session, workload, train=False):
 
 def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
     kv_len = 96
-    report = _estimate(session, build_workload(str(tiny_llama), batch=2, phase="decode", kv_len=kv_len))
+    report = _estimate(session, build_workload(str(tiny_llama), batch=2, phase="decode", kv_len=kv_len).build())
     attention = [r for r in report.records if "scaled_dot_product" in r.invoke.name]
     assert len(attention) == 2
     q, k, _ = attention[0].invoke.args[:3]
@@ -42,8 +42,8 @@ def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
 
 
 def test_training_step_records_the_backward(session, tiny_llama):
-    forward = _estimate(session, build_workload(str(tiny_llama), seq=16))
-    train = _estimate(session, build_workload(str(tiny_llama), seq=16, train=True), train=True)
+    forward = _estimate(session, build_workload(str(tiny_llama), seq=16).build())
+    train = _estimate(session, build_workload(str(tiny_llama), seq=16, train=True).build(), train=True)
     mm_forward = sum(r.flops for r in forward.records if r.invoke.name == "aten::mm")
     mm_train = sum(r.flops for r in train.records if r.invoke.name == "aten::mm")
     # Backward of each matmul is two matmuls of the same size (input and weight gradients).
@@ -51,7 +51,7 @@ def test_training_step_records_the_backward(session, tiny_llama):
 
 
 def test_mixture_of_experts_captures_with_balanced_routing(session):
-    workload = build_workload("tests/data/tiny-mixtral.json", seq=16)
+    workload = build_workload("tests/data/tiny-mixtral.json", seq=16).build()
     report = _estimate(session, workload)
     grouped = [r for r in report.records if r.invoke.name == "aten::_grouped_mm"]
     assert len(grouped) == 4  # up and down projection per layer
@@ -63,7 +63,7 @@ def test_mixture_of_experts_captures_with_balanced_routing(session):
 
 
 def test_factory_model_with_example_inputs(session):
-    workload = build_workload("tests.factories.tiny_mlp:make", batch=4, dtype="fp32")
+    workload = build_workload("tests.factories.tiny_mlp:make", batch=4, dtype="fp32").build()
     report = _estimate(session, workload)
     assert report.flops >= 2 * 4 * (32 * 64 + 64 * 8)
     assert [r.invoke.module for r in report.records if r.invoke.name == "aten::addmm"] == ["Sequential.0",
@@ -78,12 +78,12 @@ def test_factory_model_with_example_inputs(session):
 ])
 def test_bad_model_specs_say_what_is_accepted(spec, message):
     with pytest.raises(ModelError, match=message):
-        build_workload(spec)
+        build_workload(spec).build()
 
 
 def test_decode_and_train_do_not_mix():
     with pytest.raises(ModelError, match="--train goes with --phase prefill"):
-        build_workload("llama-3-8b", phase="decode", train=True)
+        build_workload("llama-3-8b", phase="decode", train=True).build()
 
 
 def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
@@ -93,14 +93,14 @@ def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch)
         "    return torch.nn.Linear(4, 4), (torch.empty(batch, 4, device='meta'),)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
-    workload = build_workload("castcore_test_cwd_models:make", batch=3)
+    workload = build_workload("castcore_test_cwd_models:make", batch=3).build()
     assert workload.args[0].shape == (3, 4)
 
 
 def test_softcapped_attention_matches_transformers_eager_attention():
     from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
-    from castcore.models.hf import _attention
+    from castcore.workload.hf import _attention
 
     torch.manual_seed(0)
     module = torch.nn.Module()
@@ -120,7 +120,7 @@ def test_softcapped_attention_matches_transformers_eager_attention():
 
 
 def test_gemma2_counts_its_softcapped_attention_in_full(session):
-    workload = build_workload("tests/data/tiny-gemma2.json", seq=12)
+    workload = build_workload("tests/data/tiny-gemma2.json", seq=12).build()
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     scores = [r for r in report.records if r.invoke.name == "aten::bmm" and r.invoke.module.endswith("self_attn")]
     # Per layer: QK^T and PV over every query-key pair, 4 heads of 16 over 12 tokens (eager attention
@@ -132,7 +132,7 @@ def test_gemma2_counts_its_softcapped_attention_in_full(session):
 
 
 def test_a_model_without_the_attention_interface_runs_with_a_note(session):
-    workload = build_workload("tests/data/tiny-falcon.json", seq=8)
+    workload = build_workload("tests/data/tiny-falcon.json", seq=8).build()
     assert len(workload.notes) == 1 and "FalconForCausalLM" in workload.notes[0] and "sdpa" in workload.notes[0]
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     assert report.flops > 0 and report.time_s > 0

@@ -15,9 +15,9 @@ from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
 import castcore
-from castcore.cli import main
-from castcore.devices import tomllib
-from castcore.newpack import TEMPLATE
+from castcore.cli.main import main
+from castcore.devices.profile import tomllib
+from castcore.cli.new_pack import TEMPLATE
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent

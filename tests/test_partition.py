@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import castcore
-from castcore.cli import main
-from castcore.partition import PartitionError
+from castcore.cli.main import main
+from castcore.ops.partition import PartitionError
 
 OPS = textwrap.dedent('''
     import torch
@@ -39,7 +39,7 @@ ALL_REDUCE_ESTIMATOR = textwrap.dedent('''
 def ops(tmp_path_factory):
     path = tmp_path_factory.mktemp("ops") / "part_ops.py"
     path.write_text(OPS, encoding="utf-8")
-    from castcore.partition import load_target
+    from castcore.ops.partition import load_target
 
     return path, load_target(f"{path}:matmul"), load_target(f"{path}:heads")
 

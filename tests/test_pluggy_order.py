@@ -5,7 +5,7 @@ from __future__ import annotations
 import pluggy
 
 from castcore import hookimpl, hookspecs
-from castcore.estimate import hookimpls_in_call_order
+from castcore.plugins.resolve import hookimpls_in_call_order
 
 
 def _plugin(name, calls, **opts):

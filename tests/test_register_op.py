@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import castcore
-from castcore.annotations import AnnotationError
-from castcore.register import lookup
+from castcore.ops.annotations import AnnotationError
+from castcore.ops.register import lookup
 
 
 @castcore.register_op("m k+, k+ n -> m n", name="test_ns::scaled_mm")

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-from castcore.models import build_workload
+from castcore.workload.spec import build_workload
 from tests.factories.tiny_mlp import mystery
 
 
 @pytest.fixture
 def report(session, tiny_llama):
-    workload = build_workload(str(tiny_llama), seq=32)
+    workload = build_workload(str(tiny_llama), seq=32).build()
     return session.estimate(workload.model, kwargs=workload.kwargs, description=workload.description)
 
 
@@ -96,7 +96,7 @@ def test_strict_fails_when_anything_falls_back(h100_file):
 
 
 def test_memory_warns_when_the_model_does_not_fit(session):
-    workload = build_workload("llama-3-70b", seq=8)
+    workload = build_workload("llama-3-70b", seq=8).build()
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     assert report.memory.weight_bytes == sum(p.numel() * 2 for p in workload.model.parameters()) + sum(
         b.numel() * b.element_size() for b in workload.model.buffers())

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import castcore
-from castcore.models import build_workload
-from castcore.reuse import repeated_layers
+from castcore.workload.spec import build_workload
+from castcore.recording.reuse import repeated_layers
 
 
 def _both(session, spec, **options):
-    workload = build_workload(spec, **options)
+    workload = build_workload(spec, **options).build()
     reports = []
     for reuse in (False, True):
         captured = castcore.capture(workload.model, reuse=reuse, inputs_fn=workload.inputs_fn, **workload.kwargs)
@@ -38,7 +38,7 @@ def test_totals_and_records_equal_a_full_capture(session, spec, options):
 
 
 def test_layers_after_the_first_are_replayed_not_run(session, monkeypatch):
-    workload = build_workload("tests/data/tiny-llama.json", seq=8)
+    workload = build_workload("tests/data/tiny-llama.json", seq=8).build()
     (layer0, layer1), = repeated_layers(workload.model)
     calls = []
     original = type(layer1).forward
@@ -51,7 +51,7 @@ def test_layers_after_the_first_are_replayed_not_run(session, monkeypatch):
 
 
 def test_replayed_layers_use_their_own_weights_and_fresh_activations(session):
-    workload = build_workload("tests/data/tiny-llama.json", seq=8)
+    workload = build_workload("tests/data/tiny-llama.json", seq=8).build()
     captured = castcore.capture(workload.model, reuse=True, **workload.kwargs)
     by_layer = {}
     for invoke in captured.invokes:

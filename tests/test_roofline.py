@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import castcore
+import castcore.pack
 from tests.factories.tiny_mlp import mystery
 
 
@@ -22,7 +23,7 @@ def test_known_mm_matches_hand_computed_time(session, simple_profile):
     assert compute_s > memory_s
     assert record.estimate.time_s == pytest.approx(compute_s + 4e-6, rel=1e-12)
     assert record.estimate.bound == "compute"
-    assert record.estimate.source == castcore.Source("core", "properties")
+    assert record.estimate.source == castcore.pack.Source("core", "properties")
     assert record.flops == flops
     assert record.bytes == moved
 
@@ -47,7 +48,7 @@ def test_views_cost_nothing_and_unknown_ops_fall_back_to_memory(session, simple_
     by_name = {r.invoke.name: r for r in report.records}
     assert by_name["aten::view"].estimate.time_s == 0
     unclaimed = by_name["castcore_factories::mystery"].estimate
-    assert unclaimed.source == castcore.Source("core", "fallback")
+    assert unclaimed.source == castcore.pack.Source("core", "fallback")
     assert unclaimed.time_s == pytest.approx(2 * 4096 * 4 / 0.8e12 + 2e-6)
     assert report.fallback_calls == 1
 

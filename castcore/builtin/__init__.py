@@ -5,13 +5,12 @@ Both hook implementations are ``trylast``: every pack and user file is asked fir
 
 from __future__ import annotations
 
-from ..claims import ClaimTable, claims_of
-from ..estimate import STEP_FALLBACK, Source
-from ..hookspecs import hookimpl
-from . import formulas
-from .roofline import roofline
-
-CORE_NAME = "core"
+from castcore.builtin import formulas
+from castcore.devices.costs import STEP_FALLBACK, Source
+from castcore.devices.roofline import roofline
+from castcore.plugins.claims import ClaimTable, claims_of
+from castcore.plugins.hookspecs import hookimpl
+from castcore.plugins.loading import CORE_NAME
 
 
 class CorePlugin(ClaimTable):

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from ...invoke import OpInvoke
-from ...properties import PerformanceProperties
-from . import attention, matmul, memory, pointwise, reductions  # noqa: F401  (their decorators declare the claims)
-from .attention import SOFTMAX_OPS_PER_SCORE, attention_properties, causal_pairs
-from .pointwise import OPS_PER_ELEMENT, is_pointwise
+from castcore.builtin.formulas import attention, matmul, memory, pointwise, reductions  # noqa: F401  (their decorators declare the claims)
+from castcore.builtin.formulas.attention import (
+    SOFTMAX_OPS_PER_SCORE,
+    attention_properties,
+    causal_pairs,
+)
+from castcore.builtin.formulas.pointwise import OPS_PER_ELEMENT, is_pointwise
+from castcore.devices.costs import PerformanceProperties
+from castcore.recording.invoke import OpInvoke
 
 __all__ = ["OPS_PER_ELEMENT", "SOFTMAX_OPS_PER_SCORE", "attention_properties", "by_tag", "causal_pairs"]
 

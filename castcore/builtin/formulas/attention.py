@@ -13,10 +13,10 @@ import math
 
 import torch
 
-from ...claims import register_op_properties
-from ...invoke import OpInvoke
-from ...properties import PerformanceProperties
-from .pointwise import TRANSCENDENTAL
+from castcore.builtin.formulas.pointwise import TRANSCENDENTAL
+from castcore.devices.costs import PerformanceProperties
+from castcore.plugins.claims import register_op_properties
+from castcore.recording.invoke import OpInvoke
 
 aten = torch.ops.aten
 

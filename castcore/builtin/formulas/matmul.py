@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from ...claims import register_op_properties
-from ...invoke import OpInvoke
-from ...properties import PerformanceProperties
+from castcore.devices.costs import PerformanceProperties
+from castcore.plugins.claims import register_op_properties
+from castcore.recording.invoke import OpInvoke
 
 aten = torch.ops.aten
 

@@ -10,10 +10,10 @@ import math
 
 import torch
 
-from ...claims import register_op_properties
-from ...invoke import OpInvoke, TensorMeta
-from ...properties import PerformanceProperties
-from .pointwise import RANDOM, base_name
+from castcore.builtin.formulas.pointwise import RANDOM, base_name
+from castcore.devices.costs import PerformanceProperties
+from castcore.plugins.claims import register_op_properties
+from castcore.recording.invoke import OpInvoke, TensorMeta
 
 aten = torch.ops.aten
 

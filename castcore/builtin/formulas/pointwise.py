@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from ...invoke import OpInvoke
-from ...properties import PerformanceProperties
+from castcore.devices.costs import PerformanceProperties
+from castcore.recording.invoke import OpInvoke
 
 aten = torch.ops.aten
 

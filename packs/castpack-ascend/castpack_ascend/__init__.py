@@ -10,14 +10,8 @@
 from __future__ import annotations
 
 
-import castcore
 
 from . import cube, fused, ops, vector  # noqa: F401  (their decorators declare this pack's claims)
 from .fuse import fuse_model  # noqa: F401  (a castcore hook)
 
-__all__ = ["device_profiles", "fuse_model"]
-
-
-@castcore.hookimpl
-def device_profiles() -> list[castcore.DeviceProfile]:
-    return castcore.package_profiles(__package__, label="castpack-ascend")
+__all__ = ["fuse_model"]

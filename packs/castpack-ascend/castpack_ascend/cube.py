@@ -13,7 +13,7 @@ import math
 
 import torch
 
-import castcore
+from castcore import pack
 
 from .hardware import padded_mkn, timed
 
@@ -21,8 +21,8 @@ aten = torch.ops.aten
 DEVICES = "ascend-*"
 
 
-def cube_estimate(invoke: castcore.OpInvoke, device: castcore.DeviceProfile, a, b_shape: tuple[int, ...],
-                  batch: int) -> castcore.Estimate:
+def cube_estimate(invoke: pack.OpInvoke, device: pack.DeviceProfile, a, b_shape: tuple[int, ...],
+                  batch: int) -> pack.Estimate:
     """``a`` (..., M, K) times a (K, N) operand of ``b_shape``; ``batch`` independent products."""
     m, k = (a.shape[-2] if a.dim() >= 2 else 1), a.shape[-1]
     n = b_shape[-1]
@@ -37,45 +37,45 @@ def cube_estimate(invoke: castcore.OpInvoke, device: castcore.DeviceProfile, a, 
                  write_bytes=props.memory_write_bytes, detail=detail)
 
 
-@castcore.register_op_estimator(aten.mm.default, device=DEVICES)
+@pack.register_op_estimator(aten.mm.default, device=DEVICES)
 def mm(invoke, device):
     a, b = invoke.args[:2]
     return cube_estimate(invoke, device, a, b.shape, 1)
 
 
-@castcore.register_op_estimator(aten.addmm.default, device=DEVICES)
+@pack.register_op_estimator(aten.addmm.default, device=DEVICES)
 def addmm(invoke, device):
     a, b = invoke.args[1:3]
     return cube_estimate(invoke, device, a, b.shape, 1)
 
 
-@castcore.register_op_estimator(aten.bmm.default, device=DEVICES)
+@pack.register_op_estimator(aten.bmm.default, device=DEVICES)
 def bmm(invoke, device):
     a, b = invoke.args[:2]
     return cube_estimate(invoke, device, a, b.shape, a.shape[0])
 
 
-@castcore.register_op_estimator(aten.baddbmm.default, device=DEVICES)
+@pack.register_op_estimator(aten.baddbmm.default, device=DEVICES)
 def baddbmm(invoke, device):
     a, b = invoke.args[1:3]
     return cube_estimate(invoke, device, a, b.shape, a.shape[0])
 
 
-@castcore.register_op_estimator(aten.linear.default, device=DEVICES)
+@pack.register_op_estimator(aten.linear.default, device=DEVICES)
 def linear(invoke, device):
     # x (..., K) @ weight.T (K, N): the leading dims of x are one M.
     x, weight = invoke.args[:2]
     rows = math.prod(x.shape[:-1])
-    flat = castcore.TensorMeta(shape=(rows, x.shape[-1]), dtype=x.dtype)
+    flat = pack.TensorMeta(shape=(rows, x.shape[-1]), dtype=x.dtype)
     return cube_estimate(invoke, device, flat, (weight.shape[-1], weight.shape[0]), 1)
 
 
-@castcore.register_op_estimator(aten.matmul.default, device=DEVICES)
+@pack.register_op_estimator(aten.matmul.default, device=DEVICES)
 def matmul(invoke, device):
     a, b = invoke.args[:2]
     out = invoke.outputs()[0]
     if a.dim() < 2 or b.dim() < 2:  # a vector product: one row or one column
-        a2 = castcore.TensorMeta(shape=(1, a.shape[-1]) if a.dim() == 1 else a.shape, dtype=a.dtype)
+        a2 = pack.TensorMeta(shape=(1, a.shape[-1]) if a.dim() == 1 else a.shape, dtype=a.dtype)
         n = b.shape[-1] if b.dim() >= 2 else 1
         batch = math.prod(out.shape[:-2]) if out.dim() > 2 else 1
         return cube_estimate(invoke, device, a2, (a.shape[-1], n), batch)

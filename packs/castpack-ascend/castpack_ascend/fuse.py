@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import castcore
+from castcore import pack
 
 ascend = torch.ops.ascend
 
@@ -121,7 +121,7 @@ def fuse(model: nn.Module) -> list[str]:
     return lines
 
 
-@castcore.hookimpl
+@pack.hookimpl
 def fuse_model(model, device):
     """Fuse only for Ascend devices: the ``ascend::`` kernels exist nowhere else."""
     if not device.name.startswith("ascend-") or not isinstance(model, nn.Module):

@@ -10,15 +10,15 @@ from __future__ import annotations
 import math
 
 
-import castcore
-from castcore.builtin.formulas import attention, pointwise, reductions
+from castcore import pack
+from castcore.pack import formulas
 
 from .hardware import padded_mkn, padded_rows, timed
 from .ops import OPS, group_sizes, is_causal
 
 DEVICES = "ascend-*"
 RMS_NORM = 2 + 1 + 1  # mean of squares, scale by rstd, times gamma (the core's rms_norm count)
-SWIGLU = pointwise.OPS_PER_ELEMENT["silu"] + 1  # silu(a) * b, per output element
+SWIGLU = formulas.pointwise.OPS_PER_ELEMENT["silu"] + 1  # silu(a) * b, per output element
 ROTARY = 3.5  # x*cos + rotate_half(x)*sin: two multiplies, an add, and a negation on half the elements
 
 
@@ -37,8 +37,8 @@ def _vector_time(invoke, device, props, x, per_element, extra_detail=None):
 
 
 def _register(name, properties, estimator):
-    castcore.register_op_properties(OPS[name])(properties)
-    castcore.register_op_estimator(OPS[name], device=DEVICES)(estimator)
+    pack.register_op_properties(OPS[name])(properties)
+    pack.register_op_estimator(OPS[name], device=DEVICES)(estimator)
 
 
 # --- norms, activations, rotary ---------------------------------------------------------------------
@@ -116,14 +116,14 @@ def _pfa_pairs(invoke):
     heads, kv_heads = _heads(invoke)
     batch, q_len, kv_len, dim = _dims(q, k, invoke.argument("input_layout"), heads, kv_heads)
     causal = is_causal(invoke.argument("atten_mask"), invoke.argument("next_tokens"), invoke.argument("sparse_mode"))
-    per_head = attention.causal_pairs(q_len, kv_len, bottom_right=True) if causal else q_len * kv_len
+    per_head = formulas.attention.causal_pairs(q_len, kv_len, bottom_right=True) if causal else q_len * kv_len
     return batch, heads, kv_heads, q_len, kv_len, dim, per_head, causal
 
 
 def pfa_properties(invoke, device):
     batch, heads, _, _, _, dim, per_head, _ = _pfa_pairs(invoke)
     pairs = batch * heads * per_head
-    return _props(invoke, invoke.args[0].dtype, mma=2 * pairs * 2 * dim, gp=attention.SOFTMAX_OPS_PER_SCORE * pairs)
+    return _props(invoke, invoke.args[0].dtype, mma=2 * pairs * 2 * dim, gp=formulas.attention.SOFTMAX_OPS_PER_SCORE * pairs)
 
 
 def _attention_time(invoke, device, props, dtype, products, kept_fraction, softmax_pairs, detail):
@@ -132,7 +132,7 @@ def _attention_time(invoke, device, props, dtype, products, kept_fraction, softm
     cube = sum(count * 2 * math.prod(padded_mkn(m, k, n, dtype)) for count, m, k, n in products) * kept_fraction
     useful = sum(count * 2 * m * k * n for count, m, k, n in products) * kept_fraction
     detail = {**detail, "cube_ops": cube, "useful_ops": useful, "padding_waste": 1 - useful / cube if cube else 0.0}
-    return timed(device, cube={dtype: cube}, vector={dtype: attention.SOFTMAX_OPS_PER_SCORE * softmax_pairs},
+    return timed(device, cube={dtype: cube}, vector={dtype: formulas.attention.SOFTMAX_OPS_PER_SCORE * softmax_pairs},
                  read_bytes=props.memory_read_bytes, write_bytes=props.memory_write_bytes, detail=detail)
 
 
@@ -175,7 +175,7 @@ def ifa_properties(invoke, device):
     if block_table is not None:  # a paged cache: only the blocks in use are read
         kv_bytes = sum(lengths) * kv_heads * dim * (k.element_size() + v.element_size())
         read = q.nbytes + block_table.nbytes + kv_bytes
-    return _props(invoke, q.dtype, mma=2 * pairs * 2 * dim, gp=attention.SOFTMAX_OPS_PER_SCORE * pairs, read=read)
+    return _props(invoke, q.dtype, mma=2 * pairs * 2 * dim, gp=formulas.attention.SOFTMAX_OPS_PER_SCORE * pairs, read=read)
 
 
 def ifa_estimator(invoke, device):
@@ -230,7 +230,7 @@ _register("grouped_matmul", grouped_matmul_properties, grouped_matmul_estimator)
 
 
 def _gating_per_element(invoke):
-    return reductions.SOFTMAX_OPS_PER_ELEMENT + math.log2(max(invoke.argument("k"), 2))
+    return formulas.reductions.SOFTMAX_OPS_PER_ELEMENT + math.log2(max(invoke.argument("k"), 2))
 
 
 def gating_properties(invoke, device):

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-import castcore
+from castcore import pack
 
 BLOCK_BYTES = 32  # ubblock_size=32 in every CANN platform file read (910B1-B4, 910_9391, 310P3)
 CUBE_MN = 16  # cube_m_size = cube_n_size = 16
@@ -50,9 +50,9 @@ def padded_rows(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return rows * round_up(shape[-1], block_elements(dtype))
 
 
-def timed(device: castcore.DeviceProfile, *, cube: dict | None = None, vector: dict | None = None,
+def timed(device: pack.DeviceProfile, *, cube: dict | None = None, vector: dict | None = None,
           read_bytes: float = 0, write_bytes: float = 0, detail: dict | None = None,
-          overlap: bool = True) -> castcore.Estimate:
+          overlap: bool = True) -> pack.Estimate:
     """An Estimate from Cube and vector operations per dtype and HBM bytes.
 
     compute = cube time and vector time, overlapped (max) when the kernel runs both units at once
@@ -68,7 +68,7 @@ def timed(device: castcore.DeviceProfile, *, cube: dict | None = None, vector: d
         for dtype, ops in work.items():
             if ops:
                 rate, used = device.rate(unit, dtype)
-                rates[f"{'cube' if unit == 'mma' else 'vector'}:{castcore.devices.dtype_name(dtype)}"] = used
+                rates[f"{'cube' if unit == 'mma' else 'vector'}:{pack.dtype_name(dtype)}"] = used
                 total += ops / (rate * device.compute_efficiency)
         return total
 
@@ -82,5 +82,5 @@ def timed(device: castcore.DeviceProfile, *, cube: dict | None = None, vector: d
     info = {"cube_s": cube_s, "vector_s": vector_s, "launch_floor_s": launch_s, "rates": rates}
     info.update(detail or {})
     # overhead_s is what the floor adds beyond the device's own time, so time = max(compute, memory) + overhead.
-    return castcore.Estimate(time_s=time_s, compute_s=compute_s, memory_s=memory_s, overhead_s=time_s - busy,
+    return pack.Estimate(time_s=time_s, compute_s=compute_s, memory_s=memory_s, overhead_s=time_s - busy,
                              bound=bound, detail=info)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-import castcore
-from castcore.invoke import tensors_in
+from castcore import pack
 
 from . import ops
 from .alphabeta import (ALGORITHMS, COLLECTIVES, CollectiveCost, Phase, bus_bandwidth, bus_factor,
@@ -26,7 +25,7 @@ _c10d_pg = torch.ops.c10d
 _marked = torch.ops.collectives
 
 
-def group_size(invoke: castcore.OpInvoke) -> int:
+def group_size(invoke: pack.OpInvoke) -> int:
     """The capture's record of the process group first; else the op's own ``group_size`` argument."""
     n = invoke.attrs.get("group_size")
     if n is None:
@@ -56,8 +55,8 @@ def _process_group_size(group) -> int | None:
         return None
 
 
-def estimate_collective(collective: str, nbytes: float, invoke: castcore.OpInvoke,
-                        device: castcore.DeviceProfile) -> castcore.Estimate:
+def estimate_collective(collective: str, nbytes: float, invoke: pack.OpInvoke,
+                        device: pack.DeviceProfile) -> pack.Estimate:
     """Time one collective of ``nbytes`` (S, as nccl-tests counts it) with the fastest algorithm."""
     n = group_size(invoke)
     if n > 1 and not device.interconnect:
@@ -65,7 +64,7 @@ def estimate_collective(collective: str, nbytes: float, invoke: castcore.OpInvok
                          f"add [[interconnect]] to its profile ({device.origin or 'no file'})")
     cost = collective_cost(collective, nbytes, n, device.interconnect, device.comm_op_cost_s)
     detail = describe(cost)
-    return castcore.Estimate(time_s=cost.time_s, comm_s=cost.comm_s, overhead_s=cost.overhead_s,
+    return pack.Estimate(time_s=cost.time_s, comm_s=cost.comm_s, overhead_s=cost.overhead_s,
                              bound="comm" if n > 1 else "none", detail=detail)
 
 
@@ -95,7 +94,7 @@ def _claim(op, collective: str, size_of) -> None:
         return estimate_collective(collective, size_of(invoke), invoke, device)
 
     estimator.__name__ = estimator.__qualname__ = f"estimate_{op.__name__.replace('.', '_')}"
-    castcore.register_op_estimator(op)(estimator)
+    pack.register_op_estimator(op)(estimator)
 
 
 _inputs = lambda invoke: _bytes(invoke.inputs())  # noqa: E731
@@ -121,14 +120,14 @@ for _op, _collective, _size in (
     (_c10d_pg.allreduce_coalesced_.default, "all_reduce", _inputs),
     (_c10d_pg.barrier.default, "all_reduce", _inputs),  # a one-byte all_reduce, as NCCL does it
     (_c10d_pg._allgather_base_.default, "all_gather", lambda i: i.argument("output_tensor").nbytes),
-    (_c10d_pg.allgather_.default, "all_gather", lambda i: _bytes(tensors_in(i.argument("output_tensors")))),
+    (_c10d_pg.allgather_.default, "all_gather", lambda i: _bytes(pack.tensors_in(i.argument("output_tensors")))),
     (_c10d_pg.allgather_into_tensor_coalesced_.default, "all_gather",
-     lambda i: _bytes(tensors_in(i.argument("outputs")))),
+     lambda i: _bytes(pack.tensors_in(i.argument("outputs")))),
     (_c10d_pg._reduce_scatter_base_.default, "reduce_scatter", lambda i: i.argument("input_tensor").nbytes),
-    (_c10d_pg.reduce_scatter_.default, "reduce_scatter", lambda i: _bytes(tensors_in(i.argument("input_tensors")))),
+    (_c10d_pg.reduce_scatter_.default, "reduce_scatter", lambda i: _bytes(pack.tensors_in(i.argument("input_tensors")))),
     (_c10d_pg.alltoall_base_.default, "all_to_all",
      lambda i: max(i.argument("input").nbytes, i.argument("output").nbytes)),
-    (_c10d_pg.alltoall_.default, "all_to_all", lambda i: _bytes(tensors_in(i.argument("input_tensors")))),
+    (_c10d_pg.alltoall_.default, "all_to_all", lambda i: _bytes(pack.tensors_in(i.argument("input_tensors")))),
     (_c10d_pg.broadcast_.default, "broadcast", _inputs),
     # castpack-collectives' own markers.
     (_marked.all_reduce.default, "all_reduce", _inputs),
@@ -140,13 +139,13 @@ for _op, _collective, _size in (
     _claim(_op, _collective, _size)
 
 
-@castcore.register_op_estimator(_c10d.wait_tensor.default)
+@pack.register_op_estimator(_c10d.wait_tensor.default)
 def _wait_tensor(invoke, device):
     # The collective's own estimate already holds its time; waiting adds no work.
-    return castcore.Estimate(time_s=0.0, bound="none")
+    return pack.Estimate(time_s=0.0, bound="none")
 
 
-@castcore.register_op_properties(_c10d.wait_tensor.default)
+@pack.register_op_properties(_c10d.wait_tensor.default)
 def _wait_tensor_properties(invoke, device):
     # Waiting reads and writes nothing: the bytes belong to the collective.
-    return castcore.PerformanceProperties()
+    return pack.PerformanceProperties()

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from castcore import Interconnect
+from castcore.pack import Interconnect
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 ALGORITHMS = ("ring", "recursive_doubling", "direct", "hierarchical")

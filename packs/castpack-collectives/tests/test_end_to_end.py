@@ -237,11 +237,11 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160
 def test_tensor_parallel_llama_collectives_are_timed(session, tmp_path):
     import json
 
-    from castcore.parallel import tensor_parallel
+    from castcore.workload.parallel import tensor_parallel
 
     config = tmp_path / "tiny-llama.json"
     config.write_text(json.dumps(TINY_LLAMA), encoding="utf-8")
-    workload = castcore.build_workload(str(config), batch=2, seq=32, dtype="bf16")
+    workload = castcore.build_workload(str(config), batch=2, seq=32, dtype="bf16").build()
     with tensor_parallel(workload, 4):
         captured = castcore.capture(workload.model, *workload.args, **workload.kwargs)
     assert not dist.is_initialized()  # the fake process group is gone after the capture

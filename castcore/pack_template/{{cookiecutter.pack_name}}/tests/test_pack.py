@@ -18,8 +18,7 @@ import pytest
 import torch
 
 import castcore
-from castcore import audit
-from castcore.invoke import op_name
+from castcore.pack import Source, op_name
 
 PACK = "{{ cookiecutter.pack_name }}"
 MODULE = "{{ cookiecutter.module_name }}"
@@ -44,8 +43,7 @@ def pack(session):
 
 def test_profile_loads_and_every_number_is_sourced():
     folder = resources.files(MODULE) / "profiles"
-    profiles = [castcore.device_from_dict(castcore.devices.tomllib.loads(f.read_text(encoding="utf-8")), origin=f.name)
-                for f in folder.iterdir() if f.name.endswith(".toml")]  # raises, naming the field, if one is unsourced
+    profiles = [castcore.load_device_file(f) for f in folder.iterdir() if f.name.endswith(".toml")]  # raises, naming the field, if one is unsourced
     assert DEVICE in [p.name for p in profiles]
     for profile in profiles:
         assert profile.memory_bandwidth > 0 and profile.mma_flops, profile.name
@@ -56,27 +54,33 @@ def test_profile_loads_and_every_number_is_sourced():
 
 def test_pack_is_loaded_through_its_entry_point(session, pack):
     assert (pack.kind, pack.status, pack.distribution) == ("pack", "loaded", PACK), pack.error
-    assert "device_profiles" in pack.hooks
     assert pack.claims, "ops.py declares no estimator or properties"
     assert session.devices[DEVICE].origin.startswith(f"{PACK}:profiles/")
     # Problems naming this pack or its device (another pack with the same device name, say).
     assert not [w for w in session.warnings if PACK in w or repr(DEVICE) in w], session.warnings
 
 
-def test_pack_wins_every_op_it_claims_on_its_device(session, pack):
-    rows = [row for row in audit.static_audit(session, [DEVICE])
-            if any(c.plugin == pack.label for c in row.candidates)]
-    assert {row.op for row in rows} == {op_name(claim.op) for claim in pack.claims if claim.matches(DEVICE)}
+def _audit(*options: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    done = subprocess.run([sys.executable, "-m", "castcore", "audit", "--json", "--device", DEVICE, *options],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_pack_wins_every_op_it_claims_on_its_device(pack):
+    rows = [row for row in _audit() if any(c["plugin"] == pack.label for c in row["candidates"])]
+    assert {row["op"] for row in rows} == {op_name(claim.op) for claim in pack.claims if claim.matches(DEVICE)}
     for row in rows:
-        assert row.winner.plugin == pack.label, f"{row.op} on {DEVICE} is won by {row.winner}"
-        assert row.status != audit.CONFLICT, f"{row.op}: {[str(c) for c in row.candidates]}"
+        assert row["winner"]["plugin"] == pack.label, f"{row['op']} on {DEVICE} is won by {row['winner']}"
+        assert row["status"] != "CONFLICT", f"{row['op']}: {row['candidates']}"
 
 
 def test_example_mm_estimator_answers_mm_on_the_device(session, pack):
     a = torch.empty(1000, 3000, dtype=torch.bfloat16, device="meta")
     b = torch.empty(3000, 500, dtype=torch.bfloat16, device="meta")
     (record,) = session.estimate(torch.mm, a, b, device=DEVICE).records
-    assert record.estimate.source == castcore.Source(pack.label, "estimator")
+    assert record.estimate.source == Source(pack.label, "estimator")
     assert record.estimate.time_s > 0
 
 
@@ -84,7 +88,7 @@ def test_example_cumsum_properties_are_turned_into_time_on_the_device(session, p
     x = torch.empty(4096, 4096, dtype=torch.float32, device="meta")
     report = session.estimate(lambda t: torch.cumsum(t, 0), x, device=DEVICE)
     (record,) = [r for r in report.records if r.invoke.name == "aten::cumsum"]
-    assert record.estimate.source == castcore.Source(pack.label, "properties")
+    assert record.estimate.source == Source(pack.label, "properties")
     assert record.properties.memory_bytes == 2 * x.nbytes
 
 
@@ -99,10 +103,6 @@ def test_claims_stay_on_the_pack_devices(session, pack):
 
 
 def test_castcore_audit_shows_the_pack_winning_mm():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    done = subprocess.run([sys.executable, "-m", "castcore.cli", "audit", "--json", "--device", DEVICE, "--op", "aten::mm"],
-                          capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr
-    (row,) = json.loads(done.stdout)
+    (row,) = _audit("--op", "aten::mm")
     assert row["winner"]["plugin"].split()[0] == PACK
     assert row["winner"]["function"] == "mm"

@@ -2,11 +2,11 @@
 
 Two ways to answer for an operator; choose per operator:
 
-* ``@castcore.register_op_estimator(op, device=...)``: you know the op's *time* better than a
+* ``@pack.register_op_estimator(op, device=...)``: you know the op's *time* better than a
   roofline does: a measured table, a kernel model with tiling, padding or launch effects, a
-  fused kernel. Return seconds (a float) or a ``castcore.Estimate`` with its parts. An estimator
+  fused kernel. Return seconds (a float) or a ``pack.Estimate`` with its parts. An estimator
   is asked before any properties (step 2 of castcore's priority order), so it decides the time.
-* ``@castcore.register_op_properties(op, device=...)``: you know the op's *work*: matrix-unit
+* ``@pack.register_op_properties(op, device=...)``: you know the op's *work*: matrix-unit
   (``mma``) and vector-unit (``gp``) operations per dtype, and bytes read and written. The core's
   roofline turns that into time with the device profile's rates and efficiencies. Less to
   write, and the same count is right on any device; use it when the roofline is good enough.
@@ -16,9 +16,9 @@ devices (``DEVICES`` below) unless you mean to answer for other vendors' devices
 every device competes with other packs and ``castcore audit`` shows it as a CONFLICT (pass
 ``override=True`` if shadowing them is intended).
 
-Each function gets ``invoke`` (``castcore.OpInvoke``: ``args``/``kwargs`` with
-``castcore.TensorMeta`` in place of tensors, ``argument(name)``, ``inputs()``, ``outputs()``,
-``memory_access_properties()``) and ``device`` (``castcore.DeviceProfile``: ``rate(unit, dtype)``,
+Each function gets ``invoke`` (``pack.OpInvoke``: ``args``/``kwargs`` with
+``pack.TensorMeta`` in place of tensors, ``argument(name)``, ``inputs()``, ``outputs()``,
+``memory_access_properties()``) and ``device`` (``pack.DeviceProfile``: ``rate(unit, dtype)``,
 ``memory_bandwidth``, efficiencies, per-op costs). Return ``None`` to leave a call to the next
 plugin. Raising, or answering a negative, NaN or infinite number, stops castcore with this
 pack, the function and the op named.
@@ -30,7 +30,7 @@ import math
 
 import torch
 
-import castcore
+from castcore import pack
 
 DEVICES = "{{ cookiecutter.device_name }}*"  # this pack's devices: the profile in profiles/ and any variant named like it
 
@@ -38,8 +38,8 @@ DEVICES = "{{ cookiecutter.device_name }}*"  # this pack's devices: the profile 
 TILE = 16
 
 
-@castcore.register_op_estimator(torch.ops.aten.mm.default, device=DEVICES)
-def mm(invoke: castcore.OpInvoke, device: castcore.DeviceProfile) -> castcore.Estimate:
+@pack.register_op_estimator(torch.ops.aten.mm.default, device=DEVICES)
+def mm(invoke: pack.OpInvoke, device: pack.DeviceProfile) -> pack.Estimate:
     """EXAMPLE estimator, replace with your device's model: aten.mm with its sizes padded to whole tiles.
 
     A roofline counts 2*M*N*K operations; a matrix unit that works on TILE x TILE blocks also
@@ -52,7 +52,7 @@ def mm(invoke: castcore.OpInvoke, device: castcore.DeviceProfile) -> castcore.Es
     compute_s = 2 * math.prod(padded) / (peak * device.compute_efficiency)
     moved = sum(t.nbytes for t in invoke.inputs() + invoke.outputs())
     memory_s = moved / (device.memory_bandwidth * device.memory_efficiency)
-    return castcore.Estimate(
+    return pack.Estimate(
         time_s=max(compute_s, memory_s) + device.mma_op_cost_s,
         compute_s=compute_s, memory_s=memory_s, overhead_s=device.mma_op_cost_s,
         bound="compute" if compute_s >= memory_s else "memory",
@@ -60,8 +60,8 @@ def mm(invoke: castcore.OpInvoke, device: castcore.DeviceProfile) -> castcore.Es
     )
 
 
-@castcore.register_op_properties(torch.ops.aten.cumsum.default, device=DEVICES)
-def cumsum(invoke: castcore.OpInvoke, device: castcore.DeviceProfile) -> castcore.PerformanceProperties:
+@pack.register_op_properties(torch.ops.aten.cumsum.default, device=DEVICES)
+def cumsum(invoke: pack.OpInvoke, device: pack.DeviceProfile) -> pack.PerformanceProperties:
     """EXAMPLE properties, replace: a cumulative sum done on the matrix unit, as some NPUs do it.
 
     castcore's core counts a scan as one vector add per element. A device that instead multiplies

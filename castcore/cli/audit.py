@@ -1,0 +1,46 @@
+"""``castcore audit``: who wins each operator, statically from declared claims or for the ops a model runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from castcore.cli.common import StrictFailure, add_model_options, add_plugin_options, make_session, workload_from
+
+
+def run(args: argparse.Namespace) -> int:
+    from castcore.plugins import audit
+    from castcore.workload.pipeline import capture_workload
+
+    workload = workload_from(args) if args.model else None
+    session = make_session(args)
+    if workload is not None:
+        device = session.device(args.device)
+        _, captured = capture_workload(session, workload, device)
+        rows = audit.dynamic_audit(session, captured, device.name, op=args.op)
+    else:
+        devices = [session.device(args.device).name] if args.device else list(session.devices)
+        if not devices:
+            session.device()  # raises the "no device profiles" error with its fix
+        rows = audit.static_audit(session, devices, op=args.op)
+    print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json else audit.format_audit(rows, bool(args.model)))
+    bad = [r for r in rows if r.status in (audit.CONFLICT, audit.UNCOVERED)]
+    if session.config.strict and bad:
+        raise StrictFailure(f"{len(bad)} CONFLICT/UNCOVERED row(s) and --strict is on")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    aud = subparsers.add_parser(
+        "audit", help="show which plugin wins each operator, and conflicts, overrides, uncovered ops",
+        description="Static (default): every operator any plugin claims, per device, with the candidates in call "
+                    "order, the winner, the shadowed ones and a status: ok, override (declared override=True) or "
+                    "CONFLICT (two plugins claim it and neither declares override). With --model: capture that model "
+                    "and list who answers each operator it runs; ops left to the memory-only fallback are UNCOVERED.")
+    aud.add_argument("--device", help="audit this device only (default: every installed device; with --model, "
+                                      "the default device)")
+    aud.add_argument("--op", help="only this operator, e.g. aten::mm (every overload) or aten::add.Tensor")
+    aud.add_argument("--json", action="store_true", help="print JSON")
+    add_model_options(aud, None)
+    add_plugin_options(aud)
+    aud.set_defaults(func=run)

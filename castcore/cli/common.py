@@ -1,0 +1,89 @@
+"""What several commands share: the plugin and model options, the Session they make, --strict."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from castcore.devices.dtypes import MODEL_DTYPES
+from castcore.errors import CastcoreError
+from castcore.workload.spec import PHASES, build_workload, preset_names
+
+if TYPE_CHECKING:
+    from castcore.workload.session import Session
+    from castcore.workload.spec import Workload
+
+
+class StrictFailure(CastcoreError):
+    """--strict turned a reported problem into a failure (exit 1)."""
+
+
+def add_plugin_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("plugins and devices")
+    group.add_argument("--custom-op-dir", action="append", metavar="DIR",
+                       help="load every *.py in DIR as a plugin that beats installed packs (repeatable; "
+                            "also CASTCORE_CUSTOM_OP_PATH)")
+    group.add_argument("--device-file", action="append", metavar="TOML",
+                       help="add a device profile from a TOML file (repeatable); the first is the default device")
+    group.add_argument("--no-packs", action="store_true", help="load no installed packs (same as CASTCORE_LOAD_PACKS=)")
+    group.add_argument("--strict", action="store_true", default=None,
+                       help="fail on any plugin that did not load, and as each command says (also CASTCORE_STRICT=1)")
+    group.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+
+
+def add_model_options(parser: argparse.ArgumentParser, default_model: str | None) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=default_model,
+                       help=f"a preset ({', '.join(preset_names())}), a transformers config.json path, or "
+                            "package.module:factory" + (f" (default: {default_model})" if default_model else ""))
+    group.add_argument("--batch", type=int, default=1, help="sequences per batch (default: 1)")
+    group.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: 2048)")
+    group.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="weights and activations (default: bf16)")
+    group.add_argument("--phase", default="prefill", choices=PHASES,
+                       help="prefill: --seq tokens at once; decode: one new token per sequence over a KV cache "
+                            "(default: prefill)")
+    group.add_argument("--kv-len", type=int, help="tokens already in the KV cache for --phase decode (default: --seq)")
+    group.add_argument("--train", action="store_true", help="a training step: forward and backward of the loss")
+    group.add_argument("--fuse", action="store_true",
+                       help="let packs swap model parts for their fused operators first (as the model would run "
+                            "with the device vendor's kernels)")
+    group.add_argument("--no-reuse", action="store_true",
+                       help="run every one of a model's identical layers on fake tensors instead of capturing one "
+                            "and replaying it for the rest (same totals, slower)")
+    group.add_argument("--tp", type=int, default=1, metavar="N",
+                       help="tensor parallel over N devices (torch's parallelize_module on a fake process group): "
+                            "estimate one device's compute, memory and collectives (default: 1)")
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    """The Workload the model options describe: exactly what build_workload makes from the same values."""
+    return build_workload(args.model, batch=args.batch, seq=args.seq, phase=args.phase, kv_len=args.kv_len,
+                          dtype=args.dtype, train=args.train, tp=args.tp, fuse=args.fuse, reuse=not args.no_reuse)
+
+
+def make_session(args: argparse.Namespace, **extra) -> Session:
+    """A Session from the plugin options; plugin problems are printed, and fail under --strict."""
+    from castcore.workload.session import Session
+
+    session = Session(custom_op_dirs=args.custom_op_dir, device_files=args.device_file,
+                      load_packs=[] if args.no_packs else None, strict=args.strict, **extra)
+    for warning in session.warnings:
+        print(f"castcore: warning: {warning}", file=sys.stderr)
+    if session.config.strict and session.warnings:
+        raise StrictFailure(f"{len(session.warnings)} plugin problem(s) above and --strict is on")
+    return session
+
+
+def progress_printer():
+    """A capture progress callback when stderr is a terminal, else None."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(count: int) -> None:
+        print(f"\rcastcore: {count} op calls captured", end="", file=sys.stderr, flush=True)
+    return show
+
+
+def note(message: str) -> None:
+    print(f"castcore: {message}", file=sys.stderr)

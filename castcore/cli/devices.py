@@ -1,0 +1,64 @@
+"""``castcore devices``: the installed device profiles.
+
+Packs ship their profiles as data (entry-point group ``castcore.profiles``), so with no custom-op
+directory this reads them and any ``--device-file`` without importing a pack or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from castcore.cli.common import add_plugin_options, make_session
+
+
+def _profiles_without_plugins(args: argparse.Namespace):
+    """The profiles packs ship as data and the --device-files; None when custom-op files are asked for
+    (their device_profiles hooks must run, so the full Session loads them)."""
+    from castcore.devices.profile import load_device_file, package_profiles_in
+    from castcore.plugins.config import load_config
+    from castcore.plugins.packs import pack_infos, profile_folders
+
+    config = load_config(custom_op_dirs=args.custom_op_dir, device_files=args.device_file,
+                         load_packs=[] if args.no_packs else None, strict=args.strict)
+    if config.custom_op_dirs:
+        return None
+    folders = profile_folders(config)
+    devices = {}
+    for info, _ in pack_infos(config):
+        if info.name in folders:
+            for profile in package_profiles_in(folders[info.name], info.distribution or info.name):
+                devices.setdefault(profile.name, profile)
+    devices.update((p.name, p) for p in map(load_device_file, config.device_files))
+    return dict(sorted(devices.items()))
+
+
+def run(args: argparse.Namespace) -> int:
+    devices = _profiles_without_plugins(args)
+    if devices is None:
+        devices = make_session(args).devices
+    rows = [{"name": d.name, "vendor": d.vendor, "memory_bytes": d.memory_bytes,
+             "memory_bandwidth": d.memory_bandwidth, "mma_flops": dict(d.mma_flops),
+             "interconnect": [lvl.name for lvl in d.interconnect], "default": d.default, "origin": d.origin}
+            for d in devices.values()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no device profiles installed: pip install castpack-ascend, or pass --device-file my.toml")
+        return 0
+    for row in rows:
+        bf16 = row["mma_flops"].get("bfloat16")
+        peak = f"bf16 {bf16 / 1e12:7.1f} TFLOP/s" if bf16 else "no bf16 matrix rate"
+        print(f"{row['name']:<20} {row['vendor']:<10} {row['memory_bytes'] / 2**30:7.1f} GiB  "
+              f"{row['memory_bandwidth'] / 1e12:5.2f} TB/s  {peak}"
+              f"{'  (default)' if row['default'] else ''}  from {row['origin']}")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    dev = subparsers.add_parser("devices", help="list installed device profiles",
+                                description="List the device profiles installed packs provide, and any --device-file.")
+    dev.add_argument("--json", action="store_true", help="print JSON")
+    add_plugin_options(dev)
+    dev.set_defaults(func=run)

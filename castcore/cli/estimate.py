@@ -1,0 +1,75 @@
+"""``castcore estimate``: a model or workload on a device, by operator or module, as a table, JSON or CSV."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from castcore.cli.common import (StrictFailure, add_model_options, add_plugin_options, make_session, note,
+                                 progress_printer, workload_from)
+from castcore.workload.spec import DEFAULT_MODEL
+
+
+def run(args: argparse.Namespace) -> int:
+    workload = workload_from(args)  # bad options fail before any plugin or model loads
+    session = make_session(args, on_error=args.on_error)
+    device = session.device(args.device)
+    note(f"building {args.model} and capturing on fake tensors ...")
+    started = time.perf_counter()
+    show = progress_printer()
+    report = session.estimate(workload, device=device, progress=show)
+    if show:
+        print(file=sys.stderr)
+    for line in report.notes:
+        note(line if line.startswith(("fused ", "--fuse")) else f"note: {line}")
+    note(f"{len(report.records)} op calls estimated in {time.perf_counter() - started:.1f} s")
+    for error in dict.fromkeys(session.resolver.errors):
+        note(f"warning: {error} (fell back to the next plugin)")
+    if args.json:
+        print(report.to_json())
+    elif args.csv:
+        print(report.to_csv(by=args.by), end="")
+    else:
+        print(report.format_table(top=args.top, by=args.by))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(report.to_trace()), encoding="utf-8")
+        note(f"wrote {len(report.records)} slices to {args.trace} (open it in ui.perfetto.dev)")
+    if args.plot:
+        from castcore.report.plot import plot_roofline
+
+        note(f"wrote roofline chart {plot_roofline(report, args.plot)}")
+    if session.config.strict and session.resolver.errors:
+        raise StrictFailure(f"{len(session.resolver.errors)} estimator error(s) and --strict is on")
+    fallback = report.coverage()["fallback_ops"]
+    if session.config.strict and fallback:
+        raise StrictFailure(f"{len(fallback)} op(s) fell back to the memory-only estimate and --strict is on: "
+                            f"{', '.join(fallback)}; give them an estimator or op_properties")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    est = subparsers.add_parser(
+        "estimate", help="capture a model on fake tensors and estimate every operator call",
+        description="Capture a model on fake tensors (no weights are allocated) and estimate each operator "
+                    "call on a device. With no arguments: Llama-3-8B prefill, batch 1, 2048 tokens, bf16, "
+                    "on the default installed device.")
+    add_model_options(est, DEFAULT_MODEL)
+    est.add_argument("--device", help="device profile name (castcore devices lists them; default: the "
+                                      "configured default_device, else the first profile marked default)")
+    est.add_argument("--top", type=int, default=30, help="rows in the table, slowest first (default: 30)")
+    out = est.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the whole report (every op and module row, "
+                                                         "totals, coverage, memory, workload, notes) as JSON")
+    out.add_argument("--csv", action="store_true", help="print the rows (see --by) and a TOTAL row as CSV")
+    est.add_argument("--by", choices=("op", "module"), default="op",
+                     help="rows by operator, or by module (layer) that made the calls (default: op)")
+    est.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) that Perfetto opens: one slice per op")
+    est.add_argument("--plot", metavar="PNG", help="write a roofline chart (needs matplotlib: castcore[plot])")
+    est.add_argument("--on-error", choices=("raise", "fallback"), default=None,
+                     help="when a plugin raises or answers nonsense: stop (raise, the default) or record it and "
+                          "ask the next plugin (fallback)")
+    add_plugin_options(est)
+    est.set_defaults(func=run)

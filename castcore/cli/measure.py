@@ -1,0 +1,76 @@
+"""``castcore measure`` (an op run for real here, against its estimate) and ``castcore calibrate`` (this
+machine's profile)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from castcore.cli.common import add_plugin_options, make_session
+from castcore.cli.partition import add_input_options
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    from castcore.ops.partition import example_inputs, load_callable
+    from castcore.ops.register import lookup
+    from castcore.ops.timing import measure
+
+    session = make_session(args)
+    target = load_callable(args.op)
+    try:
+        record = lookup(target)
+    except KeyError:
+        record = None
+    values, kwargs = example_inputs(record, args.input, args.arg, args.dtype, name=args.op)
+    report = measure(target, *values, session=session, device=args.device, warmup=args.warmup,
+                     repeat=args.repeat, **kwargs)
+    print(report.to_json() if args.json else report.format_table())
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from castcore.ops.timing import calibrate, profile_toml
+
+    cal = calibrate(quick=args.quick)
+    text = profile_toml(cal, name=args.name)
+    if args.output == "-":
+        print(text, end="")
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+        bf16 = cal.mma_flops.get("bfloat16", 0.0)
+        print(f"castcore: wrote {args.output}: fp32 matmul {cal.mma_flops.get('float32', 0) / 1e9:.1f} GFLOP/s, "
+              f"bf16 {bf16 / 1e9:.1f} GFLOP/s, copy {cal.memory_bandwidth / 1e9:.1f} GB/s; use it with "
+              f"--device-file {args.output}", file=sys.stderr)
+    return 0
+
+
+def add_parsers(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "measure", help="run an operator or function for real here and compare with the estimate",
+        description="Import MODULE:FUNCTION (or file.py:FUNCTION): a castcore.register_op operator or any "
+                    "function of tensors. Capture it on fake tensors, run each distinct operator call for real on "
+                    "this machine (CUDA when present, else CPU) with the op's input_gen_fn or random inputs, and "
+                    "print the median measured time against the estimate on --device (e.g. a profile written by "
+                    "castcore calibrate, passed with --device-file).")
+    parser.add_argument("op", metavar="OP", help="module:function or path/to/file.py:function")
+    add_input_options(parser)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs; the median is shown (default: 10)")
+    parser.add_argument("--device", help="device profile to estimate on (default: the default device)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_plugin_options(parser)
+    parser.set_defaults(func=run_measure)
+
+    parser = subparsers.add_parser(
+        "calibrate", help="measure this machine and write its device profile as TOML",
+        description="Measure matmul throughput (fp32, bf16), vector throughput, memory copy bandwidth and per-op "
+                    "overhead on this machine (CUDA when present, else CPU) and write a device profile whose "
+                    "sources read 'measurement, <date>, castcore calibrate'.")
+    parser.add_argument("--output", "-o", default="local.toml", help="file to write, or - for stdout "
+                                                                      "(default: local.toml)")
+    parser.add_argument("--name", default="local", help="the profile's device name (default: local)")
+    parser.add_argument("--quick", action="store_true", help="small sizes: seconds instead of a minute, "
+                                                              "numbers well below peak")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    parser.set_defaults(func=run_calibrate)

@@ -1,0 +1,201 @@
+"""Device profiles: what an accelerator can do, every number with its source, loadable from TOML."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from castcore.devices.dtypes import dtype_name, is_dtype_name
+from castcore.errors import CastcoreError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+TOPOLOGIES = ("full-mesh", "ring", "switch", "clos")
+
+
+class DeviceError(CastcoreError, ValueError):
+    """A device profile that cannot be used; the message names the file and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interconnect:
+    """One level of the fabric: ``devices`` reachable at this level, each with ``bandwidth`` B/s one way."""
+
+    name: str
+    devices: int
+    bandwidth: float
+    latency_s: float
+    efficiency: float = 1.0
+    topology: str = "switch"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    """An accelerator in SI units: op/s, bytes, B/s, seconds. ``sources`` says where each number came from."""
+
+    name: str
+    vendor: str
+    mma_flops: Mapping[str, float]
+    gp_flops: Mapping[str, float]
+    memory_bytes: float
+    memory_bandwidth: float
+    compute_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    mma_op_cost_s: float = 0.0
+    gp_op_cost_s: float = 0.0
+    comm_op_cost_s: float = 0.0
+    interconnect: tuple[Interconnect, ...] = ()
+    sources: Mapping[str, str] = field(default_factory=dict)
+    default: bool = False
+    origin: str = ""  # the file or plugin it came from, for messages
+
+    def rate(self, unit: str, dtype: Any) -> tuple[float, str]:
+        """Peak op/s of ``unit`` ("mma" or "gp") for ``dtype`` and the dtype name used.
+
+        A dtype the profile does not list gets the slowest listed rate of that unit: a
+        conservative guess, named in the second element so reports can show it.
+        """
+        table = self.mma_flops if unit == "mma" else self.gp_flops
+        name = dtype_name(dtype)
+        if name in table:
+            return table[name], name
+        if unit == "mma" and self.gp_flops:
+            # A matrix op in a dtype the matrix unit lacks runs on the vector unit.
+            return self.rate("gp", dtype)
+        if not table:
+            raise DeviceError(f"device {self.name!r} lists no {unit}_flops; add [{unit}_flops] to its profile")
+        slowest = min(table, key=table.__getitem__)
+        return table[slowest], f"{slowest} (no {name} rate)"
+
+
+_NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
+            "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s")
+_KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}
+
+
+def load_device_file(path: str | Path) -> DeviceProfile:
+    """Read one TOML profile; raise DeviceError naming the file and the field at fault."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DeviceError(f"{path}: no such device file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise DeviceError(f"{path}: not valid TOML: {exc}") from None
+    return device_from_dict(data, origin=str(path))
+
+
+def package_profiles(package: str, folder: str = "profiles", label: str | None = None) -> list[DeviceProfile]:
+    """Every ``*.toml`` in ``folder`` of an installed package, validated: what a pack's
+    ``device_profiles`` hook usually returns. ``label`` names the origin in messages (default: the package)."""
+    from importlib import resources
+
+    return package_profiles_in(resources.files(package) / folder, label or package)
+
+
+def package_profiles_in(directory: Any, label: str) -> list[DeviceProfile]:
+    """Every ``*.toml`` in ``directory`` (a path or a package resource), validated, named ``label:folder/file``."""
+    return [device_from_dict(tomllib.loads(f.read_text(encoding="utf-8")), origin=f"{label}:{directory.name}/{f.name}")
+            for f in sorted(directory.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")]
+
+
+def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProfile:
+    """Build and validate a profile from the TOML layout documented in README."""
+
+    def fail(msg: str) -> DeviceError:
+        return DeviceError(f"{origin}: {msg}")
+
+    unknown = sorted(set(data) - _KNOWN)
+    if unknown:
+        raise fail(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
+    for required in ("name", "vendor", "mma_flops", "gp_flops", "memory_bytes", "memory_bandwidth"):
+        if required not in data:
+            raise fail(f"missing required field '{required}'")
+    for key in ("name", "vendor"):
+        if not isinstance(data[key], str) or not data[key]:
+            raise fail(f"'{key}' must be a non-empty string")
+
+    numbers: dict[str, float] = {}
+    for key in _NUMBERS:
+        if key in data:
+            numbers[key] = _number(data[key], key, fail, positive=key in ("memory_bytes", "memory_bandwidth"))
+    for key in ("compute_efficiency", "memory_efficiency"):
+        if key in numbers and not 0 < numbers[key] <= 1:
+            raise fail(f"'{key}' = {numbers[key]} must be in (0, 1]")
+    rates = {}
+    for unit in ("mma_flops", "gp_flops"):
+        table = data[unit]
+        if not isinstance(table, dict):
+            raise fail(f"'{unit}' must be a table of dtype = op/s")
+        for dtype, value in table.items():
+            if not is_dtype_name(dtype):
+                raise fail(f"'{unit}.{dtype}' is not a torch dtype name (e.g. bfloat16, float16, float32, int8, hf32)")
+            table[dtype] = _number(value, f"{unit}.{dtype}", fail, positive=True)
+        rates[unit] = dict(table)
+
+    links = tuple(_interconnect(i, raw, fail) for i, raw in enumerate(data.get("interconnect", [])))
+    sources = data.get("sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) and v for v in sources.values()):
+        raise fail("'sources' must be a table of field = \"where the number came from\"")
+    missing = [p for p in _number_paths(numbers, rates, links) if not _sourced(p, sources)]
+    if missing:
+        raise fail(f"no source for {', '.join(missing)}: add them under [sources] (datasheet and page, or measurement, and date)")
+    default = data.get("default", False)
+    if not isinstance(default, bool):
+        raise fail("'default' must be true or false")
+    # Read-only tables: a plugin must not be able to change the device for every op after it.
+    return DeviceProfile(name=data["name"], vendor=data["vendor"], interconnect=links,
+                         sources=MappingProxyType(dict(sources)), default=default, origin=origin,
+                         mma_flops=MappingProxyType(rates["mma_flops"]), gp_flops=MappingProxyType(rates["gp_flops"]),
+                         **numbers)
+
+
+def _number(value: Any, key: str, fail, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise fail(f"'{key}' = {value!r} must be a finite number >= 0")
+    if positive and value == 0:
+        raise fail(f"'{key}' must be greater than 0")
+    return float(value)
+
+
+def _interconnect(i: int, raw: Any, fail) -> Interconnect:
+    where = f"interconnect[{i}]"
+    if not isinstance(raw, dict):
+        raise fail(f"'{where}' must be a table")
+    for key in ("name", "devices", "bandwidth", "latency_s"):
+        if key not in raw:
+            raise fail(f"'{where}' is missing '{key}'")
+    unknown = sorted(set(raw) - {f.name for f in fields(Interconnect)})
+    if unknown:
+        raise fail(f"'{where}' has unknown field(s) {', '.join(unknown)}")
+    if not isinstance(raw["devices"], int) or raw["devices"] < 1:
+        raise fail(f"'{where}.devices' must be a whole number >= 1")
+    topology = raw.get("topology", "switch")
+    if topology not in TOPOLOGIES:
+        raise fail(f"'{where}.topology' = {topology!r}; use one of {', '.join(TOPOLOGIES)}")
+    efficiency = _number(raw.get("efficiency", 1.0), f"{where}.efficiency", fail, positive=True)
+    if efficiency > 1:
+        raise fail(f"'{where}.efficiency' = {efficiency} must be in (0, 1]")
+    return Interconnect(name=str(raw["name"]), devices=raw["devices"], topology=topology, efficiency=efficiency,
+                        bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
+                        latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail))
+
+
+def _number_paths(numbers, rates, links) -> list[str]:
+    paths = list(numbers)
+    paths += [f"{unit}.{dtype}" for unit, table in rates.items() for dtype in table]
+    paths += [f"interconnect.{link.name}" for link in links]
+    return paths
+
+
+def _sourced(path: str, sources: dict[str, str]) -> bool:
+    parts = path.split(".")
+    return any(".".join(parts[:n]) in sources for n in range(1, len(parts) + 1))

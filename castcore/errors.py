@@ -1,0 +1,7 @@
+"""The base of every error a user can cause: the command line prints its message as one line, exit 2."""
+
+from __future__ import annotations
+
+
+class CastcoreError(Exception):
+    """Bad input, a plugin's bad answer, or a model castcore cannot run; the message names the culprit and the fix."""

@@ -1,0 +1,2 @@
+"""Custom operators: ``register_op`` with dimension annotations, partitioning, timing on this machine,
+and measured tables."""

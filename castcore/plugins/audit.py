@@ -1,0 +1,158 @@
+"""Who answers each operator: declared claims in call order (static), or the ops a model runs (dynamic)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from castcore.plugins.loading import CORE_NAME
+from castcore.plugins.claims import ESTIMATOR, PROPERTIES, Claim, ClaimTable
+from castcore.plugins.resolve import hookimpls_in_call_order
+from castcore.recording.invoke import op_name
+from castcore.recording.recorder import Capture
+
+if TYPE_CHECKING:
+    from castcore.workload.session import Session
+
+OK, OVERRIDE, CONFLICT, UNCOVERED = "ok", "override", "CONFLICT", "UNCOVERED"
+
+
+@dataclass
+class Candidate:
+    plugin: str
+    kind: str  # estimator | properties
+    device: str | None
+    override: bool
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.plugin} ({self.kind}{', override' if self.override else ''})"
+
+
+@dataclass
+class OpAudit:
+    op: str
+    device: str
+    status: str
+    candidates: list[Candidate] = field(default_factory=list)  # declared claims in call order
+    answered_by: list[str] = field(default_factory=list)  # dynamic audit: who answered the calls, and how
+    calls: int = 0
+
+    @property
+    def winner(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def shadowed(self) -> list[Candidate]:
+        """Claims that did not answer: after the winner statically, or not among who answered."""
+        if not self.answered_by:
+            return self.candidates[1:]
+        answering = {source.rsplit(" (", 1)[0] for source in self.answered_by}
+        return [c for c in self.candidates if c.plugin not in answering]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["winner"] = asdict(self.winner) if self.winner and not self.answered_by else None
+        data["shadowed"] = [asdict(c) for c in self.shadowed]
+        return data
+
+
+def _claims_in_call_order(session: Session, kind: str) -> list[tuple[str, Claim]]:
+    """(plugin label, claim) for every declared claim of ``kind``, in the order plugins are asked."""
+    hook = session.plugins.pm.hook.estimate_op if kind == ESTIMATOR else session.plugins.pm.hook.op_properties
+    ordered = []
+    for impl in hookimpls_in_call_order(hook):
+        if isinstance(impl.plugin, ClaimTable):
+            label = session.plugins.label(impl.plugin_name)
+            ordered += [(label, c) for c in impl.plugin.claims if c.kind == kind]
+    return ordered
+
+
+def candidates_for(session: Session, device: str) -> dict[Any, list[Candidate]]:
+    """op -> its candidates on ``device``: estimators first, then properties, each in call order.
+
+    Within one plugin only the first matching claim of a kind counts, as at run time.
+    """
+    result: dict[Any, list[Candidate]] = {}
+    for kind in (ESTIMATOR, PROPERTIES):
+        seen: set[tuple[str, Any]] = set()
+        for label, claim in _claims_in_call_order(session, kind):
+            if not claim.matches(device) or (label, claim.op) in seen:
+                continue
+            seen.add((label, claim.op))
+            result.setdefault(claim.op, []).append(
+                Candidate(label, kind, claim.device, claim.override, claim.fn.__qualname__))
+    return result
+
+
+def status_of(candidates: list[Candidate]) -> str:
+    """CONFLICT: two plugins (not the core) claim the op in the same way and neither says override."""
+    others = [c for c in candidates if c.plugin != CORE_NAME]
+    contested = False
+    for i, first in enumerate(others):
+        for second in others[i + 1:]:
+            if first.kind == second.kind and first.plugin != second.plugin:
+                if not (first.override or second.override):
+                    return CONFLICT
+                contested = True
+    return OVERRIDE if contested else OK
+
+
+def static_audit(session: Session, devices: list[str], op: str | None = None) -> list[OpAudit]:
+    rows = []
+    for device in devices:
+        for claimed_op, candidates in candidates_for(session, device).items():
+            name = op_name(claimed_op)
+            if op is None or _op_matches(name, op):
+                rows.append(OpAudit(op=name, device=device, status=status_of(candidates), candidates=candidates))
+    rows.sort(key=lambda r: (r.device, r.op))
+    return rows
+
+
+def dynamic_audit(session: Session, captured: Capture, device: str, op: str | None = None) -> list[OpAudit]:
+    """For every distinct op the model ran: who answered its calls on ``device``, UNCOVERED if it fell back."""
+    profile = session.device(device)
+    claimed = {op_name(k): v for k, v in candidates_for(session, profile.name).items()}
+    rows: dict[str, OpAudit] = {}
+    for invoke in captured.invokes:
+        if op is not None and not _op_matches(invoke.name, op):
+            continue
+        row = rows.get(invoke.name)
+        if row is None:
+            candidates = claimed.get(invoke.name, [])
+            row = rows[invoke.name] = OpAudit(op=invoke.name, device=profile.name, status=status_of(candidates),
+                                              candidates=candidates)
+        row.calls += 1
+        estimate = session.resolver.estimate(invoke, profile)
+        source = str(estimate.source)
+        if source not in row.answered_by:
+            row.answered_by.append(source)
+        if estimate.fallback:
+            row.status = UNCOVERED
+    return sorted(rows.values(), key=lambda r: r.op)
+
+
+def _op_matches(name: str, wanted: str) -> bool:
+    """``aten::mm`` matches aten::mm; ``aten::add`` matches every overload of add."""
+    return name == wanted or name.split(".")[0] == wanted
+
+
+def format_audit(rows: list[OpAudit], dynamic: bool = False) -> str:
+    if not rows:
+        return "no claims match"
+    header = ("op", "calls", "status", "answered by", "shadowed") if dynamic else ("op", "status", "winner", "shadowed")
+    lines = []
+    for device in sorted({r.device for r in rows}):
+        body = []
+        for r in (r for r in rows if r.device == device):
+            shadowed = ", ".join(str(c) for c in r.shadowed) or "-"
+            if dynamic:
+                body.append((r.op, str(r.calls), r.status, ", ".join(r.answered_by), shadowed))
+            else:
+                body.append((r.op, r.status, str(r.winner), shadowed))
+        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        lines += [f"device {device}", *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                                       for row in [header, *body]), ""]
+    counts = {s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE, UNCOVERED)}
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" among {len(rows)} rows")
+    return "\n".join(lines)

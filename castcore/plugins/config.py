@@ -1,0 +1,114 @@
+"""castcore's configuration: ``[tool.castcore]`` in the nearest pyproject.toml or a castcore.toml,
+then environment variables, then explicit arguments (CLI flags), each overriding the one before."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from castcore.devices.profile import tomllib
+from castcore.errors import CastcoreError
+
+ENV_CUSTOM_OP_PATH = "CASTCORE_CUSTOM_OP_PATH"
+ENV_LOAD_PACKS = "CASTCORE_LOAD_PACKS"
+ENV_DISABLE_PACKS = "CASTCORE_DISABLE_PACKS"
+ENV_STRICT = "CASTCORE_STRICT"
+
+
+class ConfigError(CastcoreError, ValueError):
+    """Configuration castcore cannot act on; the message names the setting and the fix."""
+
+
+@dataclass(frozen=True)
+class Config:
+    custom_op_dirs: tuple[Path, ...] = ()
+    load_packs: tuple[str, ...] | None = None  # None: every installed pack
+    disable: tuple[str, ...] = ()
+    priority: tuple[str, ...] = ()  # pack names, first wins
+    default_device: str | None = None
+    device_files: tuple[Path, ...] = ()
+    strict: bool = False
+    on_error: str = "raise"  # or "fallback"
+    origin: str = "defaults"  # the file the settings came from, for messages
+
+    def with_overrides(self, **overrides: Any) -> Config:
+        """A copy with every override that is not None applied; list settings are added to."""
+        changes = {}
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key in ("custom_op_dirs", "device_files"):
+                value = tuple(Path(v) for v in value) + getattr(self, key)
+            changes[key] = tuple(value) if isinstance(value, list) else value
+        if changes.get("on_error", "raise") not in ("raise", "fallback"):
+            raise ConfigError(f"on_error = {changes['on_error']!r}; use 'raise' or 'fallback'")
+        return replace(self, **changes)
+
+
+def find_config_file(start: Path) -> Path | None:
+    """The nearest castcore.toml, or pyproject.toml with a [tool.castcore] table, at or above ``start``."""
+    for folder in (start, *start.parents):
+        candidate = folder / "castcore.toml"
+        if candidate.is_file():
+            return candidate
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file() and "castcore" in _read_toml(candidate).get("tool", {}):
+            return candidate
+    return None
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as TOML: {exc}") from None
+
+
+def from_file(path: Path) -> Config:
+    data = _read_toml(path)
+    table = data.get("tool", {}).get("castcore", {}) if path.name == "pyproject.toml" else data
+    known = {"priority", "disable", "custom_op_dirs", "default_device", "load_packs", "device_files", "strict",
+             "on_error"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown castcore setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if "strict" in table and not isinstance(table["strict"], bool):
+        raise ConfigError(f"{path}: 'strict' must be true or false, not {table['strict']!r}")
+    for key in ("priority", "disable", "custom_op_dirs", "load_packs", "device_files"):
+        if key in table and not (isinstance(table[key], list) and all(isinstance(v, str) for v in table[key])):
+            raise ConfigError(f"{path}: '{key}' must be a list of strings")
+    # Relative directories are relative to the file that names them.
+    for key in ("custom_op_dirs", "device_files"):
+        if key in table:
+            table[key] = [str((path.parent / v).resolve()) for v in table[key]]
+    return Config(origin=str(path)).with_overrides(**table)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def load_config(cwd: Path | None = None, environ: dict[str, str] | None = None, **overrides: Any) -> Config:
+    """File settings, then CASTCORE_* environment variables, then ``overrides`` (None means not given)."""
+    environ = os.environ if environ is None else environ
+    path = find_config_file((cwd or Path.cwd()).resolve())
+    config = from_file(path) if path else Config()
+    env: dict[str, Any] = {}
+    if environ.get(ENV_CUSTOM_OP_PATH):
+        env["custom_op_dirs"] = [p for p in environ[ENV_CUSTOM_OP_PATH].split(os.pathsep) if p]
+    if ENV_LOAD_PACKS in environ:
+        env["load_packs"] = _split(environ[ENV_LOAD_PACKS])
+    if environ.get(ENV_DISABLE_PACKS):
+        env["disable"] = _split(environ[ENV_DISABLE_PACKS])
+    if environ.get(ENV_STRICT, "").strip():
+        value = environ[ENV_STRICT].strip().lower()
+        if value not in _TRUE + _FALSE:
+            raise ConfigError(f"{ENV_STRICT}={environ[ENV_STRICT]!r}; use 1 or 0")
+        env["strict"] = value in _TRUE
+    return config.with_overrides(**env).with_overrides(**overrides)
+

@@ -1,0 +1,110 @@
+"""Installed packs as entry points: their distributions, whether config enables them, and their profile data.
+
+Torch-free: ``castcore devices`` lists the profiles packs ship as data without importing any pack.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from castcore.plugins.claims import Claim
+from castcore.plugins.config import Config, ConfigError
+
+ENTRY_POINT_GROUP = "castcore"
+# A pack may also name a folder of device-profile TOML files in this group, under the same entry-point
+# name: castcore then reads them without importing the pack (its value: package.folder).
+PROFILES_GROUP = "castcore.profiles"
+
+
+@dataclass
+class PluginInfo:
+    """What castcore knows of one plugin, loaded or not: shown by ``castcore packs``."""
+
+    name: str
+    kind: str  # core | pack | file | script
+    origin: str
+    distribution: str | None = None
+    version: str | None = None
+    status: str = "loaded"  # loaded | disabled | failed
+    error: str = ""
+    claims: list[Claim] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)
+    pluggy_names: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # loaded, but something its author should change
+
+    @property
+    def label(self) -> str:
+        """How reports name this plugin: a pack by distribution and version, a file by path."""
+        if self.kind == "pack":
+            return f"{self.distribution or self.name} {self.version or ''}".strip()
+        if self.kind == "file":
+            return f"file:{self.origin}"
+        return self.name
+
+    def fail(self, reason: str) -> None:
+        # One line, but all of it: pluggy puts the useful part (the argument at fault) on later lines.
+        self.status, self.error = "failed", " ".join(line.strip() for line in reason.splitlines() if line.strip()) or "failed"
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: (ep.name, ep.value))
+
+
+def pack_infos(config: Config) -> list[tuple[PluginInfo, importlib.metadata.EntryPoint | None]]:
+    found: dict[str, list[importlib.metadata.EntryPoint]] = {}
+    for ep in _entry_points():
+        found.setdefault(ep.name, []).append(ep)
+    known = sorted(found)
+    for setting in ("load_packs", "disable", "priority"):
+        unknown = [n for n in (getattr(config, setting) or ()) if n not in found]
+        if unknown:
+            raise ConfigError(
+                f"{setting} names {', '.join(unknown)}, which no installed pack provides "
+                f"(from {config.origin} or the environment); installed packs: {', '.join(known) or 'none'}"
+            )
+    result = []
+    for name, eps in found.items():
+        dists = [_dist_of(ep) for ep in eps]
+        info = PluginInfo(name=name, kind="pack", origin=f"entry point {eps[0].value}",
+                          distribution=dists[0][0], version=dists[0][1])
+        if len(eps) > 1:
+            # pluggy would keep whichever registered last; refuse both and say which ones.
+            info.fail(f"entry point name {name!r} is provided by {' and '.join(d for d, _ in dists)}; "
+                      "uninstall one or rename its entry point")
+            result.append((info, None))
+            continue
+        if (config.load_packs is not None and name not in config.load_packs) or name in config.disable:
+            info.status = "disabled"
+        result.append((info, eps[0]))
+    order = {name: i for i, name in enumerate(reversed(config.priority))}
+    # Sorted by name; packs named in priority go last (called first), the first named last of all.
+    result.sort(key=lambda pair: (pair[0].name in order, order.get(pair[0].name, 0), pair[0].name))
+    return result
+
+
+def _dist_of(ep: importlib.metadata.EntryPoint) -> tuple[str, str | None]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return ep.value.split(":")[0], None
+    return dist.metadata["Name"], dist.version
+
+
+
+
+def profile_folders(config: Config) -> dict[str, Path]:
+    """Entry-point name -> the profile folder an enabled pack declares in ``castcore.profiles``."""
+    enabled = {info.name for info, ep in pack_infos(config) if ep is not None and info.status == "loaded"}
+    folders = {}
+    for ep in importlib.metadata.entry_points(group=PROFILES_GROUP):
+        if ep.name not in enabled:
+            continue
+        top, _, rest = ep.value.partition(".")
+        spec = importlib.util.find_spec(top)  # a top-level package: found, not imported
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        folders[ep.name] = Path(list(spec.submodule_search_locations)[0], *rest.split(".")) if rest else \
+            Path(list(spec.submodule_search_locations)[0])
+    return folders

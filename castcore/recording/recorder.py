@@ -1,0 +1,401 @@
+"""Running a model or function on fake tensors and recording every operator call as an OpInvoke.
+
+Weights are never allocated: parameters and buffers are replaced by fake CPU tensors of the
+same shape for the duration of the call (through functional_call, so the user's module is
+left untouched), whether the module lives on the meta device or on a real one.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorDeviceMismatchError,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.module_tracker import ModuleTracker
+
+from castcore.errors import CastcoreError
+from castcore.recording.invoke import OpInvoke, tensors_in, to_meta
+from castcore.recording.reuse import LayerReuse
+
+# Namespaces whose calls are bookkeeping, not work a device does.
+_SKIPPED_NAMESPACES = {"prim"}
+
+
+class CaptureError(CastcoreError, RuntimeError):
+    """The model could not be run on fake tensors; the message names the op and the fix."""
+
+
+@dataclass
+class Capture:
+    """Every operator call, and which storages were weights, inputs and the call's outputs."""
+
+    invokes: list[OpInvoke]
+    weight_storages: dict[int, int] = field(default_factory=dict)  # storage id -> bytes
+    input_storages: dict[int, int] = field(default_factory=dict)
+    output_storages: set[int] = field(default_factory=set)
+    # Tensors held inside input objects, such as a KV cache: state the call reads and updates.
+    state_storages: dict[int, int] = field(default_factory=dict)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tracker: ModuleTracker, progress: Callable[[int], None] | None = None):
+        super().__init__()
+        self.tracker = tracker
+        self.progress = progress
+        self.invokes: list[OpInvoke] = []
+        self._storage_ids: dict[Any, int] = {}  # StorageWeakRef(...).cdata -> storage id
+        self._ids_handed_out = 0
+        self._keep_alive: list = []  # storages stay referenced so their addresses are never reused
+        self._paused = False
+        self.shadow = 0  # > 0 while DTensor's sharding propagation runs an op on global shapes
+
+    @contextmanager
+    def paused(self):
+        """Ops run in here are not recorded (fake outputs made by layer reuse)."""
+        self._paused, was = True, self._paused
+        try:
+            yield
+        finally:
+            self._paused = was
+
+    def storage_count(self) -> int:
+        return self._ids_handed_out
+
+    def new_storage_id(self) -> int:
+        """The next storage id. Called on its own, for a storage no tensor has yet: one that exists only
+        in replayed records, or a weight whose fake is made only if its layer runs (see ``bind``)."""
+        self._ids_handed_out += 1
+        return self._ids_handed_out - 1
+
+    def bind(self, t: torch.Tensor, storage: int) -> None:
+        """Number t's storage ``storage``, an id handed out earlier by ``new_storage_id``."""
+        untyped = t.untyped_storage()
+        self._storage_ids[StorageWeakRef(untyped).cdata] = storage
+        self._keep_alive.append(untyped)
+
+    def storage_of(self, t: torch.Tensor) -> int:
+        if t.layout != torch.strided:
+            return -1
+        storage = t.untyped_storage()
+        key = StorageWeakRef(storage).cdata
+        if key not in self._storage_ids:
+            self._storage_ids[key] = self.new_storage_id()
+            self._keep_alive.append(storage)
+        return self._storage_ids[key]
+
+    def storages(self, value: Any) -> dict[int, int]:
+        value = _local_shards(value)
+        return {t.storage: t.storage_nbytes for t in tensors_in(to_meta(value, self.storage_of)) if t.storage >= 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.shadow:  # DTensor inferring a global output shape: no device runs this
+            return func(*args, **kwargs)
+        dtensor = _dtensor_type()
+        if dtensor is not None and any(issubclass(t, dtensor) for t in types):
+            # Let DTensor run the op: the local ops and collectives it issues come back here with
+            # local shard shapes, which is what one device does.
+            return NotImplemented
+        try:
+            out = func(*args, **kwargs)
+        except CaptureError:
+            raise
+        except (DynamicOutputShapeException, DataDependentOutputException) as exc:
+            raise CaptureError(
+                f"{func} needs tensor values to decide its output shape ({type(exc).__name__}); fake tensors "
+                "carry none: write that step with static shapes or give its module an estimator"
+            ) from None
+        except Exception as exc:
+            if func.namespace in ("aten", "prim") and not isinstance(exc, UnsupportedOperatorException):
+                raise
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CaptureError(
+                f"operator {func._schema.name} cannot run on fake tensors ({first_line}); give it a fake "
+                f"implementation with torch.library.register_fake('{func._schema.name}'), or define it with "
+                "castcore.register_op and a dimension annotation"
+            ) from None
+        if func.namespace not in _SKIPPED_NAMESPACES and not self._paused:
+            self.invokes.append(OpInvoke(
+                op=func, args=to_meta(args, self.storage_of), kwargs=to_meta(kwargs, self.storage_of),
+                out=to_meta(out, self.storage_of),
+                module=self.current_module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
+            ))
+            if self.progress is not None and len(self.invokes) % 256 == 0:
+                self.progress(len(self.invokes))
+        return out
+
+    def current_module(self) -> str:
+        # ModuleTracker.parents is a set of dotted paths; the innermost module has the longest one.
+        parents = [p for p in self.tracker.parents if p != "Global"]
+        return max(parents, key=len) if parents else ""
+
+
+@functools.cache
+def _group_name_position(func) -> int | None:
+    """Where an op's ``group_name`` argument sits, if it has one: asked once per op, not per call."""
+    names = [a.name for a in func._schema.arguments]
+    return names.index("group_name") if "group_name" in names else None
+
+
+def _attrs(func, args, kwargs) -> dict:
+    """Facts the arguments do not carry: the size of a collective's process group."""
+    position = _group_name_position(func)
+    if position is None:
+        return {}
+    name = kwargs.get("group_name", args[position] if position < len(args) else None)
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return {"group_size": _resolve_process_group(name).size(), "group_name": name}
+    except Exception:  # no such group in this process: estimators fall back to the op's own arguments
+        return {"group_name": name}
+
+
+class _FakeWeights:
+    """Fake stand-ins for a module's parameters and buffers, each made on first use.
+
+    Tied tensors share one fake, as they share one storage. A weight of a layer that layer reuse
+    replays is never touched by an op, so it only needs a storage id (``storage``); its fake is
+    made, under that id, only if the layer has to run after all (``fake``)."""
+
+    def __init__(self, recorder: _Recorder):
+        self.recorder = recorder
+        self._fakes: dict[int, torch.Tensor] = {}  # id(tensor) -> its fake
+        self._unbacked: dict[int, tuple[int, int]] = {}  # id(tensor) -> (storage id, bytes), no fake yet
+
+    def fake(self, t: torch.Tensor) -> torch.Tensor:
+        fake = self._fakes.get(id(t))
+        if fake is None:
+            fake = self._fakes[id(t)] = _fake_like(t)
+            if id(t) in self._unbacked:
+                self.recorder.bind(fake, self._unbacked.pop(id(t))[0])
+        return fake
+
+    def storage(self, t: torch.Tensor) -> int:
+        if id(t) in self._fakes:
+            return self.recorder.storage_of(_local_shards(self._fakes[id(t)]))
+        if id(t) not in self._unbacked:
+            self._unbacked[id(t)] = (self.recorder.new_storage_id(), _dense_nbytes(t))
+        return self._unbacked[id(t)][0]
+
+    def storages(self) -> dict[int, int]:
+        """Storage id -> bytes for every weight, with or without a fake."""
+        held = self.recorder.storages(list(self._fakes.values()))
+        held.update(self._unbacked.values())
+        return held
+
+
+def _dense_nbytes(t: torch.Tensor) -> int:
+    """The bytes of the storage ``_fake_like(t)`` would allocate: just enough for t's shape and stride."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _fake_like(t: torch.Tensor) -> torch.Tensor:
+    """A fake CPU tensor with t's shape, stride and dtype; must run under the fake mode.
+
+    A DTensor (a tensor-parallel weight) stays a DTensor with the same mesh and placements over
+    a fake copy of its local shard, so only the shard is ever counted as held on the device."""
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(t, dtensor):
+        local = _fake_like(t._local_tensor)
+        return dtensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", requires_grad=t.requires_grad)
+
+
+def _dtensor_type() -> type | None:
+    """DTensor, if the program has imported torch.distributed.tensor (castcore never imports it itself)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def _local_shards(value: Any) -> Any:
+    """``value`` with every DTensor replaced by its local shard: what one device holds."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return value
+    if isinstance(value, dtensor):
+        return value._local_tensor
+    if isinstance(value, (list, tuple)):
+        return type(value)(_local_shards(v) for v in value) if not hasattr(value, "_fields") else value
+    if isinstance(value, dict):
+        return {k: _local_shards(v) for k, v in value.items()}
+    return value
+
+
+@contextmanager
+def _dtensor_shadow(recorder: _Recorder):
+    """Mark the ops DTensor runs on global shapes to infer an output's shape, so they are not recorded.
+
+    torch.distributed.tensor's ShardingPropagator runs each op once on fake global-shape tensors
+    inside ``ShardingPropagator._fake_mode_lock`` (a nullcontext unless a test installs a lock);
+    wrapping that context is the one place that tells those calls from the real local ones.
+    """
+    module = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    propagator = getattr(module, "ShardingPropagator", None)
+    if propagator is None or not hasattr(propagator, "_fake_mode_lock"):
+        yield
+        return
+    previous = propagator._fake_mode_lock
+
+    class Marked:
+        def __enter__(self):
+            previous.__enter__()
+            recorder.shadow += 1
+
+        def __exit__(self, *exc):
+            recorder.shadow -= 1
+            return previous.__exit__(*exc)
+
+    propagator._fake_mode_lock = Marked()
+    try:
+        yield
+    finally:
+        propagator._fake_mode_lock = previous
+
+
+def _fake_inputs(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _fake_like(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fake_inputs(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _fake_inputs(v) for k, v in value.items()}
+    return value
+
+
+@contextmanager
+def no_cyclic_gc():
+    """Pause Python's cyclic garbage collector: a capture allocates many small objects that live on,
+    and full collections over them cost more than the capture's own work (they are not garbage)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = False,
+            inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
+            progress: Callable[[int], None] | None = None, reuse: bool = True, **kwargs: Any) -> Capture:
+    """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made.
+
+    ``train=True`` records the forward with autograd on and then the backward of its loss (the
+    output's ``loss`` if it has one, else the sum of its first tensor).
+
+    ``inputs_fn() -> (args, kwargs)`` builds further inputs inside the fake mode before recording
+    starts: for inputs that are not plain tensors, such as a pre-filled KV cache object.
+    ``progress(n)`` is called every few hundred recorded calls. ``reuse`` captures one of each set
+    of identical layers and replays its records for the others (see castcore.reuse); totals are
+    the same as with ``reuse=False``.
+    """
+    try:
+        return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse)
+    except FakeTensorDeviceMismatchError:
+        if not reuse:
+            raise
+        # A replayed layer's weights stay on the meta device; code outside the layer used one, so
+        # this model cannot be replayed: capture it in full.
+        return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse=False)
+
+
+def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool) -> Capture:
+    tracker = ModuleTracker()
+    recorder = _Recorder(tracker, progress)
+    with no_cyclic_gc(), FakeTensorMode(allow_non_fake_inputs=True):
+        fake_args = _fake_inputs(inputs)
+        fake_kwargs = _fake_inputs(kwargs)
+        if inputs_fn is not None:
+            more_args, more_kwargs = inputs_fn()
+            fake_args, fake_kwargs = (*fake_args, *more_args), {**fake_kwargs, **more_kwargs}
+        weights = _FakeWeights(recorder)
+        state = _state(target) if isinstance(target, torch.nn.Module) else {}
+        # Replaying layers needs plain weights; training needs every forward really run for autograd.
+        sharded = _dtensor_type() is not None and any(isinstance(t, _dtensor_type()) for t in state.values())
+        layer_reuse = (LayerReuse(recorder, target, state, weights) if reuse and not train and not sharded
+                       and isinstance(target, torch.nn.Module) else None)
+        deferred = layer_reuse.deferred_names() if layer_reuse else set()
+        fake_state = {}
+        for name, t in state.items():
+            if name not in deferred:
+                fake_state[name] = weights.fake(t)
+            weights.storage(t)  # every weight numbered now, in state order: ids match with or without reuse
+        if isinstance(target, torch.nn.Module):
+            def run():
+                return torch.func.functional_call(target, fake_state, tuple(fake_args), fake_kwargs, strict=False)
+        else:
+            def run():
+                return target(*fake_args, **fake_kwargs)
+
+        given = recorder.storages((fake_args, fake_kwargs))
+        held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
+        reusing = layer_reuse.active() if layer_reuse else nullcontext()
+        with torch.set_grad_enabled(train), _dtensor_shadow(recorder), tracker, recorder, reusing:
+            result = run()
+            if train:
+                _loss_of(result).backward()
+        outputs = set(recorder.storages(result))
+    return Capture(invokes=recorder.invokes, weight_storages=weights.storages(), input_storages=given,
+                   output_storages=outputs, state_storages=held)
+
+
+def _tensors_inside_objects(value: Any, depth: int = 8) -> list[torch.Tensor]:
+    """Tensors reachable through the attributes of non-container inputs (e.g. a transformers Cache)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(v: Any, level: int, inside_object: bool) -> None:
+        if id(v) in seen or level > depth:
+            return
+        seen.add(id(v))
+        if isinstance(v, torch.Tensor):
+            if inside_object:
+                found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                walk(item, level + 1, inside_object)
+        elif isinstance(v, dict):
+            for item in v.values():
+                walk(item, level + 1, inside_object)
+        elif hasattr(v, "__dict__") and not isinstance(v, (torch.nn.Module, type)):
+            for item in vars(v).values():
+                walk(item, level + 1, True)
+
+    walk(value, 0, False)
+    return found
+
+
+def _loss_of(result: Any) -> torch.Tensor:
+    loss = getattr(result, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    found = tensors_in(result, torch.Tensor)
+    if not found or not found[0].requires_grad:
+        raise CaptureError("--train needs the model's output to depend on its weights: it returned no tensor "
+                           "that requires grad (return a loss, or a tensor computed from the parameters)")
+    return found[0].float().sum()
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # remove_duplicate=False keeps tied weights under each name, as functional_call expects.
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(module.named_buffers(remove_duplicate=False))
+    return state

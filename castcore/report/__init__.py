@@ -1,0 +1,1 @@
+"""Reports: per-call estimates with totals, memory liveness, and their table, JSON, CSV, trace and chart forms."""

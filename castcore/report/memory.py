@@ -1,0 +1,185 @@
+"""How much device memory a captured call holds: weights, inputs, KV cache and the activation peak.
+
+One linear pass over the capture finds, for every storage, the first and the last op that
+touches it (reads it or writes it). A storage an op outputs for the first time is a new
+allocation; views, aliases and in-place ops reuse their input's storage id, so they add
+nothing. A storage is live from its first op through its last, except weights, inputs and
+the call's outputs, which are live throughout. The peak is the op where weights + inputs +
+KV cache + live activations is largest (the first such op on a tie).
+
+The KV cache: a cache object passed in (a decode step's static cache) is found by the capture
+(``state_storages``) and counted as cache, live throughout. A prefill with ``use_cache=False``
+builds none, so the cache it would fill is an argument, ``analyze_memory(captured,
+kv_cache_bytes=kv_cache_bytes(config, batch, kv_len, dtype))``, also counted as live for the
+whole call. Pass it only when the capture did not already hold the cache.
+
+What this does not model: allocator fragmentation and caching, workspace memory of kernels,
+framework and communication buffers, and gradients or optimizer state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from castcore.recording.recorder import Capture
+
+GiB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class LiveStorage:
+    """One activation storage live at the peak, and the op that allocated it."""
+
+    storage: int
+    bytes: int
+    index: int  # the op that first wrote it
+    op: str
+    module: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass
+class MemoryReport:
+    """Bytes held on one device over a captured call. ``peak_bytes`` is what must fit."""
+
+    weight_bytes: int = 0
+    input_bytes: int = 0
+    kv_cache_bytes: int = 0
+    activation_peak_bytes: int = 0  # live activations (neither weight nor input) at the peak op
+    peak_index: int = -1  # -1: the capture has no op
+    peak_op: str = ""
+    peak_module: str = ""
+    top_live: list[LiveStorage] = field(default_factory=list)  # largest activations live at the peak
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.weight_bytes + self.input_bytes + self.kv_cache_bytes + self.activation_peak_bytes
+
+    def fits(self, device_memory_bytes: float | Any) -> bool:
+        """Whether the peak fits in ``device_memory_bytes`` (a number, or a DeviceProfile)."""
+        return self.peak_bytes <= _memory_of(device_memory_bytes)
+
+    def summary_lines(self, device: Any) -> list[str]:
+        """One line per figure, and a warning line when the peak exceeds ``device.memory_bytes``."""
+        capacity = _memory_of(device)
+        where = f"op {self.peak_index} {self.peak_op}" if self.peak_index >= 0 else "no op"
+        if self.peak_module:
+            where += f" in {self.peak_module}"
+        lines = [
+            f"weights      {format_bytes(self.weight_bytes)}",
+            f"inputs       {format_bytes(self.input_bytes)}",
+        ]
+        if self.kv_cache_bytes:
+            lines.append(f"KV cache     {format_bytes(self.kv_cache_bytes)}")
+        lines += [
+            f"activations  {format_bytes(self.activation_peak_bytes)} at the peak ({where})",
+            f"peak memory  {format_bytes(self.peak_bytes)} of {format_bytes(capacity)}"
+            f"{' on ' + device.name if getattr(device, 'name', None) else ''} ({self.peak_bytes / capacity:.1%})",
+        ]
+        if not self.fits(capacity):
+            lines.append(f"warning: does not fit: needs {format_bytes(self.peak_bytes)} of {format_bytes(capacity)}; "
+                         f"try --tp {_tp_hint(self.peak_bytes, capacity)} or a smaller --batch/--seq")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weight_bytes": self.weight_bytes, "input_bytes": self.input_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes, "activation_peak_bytes": self.activation_peak_bytes,
+            "peak_bytes": self.peak_bytes, "peak_index": self.peak_index, "peak_op": self.peak_op,
+            "peak_module": self.peak_module, "top_live": [s.to_dict() for s in self.top_live],
+        }
+
+
+def analyze_memory(captured: Capture, kv_cache_bytes: int = 0, top: int = 5) -> MemoryReport:
+    """The memory footprint of ``captured``; ``kv_cache_bytes`` (see ``kv_cache_bytes()``) is added as live
+    throughout, since a capture cannot tell cache tensors from other activations."""
+    if kv_cache_bytes < 0:
+        raise ValueError(f"kv_cache_bytes must be >= 0 (got {kv_cache_bytes})")
+    weights = captured.weight_storages
+    inputs = {s: b for s, b in captured.input_storages.items() if s not in weights}
+    # Tensors inside input objects (a decode step's KV cache) are held throughout, as cache.
+    state = {s: b for s, b in captured.state_storages.items() if s not in weights and s not in inputs}
+    resident = weights.keys() | inputs.keys() | state.keys()
+
+    first: dict[int, int] = {}  # storage -> first op touching it
+    last: dict[int, int] = {}  # storage -> last op touching it
+    size: dict[int, int] = {}
+    invokes = captured.invokes
+    for i, invoke in enumerate(invokes):
+        for t in (*invoke.inputs(), *invoke.outputs()):
+            s = t.storage
+            if s < 0 or s in resident:
+                continue
+            if s not in first:
+                first[s] = i
+            last[s] = i
+            size[s] = max(size.get(s, 0), t.storage_nbytes)  # a storage may grow (resize_ of an out= tensor)
+
+    end = len(invokes) - 1
+    delta = [0] * (len(invokes) + 1)
+    for s, born in first.items():
+        delta[born] += size[s]
+        delta[end + 1 if s in captured.output_storages else last[s] + 1] -= size[s]
+    peak_index, peak, live = -1, 0, 0
+    for i in range(len(invokes)):
+        live += delta[i]
+        if peak_index < 0 or live > peak:
+            peak_index, peak = i, live
+
+    top_live: list[LiveStorage] = []
+    if peak_index >= 0:
+        alive = [s for s, born in first.items()
+                 if born <= peak_index and (s in captured.output_storages or last[s] >= peak_index)]
+        alive.sort(key=lambda s: (-size[s], s))
+        for s in alive[:top]:
+            maker = invokes[first[s]]
+            top_live.append(LiveStorage(storage=s, bytes=size[s], index=first[s], op=maker.name, module=maker.module))
+
+    at_peak = invokes[peak_index] if peak_index >= 0 else None
+    return MemoryReport(
+        weight_bytes=sum(weights.values()), input_bytes=sum(inputs.values()), kv_cache_bytes=int(kv_cache_bytes) + sum(state.values()),
+        activation_peak_bytes=peak, peak_index=peak_index,
+        peak_op=at_peak.name if at_peak else "", peak_module=at_peak.module if at_peak else "", top_live=top_live,
+    )
+
+
+def kv_cache_bytes(config: dict[str, Any], batch: int, kv_len: int, dtype: torch.dtype | str) -> int:
+    """Bytes of a full K and V cache for a transformers config.json dict:
+    2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize."""
+    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]  # multimodal configs nest the language model's
+    if isinstance(dtype, str):
+        from castcore.workload.models import parse_dtype
+
+        dtype = parse_dtype(dtype)
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return 2 * config["num_hidden_layers"] * batch * kv_len * kv_heads * head_dim * dtype.itemsize
+
+
+def format_bytes(n: float) -> str:
+    """Binary units: 1.50 GiB, 512.00 KiB, 12 B."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _memory_of(device: float | Any) -> float:
+    capacity = getattr(device, "memory_bytes", device)
+    if not isinstance(capacity, (int, float)) or capacity <= 0:
+        raise ValueError(f"device memory must be a positive number of bytes (got {capacity!r})")
+    return capacity
+
+
+def _tp_hint(needed: float, capacity: float) -> int:
+    """The smallest power-of-two device count whose memory adds up to ``needed`` (a rough lower bound:
+    tensor parallelism splits weights and most activations, not everything)."""
+    return 2 ** math.ceil(math.log2(max(needed / capacity, 1.0)))

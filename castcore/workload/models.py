@@ -1,0 +1,84 @@
+"""Model sources: shipped presets (config facts, no weights), config.json files and factories, built on meta."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from castcore.devices.dtypes import MODEL_DTYPES, torch_dtype
+from castcore.workload.hf import build_causal_lm, decode_inputs
+from castcore.workload.spec import ModelError, load_model_config
+
+
+@dataclass
+class BuiltModel:
+    """A built model and the inputs of one call to it, with a line saying what it is.
+
+    ``inputs_fn`` builds inputs that must be made inside the fake mode (a pre-filled KV cache);
+    ``config`` is the transformers config dict when the model came from one.
+    """
+
+    model: torch.nn.Module
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    inputs_fn: Callable[[], tuple[tuple, dict]] | None = None
+    config: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)  # what a user should know about how it was built
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in MODEL_DTYPES:
+        raise ModelError(f"unknown dtype {name!r}; use one of {', '.join(MODEL_DTYPES)}")
+    return torch_dtype(name)
+
+
+def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len: int, train: bool) -> BuiltModel:
+    """One step of a causal LM from a preset or config.json: a prefill of ``batch`` x ``seq`` tokens, or a
+    decode of one token per sequence over a KV cache of ``kv_len`` tokens."""
+    config = load_model_config(spec)
+    module, note = build_causal_lm(config, parse_dtype(dtype))
+    notes = [note] if note else []
+    if phase == "decode":
+        return BuiltModel(model=module, inputs_fn=decode_inputs(module, batch, kv_len, parse_dtype(dtype)),
+                          description=f"{spec} decode, batch {batch}, 1 token over {kv_len} cached, {dtype}",
+                          config=config, notes=notes)
+    input_ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
+    if train:
+        kwargs["labels"] = input_ids
+    what = "training step (forward + backward)" if train else "prefill"
+    return BuiltModel(model=module, kwargs=kwargs, config=config, notes=notes,
+                      description=f"{spec} {what}, batch {batch}, {seq} tokens, {dtype}")
+
+
+def from_factory(spec: str, **options: Any) -> BuiltModel:
+    """Call ``package.module:factory`` with the options it accepts (batch, seq, dtype, phase, kv_len, train).
+
+    It returns a BuiltModel, an nn.Module and its example inputs as ``(module, args)`` or
+    ``(module, args, kwargs)``.
+    """
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:  # the castcore script does not put the working directory on the path
+        sys.path.insert(0, os.getcwd())
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelError(f"cannot load model factory {spec!r}: {exc}") from None
+    accepted = inspect.signature(factory).parameters
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    made = factory(**{k: v for k, v in options.items() if takes_all or k in accepted})
+    if isinstance(made, BuiltModel):
+        return made
+    if isinstance(made, tuple) and made and isinstance(made[0], torch.nn.Module) and len(made) in (2, 3):
+        args = made[1] if isinstance(made[1], tuple) else (made[1],)
+        return BuiltModel(model=made[0], args=args, kwargs=made[2] if len(made) == 3 else {}, description=spec)
+    raise ModelError(f"model factory {spec!r} returned {type(made).__name__}; return "
+                     "(module, args) or (module, args, kwargs)")

@@ -1,0 +1,74 @@
+"""The one pipeline the CLI and embedders share: Workload -> build -> fuse -> shard -> capture -> Report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from castcore.recording.recorder import Capture, capture
+from castcore.report.memory import kv_cache_bytes
+from castcore.report.records import Report
+from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
+from castcore.workload.parallel import tensor_parallel
+from castcore.workload.spec import ModelError, Workload, is_factory
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+    from castcore.workload.session import Session
+
+
+def build(workload: Workload) -> BuiltModel:
+    """The model of a workload on the meta device, with the inputs of its step."""
+    if not workload.named:
+        return BuiltModel(model=workload.model, args=workload.args, kwargs=dict(workload.kwargs),
+                          description=_own_description(workload))
+    options = dict(batch=workload.batch, seq=workload.seq, dtype=workload.dtype, phase=workload.phase,
+                   kv_len=workload.cached_tokens, train=workload.train)
+    if is_factory(workload.model):
+        return from_factory(workload.model, **{**options, "dtype": parse_dtype(workload.dtype)})
+    return build_preset(workload.model, **options)
+
+
+def _own_description(workload: Workload) -> str:
+    name = getattr(workload.model, "__name__", None) or type(workload.model).__name__
+    return f"{name}{' training step' if workload.train else ''}"
+
+
+def capture_workload(session: Session, workload: Workload, device: DeviceProfile,
+                     progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
+    """Build, fuse (when asked), shard and capture; the built model carries the notes a user should see."""
+    built = build(workload)
+    if workload.fuse:
+        swaps = session.fuse(built.model, device)
+        built.notes += [f"fused {line}" for line in swaps]
+        if swaps:
+            built.description += " (fused)"
+        else:
+            built.notes.append("--fuse: no installed pack fused anything for this model and device")
+    with tensor_parallel(built, workload.tp):
+        try:
+            captured = capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
+                               progress=progress, reuse=workload.reuse, **built.kwargs)
+        except RuntimeError as exc:
+            if workload.phase == "decode" and workload.named and "index_copy_" in str(exc):
+                # castcore's static cache gives every layer num_key_value_heads x head_dim keys and values.
+                raise ModelError(f"{workload.model}: its attention writes keys or values of another shape than "
+                                 "castcore's decode cache (num_key_value_heads x head_dim per layer), as multi-query "
+                                 "and latent (MLA) attention do; --phase decode does not support this model yet: "
+                                 "use --phase prefill") from None
+            raise
+    return built, captured
+
+
+def run(session: Session, workload: Workload, device: str | DeviceProfile | None = None,
+        progress: Callable[[int], None] | None = None) -> Report:
+    """Estimate a workload on a device: the Report ``castcore estimate`` prints."""
+    profile = session.device(device)  # a bad device fails before the capture, not after
+    built, captured = capture_workload(session, workload, profile, progress)
+    # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
+    cache = (kv_cache_bytes(built.config, workload.batch, workload.seq, parse_dtype(workload.dtype))
+             if built.config and workload.phase == "prefill" and not workload.train else 0)
+    report = session.estimate_capture(captured, profile, description=built.description, kv_cache_bytes=cache)
+    report.notes = list(built.notes)
+    report.workload = workload.options()
+    return report

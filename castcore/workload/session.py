@@ -1,0 +1,157 @@
+"""A Session owns one plugin manager, its configuration and its devices: the embedded API's centre."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
+from castcore.plugins.config import Config, load_config
+from castcore.builtin import CorePlugin
+from castcore.plugins.loading import LoadedPlugins, load_plugins
+from castcore.plugins.packs import profile_folders
+from castcore.plugins.resolve import Resolver
+from castcore.recording.recorder import Capture, no_cyclic_gc
+from castcore.report.memory import analyze_memory
+from castcore.report.records import OpRecord, Report
+from castcore.workload.pipeline import run
+from castcore.workload.spec import ModelError, Workload, build_workload
+
+
+class Session:
+    """Plugins and devices loaded once; estimate as many models as you like with them.
+
+    ``Session(custom_op_dirs=[...], load_packs=[...])`` takes any Config field as an override.
+    """
+
+    def __init__(self, config: Config | None = None, **overrides: Any):
+        self.config = config.with_overrides(**overrides) if config else load_config(**overrides)
+        self.plugins: LoadedPlugins = load_plugins(self.config, CorePlugin())
+        self.resolver = Resolver(self.plugins.pm, self.plugins.label, on_error=self.config.on_error)
+        self.plugins.core.resolver = self.resolver
+        self.warnings: list[str] = [f"{info.label}: {info.error}" for info in self.plugins.infos
+                                    if info.status == "failed"]
+        self.warnings += [f"{info.label}: {note}" for info in self.plugins.infos for note in info.notes]
+        self.devices: dict[str, DeviceProfile] = self._collect_devices()
+
+    def _collect_devices(self) -> dict[str, DeviceProfile]:
+        devices: dict[str, DeviceProfile] = {}
+        provider: dict[str, str] = {}  # device name -> the plugin that gave it
+        for impl in reversed(self.plugins.pm.hook.device_profiles.get_hookimpls()):
+            label = self.plugins.label(impl.plugin_name)
+            try:
+                profiles = list(impl.function() or ())
+            except Exception as exc:
+                self.warnings.append(f"{label}: device_profiles raised {type(exc).__name__}: {exc}")
+                continue
+            for profile in profiles:
+                if not isinstance(profile, DeviceProfile):
+                    self.warnings.append(f"{label}: device_profiles returned {type(profile).__name__}, not a DeviceProfile")
+                elif profile.name in devices:
+                    self.warnings.append(f"device {profile.name!r} is provided by both {provider[profile.name]} "
+                                         f"and {label}; using {provider[profile.name]}'s (set priority to choose)")
+                else:
+                    devices[profile.name] = profile if profile.origin else _with_origin(profile, label)
+                    provider[profile.name] = label
+        for name, folder in profile_folders(self.config).items():  # profiles packs ship as data
+            info = self.plugins.info_for_pack(name)
+            if info is None or info.status != "loaded":
+                continue
+            for profile in package_profiles_in(folder, info.distribution or name):
+                if profile.name in devices:
+                    self.warnings.append(f"device {profile.name!r} is provided by both {provider[profile.name]} "
+                                         f"and {info.label}; using {provider[profile.name]}'s (set priority to choose)")
+                else:
+                    devices[profile.name], provider[profile.name] = profile, info.label
+        self._file_devices = []
+        for path in self.config.device_files:
+            profile = load_device_file(path)
+            self._file_devices.append(profile.name)
+            if profile.name in devices:
+                self.warnings.append(f"{path} replaces device {profile.name!r} from {provider[profile.name]}")
+            devices[profile.name] = profile
+        return dict(sorted(devices.items()))
+
+    def device(self, name: str | DeviceProfile | None = None) -> DeviceProfile:
+        """A device by name; None picks the configured default, else a --device-file's device, else the
+        first installed profile marked ``default``, else the first by name."""
+        if isinstance(name, DeviceProfile):
+            return name
+        name = name or self.config.default_device
+        if name is None:
+            if self._file_devices:
+                return self.devices[self._file_devices[0]]
+            marked = [d for d in self.devices.values() if d.default]
+            chosen = marked or list(self.devices.values())
+            if not chosen:
+                raise DeviceError("no device profiles are installed: install a pack (pip install castpack-ascend) "
+                                  "or pass --device-file my.toml")
+            return chosen[0]
+        if name not in self.devices:
+            raise DeviceError(f"unknown device {name!r}; installed: {', '.join(self.devices) or 'none'} "
+                              "(castcore devices lists them)")
+        return self.devices[name]
+
+    def fuse(self, model: torch.nn.Module, device: str | DeviceProfile | None = None) -> list[str]:
+        """Let every plugin swap parts of ``model`` for its fused operators on ``device``; what each did.
+
+        A plugin that raises is reported in ``warnings`` and the model keeps what the others did.
+        """
+        profile = self.device(device)
+        done: list[str] = []
+        for impl in reversed(self.plugins.pm.hook.fuse_model.get_hookimpls()):
+            label = self.plugins.label(impl.plugin_name)
+            try:
+                given = {"model": model, "device": profile}
+                done += [f"{label}: {line}" for line in impl.function(*(given[a] for a in impl.argnames)) or ()]
+            except Exception as exc:
+                self.warnings.append(f"{label}: fuse_model raised {type(exc).__name__}: {exc}")
+        return done
+
+    def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
+                         description: str = "", kv_cache_bytes: int = 0) -> Report:
+        """Estimate every call of a capture; the report includes its memory footprint (see castcore.memory)."""
+        profile = self.device(device)
+        with no_cyclic_gc():
+            records = [OpRecord(invoke=invoke, estimate=self.resolver.estimate(invoke, profile),
+                                properties=self.resolver.properties(invoke, profile)[0])
+                       for invoke in captured.invokes]
+            memory = analyze_memory(captured, kv_cache_bytes=kv_cache_bytes)
+        return Report(records, profile, description, memory=memory)
+
+    def estimate(self, workload: Workload | torch.nn.Module | Callable, *inputs: Any,
+                 device: str | DeviceProfile | None = None, progress: Callable[[int], None] | None = None,
+                 **options: Any) -> Report:
+        """Estimate a Workload on ``device``: the Report ``castcore estimate`` prints for the same options.
+
+        A model or function may be passed directly with its inputs, and any ``build_workload`` option
+        (``train=True``, ``tp=2``, ``kwargs={...}``): ``session.estimate(model, input_ids)``.
+        """
+        if not isinstance(workload, Workload):
+            workload = build_workload(workload, *inputs, **options)
+        elif inputs or options:
+            raise ModelError("pass inputs and options to build_workload, not with a Workload")
+        return run(self, workload, device, progress)
+
+
+def _with_origin(profile: DeviceProfile, origin: str) -> DeviceProfile:
+    return replace(profile, origin=origin)
+
+
+_default: Session | None = None
+
+
+def default_session() -> Session:
+    """The Session the module-level functions use, created on first use from the environment."""
+    global _default
+    if _default is None:
+        _default = Session()
+    return _default
+
+
+def estimate(workload, *inputs, device=None, **options) -> Report:
+    """Estimate a Workload, or a model or function with its inputs, with the default session; see Session.estimate."""
+    return default_session().estimate(workload, *inputs, device=device, **options)
