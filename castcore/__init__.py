@@ -34,6 +34,7 @@ _EXPORTS = {
     "partition": "castcore.ops.partition",
     "measure": "castcore.ops.timing",
     "calibrate": "castcore.ops.timing",
+    "measure_table": "castcore.ops.tables",
     # the error types
     "CastcoreError": "castcore.errors",
     "CaptureError": "castcore.recording.recorder",
@@ -58,7 +59,7 @@ __all__ = [
     "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpRecord", "PartitionError",
     "PerformanceProperties", "Report", "Session", "TensorMeta", "Workload", "__version__", "build_workload",
     "calibrate", "capture", "default_session", "device_from_dict", "estimate", "hookimpl", "load_config",
-    "load_device_file", "measure", "partition", "register_measured_table", "register_op", "register_op_estimator",
+    "load_device_file", "measure", "measure_table", "partition", "register_measured_table", "register_op", "register_op_estimator",
     "register_op_properties",
 ]
 
@@ -91,7 +92,7 @@ if TYPE_CHECKING:
     from castcore.ops.annotations import AnnotationError, CustomOpError
     from castcore.ops.partition import PartitionError, partition
     from castcore.ops.register import register_op
-    from castcore.ops.tables import MeasuredTableError
+    from castcore.ops.tables import MeasuredTableError, measure_table
     from castcore.ops.timing import MeasureError, calibrate, measure
     from castcore.pack import (ComputeOps, Estimate, OpInvoke, PerformanceProperties, TensorMeta, hookimpl,
                                register_measured_table, register_op_estimator, register_op_properties)

@@ -9,6 +9,15 @@ import castcore
 DATA = Path(__file__).parent / "data"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """castcore's cache (which packs have which hooks) in a folder of the test run's own, never the user's."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture
 def h100_file() -> Path:
     return DATA / "h100-sxm.toml"

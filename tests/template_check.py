@@ -41,7 +41,7 @@ def main(pack_dir: str, distribution: str, entry_point: str, device: str) -> Non
     assert entry_point in packs, f"castcore packs does not list {entry_point}: {sorted(packs)}"
     row = packs[entry_point]
     assert (row["kind"], row["distribution"], row["status"]) == ("pack", distribution, "loaded"), row
-    assert row["claims"] >= 2 and "device_profiles" in row["hooks"], row
+    assert row["claims"] >= 2, row
 
     rows = {r["device"]: r for r in castcore_json("audit", "--json", "--op", "aten::mm",
                                                    "--device-file", str(OTHER_DEVICE))}

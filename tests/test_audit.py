@@ -26,7 +26,7 @@ def cli(site: Path | None, *args: str, cwd: Path = HERE) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     if site:
         env["PYTHONPATH"] = str(site)
-    return subprocess.run([sys.executable, "-m", "castcore.cli", *args, "--device-file",
+    return subprocess.run([sys.executable, "-m", "castcore", *args, "--device-file",
                            str(HERE / "data" / "h100-sxm.toml")], capture_output=True, text=True, env=env, cwd=cwd)
 
 

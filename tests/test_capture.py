@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import castcore
+from castcore.plugins.claims import Claim, ClaimTable
 
 
 @torch.library.custom_op("castcore_test::scale_rows", mutates_args=())
@@ -63,7 +64,7 @@ def test_identical_calls_are_resolved_once(session):
         calls.append(invoke.index)
         return castcore.PerformanceProperties(memory_read_bytes=1)
 
-    table = castcore.claims.ClaimTable([castcore.claims.Claim(torch.ops.aten.relu.default, "properties", count,
+    table = ClaimTable([Claim(torch.ops.aten.relu.default, "properties", count,
                                                               None, False, "test")])
     session.plugins.pm.register(table, name="test-table")
     x = torch.empty(4, 4, device="meta")

@@ -22,7 +22,7 @@ def mm(invoke, device):
 def castcore_cli(*args, env_extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "castcore.cli", *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "castcore", *args], capture_output=True, text=True, env=env)
 
 
 def test_estimate_help_lists_the_options():

@@ -137,7 +137,7 @@ def test_explicit_overrides_beat_the_environment(project):
 def test_castcore_strict_makes_a_broken_plugin_fail_the_command(tmp_path):
     (tmp_path / "broken.py").write_text("def oops(:\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    args = [sys.executable, "-m", "castcore.cli", "devices", "--no-packs", "--device-file", str(DEVICE_FILE)]
+    args = [sys.executable, "-m", "castcore", "devices", "--no-packs", "--device-file", str(DEVICE_FILE)]
     relaxed = subprocess.run(args, env=dict(env, CASTCORE_CUSTOM_OP_PATH=str(tmp_path)), cwd=tmp_path,
                              capture_output=True, text=True)
     strict = subprocess.run(args, env=dict(env, CASTCORE_CUSTOM_OP_PATH=str(tmp_path), CASTCORE_STRICT="1"),

@@ -14,7 +14,7 @@ import torch
 
 import castcore
 from castcore.plugins.audit import static_audit
-from castcore.ops.tables import SCHEME_GRID, MeasuredTableError, load_measured_table
+from castcore.ops.tables import measure_table, SCHEME_GRID, MeasuredTableError, load_measured_table
 
 HERE = Path(__file__).parent
 SOURCE = "# source: measurement, test bench (made up for the test), 2026-01-01\n"
@@ -147,7 +147,7 @@ def test_key_function_and_path_relative_to_the_declaring_file(tmp_path, h100_fil
 def test_measure_table_writes_a_sourced_table_that_reads_back(tmp_path):
     cases = [(torch.empty(8, 4, device="meta"), torch.empty(4, 2, device="meta")),
              (torch.empty(16, 4, device="meta"), torch.empty(4, 2, device="meta"))]
-    table = castcore.measure_table(torch.ops.aten.mm.default, cases, tmp_path / "mm.csv",
+    table = measure_table(torch.ops.aten.mm.default, cases, tmp_path / "mm.csv",
                                    columns=("m", "k", "k2", "n"), warmup=1, repeat=3)
     lines = (tmp_path / "mm.csv").read_text().splitlines()
     assert lines[0].startswith("# source: measurement, castcore measure_table of aten::mm")
@@ -179,7 +179,7 @@ def test_dynamic_audit_shows_the_table_and_the_roofline_answering_one_op(tmp_pat
     (factories / "two_matmuls.py").write_text(FACTORY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     env["PYTHONPATH"] = str(factories)
-    done = subprocess.run([sys.executable, "-m", "castcore.cli", "audit", "--json", "--model", "two_matmuls:make",
+    done = subprocess.run([sys.executable, "-m", "castcore", "audit", "--json", "--model", "two_matmuls:make",
                            "--custom-op-dir", str(ops), "--no-packs", "--device-file", str(HERE / "data" / "h100-sxm.toml"),
                            "--device", "h100-sxm", "--op", "aten::mm"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

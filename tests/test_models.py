@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import castcore
+from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
 
 PRESET_PARAMS = {  # published parameter counts (billions), to one decimal
@@ -22,14 +23,9 @@ def test_presets_are_the_published_models():
         assert {p.device.type for p in model.parameters()} == {"meta"}
 
 
-def _estimate(session, workload, train=False):
-    return session.estimate(workload.model, *workload.args, kwargs=workload.kwargs, inputs_fn=workload.inputs_fn,
-                            train=train)
-
-
 def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
     kv_len = 96
-    report = _estimate(session, build_workload(str(tiny_llama), batch=2, phase="decode", kv_len=kv_len).build())
+    report = session.estimate(build_workload(str(tiny_llama), batch=2, phase="decode", kv_len=kv_len))
     attention = [r for r in report.records if "scaled_dot_product" in r.invoke.name]
     assert len(attention) == 2
     q, k, _ = attention[0].invoke.args[:3]
@@ -38,12 +34,12 @@ def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
     writes = [r for r in report.records if r.invoke.name == "aten::index_copy_"]
     assert len(writes) == 4  # K and V of each layer, written in place
     cfg = load_model_config(str(tiny_llama))
-    assert report.memory.kv_cache_bytes >= castcore.kv_cache_bytes(cfg, 2, kv_len + 1, torch.bfloat16)
+    assert report.memory.kv_cache_bytes >= kv_cache_bytes(cfg, 2, kv_len + 1, torch.bfloat16)
 
 
 def test_training_step_records_the_backward(session, tiny_llama):
-    forward = _estimate(session, build_workload(str(tiny_llama), seq=16).build())
-    train = _estimate(session, build_workload(str(tiny_llama), seq=16, train=True).build(), train=True)
+    forward = session.estimate(build_workload(str(tiny_llama), seq=16))
+    train = session.estimate(build_workload(str(tiny_llama), seq=16, train=True))
     mm_forward = sum(r.flops for r in forward.records if r.invoke.name == "aten::mm")
     mm_train = sum(r.flops for r in train.records if r.invoke.name == "aten::mm")
     # Backward of each matmul is two matmuls of the same size (input and weight gradients).
@@ -51,8 +47,7 @@ def test_training_step_records_the_backward(session, tiny_llama):
 
 
 def test_mixture_of_experts_captures_with_balanced_routing(session):
-    workload = build_workload("tests/data/tiny-mixtral.json", seq=16).build()
-    report = _estimate(session, workload)
+    report = session.estimate(build_workload("tests/data/tiny-mixtral.json", seq=16))
     grouped = [r for r in report.records if r.invoke.name == "aten::_grouped_mm"]
     assert len(grouped) == 4  # up and down projection per layer
     tokens, top_k, hidden, inter = 16, 2, 64, 96
@@ -63,8 +58,7 @@ def test_mixture_of_experts_captures_with_balanced_routing(session):
 
 
 def test_factory_model_with_example_inputs(session):
-    workload = build_workload("tests.factories.tiny_mlp:make", batch=4, dtype="fp32").build()
-    report = _estimate(session, workload)
+    report = session.estimate(build_workload("tests.factories.tiny_mlp:make", batch=4, dtype="fp32"))
     assert report.flops >= 2 * 4 * (32 * 64 + 64 * 8)
     assert [r.invoke.module for r in report.records if r.invoke.name == "aten::addmm"] == ["Sequential.0",
                                                                                            "Sequential.2"]

@@ -27,7 +27,7 @@ def cli(*args: str, site: Path | None = None, cwd: Path = HERE) -> subprocess.Co
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     if site:
         env["PYTHONPATH"] = str(site)
-    return subprocess.run([sys.executable, "-m", "castcore.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "castcore", *args], capture_output=True, text=True, env=env,
                           cwd=cwd, stdin=subprocess.DEVNULL)
 
 

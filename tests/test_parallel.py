@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import castcore
+from castcore.report.memory import kv_cache_bytes
 from castcore.report.memory import analyze_memory
 from castcore.workload.spec import ModelError
 from castcore.workload.parallel import tensor_parallel
@@ -89,8 +90,8 @@ def test_the_plan_and_per_device_kv_cache(tp2):
     assert info.plan["model.layers.1.mlp.down_proj"] == "rowwise"
     assert (info.plan["model.embed_tokens"], info.plan["lm_head"]) == ("embedding", "lm_head")
     assert "tensor parallel 2" in workload.description
-    whole = castcore.kv_cache_bytes(json.loads(Path(TINY).read_text()), BATCH, SEQ, "bf16")
-    assert castcore.kv_cache_bytes(workload.config, BATCH, SEQ, "bf16") * 2 == whole
+    whole = kv_cache_bytes(json.loads(Path(TINY).read_text()), BATCH, SEQ, "bf16")
+    assert kv_cache_bytes(workload.config, BATCH, SEQ, "bf16") * 2 == whole
 
 
 def test_the_fake_process_group_is_destroyed_even_on_error():
@@ -127,7 +128,7 @@ def test_cli_estimate_tp(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     args = ["estimate", "--model", TINY, "--seq", "16", "--no-packs", "--device-file", str(DATA / "h100-sxm.toml"),
             "--json"]
-    runs = [subprocess.run([sys.executable, "-m", "castcore.cli", *args, *extra], capture_output=True, text=True,
+    runs = [subprocess.run([sys.executable, "-m", "castcore", *args, *extra], capture_output=True, text=True,
                            env=env) for extra in ([], ["--tp", "2"])]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     whole, split = (json.loads(r.stdout) for r in runs)
@@ -135,6 +136,6 @@ def test_cli_estimate_tp(tmp_path):
     assert split["totals"]["flops"] < whole["totals"]["flops"] * 0.6
     assert split["memory"]["weight_bytes"] / whole["memory"]["weight_bytes"] == pytest.approx(0.5, rel=0.01)
     assert split["memory"]["kv_cache_bytes"] * 2 == whole["memory"]["kv_cache_bytes"]
-    bad = subprocess.run([sys.executable, "-m", "castcore.cli", *args, "--tp", "3"], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-m", "castcore", *args, "--tp", "3"], capture_output=True, text=True,
                          env=env)
     assert bad.returncode == 2 and "does not divide by 3" in bad.stderr and "Traceback" not in bad.stderr

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pluggy
 
-from castcore import hookimpl, hookspecs
+from castcore.plugins import hookspecs
+from castcore.plugins.hookspecs import hookimpl
 from castcore.plugins.resolve import hookimpls_in_call_order
 
 

@@ -18,8 +18,7 @@ from tests.factories.tiny_mlp import mystery
 
 @pytest.fixture
 def report(session, tiny_llama):
-    workload = build_workload(str(tiny_llama), seq=32).build()
-    return session.estimate(workload.model, kwargs=workload.kwargs, description=workload.description)
+    return session.estimate(build_workload(str(tiny_llama), seq=32))
 
 
 def test_rows_by_module_add_up_to_the_total(report):
@@ -72,7 +71,7 @@ def test_trace_is_chrome_trace_events_one_slice_per_call(report):
 
 def test_cli_writes_trace_and_roofline_png(tiny_llama, h100_file, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    done = subprocess.run([sys.executable, "-m", "castcore.cli", "estimate", "--model", str(tiny_llama), "--seq", "16",
+    done = subprocess.run([sys.executable, "-m", "castcore", "estimate", "--model", str(tiny_llama), "--seq", "16",
                            "--no-packs", "--device-file", str(h100_file), "--trace", str(tmp_path / "t.json"),
                            "--plot", str(tmp_path / "r.png"), "--csv", "--by", "module"],
                           capture_output=True, text=True, env=env)
@@ -84,7 +83,7 @@ def test_cli_writes_trace_and_roofline_png(tiny_llama, h100_file, tmp_path):
 
 def test_strict_fails_when_anything_falls_back(h100_file):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    command = [sys.executable, "-m", "castcore.cli", "estimate", "--model", "tests.factories.tiny_mlp:with_custom_op",
+    command = [sys.executable, "-m", "castcore", "estimate", "--model", "tests.factories.tiny_mlp:with_custom_op",
                "--no-packs", "--device-file", str(h100_file)]
     root = h100_file.parents[2]
     relaxed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)

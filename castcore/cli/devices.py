@@ -1,7 +1,9 @@
 """``castcore devices``: the installed device profiles.
 
-Packs ship their profiles as data (entry-point group ``castcore.profiles``), so with no custom-op
-directory this reads them and any ``--device-file`` without importing a pack or torch.
+Packs ship their profiles as data (entry-point group ``castcore.profiles``). When no custom-op directory
+is asked for and every enabled pack is known, from an earlier load of the same version, to compute no
+profiles in a ``device_profiles`` hook, this reads that data and any ``--device-file`` without importing a
+pack or torch. Otherwise it loads the plugins as every other command does.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ from castcore.cli.common import add_plugin_options, make_session
 
 
 def _profiles_without_plugins(args: argparse.Namespace):
-    """The profiles packs ship as data and the --device-files; None when custom-op files are asked for
-    (their device_profiles hooks must run, so the full Session loads them)."""
+    """The profiles packs ship as data and the --device-files; None when some plugin's device_profiles
+    hook may have to run (then the full Session loads the plugins)."""
     from castcore.devices.profile import load_device_file, package_profiles_in
     from castcore.plugins.config import load_config
-    from castcore.plugins.packs import pack_infos, profile_folders
+    from castcore.plugins.packs import pack_infos, packs_without_profile_hooks, profile_folders
 
     config = load_config(custom_op_dirs=args.custom_op_dir, device_files=args.device_file,
                          load_packs=[] if args.no_packs else None, strict=args.strict)
-    if config.custom_op_dirs:
+    if config.custom_op_dirs or not packs_without_profile_hooks(config):
         return None
     folders = profile_folders(config)
     devices = {}

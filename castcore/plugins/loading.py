@@ -67,9 +67,6 @@ def _register(pm: pluggy.PluginManager, info: PluginInfo, obj: Any, suffix: str 
         return False
     info.pluggy_names.append(name)
     info.hooks = sorted(set(info.hooks) | set(hook_names(pm, name)))
-    if info.kind == "pack" and "device_profiles" in info.hooks:
-        info.notes.append("its device_profiles hook runs only when it is imported, so `castcore devices` does not "
-                          "list those profiles: ship them as TOML under the 'castcore.profiles' entry point")
     return True
 
 

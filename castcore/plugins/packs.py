@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +35,6 @@ class PluginInfo:
     claims: list[Claim] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
     pluggy_names: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # loaded, but something its author should change
 
     @property
     def label(self) -> str:
@@ -108,3 +109,51 @@ def profile_folders(config: Config) -> dict[str, Path]:
         folders[ep.name] = Path(list(spec.submodule_search_locations)[0], *rest.split(".")) if rest else \
             Path(list(spec.submodule_search_locations)[0])
     return folders
+
+
+def cache_dir() -> Path:
+    """castcore's cache folder: $XDG_CACHE_HOME/castcore, else ~/.cache/castcore."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "castcore"
+
+
+def _hooks_file() -> Path:
+    return cache_dir() / "pack-hooks.json"
+
+
+def _pack_key(info: PluginInfo) -> str:
+    return f"{info.distribution} {info.version} {info.origin}"
+
+
+def remember_hooks(infos: list[PluginInfo]) -> None:
+    """Note which hooks each loaded pack implements, so ``castcore devices`` knows which packs it need
+    not import (those with no device_profiles hook). A cache that cannot be written is only slower."""
+    known = _known_hooks()
+    fresh = {_pack_key(i): i.hooks for i in infos if i.kind == "pack" and i.status == "loaded"}
+    if all(known.get(k) == v for k, v in fresh.items()):
+        return
+    try:
+        _hooks_file().parent.mkdir(parents=True, exist_ok=True)
+        _hooks_file().write_text(json.dumps({**known, **fresh}, indent=1, sort_keys=True), encoding="utf-8")
+    except OSError:
+        pass
+
+
+def _known_hooks() -> dict[str, list[str]]:
+    try:
+        data = json.loads(_hooks_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def packs_without_profile_hooks(config: Config) -> bool:
+    """True when every enabled pack is known (from an earlier load of this very version) not to implement
+    device_profiles: then its profiles are exactly the data it declares, and it need not be imported."""
+    known = _known_hooks()
+    for info, ep in pack_infos(config):
+        if info.status == "disabled":
+            continue
+        hooks = known.get(_pack_key(info))
+        if ep is None or hooks is None or "device_profiles" in hooks:
+            return False
+    return True

@@ -182,14 +182,14 @@ class _FakeWeights:
         if fake is None:
             fake = self._fakes[id(t)] = _fake_like(t)
             if id(t) in self._unbacked:
-                self.recorder.bind(fake, self._unbacked.pop(id(t))[0])
+                self.recorder.bind(_local_shards(fake), self._unbacked.pop(id(t))[0])
         return fake
 
     def storage(self, t: torch.Tensor) -> int:
         if id(t) in self._fakes:
             return self.recorder.storage_of(_local_shards(self._fakes[id(t)]))
         if id(t) not in self._unbacked:
-            self._unbacked[id(t)] = (self.recorder.new_storage_id(), _dense_nbytes(t))
+            self._unbacked[id(t)] = (self.recorder.new_storage_id(), _dense_nbytes(_local_shards(t)))
         return self._unbacked[id(t)][0]
 
     def storages(self) -> dict[int, int]:
@@ -330,7 +330,7 @@ def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progre
         state = _state(target) if isinstance(target, torch.nn.Module) else {}
         # Replaying layers needs plain weights; training needs every forward really run for autograd.
         sharded = _dtensor_type() is not None and any(isinstance(t, _dtensor_type()) for t in state.values())
-        layer_reuse = (LayerReuse(recorder, target, state, weights) if reuse and not train and not sharded
+        layer_reuse = (LayerReuse(recorder, target, state, weights) if reuse and not train
                        and isinstance(target, torch.nn.Module) else None)
         deferred = layer_reuse.deferred_names() if layer_reuse else set()
         fake_state = {}

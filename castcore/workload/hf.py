@@ -56,6 +56,13 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, _mask)
 
 
+def no_attention_backend_note(model_name: str, attention: str) -> str:
+    """What a user should know when a model keeps its own attention (``_supports_attention_backend`` False)."""
+    return (f"{model_name} cannot take castcore's attention path, so it runs its own {attention} attention: on "
+            "fake tensors that builds an explicit causal mask, so attention is counted over every query-key pair, "
+            "about twice the causal work")
+
+
 def build_causal_lm(config: dict[str, Any], dtype: torch.dtype) -> tuple[torch.nn.Module, str | None]:
     """An AutoModelForCausalLM from a config.json dict, on the meta device (no weights allocated),
     and a note when the model cannot take castcore's attention path."""
@@ -73,9 +80,7 @@ def build_causal_lm(config: dict[str, Any], dtype: torch.dtype) -> tuple[torch.n
     if model_class is not None and not getattr(model_class, "_supports_attention_backend", True):
         # Models written before transformers' attention interface pick their attention class by name.
         attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
-        note = (f"{model_class.__name__} cannot take castcore's attention path, so it runs its own {attention} "
-                "attention: on fake tensors that builds an explicit causal mask, so attention is counted over "
-                "every query-key pair, about twice the causal work")
+        note = no_attention_backend_note(model_class.__name__, attention)
     hf_config._attn_implementation = attention
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)

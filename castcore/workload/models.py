@@ -7,6 +7,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,8 @@ class BuiltModel:
     """A built model and the inputs of one call to it, with a line saying what it is.
 
     ``inputs_fn`` builds inputs that must be made inside the fake mode (a pre-filled KV cache);
-    ``config`` is the transformers config dict when the model came from one.
+    ``config`` is the transformers config dict when the model came from one. ``while_capturing()`` is
+    entered around the capture: settings castcore changes on a user's own model for that run only.
     """
 
     model: torch.nn.Module
@@ -32,6 +34,10 @@ class BuiltModel:
     inputs_fn: Callable[[], tuple[tuple, dict]] | None = None
     config: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # what a user should know about how it was built
+    while_capturing: Callable[[], AbstractContextManager] = nullcontext
+    # Batch, tokens and dtype of the KV cache a prefill fills, when they are the inputs' and model's
+    # rather than the workload's options (a user's own model with its own input_ids).
+    kv_cache_shape: tuple[int, int, torch.dtype] | None = None
 
 
 def parse_dtype(name: str) -> torch.dtype:

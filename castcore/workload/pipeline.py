@@ -11,6 +11,7 @@ from castcore.report.records import Report
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
 from castcore.workload.parallel import tensor_parallel
 from castcore.workload.spec import ModelError, Workload, is_factory
+from castcore.workload.stock import prepare as prepare_stock
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 def build(workload: Workload) -> BuiltModel:
     """The model of a workload on the meta device, with the inputs of its step."""
     if not workload.named:
-        return BuiltModel(model=workload.model, args=workload.args, kwargs=dict(workload.kwargs),
-                          description=_own_description(workload))
+        return prepare_stock(BuiltModel(model=workload.model, args=workload.args, kwargs=dict(workload.kwargs),
+                                        description=_own_description(workload)))
     options = dict(batch=workload.batch, seq=workload.seq, dtype=workload.dtype, phase=workload.phase,
                    kv_len=workload.cached_tokens, train=workload.train)
     if is_factory(workload.model):
@@ -45,7 +46,7 @@ def capture_workload(session: Session, workload: Workload, device: DeviceProfile
             built.description += " (fused)"
         else:
             built.notes.append("--fuse: no installed pack fused anything for this model and device")
-    with tensor_parallel(built, workload.tp):
+    with built.while_capturing(), tensor_parallel(built, workload.tp):
         try:
             captured = capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
                                progress=progress, reuse=workload.reuse, **built.kwargs)
@@ -66,7 +67,8 @@ def run(session: Session, workload: Workload, device: str | DeviceProfile | None
     profile = session.device(device)  # a bad device fails before the capture, not after
     built, captured = capture_workload(session, workload, profile, progress)
     # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
-    cache = (kv_cache_bytes(built.config, workload.batch, workload.seq, parse_dtype(workload.dtype))
+    batch, seq, dtype = built.kv_cache_shape or (workload.batch, workload.seq, parse_dtype(workload.dtype))
+    cache = (kv_cache_bytes(built.config, batch, seq, dtype)
              if built.config and workload.phase == "prefill" and not workload.train else 0)
     report = session.estimate_capture(captured, profile, description=built.description, kv_cache_bytes=cache)
     report.notes = list(built.notes)

@@ -12,7 +12,7 @@ from castcore.devices.profile import DeviceError, DeviceProfile, load_device_fil
 from castcore.plugins.config import Config, load_config
 from castcore.builtin import CorePlugin
 from castcore.plugins.loading import LoadedPlugins, load_plugins
-from castcore.plugins.packs import profile_folders
+from castcore.plugins.packs import profile_folders, remember_hooks
 from castcore.plugins.resolve import Resolver
 from castcore.recording.recorder import Capture, no_cyclic_gc
 from castcore.report.memory import analyze_memory
@@ -34,7 +34,7 @@ class Session:
         self.plugins.core.resolver = self.resolver
         self.warnings: list[str] = [f"{info.label}: {info.error}" for info in self.plugins.infos
                                     if info.status == "failed"]
-        self.warnings += [f"{info.label}: {note}" for info in self.plugins.infos for note in info.notes]
+        remember_hooks(self.plugins.infos)
         self.devices: dict[str, DeviceProfile] = self._collect_devices()
 
     def _collect_devices(self) -> dict[str, DeviceProfile]:

@@ -13,7 +13,7 @@ WON = ["aten::mm", "aten::bmm", "aten::addmm", "aten::add.Tensor", "aten::_softm
 
 
 def audit(*extra):
-    done = subprocess.run([sys.executable, "-m", "castcore.cli", "audit", "--json", *extra],
+    done = subprocess.run([sys.executable, "-m", "castcore", "audit", "--json", *extra],
                           capture_output=True, text=True, env={"CASTCORE_LOAD_PACKS": "ascend", "PATH": ""})
     assert done.returncode == 0, done.stderr
     return {row["op"]: row for row in json.loads(done.stdout)}

@@ -57,9 +57,7 @@ def test_fuse_leaves_non_ascend_devices_alone(tmp_path):
 
 
 def test_fused_decode_step_uses_incremental_attention(session):
-    work = castcore.build_workload(str(TINY_LLAMA), seq=16, phase="decode", kv_len=32).build()
-    session.fuse(work.model, "ascend-910b3")
-    report = session.estimate(work.model, *work.args, kwargs=work.kwargs, device="ascend-910b3",
-                              inputs_fn=work.inputs_fn)
+    work = castcore.build_workload(str(TINY_LLAMA), seq=16, phase="decode", kv_len=32, fuse=True)
+    report = session.estimate(work, device="ascend-910b3")
     ops = {row.op for row in report.by_op()}
     assert "ascend::incre_flash_attention" in ops and "ascend::prompt_flash_attention" not in ops
