@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from castcore.ops.annotations import FROZEN, SPATIAL, SUM, AnnotationError, Atom, Dim, OpAnnotation, Shape, bind, parse
+from castcore.ops.annotations import FROZEN, SPATIAL, SUM, AnnotationError, Atom, Dim, OpAnnotation, Shape, parse
+from castcore.ops.binding import bind
 
 
 def t(*shape):

@@ -20,6 +20,7 @@ from castcore.builtin.formulas import causal_pairs
 from castcore.recording.recorder import capture
 from castcore.plugins.claims import claims_of
 from castcore.recording.invoke import OpInvoke, TensorMeta
+from castcore.workload.pipeline import build
 
 aten = torch.ops.aten
 PROPERTIES = castcore.pack.Source("core", "properties")
@@ -499,7 +500,7 @@ def test_common_op_is_answered_by_a_formula(session, name, fn, args):
 def test_tiny_models_prefill_and_training_step_never_fall_back(session, tiny_llama, config):
     from castcore.workload.spec import build_workload
 
-    workload = build_workload(str(tiny_llama.parent / config), batch=2, seq=16).build()
+    workload = build(build_workload(str(tiny_llama.parent / config), batch=2, seq=16))
     model = workload.model
 
     class TrainStep(torch.nn.Module):

@@ -7,12 +7,13 @@ import json
 import torch
 
 from castcore.workload.spec import build_workload
+from castcore.workload.pipeline import build
 
 
 def test_mm_flops_equal_hand_count(session, tiny_llama):
     cfg = json.loads(tiny_llama.read_text())
     batch, seq = 2, 16
-    workload = build_workload(str(tiny_llama), batch=batch, seq=seq, dtype="bf16").build()
+    workload = build(build_workload(str(tiny_llama), batch=batch, seq=seq, dtype="bf16"))
     report = session.estimate(workload.model, kwargs=workload.kwargs)
 
     tokens = batch * seq
@@ -29,7 +30,7 @@ def test_mm_flops_equal_hand_count(session, tiny_llama):
 
 
 def test_attention_reaches_the_estimator_as_one_causal_op(session, tiny_llama):
-    workload = build_workload(str(tiny_llama), batch=1, seq=32, dtype="bf16").build()
+    workload = build(build_workload(str(tiny_llama), batch=1, seq=32, dtype="bf16"))
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     attention = [r for r in report.records if "scaled_dot_product" in r.invoke.name]
     assert len(attention) == 2  # one per layer, not a decomposition into bmm + softmax
@@ -40,7 +41,7 @@ def test_attention_reaches_the_estimator_as_one_causal_op(session, tiny_llama):
 
 
 def test_weights_are_never_allocated_and_model_is_untouched(session, tiny_llama):
-    workload = build_workload(str(tiny_llama), batch=1, seq=8).build()
+    workload = build(build_workload(str(tiny_llama), batch=1, seq=8))
     before = {n: (p.device.type, p.shape) for n, p in workload.model.named_parameters()}
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     # Every op ran on fake CPU tensors standing in for the weights, never on the meta weights themselves.

@@ -10,6 +10,7 @@ import torch
 import castcore
 from castcore.report.memory import analyze_memory, kv_cache_bytes
 from castcore.workload.spec import build_workload, load_model_config
+from castcore.workload.pipeline import build
 
 MiB = 2**20
 N = MiB // 4  # float32 elements in 1 MiB
@@ -83,7 +84,7 @@ def test_tiny_llama_weights_and_peak(tiny_llama, tmp_path, tied):
     config["tie_word_embeddings"] = tied
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    workload = build_workload(str(path), batch=2, seq=16, dtype="fp32").build()
+    workload = build(build_workload(str(path), batch=2, seq=16, dtype="fp32"))
     model = workload.model
     captured = castcore.capture(model, *workload.args, **workload.kwargs)
     report = analyze_memory(captured)

@@ -8,6 +8,7 @@ import torch
 import castcore
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
+from castcore.workload.pipeline import build
 
 PRESET_PARAMS = {  # published parameter counts (billions), to one decimal
     "llama-3-8b": 8.0, "llama-3-70b": 70.6, "qwen2.5-7b": 7.6, "mistral-7b": 7.2, "mixtral-8x7b": 46.7,
@@ -17,7 +18,7 @@ PRESET_PARAMS = {  # published parameter counts (billions), to one decimal
 def test_presets_are_the_published_models():
     assert set(preset_names()) == set(PRESET_PARAMS)
     for name, billions in PRESET_PARAMS.items():
-        model = build_workload(name, seq=8).build().model
+        model = build(build_workload(name, seq=8)).model
         count = sum(p.numel() for p in model.parameters())
         assert count / 1e9 == pytest.approx(billions, abs=0.05), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
@@ -72,12 +73,12 @@ def test_factory_model_with_example_inputs(session):
 ])
 def test_bad_model_specs_say_what_is_accepted(spec, message):
     with pytest.raises(ModelError, match=message):
-        build_workload(spec).build()
+        build(build_workload(spec))
 
 
 def test_decode_and_train_do_not_mix():
     with pytest.raises(ModelError, match="--train goes with --phase prefill"):
-        build_workload("llama-3-8b", phase="decode", train=True).build()
+        build(build_workload("llama-3-8b", phase="decode", train=True))
 
 
 def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
@@ -87,7 +88,7 @@ def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch)
         "    return torch.nn.Linear(4, 4), (torch.empty(batch, 4, device='meta'),)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
-    workload = build_workload("castcore_test_cwd_models:make", batch=3).build()
+    workload = build(build_workload("castcore_test_cwd_models:make", batch=3))
     assert workload.args[0].shape == (3, 4)
 
 
@@ -114,7 +115,7 @@ def test_softcapped_attention_matches_transformers_eager_attention():
 
 
 def test_gemma2_counts_its_softcapped_attention_in_full(session):
-    workload = build_workload("tests/data/tiny-gemma2.json", seq=12).build()
+    workload = build(build_workload("tests/data/tiny-gemma2.json", seq=12))
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     scores = [r for r in report.records if r.invoke.name == "aten::bmm" and r.invoke.module.endswith("self_attn")]
     # Per layer: QK^T and PV over every query-key pair, 4 heads of 16 over 12 tokens (eager attention
@@ -126,7 +127,7 @@ def test_gemma2_counts_its_softcapped_attention_in_full(session):
 
 
 def test_a_model_without_the_attention_interface_runs_with_a_note(session):
-    workload = build_workload("tests/data/tiny-falcon.json", seq=8).build()
+    workload = build(build_workload("tests/data/tiny-falcon.json", seq=8))
     assert len(workload.notes) == 1 and "FalconForCausalLM" in workload.notes[0] and "sdpa" in workload.notes[0]
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     assert report.flops > 0 and report.time_s > 0

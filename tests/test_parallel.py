@@ -17,6 +17,7 @@ from castcore.report.memory import kv_cache_bytes
 from castcore.report.memory import analyze_memory
 from castcore.workload.spec import ModelError
 from castcore.workload.parallel import tensor_parallel
+from castcore.workload.pipeline import build
 
 DATA = Path(__file__).parent / "data"
 TINY = str(DATA / "tiny-llama.json")  # hidden 64, ffn 160, 2 layers, 4 heads, 2 KV heads, vocab 500
@@ -24,7 +25,7 @@ LAYERS, HIDDEN, BATCH, SEQ = 2, 64, 2, 16
 
 
 def _capture(tp: int):
-    workload = castcore.build_workload(TINY, batch=BATCH, seq=SEQ).build()
+    workload = build(castcore.build_workload(TINY, batch=BATCH, seq=SEQ))
     with tensor_parallel(workload, tp) as info:
         captured = castcore.capture(workload.model, *workload.args, **workload.kwargs)
     return workload, captured, info
@@ -95,7 +96,7 @@ def test_the_plan_and_per_device_kv_cache(tp2):
 
 
 def test_the_fake_process_group_is_destroyed_even_on_error():
-    workload = castcore.build_workload(TINY, batch=1, seq=8).build()
+    workload = build(castcore.build_workload(TINY, batch=1, seq=8))
     with pytest.raises(RuntimeError, match="boom"):
         with tensor_parallel(workload, 2):
             assert dist.is_initialized() and dist.get_world_size() == 2
@@ -104,7 +105,7 @@ def test_the_fake_process_group_is_destroyed_even_on_error():
 
 
 def test_tp_one_changes_nothing():
-    workload = castcore.build_workload(TINY, batch=1, seq=8).build()
+    workload = build(castcore.build_workload(TINY, batch=1, seq=8))
     with tensor_parallel(workload, 1) as info:
         assert info is None and not dist.is_initialized()
     assert "tensor parallel" not in workload.description
@@ -112,11 +113,11 @@ def test_tp_one_changes_nothing():
 
 def test_what_cannot_be_split_is_a_clear_error():
     with pytest.raises(ModelError, match="num_attention_heads = 4 does not divide by 3"):
-        with tensor_parallel(castcore.build_workload(TINY, seq=8).build(), 3):
+        with tensor_parallel(build(castcore.build_workload(TINY, seq=8)), 3):
             pass
     assert not dist.is_initialized()
     with pytest.raises(ModelError, match="--phase prefill"):
-        with tensor_parallel(castcore.build_workload(TINY, seq=8, phase="decode").build(), 2):
+        with tensor_parallel(build(castcore.build_workload(TINY, seq=8, phase="decode")), 2):
             pass
     with pytest.raises(ModelError, match="no attention/MLP projections"):
         with tensor_parallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2):

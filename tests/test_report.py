@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from castcore.workload.spec import build_workload
+from castcore.workload.pipeline import build
 from tests.factories.tiny_mlp import mystery
 
 
@@ -95,7 +96,7 @@ def test_strict_fails_when_anything_falls_back(h100_file):
 
 
 def test_memory_warns_when_the_model_does_not_fit(session):
-    workload = build_workload("llama-3-70b", seq=8).build()
+    workload = build(build_workload("llama-3-70b", seq=8))
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     assert report.memory.weight_bytes == sum(p.numel() * 2 for p in workload.model.parameters()) + sum(
         b.numel() * b.element_size() for b in workload.model.buffers())

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from castcore.ops.annotations import AnnotationError, OpAnnotation, bind, parse, resolve
+from castcore.ops.annotations import AnnotationError, OpAnnotation, parse
+from castcore.ops.binding import bind, resolve
 from castcore.recording.recorder import CaptureError
 
 DEFAULT_NAMESPACE = "castcore_user"

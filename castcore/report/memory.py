@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from castcore.devices.dtypes import torch_dtype
 from castcore.recording.recorder import Capture
 
 GiB = 2**30
@@ -154,10 +155,7 @@ def kv_cache_bytes(config: dict[str, Any], batch: int, kv_len: int, dtype: torch
     2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize."""
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
         config = config["text_config"]  # multimodal configs nest the language model's
-    if isinstance(dtype, str):
-        from castcore.workload.models import parse_dtype
-
-        dtype = parse_dtype(dtype)
+    dtype = torch_dtype(dtype)
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads

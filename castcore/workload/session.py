@@ -17,7 +17,8 @@ from castcore.plugins.resolve import Resolver
 from castcore.recording.recorder import Capture, no_cyclic_gc
 from castcore.report.memory import analyze_memory
 from castcore.report.records import OpRecord, Report
-from castcore.workload.pipeline import run
+from castcore.workload.models import BuiltModel
+from castcore.workload.pipeline import build, run
 from castcore.workload.spec import ModelError, Workload, build_workload
 
 
@@ -121,6 +122,11 @@ class Session:
                        for invoke in captured.invokes]
             memory = analyze_memory(captured, kv_cache_bytes=kv_cache_bytes)
         return Report(records, profile, description, memory=memory)
+
+    def build(self, workload: Workload) -> BuiltModel:
+        """The model a workload names, built on the meta device with the inputs of its step (not fused or
+        sharded): for looking at, or for ``fuse`` and ``capture`` by hand."""
+        return build(workload)
 
     def estimate(self, workload: Workload | torch.nn.Module | Callable, *inputs: Any,
                  device: str | DeviceProfile | None = None, progress: Callable[[int], None] | None = None,

@@ -9,13 +9,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castcore.devices.dtypes import MODEL_DTYPES
 from castcore.errors import CastcoreError
-
-if TYPE_CHECKING:
-    from castcore.workload.models import BuiltModel
 
 DEFAULT_MODEL = "llama-3-8b"
 PHASES = ("prefill", "decode")
@@ -56,12 +53,6 @@ class Workload:
     def named(self) -> bool:
         """True when ``model`` names a model (preset, config, factory) rather than being one."""
         return isinstance(self.model, str)
-
-    def build(self) -> BuiltModel:
-        """The model this workload names, built on the meta device, with the inputs of its step."""
-        from castcore.workload.pipeline import build
-
-        return build(self)
 
     def options(self) -> dict[str, Any]:
         """The options as plain data (what ``--json`` reports and a sweep row holds)."""

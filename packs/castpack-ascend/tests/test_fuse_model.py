@@ -19,7 +19,7 @@ def session():
 
 
 def estimate(session, fuse: bool):
-    work = castcore.build_workload(str(TINY_LLAMA), seq=16).build()
+    work = session.build(castcore.build_workload(str(TINY_LLAMA), seq=16))
     lines = session.fuse(work.model, "ascend-910b3") if fuse else []
     return lines, session.estimate(work.model, *work.args, kwargs=work.kwargs, device="ascend-910b3")
 
@@ -52,7 +52,7 @@ def test_fused_model_runs_the_fused_ops_answered_by_the_pack_with_the_same_flops
 def test_fuse_leaves_non_ascend_devices_alone(tmp_path):
     h100 = Path(__file__).resolve().parents[3] / "tests" / "data" / "h100-sxm.toml"
     session = castcore.Session(load_packs=["ascend"], device_files=[str(h100)])
-    work = castcore.build_workload(str(TINY_LLAMA), seq=16).build()
+    work = session.build(castcore.build_workload(str(TINY_LLAMA), seq=16))
     assert session.fuse(work.model, "h100-sxm") == []
 
 
