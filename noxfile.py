@@ -21,10 +21,15 @@ def _install_core(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Undefined names, unused imports and variables, syntax errors (ruff's F and E9 rules)."""
-    session.install("ruff")
+    """ruff (undefined names, unused imports, syntax errors), the import layers (import-linter), and mypy
+    over the examples, which use both public faces (castcore and castcore.pack)."""
+    _install_core(session)
+    session.install("ruff", "import-linter", "mypy")
     session.run("ruff", "check", "--select", "F,E9", "--exclude", "castcore/pack_template",
-                "castcore", "packs", "tests", "bench", "noxfile.py")
+                "castcore", "packs", "tests", "bench", "examples", "noxfile.py")
+    session.run("lint-imports")
+    # Silent: castcore's own modules are read for their types, and only the examples are checked.
+    session.run("mypy", "--follow-imports=silent", "examples")
 
 
 @nox.session
@@ -90,6 +95,7 @@ def bench(session: nox.Session) -> None:
     _install_core(session)
     session.run("python", "bench/scale.py", "--out", "bench-results/scale.json", *session.posargs)
     session.run("python", "bench/resolution.py", "--out", "bench-results/resolution.json")
+    session.run("python", "bench/stock.py", "--out", "bench-results/stock.json")
 
 
 @nox.session

@@ -100,11 +100,11 @@ def _allowed(use: str) -> bool:
 
 def _pack_side_files() -> list[Path]:
     files = list((ROOT / "packs").glob("castpack-*/**/*.py"))
-    files += list((PACKAGE / "pack_template").rglob("*.py"))
-    return [f for f in files if "build" not in f.relative_to(ROOT).parts and "{{" not in f.read_text()[:0] + "x"]
+    files += list((PACKAGE / "pack_template").rglob("*.py")) + list((ROOT / "examples").rglob("*.py"))
+    return [f for f in files if "build" not in f.relative_to(ROOT).parts]
 
 
-def test_packs_and_the_template_use_only_the_public_faces():
+def test_packs_the_template_and_examples_use_only_the_public_faces():
     files = _pack_side_files()
     assert len(files) > 10
     bad = {str(f.relative_to(ROOT)): sorted({u for u in _castcore_uses(f) if not _allowed(u)}) for f in files}
@@ -154,3 +154,11 @@ def test_devices_imports_no_torch_once_the_packs_are_known(tmp_path, h100_file):
 def test_python_dash_m_castcore_prints_the_version():
     done = subprocess.run([sys.executable, "-m", "castcore", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("castcore "), done.stderr
+
+
+def test_the_embedding_example_runs(h100_file):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "embed.py"), str(h100_file)], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    prefill, decode = done.stdout.splitlines()
+    assert "prefill, batch 4, 128 tokens" in prefill and "decode, batch 4, 1 token over 128 cached" in decode
