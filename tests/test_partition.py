@@ -20,6 +20,10 @@ OPS = textwrap.dedent('''
     def matmul(a, b):
         return a @ b
 
+    @castcore.register_op("4 k+, k+ d -> 8 d", name="part_test::fixed")
+    def fixed(a, b):
+        return (a @ b).repeat(2, 1)
+
     @castcore.register_op("(h t) k^ -> h t k^", name="part_test::heads")
     def heads(x, h: int = 8):
         return x.reshape(h, x.shape[0] // h, x.shape[1])
@@ -130,3 +134,13 @@ def test_cli_partition_errors_are_one_line(ops, h100_file, capsys, monkeypatch):
                  "--device-file", str(h100_file)]) == 2
     err = capsys.readouterr().err
     assert "'k' is 9 here but 8" in err and "^" in err
+
+
+def test_numbers_in_an_annotation_are_lengths_in_every_split(ops, capsys, h100_file):
+    path, _, _ = ops
+    argv = ["partition", f"{path}:fixed", "--ways", "2", "--input", "4x64", "--input", "64x32", "--json",
+            "--no-packs", "--device-file", str(h100_file)]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    splits = {s["dim"]: s for s in plan["splits"]}
+    assert splits["d"]["legal"] and splits["k"]["legal"]

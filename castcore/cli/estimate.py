@@ -6,15 +6,17 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from castcore.cli.common import (StrictFailure, add_model_options, add_plugin_options, make_session, note,
                                  progress_printer, workload_from)
+from castcore.report.files import check_output, write_whole
 from castcore.workload.spec import DEFAULT_MODEL
 
 
 def run(args: argparse.Namespace) -> int:
-    workload = workload_from(args)  # bad options fail before any plugin or model loads
+    workload = workload_from(args)  # bad options and unwritable files fail before any plugin or model loads
+    trace = check_output(args.trace, "--trace") if args.trace else None
+    plot = check_output(args.plot, "--plot") if args.plot else None
     session = make_session(args, on_error=args.on_error)
     device = session.device(args.device)
     note(f"building {args.model} and capturing on fake tensors ...")
@@ -28,19 +30,22 @@ def run(args: argparse.Namespace) -> int:
     note(f"{len(report.records)} op calls estimated in {time.perf_counter() - started:.1f} s")
     for error in dict.fromkeys(session.resolver.errors):
         note(f"warning: {error} (fell back to the next plugin)")
+    # Files first: when one cannot be written, no report is printed as if all had worked.
+    if trace:
+        events = json.dumps(report.to_trace())
+        write_whole(trace, "--trace", lambda path: path.write_text(events, encoding="utf-8"))
+        note(f"wrote {len(report.records)} slices to {trace} (open it in ui.perfetto.dev)")
+    if plot:
+        from castcore.report.plot import plot_roofline
+
+        write_whole(plot, "--plot", lambda path: plot_roofline(report, path))
+        note(f"wrote roofline chart {plot}")
     if args.json:
         print(report.to_json())
     elif args.csv:
         print(report.to_csv(by=args.by), end="")
     else:
         print(report.format_table(top=args.top, by=args.by))
-    if args.trace:
-        Path(args.trace).write_text(json.dumps(report.to_trace()), encoding="utf-8")
-        note(f"wrote {len(report.records)} slices to {args.trace} (open it in ui.perfetto.dev)")
-    if args.plot:
-        from castcore.report.plot import plot_roofline
-
-        note(f"wrote roofline chart {plot_roofline(report, args.plot)}")
     if session.config.strict and session.resolver.errors:
         raise StrictFailure(f"{len(session.resolver.errors)} estimator error(s) and --strict is on")
     fallback = report.coverage()["fallback_ops"]

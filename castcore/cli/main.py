@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co: not an error
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        print("castcore: interrupted", file=sys.stderr)
+        return 130
     except StrictFailure as exc:
         print(f"castcore: error: {exc}", file=sys.stderr)
         return 1

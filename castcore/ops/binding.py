@@ -31,7 +31,8 @@ class Binding:
 
     def shape_of(self, dims: list[tuple[str, ...]], sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
         sizes = self.sizes if sizes is None else sizes
-        return tuple(math.prod(sizes[n] for n in names) for names in dims)
+        # A number in an annotation (``8 d``) is its own length, whatever the inputs were.
+        return tuple(math.prod(int(n) if n.isdigit() else sizes[n] for n in names) for names in dims)
 
 
 def resolve(annotation: str | Callable | OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,

@@ -48,8 +48,10 @@ def plot_roofline(report: Report, path: str | Path) -> Path:
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", alpha=0.2)
     path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120, bbox_inches="tight", format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path
 
 
