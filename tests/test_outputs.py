@@ -59,7 +59,7 @@ def test_trace_and_plot_are_written_and_the_report_printed(tmp_path, tiny_llama,
     report = json.loads(capsys.readouterr().out)
     slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(slices) == report["totals"]["calls"]
-    assert plot.read_bytes()[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["roofline.png", "t.json"]
 
 
