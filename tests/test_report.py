@@ -102,3 +102,17 @@ def test_memory_warns_when_the_model_does_not_fit(session):
         b.numel() * b.element_size() for b in workload.model.buffers())
     assert not report.memory.fits(report.device)
     assert "does not fit" in report.format_table()
+
+
+def test_json_never_prints_infinity(session, tmp_path, h100_file, capsys):
+    (tmp_path / "huge.py").write_text(
+        "import torch\nimport castcore\n\n"
+        "@castcore.register_op_estimator(torch.ops.aten.mm.default)\n"
+        "def mm(invoke, device):\n    return 1e308\n", encoding="utf-8")
+    from castcore.cli.main import main
+
+    argv = ["estimate", "--json", "--model", "tests/data/tiny-llama.json", "--seq", "8", "--no-packs",
+            "--device-file", str(h100_file), "--custom-op-dir", str(tmp_path)]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "overflow to infinity" in err and "aten::mm" in err

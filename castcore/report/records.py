@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from castcore.errors import CastcoreError
 from castcore.devices.costs import Estimate, PerformanceProperties
 from castcore.devices.profile import DeviceProfile
 from castcore.recording.invoke import OpInvoke
@@ -59,6 +60,10 @@ class ModuleSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+class ReportError(CastcoreError, ValueError):
+    """A report that cannot be written as asked; the message says why."""
 
 
 class Report:
@@ -146,7 +151,15 @@ class Report:
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """The report as strict JSON; a total that overflowed to infinity is an error, never ``Infinity``."""
+        try:
+            return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        except ValueError:
+            slowest = max(self.records, key=lambda r: r.estimate.time_s, default=None)
+            culprit = f" (the slowest call: {slowest.invoke.name}, {slowest.estimate.time_s:g} s from " \
+                      f"{slowest.estimate.source})" if slowest else ""
+            raise ReportError(f"the report's numbers overflow to infinity{culprit}; an estimator answers times "
+                              "far too large") from None
 
     def to_csv(self, by: str = "op") -> str:
         """Every row (by op or by module) and a last TOTAL row."""
