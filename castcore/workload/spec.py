@@ -6,7 +6,7 @@ Torch-free on purpose: the command line builds its help and checks its options b
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,8 @@ class Workload:
 
     def options(self) -> dict[str, Any]:
         """The options as plain data (what ``--json`` reports and a sweep row holds)."""
-        data = {k: v for k, v in asdict(self).items() if k not in ("args", "kwargs", "model")}
+        # Not asdict: it would deep-copy the model and its inputs (every weight of a real model).
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("args", "kwargs", "model")}
         data["model"] = self.model if self.named else type(self.model).__name__
         return data
 
