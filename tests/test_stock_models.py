@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-import castcore
 from castcore.recording.reuse import repeated_layers
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import build_workload
+from castcore.workload.pipeline import build
 
 CONFIGS = {
     "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
@@ -52,11 +52,13 @@ def test_a_stock_model_counts_what_its_preset_counts(session, tmp_path, name, me
     assert (attention, use_cache) == ("sdpa", True)  # the defaults castcore has to work around
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CONFIGS[name]))
-    preset = session.estimate(build_workload(str(path), batch=BATCH, seq=SEQ))
+    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[model.dtype]
+    preset = session.estimate(build_workload(str(path), batch=BATCH, seq=SEQ, dtype=dtype))
     report = session.estimate(model, _input_ids())
     assert report.flops == pytest.approx(preset.flops, rel=1e-3)
     assert [r.invoke.name for r in report.records] == [r.invoke.name for r in preset.records]
-    assert report.memory.kv_cache_bytes == kv_cache_bytes(CONFIGS[name], BATCH, SEQ, model.dtype) > 0
+    assert report.memory.kv_cache_bytes == preset.memory.kv_cache_bytes == \
+        kv_cache_bytes(CONFIGS[name], BATCH, SEQ, model.dtype) > 0
     assert any("attention as 'castcore'" in note and "'sdpa'" in note for note in report.notes)
     assert any("use_cache=False" in note for note in report.notes)
     # The user's model is left as it was.
@@ -93,7 +95,7 @@ def test_the_attention_setting_is_restored_when_the_capture_fails(session, monke
 
 @pytest.mark.parametrize("kwargs", [{"use_cache": True}, {"use_cache": False}, {"past_key_values": None}])
 def test_the_callers_cache_choice_is_kept(kwargs):
-    built = build_workload(_stock(CONFIGS["llama"], meta=True), _input_ids(), kwargs=kwargs).build()
+    built = build(build_workload(_stock(CONFIGS["llama"], meta=True), _input_ids(), kwargs=kwargs))
     assert built.kwargs == kwargs
     assert built.config is None and built.kv_cache_shape is None  # the capture holds whatever cache is made
     assert not any("use_cache" in note for note in built.notes)
@@ -103,7 +105,7 @@ def test_a_model_without_the_attention_interface_keeps_its_attention_with_a_note
     config = {"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "vocab_size": 256}
     model = _stock(config, meta=True)
-    built = build_workload(model, _input_ids()).build()
+    built = build(build_workload(model, _input_ids()))
     assert "FalconForCausalLM cannot take castcore's attention path" in built.notes[0]
     report = session.estimate(model, _input_ids())
     assert report.flops > 0 and report.memory.kv_cache_bytes > 0
@@ -111,5 +113,5 @@ def test_a_model_without_the_attention_interface_keeps_its_attention_with_a_note
 
 
 def test_other_modules_are_left_as_they_are():
-    built = build_workload(torch.nn.Linear(4, 4), torch.ones(2, 4)).build()
+    built = build(build_workload(torch.nn.Linear(4, 4), torch.ones(2, 4)))
     assert built.kwargs == {} and built.notes == [] and built.config is None

@@ -1,11 +1,11 @@
 """A user's own transformers causal LM, run the way castcore runs its presets.
 
-A model built with ``AutoModelForCausalLM`` runs transformers' SDPA path, which on fake tensors
-builds an explicit causal mask (attention counted over every query-key pair), and defaults to
-``use_cache=True``, whose DynamicCache in every layer's inputs stops layer reuse. For the capture
-only, castcore puts the model on its own attention path (see hf.py) and passes ``use_cache=False``;
-a prefill's KV cache is then counted from the config, as for a preset. The model and its weights
-are never copied, and its attention setting is restored when the capture ends, even on error.
+A model built with ``AutoModelForCausalLM`` would run transformers' own attention path, not the
+one presets run (see hf.py), and with ``use_cache=True`` it builds a DynamicCache a preset's
+prefill does not. For the capture only, castcore puts the model on its own attention path and
+passes ``use_cache=False``, so its records are its preset's; a prefill's KV cache is then counted
+from the config, as for a preset. The model and its weights are never copied, and its attention
+setting is restored when the capture ends, even on error.
 """
 
 from __future__ import annotations
