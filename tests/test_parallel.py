@@ -24,10 +24,10 @@ TINY = str(DATA / "tiny-llama.json")  # hidden 64, ffn 160, 2 layers, 4 heads, 2
 LAYERS, HIDDEN, BATCH, SEQ = 2, 64, 2, 16
 
 
-def _capture(tp: int):
+def _capture(tp: int, reuse: bool = True):
     workload = build(castcore.build_workload(TINY, batch=BATCH, seq=SEQ))
     with tensor_parallel(workload, tp) as info:
-        captured = castcore.capture(workload.model, *workload.args, **workload.kwargs)
+        captured = castcore.capture(workload.model, *workload.args, reuse=reuse, **workload.kwargs)
     return workload, captured, info
 
 
@@ -74,6 +74,15 @@ def test_one_all_reduce_per_attention_and_mlp_block(tp2):
     assert len(gathers) == 1 and gathers[0].out.shape == (2 * BATCH, SEQ, 250)  # the logits, once
     waits = [i for i in tp2[1].invokes if i.name == "_c10d_functional::wait_tensor"]
     assert len(waits) == len(reduces) + len(gathers)
+
+
+def test_replayed_layers_record_what_a_full_per_device_capture_does(tp2):
+    # tp2 is captured with reuse: layer 1 is replayed from layer 0's local-shard ops and collectives.
+    _, full, _ = _capture(2, reuse=False)
+    assert [(i.name, i.module, i.key, i.attrs) for i in tp2[1].invokes] == \
+        [(i.name, i.module, i.key, i.attrs) for i in full.invokes]
+    assert tp2[1].weight_storages == full.weight_storages
+    assert analyze_memory(tp2[1]).to_dict() == analyze_memory(full).to_dict()
 
 
 def test_weights_per_device_are_one_nth_but_the_norms(whole, tp2):

@@ -8,10 +8,11 @@ import torch
 import castcore
 from castcore.workload.spec import build_workload
 from castcore.recording.reuse import repeated_layers
+from castcore.workload.pipeline import build
 
 
 def _both(session, spec, **options):
-    workload = build_workload(spec, **options).build()
+    workload = build(build_workload(spec, **options))
     reports = []
     for reuse in (False, True):
         captured = castcore.capture(workload.model, reuse=reuse, inputs_fn=workload.inputs_fn, **workload.kwargs)
@@ -38,7 +39,7 @@ def test_totals_and_records_equal_a_full_capture(session, spec, options):
 
 
 def test_layers_after_the_first_are_replayed_not_run(session, monkeypatch):
-    workload = build_workload("tests/data/tiny-llama.json", seq=8).build()
+    workload = build(build_workload("tests/data/tiny-llama.json", seq=8))
     (layer0, layer1), = repeated_layers(workload.model)
     calls = []
     original = type(layer1).forward
@@ -51,7 +52,7 @@ def test_layers_after_the_first_are_replayed_not_run(session, monkeypatch):
 
 
 def test_replayed_layers_use_their_own_weights_and_fresh_activations(session):
-    workload = build_workload("tests/data/tiny-llama.json", seq=8).build()
+    workload = build(build_workload("tests/data/tiny-llama.json", seq=8))
     captured = castcore.capture(workload.model, reuse=True, **workload.kwargs)
     by_layer = {}
     for invoke in captured.invokes:
@@ -133,3 +134,138 @@ def test_a_weight_used_outside_its_replayed_layer_gives_a_full_capture(device):
     last_mm = reused.invokes[-1]
     assert last_mm.name == "aten::mm" and last_mm.args[1].storage in reused.weight_storages
     assert reused.weight_storages == full.weight_storages
+
+
+def _count_runs(monkeypatch, layer_class: type) -> list:
+    """Every call of ``layer_class`` that really runs, appended as it starts (a replayed call is not)."""
+    runs = []
+    original = layer_class.forward
+    monkeypatch.setattr(layer_class, "forward", lambda self, *a, **k: runs.append(self) or original(self, *a, **k))
+    return runs
+
+
+def _storages(captured) -> list:
+    """Every call with the storage of each tensor it reads and writes: what memory liveness is computed from."""
+    return [(i.name, i.module, i.key, [(t.storage, t.storage_nbytes) for t in (*i.inputs(), *i.outputs())])
+            for i in captured.invokes] + [captured.weight_storages, captured.state_storages, captured.output_storages]
+
+
+@pytest.mark.parametrize("spec, options, runs", [
+    ("tests/data/tiny-llama.json", {"phase": "decode", "kv_len": 32}, 1),  # a StaticCache in every layer's inputs
+    ("tests/data/tiny-mixtral.json", {"phase": "decode", "kv_len": 32, "batch": 2}, 1),
+    ("tests/data/tiny-gemma3.json", {"phase": "decode", "kv_len": 32}, 2),  # sliding-window and full cache layers
+    ("tests/data/tiny-llama.json", {"seq": 16, "tp": 2}, 1),  # DTensor weights, local-shard ops, all_reduce
+    ("tests/data/tiny-mixtral.json", {"seq": 16, "batch": 2, "tp": 2}, 1),
+    ("tests/data/tiny-gemma3.json", {"seq": 16, "tp": 2}, 2),
+])
+def test_decode_and_tensor_parallel_reports_equal_a_full_capture(session, monkeypatch, spec, options, runs):
+    layers = build(build_workload(spec, seq=8)).model.model.layers
+    ran = _count_runs(monkeypatch, type(layers[0]))
+    reports = []
+    for reuse in (False, True):
+        ran.clear()
+        reports.append(session.estimate(build_workload(spec, reuse=reuse, **options)))
+        assert len(ran) == (runs if reuse else len(layers))  # one run per distinct layer; the rest replayed
+    full, reused = reports
+    assert reused.totals() == full.totals()
+    assert [s.to_dict() for s in reused.by_op()] == [s.to_dict() for s in full.by_op()]
+    assert reused.memory.to_dict() == full.memory.to_dict()
+
+
+def _dynamic_cache_step(model, batch: int, cached: int, made: list):
+    """inputs_fn of a decode step over a DynamicCache already holding ``cached`` tokens; the cache goes in ``made``."""
+    from transformers import DynamicCache
+
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    def make():
+        cache = DynamicCache(config=config)
+        for index in range(config.num_hidden_layers):
+            keys = torch.zeros(batch, config.num_key_value_heads, cached, head_dim, dtype=torch.bfloat16)
+            cache.update(keys, keys.clone(), index)
+        made.append(cache)
+        return (), {"input_ids": torch.zeros(batch, 1, dtype=torch.long), "past_key_values": cache, "use_cache": True}
+
+    return make
+
+
+def _cache_state(cache) -> list:
+    """Each cache layer's attributes, a tensor as its layout over its storage (a sliding layer keeps a view)."""
+    return [{k: (v.shape, v.stride(), v.storage_offset(), v.untyped_storage().nbytes())
+             if isinstance(v, torch.Tensor) else v for k, v in vars(layer).items()} for layer in cache.layers]
+
+
+@pytest.mark.parametrize("spec, runs", [("tests/data/tiny-llama.json", 1), ("tests/data/tiny-gemma3.json", 2)])
+def test_a_dynamic_cache_grows_in_replayed_layers_as_in_a_full_capture(session, monkeypatch, spec, runs):
+    model = build(build_workload(spec, seq=8)).model
+    ran = _count_runs(monkeypatch, type(model.model.layers[0]))
+    results = []
+    for reuse in (False, True):
+        ran.clear()
+        made = []
+        captured = castcore.capture(model, reuse=reuse, inputs_fn=_dynamic_cache_step(model, 2, 12, made))
+        results.append((captured, made[0], len(ran)))
+    (full, full_cache, full_runs), (reused, reused_cache, reused_runs) = results
+    assert (full_runs, reused_runs) == (len(model.model.layers), runs)
+    assert _storages(reused) == _storages(full)
+    assert session.estimate_capture(reused).memory.to_dict() == session.estimate_capture(full).memory.to_dict()
+    # Each replayed layer's cache holds the new token too (a grown tensor of its own; Gemma 3's sliding
+    # layers also count it), just as if the layer had run.
+    assert _cache_state(reused_cache) == _cache_state(full_cache)
+    assert len({id(layer.keys) for layer in reused_cache.layers}) == len(reused_cache.layers)
+    # A prefill with use_cache=True: the model makes its own DynamicCache and every layer fills its part.
+    captures = []
+    for reuse in (False, True):
+        ran.clear()
+        captures.append(castcore.capture(model, input_ids=torch.zeros(2, 12, dtype=torch.long), use_cache=True,
+                                         reuse=reuse))
+    assert len(ran) == runs
+    assert _storages(captures[1]) == _storages(captures[0])
+
+
+class _CachedLayer(torch.nn.Module):
+    def __init__(self, layer_idx: int, peek: bool):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.layer_idx, self.peek = layer_idx, peek
+
+    def forward(self, x, cache):
+        k = self.proj(x)[:, None]  # batch x 1 head x tokens x 8
+        keys, values = cache.update(k, k, self.layer_idx)
+        if self.peek:  # also reads another layer's cache
+            keys = keys + cache.layers[(self.layer_idx + 1) % len(cache.layers)].keys.sum()
+        return x + keys.mean(dim=(1, 2))[:, None] + values.mean()
+
+
+class _CachedLayers(torch.nn.Module):
+    def __init__(self, layer_indices: list[int], peek: bool = False):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_CachedLayer(i, peek) for i in layer_indices)
+
+    def forward(self, x, cache):
+        for layer in self.layers:
+            x = layer(x, cache)
+        return x
+
+
+def _prefilled_cache():
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    cache = Cache(layers=[DynamicLayer() for _ in range(3)])
+    for layer in cache.layers:
+        layer.update(torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8))
+    return (), {"cache": cache}
+
+
+@pytest.mark.parametrize("model, runs", [
+    (_CachedLayers([2, 1, 0]), 1),  # a layer owns the cache layer of its layer_idx, not of its list position
+    (_CachedLayers([0, 1, 2], peek=True), 3),  # cache state of another layer: not replayable, all run
+])
+def test_a_layer_owns_the_cache_layer_of_its_layer_idx(monkeypatch, model, runs):
+    ran = _count_runs(monkeypatch, _CachedLayer)
+    full = castcore.capture(model, torch.ones(2, 3, 8), inputs_fn=_prefilled_cache, reuse=False)
+    ran.clear()
+    reused = castcore.capture(model, torch.ones(2, 3, 8), inputs_fn=_prefilled_cache, reuse=True)
+    assert len(ran) == runs
+    assert _storages(reused) == _storages(full)

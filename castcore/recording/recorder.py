@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import gc
-import sys
+import itertools
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from castcore.errors import CastcoreError
+from castcore.recording.dtensor import dtensor_shadow, dtensor_type, local_shards
 from castcore.recording.invoke import OpInvoke, tensors_in, to_meta
 from castcore.recording.reuse import LayerReuse
 
@@ -51,8 +52,27 @@ class Capture:
     state_storages: dict[int, int] = field(default_factory=dict)
 
 
+class _Tracker(ModuleTracker):
+    """ModuleTracker that also numbers each entry: of the modules open at once, the one entered last is the
+    one running (innermost in a forward; in a backward, whose stale entries ModuleTracker keeps, the set
+    alone would leave the choice to the hash seed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: dict[str, int] = {}  # module path -> when it was last entered
+        self._clock = itertools.count(1)
+
+    def _get_append_fn(self, name, is_bw):
+        add = super()._get_append_fn(name, is_bw)
+
+        def fn(*args) -> None:
+            add(*args)
+            self.entered[name] = next(self._clock)
+        return fn
+
+
 class _Recorder(TorchDispatchMode):
-    def __init__(self, tracker: ModuleTracker, progress: Callable[[int], None] | None = None):
+    def __init__(self, tracker: _Tracker, progress: Callable[[int], None] | None = None):
         super().__init__()
         self.tracker = tracker
         self.progress = progress
@@ -87,6 +107,12 @@ class _Recorder(TorchDispatchMode):
         self._storage_ids[StorageWeakRef(untyped).cdata] = storage
         self._keep_alive.append(untyped)
 
+    def numbered(self, t: torch.Tensor) -> int | None:
+        """t's storage id if it already has one; unlike storage_of, never hands one out."""
+        if t.layout != torch.strided:
+            return None
+        return self._storage_ids.get(StorageWeakRef(t.untyped_storage()).cdata)
+
     def storage_of(self, t: torch.Tensor) -> int:
         if t.layout != torch.strided:
             return -1
@@ -98,14 +124,14 @@ class _Recorder(TorchDispatchMode):
         return self._storage_ids[key]
 
     def storages(self, value: Any) -> dict[int, int]:
-        value = _local_shards(value)
+        value = local_shards(value)
         return {t.storage: t.storage_nbytes for t in tensors_in(to_meta(value, self.storage_of)) if t.storage >= 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.shadow:  # DTensor inferring a global output shape: no device runs this
             return func(*args, **kwargs)
-        dtensor = _dtensor_type()
+        dtensor = dtensor_type()
         if dtensor is not None and any(issubclass(t, dtensor) for t in types):
             # Let DTensor run the op: the local ops and collectives it issues come back here with
             # local shard shapes, which is what one device does.
@@ -139,9 +165,8 @@ class _Recorder(TorchDispatchMode):
         return out
 
     def current_module(self) -> str:
-        # ModuleTracker.parents is a set of dotted paths; the innermost module has the longest one.
         parents = [p for p in self.tracker.parents if p != "Global"]
-        return max(parents, key=len) if parents else ""
+        return max(parents, key=self.tracker.entered.__getitem__) if parents else ""
 
 
 @functools.cache
@@ -182,14 +207,14 @@ class _FakeWeights:
         if fake is None:
             fake = self._fakes[id(t)] = _fake_like(t)
             if id(t) in self._unbacked:
-                self.recorder.bind(_local_shards(fake), self._unbacked.pop(id(t))[0])
+                self.recorder.bind(local_shards(fake), self._unbacked.pop(id(t))[0])
         return fake
 
     def storage(self, t: torch.Tensor) -> int:
         if id(t) in self._fakes:
-            return self.recorder.storage_of(_local_shards(self._fakes[id(t)]))
+            return self.recorder.storage_of(local_shards(self._fakes[id(t)]))
         if id(t) not in self._unbacked:
-            self._unbacked[id(t)] = (self.recorder.new_storage_id(), _dense_nbytes(_local_shards(t)))
+            self._unbacked[id(t)] = (self.recorder.new_storage_id(), _dense_nbytes(local_shards(t)))
         return self._unbacked[id(t)][0]
 
     def storages(self) -> dict[int, int]:
@@ -211,63 +236,12 @@ def _fake_like(t: torch.Tensor) -> torch.Tensor:
 
     A DTensor (a tensor-parallel weight) stays a DTensor with the same mesh and placements over
     a fake copy of its local shard, so only the shard is ever counted as held on the device."""
-    dtensor = _dtensor_type()
+    dtensor = dtensor_type()
     if dtensor is not None and isinstance(t, dtensor):
         local = _fake_like(t._local_tensor)
         return dtensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
                                   stride=t.stride())
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", requires_grad=t.requires_grad)
-
-
-def _dtensor_type() -> type | None:
-    """DTensor, if the program has imported torch.distributed.tensor (castcore never imports it itself)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return getattr(module, "DTensor", None)
-
-
-def _local_shards(value: Any) -> Any:
-    """``value`` with every DTensor replaced by its local shard: what one device holds."""
-    dtensor = _dtensor_type()
-    if dtensor is None:
-        return value
-    if isinstance(value, dtensor):
-        return value._local_tensor
-    if isinstance(value, (list, tuple)):
-        return type(value)(_local_shards(v) for v in value) if not hasattr(value, "_fields") else value
-    if isinstance(value, dict):
-        return {k: _local_shards(v) for k, v in value.items()}
-    return value
-
-
-@contextmanager
-def _dtensor_shadow(recorder: _Recorder):
-    """Mark the ops DTensor runs on global shapes to infer an output's shape, so they are not recorded.
-
-    torch.distributed.tensor's ShardingPropagator runs each op once on fake global-shape tensors
-    inside ``ShardingPropagator._fake_mode_lock`` (a nullcontext unless a test installs a lock);
-    wrapping that context is the one place that tells those calls from the real local ones.
-    """
-    module = sys.modules.get("torch.distributed.tensor._sharding_prop")
-    propagator = getattr(module, "ShardingPropagator", None)
-    if propagator is None or not hasattr(propagator, "_fake_mode_lock"):
-        yield
-        return
-    previous = propagator._fake_mode_lock
-
-    class Marked:
-        def __enter__(self):
-            previous.__enter__()
-            recorder.shadow += 1
-
-        def __exit__(self, *exc):
-            recorder.shadow -= 1
-            return previous.__exit__(*exc)
-
-    propagator._fake_mode_lock = Marked()
-    try:
-        yield
-    finally:
-        propagator._fake_mode_lock = previous
 
 
 def _fake_inputs(value: Any) -> Any:
@@ -304,8 +278,8 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
     ``inputs_fn() -> (args, kwargs)`` builds further inputs inside the fake mode before recording
     starts: for inputs that are not plain tensors, such as a pre-filled KV cache object.
     ``progress(n)`` is called every few hundred recorded calls. ``reuse`` captures one of each set
-    of identical layers and replays its records for the others (see castcore.reuse); totals are
-    the same as with ``reuse=False``.
+    of identical layers and replays its records for the others (see castcore.recording.reuse);
+    totals are the same as with ``reuse=False``.
     """
     try:
         return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse)
@@ -318,7 +292,7 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
 
 
 def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool) -> Capture:
-    tracker = ModuleTracker()
+    tracker = _Tracker()
     recorder = _Recorder(tracker, progress)
     with no_cyclic_gc(), FakeTensorMode(allow_non_fake_inputs=True):
         fake_args = _fake_inputs(inputs)
@@ -328,8 +302,7 @@ def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progre
             fake_args, fake_kwargs = (*fake_args, *more_args), {**fake_kwargs, **more_kwargs}
         weights = _FakeWeights(recorder)
         state = _state(target) if isinstance(target, torch.nn.Module) else {}
-        # Replaying layers needs plain weights; training needs every forward really run for autograd.
-        sharded = _dtensor_type() is not None and any(isinstance(t, _dtensor_type()) for t in state.values())
+        # Training needs every forward really run, for autograd.
         layer_reuse = (LayerReuse(recorder, target, state, weights) if reuse and not train
                        and isinstance(target, torch.nn.Module) else None)
         deferred = layer_reuse.deferred_names() if layer_reuse else set()
@@ -348,7 +321,7 @@ def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progre
         given = recorder.storages((fake_args, fake_kwargs))
         held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
         reusing = layer_reuse.active() if layer_reuse else nullcontext()
-        with torch.set_grad_enabled(train), _dtensor_shadow(recorder), tracker, recorder, reusing:
+        with torch.set_grad_enabled(train), dtensor_shadow(recorder), tracker, recorder, reusing:
             result = run()
             if train:
                 _loss_of(result).backward()

@@ -9,40 +9,73 @@ shapes and append the recorded calls, renamed to their own module and with stora
 (their own weights, their own inputs, fresh activations), so memory liveness stays right and
 totals equal a full capture.
 
-Calls with inputs that are neither tensors nor plain values (a KV cache object) and training
-(autograd needs the real forward) are always captured in full.
+A transformers KV cache among the inputs (a decode step's, or one made for use_cache=True) takes
+part too: a layer owns ``cache.layers[layer_idx]``, whose state joins the signature; a replay maps
+the recorded layer's cache tensors to its own and makes the same changes to its own cache layer (a
+grown DynamicCache tensor, a counter). A recorded call that touched any other cache state is not
+replayed. Tensor-parallel layers replay too: their records are the local-shard ops and collectives
+DTensor issued, and their inputs and outputs are plain tensors. Other objects among the inputs,
+DTensor inputs or outputs, and training (autograd needs the real forward) are always run in full.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castcore.recording.invoke import OpInvoke, TensorMeta
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
-def _signature(value: Any) -> Any:
-    """A hashable picture of a call's inputs, or None when an input is an object reuse cannot copy."""
+def _walk(value: Any, cache_index: int, tensors: list, parts: list) -> Any:
+    """A hashable picture of a call's inputs, or None when an input is an object reuse cannot copy.
+
+    Appends the tensors it passes (a cache layer's among them) to ``tensors`` and each KV cache's
+    (cache, cache layer) to ``parts``, in an order fixed by the picture, so equal pictures pair up."""
     if isinstance(value, torch.Tensor):
+        if is_traceable_wrapper_subclass(value):
+            return None  # a DTensor: replay maps plain storages, not shards
+        tensors.append(value)
         return ("t", tuple(value.shape), value.dtype, tuple(value.stride()) if value.layout == torch.strided else ())
     if isinstance(value, _PLAIN):
         return value
-    if isinstance(value, (list, tuple)):
-        items = [_signature(v) for v in value]
-        return None if any(i is None and v is not None for i, v in zip(items, value)) else tuple(items)
     if isinstance(value, dict):
-        items = {k: _signature(v) for k, v in value.items()}
-        if any(items[k] is None and value[k] is not None for k in value):
-            return None
-        return tuple(sorted(items.items()))
-    return None
+        value = tuple((k, value[k]) for k in sorted(value))
+    if isinstance(value, (list, tuple)):
+        items = tuple(_walk(v, cache_index, tensors, parts) for v in value)
+        return None if any(i is None and v is not None for i, v in zip(items, value)) else items
+    part = _cache_layer(value, cache_index)
+    if part is None:
+        return None
+    parts.append((value, part))
+    state = _walk(vars(part), cache_index, tensors, parts)
+    return None if state is None else ("cache", type(value), type(part), state)
+
+
+def _cache_index(layer: torch.nn.Module, path: str) -> int:
+    """Which layer of a KV cache a model layer owns: the ``layer_idx`` a transformers layer hands to
+    ``cache.update``, else its index in its ModuleList."""
+    for sub in layer.modules():
+        index = vars(sub).get("layer_idx")
+        if isinstance(index, int):
+            return index
+    return int(path.rpartition(".")[2])
+
+
+def _cache_layer(value: Any, index: int) -> Any:
+    """``value.layers[index]`` when value is a transformers Cache that has it, else None."""
+    cache = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    layers = getattr(value, "layers", None) if cache is not None and isinstance(value, cache) else None
+    part = layers[index] if isinstance(layers, list) and index < len(layers) else None
+    return part if hasattr(part, "__dict__") else None  # its state is read through vars()
 
 
 def _layer_identity(module: torch.nn.Module) -> tuple:
@@ -85,9 +118,10 @@ class _Template:
     module: str  # the recorded layer's module path
     first_new_storage: int  # storages numbered from here on were born inside the layer
     weights: dict[str, int]  # parameter name -> storage
-    inputs: list[int]  # storages of the input tensors, in flattening order
-    outputs: list[TensorMeta]
+    before: list[int | None]  # storages of the tensors _walk passed (None: no op used it), in its order
+    outputs: list  # per output leaf: its TensorMeta, or the plain value itself
     out_spec: Any
+    cache_changes: list[dict[str, Any]]  # per cache layer: attribute -> new TensorMeta or plain value
 
 
 class LayerReuse:
@@ -102,7 +136,7 @@ class LayerReuse:
     def __init__(self, recorder, model: torch.nn.Module, state: dict[str, torch.Tensor], weights):
         self.recorder = recorder
         self.weights = weights
-        self.templates: dict[tuple, _Template] = {}
+        self.templates: dict[tuple, _Template | None] = {}  # None: that call cannot be replayed
         self.groups = _repeated_layers_by_path(model)
         # Each member layer's own tensors, by name inside the layer.
         members_by_path = {path: layer for members in self.groups for path, layer in members}
@@ -129,8 +163,9 @@ class LayerReuse:
     def active(self) -> Iterator[None]:
         patched = []
         for group_id, members in enumerate(self.groups):
-            for _, layer in members:
-                layer.forward = self._wrap(layer, layer.forward, group_id, deferred=id(layer) in self.deferred)
+            for path, layer in members:
+                layer.forward = self._wrap(layer, layer.forward, group_id, _cache_index(layer, path),
+                                           id(layer) in self.deferred)
                 patched.append(layer)
         try:
             yield
@@ -138,19 +173,24 @@ class LayerReuse:
             for layer in patched:
                 del layer.forward  # back to the class's forward
 
-    def _wrap(self, layer: torch.nn.Module, forward: Callable, group_id: int, deferred: bool) -> Callable:
+    def _wrap(self, layer: torch.nn.Module, forward: Callable, group_id: int, cache_index: int,
+              deferred: bool) -> Callable:
         weight_storages = None
 
         def reusing_forward(*args, **kwargs):
             nonlocal weight_storages
             if weight_storages is None:
                 weight_storages = {name: self.weights.storage(t) for name, t in self.layer_state[id(layer)].items()}
-            signature = _signature((args, kwargs))
+            tensors: list[torch.Tensor] = []
+            parts: list[tuple[Any, Any]] = []
+            signature = _walk((args, kwargs), cache_index, tensors, parts)
             key = (group_id, signature)
             template = self.templates.get(key) if signature is not None else None
             if template is not None:
-                return self._replay(template, weight_storages, args, kwargs)
+                return self._replay(template, weight_storages, tensors, parts)
+            recording = signature is not None and key not in self.templates  # not one that failed already
             start, first_new = len(self.recorder.invokes), self.recorder.storage_count()
+            caches = _snapshot(parts) if recording else []
             if deferred:  # its weights were left out of the capture's functional_call: swap fakes in now
                 with self.recorder.paused():
                     fakes = {name: self.weights.fake(t) for name, t in self.layer_state[id(layer)].items()}
@@ -158,34 +198,64 @@ class LayerReuse:
                     out = forward(*args, **kwargs)
             else:
                 out = forward(*args, **kwargs)
-            flat_out, spec = pytree.tree_flatten(out)
-            if signature is not None and all(isinstance(t, torch.Tensor) for t in flat_out):
-                _share_equal_keys(self.recorder.invokes[start:])
-                self.templates[key] = _Template(
-                    invokes=self.recorder.invokes[start:], module=self.recorder.current_module(),
-                    first_new_storage=first_new, weights=weight_storages,
-                    inputs=[self.recorder.storage_of(t) for t in _tensors(args, kwargs)],
-                    outputs=[TensorMeta.of(t, self.recorder.storage_of(t)) for t in flat_out], out_spec=spec)
+            if recording:
+                self.templates[key] = self._template(start, first_new, weight_storages, tensors, parts, caches, out)
             return out
 
         return reusing_forward
 
-    def _replay(self, template: _Template, weights: dict[str, int], args, kwargs):
+    def _template(self, start: int, first_new: int, weights: dict[str, int], tensors: list, parts: list,
+                  caches: list, out: Any) -> _Template | None:
+        """What a replay needs of the call just run, or None when replaying it would differ from running it."""
+        recorder = self.recorder
+        invokes = recorder.invokes[start:]
+        before = [recorder.numbered(t) for t in tensors]
+        given = set(before)
+
+        def new(value: Any) -> Any:
+            """A value the call produced, as a replay remakes it; None if it cannot."""
+            if isinstance(value, torch.Tensor):
+                storage = None if is_traceable_wrapper_subclass(value) else recorder.numbered(value)
+                fresh = storage is not None and storage >= first_new and storage not in given
+                return TensorMeta.of(value, storage) if fresh else None
+            return value if isinstance(value, _PLAIN) else None
+
+        flat_out, spec = pytree.tree_flatten(out)
+        outputs = [new(v) for v in flat_out]
+        changes = []
+        states = {key: state for _, _, held in caches for key, state in held.items()}
+        for _, part in parts:
+            now, was = vars(part), states[id(part)]
+            changes.append({name: new(v) for name, v in now.items() if name not in was or was[name] is not v})
+            if was.keys() - now.keys() or any(v is None and now[n] is not None for n, v in changes[-1].items()):
+                return None
+        if any(m is None and v is not None for m, v in zip(outputs, flat_out)):
+            return None
+        if caches and not _only_own_cache_layers(recorder, caches, {id(part) for _, part in parts}, invokes):
+            return None
+        _share_equal_keys(invokes)
+        return _Template(invokes=invokes, module=recorder.current_module(), first_new_storage=first_new,
+                         weights=weights, before=before, outputs=outputs, out_spec=spec, cache_changes=changes)
+
+    def _replay(self, template: _Template, weights: dict[str, int], tensors: list, parts: list):
         recorder = self.recorder
         with recorder.paused():
-            outputs = [torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="cpu") for m in template.outputs]
-        mapping: dict[int, int] = {}
-        for name, storage in template.weights.items():
-            mapping[storage] = weights[name]
-        for old, tensor in zip(template.inputs, _tensors(args, kwargs)):
-            mapping[old] = recorder.storage_of(tensor)
-        for meta, tensor in zip(template.outputs, outputs):
-            mapping[meta.storage] = recorder.storage_of(tensor)
+            outputs = [_fake_of(m) if type(m) is TensorMeta else m for m in template.outputs]
+            cache_values = [{name: _fake_of(v) if type(v) is TensorMeta else v for name, v in change.items()}
+                            for change in template.cache_changes]
+        mapping = {storage: weights[name] for name, storage in template.weights.items()}
+        # The recorded call's own tensors stand for this call's; each is numbered when first used, as a
+        # full capture would.
+        pending = {old: t for old, t in zip(template.before, tensors) if old is not None}
 
         def renumber(storage: int) -> int:
             if storage not in mapping:
-                born_inside = storage >= template.first_new_storage
-                mapping[storage] = recorder.new_storage_id() if born_inside else storage
+                if storage in pending:
+                    mapping[storage] = recorder.storage_of(pending[storage])
+                elif storage >= template.first_new_storage:  # born inside
+                    mapping[storage] = recorder.new_storage_id()
+                else:
+                    mapping[storage] = storage
             return mapping[storage]
 
         remapped: dict[int, TensorMeta] = {}  # id(a template TensorMeta) -> this replay's
@@ -216,7 +286,49 @@ class LayerReuse:
                 op=invoke.op, args=remap(invoke.args), kwargs=remap(invoke.kwargs), out=remap(invoke.out),
                 module=module + invoke.module[len(template.module):], index=len(recorder.invokes),
                 attrs=invoke.attrs, _key=invoke.key))
+        # The fakes take their ids only now, from the records, where a full capture numbers them.
+        for made, value in zip(template.outputs, outputs):
+            if type(made) is TensorMeta:
+                recorder.bind(value, renumber(made.storage))
+        for (_, part), change, values in zip(parts, template.cache_changes, cache_values):
+            for name, value in values.items():
+                if type(change[name]) is TensorMeta:
+                    recorder.bind(value, renumber(change[name].storage))
+                setattr(part, name, value)
         return pytree.tree_unflatten(outputs, template.out_spec)
+
+
+def _snapshot(parts: list) -> list[tuple[Any, list, dict[int, dict]]]:
+    """Each KV cache among a call's inputs: its layer list and the attributes of it and of every layer."""
+    caches = {id(cache): cache for cache, _ in parts}.values()
+    return [(cache, list(cache.layers), {id(obj): dict(vars(obj)) for obj in (cache, *cache.layers)})
+            for cache in caches]
+
+
+def _only_own_cache_layers(recorder, caches: list, own: set[int], invokes: list[OpInvoke]) -> bool:
+    """Whether the call changed and used no cache state but its own cache layers'."""
+    touched = {t.storage for invoke in invokes for t in (*invoke.inputs(), *invoke.outputs())}
+    for cache, layers, states in caches:
+        if len(cache.layers) != len(layers) or any(a is not b for a, b in zip(cache.layers, layers)):
+            return False
+        for obj in (cache, *layers):
+            if id(obj) in own:
+                continue
+            now, was = vars(obj), states[id(obj)]
+            if now.keys() != was.keys() or any(now[k] is not v for k, v in was.items()):
+                return False
+            if any(recorder.numbered(t) in touched for t in now.values() if isinstance(t, torch.Tensor)):
+                return False
+    return True
+
+
+def _fake_of(meta: TensorMeta) -> torch.Tensor:
+    """A fake tensor of meta's shape, stride and offset over a storage of meta's size; must run under the fake mode."""
+    dense = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="cpu")
+    if meta.storage_offset == 0 and dense.untyped_storage().nbytes() == meta.storage_nbytes:
+        return dense  # the usual case, and one op where a view of a larger storage takes two
+    base = torch.empty(meta.storage_nbytes // meta.element_size(), dtype=meta.dtype, device="cpu")
+    return base.as_strided(meta.shape, meta.stride, meta.storage_offset)
 
 
 def _share_equal_keys(invokes: list[OpInvoke]) -> None:
@@ -225,10 +337,6 @@ def _share_equal_keys(invokes: list[OpInvoke]) -> None:
     first: dict = {}
     for invoke in invokes:
         invoke._key = first.setdefault(invoke.key, invoke.key)
-
-
-def _tensors(args, kwargs) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
 
 
 @contextmanager
