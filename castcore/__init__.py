@@ -49,18 +49,19 @@ _EXPORTS = {
     "MeasuredTableError": "castcore.ops.tables",
 }
 # What a pack or custom-op file uses is castcore.pack's; these few are here too so files written for
-# the seed RFC (``castcore.register_op_estimator``, ``castcore.hookimpl``) run with their imports as they are.
+# the seed RFC (``castcore.register_op_estimator``, ``castcore.OpInvokeInfo``, ``castcore.PerformanceModel``)
+# run with only their import lines changed.
 _PACK_NAMES = ("hookimpl", "register_op_estimator", "register_op_properties", "Estimate", "PerformanceProperties",
-               "ComputeOps", "OpInvoke", "TensorMeta", "register_measured_table")
+               "ComputeOps", "OpInvoke", "TensorMeta", "register_measured_table", "OpInvokeInfo", "PerformanceModel")
 
 __all__ = [
     "AnnotationError", "Capture", "CaptureError", "CastcoreError", "ComputeOps", "Config", "ConfigError",
     "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect", "MeasureError",
-    "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpRecord", "PartitionError",
-    "PerformanceProperties", "Report", "Session", "TensorMeta", "Workload", "__version__", "build_workload",
-    "calibrate", "capture", "default_session", "device_from_dict", "estimate", "hookimpl", "load_config",
-    "load_device_file", "measure", "measure_table", "partition", "register_measured_table", "register_op", "register_op_estimator",
-    "register_op_properties",
+    "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpInvokeInfo", "OpRecord", "PartitionError",
+    "PerformanceModel", "PerformanceProperties", "Report", "Session", "TensorMeta", "Workload", "__version__",
+    "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate", "hookimpl",
+    "load_config", "load_device_file", "measure", "measure_table", "partition", "register_measured_table",
+    "register_op", "register_op_estimator", "register_op_properties",
 ]
 
 
@@ -94,8 +95,9 @@ if TYPE_CHECKING:
     from castcore.ops.register import register_op
     from castcore.ops.tables import MeasuredTableError, measure_table
     from castcore.ops.timing import MeasureError, calibrate, measure
-    from castcore.pack import (ComputeOps, Estimate, OpInvoke, PerformanceProperties, TensorMeta, hookimpl,
-                               register_measured_table, register_op_estimator, register_op_properties)
+    from castcore.pack import (ComputeOps, Estimate, OpInvoke, OpInvokeInfo, PerformanceModel, PerformanceProperties,
+                               TensorMeta, hookimpl, register_measured_table, register_op_estimator,
+                               register_op_properties)
     from castcore.plugins.config import Config, ConfigError, load_config
     from castcore.plugins.resolve import EstimatorError
     from castcore.recording.recorder import Capture, CaptureError, capture

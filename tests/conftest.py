@@ -11,9 +11,11 @@ DATA = Path(__file__).parent / "data"
 
 @pytest.fixture(autouse=True, scope="session")
 def private_cache(tmp_path_factory):
-    """castcore's cache (which packs have which hooks) in a folder of the test run's own, never the user's."""
+    """castcore's cache (which packs have which hooks) and config (the per-user custom_op directory) in
+    folders of the test run's own, never the user's."""
     mp = pytest.MonkeyPatch()
     mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
     yield
     mp.undo()
 

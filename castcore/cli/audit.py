@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from castcore.cli.common import StrictFailure, add_model_options, add_plugin_options, make_session, workload_from
+from castcore.cli.common import (StrictFailure, add_model_options, add_plugin_options, make_session, warn,
+                                 workload_from)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -14,6 +15,8 @@ def run(args: argparse.Namespace) -> int:
 
     workload = workload_from(args) if args.model else None
     session = make_session(args)
+    for line in audit.unmatched_device_claims(session):  # a likely typo, but no fault: --strict ignores it
+        warn(line)
     if workload is not None:
         device = session.device(args.device)
         _, captured = capture_workload(session, workload, device)
@@ -34,8 +37,9 @@ def add_parser(subparsers) -> None:
     aud = subparsers.add_parser(
         "audit", help="show which plugin wins each operator, and conflicts, overrides, uncovered ops",
         description="Static (default): every operator any plugin claims, per device, with the candidates in call "
-                    "order, the winner, the shadowed ones and a status: ok, override (declared override=True) or "
-                    "CONFLICT (two plugins claim it and neither declares override). With --model: capture that model "
+                    "order, the winner, the shadowed ones and a status: ok, override (declared override=True), "
+                    "override (user) (your custom-op file or program wins over a pack) or CONFLICT (two plugins "
+                    "claim it and neither declares override). With --model: capture that model "
                     "and list who answers each operator it runs; ops left to the memory-only fallback are UNCOVERED.")
     aud.add_argument("--device", help="audit this device only (default: every installed device; with --model, "
                                       "the default device)")

@@ -24,6 +24,9 @@ def add_plugin_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--custom-op-dir", action="append", metavar="DIR",
                        help="load every *.py in DIR as a plugin that beats installed packs (repeatable; "
                             "also CASTCORE_CUSTOM_OP_PATH)")
+    group.add_argument("--no-default-custom-op-dirs", action="store_true",
+                       help="do not load custom_op/ in the project root and $XDG_CONFIG_HOME/castcore/custom_op "
+                            "(also default_custom_op_dirs = false in castcore.toml)")
     group.add_argument("--device-file", action="append", metavar="TOML",
                        help="add a device profile from a TOML file (repeatable); the first is the default device")
     group.add_argument("--no-packs", action="store_true", help="load no installed packs (same as CASTCORE_LOAD_PACKS=)")
@@ -67,10 +70,11 @@ def make_session(args: argparse.Namespace, **extra) -> Session:
     from castcore.workload.session import Session
 
     session = Session(custom_op_dirs=args.custom_op_dir, device_files=args.device_file,
-                      load_packs=[] if args.no_packs else None, strict=args.strict, **extra)
-    for warning in session.warnings:
-        print(f"castcore: warning: {warning}", file=sys.stderr)
-    if session.config.strict and session.warnings:
+                      load_packs=[] if args.no_packs else None, strict=args.strict,
+                      default_custom_op_dirs=False if args.no_default_custom_op_dirs else None, **extra)
+    for line in session.warnings + session.notes:
+        warn(line)
+    if session.config.strict and session.warnings:  # a note (a slow import) is no fault
         raise StrictFailure(f"{len(session.warnings)} plugin problem(s) above and --strict is on")
     return session
 
@@ -87,3 +91,7 @@ def progress_printer():
 
 def note(message: str) -> None:
     print(f"castcore: {message}", file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    print(f"castcore: warning: {message}", file=sys.stderr)

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from castcore.workload.session import Session
 
 OK, OVERRIDE, CONFLICT, UNCOVERED = "ok", "override", "CONFLICT", "UNCOVERED"
+# A custom-op file or the embedding program answers before packs and the core: the seed RFC's override,
+# needing no override=True.
+OVERRIDE_USER = "override (user)"
+USER_KINDS = ("file", "script")
 
 
 @dataclass
@@ -24,6 +28,7 @@ class Candidate:
     device: str | None
     override: bool
     function: str
+    by_user: bool = False  # from a custom-op file or the embedding program
 
     def __str__(self) -> str:
         return f"{self.plugin} ({self.kind}{', override' if self.override else ''})"
@@ -57,14 +62,16 @@ class OpAudit:
         return data
 
 
-def _claims_in_call_order(session: Session, kind: str) -> list[tuple[str, Claim]]:
-    """(plugin label, claim) for every declared claim of ``kind``, in the order plugins are asked."""
+def _claims_in_call_order(session: Session, kind: str) -> list[tuple[str, bool, Claim]]:
+    """(plugin label, whether the user's, claim) for every declared claim of ``kind``, in the order plugins
+    are asked."""
     hook = session.plugins.pm.hook.estimate_op if kind == ESTIMATOR else session.plugins.pm.hook.op_properties
     ordered = []
     for impl in hookimpls_in_call_order(hook):
         if isinstance(impl.plugin, ClaimTable):
-            label = session.plugins.label(impl.plugin_name)
-            ordered += [(label, c) for c in impl.plugin.claims if c.kind == kind]
+            info = session.plugins.info_for(impl.plugin_name)
+            label, by_user = session.plugins.label(impl.plugin_name), info is not None and info.kind in USER_KINDS
+            ordered += [(label, by_user, c) for c in impl.plugin.claims if c.kind == kind]
     return ordered
 
 
@@ -76,26 +83,54 @@ def candidates_for(session: Session, device: str) -> dict[Any, list[Candidate]]:
     result: dict[Any, list[Candidate]] = {}
     for kind in (ESTIMATOR, PROPERTIES):
         seen: set[tuple[str, Any]] = set()
-        for label, claim in _claims_in_call_order(session, kind):
+        for label, by_user, claim in _claims_in_call_order(session, kind):
             if not claim.matches(device) or (label, claim.op) in seen:
                 continue
             seen.add((label, claim.op))
             result.setdefault(claim.op, []).append(
-                Candidate(label, kind, claim.device, claim.override, claim.fn.__qualname__))
+                Candidate(label, kind, claim.device, claim.override, claim.fn.__qualname__, by_user))
     return result
 
 
-def status_of(candidates: list[Candidate]) -> str:
-    """CONFLICT: two plugins (not the core) claim the op in the same way and neither says override."""
-    others = [c for c in candidates if c.plugin != CORE_NAME]
+def _contest(candidates: list[Candidate]) -> str:
+    """CONFLICT: two plugins claim the op in the same way and neither says override."""
     contested = False
-    for i, first in enumerate(others):
-        for second in others[i + 1:]:
+    for i, first in enumerate(candidates):
+        for second in candidates[i + 1:]:
             if first.kind == second.kind and first.plugin != second.plugin:
                 if not (first.override or second.override):
                     return CONFLICT
                 contested = True
     return OVERRIDE if contested else OK
+
+
+def status_of(candidates: list[Candidate]) -> str:
+    """Judged without the core, whose defaults are there to be overridden: the user's claim winning over a
+    pack's is ``override (user)``; two of the user's own files, or two packs, can still conflict."""
+    others = [c for c in candidates if c.plugin != CORE_NAME]
+    if candidates and candidates[0].by_user:
+        status = _contest([c for c in others if c.by_user])
+        if status != CONFLICT and any(not c.by_user for c in others):
+            return OVERRIDE_USER
+        return status
+    return _contest(others)
+
+
+def unmatched_device_claims(session: Session) -> list[str]:
+    """A line per claim whose device glob matches no installed device: likely a typo, and never asked."""
+    lines, seen = [], set()
+    for info in session.plugins.infos:
+        if info.kind == "core" or info.status != "loaded":
+            continue
+        for claim in info.claims:
+            key = (info.name, claim.fn, claim.device)
+            if claim.device is None or key in seen or any(claim.matches(name) for name in session.devices):
+                continue
+            seen.add(key)
+            lines.append(f"{info.label}: {claim.fn.__qualname__} claims {op_name(claim.op)} on devices "
+                         f"{claim.device!r}, which matches no installed device "
+                         f"({', '.join(session.devices) or 'none installed'})")
+    return lines
 
 
 def static_audit(session: Session, devices: list[str], op: str | None = None) -> list[OpAudit]:
@@ -153,6 +188,6 @@ def format_audit(rows: list[OpAudit], dynamic: bool = False) -> str:
         widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
         lines += [f"device {device}", *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
                                        for row in [header, *body]), ""]
-    counts = {s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE, UNCOVERED)}
+    counts = {s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE_USER, OVERRIDE, UNCOVERED)}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" among {len(rows)} rows")
     return "\n".join(lines)

@@ -1,9 +1,15 @@
 """castcore's configuration: ``[tool.castcore]`` in the nearest pyproject.toml or a castcore.toml,
-then environment variables, then explicit arguments (CLI flags), each overriding the one before."""
+then environment variables, then explicit arguments (CLI flags), each overriding the one before.
+
+Two custom-op directories are searched without being named, after any that are: ``custom_op/`` in the
+project root and the per-user ``$XDG_CONFIG_HOME/castcore/custom_op`` (``default_custom_op_dirs = false``
+turns that off).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ class Config:
     device_files: tuple[Path, ...] = ()
     strict: bool = False
     on_error: str = "raise"  # or "fallback"
+    default_custom_op_dirs: bool = True  # also load the project's and the user's custom_op/ (load_config)
     origin: str = "defaults"  # the file the settings came from, for messages
 
     def with_overrides(self, **overrides: Any) -> Config:
@@ -70,12 +77,13 @@ def from_file(path: Path) -> Config:
     data = _read_toml(path)
     table = data.get("tool", {}).get("castcore", {}) if path.name == "pyproject.toml" else data
     known = {"priority", "disable", "custom_op_dirs", "default_device", "load_packs", "device_files", "strict",
-             "on_error"}
+             "on_error", "default_custom_op_dirs"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown castcore setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    if "strict" in table and not isinstance(table["strict"], bool):
-        raise ConfigError(f"{path}: 'strict' must be true or false, not {table['strict']!r}")
+    for key in ("strict", "default_custom_op_dirs"):
+        if key in table and not isinstance(table[key], bool):
+            raise ConfigError(f"{path}: '{key}' must be true or false, not {table[key]!r}")
     for key in ("priority", "disable", "custom_op_dirs", "load_packs", "device_files"):
         if key in table and not (isinstance(table[key], list) and all(isinstance(v, str) for v in table[key])):
             raise ConfigError(f"{path}: '{key}' must be a list of strings")
@@ -93,8 +101,31 @@ def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+def project_root(start: Path) -> Path:
+    """The nearest folder at or above ``start`` holding a castcore.toml or pyproject.toml, else ``start``."""
+    for folder in (start, *start.parents):
+        if (folder / "castcore.toml").is_file() or (folder / "pyproject.toml").is_file():
+            return folder
+    return start
+
+
+def user_config_dir(environ: Mapping[str, str]) -> Path:
+    """castcore's per-user folder: $XDG_CONFIG_HOME/castcore, else ~/.config/castcore."""
+    return Path(environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "castcore"
+
+
+def default_custom_op_locations(cwd: Path | None = None, environ: Mapping[str, str] | None = None
+                                ) -> list[tuple[str, Path]]:
+    """(which, path) of the custom-op directories searched unless turned off, whether they exist or not:
+    the project's first (it wins), then the user's."""
+    environ = os.environ if environ is None else environ
+    start = (cwd or Path.cwd()).resolve()
+    return [("project", project_root(start) / "custom_op"), ("user", user_config_dir(environ) / "custom_op")]
+
+
 def load_config(cwd: Path | None = None, environ: dict[str, str] | None = None, **overrides: Any) -> Config:
-    """File settings, then CASTCORE_* environment variables, then ``overrides`` (None means not given)."""
+    """File settings, then CASTCORE_* environment variables, then ``overrides`` (None means not given);
+    then the default custom-op directories that exist, after every named one."""
     environ = os.environ if environ is None else environ
     path = find_config_file((cwd or Path.cwd()).resolve())
     config = from_file(path) if path else Config()
@@ -110,5 +141,14 @@ def load_config(cwd: Path | None = None, environ: dict[str, str] | None = None, 
         if value not in _TRUE + _FALSE:
             raise ConfigError(f"{ENV_STRICT}={environ[ENV_STRICT]!r}; use 1 or 0")
         env["strict"] = value in _TRUE
-    return config.with_overrides(**env).with_overrides(**overrides)
+    config = config.with_overrides(**env).with_overrides(**overrides)
+    if not config.default_custom_op_dirs:
+        return config
+    named = {d.expanduser().resolve() for d in config.custom_op_dirs}
+    found: list[Path] = []
+    for _, folder in default_custom_op_locations(cwd, environ):
+        folder = folder.resolve()
+        if folder.is_dir() and folder not in named and folder not in found:
+            found.append(folder)
+    return replace(config, custom_op_dirs=config.custom_op_dirs + tuple(found))
 

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from castcore.recording.invoke import OpInvoke
 
 PROJECT = "castcore"
+# The plugin API these hooks and the claim decorators make. A pack may set ``CASTCORE_API = N`` at module
+# level; castcore refuses one that needs a higher N than this, by name, rather than fail inside it later.
+API_VERSION = 1
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 

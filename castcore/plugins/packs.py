@@ -30,11 +30,13 @@ class PluginInfo:
     origin: str
     distribution: str | None = None
     version: str | None = None
-    status: str = "loaded"  # loaded | disabled | failed
-    error: str = ""
+    status: str = "loaded"  # loaded | disabled | failed | skipped
+    error: str = ""  # why it failed or was skipped
     claims: list[Claim] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
     pluggy_names: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # faults of a loaded plugin (--strict fails on them)
+    notes: list[str] = field(default_factory=list)  # worth knowing, never a fault (a slow import)
 
     @property
     def label(self) -> str:
@@ -93,6 +95,28 @@ def _dist_of(ep: importlib.metadata.EntryPoint) -> tuple[str, str | None]:
     return dist.metadata["Name"], dist.version
 
 
+def castcore_requirement_problem(info: PluginInfo, ep: importlib.metadata.EntryPoint,
+                                 castcore_version: str | None) -> str | None:
+    """Why the pack's distribution cannot run on this castcore (its Requires-Dist on castcore excludes
+    this version), or None. pip enforces this on install, but not with --no-deps, --target or an old pack."""
+    dist = getattr(ep, "dist", None)
+    if dist is None or castcore_version is None:
+        return None
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    for line in dist.requires or ():
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) != "castcore" or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        if not req.specifier.contains(castcore_version, prereleases=True):
+            return (f"refused: it requires castcore{req.specifier}, but castcore {castcore_version} is installed; "
+                    f"upgrade castcore (pip install -U castcore) or disable the pack with "
+                    f"CASTCORE_DISABLE_PACKS={info.name}")
+    return None
 
 
 def profile_folders(config: Config) -> dict[str, Path]:

@@ -80,7 +80,7 @@ class Resolver:
                     result = _call(impl, invoke, device)
                 except EstimatorError:
                     raise  # already names the plugin at fault (a nested properties question)
-                except Exception as exc:  # a plugin's bug is reported by name, never blind
+                except (Exception, SystemExit) as exc:  # a plugin's bug, sys.exit() too, is reported by name
                     raise self._error(impl, invoke, device, f"raised {type(exc).__name__}: {exc}") from exc
                 if result is None:
                     continue

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
+from castcore.plugins.claims import declared_count
 from castcore.plugins.config import Config, load_config
 from castcore.builtin import CorePlugin
-from castcore.plugins.loading import LoadedPlugins, load_plugins
+from castcore.plugins.loading import LoadedPlugins, load_plugins, refresh_scripts
 from castcore.plugins.packs import profile_folders, remember_hooks
 from castcore.plugins.resolve import Resolver
 from castcore.recording.recorder import Capture, no_cyclic_gc
@@ -33,10 +34,23 @@ class Session:
         self.plugins: LoadedPlugins = load_plugins(self.config, CorePlugin())
         self.resolver = Resolver(self.plugins.pm, self.plugins.label, on_error=self.config.on_error)
         self.plugins.core.resolver = self.resolver
-        self.warnings: list[str] = [f"{info.label}: {info.error}" for info in self.plugins.infos
-                                    if info.status == "failed"]
+        self._claims_seen = declared_count()
+        infos = self.plugins.infos
+        self.warnings: list[str] = [f"{info.label}: {info.error}" for info in infos if info.status == "failed"]
+        self.warnings += [f"{info.label}: {warning}" for info in infos for warning in info.warnings]
+        # Worth telling (a slow import), but no fault: --strict does not fail on these.
+        self.notes: list[str] = [f"{info.label}: {note}" for info in infos for note in info.notes]
         remember_hooks(self.plugins.infos)
         self.devices: dict[str, DeviceProfile] = self._collect_devices()
+
+    def refresh_claims(self) -> None:
+        """Take in claims the program declared after this session was made (a decorator in __main__ run
+        later), so they answer from now on; the default session does this each time it is used."""
+        if declared_count() == self._claims_seen:
+            return
+        self._claims_seen = declared_count()
+        if refresh_scripts(self.plugins):
+            self.resolver.clear_cache()
 
     def _collect_devices(self) -> dict[str, DeviceProfile]:
         devices: dict[str, DeviceProfile] = {}
@@ -45,7 +59,7 @@ class Session:
             label = self.plugins.label(impl.plugin_name)
             try:
                 profiles = list(impl.function() or ())
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # sys.exit() in a plugin ends the plugin, not castcore
                 self.warnings.append(f"{label}: device_profiles raised {type(exc).__name__}: {exc}")
                 continue
             for profile in profiles:
@@ -151,10 +165,13 @@ _default: Session | None = None
 
 
 def default_session() -> Session:
-    """The Session the module-level functions use, created on first use from the environment."""
+    """The Session the module-level functions use, created on first use from the environment; claims
+    declared since then are taken in."""
     global _default
     if _default is None:
         _default = Session()
+    else:
+        _default.refresh_claims()
     return _default
 
 
