@@ -150,16 +150,31 @@ def analyze_memory(captured: Capture, kv_cache_bytes: int = 0, top: int = 5) -> 
     )
 
 
-def kv_cache_bytes(config: dict[str, Any], batch: int, kv_len: int, dtype: torch.dtype | str) -> int:
-    """Bytes of a full K and V cache for a transformers config.json dict:
-    2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize."""
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        config = config["text_config"]  # multimodal configs nest the language model's
+def config_field(config: Any, name: str) -> Any:
+    """A field of a transformers config, built (whose attribute map turns GPT-2's n_head into
+    num_attention_heads) or a config.json dict; None when it has none."""
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
+def language_config(config: Any) -> Any:
+    """The language model's config: multimodal configs nest it as text_config."""
+    text = config_field(config, "text_config")
+    return text if config_field(config, "num_hidden_layers") is None and text is not None else config
+
+
+def kv_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dtype | str) -> int:
+    """Bytes of a full K and V cache for a transformers config (built, or a config.json dict):
+    2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize. ValueError names a missing field."""
+    config = language_config(config)
     dtype = torch_dtype(dtype)
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return 2 * config["num_hidden_layers"] * batch * kv_len * kv_heads * head_dim * dtype.itemsize
+    layers, heads, hidden = (config_field(config, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    kv_heads = config_field(config, "num_key_value_heads") or heads
+    head_dim = config_field(config, "head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
+    missing = [k for k, v in (("num_hidden_layers", layers), ("num_attention_heads", heads), ("head_dim", head_dim))
+               if not isinstance(v, int)]
+    if missing:
+        raise ValueError(f"the model config has no {', '.join(missing)}")
+    return 2 * layers * batch * kv_len * kv_heads * head_dim * dtype.itemsize
 
 
 def format_bytes(n: float) -> str:

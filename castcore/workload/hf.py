@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from castcore.workload.spec import ModelError
+
 ATTENTION = "castcore"
 
 
@@ -63,28 +65,47 @@ def no_attention_backend_note(model_name: str, attention: str) -> str:
             "about twice the causal work")
 
 
-def build_causal_lm(config: dict[str, Any], dtype: torch.dtype) -> tuple[torch.nn.Module, str | None]:
+def build_causal_lm(config: dict[str, Any], dtype: torch.dtype,
+                    origin: str = "the model config") -> tuple[torch.nn.Module, str | None]:
     """An AutoModelForCausalLM from a config.json dict, on the meta device (no weights allocated),
-    and a note when the model cannot take castcore's attention path."""
+    and a note when the model cannot take castcore's attention path. ModelError names ``origin``,
+    the field at fault and what castcore supports."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     register_attention()
     fields = {k: v for k, v in config.items() if not k.startswith("_")}
     model_type = fields.pop("model_type", None)
-    if model_type is None:
-        raise ValueError("the model config has no 'model_type'; it must be a transformers config.json")
-    hf_config = AutoConfig.for_model(model_type, **fields)
-    attention, note = ATTENTION, None
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ModelError(f"{origin}: 'model_type' = {model_type!r} is not a transformers model type; castcore "
+                         "builds causal language models from a transformers config.json (llama, qwen2, gpt2, ...)")
+    try:
+        hf_config = AutoConfig.for_model(model_type, **fields)
+    except Exception as exc:  # transformers' validation errors have no common base: any is the config's fault
+        raise ModelError(f"{origin}: transformers refuses this {model_type} config: {_one_line(exc)}") from None
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    if model_class is None:
+        raise ModelError(f"{origin}: {model_type} is not a causal language model (transformers has no "
+                         f"AutoModelForCausalLM for it, as for encoder-decoder and vision models); estimate your own "
+                         "module with castcore.estimate(model, inputs) or --model package.module:factory")
+    attention, note = ATTENTION, None
     if model_class is not None and not getattr(model_class, "_supports_attention_backend", True):
         # Models written before transformers' attention interface pick their attention class by name.
         attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
         note = no_attention_backend_note(model_class.__name__, attention)
     hf_config._attn_implementation = attention
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
+        raise ModelError(f"{origin}: transformers cannot build this {model_type} model: {_one_line(exc)}") from None
     return model.eval(), note
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
 def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype):

@@ -23,7 +23,7 @@ class BuiltModel:
     """A built model and the inputs of one call to it, with a line saying what it is.
 
     ``inputs_fn`` builds inputs that must be made inside the fake mode (a pre-filled KV cache);
-    ``config`` is the transformers config dict when the model came from one. ``while_capturing()`` is
+    ``config`` is the model's transformers config (a built one, or a config.json dict) when it has one. ``while_capturing()`` is
     entered around the capture: settings castcore changes on a user's own model for that run only.
     """
 
@@ -32,7 +32,7 @@ class BuiltModel:
     kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     inputs_fn: Callable[[], tuple[tuple, dict]] | None = None
-    config: dict[str, Any] | None = None
+    config: Any = None
     notes: list[str] = field(default_factory=list)  # what a user should know about how it was built
     while_capturing: Callable[[], AbstractContextManager] = nullcontext
     # Batch, tokens and dtype of the KV cache a prefill fills, when they are the inputs' and model's
@@ -49,8 +49,8 @@ def parse_dtype(name: str) -> torch.dtype:
 def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len: int, train: bool) -> BuiltModel:
     """One step of a causal LM from a preset or config.json: a prefill of ``batch`` x ``seq`` tokens, or a
     decode of one token per sequence over a KV cache of ``kv_len`` tokens."""
-    config = load_model_config(spec)
-    module, note = build_causal_lm(config, parse_dtype(dtype))
+    module, note = build_causal_lm(load_model_config(spec), parse_dtype(dtype), origin=spec)
+    config = module.config
     notes = [note] if note else []
     if phase == "decode":
         return BuiltModel(model=module, inputs_fn=decode_inputs(module, batch, kv_len, parse_dtype(dtype)),
@@ -80,7 +80,10 @@ def from_factory(spec: str, **options: Any) -> BuiltModel:
         raise ModelError(f"cannot load model factory {spec!r}: {exc}") from None
     accepted = inspect.signature(factory).parameters
     takes_all = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    made = factory(**{k: v for k, v in options.items() if takes_all or k in accepted})
+    try:
+        made = factory(**{k: v for k, v in options.items() if takes_all or k in accepted})
+    except Exception as exc:  # the user's code: say whose, in one line
+        raise ModelError(f"model factory {spec!r} raised {type(exc).__name__}: {exc}") from None
     if isinstance(made, BuiltModel):
         return made
     if isinstance(made, tuple) and made and isinstance(made[0], torch.nn.Module) and len(made) in (2, 3):

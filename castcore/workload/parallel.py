@@ -18,6 +18,7 @@ local shard shapes and the collectives (see castcore.capture). The process group
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import ModelError
 
@@ -93,20 +95,29 @@ def build_plan(model: torch.nn.Module, n: int) -> tuple[dict[str, Any], TensorPa
     return plan, info
 
 
-def per_device_config(config: dict[str, Any] | None, n: int) -> dict[str, Any] | None:
-    """A config.json dict as one of ``n`` devices sees it: heads and KV heads / n, head_dim explicit.
-
-    castcore.memory.kv_cache_bytes reads it, so a prefill's KV cache is counted per device."""
-    if not config:
-        return config
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        return {**config, "text_config": per_device_config(config["text_config"], n)}
-    heads = config.get("num_attention_heads")
+def per_device_config(config: Any, n: int) -> Any:
+    """A model config (built, or a config.json dict) as one of ``n`` devices sees it: heads and KV heads / n,
+    head_dim explicit. kv_cache_bytes reads it, so a prefill's KV cache is counted per device."""
+    text = language_config(config) if config is not None else None
+    heads = config_field(text, "num_attention_heads") if text is not None else None
     if not isinstance(heads, int):
         return config
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return {**config, "num_attention_heads": heads // n, "num_key_value_heads": kv_heads // n, "head_dim": head_dim}
+    kv_heads = config_field(text, "num_key_value_heads") or heads
+    head_dim = config_field(text, "head_dim") or config_field(text, "hidden_size") // heads
+    changes = {"num_attention_heads": heads // n, "num_key_value_heads": kv_heads // n, "head_dim": head_dim}
+    if isinstance(text, dict):
+        shard = {**text, **changes}
+    else:
+        shard = copy.copy(text)
+        for key, value in changes.items():
+            setattr(shard, key, value)
+    if text is config:
+        return shard
+    if isinstance(config, dict):
+        return {**config, "text_config": shard}
+    whole = copy.copy(config)
+    whole.text_config = shard
+    return whole
 
 
 @contextmanager

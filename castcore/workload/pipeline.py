@@ -68,8 +68,12 @@ def run(session: Session, workload: Workload, device: str | DeviceProfile | None
     built, captured = capture_workload(session, workload, profile, progress)
     # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
     batch, seq, dtype = built.kv_cache_shape or (workload.batch, workload.seq, parse_dtype(workload.dtype))
-    cache = (kv_cache_bytes(built.config, batch, seq, dtype)
-             if built.config and workload.phase == "prefill" and not workload.train else 0)
+    cache = 0
+    if built.config is not None and workload.phase == "prefill" and not workload.train:
+        try:
+            cache = kv_cache_bytes(built.config, batch, seq, dtype)
+        except ValueError as exc:
+            built.notes.append(f"the KV cache a prefill fills is not counted: {exc}")
     report = session.estimate_capture(captured, profile, description=built.description, kv_cache_bytes=cache)
     report.notes = list(built.notes)
     report.workload = workload.options()

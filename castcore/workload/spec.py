@@ -109,10 +109,19 @@ def load_model_config(spec: str) -> dict[str, Any]:
     path = Path(spec)
     if path.suffix == ".json":
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ModelError(f"model config {path} does not exist") from None
-        except json.JSONDecodeError as exc:
+        except IsADirectoryError:
+            raise ModelError(f"model config {path} is a directory; name its config.json") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelError(f"model config {path} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ModelError(f"model config {path} holds a JSON {type(data).__name__}, not an object: a transformers "
+                             "config.json is one object with a 'model_type'")
+        if not isinstance(data.get("model_type"), str):
+            raise ModelError(f"model config {path} has no 'model_type'; a transformers config.json names its model "
+                             "type (llama, qwen2, gpt2, ...)")
+        return data
     raise ModelError(f"unknown model {spec!r}; use a preset ({', '.join(preset_names())}), a path to a "
                      "config.json, or package.module:factory")

@@ -60,7 +60,7 @@ def prepare(built: BuiltModel) -> BuiltModel:
                        "is counted in memory from the model's config")
     tokens = next((passed[k] for k in ("input_ids", "inputs_embeds") if isinstance(passed.get(k), torch.Tensor)), None)
     if tokens is not None and tokens.dim() >= 2:
-        built.config = model.config.to_dict()
+        built.config = model.config
         built.kv_cache_shape = (int(tokens.shape[0]), int(tokens.shape[1]), model.dtype)
     return built
 
