@@ -279,3 +279,18 @@ def test_a_pack_name_matching_no_installed_pack_is_an_error_listing_the_installe
     assert setting in message and unknown in message
     installed = message.split("installed packs:")[1]
     assert "prio_a" in installed and "prio_b" in installed
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("castcore.toml", b"\x89PNG\r\n\x1a\n", "cannot read it as TOML"),
+    ("pyproject.toml", b"[tool]\ncastcore = 5\n", "'tool.castcore' must be a table of settings"),
+    ("pyproject.toml", b"tool = 5\n", "'tool' must be a table"),
+])
+def test_a_config_file_castcore_cannot_read_is_one_line(name, content, message, tmp_path, monkeypatch, capsys):
+    from castcore.cli.main import main
+
+    (tmp_path / name).write_bytes(content)
+    monkeypatch.chdir(tmp_path)
+    assert main(["devices", "--no-packs"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"castcore: error: {tmp_path / name}: ") and message in line

@@ -92,3 +92,20 @@ def test_unknown_device_lists_installed(session):
 def test_no_devices_at_all_says_how_to_get_one():
     with pytest.raises(DeviceError, match="pip install castpack-ascend"):
         castcore.Session(load_packs=[]).device()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "not valid TOML"),
+    (None, "is a directory; give the profile's .toml file"),
+])
+def test_a_device_file_that_is_not_toml_is_one_line(content, message, tmp_path, capsys):
+    from castcore.cli.main import main
+
+    path = tmp_path / "gpu.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert main(["devices", "--no-packs", "--device-file", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"castcore: error: {path}: ") and message in line

@@ -88,8 +88,12 @@ def load_device_file(path: str | Path) -> DeviceProfile:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DeviceError(f"{path}: no such device file") from None
-    except tomllib.TOMLDecodeError as exc:
+    except IsADirectoryError:
+        raise DeviceError(f"{path}: is a directory; give the profile's .toml file") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise DeviceError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise DeviceError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     return device_from_dict(data, origin=str(path))
 
 

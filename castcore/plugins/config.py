@@ -61,7 +61,7 @@ def find_config_file(start: Path) -> Path | None:
         if candidate.is_file():
             return candidate
         candidate = folder / "pyproject.toml"
-        if candidate.is_file() and "castcore" in _read_toml(candidate).get("tool", {}):
+        if candidate.is_file() and "castcore" in _tool_table(candidate):
             return candidate
     return None
 
@@ -69,13 +69,22 @@ def find_config_file(start: Path) -> Path | None:
 def _read_toml(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read it as TOML: {exc}") from None
 
 
+def _tool_table(path: Path) -> dict:
+    tool = _read_toml(path).get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError(f"{path}: 'tool' must be a table ([tool.castcore] holds castcore's settings)")
+    return tool
+
+
 def from_file(path: Path) -> Config:
-    data = _read_toml(path)
-    table = data.get("tool", {}).get("castcore", {}) if path.name == "pyproject.toml" else data
+    table = _tool_table(path).get("castcore", {}) if path.name == "pyproject.toml" else _read_toml(path)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: 'tool.castcore' must be a table of settings, not {table!r}: write "
+                          "[tool.castcore] and the settings under it")
     known = {"priority", "disable", "custom_op_dirs", "default_device", "load_packs", "device_files", "strict",
              "on_error", "default_custom_op_dirs"}
     unknown = sorted(set(table) - known)

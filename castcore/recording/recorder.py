@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -267,6 +268,11 @@ def no_cyclic_gc():
             gc.enable()
 
 
+# Module tracking and torch's dispatch modes hook the whole process, so two captures at once would record
+# each other's calls: captures take turns. (Estimating a capture needs no turn.)
+CAPTURE_LOCK = threading.RLock()
+
+
 def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = False,
             inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
             progress: Callable[[int], None] | None = None, reuse: bool = True, **kwargs: Any) -> Capture:
@@ -279,16 +285,17 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
     starts: for inputs that are not plain tensors, such as a pre-filled KV cache object.
     ``progress(n)`` is called every few hundred recorded calls. ``reuse`` captures one of each set
     of identical layers and replays its records for the others (see castcore.recording.reuse);
-    totals are the same as with ``reuse=False``.
+    totals are the same as with ``reuse=False``. Captures from several threads run one at a time.
     """
-    try:
-        return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse)
-    except FakeTensorDeviceMismatchError:
-        if not reuse:
-            raise
-        # A replayed layer's weights stay on the meta device; code outside the layer used one, so
-        # this model cannot be replayed: capture it in full.
-        return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse=False)
+    with CAPTURE_LOCK:
+        try:
+            return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse)
+        except FakeTensorDeviceMismatchError:
+            if not reuse:
+                raise
+            # A replayed layer's weights stay on the meta device; code outside the layer used one, so
+            # this model cannot be replayed: capture it in full.
+            return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse=False)
 
 
 def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool) -> Capture:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from castcore.recording.recorder import Capture, capture
+from castcore.recording.recorder import CAPTURE_LOCK, Capture, capture
 from castcore.report.memory import kv_cache_bytes
 from castcore.report.records import Report
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
@@ -37,7 +37,16 @@ def _own_description(workload: Workload) -> str:
 
 def capture_workload(session: Session, workload: Workload, device: DeviceProfile,
                      progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
-    """Build, fuse (when asked), shard and capture; the built model carries the notes a user should see."""
+    """Build, fuse (when asked), shard and capture; the built model carries the notes a user should see.
+
+    The whole of it takes the capture's turn: building touches process-wide state too (default device,
+    transformers' registries, the fake process group)."""
+    with CAPTURE_LOCK:
+        return _capture_workload(session, workload, device, progress)
+
+
+def _capture_workload(session: Session, workload: Workload, device: DeviceProfile,
+                      progress: Callable[[int], None] | None) -> tuple[BuiltModel, Capture]:
     built = build(workload)
     if workload.fuse:
         swaps = session.fuse(built.model, device)
