@@ -91,19 +91,19 @@ def template(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Speed and memory figures (not tests): writes bench-results/*.json and prints tables."""
+    """Speed and memory figures (not tests): writes bench/results/*.json and prints tables."""
     _install_core(session)
-    session.run("python", "bench/scale.py", "--out", "bench-results/scale.json", *session.posargs)
-    session.run("python", "bench/resolution.py", "--out", "bench-results/resolution.json")
-    session.run("python", "bench/stock.py", "--out", "bench-results/stock.json")
+    session.run("python", "bench/scale.py", "--out", "bench/results/scale.json", *session.posargs)
+    session.run("python", "bench/resolution.py", "--out", "bench/results/resolution.json")
+    session.run("python", "bench/stock.py", "--out", "bench/results/stock.json")
 
 
 @nox.session
 def fidelity(session: nox.Session) -> None:
     """Fidelity report (not a test): estimates vs timings on this machine and vs published figures.
 
-    Writes bench-results/fidelity.json and fidelity.md; about half a minute. Not a default session.
+    Writes bench/results/fidelity.json and fidelity.md; about half a minute. Not a default session.
     """
     _install_core(session)
     session.install("packs/castpack-ascend")  # the Ascend 910B2 published figure is estimated with it
-    session.run("python", "bench/fidelity.py", "--out", "bench-results/fidelity.json", *session.posargs)
+    session.run("python", "bench/fidelity.py", "--out", "bench/results/fidelity.json", *session.posargs)

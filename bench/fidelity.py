@@ -5,7 +5,7 @@ pointwise, norms, softmax, attention) on that profile and time each op for real 
 median). Published part: the cited figures in bench/fidelity_published.json estimated on their
 device profiles. Writes JSON and Markdown and prints the Markdown.
 
-    python bench/fidelity.py --out bench-results/fidelity.json [--quick] [--no-local] [--no-published]
+    python bench/fidelity.py --out bench/results/fidelity.json [--quick] [--no-local] [--no-published]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench-results/fidelity.json", help="JSON file; the Markdown goes next to it")
+    parser.add_argument("--out", default="bench/results/fidelity.json", help="JSON file; the Markdown goes next to it")
     parser.add_argument("--quick", action="store_true", help="small sizes and a quick calibration (seconds; "
                                                               "numbers far from this machine's best)")
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timed calls per op (default: 0.5)")

@@ -1,6 +1,6 @@
 """What castcore's resolution costs per operator call, with no pack and with N packs installed.
 
-    python bench/resolution.py [--out bench-results/resolution.json] [--packs 10] [--repeats 50] [--rounds 3]
+    python bench/resolution.py [--out bench/results/resolution.json] [--packs 10] [--repeats 50] [--rounds 3]
 
 Captures a small Llama (tests/data/tiny-llama.json) once, then times ``Session.estimate_capture``
 with a fresh Session each repeat (an empty resolution cache; plugin loading is not timed), the
@@ -163,7 +163,7 @@ def summarize(raw: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench-results/resolution.json", help="where to write the JSON results")
+    parser.add_argument("--out", default="bench/results/resolution.json", help="where to write the JSON results")
     parser.add_argument("--packs", type=int, default=10, help="generated packs in the second run (default 10)")
     parser.add_argument("--repeats", type=int, default=50, help="timed repeats per subprocess (default 50)")
     parser.add_argument("--rounds", type=int, default=3,

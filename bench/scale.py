@@ -28,7 +28,7 @@ over each run's wall time.
 
     python bench/scale.py [--models llama-3-8b llama-3-70b path/to/config.json pkg.mod:factory]
                           [--seq 2048] [--decode-batch 32] [--kv-len 2048] [--tp 8]
-                          [--out bench-results/scale.json]
+                          [--out bench/results/scale.json]
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def main() -> None:
     parser.add_argument("--decode-batch", type=int, default=32, help="sequences in the decode step")
     parser.add_argument("--kv-len", type=int, default=2048, help="tokens cached before the decode step")
     parser.add_argument("--tp", type=int, default=8, help="devices of the tensor-parallel prefill")
-    parser.add_argument("--out", default="bench-results/scale.json")
+    parser.add_argument("--out", default="bench/results/scale.json")
     parser.add_argument("--device-file", default=str(HERE.parent / "tests" / "data" / "h100-sxm.toml"))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one model in this process
     args = parser.parse_args()

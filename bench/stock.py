@@ -19,7 +19,7 @@ on fake CPU tensors not even attention (it has no formula for SDPA's CPU kernel)
 every op, and causal attention over half the query-key pairs. Sessions load no packs and use the
 --device-file profile; the preset is built in the model's dtype, so its records match op for op.
 
-    python bench/stock.py [--model llama-3-70b] [--seq 2048] [--out bench-results/stock.json]
+    python bench/stock.py [--model llama-3-70b] [--seq 2048] [--out bench/results/stock.json]
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama-3-70b", help="a preset name or a transformers config.json path")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--warmup-seq", type=int, default=16, help="sequence length of the untimed warm-up runs")
-    parser.add_argument("--out", default="bench-results/stock.json")
+    parser.add_argument("--out", default="bench/results/stock.json")
     parser.add_argument("--device-file", default=str(HERE.parent / "tests" / "data" / "h100-sxm.toml"))
     args = parser.parse_args()
     from castcore.workload.spec import ModelError
