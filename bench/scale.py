@@ -183,8 +183,8 @@ def measure(model_name: str, seq: int, device_file: str, warmup_seq: int, decode
     for label, options, n in variants:
         variant = Paths(session.build(build_workload(model_name, **options)), session)
         with tensor_parallel(variant.workload, n):  # sharded before the clock starts, as the model is built
-            reused, _, _ = timed(f"castcore estimate {label}", lambda: variant.estimate(True))
-            full, _, _ = timed(f"castcore estimate {label} --no-reuse", lambda: variant.estimate(False))
+            reused, _, _ = timed(f"castcore estimate {label}", lambda v=variant: v.estimate(True))
+            full, _, _ = timed(f"castcore estimate {label} --no-reuse", lambda v=variant: v.estimate(False))
         identical[label] = _same_report(reused, full)
         for name, report in ((f"castcore estimate {label}", reused),
                              (f"castcore estimate {label} --no-reuse", full)):

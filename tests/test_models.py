@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import castcore
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
 from castcore.workload.pipeline import build
