@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import castcore
+from tests.plugin_files import mm_answer
 from castcore.plugins.config import user_config_dir
 
 HERE = Path(__file__).parent
@@ -54,12 +55,6 @@ def user_dir(tmp_path: Path, **files: str) -> Path:
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
     return folder
-
-
-def mm_answer(session: castcore.Session) -> tuple[str, float]:
-    report = session.estimate(torch.mm, torch.empty(8, 4, device="meta"), torch.empty(4, 2, device="meta"),
-                              device="h100-sxm")
-    return str(report.records[0].estimate.source), report.records[0].estimate.time_s
 
 
 def new_session(**overrides) -> castcore.Session:

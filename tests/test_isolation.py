@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import castcore
+from tests.plugin_files import info_of, ops_dir
 
 HERE = Path(__file__).parent
 PACKS = HERE / "packs"
@@ -186,18 +187,6 @@ def run(session: castcore.Session) -> dict[str, tuple]:
     report = session.estimate(_fn, *_inputs(), device="h100-sxm")
     return {r.invoke.name: (str(r.estimate.source), r.estimate.time_s, r.estimate.compute_s, r.estimate.memory_s,
                             r.estimate.comm_s, r.estimate.overhead_s, r.estimate.bound) for r in report.records}
-
-
-def info_of(session: castcore.Session, path: Path):
-    return next(i for i in session.plugins.infos if i.origin == str(path))
-
-
-def ops_dir(tmp_path: Path, **files: str) -> Path:
-    folder = tmp_path / "ops"
-    folder.mkdir(exist_ok=True)
-    for name, text in files.items():
-        (folder / f"{name}.py").write_text(text)
-    return folder
 
 
 @pytest.fixture(scope="module")

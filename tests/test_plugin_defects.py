@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import castcore
+from tests.plugin_files import info_of, mm_answer, ops_dir
 
 HERE = Path(__file__).parent
 DEVICE_FILE = HERE / "data" / "h100-sxm.toml"
@@ -57,24 +57,6 @@ def cli(site: Path | None, packs: list[str], *args: str, cwd: Path = HERE) -> su
 def session_with(folder: Path, **overrides) -> castcore.Session:
     return castcore.Session(castcore.Config(), load_packs=[], device_files=[DEVICE_FILE],
                             custom_op_dirs=[folder], **overrides)
-
-
-def info_of(session: castcore.Session, path: Path):
-    return next(i for i in session.plugins.infos if i.origin == str(path))
-
-
-def ops_dir(tmp_path: Path, **files: str) -> Path:
-    folder = tmp_path / "ops"
-    folder.mkdir(exist_ok=True)
-    for name, text in files.items():
-        (folder / f"{name}.py").write_text(text)
-    return folder
-
-
-def mm_answer(session: castcore.Session) -> tuple[str, float]:
-    report = session.estimate(torch.mm, torch.empty(8, 4, device="meta"), torch.empty(4, 2, device="meta"),
-                              device="h100-sxm")
-    return str(report.records[0].estimate.source), report.records[0].estimate.time_s
 
 
 MM = '''
