@@ -416,6 +416,118 @@ def test_data_movement_is_memory_only(session):
     assert (copy.props.memory_read_bytes, copy.props.memory_write_bytes) == (64, 512)  # dst is not read
 
 
+def test_set_and_in_place_view_changes_move_nothing(session):
+    def rebind(x):
+        y = torch.empty(0)
+        y.set_(x), y.set_(x.untyped_storage()), y.set_(x.untyped_storage(), 0, (4, 4), (4, 1)), y.set_()
+        x.t_(), x.transpose_(0, 1), x.unsqueeze_(0), x.squeeze_(0), x.squeeze_(), aten.squeeze_.dims(x, [0])
+        x.as_strided_((2, 2), (1, 2)), aten.unsafe_split.Tensor(x, 1), aten.lift(x)
+
+    calls = [c for c in run(session, rebind, meta(4, 4)) if c.invoke.name != "aten::empty.memory_format"]
+    assert {c.invoke.name for c in calls} == {
+        "aten::set_.source_Tensor", "aten::set_.source_Storage", "aten::set_.source_Storage_storage_offset",
+        "aten::set_", "aten::t_", "aten::transpose_", "aten::unsqueeze_", "aten::squeeze_.dim", "aten::squeeze_",
+        "aten::squeeze_.dims", "aten::as_strided_", "aten::unsafe_split.Tensor", "aten::lift"}
+    for call in calls:
+        assert call.estimate.source == PROPERTIES, call.invoke.name
+        assert (call.props.memory_bytes, call.props.flops, call.estimate.time_s) == (0, 0, 0), call.invoke.name
+
+
+def answered(session, op, args, out) -> Call:
+    """The core's answer for one call of ``op`` built by hand: for ops eager code never dispatches on the CPU
+    (a backend's _copy_from) or that fake tensors cannot run (.item())."""
+    invoke = OpInvoke(op, tuple(args), {}, out)
+    device = session.device("h100-sxm")
+    call = Call(invoke, session.resolver.estimate(invoke, device), session.resolver.properties(invoke, device)[0])
+    assert call.estimate.source == PROPERTIES, call.estimate.source
+    return call
+
+
+def test_copies_read_their_source_and_write_their_result(session):
+    big, row = TensorMeta((8, 16), torch.float32), TensorMeta((16,), torch.float32)
+    copied = the(run(session, aten.copy, meta(8, 16), meta(16)), "aten::copy")  # self's shape, filled from src
+    assert (copied.props.memory_read_bytes, copied.props.memory_write_bytes) == (64, 512)
+    moved = answered(session, aten._copy_from.default, (row, big), big)  # self copied into dst
+    assert (moved.props.memory_read_bytes, moved.props.memory_write_bytes) == (64, 512)
+    empty = TensorMeta((0,), torch.float32)
+    grown = answered(session, aten._copy_from_and_resize.default, (big, empty), big)
+    assert (grown.props.memory_read_bytes, grown.props.memory_write_bytes) == (512, 512)
+    item = answered(session, aten._local_scalar_dense.default, (TensorMeta((), torch.float32),), 1.0)
+    assert (item.props.memory_read_bytes, item.props.memory_write_bytes) == (4, 0)
+    # The functional resize clones self (then resizes the clone's metadata).
+    for name, fn, args in [("aten::resize", lambda x: aten.resize(x, [4, 8]), (meta(8, 16),)),
+                           ("aten::resize_as", aten.resize_as, (meta(8, 16), meta(2, 2)))]:
+        call = the(run(session, fn, *args), name)
+        assert (call.props.memory_read_bytes, call.props.memory_write_bytes, call.props.flops) == (512, 512, 0), name
+
+
+VIEW_COPIES = [  # (op, call on an 8x8 float32, bytes read, bytes written)
+    ("aten::select_copy.int", lambda x: aten.select_copy.int(x, 0, 1), 32, 32),
+    ("aten::diagonal_copy", aten.diagonal_copy, 32, 32),
+    ("aten::narrow_copy", lambda x: aten.narrow_copy(x, 1, 0, 3), 96, 96),
+    ("aten::transpose_copy.int", lambda x: aten.transpose_copy.int(x, 0, 1), 256, 256),
+    ("aten::unfold_copy", lambda x: aten.unfold_copy(x, 1, 4, 1), 256, 8 * 5 * 4 * 4),  # windows overlap
+    ("aten::split_copy.Tensor", lambda x: aten.split_copy.Tensor(x, 3), 256, 256),
+    ("aten::unbind_copy.int", aten.unbind_copy.int, 256, 256),
+    ("aten::view_copy.dtype", lambda x: aten.view_copy.dtype(x, torch.int32), 256, 256),
+    ("aten::squeeze_copy.dim", lambda x: aten.squeeze_copy.dim(x[None], 0), 256, 256),
+]
+
+
+@pytest.mark.parametrize("name, fn, read, written", VIEW_COPIES, ids=[c[0] for c in VIEW_COPIES])
+def test_view_copies_read_what_the_view_selects(session, name, fn, read, written):
+    call = the(run(session, fn, meta(8, 8)), name)
+    assert (call.props.memory_read_bytes, call.props.memory_write_bytes, call.props.flops) == (read, written, 0)
+
+
+def test_nearest_upsampling_copies_and_its_backward_adds(session):
+    def step(x):
+        with torch.enable_grad():
+            F.interpolate(x.requires_grad_(), scale_factor=2, mode="nearest").sum().backward()
+
+    calls = run(session, step, meta(1, 2, 4, 4))
+    up = the(calls, "aten::upsample_nearest2d")
+    assert (up.props.memory_read_bytes, up.props.memory_write_bytes, up.props.flops) == (128, 512, 0)
+    back = the(calls, "aten::upsample_nearest2d_backward")
+    assert (back.props.memory_read_bytes, back.props.memory_write_bytes, gp(back)) == (512, 128, 128)
+
+
+@pytest.mark.parametrize("mode, gp_ops, written", [("sum", 80, 64 + 16 + 16), ("mean", 80 + 2 * 16, 64 + 80 + 16 + 16),
+                                                   ("max", 80, 64 + 80 + 16 + 128)])
+def test_embedding_bag_gathers_its_rows_and_folds_them(session, mode, gp_ops, written):
+    # 2 bags of 5 indices into a 100 x 8 float32 table: 10 rows of 32 B gathered; mean divides the 16 outputs.
+    def step(table, ids, offsets):
+        with torch.enable_grad():
+            F.embedding_bag(ids, table.requires_grad_(), offsets, mode=mode).sum().backward()
+
+    calls = run(session, step, meta(100, 8), _long(10), _long(2))
+    bag = the(calls, "aten::_embedding_bag")
+    assert (bag.props.memory_read_bytes, bag.props.memory_write_bytes, gp(bag)) == (80 + 16 + 320, written, gp_ops)
+    back = the(calls, "aten::_embedding_bag_backward")
+    added = 16 if mode == "max" else 80  # max sends each output to the one row that won it
+    assert back.props.memory_write_bytes == 100 * 8 * 4 + added * 4 and gp(back) == added
+    assert back.props.memory_read_bytes == sum(t.nbytes for t in back.invoke.inputs()) + added * 4
+
+
+def test_lstm_layer_is_its_gate_products_and_cells(session):
+    # nn.LSTM(8, 16) over 5 steps of batch 3 runs one fused CPU layer: 15 rows of x W_ih^T (64 x 8) and
+    # h W_hh^T (64 x 16); each of the 64 gate values gets two biases, each of the 16 units one cell.
+    from castcore.builtin.formulas.matmul import LSTM_CELL, LSTM_CELL_BACKWARD
+
+    lstm = torch.nn.LSTM(8, 16)
+
+    def step(x):
+        with torch.enable_grad():
+            lstm(x.requires_grad_())[0].sum().backward()
+
+    calls = run(session, step, meta(5, 3, 8))
+    layer = the(calls, "aten::mkldnn_rnn_layer")
+    assert mma([layer]) == 2 * 15 * 64 * (8 + 16)
+    assert gp(layer) == 15 * (3 * 64 + LSTM_CELL * 16)
+    back = the(calls, "aten::mkldnn_rnn_layer_backward")
+    assert mma([back]) == 2 * mma([layer]) and gp(back) == 15 * (64 + LSTM_CELL_BACKWARD * 16)
+
+
 def test_scans_sorts_and_selection(session):
     x = meta(4, 64)
     assert gp(the(run(session, lambda x: x.cumsum(-1), x), "aten::cumsum")) == 256

@@ -34,6 +34,13 @@ class Binding:
         # A number in an annotation (``8 d``) is its own length, whatever the inputs were.
         return tuple(math.prod(int(n) if n.isdigit() else sizes[n] for n in names) for names in dims)
 
+    def input_like(self, output: int) -> int | None:
+        """The first tensor input annotated exactly like output ``output``: the input it may be, returned
+        changed in place (its dtype is the output's)."""
+        text = str(self.annotation.outputs[output])
+        return next((i for i, shape in enumerate(self.annotation.inputs)
+                     if not shape.replicated and str(shape) == text), None)
+
 
 def resolve(annotation: str | Callable | OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
             names: Sequence[str] = ()) -> OpAnnotation:

@@ -1,35 +1,36 @@
 """``castcore.register_op``: a plain function becomes a torch custom op whose fake impl is its annotation.
 
 The op traces under ``castcore.capture`` as one opaque call (no hand-written ``register_fake``),
-and the registry keeps the annotation so ``castcore.partition`` and ``castcore measure`` can use it.
+its backward as one more op (``<name>_backward``), and the registry keeps the annotation so
+``castcore.partition`` and ``castcore measure`` can use it.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import re
+import sys
 import threading
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from castcore.ops.annotations import AnnotationError, OpAnnotation, parse
-from castcore.ops.binding import bind, resolve
-from castcore.recording.recorder import CaptureError
+from castcore.ops.binding import Binding, bind, resolve
+from castcore.ops.kernels import declared_type, define, fits, value_type
 
 DEFAULT_NAMESPACE = "castcore_user"
 
 _REGISTRY: dict[str, RegisteredOp] = {}        # "ns::name" -> record
+_BY_ORIGIN: dict[tuple, RegisteredOp] = {}     # (file, line, qualified name) of what was registered -> record
 _BY_OVERLOAD: dict[Any, RegisteredOp] = {}      # OpOverload -> record
-_LIBRARIES: dict[str, torch.library.Library] = {}
 _LOCK = threading.Lock()
-
-
-class AnnotationCaptureError(AnnotationError, CaptureError):
-    """An annotation that does not fit the inputs, met while capturing: passes through the capture intact."""
 
 
 @dataclass(eq=False)
@@ -46,6 +47,10 @@ class RegisteredOp:
     mutates: tuple[str, ...] = ()
     overloads: dict[tuple, Any] = field(default_factory=dict)   # argument types -> OpOverload
     wrapper: Callable | None = None
+    plain: Callable | None = None              # fn without torch.compile: what runs on fake tensors
+    origin: tuple = ()                         # where the registered function is written (_origin)
+    # Per overload, which outputs are inputs returned (output index -> input index), once known.
+    aliases: dict[tuple, dict[int, int]] = field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
@@ -84,24 +89,25 @@ class RegisteredOp:
         """The shapes the annotation gives for a call with these arguments (tensors, or anything with .shape)."""
         return self.fit(args, kwargs).output_shapes
 
-    def fit(self, args: Sequence[Any], kwargs: dict[str, Any] | None = None):
-        """The annotation fitted to one call's arguments (a Binding), errors naming this op."""
+    def fit(self, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> Binding:
+        """The annotation fitted to one call's arguments (a '?' output has shape ()), errors naming this op."""
         bound = self.bind_all(args, kwargs)
         values = [bound[p] for p in self.params]
         annotation = self.annotation_for(values, {})
         count = len(annotation.inputs)
         try:
-            return bind(annotation, values[:count], dict(zip(self.params[count:], values[count:])))
+            return bind(annotation, values[:count], dict(zip(self.params[count:], values[count:])),
+                        allow_replicated_outputs=True)
         except AnnotationError as exc:
             raise exc.for_op(self.qualname) from None
 
     def overload(self, values: Sequence[Any]) -> Any:
-        """The OpOverload for arguments of these types, defined on first use."""
-        types = tuple(_schema_type(v, p, self.qualname) for v, p in zip(values, self.params))
+        """The first OpOverload whose schema takes these arguments; one typed from them is defined if none does."""
         with _LOCK:
-            if types not in self.overloads:
-                self.overloads[types] = _define(self, types, values)
-            return self.overloads[types]
+            for kinds, op in self.overloads.items():
+                if all(fits(v, k) for v, k in zip(values, kinds)):
+                    return op
+            return _new_overload(self, tuple(value_type(v, p, self.qualname) for v, p in zip(values, self.params)))
 
     @property
     def default_overload(self) -> Any | None:
@@ -113,18 +119,18 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
     """Register ``fn`` as a torch custom op described by a dimension ``annotation``.
 
     Use as ``@castcore.register_op("m k+, k+ n -> m n")`` or ``castcore.register_op(anno)(fn)``, on
-    a module-level function, a ``torch.autograd.Function`` class (its ``apply`` is registered) or a
-    ``torch.compile``d function. ``name`` is ``"op"`` (namespace ``castcore_user``) or ``"ns::op"``;
-    by default the function's name. ``input_gen_fn(invoke) -> args | (args, kwargs)`` builds real
-    inputs when castcore measures the op. ``mutates`` names arguments the function changes in place
-    (it must also return them, as nnScaler requires). Returns a function that calls the op.
+    a module-level function, a ``torch.autograd.Function`` (or its ``apply``) or a ``torch.compile``d
+    function. The op exists as ``torch.ops.<ns>.<name>`` once this returns. ``name`` is ``"op"``
+    (namespace ``castcore_user``) or ``"ns::op"``; by default the function's name (prefixed with its
+    file's if another function has it). ``input_gen_fn(node)`` builds real inputs when castcore
+    measures the op. ``mutates`` names arguments the function changes in place and returns.
+
+    Returns a function calling the op; an autograd Function comes back itself, its ``apply`` now the
+    op. The name ``fn`` in the registering module and in ``fn``'s own module, where it still refers
+    to ``fn``, is pointed at the op too, so the form that ignores the result works.
     """
     if isinstance(annotation, str):
         parsed = parse(annotation)
-        for shape in parsed.outputs:
-            if shape.replicated:
-                raise AnnotationError("castcore infers each output's shape from its dims; a '?' output has none "
-                                      "(annotate its dims)", annotation, shape.pos)
     elif callable(annotation):
         parsed = None
     else:
@@ -132,38 +138,47 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
                         f"{type(annotation).__name__}")
 
     def decorate(target: Callable) -> Callable:
-        fn, params, defaults, default_name = _callable_of(target)
-        qualname = _qualname(name or default_name)
+        if getattr(getattr(target, "__castcore_op__", None), "wrapper", None) is target:
+            return target  # already the op (MyFunction.apply once MyFunction is registered)
+        function_class, fn, plain, signature_of, label, origin = _target_parts(target)
+        params, defaults, hints = _parameters(signature_of, label, skip=int(_takes_ctx(function_class)))
         unknown = [m for m in mutates if m not in params]
         if unknown:
-            raise ValueError(f"register_op({qualname!r}): mutates names {unknown}, which are not parameters "
-                             f"of {default_name} ({', '.join(params)})")
+            raise ValueError(f"register_op({name or label!r}): mutates names {unknown}, which are not parameters "
+                             f"of {label} ({', '.join(params)})")
         if parsed is not None and len(parsed.inputs) > len(params):
             extra = parsed.inputs[len(params)]
-            raise AnnotationError(f"{default_name} has {len(params)} parameters but the annotation describes "
-                                  f"{len(parsed.inputs)} inputs", annotation, extra.pos, qualname)
-        record = RegisteredOp(qualname, fn, annotation, parsed, params, defaults, input_gen_fn, tuple(mutates))
+            raise AnnotationError(f"{label} has {len(params)} parameters but the annotation describes "
+                                  f"{len(parsed.inputs)} inputs", annotation, extra.pos, name or label)
         with _LOCK:
-            old = _REGISTRY.get(qualname)
-            if old is not None and not _same_function(old.fn, fn):
-                raise ValueError(f"register_op: {qualname} is already registered for "
-                                 f"{getattr(old.fn, '__module__', '?')}.{getattr(old.fn, '__qualname__', old.fn)}; "
-                                 f"pass name='...' to choose another name")
-            if old is not None:  # the same function registered again (a re-import): keep the ops
-                record.overloads = old.overloads
-                for op in record.overloads.values():
-                    _BY_OVERLOAD[op] = record
-            _REGISTRY[qualname] = record
+            record = _BY_ORIGIN.get(origin)
+            if record is not None and (name is None or _qualname(name) == record.qualname):
+                # The same function registered again (a re-import, another session loading its file).
+                record.fn, record.plain, record.annotation, record.parsed = fn, plain, annotation, parsed
+                record.input_gen_fn = input_gen_fn
+            else:
+                record = RegisteredOp(_free_name(name, label, origin), fn, annotation, parsed, params, defaults,
+                                      input_gen_fn, tuple(mutates), plain=plain, origin=origin)
+                _new_overload(record, tuple(declared_type(record, p, hints) for p in params))
+                _REGISTRY[record.qualname] = _BY_ORIGIN[origin] = record
 
-        @functools.wraps(fn)
+        @functools.wraps(plain)
         def call(*args: Any, **kwargs: Any) -> Any:
             bound = record.bind_all(args, kwargs)
             values = [bound[p] for p in record.params]
             return record.overload(values)(*values)
 
+        call.apply = record.wrapper = call  # type: ignore[attr-defined]  # so MyFunction.apply(...) keeps working
         call.__castcore_op__ = record  # type: ignore[attr-defined]
-        call.apply = call  # type: ignore[attr-defined]  # so MyFunction.apply(...) keeps working
-        record.wrapper = call
+        if function_class is not None:  # later MyFunction.apply(...) calls are the op
+            function_class.apply = staticmethod(call)
+            function_class.__castcore_op__ = record
+            return function_class if target is function_class else call
+        _mark(target, record)
+        home = sys.modules.get(getattr(target, "__module__", None) or "")
+        for namespace in (sys._getframe(1).f_globals, getattr(home, "__dict__", {})):
+            if namespace.get(label) is target:  # register_op(anno)(fn) without assigning: fn is now the op
+                namespace[label] = call
         return call
 
     return decorate
@@ -175,11 +190,12 @@ def registered_ops() -> dict[str, RegisteredOp]:
 
 
 def lookup(target: Any) -> RegisteredOp:
-    """The record of a registered op from its wrapper, OpOverload, OpOverloadPacket, record or "ns::name"."""
+    """The record of a registered op from its function (as returned or as registered), OpOverload,
+    OpOverloadPacket, record or "ns::name"."""
     if isinstance(target, RegisteredOp):
         return target
     record = getattr(target, "__castcore_op__", None)
-    if record is not None:
+    if isinstance(record, RegisteredOp):
         return record
     if isinstance(target, str):
         key = target if "::" in target else f"{DEFAULT_NAMESPACE}::{target}"
@@ -198,24 +214,47 @@ def lookup(target: Any) -> RegisteredOp:
 
 
 # ---------------------------------------------------------------------------------------------
+# What was registered
 
-def _callable_of(target: Any) -> tuple[Callable, list[str], dict[str, Any], str]:
-    """What to run, its parameter names and defaults, and a default op name."""
+def _target_parts(target: Any) -> tuple[type | None, Callable, Callable, Callable, str, tuple]:
+    """(autograd Function class or None, what runs, what runs on fakes, whose signature, label, origin)."""
+    owner = getattr(target, "__self__", None)
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and target.__name__ == "apply":
+        target = owner  # register_op(anno)(MyFunction.apply) registers MyFunction
     if isinstance(target, type) and issubclass(target, torch.autograd.Function):
-        sig = inspect.signature(target.forward)
-        params = list(sig.parameters.values())[1:]  # drop ctx
-        fn, label = target.apply, target.__name__
-    elif callable(target):
-        inner = getattr(target, "_torchdynamo_orig_callable", None) or target  # torch.compile
-        fn, label = target, getattr(inner, "__name__", None) or type(inner).__name__
-        try:
-            sig = inspect.signature(inner)
-        except (TypeError, ValueError):
-            raise TypeError(f"register_op cannot read the parameters of {target!r}") from None
-        params = list(sig.parameters.values())
-    else:
+        record = getattr(target, "__castcore_op__", None)  # registered before: its apply is already the op
+        apply = record.fn if isinstance(record, RegisteredOp) else target.apply
+        return target, apply, apply, target.forward, target.__name__, _origin(target.forward, target)
+    if not callable(target):
         raise TypeError(f"register_op registers a function, a torch.autograd.Function or a torch.compile'd "
                         f"function, not {type(target).__name__}")
+    inner = getattr(target, "_torchdynamo_orig_callable", None) or target  # torch.compile
+    label = getattr(inner, "__name__", None) or type(inner).__name__
+    return None, target, inner, inner, label, _origin(inner, inner)
+
+
+def _origin(code_of: Any, named: Any) -> tuple:
+    """Where the registered thing is written: its file and qualified name (a module name changes when a
+    custom-op file is loaded again; the file does not)."""
+    code = getattr(code_of, "__code__", None)
+    place = (code.co_filename, code.co_firstlineno) if code is not None else (getattr(named, "__module__", None), 0)
+    return *place, getattr(named, "__qualname__", None) or repr(named)
+
+
+def _takes_ctx(function_class: type | None) -> bool:
+    """An autograd Function's forward takes ctx first unless it defines setup_context."""
+    return function_class is not None and function_class.setup_context is torch.autograd.Function.setup_context
+
+
+def _parameters(fn: Callable, label: str, skip: int) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())[skip:]
+    except (TypeError, ValueError):
+        raise TypeError(f"register_op cannot read the parameters of {label}") from None
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # a hint naming something not importable here: castcore types from the values instead
+        hints = {}
     names, defaults = [], {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -224,7 +263,15 @@ def _callable_of(target: Any) -> tuple[Callable, list[str], dict[str, Any], str]
         names.append(p.name)
         if p.default is not p.empty:
             defaults[p.name] = p.default
-    return fn, names, defaults, label
+    return names, defaults, hints
+
+
+def _mark(target: Any, record: RegisteredOp) -> None:
+    """Let lookup() find the op from the function as registered too."""
+    try:
+        target.__castcore_op__ = record
+    except (AttributeError, TypeError):
+        pass
 
 
 def _qualname(name: str) -> str:
@@ -237,97 +284,22 @@ def _qualname(name: str) -> str:
     return f"{ns}::{op}"
 
 
-def _same_function(a: Callable, b: Callable) -> bool:
-    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
-    return a is b or key(a) == key(b)
+def _free_name(name: str | None, label: str, origin: tuple) -> str:
+    """The op's name: ``name``; else the function's, or (taken by another function) its file's name and
+    the function's, numbered from 2 if that is taken too."""
+    if name is None:
+        stem = re.sub(r"\W|^(?=\d)", "_", Path(str(origin[0])).stem)
+        names = itertools.chain([label, f"{stem}_{label}"], (f"{stem}_{label}_{n}" for n in itertools.count(2)))
+        return next(q for q in map(_qualname, names) if q not in _REGISTRY)
+    qualname = _qualname(name)
+    if qualname in _REGISTRY:
+        old = _REGISTRY[qualname]
+        raise ValueError(f"register_op: {qualname} is already registered for {old.origin[2]} ({old.origin[0]}); "
+                         f"pass name='...' to choose another name")
+    return qualname
 
 
-def _schema_type(value: Any, param: str, qualname: str) -> str:
-    if isinstance(value, torch.Tensor):
-        return "Tensor"
-    if value is None:
-        return "Tensor?"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "SymInt"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, torch.dtype):
-        return "ScalarType"
-    if isinstance(value, (list, tuple)) and value:
-        kinds = {_schema_type(v, param, qualname) for v in value}
-        if len(kinds) == 1 and (kind := kinds.pop()) in ("Tensor", "SymInt", "float", "bool"):
-            return f"{kind}[]"
-    if isinstance(value, (list, tuple)) and not value:
-        return "SymInt[]"
-    raise TypeError(f"{qualname}: argument {param!r} is a {type(value).__name__}; a torch op takes tensors, "
-                    "numbers, strings, dtypes, None and lists of these")
-
-
-def _define(record: RegisteredOp, types: tuple[str, ...], values: Sequence[Any]) -> Any:
-    """Define one overload of the op with a fake impl computed from the annotation."""
-    ns, name = record.namespace, record.name
-    overload = "default" if not record.overloads else f"v{len(record.overloads) + 1}"
-    lib = _LIBRARIES.get(ns)
-    if lib is None:
-        lib = _LIBRARIES[ns] = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive here
-    annotation = record.annotation_for(list(values), {})
-    outputs = len(annotation.outputs)
-    args = []
-    for param, kind in zip(record.params, types):
-        if param in record.mutates and kind.startswith("Tensor"):
-            kind = kind.replace("Tensor", f"Tensor({chr(ord('a') + record.mutates.index(param))}!)", 1)
-        args.append(f"{kind} {param}")
-    returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
-    decl = f"{name}{'' if overload == 'default' else '.' + overload}({', '.join(args)}) -> {returns}"
-    try:
-        lib.define(decl)
-    except RuntimeError as exc:
-        raise ValueError(f"register_op: torch refused the schema {ns}::{decl}: {str(exc).splitlines()[0]}") from None
-    qual = f"{ns}::{name}" + ("" if overload == "default" else f".{overload}")
-
-    def real(*args: Any) -> Any:
-        result = record.fn(*args)
-        results = list(result) if isinstance(result, (tuple, list)) else [result]
-        fitted = record.fit(args)
-        if len(results) != outputs:
-            raise AnnotationError(f"{record.qualname} returned {len(results)} values but its annotation has "
-                                  f"{outputs} outputs", fitted.annotation.text, fitted.annotation.outputs[0].pos,
-                                  record.qualname)
-        fixed = []
-        for index, (out, expected) in enumerate(zip(results, fitted.output_shapes)):
-            if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
-                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise AnnotationError(f"output {index} is {got} but the annotation gives {expected}",
-                                      fitted.annotation.text, fitted.annotation.outputs[index].pos, record.qualname)
-            # A custom op may not return its inputs: a changed input comes back as a copy.
-            fixed.append(out.clone() if any(out is a for a in args) else out)
-        return fixed[0] if outputs == 1 else tuple(fixed)
-
-    def fake(*args: Any) -> Any:
-        try:
-            fitted = record.fit(args)
-        except AnnotationError as exc:
-            raise AnnotationCaptureError(exc.reason, exc.annotation, exc.position, exc.op) from None
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        floats = [t.dtype for t in tensors if t.dtype.is_floating_point]
-        default_dtype = functools.reduce(torch.promote_types, floats) if floats else tensors[0].dtype
-        texts = [str(s) for s in fitted.annotation.inputs]
-        outs = []
-        for shape_anno, shape in zip(fitted.annotation.outputs, fitted.output_shapes):
-            same = texts.index(str(shape_anno)) if str(shape_anno) in texts else None  # e.g. an in-place result
-            source = args[same] if same is not None and isinstance(args[same], torch.Tensor) else None
-            dtype = source.dtype if source is not None else default_dtype
-            outs.append(tensors[0].new_empty(shape, dtype=dtype))
-        return outs[0] if outputs == 1 else tuple(outs)
-
-    lib.impl(qual.split("::")[1], real, "CompositeExplicitAutograd")
-    torch.library.register_fake(qual, fake, lib=lib)
-    packet = getattr(getattr(torch.ops, ns), name)
-    op = getattr(packet, overload)
+def _new_overload(record: RegisteredOp, kinds: tuple[str, ...]) -> Any:
+    op = record.overloads[kinds] = define(record, kinds)
     _BY_OVERLOAD[op] = record
     return op
-

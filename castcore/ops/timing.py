@@ -113,13 +113,6 @@ def real_inputs(invoke: OpInvoke, device: str = "cpu") -> tuple[tuple, dict]:
         record = lookup(invoke.op)
     except KeyError:
         record = None
-    if record is not None and record.input_gen_fn is not None:
-        made = record.input_gen_fn(invoke)
-        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], dict):
-            args, kwargs = made
-        else:
-            args, kwargs = made, {}
-        return tuple(args), dict(kwargs)
 
     def make(value: Any) -> Any:
         if isinstance(value, TensorMeta):
@@ -132,7 +125,47 @@ def real_inputs(invoke: OpInvoke, device: str = "cpu") -> tuple[tuple, dict]:
             return {k: make(v) for k, v in value.items()}
         return value
 
-    return tuple(make(a) for a in invoke.args), {k: make(v) for k, v in invoke.kwargs.items()}
+    kwargs = {k: make(v) for k, v in invoke.kwargs.items()}
+    if record is None or record.input_gen_fn is None:
+        return tuple(make(a) for a in invoke.args), kwargs
+    made = record.input_gen_fn(_Node(invoke))
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], dict):
+        return tuple(made[0]), dict(made[1])
+    made = list(made)
+    if len(made) == len(invoke.args):
+        return tuple(made), kwargs
+    tensors = iter(made)  # nnScaler's form: the tensor inputs only; the other arguments as captured
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, TensorMeta):
+            return next(tensors)
+        return [fill(v) for v in value] if isinstance(value, tuple) else make(value)
+
+    return tuple(fill(a) for a in invoke.args), kwargs
+
+
+class _Node:
+    """A captured call as an ``input_gen_fn`` written for nnScaler reads it: ``inputs()`` gives each tensor's
+    shape, dtype and requires_grad (False: measuring runs the forward only); the rest is the OpInvoke's."""
+
+    def __init__(self, invoke: OpInvoke):
+        self._invoke = invoke
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._invoke, name)
+
+    def inputs(self) -> list[_Input]:
+        return [_Input(t) for t in self._invoke.inputs()]
+
+
+class _Input:
+    requires_grad = False
+
+    def __init__(self, meta: TensorMeta):
+        self._meta = meta
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._meta, name)
 
 
 def time_call(fn: Callable[[], Any], warmup: int = 3, repeat: int = 10, device: str = "cpu") -> list[float]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from castcore.recording.recorder import CAPTURE_LOCK, Capture, capture
+from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
 from castcore.report.memory import kv_cache_bytes
 from castcore.report.records import Report
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
@@ -55,11 +57,18 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
             built.description += " (fused)"
         else:
             built.notes.append("--fuse: no installed pack fused anything for this model and device")
-    with built.while_capturing(), tensor_parallel(built, workload.tp):
+    with built.while_capturing(), tensor_parallel(built, workload.tp), warnings.catch_warnings():
+        # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
+        warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
         try:
             captured = capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
                                progress=progress, reuse=workload.reuse, **built.kwargs)
-        except RuntimeError as exc:
+        except (RuntimeError, UserWarning) as exc:
+            forward_only = _forward_only_op(str(exc)) if workload.train else None
+            if forward_only:
+                raise CaptureError(f"--train: {forward_only} has no backward (a forward-only custom op); give it one "
+                                   "with torch.library.register_autograd, write it as a torch.autograd.Function, or "
+                                   "define it with castcore.register_op, which registers a backward") from None
             if workload.phase == "decode" and workload.named and "index_copy_" in str(exc):
                 # castcore's static cache gives every layer num_key_value_heads x head_dim keys and values.
                 raise ModelError(f"{workload.model}: its attention writes keys or values of another shape than "
@@ -68,6 +77,26 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
                                  "use --phase prefill") from None
             raise
     return built, captured
+
+
+_NO_AUTOGRAD_WARNING = r".*: an autograd kernel was not registered to the Autograd key"
+# How torch names an op it cannot differentiate: torch.library.custom_op, a C++ autogradNotImplementedFallback,
+# an op with no autograd kernel at all (the warning above, made an error).
+_NO_BACKWARD = (r"Trying to backward through ([\w.]+) but no autograd formula",
+                r"derivative for (\w+::[\w.]+) is not implemented",
+                r"^(\w+::[\w.]+): an autograd kernel was not registered")
+
+
+def _forward_only_op(message: str) -> str | None:
+    """The op a backward failed on for want of an autograd formula, as ``ns::name``; None for other errors."""
+    for pattern in _NO_BACKWARD:
+        found = re.search(pattern, message)
+        if found:
+            ns, _, rest = found.group(1).replace("::", ".").partition(".")
+            name, _, overload = rest.partition(".")
+            if ns not in ("aten", "prim"):  # torch's own ops are not the user's to fix
+                return f"{ns}::{name}" + (f".{overload}" if overload not in ("", "default") else "")
+    return None
 
 
 def run(session: Session, workload: Workload, device: str | DeviceProfile | None = None,

@@ -1,4 +1,4 @@
-"""Matrix products and convolutions: 2 operations per multiply-add on the matrix unit, in the inputs' dtype."""
+"""Matrix products, convolutions and LSTM layers: 2 operations per multiply-add on the matrix unit."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from castcore.builtin.formulas.pointwise import SIGMOID, TANH
 from castcore.devices.costs import PerformanceProperties
 from castcore.plugins.claims import register_op_properties
 from castcore.recording.invoke import OpInvoke
@@ -114,3 +115,35 @@ def _convolution_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     read = grad_output.nbytes + want_input * weight.nbytes + want_weight * input.nbytes
     props = PerformanceProperties(memory_read_bytes=read, memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
     return props.add(grad_output.dtype, mma=(want_input + want_weight) * forward, gp=want_bias * grad_output.numel())
+
+
+# One LSTM cell per step and hidden unit, past the gate products: sigmoid on three gates, tanh on the
+# fourth and on the new cell state, c = f*c + i*g (3), h = o*tanh(c) (1). Its backward: the derivative of
+# each activation and of each product (dc, do, di, df, dg, dc_prev): 22 operations.
+LSTM_CELL = 3 * SIGMOID + 2 * TANH + 4
+LSTM_CELL_BACKWARD = 22
+
+
+def _lstm_sizes(invoke: OpInvoke) -> tuple[int, int, int, int]:
+    """(steps x batch, gates x hidden, input size, hidden size) of one LSTM layer and direction."""
+    input, w_ih, w_hh = invoke.args[:3]
+    return input.numel() // w_ih.shape[1], w_ih.shape[0], w_ih.shape[1], w_hh.shape[1]
+
+
+@register_op_properties(aten.mkldnn_rnn_layer.default)
+def _lstm_layer(invoke: OpInvoke, device) -> PerformanceProperties:
+    # The CPU's fused LSTM layer (what nn.LSTM runs on fake CPU tensors): at every step the gates are
+    # x W_ih^T + h W_hh^T, each gate value then gets its two biases (3 adds, 1 without biases).
+    rows, gates, inputs, hidden = _lstm_sizes(invoke)
+    adds = 3 if invoke.argument("has_biases") else 1
+    return invoke.memory_access_properties().add(invoke.args[0].dtype, mma=2 * rows * gates * (inputs + hidden),
+                                                 gp=rows * (adds * gates + LSTM_CELL * hidden))
+
+
+@register_op_properties(aten.mkldnn_rnn_layer_backward.default)
+def _lstm_layer_backward(invoke: OpInvoke, device) -> PerformanceProperties:
+    # Per weight matrix, one product for the input's (or previous step's) gradient and one for the
+    # weight's: twice the forward's matrix work. The bias gradient sums the gate gradients.
+    rows, gates, inputs, hidden = _lstm_sizes(invoke)
+    return invoke.memory_access_properties().add(invoke.args[0].dtype, mma=4 * rows * gates * (inputs + hidden),
+                                                 gp=rows * (gates + LSTM_CELL_BACKWARD * hidden))

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from castcore.builtin.formulas.pointwise import RANDOM, base_name
+from castcore.builtin.formulas.pointwise import DIV, RANDOM, base_name
 from castcore.devices.costs import PerformanceProperties
 from castcore.plugins.claims import register_op_properties
 from castcore.recording.invoke import OpInvoke, TensorMeta
@@ -28,16 +28,70 @@ for _op in (aten._to_copy.default, aten.clone.default, aten.cat.default, aten.st
             aten.repeat.default, aten.roll.default, aten.flip.default, aten.tril.default, aten.triu.default,
             aten.slice_backward.default, aten.select_backward.default, aten.diagonal_backward.default,
             aten.unfold_backward.default, aten.slice_scatter.default, aten.select_scatter.default,
-            aten.as_strided_scatter.default, aten.expand_copy.default, aten.permute_copy.default,
-            aten.view_copy.default, aten.alias_copy.default, aten._reshape_copy.default):
+            aten.as_strided_scatter.default, aten._local_scalar_dense.default):
     register_op_properties(_op)(_memory_only)
 
 
 @register_op_properties(aten.copy_.default)
+@register_op_properties(aten.copy.default)
 def _copy_(invoke: OpInvoke, device) -> PerformanceProperties:
-    # dst.copy_(src): reads src (broadcast if smaller), writes all of dst; dst is not read.
+    # dst.copy_(src) and its functional form: reads src (broadcast if smaller), writes all of dst; dst is
+    # not read.
     dst, src = invoke.args[:2]
     return PerformanceProperties(memory_read_bytes=src.nbytes, memory_write_bytes=dst.nbytes)
+
+
+@register_op_properties(aten._copy_from.default)
+@register_op_properties(aten._copy_from_and_resize.default)
+def _copy_from(invoke: OpInvoke, device) -> PerformanceProperties:
+    # A backend's copy of self into dst (resized to self's shape first): reads self, writes the result.
+    return PerformanceProperties(memory_read_bytes=invoke.args[0].nbytes,
+                                 memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
+
+
+@register_op_properties(aten.resize.default)
+@register_op_properties(aten.resize_as.default)
+def _resized_copy(invoke: OpInvoke, device) -> PerformanceProperties:
+    # The functional resize_: a clone of self, then resized (growing it allocates, writes nothing).
+    return PerformanceProperties(memory_read_bytes=invoke.args[0].nbytes, memory_write_bytes=invoke.args[0].nbytes)
+
+
+# The copying forms of view ops (what functionalization emits): each reads what its view would select,
+# at most all of self (an expand or unfold reads an element more than once, from cache), and writes it.
+VIEW_COPIES = (aten.expand_copy.default, aten.permute_copy.default, aten.view_copy.default, aten.view_copy.dtype,
+               aten.alias_copy.default, aten._reshape_copy.default, aten._reshape_alias_copy.default,
+               aten.as_strided_copy.default, aten.diagonal_copy.default, aten.narrow_copy.default,
+               aten.select_copy.int, aten.slice_copy.Tensor, aten.split_copy.Tensor, aten.split_with_sizes_copy.default,
+               aten.squeeze_copy.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims, aten.unsqueeze_copy.default,
+               aten.t_copy.default, aten.transpose_copy.int, aten.unbind_copy.int, aten.unfold_copy.default,
+               aten.detach_copy.default, aten.view_as_real_copy.default, aten.view_as_complex_copy.default)
+
+
+def _view_copy(invoke: OpInvoke, device) -> PerformanceProperties:
+    written = sum(t.nbytes for t in invoke.outputs())
+    return PerformanceProperties(memory_read_bytes=min(invoke.args[0].nbytes, written), memory_write_bytes=written)
+
+
+for _op in VIEW_COPIES:
+    register_op_properties(_op)(_view_copy)
+
+
+# Nearest-neighbour resampling is a gather: each output element is one input element copied. Its backward
+# adds each output gradient into the input element it came from.
+NEAREST = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+           "_upsample_nearest_exact2d", "_upsample_nearest_exact3d")
+
+
+def _nearest_backward(invoke: OpInvoke, device) -> PerformanceProperties:
+    grad_output, grad_input = invoke.args[0], invoke.outputs()[0]
+    props = PerformanceProperties(memory_read_bytes=grad_output.nbytes, memory_write_bytes=grad_input.nbytes)
+    return props.add(grad_input.dtype, gp=grad_output.numel())
+
+
+for _name in NEAREST:
+    register_op_properties(getattr(aten, _name).default)(_memory_only)
+    register_op_properties(getattr(aten, _name).vec)(_memory_only)
+    register_op_properties(getattr(aten, f"{_name}_backward").default)(_nearest_backward)
 
 
 def gathered(invoke: OpInvoke) -> PerformanceProperties:
@@ -145,6 +199,39 @@ def _embedding_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     return props.add(grad_weight.dtype, gp=grad_output.numel())
 
 
+# EmbeddingBag's modes: sum, mean, max.
+BAG_MEAN, BAG_MAX = 1, 2
+
+
+@register_op_properties(aten._embedding_bag.default)
+@register_op_properties(aten._embedding_bag_forward_only.default)
+def _embedding_bag(invoke: OpInvoke, device) -> PerformanceProperties:
+    # Gathers one weight row per index and folds it into its bag (an add, or a compare for max), after
+    # scaling it by its per-sample weight if given; mean divides each bag's result by its size.
+    weight, indices = invoke.args[:2]
+    weights = _tensor(invoke.argument("per_sample_weights"))
+    gathered = indices.numel() * weight.shape[-1]
+    out = invoke.outputs()[0]
+    reads = sum(t.nbytes for t in invoke.inputs()[1:]) + gathered * weight.element_size()
+    props = PerformanceProperties(memory_read_bytes=reads, memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
+    mean = invoke.argument("mode") == BAG_MEAN
+    return props.add(weight.dtype, gp=gathered * (1 + (weights is not None)) + mean * DIV * out.numel())
+
+
+@register_op_properties(aten._embedding_bag_backward.default)
+@register_op_properties(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_backward(invoke: OpInvoke, device) -> PerformanceProperties:
+    # As embedding's backward: a zeroed (num_weights, dim) gradient, then each index's bag gradient row
+    # added into its weight row (for max, each bag element goes to the one index that won it).
+    grad, indices = invoke.args[:2]
+    grad_weight = invoke.outputs()[0]
+    added = grad.numel() if invoke.argument("mode") == BAG_MAX else indices.numel() * grad.shape[-1]
+    rows = added * grad_weight.element_size()  # read-modify-write of the touched rows
+    props = PerformanceProperties(memory_read_bytes=sum(t.nbytes for t in invoke.inputs()) + rows,
+                                  memory_write_bytes=grad_weight.nbytes + rows)
+    return props.add(grad_weight.dtype, gp=added)
+
+
 # Random numbers: a generator draw per element written; bernoulli compares it with p, dropout also
 # multiplies by the mask and the scale.
 RANDOM_OPS = {"bernoulli": RANDOM + 1, "native_dropout": RANDOM + 2}
@@ -173,10 +260,17 @@ def _random(invoke: OpInvoke, device) -> PerformanceProperties:
     return props.add(out.dtype, gp=per_element * out.numel())
 
 
-# Allocation without initialisation, and bookkeeping: no work at all.
+# Allocation without initialisation, bookkeeping, and views torch does not tag as views (in-place ones change
+# self's shape, set_ points self at other storage, the unsafe splits are views without alias marks): no work.
 FREE = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default, aten.new_empty.default,
         aten.new_empty_strided.default, aten.empty_like.default, aten._unsafe_view.default, aten.resize_.default,
-        aten._assert_tensor_metadata.default, torch.ops.prim.device.default}
+        aten.resize_as_.default, aten._resize_output_.default, aten._assert_tensor_metadata.default,
+        torch.ops.prim.device.default, aten.lift.default, aten.set_.default, aten.set_.source_Tensor,
+        aten.set_.source_Tensor_storage_offset, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
+        aten.as_strided_.default, aten.detach_.default, aten.t_.default, aten.transpose_.default,
+        aten.swapaxes_.default, aten.swapdims_.default, aten.squeeze_.default, aten.squeeze_.dim,
+        aten.squeeze_.dims, aten.unsqueeze_.default, aten.unsafe_split.Tensor,
+        aten.unsafe_split_with_sizes.default, aten.unsafe_chunk.default}
 # Fills: write the output, read nothing.
 FILLS = {aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default, aten.arange.start,
          aten.arange.start_step, aten.scalar_tensor.default, aten.new_ones.default, aten.new_zeros.default,
