@@ -130,3 +130,9 @@ def test_a_model_without_the_attention_interface_runs_with_a_note(session):
     assert len(workload.notes) == 1 and "FalconForCausalLM" in workload.notes[0] and "sdpa" in workload.notes[0]
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     assert report.flops > 0 and report.time_s > 0
+
+
+def test_a_factory_may_return_a_workload(session):
+    plain = session.estimate(build_workload("tests.factories.tiny_mlp:make", batch=4, dtype="fp32"))
+    as_workload = session.estimate(build_workload("tests.factories.tiny_mlp:make_workload", batch=4))
+    assert as_workload.totals() == plain.totals()

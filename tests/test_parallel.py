@@ -125,8 +125,8 @@ def test_what_cannot_be_split_is_a_clear_error():
         with tensor_parallel(build(castcore.build_workload(TINY, seq=8)), 3):
             pass
     assert not dist.is_initialized()
-    with pytest.raises(ModelError, match="--phase prefill"):
-        with tensor_parallel(build(castcore.build_workload(TINY, seq=8, phase="decode")), 2):
+    with pytest.raises(ModelError, match="--tp 4: num_key_value_heads = 2 does not divide by 4"):
+        with tensor_parallel(build(castcore.build_workload(TINY, phase="decode", kv_len=8)), 4):
             pass
     with pytest.raises(ModelError, match="no attention/MLP projections"):
         with tensor_parallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2):
@@ -149,3 +149,60 @@ def test_cli_estimate_tp(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "castcore", *args, "--tp", "3"], capture_output=True, text=True,
                          env=env)
     assert bad.returncode == 2 and "does not divide by 3" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _decode(spec: str, tp: int, **options):
+    workload = build(castcore.build_workload(spec, phase="decode", **options))
+    with tensor_parallel(workload, tp):
+        captured = castcore.capture(workload.model, inputs_fn=workload.inputs_fn)
+    return workload, captured
+
+
+def test_decode_holds_one_devices_kv_cache():
+    # tiny-llama: 2 layers x K and V x batch 2 x (32 + 1) slots x KV heads x head_dim 16 x bf16, plus each
+    # layer's int64 fill counter. Each of 2 devices holds 1 of the 2 KV heads.
+    (_, whole), (workload, split) = _decode(TINY, 1, kv_len=32, batch=2), _decode(TINY, 2, kv_len=32, batch=2)
+    slots = 2 * 2 * 2 * 33 * 16 * 2
+    assert analyze_memory(whole).kv_cache_bytes == 2 * slots + 2 * 8
+    assert analyze_memory(split).kv_cache_bytes == slots + 2 * 8
+    (sdpa, *_) = [i for i in split.invokes if "scaled_dot_product" in i.name]
+    assert sdpa.args[0].shape[1:3] == (2, 1) and sdpa.args[1].shape[1:3] == (1, 33)  # local heads, whole cache
+    assert "tensor parallel 2 (per device)" in workload.description
+
+
+def _grouped_mm_flops(captured) -> int:
+    return sum(2 * i.args[0].shape[0] * i.args[0].shape[1] * i.args[1].shape[2]
+               for i in captured.invokes if i.name == "aten::_grouped_mm")
+
+
+@pytest.mark.parametrize("phase", [{"seq": 16, "batch": 2}, {"phase": "decode", "kv_len": 16}])
+def test_mixtral_experts_are_split_along_their_intermediate_dimension(phase):
+    # tiny-mixtral: 4 experts, intermediate 96, top-2: each device holds 48 of every expert's 96 rows.
+    runs = []
+    for tp in (1, 2):
+        workload = build(castcore.build_workload(str(DATA / "tiny-mixtral.json"), **phase))
+        with tensor_parallel(workload, tp) as info:
+            runs.append(castcore.capture(workload.model, inputs_fn=workload.inputs_fn, **workload.kwargs))
+    whole, split = runs
+    assert info.plan["model.layers.0.mlp.experts"] == "experts"
+    assert _grouped_mm_flops(split) * 2 == _grouped_mm_flops(whole) > 0
+    shapes = [tuple(i.args[1].shape) for i in split.invokes if i.name == "aten::_grouped_mm"][:2]
+    assert shapes == [(4, 64, 96), (4, 48, 64)]  # gate_up [experts, hidden, 2 x 48], down [experts, 48, hidden]
+    reduces = [i.module.rsplit(".", 1)[-1] for i in split.invokes if i.name == "_c10d_functional::all_reduce"]
+    assert reduces == ["model"] + ["self_attn", "mlp"] * LAYERS  # the experts' partial sums, after them
+    per_device, full = analyze_memory(split).weight_bytes, analyze_memory(whole).weight_bytes
+    assert per_device / full == pytest.approx(0.5, rel=0.03)
+
+
+def test_falcon_fused_qkv_splits_by_column_with_one_replicated_kv_head():
+    # tiny-falcon: hidden 64, 4 heads of 16, multi-query (1 KV head): query_key_value is [64, (4 + 2) x 16].
+    workload = build(castcore.build_workload(str(DATA / "tiny-falcon.json"), seq=16))
+    with tensor_parallel(workload, 2) as info:
+        captured = castcore.capture(workload.model, **workload.kwargs)
+    mms = {i.module.rsplit(".", 1)[-1]: i for i in captured.invokes if i.name == "aten::mm"}
+    assert mms["query_key_value"].args[1].shape == (64, (2 + 2) * 16)  # 2 query heads, the K and V head kept
+    assert mms["dense"].args[1].shape == (32, 64)  # row-parallel output projection
+    assert mms["dense_h_to_4h"].args[1].shape == (64, 128) and mms["dense_4h_to_h"].args[1].shape == (128, 64)
+    assert info.plan["transformer.h.0.self_attention.query_key_value"] == "fused_qkv"
+    reduces = [i.module.rsplit(".", 1)[-1] for i in captured.invokes if i.name == "_c10d_functional::all_reduce"]
+    assert reduces == ["self_attention", "mlp"] * LAYERS  # embedding and LM head are tied: kept whole

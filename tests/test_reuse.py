@@ -157,6 +157,8 @@ def _storages(captured) -> list:
     ("tests/data/tiny-llama.json", {"seq": 16, "tp": 2}, 1),  # DTensor weights, local-shard ops, all_reduce
     ("tests/data/tiny-mixtral.json", {"seq": 16, "batch": 2, "tp": 2}, 1),
     ("tests/data/tiny-gemma3.json", {"seq": 16, "tp": 2}, 2),
+    ("tests/data/tiny-llama.json", {"phase": "decode", "kv_len": 32, "batch": 2, "tp": 2}, 1),  # per-device cache
+    ("tests/data/tiny-mixtral.json", {"phase": "decode", "kv_len": 32, "batch": 2, "tp": 2}, 1),  # split experts
 ])
 def test_decode_and_tensor_parallel_reports_equal_a_full_capture(session, monkeypatch, spec, options, runs):
     layers = build(build_workload(spec, seq=8)).model.model.layers

@@ -108,18 +108,25 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
-def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype):
+def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype, tp: int = 1):
     """Inputs of one decode step: a static KV cache already holding ``kv_len`` tokens, and one new token.
 
     A static cache is what serving engines do: the step writes one token in place and attention
     reads the whole cache. (A DynamicCache would copy the cache on every step.) Returns a function
-    run inside the fake mode, so the cache is fake too and never allocated.
+    run inside the fake mode, so the cache is fake too and never allocated. With ``tp`` > 1 the cache
+    is one device's: num_key_value_heads / tp heads, as the column-parallel k/v projections give it
+    (the function's ``per_device(n)`` makes that one; tensor_parallel calls it).
     """
     from transformers import StaticCache
 
     config = model.config
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if tp > 1 and kv_heads % tp:
+        raise ModelError(f"--tp {tp}: num_key_value_heads = {kv_heads} does not divide by {tp}; each device holds "
+                         f"num_key_value_heads / {tp} heads of the decode step's KV cache (choose a --tp that divides "
+                         "it)")
+    kv_heads //= tp
 
     def make():
         cache = StaticCache(config=config, max_cache_len=kv_len + 1)
@@ -129,4 +136,5 @@ def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.
         input_ids = torch.zeros((batch, 1), dtype=torch.long)
         return (), {"input_ids": input_ids, "past_key_values": cache, "use_cache": True}
 
+    make.per_device = lambda n: decode_inputs(model, batch, kv_len, dtype, tp=n)
     return make

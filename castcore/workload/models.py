@@ -15,7 +15,7 @@ import torch
 
 from castcore.devices.dtypes import MODEL_DTYPES, torch_dtype
 from castcore.workload.hf import build_causal_lm, decode_inputs
-from castcore.workload.spec import ModelError, load_model_config
+from castcore.workload.spec import ModelError, Workload, load_model_config
 
 
 @dataclass
@@ -86,8 +86,10 @@ def from_factory(spec: str, **options: Any) -> BuiltModel:
         raise ModelError(f"model factory {spec!r} raised {type(exc).__name__}: {exc}") from None
     if isinstance(made, BuiltModel):
         return made
+    if isinstance(made, Workload) and not made.named:  # castcore.build_workload(module, *inputs)
+        return BuiltModel(model=made.model, args=made.args, kwargs=dict(made.kwargs), description=spec)
     if isinstance(made, tuple) and made and isinstance(made[0], torch.nn.Module) and len(made) in (2, 3):
         args = made[1] if isinstance(made[1], tuple) else (made[1],)
         return BuiltModel(model=made[0], args=args, kwargs=made[2] if len(made) == 3 else {}, description=spec)
-    raise ModelError(f"model factory {spec!r} returned {type(made).__name__}; return "
-                     "(module, args) or (module, args, kwargs)")
+    raise ModelError(f"model factory {spec!r} returned {type(made).__name__}; return castcore.build_workload(module, "
+                     "*inputs), (module, args) or (module, args, kwargs)")

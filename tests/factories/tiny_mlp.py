@@ -34,3 +34,11 @@ class WithMystery(torch.nn.Module):
 def with_custom_op():
     """A model whose custom op nobody claims: it falls back to the memory-only estimate."""
     return WithMystery(), (torch.empty(2, 16, device="meta"),)
+
+
+def make_workload(batch: int = 1):
+    """The same model, returned as a castcore Workload."""
+    import castcore
+
+    model, inputs = make(batch)
+    return castcore.build_workload(model, *inputs)
