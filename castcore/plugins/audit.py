@@ -9,7 +9,8 @@ from castcore.plugins.loading import CORE_NAME
 from castcore.plugins.claims import ESTIMATOR, PROPERTIES, Claim, ClaimTable
 from castcore.plugins.resolve import hookimpls_in_call_order
 from castcore.recording.invoke import op_name
-from castcore.recording.recorder import Capture
+from castcore.recording.recorder import SKIPPED_NAMESPACES, Capture
+from castcore.recording.whole import decomposes
 
 if TYPE_CHECKING:
     from castcore.workload.session import Session
@@ -19,6 +20,10 @@ OK, OVERRIDE, CONFLICT, UNCOVERED = "ok", "override", "CONFLICT", "UNCOVERED"
 # needing no override=True.
 OVERRIDE_USER = "override (user)"
 USER_KINDS = ("file", "script")
+# Claims that cannot answer, by why: the capture records the op's decomposition (no pack or file claims it on
+# the device, and the core's claims keep nothing whole), or drops the op's calls as bookkeeping.
+DECOMPOSED, NOT_RECORDED = "decomposed", "not recorded"
+CANNOT_ANSWER = (DECOMPOSED, NOT_RECORDED)
 
 
 @dataclass
@@ -45,13 +50,13 @@ class OpAudit:
 
     @property
     def winner(self) -> Candidate | None:
-        return self.candidates[0] if self.candidates else None
+        return self.candidates[0] if self.candidates and self.status not in CANNOT_ANSWER else None
 
     @property
     def shadowed(self) -> list[Candidate]:
         """Claims that did not answer: after the winner statically, or not among who answered."""
         if not self.answered_by:
-            return self.candidates[1:]
+            return self.candidates[1:] if self.winner else list(self.candidates)
         answering = {source.rsplit(" (", 1)[0] for source in self.answered_by}
         return [c for c in self.candidates if c.plugin not in answering]
 
@@ -133,13 +138,22 @@ def unmatched_device_claims(session: Session) -> list[str]:
     return lines
 
 
+def cannot_answer(op: Any, whole_ops: frozenset) -> str | None:
+    """Why no claim on ``op`` can answer in a capture whose whole ops are ``whole_ops``; None if one can."""
+    if op.namespace in SKIPPED_NAMESPACES:
+        return NOT_RECORDED
+    return DECOMPOSED if op not in whole_ops and decomposes(op) else None
+
+
 def static_audit(session: Session, devices: list[str], op: str | None = None) -> list[OpAudit]:
     rows = []
     for device in devices:
+        whole = session.whole_ops(device)
         for claimed_op, candidates in candidates_for(session, device).items():
             name = op_name(claimed_op)
             if op is None or _op_matches(name, op):
-                rows.append(OpAudit(op=name, device=device, status=status_of(candidates), candidates=candidates))
+                status = cannot_answer(claimed_op, whole) or status_of(candidates)
+                rows.append(OpAudit(op=name, device=device, status=status, candidates=candidates))
     rows.sort(key=lambda r: (r.device, r.op))
     return rows
 
@@ -184,10 +198,11 @@ def format_audit(rows: list[OpAudit], dynamic: bool = False) -> str:
             if dynamic:
                 body.append((r.op, str(r.calls), r.status, ", ".join(r.answered_by), shadowed))
             else:
-                body.append((r.op, r.status, str(r.winner), shadowed))
+                body.append((r.op, r.status, str(r.winner or "-"), shadowed))
         widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
         lines += [f"device {device}", *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
                                        for row in [header, *body]), ""]
     counts = {s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE_USER, OVERRIDE, UNCOVERED)}
+    counts.update({s: n for s in CANNOT_ANSWER if (n := sum(r.status == s for r in rows))})
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" among {len(rows)} rows")
     return "\n".join(lines)

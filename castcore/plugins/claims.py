@@ -154,6 +154,10 @@ class ClaimTable:
                 return claim
         return None
 
+    def claimed_ops(self, device_name: str | None = None) -> set[Any]:
+        """The ops this table claims on ``device_name``, either kind; None: on any device."""
+        return {c.op for c in self.claims if device_name is None or c.matches(device_name)}
+
     @hookimpl
     def estimate_op(self, invoke, device):
         claim = self.find(ESTIMATOR, invoke.op, device.name)

@@ -11,7 +11,7 @@ import functools
 import gc
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +32,10 @@ from castcore.errors import CastcoreError
 from castcore.recording.dtensor import dtensor_shadow, dtensor_type, local_shards
 from castcore.recording.invoke import OpInvoke, tensors_in, to_meta
 from castcore.recording.reuse import LayerReuse
+from castcore.recording.whole import kept_whole
 
 # Namespaces whose calls are bookkeeping, not work a device does.
-_SKIPPED_NAMESPACES = {"prim"}
+SKIPPED_NAMESPACES = {"prim"}
 
 
 class CaptureError(CastcoreError, RuntimeError):
@@ -155,15 +156,20 @@ class _Recorder(TorchDispatchMode):
                 f"implementation with torch.library.register_fake('{func._schema.name}'), or define it with "
                 "castcore.register_op and a dimension annotation"
             ) from None
-        if func.namespace not in _SKIPPED_NAMESPACES and not self._paused:
-            self.invokes.append(OpInvoke(
-                op=func, args=to_meta(args, self.storage_of), kwargs=to_meta(kwargs, self.storage_of),
-                out=to_meta(out, self.storage_of),
-                module=self.current_module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
-            ))
-            if self.progress is not None and len(self.invokes) % 256 == 0:
-                self.progress(len(self.invokes))
+        self.record(func, args, kwargs, out)
         return out
+
+    def record(self, func, args: tuple, kwargs: dict, out: Any) -> None:
+        """Append one call, unless recording is paused or its op is bookkeeping."""
+        if func.namespace in SKIPPED_NAMESPACES or self._paused:
+            return
+        self.invokes.append(OpInvoke(
+            op=func, args=to_meta(args, self.storage_of), kwargs=to_meta(kwargs, self.storage_of),
+            out=to_meta(out, self.storage_of),
+            module=self.current_module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
+        ))
+        if self.progress is not None and len(self.invokes) % 256 == 0:
+            self.progress(len(self.invokes))
 
     def current_module(self) -> str:
         parents = [p for p in self.tracker.parents if p != "Global"]
@@ -275,7 +281,8 @@ CAPTURE_LOCK = threading.RLock()
 
 def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = False,
             inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
-            progress: Callable[[int], None] | None = None, reuse: bool = True, **kwargs: Any) -> Capture:
+            progress: Callable[[int], None] | None = None, reuse: bool = True, whole_ops: Iterable[Any] = (),
+            **kwargs: Any) -> Capture:
     """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made.
 
     ``train=True`` records the forward with autograd on and then the backward of its loss (the
@@ -285,20 +292,25 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
     starts: for inputs that are not plain tensors, such as a pre-filled KV cache object.
     ``progress(n)`` is called every few hundred recorded calls. ``reuse`` captures one of each set
     of identical layers and replays its records for the others (see castcore.recording.reuse);
-    totals are the same as with ``reuse=False``. Captures from several threads run one at a time.
+    totals are the same as with ``reuse=False``. ``whole_ops`` are OpOverloads to record as one call
+    even though torch decomposes them before a dispatch mode sees them (CompositeImplicitAutograd ops
+    such as aten.linear; see castcore.recording.whole): the ops a plugin claims, which
+    ``Session.whole_ops(device)`` lists. Captures from several threads run one at a time.
     """
+    whole_ops = frozenset(whole_ops)  # read twice if the capture runs again in full
     with CAPTURE_LOCK:
         try:
-            return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse)
+            return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse, whole_ops)
         except FakeTensorDeviceMismatchError:
             if not reuse:
                 raise
             # A replayed layer's weights stay on the meta device; code outside the layer used one, so
             # this model cannot be replayed: capture it in full.
-            return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse=False)
+            return _capture(target, inputs, kwargs, train, inputs_fn, progress, False, whole_ops)
 
 
-def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool) -> Capture:
+def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool,
+             whole_ops: Iterable[Any]) -> Capture:
     tracker = _Tracker()
     recorder = _Recorder(tracker, progress)
     with no_cyclic_gc(), FakeTensorMode(allow_non_fake_inputs=True):
@@ -328,7 +340,8 @@ def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progre
         given = recorder.storages((fake_args, fake_kwargs))
         held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
         reusing = layer_reuse.active() if layer_reuse else nullcontext()
-        with torch.set_grad_enabled(train), dtensor_shadow(recorder), tracker, recorder, reusing:
+        with torch.set_grad_enabled(train), dtensor_shadow(recorder), kept_whole(recorder, whole_ops), tracker, \
+                recorder, reusing:
             result = run()
             if train:
                 _loss_of(result).backward()

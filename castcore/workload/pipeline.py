@@ -62,7 +62,8 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
         try:
             captured = capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
-                               progress=progress, reuse=workload.reuse, **built.kwargs)
+                               progress=progress, reuse=workload.reuse, whole_ops=session.whole_ops(device),
+                               **built.kwargs)
         except (RuntimeError, UserWarning) as exc:
             forward_only = _forward_only_op(str(exc)) if workload.train else None
             if forward_only:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
-from castcore.plugins.claims import declared_count
+from castcore.plugins.claims import ClaimTable, declared_count
 from castcore.plugins.config import Config, load_config
 from castcore.builtin import CorePlugin
 from castcore.plugins.loading import LoadedPlugins, load_plugins, refresh_scripts
@@ -109,6 +109,16 @@ class Session:
             raise DeviceError(f"unknown device {name!r}; installed: {', '.join(self.devices) or 'none'} "
                               "(castcore devices lists them)")
         return self.devices[name]
+
+    def whole_ops(self, device: str | DeviceProfile | None = None) -> frozenset:
+        """The ops a capture for ``device`` records as one call although torch decomposes them (see
+        castcore.recording.whole): every op a pack, custom-op file or the program claims there. The core's
+        claims keep nothing whole, so a model no plugin claims such an op for is captured as before.
+        None: the claims for any device, for a capture estimated on several."""
+        name = None if device is None else self.device(device).name
+        return frozenset(op for plugin in self.plugins.pm.get_plugins()
+                         if isinstance(plugin, ClaimTable) and plugin is not self.plugins.core
+                         for op in plugin.claimed_ops(name))
 
     def fuse(self, model: torch.nn.Module, device: str | DeviceProfile | None = None) -> list[str]:
         """Let every plugin swap parts of ``model`` for its fused operators on ``device``; what each did.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -54,12 +56,38 @@ def test_int8_fractal_is_twice_as_deep(session):
 
 
 def test_linear_folds_leading_dims_into_m(session):
-    # aten.linear decomposes to a view and one mm under capture: the leading dims become M = 14 -> 16.
+    # The pack claims aten.linear, so the capture keeps it whole: the leading dims become one M = 14 -> 16.
     x = torch.empty(2, 7, 64, dtype=torch.bfloat16, device="meta")
     w = torch.empty(96, 64, dtype=torch.bfloat16, device="meta")
-    report = session.estimate(torch.nn.functional.linear, x, w, device="ascend-910b3")
-    (mm,) = [r for r in report.records if r.invoke.name == "aten::mm"]
-    assert mm.estimate.detail["padded_shape"] == "16x64x96"
+    est = only(session.estimate(torch.nn.functional.linear, x, w, device="ascend-910b3"))
+    assert est.detail["padded_shape"] == "16x64x96"
+
+
+def test_linear_and_matmul_estimators_answer_for_a_model(session):
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 96, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            y = self.proj(x)
+            return y @ y.transpose(-1, -2)  # a batched matmul, as eager attention's scores
+
+    x = torch.empty(2, 7, 64, dtype=torch.bfloat16, device="meta")
+    report = session.estimate(Block().to("meta"), x, device="ascend-910b3")
+    by_op = {r.invoke.name: r.estimate for r in report.records if r.invoke.name in ("aten::linear", "aten::matmul")}
+    assert all(_by_pack_estimator(e) for e in by_op.values())
+    assert by_op["aten::linear"].detail["padded_shape"] == "16x64x96"
+    assert by_op["aten::matmul"].detail["padded_shape"] == "2x16x96x16"  # 7 x 96 x 7 per batch, padded
+    assert not [r for r in report.records if r.invoke.name in ("aten::mm", "aten::bmm", "aten::addmm")]
+    llama = Path(__file__).resolve().parents[3] / "tests" / "data" / "tiny-llama.json"
+    report = session.estimate(castcore.build_workload(str(llama), seq=16), device="ascend-910b3")
+    linear = [r for r in report.records if r.invoke.name == "aten::linear"]
+    assert len(linear) == 15 and all(_by_pack_estimator(r.estimate) for r in linear)
+
+
+def _by_pack_estimator(estimate) -> bool:
+    return estimate.source.plugin.startswith("castpack-ascend") and estimate.source.step == "estimator"
 
 
 def test_softmax_rows_are_padded_to_32_byte_blocks(session):
