@@ -96,6 +96,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/scale.py", "--out", "bench/results/scale.json", *session.posargs)
     session.run("python", "bench/resolution.py", "--out", "bench/results/resolution.json")
     session.run("python", "bench/stock.py", "--out", "bench/results/stock.json")
+    session.run("python", "bench/serve.py", "--out", "bench/results/serve.json")
 
 
 @nox.session

@@ -11,7 +11,8 @@ and castcore's estimate cache emptied, in this order:
   castcore, model as given              castcore.capture of the model unprepared (use_cache=True, a
                                         DynamicCache through every layer), then estimation: the path
                                         before castcore/workload/stock.py, less the pipeline around it
-  castcore preset                       the same config as a preset (castcore estimate --model ...)
+  castcore preset                       the same config as a preset, with every position's logits
+                                        (--all-logits), as the stock call computes them
   FlopCounterMode                       torch.utils.flop_counter over the model as given, on fake tensors
 
 FLOPs are compared with the preset's. FlopCounterMode counts matmul and attention FLOPs only, and
@@ -70,7 +71,8 @@ def measure(spec: str, seq: int, warmup_seq: int, device_file: str) -> dict:
         return {
             "castcore.estimate(model, input_ids)": lambda: session.estimate(model, input_ids).flops,
             "castcore, model as given": lambda: session.estimate_capture(as_given.capture(reuse=True)).flops,
-            "castcore preset": lambda: session.estimate(build_workload(spec, seq=tokens, dtype=dtype)).flops,
+            "castcore preset": lambda: session.estimate(build_workload(spec, seq=tokens, dtype=dtype,
+                                                                       all_logits=True)).flops,
             "FlopCounterMode": as_given.flop_counter,
         }
 

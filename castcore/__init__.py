@@ -2,7 +2,8 @@
 
 The embedder's face. ``castcore.estimate(castcore.build_workload("llama-3-8b"), device="...")``
 returns the Report ``castcore estimate`` prints; ``castcore.estimate(model, input_ids)`` does the
-same for a model you built. Pack and custom-op authors import ``castcore.pack`` instead.
+same for a model you built; ``castcore.serve("llama-3-70b", batch=32, tp=8)`` the ServeReport ``castcore serve``
+prints. Pack and custom-op authors import ``castcore.pack`` instead.
 
 Names load on first use, so ``import castcore`` (and ``castcore --help``) does not import torch.
 """
@@ -17,6 +18,8 @@ _EXPORTS = {
     "Session": "castcore.workload.session",
     "estimate": "castcore.workload.session",
     "default_session": "castcore.workload.session",
+    "serve": "castcore.workload.session",
+    "ServeReport": "castcore.workload.serving",
     "build_workload": "castcore.workload.spec",
     "Workload": "castcore.workload.spec",
     "Report": "castcore.report.records",
@@ -58,10 +61,10 @@ __all__ = [
     "AnnotationError", "Capture", "CaptureError", "CastcoreError", "ComputeOps", "Config", "ConfigError",
     "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect", "MeasureError",
     "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpInvokeInfo", "OpRecord", "PartitionError",
-    "PerformanceModel", "PerformanceProperties", "Report", "Session", "TensorMeta", "Workload", "__version__",
-    "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate", "hookimpl",
-    "load_config", "load_device_file", "measure", "measure_table", "partition", "register_measured_table",
-    "register_op", "register_op_estimator", "register_op_properties",
+    "PerformanceModel", "PerformanceProperties", "Report", "ServeReport", "Session", "TensorMeta", "Workload",
+    "__version__", "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate",
+    "hookimpl", "load_config", "load_device_file", "measure", "measure_table", "partition", "register_measured_table",
+    "register_op", "register_op_estimator", "register_op_properties", "serve",
 ]
 
 
@@ -103,7 +106,8 @@ if TYPE_CHECKING:
     from castcore.recording.recorder import Capture, CaptureError, capture
     from castcore.report.memory import MemoryReport
     from castcore.report.records import OpRecord, Report
-    from castcore.workload.session import Session, default_session, estimate
+    from castcore.workload.serving import ServeReport
+    from castcore.workload.session import Session, default_session, estimate, serve
     from castcore.workload.spec import ModelError, Workload, build_workload
 
     __version__: str

@@ -20,9 +20,9 @@ def test_mm_flops_equal_hand_count(session, tiny_llama):
     h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     head_dim = h // cfg["num_attention_heads"]
     kv = cfg["num_key_value_heads"] * head_dim
-    # Per layer: q, k, v, o projections, then gate, up, down; then the LM head once.
+    # Per layer: q, k, v, o projections, then gate, up, down; then the LM head for each sequence's last token.
     per_layer = [(h, h), (h, kv), (h, kv), (h, h), (h, inter), (h, inter), (inter, h)]
-    expected = sum(2 * tokens * k * n for k, n in per_layer) * cfg["num_hidden_layers"] + 2 * tokens * h * vocab
+    expected = sum(2 * tokens * k * n for k, n in per_layer) * cfg["num_hidden_layers"] + 2 * batch * h * vocab
 
     mm = [r for r in report.records if r.invoke.name == "aten::mm"]
     assert len(mm) == 7 * cfg["num_hidden_layers"] + 1

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from castcore.report.memory import kv_cache_bytes
+from castcore.workload.models import build_preset
 from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
 from castcore.workload.pipeline import build
 
@@ -38,7 +39,10 @@ def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
 
 
 def test_training_step_records_the_backward(session, tiny_llama):
-    forward = session.estimate(build_workload(str(tiny_llama), seq=16))
+    # Training computes logits at every position: compare with a forward that does too.
+    every = build_preset(str(tiny_llama), batch=1, seq=16, dtype="bf16", phase="prefill", kv_len=16, train=False,
+                         all_logits=True)
+    forward = session.estimate(every.model, kwargs=every.kwargs)
     train = session.estimate(build_workload(str(tiny_llama), seq=16, train=True))
     mm_forward = sum(r.flops for r in forward.records if r.invoke.name == "aten::mm")
     mm_train = sum(r.flops for r in train.records if r.invoke.name == "aten::mm")
@@ -122,7 +126,7 @@ def test_gemma2_counts_its_softcapped_attention_in_full(session):
     assert len(scores) == 4
     assert sum(r.flops for r in scores) == 2 * 2 * (2 * 4 * 12 * 12 * 16)
     tanh_shapes = {r.invoke.args[0].shape for r in report.records if r.invoke.name == "aten::tanh"}
-    assert (1, 4, 12, 12) in tanh_shapes and (1, 12, 256) in tanh_shapes  # attention and final-logit caps
+    assert (1, 4, 12, 12) in tanh_shapes and (1, 1, 256) in tanh_shapes  # attention and last-token logit caps
 
 
 def test_a_model_without_the_attention_interface_runs_with_a_note(session):

@@ -59,7 +59,7 @@ def test_local_shard_shapes_reach_the_estimators(tp2):
     assert mms["k_proj"].args[1].shape == (HIDDEN, 16)  # 2 KV heads of 16 -> 1 per device
     assert mms["o_proj"].args[0].shape == (BATCH * SEQ, HIDDEN // 2)  # row-parallel: half the inputs
     assert mms["down_proj"].args[1].shape == (80, HIDDEN)
-    assert mms["lm_head"].out.shape == (BATCH * SEQ, 250)
+    assert mms["lm_head"].out.shape == (BATCH, 250)  # the last token's logits only
     (sdpa, *_) = [i for i in tp2[1].invokes if "scaled_dot_product" in i.name]
     assert sdpa.args[0].shape[1] == 2 and sdpa.args[1].shape[1] == 1  # 2 query heads, 1 KV head per device
     assert sdpa.argument("is_causal") is True
@@ -71,7 +71,7 @@ def test_one_all_reduce_per_attention_and_mlp_block(tp2):
     assert blocks == ["model"] + ["self_attn", "mlp"] * LAYERS  # "model": the vocab-parallel embedding
     assert all(i.attrs["group_size"] == 2 and i.args[0].shape == (BATCH, SEQ, HIDDEN) for i in reduces)
     gathers = [i for i in tp2[1].invokes if i.name == "_c10d_functional::all_gather_into_tensor"]
-    assert len(gathers) == 1 and gathers[0].out.shape == (2 * BATCH, SEQ, 250)  # the logits, once
+    assert len(gathers) == 1 and gathers[0].out.shape == (2 * BATCH, 1, 250)  # the last token's logits, once
     waits = [i for i in tp2[1].invokes if i.name == "_c10d_functional::wait_tensor"]
     assert len(waits) == len(reduces) + len(gathers)
 

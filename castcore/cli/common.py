@@ -48,6 +48,9 @@ def add_model_options(parser: argparse.ArgumentParser, default_model: str | None
                             "(default: prefill)")
     group.add_argument("--kv-len", type=int, help="tokens already in the KV cache for --phase decode (default: --seq)")
     group.add_argument("--train", action="store_true", help="a training step: forward and backward of the loss")
+    group.add_argument("--all-logits", action="store_true",
+                       help="a prefill computes the LM head for every token (scoring), not only the last one a "
+                            "server samples from (the default)")
     group.add_argument("--fuse", action="store_true",
                        help="let packs swap model parts for their fused operators first (as the model would run "
                             "with the device vendor's kernels)")
@@ -62,7 +65,8 @@ def add_model_options(parser: argparse.ArgumentParser, default_model: str | None
 def workload_from(args: argparse.Namespace) -> Workload:
     """The Workload the model options describe: exactly what build_workload makes from the same values."""
     return build_workload(args.model, batch=args.batch, seq=args.seq, phase=args.phase, kv_len=args.kv_len,
-                          dtype=args.dtype, train=args.train, tp=args.tp, fuse=args.fuse, reuse=not args.no_reuse)
+                          dtype=args.dtype, train=args.train, all_logits=args.all_logits, tp=args.tp, fuse=args.fuse,
+                          reuse=not args.no_reuse)
 
 
 def make_session(args: argparse.Namespace, **extra) -> Session:

@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition
+from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition, serve
 from castcore.cli.common import StrictFailure
 from castcore.errors import CastcoreError
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"castcore {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     estimate.add_parser(sub)
+    serve.add_parser(sub)
     audit.add_parser(sub)
     packs.add_parser(sub)
     devices.add_parser(sub)

@@ -46,9 +46,13 @@ def parse_dtype(name: str) -> torch.dtype:
     return torch_dtype(name)
 
 
-def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len: int, train: bool) -> BuiltModel:
+def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len: int, train: bool,
+                 all_logits: bool = False) -> BuiltModel:
     """One step of a causal LM from a preset or config.json: a prefill of ``batch`` x ``seq`` tokens, or a
-    decode of one token per sequence over a KV cache of ``kv_len`` tokens."""
+    decode of one token per sequence over a KV cache of ``kv_len`` tokens.
+
+    A prefill computes the LM head for the last position only (``logits_to_keep``), as inference servers do;
+    ``all_logits`` computes it for every position (scoring). Training always needs every position."""
     module, note = build_causal_lm(load_model_config(spec), parse_dtype(dtype), origin=spec)
     config = module.config
     notes = [note] if note else []
@@ -58,11 +62,23 @@ def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len
                           config=config, notes=notes)
     input_ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
     kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
+    what, logits = "prefill", ""
     if train:
         kwargs["labels"] = input_ids
-    what = "training step (forward + backward)" if train else "prefill"
+        what = "training step (forward + backward)"
+    elif all_logits:
+        logits = ", logits for every token"
+    elif "logits_to_keep" in inspect.signature(module.forward).parameters:
+        # The last position's index, gathered as vLLM's logits_indices are. (logits_to_keep=1 slices a
+        # non-contiguous view, which DTensor's matmul under --tp turns into a bmm reading the LM head per sequence.)
+        kwargs["logits_to_keep"] = torch.full((1,), seq - 1, dtype=torch.long, device="meta")
+        logits = ", last-token logits"
+    else:
+        logits = ", logits for every token"
+        notes.append(f"{type(module).__name__} takes no logits_to_keep, so its prefill computes the LM head "
+                     "for every token, not only the last one a server samples from")
     return BuiltModel(model=module, kwargs=kwargs, config=config, notes=notes,
-                      description=f"{spec} {what}, batch {batch}, {seq} tokens, {dtype}")
+                      description=f"{spec} {what}, batch {batch}, {seq} tokens, {dtype}{logits}")
 
 
 def from_factory(spec: str, **options: Any) -> BuiltModel:

@@ -26,7 +26,7 @@ def build(workload: Workload) -> BuiltModel:
         return prepare_stock(BuiltModel(model=workload.model, args=workload.args, kwargs=dict(workload.kwargs),
                                         description=_own_description(workload)))
     options = dict(batch=workload.batch, seq=workload.seq, dtype=workload.dtype, phase=workload.phase,
-                   kv_len=workload.cached_tokens, train=workload.train)
+                   kv_len=workload.cached_tokens, train=workload.train, all_logits=workload.all_logits)
     if is_factory(workload.model):
         return from_factory(workload.model, **{**options, "dtype": parse_dtype(workload.dtype)})
     return build_preset(workload.model, **options)

@@ -20,7 +20,9 @@ from castcore.report.memory import analyze_memory
 from castcore.report.records import OpRecord, Report
 from castcore.workload.models import BuiltModel
 from castcore.workload.pipeline import build, run
-from castcore.workload.spec import ModelError, Workload, build_workload
+from castcore.workload import serving
+from castcore.workload.serving import ServeReport
+from castcore.workload.spec import DEFAULT_MODEL, ModelError, Workload, build_workload
 
 
 class Session:
@@ -166,6 +168,15 @@ class Session:
             raise ModelError("pass inputs and options to build_workload, not with a Workload")
         return run(self, workload, device, progress)
 
+    def serve(self, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
+              batch: int | str = 1, dtype: str = "bf16", tp: int = 1, fuse: bool = False,
+              device: str | DeviceProfile | None = None) -> ServeReport:
+        """What ``castcore serve`` prints: TTFT, TPOT, latency, throughput and memory of ``batch`` requests of
+        ``input_tokens`` prompt and ``output_tokens`` generated tokens; ``batch="max"`` finds the largest batch
+        that fits. See castcore.workload.serving."""
+        return serving.serve(self, model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
+                             dtype=dtype, tp=tp, fuse=fuse, device=device)
+
 
 def _with_origin(profile: DeviceProfile, origin: str) -> DeviceProfile:
     return replace(profile, origin=origin)
@@ -188,3 +199,8 @@ def default_session() -> Session:
 def estimate(workload, *inputs, device=None, **options) -> Report:
     """Estimate a Workload, or a model or function with its inputs, with the default session; see Session.estimate."""
     return default_session().estimate(workload, *inputs, device=device, **options)
+
+
+def serve(model: str = DEFAULT_MODEL, *, device=None, **options) -> ServeReport:
+    """Serving figures (TTFT, TPOT, throughput, memory) with the default session; see Session.serve."""
+    return default_session().serve(model, device=device, **options)

@@ -39,6 +39,7 @@ class Workload:
     kv_len: int | None = None  # tokens already cached before a decode step; None: ``seq``
     dtype: str = "bf16"
     train: bool = False
+    all_logits: bool = False  # a prefill's LM head over every position, not only the last (scoring)
     tp: int = 1
     fuse: bool = False
     reuse: bool = True
@@ -63,8 +64,9 @@ class Workload:
 
 
 def build_workload(model: Any = DEFAULT_MODEL, *args: Any, batch: int = 1, seq: int = 2048, phase: str = "prefill",
-                   kv_len: int | None = None, dtype: str = "bf16", train: bool = False, tp: int = 1,
-                   fuse: bool = False, reuse: bool = True, kwargs: dict[str, Any] | None = None) -> Workload:
+                   kv_len: int | None = None, dtype: str = "bf16", train: bool = False, all_logits: bool = False,
+                   tp: int = 1, fuse: bool = False, reuse: bool = True,
+                   kwargs: dict[str, Any] | None = None) -> Workload:
     """A checked Workload; raises ModelError naming the option at fault and what it accepts.
 
     ``build_workload("llama-3-70b", phase="decode", batch=32, tp=8, fuse=True)``, or for a model you
@@ -89,8 +91,11 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, batch: int = 1, seq: 
     elif not callable(model):
         raise ModelError(f"model must be a preset name, a config.json path, package.module:factory, an nn.Module "
                          f"or a function (got {type(model).__name__})")
-    return Workload(model=model, batch=batch, seq=seq, phase=phase, kv_len=kv_len, dtype=dtype, train=train, tp=tp,
-                    fuse=fuse, reuse=reuse, args=tuple(args), kwargs=dict(kwargs or {}))
+    elif all_logits:
+        raise ModelError("--all-logits applies to a model castcore builds (preset, config.json, factory); for your "
+                         "own module, pass logits_to_keep (or not) in its inputs")
+    return Workload(model=model, batch=batch, seq=seq, phase=phase, kv_len=kv_len, dtype=dtype, train=train,
+                    all_logits=all_logits, tp=tp, fuse=fuse, reuse=reuse, args=tuple(args), kwargs=dict(kwargs or {}))
 
 
 def is_factory(spec: str) -> bool:

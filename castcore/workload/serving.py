@@ -1,0 +1,279 @@
+"""What a deployed causal LM costs: time to first token, time per output token, latency, throughput, memory.
+
+A request batch is one prefill of ``batch`` x ``input`` tokens, then ``output`` decode steps over KV lengths
+``input`` .. ``input + output - 1`` (one new token per sequence each). Every step goes through the pipeline
+``castcore estimate`` uses (``Session.estimate`` on a Workload). The decode steps are captured at a few KV
+lengths only: for standard attention a step's cost is affine in the KV length (attention reads and multiplies
+every cached token once; nothing else depends on it), so time(kv) = a + b * kv fitted by least squares over
+those points and summed over every step in closed form equals stepping every token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from castcore.report.memory import config_field, format_bytes, language_config
+from castcore.report.records import Report, format_seconds
+from castcore.workload.spec import DEFAULT_MODEL, ModelError, build_workload, is_factory, load_model_config
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+    from castcore.workload.session import Session
+
+
+@dataclass
+class ServeReport:
+    """Serving figures for one batch of identical requests on one device (per device under tensor parallelism).
+
+    ``prefill`` is the batch's prefill Report, ``decode`` the decode step's Report at each captured KV length;
+    ``fit`` is (a, b) of time(kv) = a + b * kv over them. Memory is at the longest context: weights, a KV cache
+    of ``input + output`` tokens per sequence, and the larger activation peak of the prefill and the last step.
+    """
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    batch: int
+    dtype: str
+    tp: int
+    fuse: bool
+    prefill: Report
+    decode: dict[int, Report]
+    fit: tuple[float, float]
+    notes: list[str] = field(default_factory=list)
+    max_batch: str = ""  # how the batch was found, when it was asked for as "max"
+
+    @property
+    def device(self) -> DeviceProfile:
+        return self.prefill.device
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.time_s
+
+    @property
+    def decode_s(self) -> float:
+        """Every decode step of the request, the fit summed over kv = input .. input + output - 1."""
+        a, b = self.fit
+        n, first = self.output_tokens, self.input_tokens
+        return n * a + b * (n * first + n * (n - 1) / 2)
+
+    @property
+    def tpot_s(self) -> float:
+        return self.decode_s / self.output_tokens
+
+    def tpot_at(self, kv_len: int) -> float:
+        """The captured step's time at a captured KV length (first, middle, last)."""
+        return self.decode[kv_len].time_s
+
+    @property
+    def kv_points(self) -> list[int]:
+        return sorted(self.decode)
+
+    @property
+    def latency_s(self) -> float:
+        return self.ttft_s + self.decode_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.batch * self.output_tokens / self.latency_s
+
+    def memory(self) -> dict[str, Any]:
+        return memory_figures(self.prefill, self.decode[self.kv_points[-1]])
+
+    def reports(self) -> list[Report]:
+        return [self.prefill, *(self.decode[kv] for kv in self.kv_points)]
+
+    def to_dict(self) -> dict[str, Any]:
+        points = self.kv_points
+        return {
+            "model": self.model, "device": self.device.name, "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens, "batch": self.batch, "dtype": self.dtype, "tp": self.tp,
+            "fuse": self.fuse,
+            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "first_tpot_s": self.tpot_at(points[0]),
+            "middle_tpot_s": self.tpot_at(points[len(points) // 2]), "last_tpot_s": self.tpot_at(points[-1]),
+            "decode_s": self.decode_s, "latency_s": self.latency_s, "output_tokens_per_s": self.output_tokens_per_s,
+            "output_tokens_per_s_per_device": self.output_tokens_per_s / self.tp,
+            **self.memory(),
+            "decode_points": [{"kv_len": kv, "time_s": self.tpot_at(kv)} for kv in points],
+            "tpot_fit": {"a_s": self.fit[0], "b_s_per_token": self.fit[1]},
+            "max_batch": self.max_batch or None, "notes": self.notes,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def format_text(self) -> str:
+        points, mem = self.kv_points, self.memory()
+        parallel = f", tensor parallel {self.tp} (figures per device)" if self.tp > 1 else ""
+        steps = ", ".join(f"{name} {format_seconds(self.tpot_at(kv))} (KV {kv})" for name, kv in
+                          (("first", points[0]), ("middle", points[len(points) // 2]), ("last", points[-1])))
+        capacity = mem["device_memory_bytes"]
+        lines = [
+            f"{self.model} serving {self.batch} requests of {self.input_tokens} input + {self.output_tokens} output "
+            f"tokens, {self.dtype}, on {self.device.name}{parallel}", "",
+            f"TTFT         {format_seconds(self.ttft_s)}  (prefill of {self.batch} x {self.input_tokens} tokens)",
+            f"TPOT         {format_seconds(self.tpot_s)}  (mean of {self.output_tokens} steps; {steps})",
+            f"latency      {format_seconds(self.latency_s)}  (TTFT + {self.output_tokens} decode steps)",
+            f"throughput   {self.output_tokens_per_s:,.1f} output tokens/s, {self.output_tokens_per_s / self.tp:,.1f} "
+            f"per device ({self.tp} device{'s' if self.tp > 1 else ''})", "",
+            f"memory per device at the longest context ({self.input_tokens + self.output_tokens} tokens)",
+            f"weights      {format_bytes(mem['weight_bytes'])}",
+            f"KV cache     {format_bytes(mem['kv_cache_bytes'])}",
+            f"activations  {format_bytes(mem['activation_bytes'])}",
+            f"free         {format_bytes(mem['free_bytes'])}",
+            f"peak         {format_bytes(mem['peak_bytes'])} of {format_bytes(capacity)} "
+            f"({mem['peak_bytes'] / capacity:.1%}): {'fits' if mem['fits'] else 'does NOT fit'}",
+        ]
+        if self.max_batch:
+            lines.append(f"max batch    {self.max_batch}")
+        return "\n".join(lines)
+
+
+def memory_figures(prefill: Report, last_step: Report) -> dict[str, Any]:
+    """Bytes per device a batch needs: the KV cache is static, allocated for the whole request from the prefill
+    on (as the last decode step holds it), and activations (with the inputs) peak in one phase or the other."""
+    prefill_mem, step_mem = prefill.memory, last_step.memory
+    activations = max(prefill_mem.activation_peak_bytes + prefill_mem.input_bytes,
+                      step_mem.activation_peak_bytes + step_mem.input_bytes)
+    peak = step_mem.weight_bytes + step_mem.kv_cache_bytes + activations
+    capacity = int(prefill.device.memory_bytes)
+    return {"weight_bytes": step_mem.weight_bytes, "kv_cache_bytes": step_mem.kv_cache_bytes,
+            "activation_bytes": activations, "peak_bytes": peak, "device_memory_bytes": capacity,
+            "free_bytes": capacity - peak, "fits": peak <= capacity}
+
+
+def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any, dtype: str = "bf16",
+                  tp: int = 1) -> dict[str, Any] | None:
+    """Refuse a request castcore cannot serve, naming the option and its fix; the model's config, when it has one."""
+    if not isinstance(model, str):
+        raise ModelError("serve builds a model's prefill and decode steps itself: name a preset, a config.json or "
+                         f"package.module:factory (got {type(model).__name__})")
+    for option, value, what in (("--input", input_tokens, "prompt tokens per request"),
+                                ("--output", output_tokens, "tokens each request generates")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(f"{option} must be a whole number of at least 1, the {what} (got {value!r})")
+    if batch != "max" and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ModelError(f"--batch must be a whole number of at least 1, the requests served together (got "
+                         f"{batch!r}); or use --max-batch")
+    build_workload(model, seq=input_tokens, dtype=dtype, tp=tp)  # the model, --dtype and --tp as estimate checks them
+    if is_factory(model):
+        return None
+    config = language_config(load_model_config(model))
+    context = config_field(config, "max_position_embeddings")
+    if isinstance(context, int):
+        if input_tokens > context:
+            raise ModelError(f"--input {input_tokens} is longer than {model}'s context of {context} tokens "
+                             f"(max_position_embeddings): use --input {context - 1} or less, leaving room for --output")
+        if input_tokens + output_tokens > context:
+            raise ModelError(f"--input {input_tokens} + --output {output_tokens} tokens exceed {model}'s context of "
+                             f"{context} (max_position_embeddings): use --output {context - input_tokens} or less")
+    return config
+
+
+def decode_points(input_tokens: int, output_tokens: int) -> list[int]:
+    """The KV lengths whose decode steps are captured: the first, middle and last of the request."""
+    last = input_tokens + output_tokens - 1
+    return sorted({input_tokens, input_tokens + (output_tokens - 1) // 2, last})
+
+
+def fit_line(points: dict[int, float]) -> tuple[float, float]:
+    """Least-squares (a, b) of time = a + b * kv; one point gives a flat line."""
+    n = len(points)
+    mean_x, mean_y = sum(points) / n, sum(points.values()) / n
+    spread = sum((x - mean_x) ** 2 for x in points)
+    b = sum((x - mean_x) * (y - mean_y) for x, y in points.items()) / spread if spread else 0.0
+    return mean_y - b * mean_x, b
+
+
+def serve(session: Session, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
+          batch: int | str = 1, dtype: str = "bf16", tp: int = 1, fuse: bool = False,
+          device: str | DeviceProfile | None = None) -> ServeReport:
+    """Serving figures for ``batch`` requests of ``input_tokens`` + ``output_tokens``; ``batch="max"`` takes the
+    largest batch whose memory fits the device (see ``largest_batch``)."""
+    config = check_request(model, input_tokens, output_tokens, batch, dtype, tp)
+    profile = session.device(device)
+    reports: dict[tuple, Report] = {}  # each step is captured once, however often the batch search asks
+
+    def step(batch_size: int, kv_len: int | None = None) -> Report:
+        key = (batch_size, kv_len)
+        if key not in reports:
+            workload = build_workload(model, batch=batch_size, seq=input_tokens, dtype=dtype, tp=tp, fuse=fuse,
+                                      phase="prefill" if kv_len is None else "decode", kv_len=kv_len)
+            try:
+                reports[key] = session.estimate(workload, device=profile)
+            except ModelError as exc:
+                if kv_len is None:
+                    raise
+                # The batch's prefill is always captured first, so what fails here is the decode step's own.
+                raise ModelError(f"serving needs decode steps, and {exc}") from None
+        return reports[key]
+
+    points = decode_points(input_tokens, output_tokens)
+    found = ""
+    if batch == "max":
+        batch, found = largest_batch(lambda b: memory_figures(step(b), step(b, points[-1]))["peak_bytes"],
+                                     int(profile.memory_bytes))
+    prefill = step(batch)
+    decode = {kv: step(batch, kv) for kv in points}
+    report = ServeReport(model=model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
+                         dtype=dtype, tp=tp, fuse=fuse, prefill=prefill, decode=decode,
+                         fit=fit_line({kv: r.time_s for kv, r in decode.items()}), max_batch=found)
+    report.notes = _notes(report, config)
+    return report
+
+
+def largest_batch(peak_at: Callable[[int], int], capacity: int) -> tuple[int, str]:
+    """The largest batch whose peak memory fits ``capacity``, and a line saying how it was found.
+
+    Memory grows by a fixed amount per sequence (its KV cache and activations), so peak(batch) = fixed + batch x
+    per_sequence, fitted from captures at batch 1 and 2; bisection finds the largest batch that model fits, and
+    captures at that batch and the next confirm it (stepping by one where the peak op moved by a few bytes)."""
+    one, two = peak_at(1), peak_at(2)
+    if one > capacity:
+        raise ModelError(f"--max-batch: even batch 1 needs {format_bytes(one)} of {format_bytes(capacity)} per "
+                         "device; use a larger --tp or a shorter --input/--output")
+    per_sequence = max(two - one, 1)
+    fixed = one - per_sequence
+    low, high = 1, 2  # bisect between a batch that fits the model and one that does not
+    while fixed + high * per_sequence <= capacity:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fixed + middle * per_sequence <= capacity else (low, middle)
+    while low > 1 and peak_at(low) > capacity:
+        low -= 1
+    while peak_at(low + 1) <= capacity:
+        low += 1
+    return low, (f"{low}: bisection over peak(batch) = {format_bytes(fixed)} + batch x {format_bytes(per_sequence)} "
+                 f"(fitted from batch 1 and 2), confirmed by capturing batch {low} (fits) and {low + 1} (does not)")
+
+
+def _notes(report: ServeReport, config: dict[str, Any] | None) -> list[str]:
+    """How the figures were made, and where they do not hold."""
+    points = report.kv_points
+    a, b = report.fit
+    notes = [f"TPOT: decode steps captured at KV lengths {', '.join(map(str, points))} and fitted as "
+             f"{format_seconds(a)} + {format_seconds(b) if b >= 1e-6 else f'{b * 1e9:.3f} ns'} per cached token, "
+             f"summed over KV "
+             f"{report.input_tokens}..{report.input_tokens + report.output_tokens - 1} (exact when every op's time "
+             "is affine in the KV length, as standard attention's is on the roofline)"]
+    residual = max(abs(r.time_s - (a + b * kv)) / r.time_s for kv, r in report.decode.items())
+    if residual > 1e-9:
+        notes.append(f"the captured decode steps are not affine in the KV length (largest residual "
+                     f"{residual * 100:.2g}% of a step): TPOT is a least-squares fit, not exact")
+    window = config_field(config, "sliding_window") if config is not None else None
+    if isinstance(window, int) and config_field(config, "use_sliding_window") is not False:
+        last = points[-1]
+        notes.append(f"{report.model} sets sliding_window = {window}: its sliding-window layers read at most {window} "
+                     f"cached tokens, so a step's cost is affine in the KV length only up to {window}; "
+                     + (f"this request's KV lengths (to {last}) stay within it" if last <= window else
+                        f"this request's KV lengths (to {last}) pass it, so the fit is an approximation"))
+    notes.append("throughput is one static batch (batch x output tokens over the request latency), not continuous "
+                 "batching; latency counts output decode steps after the prefill (TTFT + output x TPOT)")
+    for step in report.reports():
+        notes += [line for line in step.notes if line not in notes]
+    return notes
