@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import figures  # bench/figures.py: this script runs with bench/ on its path
 
 HERE = Path(__file__).parent
 TARGETS = {"estimate_over_bare_capture": 0.10, "peak_rss_mib_70b": 1024, "flopcounter_over_estimate": 5.0,
@@ -266,15 +266,7 @@ def main() -> None:
         if done.returncode != 0:
             sys.exit(f"bench/scale.py: measuring {model} failed: {done.stderr.strip()}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    out.write_text(json.dumps({**machine, "targets": TARGETS, "results": results}, indent=2))
-    table = _markdown(results, machine)
-    out.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    figures.write(args.out, {"targets": TARGETS, "results": results}, lambda machine: _markdown(results, machine))
 
 
 def _markdown(results: list[dict], machine: dict) -> str:

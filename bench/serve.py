@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import figures  # bench/figures.py: this script runs with bench/ on its path
 
 HERE = Path(__file__).parent
 TARGET = 5.0  # seconds, the whole process
@@ -75,15 +76,7 @@ def main() -> None:
     seconds = [s for s, _ in timed]
     result = {"command": " ".join(argv), "seconds": seconds, "median_seconds": statistics.median(seconds),
               "target_seconds": TARGET, "figures": timed[-1][1]}
-    machine = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**machine, "result": result}, indent=2))
-    table = _markdown(result, machine)
-    out.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    figures.write(args.out, {"result": result}, lambda machine: _markdown(result, machine))
 
 
 if __name__ == "__main__":

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
+import figures  # bench/figures.py and bench/scale.py: this script runs with bench/ on its path
 from scale import Paths, _cold
 
 HERE = Path(__file__).parent
@@ -127,15 +125,8 @@ def main() -> None:
         result = measure(args.model, args.seq, args.warmup_seq, args.device_file)
     except ModelError as exc:  # a bad --model: one line; anything else keeps its traceback
         sys.exit(str(exc))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    out.write_text(json.dumps({**machine, "target_flopcounter_over_estimate": TARGET, "result": result}, indent=2))
-    table = _markdown(result, machine)
-    out.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    figures.write(args.out, {"target_flopcounter_over_estimate": TARGET, "result": result},
+                  lambda machine: _markdown(result, machine))
 
 
 if __name__ == "__main__":
