@@ -165,9 +165,10 @@ def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any,
     config = language_config(load_model_config(model))
     context = config_field(config, "max_position_embeddings")
     if isinstance(context, int):
-        if input_tokens > context:
+        if input_tokens >= context:
             raise ModelError(f"--input {input_tokens} is longer than {model}'s context of {context} tokens "
-                             f"(max_position_embeddings): use --input {context - 1} or less, leaving room for --output")
+                             f"(max_position_embeddings): use --input {max(context - output_tokens, 1)} or less, "
+                             f"leaving room for --output {output_tokens}")
         if input_tokens + output_tokens > context:
             raise ModelError(f"--input {input_tokens} + --output {output_tokens} tokens exceed {model}'s context of "
                              f"{context} (max_position_embeddings): use --output {context - input_tokens} or less")
