@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -127,12 +128,12 @@ def test_every_public_name_resolves():
         castcore.no_such_name  # noqa: B018
 
 
-def _run_without_torch(*argv: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def _run_without_torch(*argv: str, tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
     code = ("import sys\nfrom castcore.cli.main import main\n"
             "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\nsys.exit(code)")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=cwd)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["estimate", "--help"]])
@@ -162,3 +163,17 @@ def test_the_embedding_example_runs(h100_file):
     assert done.returncode == 0, done.stderr
     prefill, decode = done.stdout.splitlines()
     assert "prefill, batch 4, 128 tokens" in prefill and "decode, batch 4, 1 token over 128 cached" in decode
+
+
+def test_devices_skips_a_default_custom_op_dir_when_told(tmp_path, h100_file):
+    project = tmp_path / "project"
+    (project / "custom_op").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("")
+    (project / "custom_op" / "mine.py").write_text("import torch\n")
+    argv = ["devices", "--json", "--no-packs", "--device-file", str(h100_file)]
+    loaded = _run_without_torch(*argv, tmp_path=tmp_path, cwd=project)
+    skipped = _run_without_torch(*argv, "--no-default-custom-op-dirs", tmp_path=tmp_path, cwd=project)
+    assert loaded.returncode == skipped.returncode == 0, (loaded.stderr, skipped.stderr)
+    assert loaded.stderr.strip().endswith("TORCH") and not loaded.stderr.strip().endswith("NO-TORCH")
+    assert skipped.stderr.strip().endswith("NO-TORCH")
+    assert json.loads(loaded.stdout) == json.loads(skipped.stdout)

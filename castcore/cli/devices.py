@@ -22,7 +22,8 @@ def _profiles_without_plugins(args: argparse.Namespace):
     from castcore.plugins.packs import pack_infos, packs_without_profile_hooks, profile_folders
 
     config = load_config(custom_op_dirs=args.custom_op_dir, device_files=args.device_file,
-                         load_packs=[] if args.no_packs else None, strict=args.strict)
+                         load_packs=[] if args.no_packs else None, strict=args.strict,
+                         default_custom_op_dirs=False if args.no_default_custom_op_dirs else None)
     if config.custom_op_dirs or not packs_without_profile_hooks(config):
         return None
     folders = profile_folders(config)
