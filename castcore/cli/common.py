@@ -35,14 +35,22 @@ def add_plugin_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
 
 
-def add_model_options(parser: argparse.ArgumentParser, default_model: str | None) -> None:
-    group = parser.add_argument_group("model")
+def add_model_argument(group, default_model: str | None) -> None:
     group.add_argument("--model", default=default_model,
                        help=f"a preset ({', '.join(preset_names())}), a transformers config.json path, or "
                             "package.module:factory" + (f" (default: {default_model})" if default_model else ""))
+
+
+def add_dtype_argument(group) -> None:
+    group.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="weights and activations (default: bf16)")
+
+
+def add_model_options(parser: argparse.ArgumentParser, default_model: str | None) -> None:
+    group = parser.add_argument_group("model")
+    add_model_argument(group, default_model)
     group.add_argument("--batch", type=int, default=1, help="sequences per batch (default: 1)")
     group.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default: 2048)")
-    group.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="weights and activations (default: bf16)")
+    add_dtype_argument(group)
     group.add_argument("--phase", default="prefill", choices=PHASES,
                        help="prefill: --seq tokens at once; decode: one new token per sequence over a KV cache "
                             "(default: prefill)")
@@ -99,3 +107,10 @@ def note(message: str) -> None:
 
 def warn(message: str) -> None:
     print(f"castcore: warning: {message}", file=sys.stderr)
+
+
+def fail_on_fallback(session: Session, fallback_ops: list[str]) -> None:
+    """Under --strict, ops left to the memory-only estimate are a failure naming them."""
+    if session.config.strict and fallback_ops:
+        raise StrictFailure(f"{len(fallback_ops)} op(s) fell back to the memory-only estimate and --strict is on: "
+                            f"{', '.join(fallback_ops)}; give them an estimator or op_properties")

@@ -7,8 +7,8 @@ import json
 import sys
 import time
 
-from castcore.cli.common import (StrictFailure, add_model_options, add_plugin_options, make_session, note,
-                                 progress_printer, workload_from)
+from castcore.cli.common import (StrictFailure, add_model_options, add_plugin_options, fail_on_fallback, make_session,
+                                 note, progress_printer, workload_from)
 from castcore.report.files import check_output, write_whole
 from castcore.workload.spec import DEFAULT_MODEL
 
@@ -48,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
         print(report.format_table(top=args.top, by=args.by))
     if session.config.strict and session.resolver.errors:
         raise StrictFailure(f"{len(session.resolver.errors)} estimator error(s) and --strict is on")
-    fallback = report.coverage()["fallback_ops"]
-    if session.config.strict and fallback:
-        raise StrictFailure(f"{len(fallback)} op(s) fell back to the memory-only estimate and --strict is on: "
-                            f"{', '.join(fallback)}; give them an estimator or op_properties")
+    fail_on_fallback(session, report.coverage()["fallback_ops"])
     return 0
 
 

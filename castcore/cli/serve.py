@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from castcore.cli.common import StrictFailure, add_plugin_options, make_session, note, warn
-from castcore.devices.dtypes import MODEL_DTYPES
-from castcore.workload.spec import DEFAULT_MODEL, preset_names
+from castcore.cli.common import (add_dtype_argument, add_model_argument, add_plugin_options, fail_on_fallback,
+                                 make_session, note, warn)
+from castcore.workload.spec import DEFAULT_MODEL
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,10 +33,7 @@ def run(args: argparse.Namespace) -> int:
              f"{format_bytes(memory['device_memory_bytes'])} per device; try a larger --tp, a smaller --batch, "
              "or --max-batch")
     print(report.to_json() if args.json else report.format_text())
-    fallback = sorted({op for step in report.reports() for op in step.coverage()["fallback_ops"]})
-    if session.config.strict and fallback:
-        raise StrictFailure(f"{len(fallback)} op(s) fell back to the memory-only estimate and --strict is on: "
-                            f"{', '.join(fallback)}; give them an estimator or op_properties")
+    fail_on_fallback(session, sorted({op for step in report.reports() for op in step.coverage()["fallback_ops"]}))
     return 0
 
 
@@ -47,9 +44,7 @@ def add_parser(subparsers) -> None:
                     "decode steps (TPOT, captured at the first, middle and last KV length and fitted as affine in "
                     "it), the request latency, output tokens/s, and memory at the longest context.")
     group = cmd.add_argument_group("request")
-    group.add_argument("--model", default=DEFAULT_MODEL,
-                       help=f"a preset ({', '.join(preset_names())}), a transformers config.json path, or "
-                            f"package.module:factory (default: {DEFAULT_MODEL})")
+    add_model_argument(group, DEFAULT_MODEL)
     group.add_argument("--input", type=int, default=2048, metavar="N", help="prompt tokens per request (default: 2048)")
     group.add_argument("--output", type=int, default=256, metavar="N",
                        help="tokens each request generates (default: 256)")
@@ -58,7 +53,7 @@ def add_parser(subparsers) -> None:
     sizes.add_argument("--max-batch", action="store_true",
                        help="use the largest batch whose memory fits the device (bisection over peak memory per "
                             "batch, confirmed by capture)")
-    group.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="weights and activations (default: bf16)")
+    add_dtype_argument(group)
     group.add_argument("--tp", type=int, default=1, metavar="N",
                        help="tensor parallel over N devices; figures and memory are per device (default: 1)")
     group.add_argument("--fuse", action="store_true", help="let packs swap model parts for their fused operators first")
