@@ -10,6 +10,7 @@ from castcore.devices.costs import ComputeOps, Estimate, PerformanceProperties, 
 from castcore.devices.dtypes import dtype_name
 from castcore.devices.profile import DeviceProfile, Interconnect, device_from_dict, package_profiles
 from castcore.devices.roofline import roofline
+from castcore.devices.tiles import tiled_matmul
 from castcore.ops.register import register_op
 from castcore.ops.tables import register_measured_table
 from castcore.plugins.claims import register_op_estimator, register_op_properties
@@ -21,5 +22,5 @@ __all__ = [
     "ComputeOps", "DeviceProfile", "Estimate", "Interconnect", "OpInvoke", "OpInvokeInfo", "PerformanceModel",
     "PerformanceProperties", "Source", "TensorMeta", "device_from_dict", "dtype_name", "formulas", "hookimpl",
     "op_name", "package_profiles", "register_measured_table", "register_op", "register_op_estimator",
-    "register_op_properties", "roofline", "tensors_in",
+    "register_op_properties", "roofline", "tensors_in", "tiled_matmul",
 ]

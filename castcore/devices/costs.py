@@ -26,6 +26,10 @@ class PerformanceProperties:
     compute_ops: dict[torch.dtype, ComputeOps] = field(default_factory=dict)
     memory_read_bytes: float = 0
     memory_write_bytes: float = 0
+    # Optional shape hints for shape-aware timing (castcore.devices.tiles): the matrix products behind the
+    # mma_ops as (batch, m, n, k), and the kernel family ("attention") whose own efficiency applies.
+    matmuls: list[tuple[int, int, int, int]] = field(default_factory=list)
+    kernel: str = ""
 
     def add(self, dtype: torch.dtype, *, mma: float = 0, gp: float = 0) -> PerformanceProperties:
         """Add operations counted in ``dtype``; returns self so formulas chain."""

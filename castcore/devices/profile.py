@@ -53,6 +53,14 @@ class DeviceProfile:
     gp_op_cost_s: float = 0.0
     comm_op_cost_s: float = 0.0
     interconnect: tuple[Interconnect, ...] = ()
+    # Shape-aware pricing (castcore.devices.tiles), all optional: without them the plain roofline applies.
+    compute_units: int = 0  # SMs / AI cores a matrix product's tiles are spread over
+    mma_tile: Mapping[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)  # dtype -> kernel tiles
+    mma_unit: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # dtype -> one MMA instruction
+    attention_efficiency: float = 0.0  # fraction of the matrix peak a fused attention kernel reaches (0: compute_efficiency)
+    memory_half_bytes: float = 0.0  # bytes at which a streaming kernel reaches half its bandwidth (Hockney n_1/2)
+    l2_bytes: float = 0.0
+    clock_hz: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
     default: bool = False
     origin: str = ""  # the file or plugin it came from, for messages
@@ -77,7 +85,8 @@ class DeviceProfile:
 
 
 _NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
-            "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s")
+            "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s", "attention_efficiency", "memory_half_bytes", "l2_bytes",
+            "clock_hz")
 _KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}
 
 
@@ -131,7 +140,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     for key in _NUMBERS:
         if key in data:
             numbers[key] = _number(data[key], key, fail, positive=key in ("memory_bytes", "memory_bandwidth"))
-    for key in ("compute_efficiency", "memory_efficiency"):
+    for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency"):
         if key in numbers and not 0 < numbers[key] <= 1:
             raise fail(f"'{key}' = {numbers[key]} must be in (0, 1]")
     rates = {}
@@ -146,10 +155,11 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
         rates[unit] = dict(table)
 
     links = tuple(_interconnect(i, raw, fail) for i, raw in enumerate(data.get("interconnect", [])))
+    tiling = _tiling(data, fail)
     sources = data.get("sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) and v for v in sources.values()):
         raise fail("'sources' must be a table of field = \"where the number came from\"")
-    missing = [p for p in _number_paths(numbers, rates, links) if not _sourced(p, sources)]
+    missing = [p for p in _number_paths(numbers, rates, links, tiling) if not _sourced(p, sources)]
     if missing:
         raise fail(f"no source for {', '.join(missing)}: add them under [sources] (datasheet and page, or measurement, and date)")
     default = data.get("default", False)
@@ -159,7 +169,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     return DeviceProfile(name=data["name"], vendor=data["vendor"], interconnect=links,
                          sources=MappingProxyType(dict(sources)), default=default, origin=origin,
                          mma_flops=MappingProxyType(rates["mma_flops"]), gp_flops=MappingProxyType(rates["gp_flops"]),
-                         **numbers)
+                         **tiling, **numbers)
 
 
 def _number(value: Any, key: str, fail, positive: bool = False) -> float:
@@ -193,8 +203,48 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
                         latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail))
 
 
-def _number_paths(numbers, rates, links) -> list[str]:
-    paths = list(numbers)
+def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:
+    """compute_units, mma_unit and mma_tile, checked: every tile a whole number of its dtype's MMA units."""
+    found: dict[str, Any] = {}
+    units = data.get("compute_units")
+    if units is not None:
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise fail(f"'compute_units' = {units!r} must be a whole number >= 1 (SMs, AI cores)")
+        found["compute_units"] = units
+    shapes: dict[str, dict[str, Any]] = {}
+    for key in ("mma_unit", "mma_tile"):
+        table = data.get(key, {})
+        if not isinstance(table, dict):
+            raise fail(f"'{key}' must be a table of dtype = [m, n, k]")
+        shapes[key] = {}
+        for dtype, value in table.items():
+            if not is_dtype_name(dtype):
+                raise fail(f"'{key}.{dtype}' is not a torch dtype name (e.g. bfloat16, float8_e4m3fn, int8)")
+            tiles = value if key == "mma_tile" and value and isinstance(value[0], list) else [value]
+            for tile in tiles:
+                if (not isinstance(tile, list) or len(tile) != 3
+                        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in tile)):
+                    raise fail(f"'{key}.{dtype}' = {value!r} must be [m, n, k] of whole numbers >= 1"
+                               + (" (or a list of them)" if key == "mma_tile" else ""))
+            shapes[key][dtype] = tuple(tuple(t) for t in tiles) if key == "mma_tile" else tuple(tiles[0])
+    for dtype, tiles in shapes["mma_tile"].items():
+        unit = shapes["mma_unit"].get(dtype)
+        if unit is None:
+            raise fail(f"'mma_tile.{dtype}' needs 'mma_unit.{dtype}', the MMA instruction shape the tile is made of")
+        for tile in tiles:
+            if any(t < u or t % u for t, u in zip(tile, unit)):
+                raise fail(f"'mma_tile.{dtype}' tile {list(tile)} is not a whole number of its MMA unit {list(unit)} "
+                           "in every dimension (a tile smaller than, or not a multiple of, the unit it is made of)")
+    if shapes["mma_tile"] and "compute_units" not in found:
+        raise fail("'mma_tile' needs 'compute_units', the units its tiles are spread over")
+    found["mma_unit"] = MappingProxyType(shapes["mma_unit"])
+    found["mma_tile"] = MappingProxyType(shapes["mma_tile"])
+    return found
+
+
+def _number_paths(numbers, rates, links, tiling) -> list[str]:
+    paths = list(numbers) + (["compute_units"] if "compute_units" in tiling else [])
+    paths += [f"{key}.{dtype}" for key in ("mma_unit", "mma_tile") for dtype in tiling[key]]
     paths += [f"{unit}.{dtype}" for unit, table in rates.items() for dtype in table]
     paths += [f"interconnect.{link.name}" for link in links]
     return paths

@@ -4,25 +4,63 @@ from __future__ import annotations
 
 from castcore.devices.costs import Estimate, PerformanceProperties, Source
 from castcore.devices.profile import DeviceProfile
+from castcore.devices.tiles import tiled_matmul
 
 
 def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source | None = None) -> Estimate:
-    """max(compute, memory) plus the device's fixed cost per launch; zero for work-free ops (views)."""
+    """max(compute, memory) plus the device's fixed cost per launch; zero for work-free ops (views).
+
+    Shape-aware where the profile and the properties allow (see castcore.devices.tiles): matrix products with
+    known shapes are timed by their tiles and waves, a fused attention kernel at the profile's
+    attention_efficiency, and a transfer pays the bandwidth ramp memory_half_bytes (which, measured end to end,
+    includes the launch: the per-op cost is then a floor rather than an addition)."""
     compute_s = 0.0
-    rates = {}
+    rates: dict[str, str] = {}
+    detail: dict = {}
     uses_mma = False
     for dtype, ops in props.compute_ops.items():
         for unit, count in (("mma", ops.mma_ops), ("gp", ops.gp_ops)):
-            if count:
-                rate, used = device.rate(unit, dtype)
-                compute_s += count / (rate * device.compute_efficiency)
-                rates[f"{unit}:{dtype}"] = used
-                uses_mma = uses_mma or unit == "mma"
-    memory_s = props.memory_bytes / (device.memory_bandwidth * device.memory_efficiency)
+            if not count:
+                continue
+            rate, used = device.rate(unit, dtype)
+            rates[f"{unit}:{dtype}"] = used
+            efficiency = device.compute_efficiency
+            if unit == "mma":
+                uses_mma = True
+                if props.kernel == "attention" and device.attention_efficiency:
+                    efficiency = device.attention_efficiency
+                elif props.matmuls and sum(1 for o in props.compute_ops.values() if o.mma_ops) == 1:
+                    tiled = _tiled(props, device, dtype, rate * efficiency)
+                    if tiled is not None:
+                        seconds, covered, detail = tiled
+                        compute_s += seconds
+                        count -= covered
+                        if count <= 0:
+                            continue
+            compute_s += count / (rate * efficiency)
+    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    memory_s = (props.memory_bytes + device.memory_half_bytes) / bandwidth if props.memory_bytes else 0.0
     if compute_s == 0 and memory_s == 0:
         return Estimate(time_s=0.0, bound="none", source=source)
     overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")
+    if device.memory_half_bytes:  # the measured ramp already holds the launch: it is a floor, not an addition
+        overhead_s = max(0.0, overhead_s - busy)
+    if rates:
+        detail = {"rates": rates, **detail}
     return Estimate(time_s=busy + overhead_s, compute_s=compute_s, memory_s=memory_s, overhead_s=overhead_s,
-                    bound=bound, source=source, detail={"rates": rates} if rates else {})
+                    bound=bound, source=source, detail=detail)
+
+
+def _tiled(props: PerformanceProperties, device: DeviceProfile, dtype, rate: float) -> tuple[float, float, dict] | None:
+    """Seconds for the products with known shapes, the mma ops they cover, and how they were tiled."""
+    seconds, covered, how = 0.0, 0.0, []
+    for batch, m, n, k in props.matmuls:
+        timed = tiled_matmul(device, dtype, batch, m, n, k, rate)
+        if timed is None:
+            return None
+        seconds += timed[0]
+        covered += 2 * batch * m * n * k
+        how.append(timed[1])
+    return seconds, covered, {"tiling": how[0] if len(how) == 1 else how}

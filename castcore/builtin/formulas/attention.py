@@ -69,6 +69,7 @@ def attention_properties(invoke: OpInvoke, layout: str = "bhsd", backward: bool 
     softmax = SOFTMAX_BACKWARD_OPS_PER_SCORE if backward else SOFTMAX_OPS_PER_SCORE
     masked = any(invoke.argument(name) is not None for name in ("attn_mask", "attn_bias", "bias"))
     props = invoke.memory_access_properties()
+    props.kernel = "attention"
     return props.add(invoke.argument("query").dtype, mma=2 * pairs * products, gp=(softmax + masked) * pairs)
 
 

@@ -1,0 +1,42 @@
+"""Shape-aware matrix timing: a product runs as output tiles spread over the device's compute units.
+
+A GEMM kernel cuts the (m, n) output into tiles (the profile's ``mma_tile``), gives each compute unit (an SM, an
+AI core) one tile at a time and steps through k in ``tile_k`` slices. So the work done is the padded tile work,
+in waves of ``compute_units`` tiles: the last wave may be part-empty, and a small product fills few units. When
+there are fewer tiles than units the kernel may split k over the idle units (split-K), as cuBLAS and CUTLASS
+do for skinny products. Among the profile's tiles the fastest is taken, as a kernel heuristic picks one.
+
+Time per tile-step is the unit's share of the sustained matrix rate (peak x compute_efficiency / units), so a
+large, well-shaped product reaches compute_efficiency of the peak and nothing more.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from castcore.devices.dtypes import dtype_name
+from castcore.devices.profile import DeviceProfile
+
+
+def tiled_matmul(device: DeviceProfile, dtype: Any, batch: int, m: int, n: int, k: int,
+                 rate: float) -> tuple[float, dict[str, Any]] | None:
+    """(seconds, how) for ``batch`` products of (m x k) @ (k x n) at sustained ``rate`` op/s; None when the
+    profile has no tiles for ``dtype``."""
+    tiles = device.mma_tile.get(dtype_name(dtype))
+    units = device.compute_units
+    if not tiles or not units or min(batch, m, n, k) < 1:
+        return None
+    per_unit = rate / units
+    best: tuple[float, dict[str, Any]] | None = None
+    for tm, tn, tk in tiles:
+        count = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        steps = math.ceil(k / tk)
+        split = min(units // count, steps) if count < units else 1
+        waves = math.ceil(count * split / units)
+        seconds = waves * 2 * tm * tn * tk * math.ceil(steps / split) / per_unit
+        if best is None or seconds < best[0]:
+            useful = 2 * batch * m * n * k
+            best = (seconds, {"tile": f"{tm}x{tn}x{tk}", "tiles": count, "split_k": split, "waves": waves,
+                              "tile_efficiency": useful / (seconds * per_unit * units)})
+    return best

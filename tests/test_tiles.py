@@ -1,0 +1,107 @@
+"""Shape-aware pricing: tiles, waves and split-K for matrix products, a fused attention kernel's own efficiency,
+the bandwidth ramp of small transfers, and the profile fields that hold them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import castcore
+from castcore.devices.profile import DeviceError, device_from_dict
+from castcore.devices.tiles import tiled_matmul
+
+PEAK = 1e15
+
+
+def profile(**extra) -> castcore.DeviceProfile:
+    # Estimates are cached per device name: every variant gets its own.
+    data = {"name": f"tiled-{sorted(extra.items())}", "vendor": "test", "memory_bytes": 8e10, "memory_bandwidth": 3e12,
+            "mma_flops": {"bfloat16": PEAK}, "gp_flops": {"bfloat16": 1e14}, "compute_efficiency": 0.8,
+            "compute_units": 4, "mma_unit": {"bfloat16": [16, 8, 16]},
+            "mma_tile": {"bfloat16": [[128, 128, 64]]}, **extra}
+    data["sources"] = {key: "test" for key in data if key not in ("name", "vendor")}
+    return device_from_dict(data)
+
+
+def test_a_product_that_fills_whole_waves_reaches_the_sustained_rate():
+    device = profile()
+    seconds, how = tiled_matmul(device, torch.bfloat16, 1, 512, 256, 4096, PEAK * 0.8)  # 4 x 2 tiles: 2 waves
+    assert how["waves"] == 2 and how["split_k"] == 1
+    assert seconds == pytest.approx(2 * 512 * 256 * 4096 / (PEAK * 0.8))
+
+
+def test_one_tile_more_than_the_units_costs_a_second_wave():
+    device = profile()
+    full, _ = tiled_matmul(device, torch.bfloat16, 1, 512, 128, 4096, PEAK)   # 4 tiles, 1 wave
+    more, how = tiled_matmul(device, torch.bfloat16, 1, 640, 128, 4096, PEAK)  # 5 tiles, 2 waves
+    assert how["waves"] == 2 and more == pytest.approx(2 * full)
+
+
+def test_padding_to_the_tile_is_paid_and_skinny_products_split_k():
+    device = profile()
+    seconds, how = tiled_matmul(device, torch.bfloat16, 1, 1, 128, 4096, PEAK)  # one row: one tile of 128 rows
+    assert how["split_k"] == 4 and how["tiles"] == 1
+    assert seconds == pytest.approx(2 * 128 * 128 * 4096 / 4 / (PEAK / 4))
+    assert how["tile_efficiency"] == pytest.approx(1 / 128)
+
+
+def test_the_fastest_of_the_profiles_tiles_is_taken():
+    device = profile(mma_tile={"bfloat16": [[128, 128, 64], [32, 32, 64]]})
+    _, how = tiled_matmul(device, torch.bfloat16, 1, 64, 64, 4096, PEAK)
+    assert how["tile"] == "32x32x64"
+
+
+def test_estimates_use_the_tiles_for_real_torch_products():
+    session = castcore.Session(load_packs=[], device_files=[])
+    device = profile()
+    plain = device_from_dict({k: v for k, v in {
+        "name": "plain", "vendor": "test", "memory_bytes": 8e10, "memory_bandwidth": 3e12,
+        "mma_flops": {"bfloat16": PEAK}, "gp_flops": {"bfloat16": 1e14}, "compute_efficiency": 0.8}.items()}
+        | {"sources": {"memory_bytes": "t", "memory_bandwidth": "t", "mma_flops": "t", "gp_flops": "t",
+                       "compute_efficiency": "t"}})
+    a, b = torch.empty(640, 4096, dtype=torch.bfloat16), torch.empty(4096, 128, dtype=torch.bfloat16)
+    tiled = session.estimate(lambda a, b: a @ b, a, b, device=device).records[0].estimate
+    flat = session.estimate(lambda a, b: a @ b, a, b, device=plain).records[0].estimate
+    assert tiled.detail["tiling"]["waves"] == 2
+    assert tiled.compute_s == pytest.approx(flat.compute_s * 8 / 5)  # 5 tiles on 4 units: 8 tile-times of work 5
+
+
+def test_attention_runs_at_the_kernels_own_efficiency():
+    session = castcore.Session(load_packs=[], device_files=[])
+    q = torch.empty(1, 8, 1024, 128, dtype=torch.bfloat16)
+    run = (lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
+    record = session.estimate(run, q, device=profile()).records[0]
+    fa = session.estimate(run, q, device=profile(attention_efficiency=0.4)).records[0].estimate
+    mma = record.properties.compute_ops[torch.bfloat16].mma_ops
+    assert fa.compute_s - record.estimate.compute_s == pytest.approx(mma / PEAK * (1 / 0.4 - 1 / 0.8))
+
+
+def test_small_transfers_pay_the_bandwidth_ramp():
+    session = castcore.Session(load_packs=[], device_files=[])
+    x = torch.empty(1024, dtype=torch.bfloat16)
+    plain = session.estimate(torch.neg, x, device=profile()).records[0].estimate
+    ramp = session.estimate(torch.neg, x, device=profile(memory_half_bytes=4096)).records[0].estimate
+    assert ramp.memory_s == pytest.approx(plain.memory_s * (4096 + 4096) / 4096)
+    # The measured ramp holds the launch: the per-op cost is a floor, not added on top.
+    assert ramp.time_s == pytest.approx(max(ramp.memory_s, plain.overhead_s))
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"mma_tile": {"bfloat16": [[120, 128, 64]]}}, "not a whole number of its MMA unit"),
+    ({"mma_tile": {"bfloat16": [[8, 128, 64]]}}, "tile [8, 128, 64]"),
+    ({"mma_unit": {}}, "needs 'mma_unit.bfloat16'"),
+    ({"compute_units": 0}, "'compute_units' = 0"),
+    ({"mma_tile": {"bfloat16": [128, 128]}}, "must be [m, n, k]"),
+    ({"attention_efficiency": 1.5}, "'attention_efficiency' = 1.5 must be in (0, 1]"),
+])
+def test_bad_tiling_fields_are_refused_by_name(change, message):
+    with pytest.raises(DeviceError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        profile(**change)
+
+
+def test_a_tiling_field_without_a_source_is_refused():
+    data = {"name": "x", "vendor": "t", "memory_bytes": 1e9, "memory_bandwidth": 1e12, "mma_flops": {"bfloat16": 1e12},
+            "gp_flops": {"bfloat16": 1e11}, "compute_units": 4,
+            "sources": {"memory_bytes": "t", "memory_bandwidth": "t", "mma_flops": "t", "gp_flops": "t"}}
+    with pytest.raises(DeviceError, match="no source for compute_units"):
+        device_from_dict(data)
