@@ -27,7 +27,7 @@ def test_presets_are_the_published_models():
 def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
     kv_len = 96
     report = session.estimate(build_workload(str(tiny_llama), batch=2, phase="decode", kv_len=kv_len))
-    attention = [r for r in report.records if "scaled_dot_product" in r.invoke.name]
+    attention = [r for r in report.records if r.invoke.name == "castcore::attention"]
     assert len(attention) == 2
     q, k, _ = attention[0].invoke.args[:3]
     assert q.shape[0] == 2 and q.shape[2] == 1  # one new token per sequence

@@ -16,7 +16,7 @@ import castcore
 from castcore.report.memory import kv_cache_bytes
 from castcore.report.memory import analyze_memory
 from castcore.workload.spec import ModelError
-from castcore.workload.parallel import tensor_parallel
+from castcore.workload.parallel import per_device_config, tensor_parallel
 from castcore.workload.pipeline import build
 
 DATA = Path(__file__).parent / "data"
@@ -120,13 +120,16 @@ def test_tp_one_changes_nothing():
     assert "tensor parallel" not in workload.description
 
 
-def test_what_cannot_be_split_is_a_clear_error():
+def test_what_cannot_be_split_is_a_clear_error(tmp_path):
     with pytest.raises(ModelError, match="num_attention_heads = 4 does not divide by 3"):
         with tensor_parallel(build(castcore.build_workload(TINY, seq=8)), 3):
             pass
     assert not dist.is_initialized()
-    with pytest.raises(ModelError, match="--tp 4: num_key_value_heads = 2 does not divide by 4"):
-        with tensor_parallel(build(castcore.build_workload(TINY, phase="decode", kv_len=8)), 4):
+    odd = tmp_path / "three-kv-heads.json"
+    odd.write_text(json.dumps({**json.loads(Path(TINY).read_text()), "num_attention_heads": 6,
+                               "num_key_value_heads": 3, "hidden_size": 96}))
+    with pytest.raises(ModelError, match="--tp 2: num_key_value_heads = 3 does not divide by 2; .* or a multiple"):
+        with tensor_parallel(build(castcore.build_workload(str(odd), phase="decode", kv_len=8)), 2):
             pass
     with pytest.raises(ModelError, match="no attention/MLP projections"):
         with tensor_parallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2):
@@ -206,3 +209,64 @@ def test_falcon_fused_qkv_splits_by_column_with_one_replicated_kv_head():
     assert info.plan["transformer.h.0.self_attention.query_key_value"] == "fused_qkv"
     reduces = [i.module.rsplit(".", 1)[-1] for i in captured.invokes if i.name == "_c10d_functional::all_reduce"]
     assert reduces == ["self_attention", "mlp"] * LAYERS  # embedding and LM head are tied: kept whole
+
+
+GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 500, "n_positions": 256}
+
+
+def _layer_matmuls(report) -> dict[str, float]:
+    """Matrix-unit FLOPs of the first decoder layer's matmuls, by the projection that ran them (the bias adds
+    aside: a row-parallel layer adds its whole bias on every device)."""
+    return {r.invoke.module.rsplit(".h.0.", 1)[1]: sum(c.mma_ops for c in r.properties.compute_ops.values())
+            for r in report.records if r.invoke.name in ("aten::addmm", "aten::mm") and ".h.0." in r.invoke.module}
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_gpt2_conv1d_layers_are_tensor_parallel(session, tmp_path, fuse):
+    # GPT-2's Conv1D weights are [in, out]: c_attn (q, k, v of 4 heads) and c_fc split by column, c_proj by row.
+    path = tmp_path / "tiny-gpt2.json"
+    path.write_text(json.dumps(GPT2))
+    whole, split = (session.estimate(castcore.build_workload(str(path), seq=16, batch=2, tp=tp, fuse=fuse))
+                    for tp in (1, 2))
+    layers = _layer_matmuls(whole)
+    assert set(layers) == {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}
+    assert {k: v / 2 for k, v in layers.items()} == _layer_matmuls(split)
+    shapes = {r.invoke.module.rsplit(".h.0.", 1)[1]: tuple(r.invoke.args[2].shape) for r in split.records
+              if r.invoke.name == "aten::addmm" and ".h.0." in r.invoke.module}
+    assert shapes == {"attn.c_attn": (64, 96), "attn.c_proj": (32, 64), "mlp.c_fc": (64, 128), "mlp.c_proj": (128, 64)}
+    reduces = [r.invoke.module.rsplit(".", 1)[-1] for r in split.records
+               if r.invoke.name == "_c10d_functional::all_reduce"]
+    assert reduces == ["attn", "mlp"] * 2  # after each layer's attention and MLP (the tied embedding stays whole)
+    (attention, *_) = [r for r in split.records if r.invoke.name in ("castcore::attention",
+                                                                     "aten::_scaled_dot_product_efficient_attention",
+                                                                     "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                                                     "aten::scaled_dot_product_attention")]
+    assert attention.invoke.args[0].shape[1] == 2  # 2 of the 4 heads per device
+
+
+KV2 = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
+       "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
+       "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_fewer_kv_heads_than_devices_are_replicated(session, tmp_path, fuse):
+    # 8 query heads and 2 KV heads of 16 over 8 devices: each device holds 1 query head and one KV head (as vLLM
+    # replicates each KV head over 4 devices), in its projections and its decode cache.
+    path = tmp_path / "kv2.json"
+    path.write_text(json.dumps(KV2))
+    from castcore.workload.spec import check_model_split
+
+    check_model_split(str(path), KV2, tp=8)  # spec.py and the sharding agree: allowed
+    prefill = session.estimate(castcore.build_workload(str(path), seq=16, batch=2, tp=8, fuse=fuse))
+    mms = {r.invoke.module.rsplit(".", 1)[-1]: r.invoke for r in prefill.records
+           if r.invoke.name == "aten::mm" and ".layers.0." in r.invoke.module}
+    assert [tuple(mms[p].args[1].shape) for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == \
+        [(128, 16), (128, 16), (128, 16), (16, 128)]
+    decode = session.estimate(castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, tp=8,
+                                                      fuse=fuse))
+    # 2 layers x K and V x batch 2 x 32 slots x 1 head x 16 x bf16, and each layer's int64 fill counter.
+    assert decode.memory.kv_cache_bytes == 2 * 2 * 2 * 32 * 1 * 16 * 2 + 2 * 8
+    whole = session.estimate(castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, fuse=fuse))
+    assert whole.memory.kv_cache_bytes == 2 * 2 * 2 * 32 * 2 * 16 * 2 + 2 * 8
+    assert kv_cache_bytes(per_device_config(KV2, 8), 1, 1, "bf16") * 2 == kv_cache_bytes(KV2, 1, 1, "bf16")

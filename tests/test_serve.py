@@ -136,7 +136,7 @@ def _lm_head_rows(records) -> int:
 def test_a_prefill_computes_the_last_tokens_logits(session, tiny_llama):
     report = session.estimate(castcore.build_workload(str(tiny_llama), batch=BATCH, seq=INPUT))
     assert _lm_head_rows(report.records) == BATCH
-    assert report.description.endswith("last-token logits")
+    assert "last-token logits" in report.description
     every = build_preset(str(tiny_llama), batch=BATCH, seq=INPUT, dtype="bf16", phase="prefill", kv_len=INPUT,
                          train=False, all_logits=True)
     assert _lm_head_rows(session.estimate(every.model, kwargs=every.kwargs).records) == BATCH * INPUT

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from castcore.devices.dtypes import MODEL_DTYPES
 from castcore.errors import CastcoreError
-from castcore.workload.spec import PHASES, build_workload, preset_names
+from castcore.workload.spec import (ACTIVATION_DTYPES, DEPLOYMENT, KV_CACHE_DTYPES, PHASES, WEIGHT_DTYPES,
+                                    build_workload, preset_names)
 
 if TYPE_CHECKING:
     from castcore.workload.session import Session
@@ -59,22 +60,54 @@ def add_model_options(parser: argparse.ArgumentParser, default_model: str | None
     group.add_argument("--all-logits", action="store_true",
                        help="a prefill computes the LM head for every token (scoring), not only the last one a "
                             "server samples from (the default)")
-    group.add_argument("--fuse", action="store_true",
-                       help="let packs swap model parts for their fused operators first (as the model would run "
-                            "with the device vendor's kernels)")
     group.add_argument("--no-reuse", action="store_true",
                        help="run every one of a model's identical layers on fake tensors instead of capturing one "
                             "and replaying it for the rest (same totals, slower)")
-    group.add_argument("--tp", type=int, default=1, metavar="N",
+    add_deployment_options(parser)
+
+
+def add_deployment_options(parser: argparse.ArgumentParser) -> None:
+    """How the model is deployed: kernels, quantization, parallelism. ``estimate`` and ``serve`` share them."""
+    kernels = parser.add_argument_group("kernels and quantization")
+    kernels.add_argument("--eager", action="store_true",
+                         help="price the Hugging Face graph as it runs eagerly, instead of the fused kernels a "
+                              "serving engine runs (fused attention, RMSNorm, add+RMSNorm, rotary, SwiGLU, MoE)")
+    kernels.add_argument("--weights", choices=WEIGHT_DTYPES, metavar="DTYPE",
+                         help=f"quantized weights ({', '.join(WEIGHT_DTYPES)}); alone, weight-only quantization "
+                              "(dequantized in the matmul, activations stay in --dtype)")
+    kernels.add_argument("--activations", choices=ACTIVATION_DTYPES, metavar="DTYPE",
+                         help="with --weights of the same dtype: W8A8 / FP8 matmuls (activations quantized per token)")
+    kernels.add_argument("--kv-cache", choices=KV_CACHE_DTYPES, metavar="DTYPE",
+                         help=f"KV cache dtype ({', '.join(KV_CACHE_DTYPES)}; default: --dtype)")
+    split = parser.add_argument_group("parallelism (figures are per device)")
+    split.add_argument("--tp", type=int, default=1, metavar="N",
                        help="tensor parallel over N devices (torch's parallelize_module on a fake process group): "
                             "estimate one device's compute, memory and collectives (default: 1)")
+    split.add_argument("--sp", action="store_true",
+                       help="sequence parallelism with --tp: norms and elementwise ops on 1/N of the tokens, "
+                            "reduce-scatter and all-gather instead of all-reduce")
+    split.add_argument("--ep", type=int, default=1, metavar="N",
+                       help="expert parallel over N devices (MoE models): experts split across them, tokens "
+                            "dispatched and combined by all-to-all (default: 1)")
+    split.add_argument("--pp", type=int, default=1, metavar="N",
+                       help="pipeline parallel over N stages: layers split into stages, activations sent between "
+                            "them (default: 1)")
+    split.add_argument("--micro-batches", type=int, default=1, metavar="M",
+                       help="with --pp: the batch goes through the stages in M micro-batches (default: 1)")
+    split.add_argument("--dp", type=int, default=1, metavar="N",
+                       help="data-parallel replicas of the whole deployment, for throughput (default: 1)")
+
+
+def deployment_from(args: argparse.Namespace) -> dict:
+    """The deployment options as build_workload's keyword arguments."""
+    return {name: (not args.eager if name == "fuse" else getattr(args, name)) for name in DEPLOYMENT}
 
 
 def workload_from(args: argparse.Namespace) -> Workload:
     """The Workload the model options describe: exactly what build_workload makes from the same values."""
     return build_workload(args.model, batch=args.batch, seq=args.seq, phase=args.phase, kv_len=args.kv_len,
-                          dtype=args.dtype, train=args.train, all_logits=args.all_logits, tp=args.tp, fuse=args.fuse,
-                          reuse=not args.no_reuse)
+                          train=args.train, all_logits=args.all_logits, reuse=not args.no_reuse,
+                          **deployment_from(args))
 
 
 def make_session(args: argparse.Namespace, **extra) -> Session:

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if show:
         print(file=sys.stderr)
     for line in report.notes:
-        note(line if line.startswith(("fused ", "--fuse")) else f"note: {line}")
+        note(line if line.startswith("deployed kernels") else f"note: {line}")
     note(f"{len(report.records)} op calls estimated in {time.perf_counter() - started:.1f} s")
     for error in dict.fromkeys(session.resolver.errors):
         note(f"warning: {error} (fell back to the next plugin)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from castcore.cli.common import (add_dtype_argument, add_model_argument, add_plugin_options, fail_on_fallback,
-                                 make_session, note, warn)
+from castcore.cli.common import (add_deployment_options, add_dtype_argument, add_model_argument, add_plugin_options,
+                                 deployment_from, fail_on_fallback, make_session, note, warn)
 from castcore.workload.spec import DEFAULT_MODEL
 
 
@@ -16,14 +16,15 @@ def run(args: argparse.Namespace) -> int:
 
     batch = "max" if args.max_batch else args.batch
     # Bad options fail before any plugin or model loads.
-    check_request(args.model, args.input, args.output, batch, args.dtype, args.tp)
+    deployment = deployment_from(args)
+    check_request(args.model, args.input, args.output, batch, **deployment)
     session = make_session(args)
     note(f"capturing {args.model}: a prefill and decode steps at KV lengths "
          f"{', '.join(map(str, decode_points(args.input, args.output)))}"
          + (", at the batches the --max-batch search needs" if args.max_batch else "") + " ...")
     started = time.perf_counter()
     report = session.serve(args.model, input_tokens=args.input, output_tokens=args.output, batch=batch,
-                           dtype=args.dtype, tp=args.tp, fuse=args.fuse, device=args.device)
+                           device=args.device, **deployment)
     note(f"estimated in {time.perf_counter() - started:.1f} s")
     for line in report.notes:
         note(f"note: {line}")
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if not memory["fits"]:
         warn(f"does not fit: needs {format_bytes(memory['peak_bytes'])} of "
              f"{format_bytes(memory['device_memory_bytes'])} per device; try a larger --tp, a smaller --batch, "
-             "or --max-batch")
+             "more devices, or --max-batch")
     print(report.to_json() if args.json else report.format_text())
     fail_on_fallback(session, sorted({op for step in report.reports() for op in step.coverage()["fallback_ops"]}))
     return 0
@@ -54,9 +55,7 @@ def add_parser(subparsers) -> None:
                        help="use the largest batch whose memory fits the device (bisection over peak memory per "
                             "batch, confirmed by capture)")
     add_dtype_argument(group)
-    group.add_argument("--tp", type=int, default=1, metavar="N",
-                       help="tensor parallel over N devices; figures and memory are per device (default: 1)")
-    group.add_argument("--fuse", action="store_true", help="let packs swap model parts for their fused operators first")
+    add_deployment_options(cmd)
     cmd.add_argument("--device", help="device profile name (castcore devices lists them; default: the configured "
                                       "default_device, else the first profile marked default)")
     cmd.add_argument("--json", action="store_true",

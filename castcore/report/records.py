@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,9 @@ class ModuleSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+_INDEX_DTYPES = ("bool", "int64", "int32", "int16", "uint8")
 
 
 class ReportError(CastcoreError, ValueError):
@@ -136,6 +140,19 @@ class Report:
                 "fallback_calls": len(fallback), "fallback_time_s": fallback_time,
                 "fallback_op_share": len(fallback_ops) / len(ops) if ops else 0.0,
                 "fallback_time_share": fallback_time / self.time_s if self.time_s else 0.0}
+
+    def borrowed_rates(self) -> list[str]:
+        """A line per dtype the device lists no rate for, naming the rate used instead and the ops it timed."""
+        used: dict[tuple[str, str, str], set[str]] = {}
+        for record in self.records:
+            for unit_dtype, rate in record.estimate.detail.get("rates", {}).items():
+                found = re.fullmatch(r"(\S+) \(no (\S+) rate\)", str(rate))
+                unit = "matrix" if unit_dtype.startswith(("mma", "cube")) else "vector"
+                # Index arithmetic (int64 positions, bool masks) on the vector unit is noise, not a choice to show.
+                if found and (unit == "matrix" or found.group(2) not in _INDEX_DTYPES):
+                    used.setdefault((unit, found.group(2), found.group(1)), set()).add(record.invoke.name)
+        return [f"{self.device.name} lists no {unit} rate for {wanted}: {', '.join(sorted(ops))} used its {rate} rate"
+                for (unit, wanted, rate), ops in sorted(used.items())]
 
     def totals(self) -> dict[str, Any]:
         return {"time_s": self.time_s, "flops": self.flops, "bytes": self.bytes, "calls": len(self.records),

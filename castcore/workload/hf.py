@@ -32,6 +32,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     ops an eager soft-capped attention runs: scores, tanh cap, mask, softmax, weighted sum."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if key.dtype != query.dtype:  # a KV cache in another dtype (--kv-cache): an eager kernel dequantizes it first
+        key, value = key.to(query.dtype), value.to(query.dtype)
     if softcap is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
@@ -108,14 +110,17 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
-def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype, tp: int = 1):
+def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype, tp: int = 1,
+                  cache_dtype: torch.dtype | None = None):
     """Inputs of one decode step: a static KV cache already holding ``kv_len`` tokens, and one new token.
 
     A static cache is what serving engines do: the step writes one token in place and attention
     reads the whole cache. (A DynamicCache would copy the cache on every step.) Returns a function
     run inside the fake mode, so the cache is fake too and never allocated. With ``tp`` > 1 the cache
     is one device's: num_key_value_heads / tp heads, as the column-parallel k/v projections give it
-    (the function's ``per_device(n)`` makes that one; tensor_parallel calls it).
+    (the function's ``per_device(n)`` makes that one; tensor_parallel calls it). The cache holds keys and
+    values in ``cache_dtype`` (default ``dtype``), and the step casts the new token's to it as it writes them
+    (the function's ``with_cache_dtype(d)`` makes that one; castcore.workload.quantize calls it).
     """
     from transformers import StaticCache
 
@@ -130,11 +135,33 @@ def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.
 
     def make():
         cache = StaticCache(config=config, max_cache_len=kv_len + 1)
-        cache.early_initialization(batch, kv_heads, head_dim, dtype, torch.device("cpu"))
+        cache.early_initialization(batch, kv_heads, head_dim, cache_dtype or dtype, torch.device("cpu"))
         for layer in cache.layers:
             layer.cumulative_length.fill_(kv_len)
+            if cache_dtype not in (None, dtype):
+                layer.__class__ = cast_on_write(type(layer))
         input_ids = torch.zeros((batch, 1), dtype=torch.long)
         return (), {"input_ids": input_ids, "past_key_values": cache, "use_cache": True}
 
-    make.per_device = lambda n: decode_inputs(model, batch, kv_len, dtype, tp=n)
+    make.per_device = lambda n: decode_inputs(model, batch, kv_len, dtype, tp=n, cache_dtype=cache_dtype)
+    make.with_cache_dtype = lambda d: decode_inputs(model, batch, kv_len, dtype, tp=tp, cache_dtype=d)
     return make
+
+
+_CASTING: dict[type, type] = {}
+
+
+def cast_on_write(layer_class: type) -> type:
+    """A subclass of a static cache layer class whose ``update`` casts the new keys and values to the cache's
+    dtype before writing them (one pointwise conversion each, as vLLM's reshape_and_cache quantizes them as it
+    writes; a per-tensor scale folds into the attention's scale and output)."""
+    if layer_class in _CASTING.values():
+        return layer_class
+    if layer_class not in _CASTING:
+        def update(self, key_states, value_states, *args, **kwargs):
+            if key_states.dtype != self.dtype:
+                key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
+            return layer_class.update(self, key_states, value_states, *args, **kwargs)
+
+        _CASTING[layer_class] = type(f"Casting{layer_class.__name__}", (layer_class,), {"update": update})
+    return _CASTING[layer_class]

@@ -35,8 +35,8 @@ class BuiltModel:
     config: Any = None
     notes: list[str] = field(default_factory=list)  # what a user should know about how it was built
     while_capturing: Callable[[], AbstractContextManager] = nullcontext
-    # Batch, tokens and dtype of the KV cache a prefill fills, when they are the inputs' and model's
-    # rather than the workload's options (a user's own model with its own input_ids).
+    # Batch, tokens and dtype of the KV cache a prefill fills, when they are not the workload's batch, seq and
+    # dtype: a user's own model with its own input_ids, or a cache in the --kv-cache dtype (set by quantize).
     kv_cache_shape: tuple[int, int, torch.dtype] | None = None
 
 

@@ -6,7 +6,8 @@ with ``torch.distributed.tensor.parallel``:
 
 - attention: q/k/v projections ``ColwiseParallel`` (each device keeps heads/n query heads and
   kv_heads/n key/value heads), o projection ``RowwiseParallel`` (an all_reduce after it);
-- MLP: gate/up ``ColwiseParallel``, down ``RowwiseParallel`` (an all_reduce after it);
+- MLP: gate/up (or a merged ``gate_up_proj``) ``ColwiseParallel``, down ``RowwiseParallel`` (an all_reduce
+  after it);
 - the token embedding ``RowwiseParallel`` (vocab rows split; an all_reduce of its output) and the
   LM head ``ColwiseParallel`` with replicated output (vocab columns split; an all_gather of the logits),
   as vLLM's VocabParallelEmbedding and ParallelLMHead do. Either stays replicated when the vocab
@@ -15,6 +16,10 @@ with ``torch.distributed.tensor.parallel``:
 Models with other structures are sharded by hand (their parameters replaced by one device's shard,
 meta tensors of the local shape), the way vLLM's and Megatron's layers hold them:
 
+- separate k/v projections with fewer KV heads than devices (8 KV heads, --tp 16) are replicated as vLLM does:
+  each device holds one KV head (n must be a multiple of the KV heads);
+- GPT-2's ``Conv1D`` layers (weight [in, out]): ``c_attn`` (fused QKV) and ``c_fc`` split by output column,
+  both ``c_proj`` by input row with an all_reduce (a reduce_scatter under sequence parallelism) after them;
 - a fused QKV projection (Falcon's and GPT-NeoX's ``query_key_value``) keeps heads/n query heads and
   kv_heads/n key/value heads; when there are fewer KV heads than devices (Falcon's multi-query attention)
   each device holds one replicated KV head, as vLLM's QKVParallelLinear does (n must be a multiple of them).
@@ -26,6 +31,7 @@ meta tensors of the local shape), the way vLLM's and Megatron's layers hold them
 
 Everything else (norms, rotary tables, MoE routers) is replicated. The capture then records one device's work:
 local shard shapes and the collectives (see castcore.capture). The process group is destroyed on exit.
+``castcore.workload.deploy.parallelize`` applies this with sequence and expert parallelism for a Workload.
 """
 
 from __future__ import annotations
@@ -42,10 +48,13 @@ from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import ModelError
 
-COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "dense_h_to_4h")
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "gate_up_proj", "dense_h_to_4h")
 ROWWISE = ("o_proj", "down_proj", "dense_4h_to_h")
 FUSED_QKV = ("query_key_value",)  # its sibling ``dense`` is the attention's output projection
 EXPERT_WEIGHTS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")  # 3-D Parameters of an experts module
+CONV1D = {"c_attn": "conv1d_colwise", "c_fc": "conv1d_colwise", "c_proj": "conv1d_rowwise"}  # GPT-2's [in, out]
+KV_PROJECTIONS = ("k_proj", "v_proj")
+ROW_KINDS = ("rowwise", "conv1d_rowwise")  # the block outputs: an all_reduce (a reduce_scatter under --sp) after them
 
 
 @dataclass
@@ -68,43 +77,64 @@ def _check_divisible(model: torch.nn.Module, n: int) -> None:
         return
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         value = getattr(config, name, None)
+        if name == "num_key_value_heads" and isinstance(value, int) and value and not n % value:
+            continue  # fewer KV heads than devices: each device holds one, replicated (vLLM's rule)
         if isinstance(value, int) and value % n:
             raise ModelError(f"--tp {n}: {name} = {value} does not divide by {n}; tensor parallelism splits it "
-                             f"evenly across devices (choose a --tp that divides it)")
+                             f"evenly across devices (choose a --tp that divides it"
+                             + (", or a multiple of it" if name == "num_key_value_heads" else "") + ")")
 
 
-def build_plan(model: torch.nn.Module, n: int) -> tuple[dict[str, Any], TensorParallel]:
+def replicated_kv(model: torch.nn.Module, n: int) -> bool:
+    """Whether ``n`` devices hold one replicated KV head each: fewer KV heads than devices, n a multiple of them."""
+    config = _config(model)
+    kv = getattr(config, "num_key_value_heads", None) if config is not None else None
+    return isinstance(kv, int) and 0 < kv < n and n % kv == 0
+
+
+def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
+               experts: bool = True) -> tuple[dict[str, Any], TensorParallel]:
     """The parallelize_module plan: every nn.Linear named like a projection (Llama, Mistral, Qwen2, Falcon's
-    and GPT-NeoX's MLPs). Fused QKV projections and 3-D expert weights are in ``info.plan`` as "fused_qkv" and
-    "experts" and sharded by hand (``shard_by_hand``) after parallelize_module."""
-    from torch.distributed.tensor import Replicate
+    and GPT-NeoX's MLPs). Fused QKV projections, replicated KV heads, GPT-2's Conv1D layers and 3-D expert
+    weights are in ``info.plan`` as "fused_qkv", "kv_replicated", "conv1d_colwise"/"conv1d_rowwise" and "experts",
+    sharded by hand (``shard_by_hand``) after parallelize_module. ``sp``: row-parallel outputs are left as partial
+    sums and the embedding is marked "embedding_sp", for castcore.workload.sequence to reduce-scatter them.
+    ``experts=False`` leaves 3-D expert weights to expert parallelism."""
+    from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     _check_divisible(model, n)
     info = TensorParallel(size=n)
     plan: dict[str, Any] = {}
+    kv_replicated = replicated_kv(model, n)
     for path, module in model.named_modules():
         parent, _, leaf = path.rpartition(".")
-        if _expert_weights(module):
+        if experts and _expert_weights(module):
             info.plan[path] = "experts"
+        if _is_conv1d(module) and leaf in CONV1D:
+            info.plan[path] = CONV1D[leaf]
         if not isinstance(module, torch.nn.Linear):
             continue
-        if leaf in COLWISE:
+        if kv_replicated and leaf in KV_PROJECTIONS:
+            info.plan[path] = "kv_replicated"
+        elif leaf in COLWISE:
             plan[path], info.plan[path] = ColwiseParallel(), "colwise"
         elif leaf in ROWWISE or (leaf == "dense" and _has_fused_qkv(model.get_submodule(parent))):
-            plan[path], info.plan[path] = RowwiseParallel(), "rowwise"
+            plan[path] = RowwiseParallel(output_layouts=Partial()) if sp else RowwiseParallel()
+            info.plan[path] = "rowwise"
         elif leaf in FUSED_QKV:
             info.plan[path] = "fused_qkv"
-    if not any(kind == "rowwise" for kind in info.plan.values()):
+    if not any(kind in ROW_KINDS for kind in info.plan.values()):
         raise ModelError(f"--tp {n}: found no attention/MLP projections named {', '.join(COLWISE + ROWWISE)} "
                          f"(or a fused {', '.join(FUSED_QKV)} with its dense) as nn.Linear in "
                          f"{type(model).__name__}; castcore's tensor-parallel plan covers Llama-style models "
-                         "(Llama, Mistral, Qwen2, Mixtral), Falcon and GPT-NeoX")
+                         "(Llama, Mistral, Qwen2, Mixtral), Falcon, GPT-NeoX and GPT-2")
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     names = {id(m): p for p, m in model.named_modules()}
     tied = embed is not None and head is not None and head.weight is embed.weight
-    for module, kind, style in ((embed, "embedding", lambda: RowwiseParallel(input_layouts=Replicate())),
+    for module, kind, style in ((embed, "embedding_sp" if sp else "embedding",
+                                 lambda: RowwiseParallel(input_layouts=Replicate())),
                                 (head, "lm_head", lambda: ColwiseParallel(output_layouts=Replicate()))):
         if module is None or id(module) not in names:
             continue
@@ -112,12 +142,21 @@ def build_plan(model: torch.nn.Module, n: int) -> tuple[dict[str, Any], TensorPa
         if module.weight.shape[0] % n or tied:
             info.replicated.append(f"{path} ({'tied to the embedding' if tied else 'vocab does not divide by ' + str(n)})")
             continue
-        plan[path], info.plan[path] = style(), kind
+        info.plan[path] = kind
+        if kind != "embedding_sp":  # sequence parallelism shards it by hand
+            plan[path] = style()
     return plan, info
 
 
 def _has_fused_qkv(module: torch.nn.Module) -> bool:
     return any(isinstance(getattr(module, name, None), torch.nn.Linear) for name in FUSED_QKV)
+
+
+def _is_conv1d(module: torch.nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2): a linear layer whose weight is stored [in, out], with ``nf`` outputs."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and isinstance(weight, torch.nn.Parameter) and weight.dim() == 2 \
+        and hasattr(module, "nf")
 
 
 def _expert_weights(module: torch.nn.Module) -> list[str]:
@@ -133,20 +172,29 @@ def _replace(module: torch.nn.Module, name: str, shape: tuple[int, ...]) -> None
                                              requires_grad=old.requires_grad))
 
 
-def _shard_dim(module: torch.nn.Module, name: str, dim: int, n: int, path: str) -> None:
+def _shard_dim(module: torch.nn.Module, name: str, dim: int, n: int, path: str, option: str = "--tp") -> None:
     shape = list(getattr(module, name).shape)
     if shape[dim] % n:
-        raise ModelError(f"--tp {n}: {path}.{name} has {shape[dim]} rows along the dimension tensor parallelism "
-                         f"splits (shape {tuple(shape)}), which does not divide by {n}; choose a --tp that divides it")
+        raise ModelError(f"{option} {n}: {path}.{name} has {shape[dim]} rows along the dimension it splits "
+                         f"(shape {tuple(shape)}), which does not divide by {n}; choose a {option} that divides it")
     shape[dim] //= n
     _replace(module, name, tuple(shape))
+
+
+def _local_heads(attention: torch.nn.Module, heads: int, kv_heads: int, n: int) -> None:
+    """The attention module's head counts as one device holds them (one KV head when there are fewer than n)."""
+    local_heads, local_kv = heads // n, max(1, kv_heads // n)
+    for attr, whole, local in (("num_heads", heads, local_heads), ("num_attention_heads", heads, local_heads),
+                               ("num_kv_heads", kv_heads, local_kv), ("num_key_value_heads", kv_heads, local_kv),
+                               ("num_key_value_groups", heads // max(kv_heads, 1), local_heads // local_kv)):
+        if getattr(attention, attr, None) == whole:
+            setattr(attention, attr, local)
 
 
 def _shard_fused_qkv(model: torch.nn.Module, path: str, n: int) -> None:
     """One device's fused QKV projection: heads/n query heads, kv_heads/n key/value heads (or one replicated
     KV head when kv_heads < n, as vLLM does), and the attention module's head counts made local."""
-    parent, _, leaf = path.rpartition(".")
-    attention, linear = model.get_submodule(parent), model.get_submodule(path)
+    attention, linear = model.get_submodule(path.rpartition(".")[0]), model.get_submodule(path)
     heads = next((getattr(attention, a) for a in ("num_heads", "num_attention_heads") if hasattr(attention, a)),
                  None) or config_field(_config(model), "num_attention_heads")
     head_dim = getattr(attention, "head_dim", None) or getattr(attention, "head_size", None) \
@@ -156,48 +204,96 @@ def _shard_fused_qkv(model: torch.nn.Module, path: str, n: int) -> None:
         raise ModelError(f"--tp {n}: {path} has {heads} query heads and {kv_heads} key/value heads; tensor "
                          f"parallelism needs the query heads to divide by {n} and the key/value heads to divide "
                          f"by {n} or {n} to be a multiple of them (then each device holds one KV head)")
-    local_heads, local_kv = heads // n, max(1, kv_heads // n)
-    rows = (local_heads + 2 * local_kv) * head_dim
+    rows = (heads // n + 2 * max(1, kv_heads // n)) * head_dim
     _replace(linear, "weight", (rows, linear.in_features))
     if linear.bias is not None:
         _replace(linear, "bias", (rows,))
     linear.out_features = rows
-    for attr, whole, local in (("num_heads", heads, local_heads), ("num_attention_heads", heads, local_heads),
-                               ("num_kv_heads", kv_heads, local_kv), ("num_key_value_heads", kv_heads, local_kv)):
-        if getattr(attention, attr, None) == whole:
-            setattr(attention, attr, local)
+    _local_heads(attention, heads, kv_heads, n)
+
+
+def _shard_kv_replicated(model: torch.nn.Module, path: str, n: int) -> None:
+    """A k or v projection of a model with fewer KV heads than devices: each device holds one KV head (vLLM
+    replicates each head over n / kv_heads devices), so the projection keeps head_dim output rows."""
+    parent, _, leaf = path.rpartition(".")
+    attention, linear = model.get_submodule(parent), model.get_submodule(path)
+    config = _config(model)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(attention, "head_dim", None) or linear.out_features // kv_heads
+    _replace(linear, "weight", (head_dim, linear.in_features))
+    if linear.bias is not None:
+        _replace(linear, "bias", (head_dim,))
+    linear.out_features = head_dim
+    if leaf == KV_PROJECTIONS[0]:
+        _local_heads(attention, heads, kv_heads, n)
+
+
+def _all_reduce(mesh: Any):
+    """What follows a row-parallel layer sharded by hand: an all_reduce of the partial sums."""
+    import torch.distributed._functional_collectives as funcol
+
+    return lambda module, args, out: funcol.all_reduce(out, "sum", mesh)
+
+
+def _shard_conv1d(model: torch.nn.Module, path: str, mesh: Any, n: int, column: bool, sp: bool) -> None:
+    """GPT-2's Conv1D (weight [in, out]): split by output column (c_attn's query, key and value heads, c_fc),
+    or by input row with an all_reduce after it (c_proj; under sequence parallelism castcore.workload.sequence
+    reduce-scatters instead). The attention module's sizes are made local."""
+    conv = model.get_submodule(path)
+    if column:
+        _shard_dim(conv, "weight", 1, n, path)
+        _shard_dim(conv, "bias", 0, n, path)
+        conv.nf //= n
+        attention = model.get_submodule(path.rpartition(".")[0])
+        if path.endswith("c_attn"):
+            for attr in ("split_size", "embed_dim", "num_heads"):
+                if isinstance(getattr(attention, attr, None), int):
+                    setattr(attention, attr, getattr(attention, attr) // n)
+    else:
+        _shard_dim(conv, "weight", 0, n, path)
+        if not sp:
+            conv.register_forward_hook(_all_reduce(mesh))
 
 
 def _shard_experts(model: torch.nn.Module, path: str, mesh: Any, n: int) -> None:
     """Every expert's matrices split along the intermediate dimension (gate/up by column, down by row), and
     an all_reduce of the experts' output, which each device holds a partial sum of."""
-    import torch.distributed._functional_collectives as funcol
-
     experts = model.get_submodule(path)
+    split_experts(experts, path, n)
+    experts.register_forward_hook(_all_reduce(mesh))
+
+
+def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "--tp") -> None:
+    """Every expert's matrices of an experts module split n ways along the intermediate dimension."""
     transposed = bool(getattr(experts, "is_transposed", False))  # [experts, in, out] rather than [experts, out, in]
     for name in _expert_weights(experts):
         column = name != "down_proj"
-        _shard_dim(experts, name, (2 if transposed else 1) if column else (1 if transposed else 2), n, path)
+        _shard_dim(experts, name, (2 if transposed else 1) if column else (1 if transposed else 2), n, path, option)
         bias = getattr(experts, f"{name}_bias", None)
         if column and isinstance(bias, torch.nn.Parameter):
-            _shard_dim(experts, f"{name}_bias", 1, n, path)
+            _shard_dim(experts, f"{name}_bias", 1, n, path, option)
     if isinstance(getattr(experts, "intermediate_dim", None), int):
         experts.intermediate_dim //= n
-    experts.register_forward_hook(lambda module, args, out: funcol.all_reduce(out, "sum", mesh))
 
 
-def shard_by_hand(model: torch.nn.Module, mesh: Any, info: TensorParallel) -> None:
-    """Shard what parallelize_module's styles cannot: fused QKV projections and 3-D expert weights."""
+def shard_by_hand(model: torch.nn.Module, mesh: Any, info: TensorParallel, sp: bool = False) -> None:
+    """Shard what parallelize_module's styles cannot: fused QKV projections, replicated KV heads, Conv1D layers
+    and 3-D expert weights."""
     for path, kind in info.plan.items():
         if kind == "fused_qkv":
             _shard_fused_qkv(model, path, info.size)
+        elif kind == "kv_replicated":
+            _shard_kv_replicated(model, path, info.size)
+        elif kind.startswith("conv1d_"):
+            _shard_conv1d(model, path, mesh, info.size, kind == "conv1d_colwise", sp)
         elif kind == "experts":
             _shard_experts(model, path, mesh, info.size)
 
 
 def per_device_config(config: Any, n: int) -> Any:
-    """A model config (built, or a config.json dict) as one of ``n`` devices sees it: heads and KV heads / n,
-    head_dim explicit. kv_cache_bytes reads it, so a prefill's KV cache is counted per device."""
+    """A model config (built, or a config.json dict) as one of ``n`` devices sees it: heads and KV heads / n
+    (one KV head when there are fewer than n), head_dim explicit. kv_cache_bytes reads it, so a prefill's KV
+    cache is counted per device."""
     text = language_config(config) if config is not None else None
     heads = config_field(text, "num_attention_heads") if text is not None else None
     if not isinstance(heads, int):
@@ -223,6 +319,52 @@ def per_device_config(config: Any, n: int) -> Any:
     return whole
 
 
+def cache_split(model: torch.nn.Module, n: int) -> int:
+    """The ``per_device(n)`` a decode step's KV cache takes: n, or the KV head count when each device holds one
+    replicated KV head (so the cache holds kv_heads / kv_heads = 1 head)."""
+    return _config(model).num_key_value_heads if replicated_kv(model, n) else n
+
+
+@contextmanager
+def fake_process_group(world: int, option: str = "--tp") -> Iterator[None]:
+    """A fake process group of ``world`` ranks (castcore plays rank 0), destroyed when the block ends."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ModelError(f"{option} starts its own fake process group, but torch.distributed is already initialized; "
+                         "destroy it first, or shard the model yourself and call castcore.capture")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def apply_tensor_parallel(built: BuiltModel | torch.nn.Module, mesh: Any, n: int, sp: bool = False,
+                          experts: bool = True) -> TensorParallel:
+    """Shard a model over the 1-D ``mesh`` of ``n`` ranks: the plan, parallelize_module, what is done by hand,
+    and for a BuiltModel the inputs (one device's KV cache), description and config of one device."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    model = built.model if isinstance(built, BuiltModel) else built
+    inputs_fn = built.inputs_fn if isinstance(built, BuiltModel) else None
+    per_device = getattr(inputs_fn, "per_device", None)
+    if inputs_fn is not None and per_device is None:
+        raise ModelError(f"--tp {n}: this workload's inputs_fn builds its inputs (a KV cache) for the whole model, "
+                         "not one device; give the function a per_device(n) attribute returning one device's "
+                         "inputs_fn, as castcore's decode step does")
+    plan, info = build_plan(model, n, sp=sp, experts=experts)
+    parallelize_module(model, mesh, plan)
+    shard_by_hand(model, mesh, info, sp=sp)
+    if isinstance(built, BuiltModel):
+        if per_device is not None:  # a decode step: the static KV cache one device holds
+            built.inputs_fn = per_device(cache_split(model, n))
+        built.description += f", tensor parallel {n} (per device)"
+        built.config = per_device_config(built.config, n)
+    return info
+
+
 @contextmanager
 def tensor_parallel(workload: BuiltModel | torch.nn.Module, n: int | None) -> Iterator[TensorParallel | None]:
     """Shard ``built``'s model over a fake process group of ``n`` ranks for the duration of the block.
@@ -235,32 +377,7 @@ def tensor_parallel(workload: BuiltModel | torch.nn.Module, n: int | None) -> It
         return
     if n < 1:
         raise ModelError(f"--tp must be at least 1 (got {n})")
-    model = workload.model if isinstance(workload, BuiltModel) else workload
-    inputs_fn = workload.inputs_fn if isinstance(workload, BuiltModel) else None
-    per_device = getattr(inputs_fn, "per_device", None)
-    if inputs_fn is not None and per_device is None:
-        raise ModelError(f"--tp {n}: this workload's inputs_fn builds its inputs (a KV cache) for the whole model, "
-                         "not one device; give the function a per_device(n) attribute returning one device's "
-                         "inputs_fn, as castcore's decode step does")
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if dist.is_initialized():
-        raise ModelError("--tp starts its own fake process group, but torch.distributed is already initialized; "
-                         "destroy it first, or shard the model yourself and call castcore.capture")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
-    try:
-        mesh = init_device_mesh("cpu", (n,))
-        plan, info = build_plan(model, n)
-        parallelize_module(model, mesh, plan)
-        shard_by_hand(model, mesh, info)
-        if per_device is not None:  # a decode step: the static KV cache one device holds
-            workload.inputs_fn = per_device(n)
-        if isinstance(workload, BuiltModel):
-            workload.description += f", tensor parallel {n} (per device)"
-            workload.config = per_device_config(workload.config, n)
-        yield info
-    finally:
-        dist.destroy_process_group()
+    with fake_process_group(n):
+        yield apply_tensor_parallel(workload, init_device_mesh("cpu", (n,)), n)

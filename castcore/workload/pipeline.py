@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
 from castcore.report.memory import kv_cache_bytes
 from castcore.report.records import Report
+from castcore.workload.deploy import check_interconnect, parallelize, plan_layout
+from castcore.workload.fusing import fuse
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
-from castcore.workload.parallel import tensor_parallel
+from castcore.workload.quantize import quantize
 from castcore.workload.spec import ModelError, Workload, is_factory
+from castcore.workload.stages import pipeline_report
 from castcore.workload.stock import prepare as prepare_stock
 
 if TYPE_CHECKING:
@@ -50,14 +53,19 @@ def capture_workload(session: Session, workload: Workload, device: DeviceProfile
 def _capture_workload(session: Session, workload: Workload, device: DeviceProfile,
                       progress: Callable[[int], None] | None) -> tuple[BuiltModel, Capture]:
     built = build(workload)
-    if workload.fuse:
-        swaps = session.fuse(built.model, device)
-        built.notes += [f"fused {line}" for line in swaps]
-        if swaps:
-            built.description += " (fused)"
-        else:
-            built.notes.append("--fuse: no installed pack fused anything for this model and device")
-    with built.while_capturing(), tensor_parallel(built, workload.tp), warnings.catch_warnings():
+    if workload.fuse and workload.named and not workload.train:
+        built.notes += fuse(session, built, device)
+        built.description += " (deployed kernels)"
+    elif workload.named:
+        built.description += " (eager)"
+        if workload.fuse:  # a training step
+            built.notes.append("--train prices the eager graph: the deployed kernels are a server's inference "
+                               "kernels")
+    elif workload.fuse:
+        built.notes.append("your own module runs as you wrote it (eager): castcore rewrites only the models it "
+                           "builds (presets, config.json, factories) to the deployed kernels")
+    with built.while_capturing(), parallelize(built, workload), warnings.catch_warnings():
+        quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
         try:
@@ -104,6 +112,7 @@ def run(session: Session, workload: Workload, device: str | DeviceProfile | None
         progress: Callable[[int], None] | None = None) -> Report:
     """Estimate a workload on a device: the Report ``castcore estimate`` prints."""
     profile = session.device(device)  # a bad device fails before the capture, not after
+    check_interconnect(profile, workload)
     built, captured = capture_workload(session, workload, profile, progress)
     # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
     batch, seq, dtype = built.kv_cache_shape or (workload.batch, workload.seq, parse_dtype(workload.dtype))
@@ -114,6 +123,10 @@ def run(session: Session, workload: Workload, device: str | DeviceProfile | None
         except ValueError as exc:
             built.notes.append(f"the KV cache a prefill fills is not counted: {exc}")
     report = session.estimate_capture(captured, profile, description=built.description, kv_cache_bytes=cache)
-    report.notes = list(built.notes)
+    notes = list(built.notes)
+    if workload.pp > 1:  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
+        report = pipeline_report(report, captured, built.model, plan_layout(workload), workload.phase, profile, cache)
+        notes += report.notes
+    report.notes = notes + report.borrowed_rates()
     report.workload = workload.options()
     return report

@@ -6,6 +6,11 @@ A request batch is one prefill of ``batch`` x ``input`` tokens, then ``output`` 
 lengths only: for standard attention a step's cost is affine in the KV length (attention reads and multiplies
 every cached token once; nothing else depends on it), so time(kv) = a + b * kv fitted by least squares over
 those points and summed over every step in closed form equals stepping every token.
+
+Under ``--pp`` a step's time is the pipeline's (castcore.workload.stages): TTFT is the GPipe prefill of
+``--micro-batches`` micro-batches, (M + N - 1) x the slowest stage + the transfers; a decode step is N stage
+times of a micro-batch of batch/N (N micro-batches in flight) + the transfers. ``--dp`` replicas multiply the
+system's throughput; every other figure is one replica's, per device.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.report.records import Report, format_seconds
-from castcore.workload.spec import DEFAULT_MODEL, ModelError, build_workload, is_factory, load_model_config
+from castcore.workload.deploy import Layout, check_interconnect
+from castcore.workload.spec import DEFAULT_MODEL, DEPLOYMENT, ModelError, build_workload, is_factory, load_model_config
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
@@ -37,9 +43,7 @@ class ServeReport:
     input_tokens: int
     output_tokens: int
     batch: int
-    dtype: str
-    tp: int
-    fuse: bool
+    deployment: dict[str, Any]  # build_workload's deployment options (dtype, fuse, weights, tp, ep, pp, dp, ...)
     prefill: Report
     decode: dict[int, Report]
     fit: tuple[float, float]
@@ -47,12 +51,31 @@ class ServeReport:
     max_batch: str = ""  # how the batch was found, when it was asked for as "max"
 
     @property
+    def dtype(self) -> str:
+        return self.deployment["dtype"]
+
+    @property
+    def tp(self) -> int:
+        return self.deployment["tp"]
+
+    @property
+    def devices(self) -> int:
+        """Every device of the deployment: tensor or expert parallel x pipeline stages x replicas."""
+        d = self.deployment
+        return max(d["tp"], d["ep"]) * d["pp"] * d["dp"]
+
+    @property
     def device(self) -> DeviceProfile:
         return self.prefill.device
 
     @property
+    def layout(self) -> Layout:
+        d = self.deployment
+        return Layout(tp=d["tp"], sp=d["sp"], ep=d["ep"], pp=d["pp"], micro_batches=d["micro_batches"], dp=d["dp"])
+
+    @property
     def ttft_s(self) -> float:
-        return self.prefill.time_s
+        return step_time(self.prefill)
 
     @property
     def decode_s(self) -> float:
@@ -67,7 +90,7 @@ class ServeReport:
 
     def tpot_at(self, kv_len: int) -> float:
         """The captured step's time at a captured KV length (first, middle, last)."""
-        return self.decode[kv_len].time_s
+        return step_time(self.decode[kv_len])
 
     @property
     def kv_points(self) -> list[int]:
@@ -79,7 +102,8 @@ class ServeReport:
 
     @property
     def output_tokens_per_s(self) -> float:
-        return self.batch * self.output_tokens / self.latency_s
+        """The system's: every replica (--dp) serves a batch like this one at once."""
+        return self.deployment["dp"] * self.batch * self.output_tokens / self.latency_s
 
     def memory(self) -> dict[str, Any]:
         return memory_figures(self.prefill, self.decode[self.kv_points[-1]])
@@ -91,35 +115,62 @@ class ServeReport:
         points = self.kv_points
         return {
             "model": self.model, "device": self.device.name, "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens, "batch": self.batch, "dtype": self.dtype, "tp": self.tp,
-            "fuse": self.fuse,
+            "output_tokens": self.output_tokens, "batch": self.batch, **self.deployment, "devices": self.devices,
             "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "first_tpot_s": self.tpot_at(points[0]),
             "middle_tpot_s": self.tpot_at(points[len(points) // 2]), "last_tpot_s": self.tpot_at(points[-1]),
             "decode_s": self.decode_s, "latency_s": self.latency_s, "output_tokens_per_s": self.output_tokens_per_s,
-            "output_tokens_per_s_per_device": self.output_tokens_per_s / self.tp,
+            "output_tokens_per_s_per_device": self.output_tokens_per_s / self.devices,
             **self.memory(),
             "decode_points": [{"kv_len": kv, "time_s": self.tpot_at(kv)} for kv in points],
             "tpot_fit": {"a_s": self.fit[0], "b_s_per_token": self.fit[1]},
-            "max_batch": self.max_batch or None, "notes": self.notes,
+            "max_batch": self.max_batch or None, **self._pipeline(), "notes": self.notes,
         }
+
+    def _pipeline(self) -> dict[str, Any]:
+        """Under --pp: the prefill's stage times and bubble, and each captured decode step's stage times."""
+        staged = getattr(self.prefill, "pipeline", None)
+        if staged is None:
+            return {}
+        return {"pipeline": {
+            "stages": staged.stages, "layers_per_stage": staged.layers, "micro_batches": staged.micro_batches,
+            "prefill_stage_times_s": staged.stage_times_s, "prefill_bubble_s": staged.bubble_s,
+            "transfer_s": staged.transfer_s, "transfer_bytes": staged.transfer_bytes,
+            "decode_micro_batches_in_flight": self.decode[self.kv_points[0]].pipeline.micro_batches,
+            "decode_stage_times_s": [{"kv_len": kv, "stage_times_s": self.decode[kv].pipeline.stage_times_s}
+                                     for kv in self.kv_points]}}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
+    @property
+    def kernels(self) -> str:
+        """The dtypes and the kernel view, as the first line says them: "bf16, int8 weights, fp8 KV cache"."""
+        d = self.deployment
+        parts = [d["dtype"]]
+        if d.get("weights"):
+            parts.append(f"{d['weights']} weights" + (" and activations" if d.get("activations") else ""))
+        if d.get("kv_cache"):
+            parts.append(f"{d['kv_cache']} KV cache")
+        parts.append("deployed kernels" if d.get("fuse", True) else "eager")
+        return ", ".join(parts)
+
     def format_text(self) -> str:
         points, mem = self.kv_points, self.memory()
-        parallel = f", tensor parallel {self.tp} (figures per device)" if self.tp > 1 else ""
+        layout = self.layout
+        parallel = f", {layout.describe()} (figures per device)" if self.devices > 1 else ""
         steps = ", ".join(f"{name} {format_seconds(self.tpot_at(kv))} (KV {kv})" for name, kv in
                           (("first", points[0]), ("middle", points[len(points) // 2]), ("last", points[-1])))
         capacity = mem["device_memory_bytes"]
         lines = [
             f"{self.model} serving {self.batch} requests of {self.input_tokens} input + {self.output_tokens} output "
-            f"tokens, {self.dtype}, on {self.device.name}{parallel}", "",
-            f"TTFT         {format_seconds(self.ttft_s)}  (prefill of {self.batch} x {self.input_tokens} tokens)",
+            f"tokens, {self.kernels}, on {self.device.name}{parallel}", "",
+            f"TTFT         {format_seconds(self.ttft_s)}  (prefill of {self.batch} x {self.input_tokens} tokens"
+            + (f" in {layout.micro_batches} micro-batches over {layout.pp} stages" if layout.pp > 1 else "") + ")",
             f"TPOT         {format_seconds(self.tpot_s)}  (mean of {self.output_tokens} steps; {steps})",
             f"latency      {format_seconds(self.latency_s)}  (TTFT + {self.output_tokens} decode steps)",
-            f"throughput   {self.output_tokens_per_s:,.1f} output tokens/s, {self.output_tokens_per_s / self.tp:,.1f} "
-            f"per device ({self.tp} device{'s' if self.tp > 1 else ''})", "",
+            f"throughput   {self.output_tokens_per_s:,.1f} output tokens/s, {self.output_tokens_per_s / self.devices:,.1f} "
+            f"per device ({self.devices} device{'s' if self.devices > 1 else ''}"
+            + (f", {layout.dp} replicas" if layout.dp > 1 else "") + ")", "",
             f"memory per device at the longest context ({self.input_tokens + self.output_tokens} tokens)",
             f"weights      {format_bytes(mem['weight_bytes'])}",
             f"KV cache     {format_bytes(mem['kv_cache_bytes'])}",
@@ -131,6 +182,12 @@ class ServeReport:
         if self.max_batch:
             lines.append(f"max batch    {self.max_batch}")
         return "\n".join(lines)
+
+
+def step_time(report: Report) -> float:
+    """A step's time: the pipeline's under --pp (TTFT or TPOT, see castcore.workload.stages), else the report's."""
+    staged = getattr(report, "pipeline", None)
+    return staged.step_s if staged is not None else report.time_s
 
 
 def memory_figures(prefill: Report, last_step: Report) -> dict[str, Any]:
@@ -146,8 +203,8 @@ def memory_figures(prefill: Report, last_step: Report) -> dict[str, Any]:
             "free_bytes": capacity - peak, "fits": peak <= capacity}
 
 
-def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any, dtype: str = "bf16",
-                  tp: int = 1) -> dict[str, Any] | None:
+def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any,
+                  **deployment: Any) -> dict[str, Any] | None:
     """Refuse a request castcore cannot serve, naming the option and its fix; the model's config, when it has one."""
     if not isinstance(model, str):
         raise ModelError("serve builds a model's prefill and decode steps itself: name a preset, a config.json or "
@@ -159,7 +216,8 @@ def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any,
     if batch != "max" and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ModelError(f"--batch must be a whole number of at least 1, the requests served together (got "
                          f"{batch!r}); or use --max-batch")
-    build_workload(model, seq=input_tokens, dtype=dtype, tp=tp)  # the model, --dtype and --tp as estimate checks them
+    # The model and the deployment options as estimate checks them.
+    build_workload(model, seq=input_tokens, batch=1 if batch == "max" else batch, **deployment)
     if is_factory(model):
         return None
     config = language_config(load_model_config(model))
@@ -191,19 +249,20 @@ def fit_line(points: dict[int, float]) -> tuple[float, float]:
 
 
 def serve(session: Session, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
-          batch: int | str = 1, dtype: str = "bf16", tp: int = 1, fuse: bool = False,
-          device: str | DeviceProfile | None = None) -> ServeReport:
+          batch: int | str = 1, device: str | DeviceProfile | None = None, **deployment: Any) -> ServeReport:
     """Serving figures for ``batch`` requests of ``input_tokens`` + ``output_tokens``; ``batch="max"`` takes the
     largest batch whose memory fits the device (see ``largest_batch``)."""
-    config = check_request(model, input_tokens, output_tokens, batch, dtype, tp)
+    config = check_request(model, input_tokens, output_tokens, batch, **deployment)
     profile = session.device(device)
+    check_interconnect(profile, build_workload(model, seq=input_tokens, batch=1 if batch == "max" else batch,
+                                               **deployment))
     reports: dict[tuple, Report] = {}  # each step is captured once, however often the batch search asks
 
     def step(batch_size: int, kv_len: int | None = None) -> Report:
         key = (batch_size, kv_len)
         if key not in reports:
-            workload = build_workload(model, batch=batch_size, seq=input_tokens, dtype=dtype, tp=tp, fuse=fuse,
-                                      phase="prefill" if kv_len is None else "decode", kv_len=kv_len)
+            workload = build_workload(model, batch=batch_size, seq=input_tokens, kv_len=kv_len,
+                                      phase="prefill" if kv_len is None else "decode", **deployment)
             try:
                 reports[key] = session.estimate(workload, device=profile)
             except ModelError as exc:
@@ -221,8 +280,8 @@ def serve(session: Session, model: str = DEFAULT_MODEL, *, input_tokens: int = 2
     prefill = step(batch)
     decode = {kv: step(batch, kv) for kv in points}
     report = ServeReport(model=model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
-                         dtype=dtype, tp=tp, fuse=fuse, prefill=prefill, decode=decode,
-                         fit=fit_line({kv: r.time_s for kv, r in decode.items()}), max_batch=found)
+                         deployment={k: prefill.workload[k] for k in DEPLOYMENT}, prefill=prefill, decode=decode,
+                         fit=fit_line({kv: step_time(r) for kv, r in decode.items()}), max_batch=found)
     report.notes = _notes(report, config)
     return report
 
@@ -262,7 +321,7 @@ def _notes(report: ServeReport, config: dict[str, Any] | None) -> list[str]:
              f"summed over KV "
              f"{report.input_tokens}..{report.input_tokens + report.output_tokens - 1} (exact when every op's time "
              "is affine in the KV length, as standard attention's is on the roofline)"]
-    residual = max(abs(r.time_s - (a + b * kv)) / r.time_s for kv, r in report.decode.items())
+    residual = max(abs(step_time(r) - (a + b * kv)) / step_time(r) for kv, r in report.decode.items())
     if residual > 1e-9:
         notes.append(f"the captured decode steps are not affine in the KV length (largest residual "
                      f"{residual * 100:.2g}% of a step): TPOT is a least-squares fit, not exact")
@@ -274,7 +333,13 @@ def _notes(report: ServeReport, config: dict[str, Any] | None) -> list[str]:
                      + (f"this request's KV lengths (to {last}) stay within it" if last <= window else
                         f"this request's KV lengths (to {last}) pass it, so the fit is an approximation"))
     notes.append("throughput is one static batch (batch x output tokens over the request latency), not continuous "
-                 "batching; latency counts output decode steps after the prefill (TTFT + output x TPOT)")
-    for step in report.reports():
-        notes += [line for line in step.notes if line not in notes]
+                 "batching; latency counts output decode steps after the prefill (TTFT + output x TPOT)"
+                 + (f"; x {report.deployment['dp']} replicas (--dp)" if report.deployment["dp"] > 1 else ""))
+    staged = getattr(report.prefill, "pipeline", None)
+    if staged is not None:
+        last = report.decode[points[-1]].pipeline
+        notes.append(f"--pp {staged.stages}: layers per stage {staged.layers}; prefill {staged.formula}; decode at KV "
+                     f"{points[-1]}: {last.formula}")
+    for step in report.reports():  # the pipeline's per-step lines are summed up above
+        notes += [line for line in step.notes if line not in notes and not line.startswith("--pp ")]
     return notes

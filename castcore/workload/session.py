@@ -169,13 +169,13 @@ class Session:
         return run(self, workload, device, progress)
 
     def serve(self, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
-              batch: int | str = 1, dtype: str = "bf16", tp: int = 1, fuse: bool = False,
-              device: str | DeviceProfile | None = None) -> ServeReport:
+              batch: int | str = 1, device: str | DeviceProfile | None = None, **deployment: Any) -> ServeReport:
         """What ``castcore serve`` prints: TTFT, TPOT, latency, throughput and memory of ``batch`` requests of
         ``input_tokens`` prompt and ``output_tokens`` generated tokens; ``batch="max"`` finds the largest batch
-        that fits. See castcore.workload.serving."""
+        that fits. ``deployment`` takes build_workload's deployment options (dtype, fuse, weights, activations,
+        kv_cache, tp, sp, ep, pp, micro_batches, dp). See castcore.workload.serving."""
         return serving.serve(self, model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
-                             dtype=dtype, tp=tp, fuse=fuse, device=device)
+                             device=device, **deployment)
 
 
 def _with_origin(profile: DeviceProfile, origin: str) -> DeviceProfile:

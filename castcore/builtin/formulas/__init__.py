@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 
 from castcore.builtin.formulas import attention, matmul, memory, pointwise, reductions  # noqa: F401  (their decorators declare the claims)
+from castcore.builtin.formulas import fused  # noqa: F401  (the core's fused ops)
+from castcore.builtin.formulas import quantized  # noqa: F401  (the core's quantized ops)
 from castcore.builtin.formulas.attention import (
     SOFTMAX_OPS_PER_SCORE,
     attention_properties,

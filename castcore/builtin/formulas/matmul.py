@@ -15,10 +15,17 @@ aten = torch.ops.aten
 
 
 def matmul_properties(invoke: OpInvoke, a, extra_gp_per_output: int = 0) -> PerformanceProperties:
-    """2*M*N*K per (broadcast) batch: the output's element count times the shared dim K = a.shape[-1]."""
+    """2*M*N*K per (broadcast) batch: the output's element count times the shared dim K = a.shape[-1]. The
+    product's shape rides along for tiled timing: a 2-D weight makes one GEMM of every leading row."""
     out = invoke.outputs()[0]
     props = invoke.memory_access_properties()
-    return props.add(a.dtype, mma=2 * out.numel() * a.shape[-1], gp=extra_gp_per_output * out.numel())
+    # fp4 packs two values per element: K counts values, not storage.
+    n, k = (out.shape[-1] if out.dim() else 1), a.shape[-1] * (2 if str(a.dtype).endswith("_x2") else 1)
+    b = invoke.args[1] if len(invoke.args) > 1 and a is invoke.args[0] else invoke.args[-1]
+    batched = getattr(b, "dim", lambda: 2)() > 2 and out.dim() > 2
+    m = out.shape[-2] if batched else out.numel() // max(n, 1)
+    props.matmuls.append((out.numel() // max(m * n, 1) if batched else 1, m, n, k))
+    return props.add(a.dtype, mma=2 * out.numel() * k, gp=extra_gp_per_output * out.numel())
 
 
 @register_op_properties(aten.mm.default)
@@ -51,26 +58,40 @@ def _linear(invoke: OpInvoke, device) -> PerformanceProperties:
 @register_op_properties(aten._scaled_mm.default)
 @register_op_properties(aten._scaled_mm_v2.default)
 def _scaled_mm(invoke: OpInvoke, device) -> PerformanceProperties:
-    # fp8 (or int8) inputs run at the matrix unit's fp8 rate: count in the inputs' dtype. Each output
-    # is then scaled once (scale_a * scale_b folded) and gets the bias added.
+    return scaled_mm_properties(invoke)
+
+
+def scaled_mm_properties(invoke: OpInvoke) -> PerformanceProperties:
+    """fp8 (or int8) inputs run at the matrix unit's rate for them: counted in the inputs' dtype. The epilogue
+    scales each fp32 accumulator once (scale_a * scale_b folded) and adds the bias, in fp32 before the cast."""
     has_bias = invoke.argument("bias") is not None
-    return matmul_properties(invoke, invoke.args[0], extra_gp_per_output=1 + has_bias)
+    props = matmul_properties(invoke, invoke.args[0])
+    return props.add(torch.float32, gp=(1 + has_bias) * invoke.outputs()[0].numel())
 
 
 @register_op_properties(aten._grouped_mm.default)
 @register_op_properties(aten._scaled_grouped_mm.default)
 def _grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
-    # One product per group (mixture-of-experts). Each output element takes K = self.shape[-1]
-    # multiply-adds, except 2-D x 2-D (a weight gradient): there the groups split K, and the output
-    # holds one (M, N) result per group.
+    scale_b = invoke.argument("scale_b")  # per expert and channel, [experts, N], for a scaled product
+    return grouped_mm_properties(invoke, (scale_b,) if scale_b is not None and scale_b.dim() == 2 else ())
+
+
+def grouped_mm_properties(invoke: OpInvoke, weights: tuple = ()) -> PerformanceProperties:
+    """One product per group (mixture-of-experts). Each output element takes K = self.shape[-1] multiply-adds,
+    except 2-D x 2-D (a weight gradient): there the groups split K, and the output holds one (M, N) result per
+    group. Rows grouped by expert against 3-D [experts, ...] weights read only the experts they are expected to
+    touch, of ``b`` and of ``weights`` (per-expert scales). A scaled product's epilogue (the scale, and the
+    bias) runs on the fp32 accumulators."""
     a, b = invoke.args[:2]
     out = invoke.outputs()[0]
     outputs = out.numel() // max(1, out.shape[0]) if a.dim() == b.dim() == 2 else out.numel()
     has_bias, scaled = invoke.argument("bias") is not None, invoke.argument("scale_a") is not None
     props = invoke.memory_access_properties()
     if a.dim() == 2 and b.dim() == 3:  # rows grouped by expert against [experts, K, N] weights
-        props.memory_read_bytes -= b.nbytes * (1 - touched_experts(b.shape[0], a.shape[0]) / max(1, b.shape[0]))
-    return props.add(a.dtype, mma=2 * outputs * a.shape[-1], gp=(has_bias + scaled) * out.numel())
+        untouched = 1 - touched_experts(b.shape[0], a.shape[0]) / max(1, b.shape[0])
+        props.memory_read_bytes -= sum(w.nbytes for w in (b, *weights)) * untouched
+    props.add(a.dtype, mma=2 * outputs * a.shape[-1])
+    return props.add(torch.float32 if scaled else a.dtype, gp=(has_bias + scaled) * out.numel())
 
 
 def touched_experts(experts: int, rows: int) -> float:

@@ -23,16 +23,22 @@ def only(report):
     return record.estimate
 
 
-def test_unaligned_matmul_pays_for_whole_fractals(session):
-    # 1000 x 100 x 200 bf16: M 1000 -> 1008, K 100 -> 112, N 200 -> 208 (16 x 16 x 16 fractals).
+def test_unaligned_matmul_pays_for_whole_fractals_and_base_blocks(session):
+    # 1000 x 100 x 200 bf16: M 1000 -> 1008, K 100 -> 112, N 200 -> 208 (16 x 16 x 16 fractals). The kernel cuts
+    # the output into 128 x 256 blocks: 8 blocks for 20 AI cores, so K (2 steps of 64) is split over 2 cores each;
+    # 16 cores busy for one step of one block, 4 idle: the time is one block-step.
     a = torch.empty(1000, 100, dtype=torch.bfloat16, device="meta")
     b = torch.empty(100, 200, dtype=torch.bfloat16, device="meta")
     est = only(session.estimate(torch.mm, a, b, device="ascend-910b3"))
-    padded, useful = 2 * 1008 * 112 * 208, 2 * 1000 * 100 * 200
+    fractals, useful = 2 * 1008 * 112 * 208, 2 * 1000 * 100 * 200
     assert est.detail["padded_shape"] == "1008x112x208"
-    assert est.detail["cube_ops"] == padded and est.detail["useful_ops"] == useful
-    assert est.detail["padding_waste"] == pytest.approx(1 - useful / padded)  # 14.8% of the Cube's work
-    assert est.compute_s == pytest.approx(padded / (BF16_CUBE * 0.85))  # 0.187 us
+    assert (est.detail["tile"], est.detail["tiles"], est.detail["split_k"], est.detail["waves"]) == (
+        "128x256x64", 8, 2, 1)
+    block_step = 2 * 128 * 256 * 64
+    assert est.detail["cube_ops"] == pytest.approx(20 * block_step) and est.detail["useful_ops"] == useful
+    assert est.detail["cube_ops"] > fractals  # padding to the block includes the fractal padding
+    assert est.detail["padding_waste"] == pytest.approx(1 - useful / (20 * block_step))
+    assert est.compute_s == pytest.approx(block_step / (BF16_CUBE * 0.85 / 20))  # 0.33 us
     assert est.memory_s == pytest.approx((1000 * 100 + 100 * 200 + 1000 * 200) * 2 / (HBM * 0.75))  # 0.533 us
     # Both are below the 12 us launch floor: the op costs the floor, and says so.
     assert est.bound == "overhead" and est.time_s == pytest.approx(12e-6)
@@ -44,8 +50,48 @@ def test_large_unaligned_matmul_is_compute_bound_with_its_waste(session):
     b = torch.empty(4096, 4096, dtype=torch.float16, device="meta")
     est = only(session.estimate(torch.mm, a, b, device="ascend-910b3"))
     assert est.detail["padded_shape"] == "4112x4096x4096"
+    # 33 x 16 blocks of 128 x 256 (17 x 32 of 256 x 128 would be 544): 528 blocks on 20 cores, 27 waves.
+    assert (est.detail["tile"], est.detail["tiles"], est.detail["waves"]) == ("128x256x64", 528, 27)
     assert est.bound == "compute"
-    assert est.time_s == pytest.approx(2 * 4112 * 4096 * 4096 / (BF16_CUBE * 0.85))
+    assert est.time_s == pytest.approx(27 * 20 * 2 * 128 * 256 * 4096 / (BF16_CUBE * 0.85))
+
+
+def test_a_product_with_one_block_more_than_the_cores_costs_a_second_wave(session):
+    b = torch.empty(4096, 256, dtype=torch.bfloat16, device="meta")
+    whole = only(session.estimate(torch.mm, torch.empty(20 * 128, 4096, dtype=torch.bfloat16, device="meta"), b,
+                                  device="ascend-910b3"))
+    more = only(session.estimate(torch.mm, torch.empty(21 * 128, 4096, dtype=torch.bfloat16, device="meta"), b,
+                                 device="ascend-910b3"))
+    assert (whole.detail["tiles"], whole.detail["waves"]) == (20, 1)
+    assert (more.detail["tiles"], more.detail["waves"]) == (21, 2)
+    assert whole.compute_s == pytest.approx(2 * 2560 * 256 * 4096 / (BF16_CUBE * 0.85))  # 20 cores, all busy
+    assert more.detail["cube_s"] == pytest.approx(2 * whole.detail["cube_s"])  # 1 of 20 cores busy in wave two
+
+
+def test_a_skinny_decode_product_splits_k_over_idle_cores(session):
+    # 16 tokens x 4096 x 1024: 4 blocks of 128 x 256 for 20 cores, so each block's 64 K-steps go to 5 cores.
+    x = torch.empty(16, 4096, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(1024, 4096, dtype=torch.bfloat16, device="meta")
+    est = only(session.estimate(torch.nn.functional.linear, x, w, device="ascend-910b3"))
+    assert (est.detail["tile"], est.detail["tiles"], est.detail["split_k"], est.detail["waves"]) == (
+        "128x256x64", 4, 5, 1)
+    assert est.detail["cube_s"] == pytest.approx(13 * 2 * 128 * 256 * 64 / (BF16_CUBE * 0.85 / 20))  # ceil(64/5)
+    assert est.memory_s > est.detail["cube_s"]  # reading the 8 MiB of weights takes longer than the Cube
+
+
+def test_the_fractal_is_read_from_the_profile():
+    from castpack_ascend.hardware import fractal, padded_mkn
+
+    session = castcore.Session(load_packs=["ascend"])
+    assert fractal(torch.int8, session.device("ascend-910b3")) == (16, 32, 16)  # [m, n, k] = [16, 16, 32]
+    assert fractal(torch.float32, session.device("ascend-910b3")) == (16, 8, 16)
+    wide = castcore.device_from_dict({
+        "name": "ascend-wide-k", "vendor": "test", "memory_bytes": 1e9, "memory_bandwidth": 1e11,
+        "mma_flops": {"bfloat16": 1e14}, "gp_flops": {"bfloat16": 1e12}, "mma_unit": {"bfloat16": [16, 16, 32]},
+        "sources": {"memory_bytes": "t", "memory_bandwidth": "t", "mma_flops": "t", "gp_flops": "t",
+                    "mma_unit": "t"}})
+    assert padded_mkn(20, 40, 20, torch.bfloat16, wide) == (32, 64, 32)
+    assert padded_mkn(20, 40, 20, torch.bfloat16) == (32, 48, 32)  # no profile: the 32-byte rule, K0 = 16
 
 
 def test_int8_fractal_is_twice_as_deep(session):
@@ -81,7 +127,7 @@ def test_linear_and_matmul_estimators_answer_for_a_model(session):
     assert by_op["aten::matmul"].detail["padded_shape"] == "2x16x96x16"  # 7 x 96 x 7 per batch, padded
     assert not [r for r in report.records if r.invoke.name in ("aten::mm", "aten::bmm", "aten::addmm")]
     llama = Path(__file__).resolve().parents[3] / "tests" / "data" / "tiny-llama.json"
-    report = session.estimate(castcore.build_workload(str(llama), seq=16), device="ascend-910b3")
+    report = session.estimate(castcore.build_workload(str(llama), seq=16, fuse=False), device="ascend-910b3")
     linear = [r for r in report.records if r.invoke.name == "aten::linear"]
     assert len(linear) == 15 and all(_by_pack_estimator(r.estimate) for r in linear)
 

@@ -1,0 +1,88 @@
+"""The core's fused operators (castcore.builtin.fused_ops): the same work as the eager ops they replace,
+with the memory traffic of one kernel: inputs read once, outputs written once, no intermediates."""
+
+from __future__ import annotations
+
+import math
+
+from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
+from castcore.builtin.formulas.pointwise import GELU, SIGMOID, TANH
+from castcore.builtin.formulas.reductions import SOFTMAX_OPS_PER_ELEMENT
+from castcore.builtin.fused_ops import OPS, kept_keys
+from castcore.devices.costs import PerformanceProperties
+from castcore.plugins.claims import register_op_properties
+from castcore.recording.invoke import OpInvoke
+
+RMS_NORM = 2 + 1 + 1  # mean of squares, scale by the reciprocal RMS, times the weight (per element)
+ROTARY = 3  # x * cos + rotate_half(x) * sin: two multiplies and an add per element (the negation is free)
+SILU_AND_MUL = SIGMOID + 1 + 1  # silu(gate) = gate * sigmoid(gate), times up
+
+
+def _vector(invoke: OpInvoke, x, ops: float) -> PerformanceProperties:
+    return invoke.memory_access_properties().add(x.dtype, gp=ops)
+
+
+@register_op_properties(OPS["rms_norm"])
+def _rms_norm(invoke: OpInvoke, device) -> PerformanceProperties:
+    x = invoke.args[0]
+    return _vector(invoke, x, RMS_NORM * x.numel())
+
+
+@register_op_properties(OPS["add_rms_norm"])
+def _add_rms_norm(invoke: OpInvoke, device) -> PerformanceProperties:
+    x = invoke.args[0]
+    return _vector(invoke, x, (1 + RMS_NORM) * x.numel())
+
+
+@register_op_properties(OPS["rotary_embedding"])
+def _rotary(invoke: OpInvoke, device) -> PerformanceProperties:
+    q, k = invoke.args[:2]
+    return _vector(invoke, q, ROTARY * (q.numel() + k.numel()))
+
+
+@register_op_properties(OPS["silu_and_mul"])
+def _silu_and_mul(invoke: OpInvoke, device) -> PerformanceProperties:
+    return _vector(invoke, invoke.args[0], SILU_AND_MUL * invoke.outputs()[0].numel())
+
+
+@register_op_properties(OPS["gelu_and_mul"])
+def _gelu_and_mul(invoke: OpInvoke, device) -> PerformanceProperties:
+    per_element = GELU.get(invoke.argument("approximate"), GELU["none"]) + 1
+    return _vector(invoke, invoke.args[0], per_element * invoke.outputs()[0].numel())
+
+
+@register_op_properties(OPS["attention"])
+def _attention(invoke: OpInvoke, device) -> PerformanceProperties:
+    """Two products over the kept (query, key) pairs, softmax per kept score (and a tanh for a soft cap);
+    q, k and v read once at their own dtype (a cache in fp8 is read as fp8), the output written once."""
+    q, k, v = invoke.args[:3]
+    batch, heads, q_len, dim = q.shape
+    pairs = batch * heads * kept_keys(q_len, k.shape[2], invoke.argument("causal"), invoke.argument("window"))
+    capped = TANH + 2 if invoke.argument("softcap") else 0
+    props = invoke.memory_access_properties()
+    props.kernel = "attention"
+    return props.add(q.dtype, mma=2 * pairs * (dim + v.shape[-1]), gp=(SOFTMAX_OPS_PER_SCORE + capped) * pairs)
+
+
+@register_op_properties(OPS["topk_softmax"])
+def _topk_softmax(invoke: OpInvoke, device) -> PerformanceProperties:
+    logits = invoke.args[0]
+    # softmax, then a k-step selection over the experts of each token, then k divisions to renormalise
+    per_element = SOFTMAX_OPS_PER_ELEMENT + math.log2(max(invoke.argument("k"), 2))
+    return _vector(invoke, logits, per_element * logits.numel())
+
+
+@register_op_properties(OPS["moe_permute"])
+def _moe_permute(invoke: OpInvoke, device) -> PerformanceProperties:
+    """Reads each token once and the expert ids, sorts the ids (n log2 n compares), writes k copies of each row."""
+    hidden, ids = invoke.args[:2]
+    rows = ids.numel()
+    props = invoke.memory_access_properties()
+    return props.add(ids.dtype, gp=rows * max(1.0, math.log2(max(rows, 2))))
+
+
+@register_op_properties(OPS["moe_unpermute"])
+def _moe_unpermute(invoke: OpInvoke, device) -> PerformanceProperties:
+    """Reads every expert row and its router weight once: a multiply-add per element into the token's sum."""
+    rows = invoke.args[0]
+    return _vector(invoke, rows, 2 * rows.numel())

@@ -1,0 +1,75 @@
+"""The core's quantized operators (castcore.builtin.quantized_ops): the matrix unit's work in the dtype the
+product runs in, the (de)quantization's vector work, and the bytes of what each kernel reads and writes."""
+
+from __future__ import annotations
+
+import torch
+
+from castcore.builtin.formulas.matmul import (
+    grouped_mm_properties,
+    matmul_properties,
+    scaled_mm_properties,
+    touched_experts,
+)
+from castcore.builtin.quantized_ops import OPS
+from castcore.devices.costs import PerformanceProperties
+from castcore.plugins.claims import register_op_properties
+from castcore.recording.invoke import OpInvoke
+
+# A weight-only kernel moves each code into a float with bit operations, then applies the scale (and the int4
+# offset) with one fused multiply-add: 2 operations per weight element, once per call.
+DEQUANTIZE = 2
+# Per activation element: its magnitude and the running maximum for the row's scale, the multiply by the
+# reciprocal scale, and the round and clamp to the code range.
+QUANTIZE = 1 + 1 + 1 + 2
+
+
+@register_op_properties(OPS["weight_only_linear"])
+def _weight_only_linear(invoke: OpInvoke, device) -> PerformanceProperties:
+    """2*M*N*K on the matrix unit in the activations' dtype (the weight is dequantized to it), and the
+    dequantization of every weight element; x, the packed weight, its scales and the bias read once, the output
+    written once: the weight is never written back in the activations' dtype."""
+    x, qweight = invoke.args[:2]
+    has_bias = invoke.argument("bias") is not None
+    props = matmul_properties(invoke, x, extra_gp_per_output=int(has_bias))
+    return props.add(x.dtype, gp=DEQUANTIZE * qweight.shape[0] * x.shape[-1])
+
+
+@register_op_properties(OPS["weight_only_grouped_mm"])
+def _weight_only_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    """As weight_only_linear per expert, over the experts the rows are expected to touch (their weights and
+    scales are all that is read and dequantized; see matmul.touched_experts)."""
+    x, qweight, scales = invoke.args[:3]
+    rows, columns = x.shape
+    experts, out_features = qweight.shape[:2]
+    touched = touched_experts(experts, rows)
+    props = invoke.memory_access_properties()
+    props.memory_read_bytes -= (qweight.nbytes + scales.nbytes) * (1 - touched / max(1, experts))
+    return props.add(x.dtype, mma=2 * rows * out_features * columns,
+                     gp=DEQUANTIZE * touched * out_features * columns)
+
+
+@register_op_properties(OPS["quantize_per_token"])
+def _quantize_per_token(invoke: OpInvoke, device) -> PerformanceProperties:
+    x = invoke.args[0]
+    return invoke.memory_access_properties().add(x.dtype, gp=QUANTIZE * x.numel())
+
+
+@register_op_properties(OPS["int8_scaled_mm"])
+def _int8_scaled_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    """As torch._scaled_mm (matmul.py): int8 products on the matrix unit, the epilogue on the fp32 accumulators."""
+    return scaled_mm_properties(invoke)
+
+
+@register_op_properties(OPS["dequantize_int_mm"])
+def _dequantize_int_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    """Two multiplies per int32 accumulator (the token's scale, the channel's) and the bias add, in fp32."""
+    acc = invoke.args[0]
+    has_bias = invoke.argument("bias") is not None
+    return invoke.memory_access_properties().add(torch.float32, gp=(2 + has_bias) * acc.numel())
+
+
+@register_op_properties(OPS["int8_scaled_grouped_mm"])
+def _int8_scaled_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    """As torch._scaled_grouped_mm: int8 products on the matrix unit, the scales applied to the accumulators."""
+    return grouped_mm_properties(invoke, (invoke.argument("scale_b"),))

@@ -1,0 +1,187 @@
+"""The core's device-neutral fused operators: what a serving engine runs instead of the eager graph.
+
+Each is a ``torch.library`` custom op in the ``castcore`` namespace with a reference implementation (so a
+fused model computes what the eager one does, checked by the tests) and a fake one (so it captures on the
+meta device as one call). Their work is counted in ``castcore.builtin.formulas.fused``; a pack may claim
+any of them for its devices. ``castcore.workload.fusing`` rewrites models to call them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (offset + weight.float())).to(x.dtype)
+
+
+@torch.library.custom_op("castcore::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """x / rms(x) * (offset + weight) over the last dimension, in fp32 inside, out in x's dtype
+    (offset 1 for Gemma's norms, which scale by 1 + weight)."""
+    return _rms(x, weight, eps, offset)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, offset):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("castcore::add_rms_norm", mutates_args=())
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): the residual add fused into the norm that follows it."""
+    total = x + residual
+    return _rms(total, weight, eps, offset), total
+
+
+@add_rms_norm.register_fake
+def _(x, residual, weight, eps, offset):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@torch.library.custom_op("castcore::rotary_embedding", mutates_args=())
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of queries and keys [batch, heads, seq, dim] by cos/sin [batch, seq, dim]
+    (halves rotated, the Llama/NeoX layout), both in one kernel."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return ((q * cos + _rotate_half(q) * sin).to(q.dtype), (k * cos + _rotate_half(k) * sin).to(k.dtype))
+
+
+@rotary_embedding.register_fake
+def _(q, k, cos, sin):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("castcore::silu_and_mul", mutates_args=())
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, gate and up the two halves of the last dimension (a merged gate/up projection)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@silu_and_mul.register_fake
+def _(x):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("castcore::gelu_and_mul", mutates_args=())
+def gelu_and_mul(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """gelu(gate) * up (GeGLU), gate and up the two halves of the last dimension."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate=approximate) * up
+
+
+@gelu_and_mul.register_fake
+def _(x, approximate):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def kept_keys(q_len: int, kv_len: int, causal: bool, window: int) -> int:
+    """(query, key) pairs per head a causal (bottom-right aligned), optionally sliding-window, mask keeps."""
+    if not causal:
+        return q_len * (min(kv_len, window) if window else kv_len)
+    # Query row r sees n = kv_len - q_len + r + 1 keys (capped at the window): sum n over a..b.
+    a, b = kv_len - q_len + 1, kv_len
+    if not window or b <= window:
+        return (a + b) * q_len // 2
+    if a > window:
+        return q_len * window
+    return (a + window) * (window - a + 1) // 2 + (b - window) * window
+
+
+@torch.library.custom_op("castcore::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window: int,
+              softcap: float) -> torch.Tensor:
+    """Flash attention with grouped KV heads: q [batch, heads, q_len, dim], k/v [batch, kv_heads, kv_len, dim]
+    (in the cache's dtype, which may differ from q's) -> [batch, q_len, heads, v_dim]. ``causal`` aligns the
+    last query with the last key; ``window`` > 0 keeps only that many most recent keys; ``softcap`` > 0 caps the
+    scores with softcap * tanh(score / softcap)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.to(q.dtype).repeat_interleave(group, dim=1)
+    v = v.to(q.dtype).repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-1, -2)).float() * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    q_len, kv_len = q.shape[2], k.shape[2]
+    query_pos = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)
+    key_pos = torch.arange(kv_len).unsqueeze(0)
+    keep = torch.ones(q_len, kv_len, dtype=torch.bool)
+    if causal:
+        keep &= key_pos <= query_pos
+    if window:
+        keep &= key_pos > query_pos - window
+    scores = scores.masked_fill(~keep, -math.inf).softmax(-1)
+    return (scores.to(q.dtype) @ v).transpose(1, 2).contiguous()
+
+
+@attention.register_fake
+def _(q, k, v, scale, causal, window, softcap):
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1]))
+
+
+@torch.library.custom_op("castcore::topk_softmax", mutates_args=())
+def topk_softmax(logits: torch.Tensor, k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixture-of-experts router in one kernel: softmax over the experts (fp32), top k, optionally
+    renormalised to sum to 1 -> (weights fp32 [tokens, k], expert indices int64 [tokens, k])."""
+    weights, indices = logits.float().softmax(-1).topk(k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, indices
+
+
+@topk_softmax.register_fake
+def _(logits, k, renormalize):
+    shape = (*logits.shape[:-1], k)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int64)
+
+
+@torch.library.custom_op("castcore::moe_permute", mutates_args=())
+def moe_permute(hidden: torch.Tensor, expert_ids: torch.Tensor,
+                experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A mixture-of-experts dispatch in one kernel: every token's top-k copies sorted by expert ->
+    (rows [tokens x k, hidden], order [tokens x k]: the flat (token, k) index of each row, offsets [experts]:
+    the end row of each expert's group, int32, as torch._grouped_mm takes them)."""
+    top_k = expert_ids.shape[-1]
+    flat = expert_ids.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    offsets = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
+    return hidden[order // top_k], order, offsets
+
+
+@moe_permute.register_fake
+def _(hidden, expert_ids, experts):
+    rows = expert_ids.numel()
+    return (hidden.new_empty((rows, hidden.shape[-1])), expert_ids.new_empty((rows,), dtype=torch.int64),
+            expert_ids.new_empty((experts,), dtype=torch.int32))
+
+
+@torch.library.custom_op("castcore::moe_unpermute", mutates_args=())
+def moe_unpermute(rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The combine of moe_permute's rows in one kernel: each token's k expert outputs weighted by the router
+    and summed -> [tokens, hidden] in the rows' dtype."""
+    tokens, top_k = weights.shape
+    out = torch.zeros(tokens * top_k, rows.shape[-1], dtype=torch.float32, device=rows.device)
+    out[order] = rows.float() * weights.reshape(-1)[order].unsqueeze(-1).float()
+    return out.view(tokens, top_k, -1).sum(1).to(rows.dtype)
+
+
+@moe_unpermute.register_fake
+def _(rows, order, weights):
+    return rows.new_empty((weights.shape[0], rows.shape[-1]))
+
+
+OPS = {name: getattr(torch.ops.castcore, name).default
+       for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
+                    "topk_softmax", "moe_permute", "moe_unpermute")}

@@ -1,0 +1,160 @@
+"""The core's device-neutral quantized operators: what a serving engine runs for a quantized checkpoint.
+
+Each is a ``torch.library`` custom op in the ``castcore`` namespace with a reference implementation (what the
+kernel computes, on real tensors) and a fake one (so it captures on the meta device as one call). Their work is
+counted in ``castcore.builtin.formulas.quantized``; ``castcore.workload.quantize`` makes models call them.
+
+Weight layouts (``qweight`` [out, in'] for a linear layer, [experts, out, in'] for MoE experts):
+
+- int8: int8 [out, in], code q in -127..127;
+- int4: packed two per byte, uint8 [out, in / 2], input column 2j in the low nibble and 2j + 1 in the high
+  one, each stored as q + 8 for q in -8..7 (symmetric, no zero points, as GPTQ-for-Marlin);
+- fp8: float8_e4m3fn [out, in].
+
+``scales`` [out, groups] (or [experts, out, groups]) hold one scale per ``group_size`` input columns; one
+group per row is a per-channel scale. The weight is ``q * scale``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+INT4_OFFSET = 8  # an int4 code q in -8..7 is stored as the nibble q + 8
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The weight a quantized ``qweight`` stands for, [..., out, in] in ``dtype``."""
+    if qweight.dtype == torch.uint8:  # two int4 codes per byte
+        codes = torch.stack((qweight & 0xF, qweight >> 4), dim=-1).flatten(-2).to(torch.int16) - INT4_OFFSET
+    else:
+        codes = qweight
+    columns = codes.shape[-1]
+    scale = scales.float().repeat_interleave(group_size, dim=-1)[..., :columns]
+    return (codes.float() * scale).to(dtype)
+
+
+def in_features(qweight: torch.Tensor) -> int:
+    """The input columns a quantized weight stands for: two per byte for packed int4."""
+    return qweight.shape[-1] * (2 if qweight.dtype == torch.uint8 else 1)
+
+
+def _check_columns(x: torch.Tensor, qweight: torch.Tensor) -> None:
+    torch._check(x.shape[-1] == in_features(qweight), lambda: f"x has {x.shape[-1]} columns but the quantized "
+                 f"weight {tuple(qweight.shape)} ({qweight.dtype}) takes {in_features(qweight)}")
+
+
+@torch.library.custom_op("castcore::weight_only_linear", mutates_args=())
+def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ dequantize(qweight)^T + bias in x's dtype, the weight dequantized tile by tile in registers (Marlin,
+    Machete, AWQ kernels): no copy of the weight in x's dtype is ever written to memory."""
+    return F.linear(x, dequantize(qweight, scales, group_size, x.dtype), bias)
+
+
+@weight_only_linear.register_fake
+def _(x, qweight, scales, group_size, bias):
+    _check_columns(x, qweight)
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+def _groups(offs: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) rows of each expert from a grouped matmul's cumulative offsets."""
+    ends = offs.tolist()
+    return list(zip([0, *ends[:-1]], ends))
+
+
+@torch.library.custom_op("castcore::weight_only_grouped_mm", mutates_args=())
+def weight_only_grouped_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor,
+                           group_size: int) -> torch.Tensor:
+    """Mixture-of-experts rows x [rows, in], sorted by expert, times each expert's dequantized weight
+    (qweight [experts, out, in']); ``offs`` are the cumulative row counts per expert (torch._grouped_mm's)."""
+    out = x.new_zeros((x.shape[0], qweight.shape[1]))
+    for expert, (start, end) in enumerate(_groups(offs)):
+        if end > start:
+            out[start:end] = F.linear(x[start:end], dequantize(qweight[expert], scales[expert], group_size, x.dtype))
+    return out
+
+
+@weight_only_grouped_mm.register_fake
+def _(x, qweight, scales, offs, group_size):
+    _check_columns(x, qweight)
+    return x.new_empty((x.shape[0], qweight.shape[1]))
+
+
+def _code_max(dtype: torch.dtype) -> float:
+    return 127.0 if dtype == torch.int8 else torch.finfo(dtype).max
+
+
+@torch.library.custom_op("castcore::quantize_per_token", mutates_args=())
+def quantize_per_token(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token quantization of activations x [..., in] to int8 or fp8: one scale per row (its largest
+    magnitude over the code range), fp32 [..., 1], and the codes x / scale, in one kernel (vLLM's
+    dynamic_scaled_int8_quant / dynamic_per_token_scaled_fp8_quant)."""
+    scale = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / _code_max(dtype)
+    codes = x.float() / scale
+    if dtype == torch.int8:
+        codes = codes.round().clamp(-128, 127)
+    return codes.to(dtype), scale
+
+
+@quantize_per_token.register_fake
+def _(x, dtype):
+    return x.new_empty(x.shape, dtype=dtype), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("castcore::int8_scaled_mm", mutates_args=())
+def int8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """torch._scaled_mm for int8, which torch lacks (CUTLASS's scaled_mm, vLLM's cutlass_scaled_mm): a [rows, in]
+    int8 times b [in, out] int8, the int32 accumulators scaled per row (scale_a [rows, 1]) and per channel
+    (scale_b [1, out]) and the bias added in the product's epilogue, written once in ``out_dtype``."""
+    return dequantize_int_mm(a.long() @ b.long(), scale_a, scale_b, bias, out_dtype)
+
+
+@int8_scaled_mm.register_fake
+def _(a, b, scale_a, scale_b, bias, out_dtype):
+    torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                 lambda: f"int8_scaled_mm takes [rows, in] x [in, out], got {tuple(a.shape)} x {tuple(b.shape)}")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("castcore::dequantize_int_mm", mutates_args=())
+def dequantize_int_mm(acc: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """The epilogue of an int8 product (torch._int_mm): int32 accumulators [rows, out] times the per-token scales
+    [rows, 1] and the per-channel weight scales [1, out], plus the bias, in ``dtype``."""
+    out = acc.double() * scale_a * scale_b
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(dtype)
+
+
+@dequantize_int_mm.register_fake
+def _(acc, scale_a, scale_b, bias, dtype):
+    return acc.new_empty(acc.shape, dtype=dtype)
+
+
+@torch.library.custom_op("castcore::int8_scaled_grouped_mm", mutates_args=())
+def int8_scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                           offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """torch._scaled_grouped_mm for int8, which torch lacks: rows a [rows, in] int8 sorted by expert times
+    b [experts, in, out] int8, scaled per row (scale_a [rows]) and per expert channel (scale_b [experts, out])."""
+    out = torch.zeros((a.shape[0], b.shape[-1]), dtype=out_dtype, device=a.device)
+    for expert, (start, end) in enumerate(_groups(offs)):
+        if end > start:
+            acc = a[start:end].long() @ b[expert].long()
+            out[start:end] = (acc.double() * scale_a[start:end, None] * scale_b[expert]).to(out_dtype)
+    return out
+
+
+@int8_scaled_grouped_mm.register_fake
+def _(a, b, scale_a, scale_b, offs, out_dtype):
+    torch._check(a.shape[-1] == b.shape[-2], lambda: f"a has {a.shape[-1]} columns but b {tuple(b.shape)} takes "
+                 f"{b.shape[-2]}")
+    return a.new_empty((a.shape[0], b.shape[-1]), dtype=out_dtype)
+
+
+OPS = {name: getattr(torch.ops.castcore, name).default
+       for name in ("weight_only_linear", "weight_only_grouped_mm", "quantize_per_token", "int8_scaled_mm",
+                    "dequantize_int_mm", "int8_scaled_grouped_mm")}

@@ -1,0 +1,243 @@
+"""One device's share of a deployment: ``parallelize(built, workload)`` applies --tp, --sp and --ep together.
+
+A fake process group of max(tp, ep) ranks is started (castcore plays rank 0) with the device meshes the
+options need, the model is sharded in place and hooked for the collectives one device issues, and the inputs
+are cut to what that device runs:
+
+- ``--tp`` / ``--sp``: castcore.workload.parallel (torch's parallelize_module) and castcore.workload.sequence;
+- ``--ep``: castcore.workload.experts. With ep == tp the expert-parallel group is the tensor-parallel one; with
+  ep < tp each expert is also split over tp/ep devices (an "ep" x "etp" mesh); with ep > tp the attention runs
+  data-parallel over ep/tp groups of tp devices (a "dp" x "tp" mesh), each on batch/(ep/tp) sequences;
+- ``--pp``: the prefill runs batch/M sequences per micro-batch (``--micro-batches M``), a decode step
+  ceil(batch/pp) (the stages overlapped on pp micro-batches in flight); castcore.workload.stages splits the
+  capture into stages afterwards.
+
+``Layout`` says what was done: the batch the capture runs and the sequences whose KV cache a device holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from castcore.workload.experts import ExpertGroups, experts_modules, shard_experts
+from castcore.workload.models import BuiltModel
+from castcore.workload.parallel import (
+    TensorParallel,
+    apply_tensor_parallel,
+    fake_process_group,
+)
+from castcore.workload.sequence import sequence_parallel
+from castcore.workload.spec import ModelError, Workload
+from castcore.workload.stages import check_stages
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+
+
+@dataclass
+class Layout:
+    """How one device's capture was cut from the deployment."""
+
+    tp: int = 1
+    sp: bool = False  # sequence parallelism applied (a prefill under --sp)
+    ep: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    dp: int = 1
+    batch: int = 1  # sequences the capture runs: one device's (micro-)batch
+    kv_batch: int = 1  # sequences whose KV cache one device holds
+    tensor: TensorParallel | None = None
+
+    @property
+    def devices(self) -> int:
+        return max(self.tp, self.ep) * self.pp
+
+    def describe(self) -> str:
+        """``tp 2 x pp 2 = 4 devices x 2 replicas``: the parallel layout of one replica, and the replicas."""
+        parts = [f"{name} {value}" + (" (sp)" if name == "tp" and self.sp else "")
+                 for name, value in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)) if value > 1]
+        text = " x ".join(parts) + f" = {self.devices} devices" if parts else "1 device"
+        return text + (f" x {self.dp} replicas" if self.dp > 1 else "")
+
+
+def check_interconnect(profile: DeviceProfile, workload: Workload) -> None:
+    """Refuse a replica whose devices the profile's interconnect cannot join, naming the options and the fix."""
+    devices = workload.devices
+    if devices == 1:
+        return
+    asked = " ".join(f"--{k} {v}" for k, v in (("tp", workload.tp), ("ep", workload.ep), ("pp", workload.pp)) if v > 1)
+    levels = profile.interconnect
+    if not levels:
+        raise ModelError(f"{asked} needs {devices} devices joined by an interconnect, but device {profile.name!r} has "
+                         f"no [[interconnect]] levels in its profile ({profile.origin or 'no file'}); add them, or "
+                         "run on one device (--dp adds replicas, which need none)")
+    largest = max(levels, key=lambda level: level.devices)
+    if devices > largest.devices:
+        names = ", ".join(f"{level.name}: {level.devices} devices" for level in levels)
+        raise ModelError(f"{asked} needs {devices} devices in one replica, more than the largest interconnect level of "
+                         f"device {profile.name!r} joins ({names}); use at most {largest.devices} (tp or ep, times pp), "
+                         "and --dp for more replicas")
+
+
+def plan_layout(workload: Workload) -> Layout:
+    """The batch one device's capture runs and the sequences whose KV cache it holds (see the module docstring)."""
+    tp, ep, pp, m = workload.tp, workload.ep, workload.pp, workload.micro_batches
+    groups = ep // tp if ep > tp else 1  # attention data-parallel groups
+    batch = workload.batch
+    if workload.phase == "decode":
+        kv_batch = -(-batch // groups)
+        local = -(-kv_batch // pp)
+    else:
+        if batch % (m * groups):
+            raise ModelError(f"--micro-batches {m} with --ep {ep} over --tp {tp}: each of {groups} attention groups "
+                             f"runs {m} micro-batches, so the batch must divide by {m * groups}: use such a --batch")
+        kv_batch, local = batch // groups, batch // groups // m
+    sp = workload.sp and workload.phase == "prefill"
+    return Layout(tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=m, dp=workload.dp, batch=local, kv_batch=kv_batch)
+
+
+@contextmanager
+def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
+    """Shard ``built`` for one device of ``workload``'s deployment for the duration of the block (see the module
+    docstring); the fake process group is destroyed on exit, even on error."""
+    layout = plan_layout(workload)
+    tp, ep = workload.tp, workload.ep
+    if workload.pp > 1:
+        check_stages(built.model, workload.pp)
+    notes = _notes(workload, layout)
+    if workload.sp and layout.sp and experts_modules(built.model):
+        raise ModelError("--sp: sequence parallelism of mixture-of-experts blocks is not supported yet; drop --sp")
+    world = max(tp, ep)
+    if world == 1:
+        _rebatch(built, workload, layout)
+        built.notes += notes
+        yield layout
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+
+    option = "--tp" if ep == 1 else "--ep"
+    with fake_process_group(world, option):
+        tp_mesh, groups = _meshes(tp, ep, init_device_mesh)
+        if tp > 1:
+            layout.tensor = apply_tensor_parallel(built, tp_mesh, tp, sp=layout.sp, experts=ep == 1)
+        if ep > 1:
+            count = shard_experts(built.model, groups)
+            built.description += f", expert parallel {ep}" + ("" if tp > 1 else " (per device)")
+            notes.append(f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "
+                         "taken as balanced (tokens x top_k / ep rows per device, split evenly over its experts), "
+                         "dispatched and combined by all_to_all"
+                         + (f" after each of the {tp} tensor-parallel ranks takes 1/{tp} of the tokens, all-gathered "
+                            "after the combine" if tp > 1 else ""))
+        if layout.sp:
+            sequence_parallel(built, tp_mesh, tp, workload.seq, layout.tensor)
+        _rebatch(built, workload, layout)
+        built.notes += notes
+        yield layout
+
+
+def _meshes(tp: int, ep: int, init_device_mesh) -> tuple[Any, ExpertGroups | None]:
+    """The tensor-parallel mesh, and the groups the experts talk over (None without --ep)."""
+    if ep <= tp:
+        tp_mesh = init_device_mesh("cpu", (tp,))
+        if ep == 1:
+            return tp_mesh, None
+        if ep == tp:
+            return tp_mesh, ExpertGroups(ep=tp_mesh, etp=None, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp)
+        split = init_device_mesh("cpu", (ep, tp // ep), mesh_dim_names=("ep", "etp"))
+        return tp_mesh, ExpertGroups(ep=split["ep"], etp=split["etp"], tp=tp_mesh, ep_size=ep, etp_size=tp // ep,
+                                     token_share=tp)
+    ep_mesh = init_device_mesh("cpu", (ep,))
+    tp_mesh = init_device_mesh("cpu", (ep // tp, tp), mesh_dim_names=("dp", "tp"))["tp"] if tp > 1 else None
+    return tp_mesh, ExpertGroups(ep=ep_mesh, etp=None, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp)
+
+
+def _notes(workload: Workload, layout: Layout) -> list[str]:
+    """What a user should know about how the deployment was cut to one device."""
+    notes = []
+    if workload.sp and not layout.sp:
+        notes.append("--sp: a decode step (one token per sequence) cannot be split by sequence, so it runs as plain "
+                     "tensor parallelism")
+    if workload.ep > workload.tp:
+        groups = workload.ep // workload.tp
+        notes.append(f"--ep {workload.ep} over --tp {workload.tp}: attention runs data-parallel on {groups} groups of "
+                     f"{workload.tp} device{'s' if workload.tp > 1 else ''}; this device's group holds "
+                     f"{layout.kv_batch} of the {workload.batch} sequences")
+    if workload.pp > 1 and workload.phase == "decode":
+        notes.append(f"--pp {workload.pp}: a decode step runs micro-batches of {layout.batch} sequences, "
+                     f"{workload.pp} in flight so the stages overlap"
+                     + ("" if layout.kv_batch >= workload.pp else
+                        f"; with {layout.kv_batch} sequences for {workload.pp} stages the pipeline idles part of "
+                        "each round"))
+        if workload.micro_batches > 1:
+            notes.append("--micro-batches applies to the prefill; decode steps keep pp micro-batches in flight")
+    if workload.dp > 1:
+        notes.append(f"--dp {workload.dp}: {workload.dp} replicas of this deployment ({workload.devices * workload.dp} "
+                     "devices in all); per-device figures are one replica's, throughput is x "
+                     f"{workload.dp} (castcore serve)")
+    return notes
+
+
+def _rebatch(built: BuiltModel, workload: Workload, layout: Layout) -> None:
+    """Cut the inputs to the batch one device runs (a micro-batch, one attention group's share)."""
+    if layout.batch == workload.batch:
+        return
+    batch, local = workload.batch, layout.batch
+    if not workload.named:
+        raise ModelError("--micro-batches, --pp decode steps and --ep over --tp split the batch castcore makes; "
+                         "for your own module pass one device's inputs and drop them")
+    cut, changed = _cut_inputs(batch, local)
+    if built.inputs_fn is not None:
+        inner = built.inputs_fn
+
+        def make():
+            args, kwargs = inner()
+            return cut(args), {k: _cut_cache(v, batch, local) for k, v in cut(kwargs).items()}
+        built.inputs_fn = make
+    else:
+        built.args, built.kwargs = cut(built.args), cut(built.kwargs)
+        if not changed:
+            raise ModelError(f"the model's inputs have no batch dimension of {batch} to split into {local}; drop "
+                             "--micro-batches / --ep over --tp")
+        built.kv_cache_shape = (layout.kv_batch, workload.seq, built.kv_cache_shape[2] if built.kv_cache_shape
+                                else _dtype(workload))
+    built.description += f", {local} of {batch} sequences per device step"
+
+
+def _dtype(workload: Workload) -> torch.dtype:
+    from castcore.workload.models import parse_dtype
+
+    return parse_dtype(workload.dtype)
+
+
+def _cut_inputs(batch: int, local: int):
+    """A function cutting every [batch, ...] tensor in a value to [local, ...], and a list it marks when it did."""
+    changed: list[bool] = []
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == batch:
+            changed.append(True)
+            if value.device.type == "meta":
+                return torch.zeros((local, *value.shape[1:]), dtype=value.dtype, device="meta")
+            return value.narrow(0, 0, local).clone()
+        if isinstance(value, tuple):
+            return tuple(cut(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        return value
+    return cut, changed
+
+
+def _cut_cache(value: Any, batch: int, local: int) -> Any:
+    """A static KV cache made for ``batch`` sequences re-made for ``local`` (its layers initialized anew)."""
+    for layer in getattr(value, "layers", None) or ():
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[0] == batch \
+                and hasattr(layer, "lazy_initialization"):
+            layer.lazy_initialization(keys.narrow(0, 0, local).narrow(2, 0, 0),
+                                      values.narrow(0, 0, local).narrow(2, 0, 0))
+    return value

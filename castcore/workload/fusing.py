@@ -1,0 +1,327 @@
+"""Deployed kernels: a model castcore builds, rewritten to run as serving engines run it.
+
+First every plugin's ``fuse_model`` hook rewrites what it knows for the device (castpack-ascend swaps in its
+``ascend::`` kernels); then the core rewrites what is left of the Hugging Face graph, found by structure, to
+call its device-neutral fused ops (castcore.builtin.fused_ops):
+
+- RMSNorm modules -> ``castcore::rms_norm`` (Gemma's 1 + weight too), no fp32 upcast ops around it;
+- a decoder layer of input_layernorm / self_attn / post_attention_layernorm / mlp: the residual add before
+  the second norm fused into it (``castcore::add_rms_norm``), as vLLM's fused_add_rms_norm does;
+- gated MLPs (gate_proj, up_proj, down_proj; SiLU or GELU): gate and up merged into one projection, then
+  ``castcore::silu_and_mul`` / ``castcore::gelu_and_mul``;
+- the rotary embedding of queries and keys -> ``castcore::rotary_embedding`` (the model's own
+  ``apply_rotary_pos_emb`` is swapped for the capture only);
+- attention -> ``castcore::attention``: causal and sliding-window masks as arguments, grouped KV heads read
+  once, no repeated keys and values, the output written in the layout the next projection reads;
+- a mixture-of-experts top-k router -> ``castcore::topk_softmax``; its experts -> ``castcore::moe_permute``, the
+  two grouped GEMMs with ``castcore::silu_and_mul`` between them, and ``castcore::moe_unpermute``.
+
+Only modules of transformers' own classes are rewritten, so what a pack swapped in stays as the pack made it.
+What stays eager is said in the notes. ``--eager`` skips all of this.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
+from castcore.workload.experts import _grouped
+from castcore.workload.hf import ATTENTION, _attention
+from castcore.workload.parallel import _expert_weights
+from castcore.workload.models import BuiltModel
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+    from castcore.workload.session import Session
+
+FUSED_ATTENTION = "castcore_fused"
+ops = torch.ops.castcore
+
+
+def fuse(session: Session, built: BuiltModel, device: DeviceProfile) -> list[str]:
+    """Rewrite ``built`` in place with the plugins' and the core's fused kernels; the lines to report."""
+    by_plugin: dict[str, list[str]] = {}
+    for line in session.fuse(built.model, device):  # "label: what it did"
+        label, _, done = line.partition(": ")
+        by_plugin.setdefault(label, []).append(done)
+    core, eager = rewrite(built)
+    if core:
+        by_plugin["castcore"] = core
+    notes = [f"deployed kernels by {label}: {'; '.join(lines)}" for label, lines in by_plugin.items()]
+    if eager:
+        notes.append(f"stayed eager (no fused kernel matches them): {', '.join(eager)}")
+    return notes
+
+
+def rewrite(built: BuiltModel) -> tuple[list[str], list[str]]:
+    """The core's rewrites of ``built.model``: one line per kind with its count, and what stayed eager."""
+    model, done, eager = built.model, Counter(), Counter()
+    for layer in [m for m in model.modules() if _is_fusable_layer(m)]:
+        layer.forward = types.MethodType(_fused_layer_forward, layer)
+        done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
+    for name, module in list(model.named_modules()):
+        if not name or not _is_hf(module):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if _is_rms_norm(module):
+            setattr(parent, attr, FusedRMSNorm(module))
+            done["RMSNorm -> castcore::rms_norm"] += 1
+        elif _gated_activation(module) is not None:
+            setattr(parent, attr, FusedGatedMLP(module))
+            done[f"gated MLP -> merged gate/up projection + castcore::{_gated_activation(module)[0]}"] += 1
+        elif _is_top_k_router(module):
+            module.forward = types.MethodType(_fused_router_forward, module)
+            done["MoE router softmax + top-k -> castcore::topk_softmax"] += 1
+        elif _is_fusable_experts(module):
+            module.forward = types.MethodType(_fused_experts_forward, module)
+            done["MoE experts -> castcore::moe_permute + grouped GEMMs + castcore::silu_and_mul + "
+                 "castcore::moe_unpermute"] += 1
+        elif type(module).__name__.endswith("RMSNorm") or type(module).__name__.endswith("MLP"):
+            eager[type(module).__name__] += 1
+    attention_modules = [m for m in model.modules() if _is_hf(m) and type(m).__name__.endswith("Attention")]
+    if attention_modules and _use_fused_attention(model):
+        done["attention -> castcore::attention"] += len(attention_modules)
+    elif attention_modules:
+        eager[f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"] += \
+            len(attention_modules)
+    rotary = _rotary_functions(model)
+    if rotary:
+        done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
+        outer = built.while_capturing
+        built.while_capturing = lambda: _both(outer(), _swapped_functions(rotary))
+    return [f"{count} {kind}" for kind, count in done.items()], [f"{count} {kind}" for kind, count in eager.items()]
+
+
+def _is_hf(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("transformers.")
+
+
+# --- norms ---------------------------------------------------------------------------------------------
+
+def _norm_parts(module: nn.Module) -> tuple[nn.Parameter, float, float] | None:
+    """(weight, eps, offset) of an RMSNorm module, offset 1 for Gemma's (1 + weight) norms."""
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not (type(module).__name__.endswith("RMSNorm") and isinstance(weight, nn.Parameter) and weight.dim() == 1
+            and isinstance(eps, float) and not list(module.children())):
+        return None
+    return weight, eps, 1.0 if type(module).__name__.startswith("Gemma") else 0.0
+
+
+def _is_rms_norm(module: nn.Module) -> bool:
+    return _norm_parts(module) is not None
+
+
+class FusedRMSNorm(nn.Module):
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.weight, self.eps, self.offset = _norm_parts(norm)
+
+    def forward(self, hidden_states):
+        return ops.rms_norm(hidden_states, self.weight, self.eps, self.offset)
+
+
+# --- decoder layers: the residual add fused into the second norm ---------------------------------------
+
+_LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+
+
+def _is_fusable_layer(module: nn.Module) -> bool:
+    children = {name for name, _ in module.named_children()}
+    if children != _LAYER_PARTS or not _is_hf(module):
+        return False
+    returns = inspect.signature(type(module).forward).return_annotation
+    return (returns in (torch.Tensor, "torch.Tensor") and _is_rms_norm(module.post_attention_layernorm)
+            and _is_hf(module.input_layernorm) and _is_hf(module.post_attention_layernorm))
+
+
+def _fused_layer_forward(self, hidden_states, *args, **kwargs):
+    """The pre-norm decoder layer with its first residual add fused into the post-attention norm."""
+    if args:  # called with positional options: the layer's own forward knows their order
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    attended = self.self_attn(self.input_layernorm(hidden_states), **kwargs)
+    attended = attended[0] if isinstance(attended, tuple) else attended
+    norm = self.post_attention_layernorm
+    weight, eps, offset = (norm.weight, norm.eps, norm.offset) if isinstance(norm, FusedRMSNorm) else _norm_parts(norm)
+    normed, residual = ops.add_rms_norm(attended, hidden_states, weight, eps, offset)
+    out = self.mlp(normed)
+    return residual + (out[0] if isinstance(out, tuple) else out)
+
+
+# --- gated MLPs --------------------------------------------------------------------------------------------
+
+def _gated_activation(module: nn.Module) -> tuple[str, str] | None:
+    """("silu_and_mul", "") or ("gelu_and_mul", approximate) for a bias-free gated MLP, else None."""
+    parts = [getattr(module, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(p, nn.Linear) and p.bias is None for p in parts):
+        return None
+    if {name for name, _ in module.named_children()} - {"gate_proj", "up_proj", "down_proj", "act_fn"}:
+        return None
+    if parts[0].weight.shape != parts[1].weight.shape:
+        return None
+    act = getattr(module, "act_fn", None)
+    name = type(act).__name__
+    if isinstance(act, nn.SiLU) or name in ("SiLUActivation", "SiLU"):
+        return "silu_and_mul", ""
+    if name in ("GELUActivation", "GELU"):
+        return "gelu_and_mul", getattr(act, "approximate", "none")
+    if name in ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "GELUPytorchTanh"):
+        return "gelu_and_mul", "tanh"
+    return None
+
+
+class FusedGatedMLP(nn.Module):
+    """down(act_and_mul(x @ [gate; up]^T)): one projection for gate and up, as merged-column linears do."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        self.kernel, self.approximate = _gated_activation(mlp)
+        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+        self.gate_up_proj = nn.Linear(gate.shape[1], 2 * gate.shape[0], bias=False, device=gate.device,
+                                      dtype=gate.dtype)
+        with torch.no_grad():
+            self.gate_up_proj.weight = nn.Parameter(torch.cat([gate, up]), requires_grad=gate.requires_grad)
+        self.down_proj = mlp.down_proj
+
+    def forward(self, x):
+        merged = self.gate_up_proj(x)
+        act = ops.silu_and_mul(merged) if self.kernel == "silu_and_mul" else ops.gelu_and_mul(merged, self.approximate)
+        return self.down_proj(act)
+
+
+# --- mixture-of-experts routers ------------------------------------------------------------------------
+
+def _is_top_k_router(module: nn.Module) -> bool:
+    """transformers' plain top-k routers (Mixtral, Qwen-MoE): a weight, top_k, softmax then top-k."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    return (type(module).__name__.endswith("TopKRouter") and own == {"weight"} and isinstance(module.top_k, int)
+            and not list(module.children()))
+
+
+def _fused_router_forward(self, hidden_states):
+    hidden_states = hidden_states.reshape(-1, self.weight.shape[-1])
+    logits = nn.functional.linear(hidden_states, self.weight)
+    weights, indices = ops.topk_softmax(logits, self.top_k, bool(getattr(self, "norm_topk_prob", True)))
+    return logits, weights, indices
+
+
+def _is_fusable_experts(module: nn.Module) -> bool:
+    """transformers' grouped-GEMM experts (3-D gate_up_proj / down_proj) with SiLU gating and no biases."""
+    gate = getattr(type(module), "_apply_gate", None)
+    return (len(_expert_weights(module)) == 2 and getattr(module, "has_gate", False)
+            and not getattr(module, "has_bias", False) and not getattr(module, "is_transposed", False)
+            and getattr(gate, "__name__", "") == "_default_apply_gate"
+            and type(getattr(module, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
+
+
+def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """As vLLM's fused MoE runs: dispatch (gather + sort) in one kernel, the two grouped GEMMs with the gated
+    activation between them, and the weighted combine in one kernel. ``_grouped`` is looked up by name, so a
+    quantized deployment swaps in its own product (castcore.workload.quantize)."""
+    rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
+    out = ops.silu_and_mul(_grouped(rows, self.gate_up_proj, offsets, False))
+    return ops.moe_unpermute(_grouped(out, self.down_proj, offsets, False), order, top_k_weights)
+
+
+# --- attention and rotary ----------------------------------------------------------------------------------
+
+def _fused_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
+    """No mask tensor without padding: the fused kernel applies causality and the sliding window itself."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs)
+
+
+def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+                     sliding_window=None, **kwargs):
+    if attention_mask is not None or dropout:  # padding or dropout: the eager path prices them
+        return _attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                          softcap=softcap, sliding_window=sliding_window, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = ops.attention(query, key, value, float(scale), bool(getattr(module, "is_causal", True)),
+                        int(sliding_window or 0), float(softcap or 0.0))
+    return out, None
+
+
+def register_fused_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(FUSED_ATTENTION, _fused_attention)
+    AttentionMaskInterface.register(FUSED_ATTENTION, _fused_mask)
+
+
+def _use_fused_attention(model: nn.Module) -> bool:
+    """Switch every config on castcore's attention path to the fused one; False when the model has its own."""
+    from castcore.workload.stock import _configs
+
+    configs = _configs(model)
+    if not configs or any(c._attn_implementation_internal != ATTENTION for c in configs):
+        return False
+    register_fused_attention()
+    for config in configs:
+        config._attn_implementation_internal = FUSED_ATTENTION
+    return True
+
+
+def _rotary_functions(model: nn.Module) -> dict[Any, Any]:
+    """The modeling modules whose ``apply_rotary_pos_emb`` the attention calls, if it is the standard one
+    (q, k, cos, sin, and an unsqueeze_dim; halves rotated by ``rotate_half``)."""
+    import sys
+
+    found = {}
+    for module in model.modules():
+        if not (_is_hf(module) and hasattr(module, "q_proj")):
+            continue
+        home = sys.modules[type(module).__module__]
+        original = getattr(home, "apply_rotary_pos_emb", None)
+        if original is None or not hasattr(home, "rotate_half"):
+            continue
+        params = list(inspect.signature(original).parameters)
+        if params[:4] == ["q", "k", "cos", "sin"] and "unsqueeze_dim" in params:
+            found[home] = original
+    return found
+
+
+def _fused_rotary(original):
+    signature = inspect.signature(original)
+
+    def apply_rotary_pos_emb(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        q, k, cos, sin = (bound.arguments[n] for n in ("q", "k", "cos", "sin"))
+        if (bound.arguments["unsqueeze_dim"] != 1 or cos.dim() != 3 or q.dim() != 4 or cos.shape[-1] != q.shape[-1]
+                or bound.arguments.get("position_ids") is not None):
+            return original(*args, **kwargs)  # a partial or differently laid out rotary: priced as it runs
+        return ops.rotary_embedding(q, k, cos, sin)
+    return apply_rotary_pos_emb
+
+
+@contextmanager
+def _swapped_functions(originals: dict[Any, Any]) -> Iterator[None]:
+    try:
+        for home, original in originals.items():
+            home.apply_rotary_pos_emb = _fused_rotary(original)
+        yield
+    finally:
+        for home, original in originals.items():
+            home.apply_rotary_pos_emb = original
+
+
+@contextmanager
+def _both(first, second) -> Iterator[None]:
+    with ExitStack() as stack:
+        stack.enter_context(first)
+        stack.enter_context(second)
+        yield

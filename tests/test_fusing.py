@@ -1,0 +1,115 @@
+"""Deployed kernels: the core's fused rewrites compute what the eager model does, capture as fused ops, keep the
+model's FLOPs, and leave what a pack fused alone; --eager prices the Hugging Face graph."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import castcore
+from castcore.builtin.fused_ops import kept_keys
+from castcore.cli.main import main
+from castcore.workload.fusing import rewrite
+from castcore.workload.hf import ATTENTION, register_attention
+from castcore.workload.models import BuiltModel
+
+DATA = __import__("pathlib").Path(__file__).parent / "data"
+
+
+def real_model(name: str) -> torch.nn.Module:
+    """A tiny transformers model with random weights (norm weights too, so Gemma's 1 + weight matters)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    register_attention()
+    fields = json.loads((DATA / name).read_text())
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=ATTENTION).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("name", ["tiny-llama.json", "tiny-mixtral.json", "tiny-gemma2.json", "tiny-gemma3.json"])
+def test_the_fused_model_computes_what_the_eager_one_does(name):
+    from transformers import DynamicCache
+
+    model = real_model(name)
+    prompt, step = torch.randint(3, 200, (2, 12)), torch.randint(3, 200, (2, 1))
+
+    def run():
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            first = model(prompt, past_key_values=cache, use_cache=True).logits
+            return first, model(step, past_key_values=cache, use_cache=True).logits
+
+    eager = run()
+    built = BuiltModel(model=model)
+    done, _ = rewrite(built)
+    assert done, "nothing was fused"
+    with built.while_capturing():
+        fused = run()
+    for want, got in zip(eager, fused):  # the prefill, then a decode step over its cache
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_llama_captures_only_fused_kernels_around_its_matmuls_with_the_same_flops(session, tiny_llama):
+    workloads = {fuse: castcore.build_workload(str(tiny_llama), seq=32, fuse=fuse) for fuse in (True, False)}
+    fused, eager = (session.estimate(workloads[fuse]) for fuse in (True, False))
+    names = {r.invoke.name for r in fused.records}
+    assert {"castcore::rms_norm", "castcore::add_rms_norm", "castcore::silu_and_mul", "castcore::attention",
+            "castcore::rotary_embedding"} <= names
+    assert not names & {"aten::pow.Tensor_Scalar", "aten::rsqrt", "aten::silu", "aten::neg"}
+    assert fused.totals()["flops"] == pytest.approx(eager.totals()["flops"], rel=0.02)
+    assert fused.totals()["bytes"] < 0.8 * eager.totals()["bytes"]
+    assert fused.time_s < eager.time_s
+    assert "deployed kernels" in fused.description and "eager" in eager.description
+    assert any(n.startswith("deployed kernels by castcore: ") for n in fused.notes)
+
+
+def test_decode_and_tensor_parallel_run_fused(session, tiny_llama):
+    report = session.estimate(castcore.build_workload(str(tiny_llama), batch=2, seq=16, phase="decode", kv_len=40,
+                                                      tp=2))
+    calls = [r for r in report.records if r.invoke.name == "castcore::attention"]
+    q, k = calls[0].invoke.args[:2]
+    assert (q.shape[1], k.shape[1], k.shape[2]) == (2, 1, 41)  # 4 heads / 2, 2 KV heads / 2, 40 cached + 1
+    # One token attends to all 41 keys: 2 products of head_dim 16 per pair.
+    assert sum(c.mma_ops for c in calls[0].properties.compute_ops.values()) == 2 * 2 * 2 * 41 * (16 + 16)
+
+
+def test_moe_router_is_one_op(session):
+    report = session.estimate(castcore.build_workload(str(DATA / "tiny-mixtral.json"), seq=16))
+    names = [r.invoke.name for r in report.records]
+    assert names.count("castcore::topk_softmax") == 2 and "aten::topk" not in names
+
+
+@pytest.mark.parametrize("q_len,kv_len,window", [(5, 5, 0), (1, 9, 0), (4, 9, 0), (12, 12, 4), (3, 10, 4),
+                                                 (6, 6, 10), (1, 30, 8)])
+def test_kept_keys_counts_the_mask(q_len, kv_len, window):
+    rows = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)
+    cols = torch.arange(kv_len).unsqueeze(0)
+    keep = (cols <= rows) & ((cols > rows - window) if window else True)
+    assert kept_keys(q_len, kv_len, True, window) == int(keep.sum())
+
+
+def test_eager_flag_prices_the_hugging_face_graph(tiny_llama, h100_file, capsys):
+    argv = ["estimate", "--model", str(tiny_llama), "--seq", "16", "--no-packs", "--device-file", str(h100_file),
+            "--json"]
+    assert main(argv + ["--eager"]) == 0
+    eager = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    fused = json.loads(capsys.readouterr().out)
+    assert eager["workload"]["fuse"] is False and fused["workload"]["fuse"] is True
+    assert "aten::silu" in {row["op"] for row in eager["ops"]}
+    assert "castcore::silu_and_mul" in {row["op"] for row in fused["ops"]}
+
+
+def test_a_users_own_module_is_not_rewritten(session, tiny_llama):
+    built = session.build(castcore.build_workload(str(tiny_llama), seq=8))
+    model = built.model
+    before = {name: type(m) for name, m in model.named_modules()}
+    session.estimate(model, *built.args, kwargs=built.kwargs)
+    assert {name: type(m) for name, m in model.named_modules()} == before

@@ -1,0 +1,115 @@
+"""Expert parallelism (--ep): each device holds 1/ep of the experts, tokens dispatched and combined by
+all_to_all, the experts' work per device 1/ep of the whole."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import castcore
+from castcore.cli.main import main
+
+MIXTRAL = str(Path(__file__).parent / "data" / "tiny-mixtral.json")  # 4 experts, top-2, hidden 64, ffn 96, 2 layers
+LAYERS, EXPERTS, TOP_K, HIDDEN, FFN = 2, 4, 2, 64, 96
+EXPERT_BYTES = LAYERS * EXPERTS * (2 * FFN * HIDDEN + HIDDEN * FFN) * 2  # gate_up and down, bf16
+
+
+def _grouped(report) -> list:
+    return [r for r in report.records if r.invoke.name == "aten::_grouped_mm"]
+
+
+def _expert_weight_bytes(report) -> int:
+    # Each expert weight is read by one grouped matmul: its tensor is what the device holds.
+    return sum(r.invoke.args[1].nbytes for r in _grouped(report))
+
+
+def _calls(report) -> Counter:
+    return Counter(r.invoke.name.split("::")[1] for r in report.records
+                   if r.invoke.name.startswith("_c10d_functional::") and r.invoke.name != "_c10d_functional::wait_tensor")
+
+
+PHASES = [{"seq": 16, "batch": 4}, {"phase": "decode", "kv_len": 16, "batch": 4}]
+
+
+@pytest.mark.parametrize("phase", PHASES, ids=["prefill", "decode"])
+@pytest.mark.parametrize("tp,ep", [(1, 2), (2, 2), (2, 4), (4, 2), (1, 4)])
+def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp, ep):
+    whole, split = (session.estimate(castcore.build_workload(MIXTRAL, **phase, **options))
+                    for options in ({}, {"tp": tp, "ep": ep}))
+    assert _expert_weight_bytes(whole) == EXPERT_BYTES
+    # ep < tp: each expert is also split over tp/ep devices, so a device holds 1/tp of the expert weights.
+    assert _expert_weight_bytes(split) * max(tp, ep) == EXPERT_BYTES
+    flops = [sum(r.flops for r in _grouped(report)) for report in (whole, split)]
+    assert flops[1] * max(tp, ep) == flops[0] > 0
+    calls = _calls(split)
+    assert calls["all_to_all_single"] == 2 * LAYERS  # dispatch and combine in every MoE layer
+    # Every TP rank routes 1/tp of the tokens and all-gathers them after the combine; ep < tp adds an all_gather
+    # and a reduce_scatter over the tp/ep devices sharing an expert.
+    gathers = LAYERS * (tp > 1) + LAYERS * (ep < tp) + (tp > 1)  # + the vocab-parallel logits
+    assert calls["all_gather_into_tensor"] == gathers and calls["reduce_scatter_tensor"] == LAYERS * (ep < tp)
+    assert calls["all_reduce"] == (1 + LAYERS) * (tp > 1)  # the embedding and the attention: no MoE all_reduce
+    sizes = {i.attrs["group_size"] for i in (r.invoke for r in split.records)
+             if i.name == "_c10d_functional::all_to_all_single"}
+    assert sizes == {ep}
+
+
+def test_rows_are_balanced_across_the_expert_parallel_devices(session):
+    # ep 2 over tp 2, prefill of 4 x 16 tokens: each TP rank routes 32 tokens x top-2 = 64 rows, receives 64.
+    report = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2))
+    (dispatch, *_) = [r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"]
+    assert tuple(dispatch.args[0].shape) == (64, HIDDEN) and tuple(dispatch.outputs()[0].shape) == (64, HIDDEN)
+    gate_up = _grouped(report)[0].invoke
+    assert tuple(gate_up.args[0].shape) == (64, HIDDEN) and tuple(gate_up.args[1].shape) == (2, HIDDEN, 2 * FFN)
+    assert any(n.startswith("--ep 2: ") and "balanced" in n for n in report.notes)
+
+
+def test_ep_over_tp_runs_attention_on_a_share_of_the_batch(session):
+    # ep 4 over tp 2: 2 attention groups, each with 2 of the 4 sequences; its KV cache is the group's.
+    whole, split = (session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, **o))
+                    for o in ({}, {"tp": 2, "ep": 4}))
+    (sdpa, *_) = [r.invoke for r in split.records if r.invoke.name == "castcore::attention"]
+    assert sdpa.args[0].shape[0] == 2
+    assert split.memory.kv_cache_bytes * 4 == whole.memory.kv_cache_bytes  # half the sequences, half the KV heads
+    assert "2 of 4 sequences" in split.description
+
+
+def test_ep_replays_layers_as_a_full_capture_does(session):
+    reused, full = (session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2, reuse=r))
+                    for r in (True, False))
+    assert [(r.invoke.name, r.invoke.module, r.invoke.key) for r in reused.records] == \
+        [(r.invoke.name, r.invoke.module, r.invoke.key) for r in full.records]
+    assert reused.memory.to_dict() == full.memory.to_dict()
+
+
+def _cli(h100_file, capsys, *argv) -> tuple[int, str]:
+    code = main(["estimate", "--no-packs", "--device-file", str(h100_file), "--seq", "16", *argv])
+    return code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_ep_refusals_are_one_line(h100_file, tiny_llama, capsys):
+    code, err = _cli(h100_file, capsys, "--model", MIXTRAL, "--ep", "3", "--batch", "3")
+    assert code == 2 and err.startswith("castcore: error: --ep 3") and "4 experts do not divide by 3" in err
+    code, err = _cli(h100_file, capsys, "--model", str(tiny_llama), "--ep", "2", "--batch", "2")
+    assert code == 2 and err.startswith("castcore: error: --ep 2") and "no mixture-of-experts" in err
+
+
+FACTORY = f'''
+from castcore.workload.models import build_preset
+
+def make(batch=1, seq=16, phase="prefill", kv_len=None, train=False):
+    return build_preset({MIXTRAL!r}, batch=batch, seq=seq, dtype="bf16", phase=phase, kv_len=kv_len, train=train)
+'''
+
+
+def test_a_factory_model_is_checked_when_built(h100_file, capsys, tmp_path, monkeypatch):
+    (tmp_path / "castcore_ep_factory.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "castcore_ep_factory", raising=False)
+    code, err = _cli(h100_file, capsys, "--model", "castcore_ep_factory:make", "--ep", "8", "--batch", "8")
+    assert code == 2 and err.startswith("castcore: error: --ep 8") and "4 experts, which do not divide by 8" in err
+    code, err = _cli(h100_file, capsys, "--model", "castcore_ep_factory:make", "--pp", "3")
+    assert code == 2 and err == "castcore: error: --pp 3 is more pipeline stages than the model's 2 layers: use --pp 2 " \
+                                "or less"
