@@ -1,10 +1,14 @@
-"""Matrix products on the Cube unit, padded to whole fractal tiles.
+"""Matrix products on the Cube unit: base blocks over the AI cores, each padded to whole fractals.
 
-The Cube multiplies 16 x K0 by K0 x 16 fractals (K0 = 32 bytes of the input dtype: 16 for fp16/bf16,
-32 for int8, 8 for fp32), so a product of M x K by K x N costs as if M, K and N were rounded up to
-M0, K0 and N0: cube ops = 2 * batch * M' * K' * N'. HBM traffic is the real tensors (the padding happens
-in L1/L0 through the ND-to-NZ move, never in HBM). The bias of addmm/linear is added in the Cube's
-fixpipe on its way out, so it costs bytes, not vector work.
+The Cube multiplies 16 x K0 by K0 x 16 fractals (the profile's ``mma_unit``; K0 = 32 bytes of the input
+dtype: 16 for fp16/bf16, 32 for int8, 8 for fp32). A CANN matmul kernel cuts the M x N output into base
+blocks (the profile's ``mma_tile``, e.g. 128 x 256 x 64 for fp16), gives each AI core one block at a time and
+steps through K: ``pack.tiled_matmul`` prices that (waves over ``compute_units``, the last one part-empty;
+split-K for skinny products; the fastest of the profile's blocks). A block is a whole number of fractals, so
+padding to the block includes the fractal padding. A profile or dtype without blocks pays for whole fractals
+only: cube ops = 2 * batch * M' * K' * N'. HBM traffic is the real tensors (the padding happens in L1/L0
+through the ND-to-NZ move, never in HBM). The bias of addmm/linear is added in the Cube's fixpipe on its way
+out, so it costs bytes, not vector work.
 """
 
 from __future__ import annotations
@@ -26,15 +30,34 @@ def cube_estimate(invoke: pack.OpInvoke, device: pack.DeviceProfile, a, b_shape:
     """``a`` (..., M, K) times a (K, N) operand of ``b_shape``; ``batch`` independent products."""
     m, k = (a.shape[-2] if a.dim() >= 2 else 1), a.shape[-1]
     n = b_shape[-1]
-    mp, kp, np_ = padded_mkn(m, k, n, a.dtype)
+    mp, kp, np_ = padded_mkn(m, k, n, a.dtype, device)
     real, padded = 2 * batch * m * k * n, 2 * batch * mp * kp * np_
-    props = invoke.memory_access_properties()
     detail = {"shape": f"{batch}x{m}x{k}x{n}" if batch > 1 else f"{m}x{k}x{n}",
-              "padded_shape": f"{batch}x{mp}x{kp}x{np_}" if batch > 1 else f"{mp}x{kp}x{np_}",
-              "cube_ops": padded, "useful_ops": real,
-              "padding_waste": (1 - real / padded) if padded else 0.0}
+              "padded_shape": f"{batch}x{mp}x{kp}x{np_}" if batch > 1 else f"{mp}x{kp}x{np_}"}
+    tiled = _blocks(device, a.dtype, batch, m, n, k)
+    if tiled is not None:
+        # Cube work the kernel's time pays for: every core busy for every wave, a part-empty last one included.
+        padded = tiled[0] * tiled[1]
+        detail.update(tiled[2])
+    detail.update({"cube_ops": padded, "useful_ops": real, "padding_waste": (1 - real / padded) if padded else 0.0})
+    props = invoke.memory_access_properties()
     return timed(device, cube={a.dtype: padded}, read_bytes=props.memory_read_bytes,
                  write_bytes=props.memory_write_bytes, detail=detail)
+
+
+def _blocks(device: pack.DeviceProfile, dtype: torch.dtype, batch: int, m: int, n: int,
+            k: int) -> tuple[float, float, dict] | None:
+    """(Cube seconds, sustained op/s, how) of the product as base blocks over the AI cores; None when the
+    profile has no blocks for ``dtype`` or the Cube does not run it (the 310P's bf16)."""
+    if pack.dtype_name(dtype) not in device.mma_flops:
+        return None
+    rate = device.rate("mma", dtype)[0] * device.compute_efficiency  # as hardware.timed sustains it
+    tiled = pack.tiled_matmul(device, dtype, batch, m, n, k, rate)
+    if tiled is None:
+        return None
+    seconds, how = tiled
+    return seconds, rate, {"tile": how["tile"], "tiles": how["tiles"], "waves": how["waves"],
+                           "split_k": how["split_k"]}
 
 
 @pack.register_op_estimator(aten.mm.default, device=DEVICES)

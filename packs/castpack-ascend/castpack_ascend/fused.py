@@ -129,7 +129,8 @@ def pfa_properties(invoke, device):
 def _attention_time(invoke, device, props, dtype, products, kept_fraction, softmax_pairs, detail):
     """``products``: (count, m, k, n) matrix products before masking; padded on the Cube and scaled by the
     fraction of score tiles the mask keeps."""
-    cube = sum(count * 2 * math.prod(padded_mkn(m, k, n, dtype)) for count, m, k, n in products) * kept_fraction
+    cube = sum(count * 2 * math.prod(padded_mkn(m, k, n, dtype, device))
+               for count, m, k, n in products) * kept_fraction
     useful = sum(count * 2 * m * k * n for count, m, k, n in products) * kept_fraction
     detail = {**detail, "cube_ops": cube, "useful_ops": useful, "padding_waste": 1 - useful / cube if cube else 0.0}
     return timed(device, cube={dtype: cube}, vector={dtype: formulas.attention.SOFTMAX_OPS_PER_SCORE * softmax_pairs},
@@ -142,7 +143,7 @@ def pfa_estimator(invoke, device):
     dtype = invoke.args[0].dtype
     products = [(batch * heads, q_len, dim, kv_len), (batch * heads, q_len, kv_len, dim)]  # QK^T, PV
     kept = per_head / (q_len * kv_len)
-    mq, kd, nk = padded_mkn(q_len, dim, kv_len, dtype)
+    mq, kd, nk = padded_mkn(q_len, dim, kv_len, dtype, device)
     return _attention_time(invoke, device, props, dtype, products, kept, batch * heads * per_head,
                            {"causal": causal, "gqa_group": heads // kv_heads,
                             "padded_shape": f"QK^T {mq}x{kd}x{nk} per head"})
@@ -185,10 +186,10 @@ def ifa_estimator(invoke, device):
     group = heads // kv_heads
     # One query token per sequence: the query heads sharing a KV head are stacked as the M dimension.
     products = [p for n in lengths for p in ((kv_heads, group, dim, n), (kv_heads, group, n, dim))]
+    shape = "x".join(map(str, padded_mkn(group, dim, max(lengths), dtype, device)))
     return _attention_time(invoke, device, props, dtype, products, 1.0, heads * sum(lengths),
                            {"paged": block_table is not None, "gqa_group": group, "kv_lengths": lengths,
-                            "padded_shape": f"QK^T {'x'.join(map(str, padded_mkn(group, dim, max(lengths), dtype)))} "
-                                            "per KV head (longest sequence)"})
+                            "padded_shape": f"QK^T {shape} per KV head (longest sequence)"})
 
 
 _register("incre_flash_attention", ifa_properties, ifa_estimator)
@@ -216,12 +217,12 @@ def grouped_matmul_estimator(invoke, device):
     x, weight = invoke.args[:2]
     k, n = weight.shape[-2], weight.shape[-1]
     sizes = _groups(invoke)
-    cube = sum(2 * math.prod(padded_mkn(m, k, n, x.dtype)) for m in sizes if m)
+    cube = sum(2 * math.prod(padded_mkn(m, k, n, x.dtype, device)) for m in sizes if m)
     useful = 2 * x.shape[0] * k * n
     return timed(device, cube={x.dtype: cube}, read_bytes=props.memory_read_bytes,
                  write_bytes=props.memory_write_bytes,
-                 detail={"group_sizes": sizes, "padded_shape": [f"{m}->{padded_mkn(m, k, n, x.dtype)[0]}x{k}x{n}"
-                                                                for m in sizes],
+                 detail={"group_sizes": sizes,
+                         "padded_shape": [f"{m}->{padded_mkn(m, k, n, x.dtype, device)[0]}x{k}x{n}" for m in sizes],
                          "cube_ops": cube, "useful_ops": useful,
                          "padding_waste": 1 - useful / cube if cube else 0.0})
 

@@ -2,8 +2,9 @@
 unit, and a per-launch floor. Every estimator of this pack ends in ``timed``.
 
 Numbers (all from the CANN platform files read for the profiles, see the pack README):
-- Cube fractal M0 x K0 x N0 = 16 x (32 bytes / element size) x 16: [DtypeMKN] Default=16,16,16 (fp16,
-  bf16), DT_INT8=16,32,16, DT_INT4=16,64,16; fp32 (and hf32) data is 16 x 8 x 16 by the same 32-byte rule.
+- Cube fractal M0 x K0 x N0: the profile's ``mma_unit`` ([m, n, k] per dtype) when it lists the dtype, else
+  16 x (32 bytes / element size) x 16: [DtypeMKN] Default=16,16,16 (fp16, bf16), DT_INT8=16,32,16,
+  DT_INT4=16,64,16; fp32 (and hf32) data is 16 x 8 x 16 by the same 32-byte rule.
 - Vector unit and unified buffer move and compute in 32-byte blocks: [AICoreSpec] ubblock_size=32.
 """
 
@@ -16,15 +17,20 @@ import torch
 from castcore import pack
 
 BLOCK_BYTES = 32  # ubblock_size=32 in every CANN platform file read (910B1-B4, 910_9391, 310P3)
-CUBE_MN = 16  # cube_m_size = cube_n_size = 16
+CUBE_MN = 16  # cube_m_size = cube_n_size = 16; used only for a profile without mma_unit
 
 
 def dtype_bytes(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
-def fractal(dtype: torch.dtype) -> tuple[int, int, int]:
-    """(M0, K0, N0) of one Cube fractal for inputs of ``dtype``: K0 fills 32 bytes."""
+def fractal(dtype: torch.dtype, device: pack.DeviceProfile | None = None) -> tuple[int, int, int]:
+    """(M0, K0, N0) of one Cube fractal for inputs of ``dtype``: the profile's ``mma_unit`` for the dtype when
+    it has one (castcore's order is [m, n, k]), else 16 x 16 with K0 filling 32 bytes."""
+    unit = device.mma_unit.get(pack.dtype_name(dtype)) if device is not None else None
+    if unit is not None:
+        m0, n0, k0 = unit
+        return m0, k0, n0
     return CUBE_MN, max(1, BLOCK_BYTES // dtype_bytes(dtype)), CUBE_MN
 
 
@@ -32,8 +38,10 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple if n > 0 else 0
 
 
-def padded_mkn(m: int, k: int, n: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    m0, k0, n0 = fractal(dtype)
+def padded_mkn(m: int, k: int, n: int, dtype: torch.dtype,
+               device: pack.DeviceProfile | None = None) -> tuple[int, int, int]:
+    """M, K and N rounded up to whole fractals of ``dtype`` (the profile's when ``device`` lists one)."""
+    m0, k0, n0 = fractal(dtype, device)
     return round_up(m, m0), round_up(k, k0), round_up(n, n0)
 
 
