@@ -1,0 +1,157 @@
+"""Every shipped profile loads through castcore, is sourced field by field, and holds NVIDIA's dense figures."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+import castcore
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 only
+    import tomli as tomllib
+
+PROFILES = resources.files("castpack_nvidia") / "profiles"
+README = Path(__file__).resolve().parents[1] / "README.md"
+# name: (file, SMs, dense bf16 flop per clock per SM, GiB of memory)
+EXPECTED = {
+    "a100-sxm4-80gb": ("a100-sxm4-80gb.toml", 108, 2048, 80),
+    "h100-sxm5-80gb": ("h100-sxm5-80gb.toml", 132, 4096, 80),
+    "h100-pcie-80gb": ("h100-pcie-80gb.toml", 114, 4096, 80),
+    "h200-sxm": ("h200-sxm.toml", 132, 4096, 141),
+    "b200": ("b200.toml", 148, 8192, 180),
+    "l40s": ("l40s.toml", 142, 1024, 48),
+}
+# The tensor figures NVIDIA prints 'with sparsity' (datasheets, HGX B200 table): a profile holds half of each.
+SPARSE_DATASHEET = {
+    "a100-sxm4-80gb": {"bfloat16": 624e12, "float16": 624e12, "tf32": 312e12, "int8": 1248e12},
+    "h100-sxm5-80gb": {"bfloat16": 1979e12, "tf32": 989e12, "float8_e4m3fn": 3958e12, "int8": 3958e12},
+    "h100-pcie-80gb": {"bfloat16": 1513e12, "tf32": 756e12, "float8_e4m3fn": 3026e12, "int8": 3026e12},
+    "h200-sxm": {"bfloat16": 1979e12, "tf32": 989e12, "float8_e5m2": 3958e12, "int8": 3958e12},
+    "b200": {"bfloat16": 4.5e15, "tf32": 2.2e15, "float8_e4m3fn": 9e15, "int8": 9e15, "float4_e2m1fn_x2": 18e15},
+    "l40s": {"bfloat16": 733e12, "tf32": 366e12, "float8_e4m3fn": 1466e12},
+}
+NEW_FIELDS = ("compute_units", "l2_bytes", "clock_hz", "attention_efficiency", "memory_half_bytes")
+
+
+@pytest.fixture(scope="module")
+def devices():
+    return castcore.Session(load_packs=["nvidia"]).devices
+
+
+def nvidia(devices):
+    return {n: d for n, d in devices.items() if d.origin.startswith("castpack-nvidia:")}
+
+
+def test_the_six_profiles_load_under_their_documented_names_and_none_is_the_default(devices):
+    ours = nvidia(devices)
+    assert set(ours) == set(EXPECTED)
+    assert not [n for n, d in ours.items() if d.default]
+    for name, (file, *_rest) in EXPECTED.items():
+        assert ours[name].origin == f"castpack-nvidia:profiles/{file}"
+        assert ours[name].vendor == "NVIDIA"
+
+
+def test_the_readme_tables_name_every_profile_and_no_other():
+    rows = re.findall(r"^\| `([a-z0-9-]+)`", README.read_text(encoding="utf-8"), flags=re.M)
+    assert sorted(rows) == sorted(2 * list(EXPECTED))  # the profiles table and the efficiencies table
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_number_has_a_source(devices, name):
+    device = devices[name]
+    fields = ["memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency", "mma_op_cost_s",
+              "gp_op_cost_s", "comm_op_cost_s", *NEW_FIELDS, *(f"mma_flops.{d}" for d in device.mma_flops),
+              *(f"gp_flops.{d}" for d in device.gp_flops), *(f"mma_unit.{d}" for d in device.mma_unit),
+              *(f"mma_tile.{d}" for d in device.mma_tile), *(f"interconnect.{i.name}" for i in device.interconnect)]
+    for field in fields:
+        parts = field.split(".")
+        found = [device.sources[".".join(parts[:n])] for n in range(1, len(parts) + 1) if ".".join(parts[:n]) in device.sources]
+        assert found, field
+        assert "read 2026-11-23" in found[-1], field  # each source says when it was read
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_the_shape_fields_are_set(devices, name):
+    device = devices[name]
+    _file, units, _per_sm, _gib = EXPECTED[name]
+    assert device.compute_units == units
+    assert all(getattr(device, f) > 0 for f in NEW_FIELDS)
+    # Every matrix rate but fp64 has the tiles a tuned GEMM uses; the loader checked they fit the units.
+    assert set(device.mma_flops) - {"float64"} <= set(device.mma_tile)
+
+
+def test_h100_sxm_bf16_is_the_dense_whitepaper_figure(devices):
+    assert devices["h100-sxm5-80gb"].mma_flops["bfloat16"] == pytest.approx(989.4e12, rel=0.01)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_tensor_rates_are_half_the_sparse_datasheet_figures(devices, name):
+    device = devices[name]
+    for dtype, sparse in SPARSE_DATASHEET[name].items():
+        # 1.5%: the L40S datasheet prints 362.05 dense beside 733 sparse.
+        assert device.mma_flops[dtype] == pytest.approx(sparse / 2, rel=0.015), dtype
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_bf16_rate_is_sms_times_per_sm_rate_times_clock(devices, name):
+    device = devices[name]
+    _file, units, per_sm, gib = EXPECTED[name]
+    # 1.5%: the L40S datasheet prints 362.05 where 142 x 1024 x 2.52 GHz gives 366.4.
+    assert device.mma_flops["bfloat16"] == pytest.approx(units * per_sm * device.clock_hz, rel=0.015)
+    assert device.memory_bytes == gib * 2**30
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_low_precision_doubles_the_rate(devices, name):
+    rates = devices[name].mma_flops
+    assert rates["tf32"] == pytest.approx(rates["bfloat16"] / 2, rel=0.03)
+    assert rates["int8"] == pytest.approx(2 * rates["bfloat16"], rel=0.02)
+    if name == "a100-sxm4-80gb":
+        assert "float8_e4m3fn" not in rates  # Ampere has no FP8 tensor cores
+    else:
+        assert rates["float8_e4m3fn"] == rates["float8_e5m2"] == pytest.approx(2 * rates["bfloat16"], rel=0.02)
+    assert ("float4_e2m1fn_x2" in rates) == (name == "b200")
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_efficiencies_are_measured_fractions_and_attention_trails_the_gemm(devices, name):
+    device = devices[name]
+    assert 0.6 < device.compute_efficiency < 0.9
+    assert 0.75 < device.memory_efficiency < 0.95
+    assert device.attention_efficiency < device.compute_efficiency
+
+
+def test_interconnect_levels_match_each_platform(devices):
+    levels = {name: [(i.name, i.devices) for i in devices[name].interconnect] for name in EXPECTED}
+    for hgx in ("a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm", "b200"):
+        assert levels[hgx] == [("nvlink", 8), ("infiniband", 1024)]
+    assert levels["h100-pcie-80gb"] == [("nvlink", 2), ("pcie", 8), ("infiniband", 1024)]  # bridged pairs
+    assert levels["l40s"] == [("pcie", 4), ("ethernet", 1024)]  # no NVLink on the L40S
+    bandwidth = {name: devices[name].interconnect[0].bandwidth for name in EXPECTED}
+    assert bandwidth["b200"] == 2 * bandwidth["h100-sxm5-80gb"] == 2 * bandwidth["h200-sxm"]
+
+
+@pytest.mark.parametrize("field", ["mma_flops.float8_e4m3fn", "mma_tile", "attention_efficiency", "interconnect.nvlink"])
+def test_a_missing_source_fails_loading_and_names_the_field(field):
+    data = tomllib.loads((PROFILES / "h100-sxm5-80gb.toml").read_text(encoding="utf-8"))
+    del data["sources"][field]
+    with pytest.raises(castcore.DeviceError, match=r"no source for .*" + re.escape(field)):
+        castcore.device_from_dict(data, origin="h100-sxm5-80gb.toml")
+
+
+def test_castcore_devices_lists_the_pack_profiles():
+    done = subprocess.run([sys.executable, "-m", "castcore", "devices", "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    for name, (file, *_rest) in EXPECTED.items():
+        assert rows[name]["origin"] == f"castpack-nvidia:profiles/{file}"
+        assert rows[name]["default"] is False
+    assert rows["h100-pcie-80gb"]["interconnect"] == ["nvlink", "pcie", "infiniband"]
