@@ -105,3 +105,23 @@ def test_a_tiling_field_without_a_source_is_refused():
             "sources": {"memory_bytes": "t", "memory_bandwidth": "t", "mma_flops": "t", "gp_flops": "t"}}
     with pytest.raises(DeviceError, match="no source for compute_units"):
         device_from_dict(data)
+
+
+def test_a_profile_changed_under_the_same_name_is_estimated_afresh():
+    import dataclasses
+
+    session = castcore.Session(load_packs=[], device_files=[])
+    device = profile()
+    a, b = torch.empty(512, 512, dtype=torch.bfloat16), torch.empty(512, 512, dtype=torch.bfloat16)
+    first = session.estimate(lambda a, b: a @ b, a, b, device=device).records[0].estimate
+    faster = dataclasses.replace(device, compute_efficiency=0.4)  # same name, other numbers
+    second = session.estimate(lambda a, b: a @ b, a, b, device=faster).records[0].estimate
+    assert second.compute_s == pytest.approx(first.compute_s * 2)
+
+
+def test_matrix_ops_keep_their_launch_cost_when_the_profile_has_a_ramp():
+    session = castcore.Session(load_packs=[], device_files=[])
+    device = profile(memory_half_bytes=1e7, mma_op_cost_s=5e-6)
+    a = torch.empty(64, 64, dtype=torch.bfloat16)
+    estimate = session.estimate(lambda a, b: a @ b, a, a, device=device).records[0].estimate
+    assert estimate.overhead_s == 5e-6 and estimate.memory_s == pytest.approx(3 * a.nbytes / 3e12)

@@ -39,13 +39,16 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
                             continue
             compute_s += count / (rate * efficiency)
     bandwidth = device.memory_bandwidth * device.memory_efficiency
-    memory_s = (props.memory_bytes + device.memory_half_bytes) / bandwidth if props.memory_bytes else 0.0
+    # The bandwidth ramp is a streaming kernel's (measured end to end, launch included); matrix kernels keep
+    # their additive launch cost.
+    ramp = device.memory_half_bytes if not uses_mma else 0.0
+    memory_s = (props.memory_bytes + ramp) / bandwidth if props.memory_bytes else 0.0
     if compute_s == 0 and memory_s == 0:
         return Estimate(time_s=0.0, bound="none", source=source)
     overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")
-    if device.memory_half_bytes:  # the measured ramp already holds the launch: it is a floor, not an addition
+    if ramp:  # the measured ramp already holds the launch: it is a floor, not an addition
         overhead_s = max(0.0, overhead_s - busy)
     if rates:
         detail = {"rates": rates, **detail}

@@ -57,11 +57,19 @@ class Resolver:
         self.errors: list[str] = []
         self._estimates: dict[tuple, Estimate] = {}
         self._properties: dict[tuple, tuple[PerformanceProperties | None, Source | None]] = {}
+        self._profiles: dict[int, DeviceProfile] = {}
+
+    def _device_key(self, device: DeviceProfile) -> int:
+        """Cached answers belong to one profile object, not to its name: a profile changed under the same name
+        (an efficiency variant in a sweep) is estimated afresh. The profile is kept so its id stays its own."""
+        self._profiles.setdefault(id(device), device)
+        return id(device)
 
     def clear_cache(self) -> None:
         """Forget every answer, so the next questions go to the plugins again."""
         self._estimates.clear()
         self._properties.clear()
+        self._profiles.clear()
 
     def _error(self, impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile, what: str) -> EstimatorError:
         return EstimatorError(
@@ -99,7 +107,7 @@ class Resolver:
 
     def estimate(self, invoke: OpInvoke, device: DeviceProfile) -> Estimate:
         """The first estimate in plugin order (the core's roofline answers last)."""
-        cache_key = (invoke.key, device.name)
+        cache_key = (invoke.key, self._device_key(device))
         cached = self._estimates.get(cache_key)
         if cached is not None:
             return cached
@@ -125,7 +133,7 @@ class Resolver:
 
     def properties(self, invoke: OpInvoke, device: DeviceProfile) -> tuple[PerformanceProperties | None, Source | None]:
         """The first op_properties answer in plugin order, with its source; (None, None) if nobody claims it."""
-        cache_key = (invoke.key, device.name)
+        cache_key = (invoke.key, self._device_key(device))
         if cache_key in self._properties:
             return self._properties[cache_key]
         props, impl = self._ask(self.pm.hook.op_properties, invoke, device, self._checked_properties)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
 from castcore.builtin.formulas.pointwise import GELU, SIGMOID, TANH
 from castcore.builtin.formulas.reductions import SOFTMAX_OPS_PER_ELEMENT
@@ -61,7 +63,9 @@ def _attention(invoke: OpInvoke, device) -> PerformanceProperties:
     capped = TANH + 2 if invoke.argument("softcap") else 0
     props = invoke.memory_access_properties()
     props.kernel = "attention"
-    return props.add(q.dtype, mma=2 * pairs * (dim + v.shape[-1]), gp=(SOFTMAX_OPS_PER_SCORE + capped) * pairs)
+    props.add(q.dtype, mma=2 * pairs * (dim + v.shape[-1]))
+    # The online softmax runs on the fp32 scores whatever the inputs' dtype (fp8 has no vector arithmetic).
+    return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=(SOFTMAX_OPS_PER_SCORE + capped) * pairs)
 
 
 @register_op_properties(OPS["topk_softmax"])
