@@ -1,0 +1,94 @@
+"""End-to-end (serve) points: ``Session.serve`` with the model, batch, lengths, parallelism and dtypes the source states.
+
+The model is a config.json under models/ (each with a ``_source`` naming the Hugging Face config it copies); the
+rest of the model runs in that checkpoint's ``torch_dtype``. An fp8 weight format is TensorRT-LLM's FP8 (fp8
+weights and fp8 GEMM inputs): ``weights="fp8", activations="fp8"``; an fp8 KV cache is ``kv_cache="fp8"``; a KV
+dtype the source does not state is left at the model dtype and said so. Throughput is compared per device when
+the source gives it per GPU (``measured.per``), else for the whole system.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from fidelity.ops import NotExpressible
+
+MODELS = Path(__file__).parent / "models"
+# The model a source names -> the config shipped for it.
+MODEL_FILES = {
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b.json",
+    "meta-llama/Llama-2-13b-hf": "llama-2-13b.json",
+    "meta-llama/Llama-2-70b-hf": "llama-2-70b.json",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b-instruct.json",
+}
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s")
+
+
+def _quantized(text: str | None) -> bool:
+    return str(text or "").startswith("float8")
+
+
+def plan_serve(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
+    """``Session.serve`` keyword arguments (model, batch, lengths, deployment) and notes, or why not expressible."""
+    w = point["workload"]
+    if w.get("batch") is None:
+        return NotExpressible(f"no fixed batch ({w.get('scheduling') or 'a scheduler chose it'}): castcore serves "
+                              "one static batch")
+    if w.get("input_tokens") is None or w.get("output_tokens") is None:
+        return NotExpressible(f"input and output lengths vary per request ({w.get('dataset') or 'a dataset'}); "
+                              f"batch {w['batch']} is a per-instance cap, not a static batch")
+    if w["model"] not in MODEL_FILES:
+        return NotExpressible(f"no config shipped under bench/fidelity/models/ for {w['model']}")
+    if w.get("metric") not in METRICS:
+        return NotExpressible(f"metric {w.get('metric')!r} is none of {', '.join(METRICS)}")
+    from castcore.workload.spec import KV_CACHE_DTYPES, WEIGHT_DTYPES
+
+    path = MODELS / MODEL_FILES[w["model"]]
+    config = json.loads(path.read_text(encoding="utf-8"))
+    deployment: dict[str, Any] = {"dtype": SHORT_DTYPE[config["torch_dtype"]], "tp": w.get("tp", 1),
+                                  "pp": w.get("pp", 1)}
+    notes = []
+    if _quantized(w.get("weights_dtype")):
+        if "fp8" not in WEIGHT_DTYPES:
+            return NotExpressible("fp8 weights: castcore has no --weights fp8 yet")
+        deployment.update(weights="fp8", activations="fp8")
+    kv = str(w.get("kv_cache_dtype") or "")
+    if _quantized(kv):
+        if "fp8" not in KV_CACHE_DTYPES:
+            return NotExpressible("an fp8 KV cache: castcore has no --kv-cache fp8 yet")
+        deployment["kv_cache"] = "fp8"
+    elif kv.split()[0:1] not in (["float16"], ["bfloat16"]):
+        notes.append(f"KV cache dtype {kv or 'not given'}: left at the model dtype ({deployment['dtype']})")
+    return {"model": os.path.relpath(path), "batch": w["batch"], "input_tokens": w["input_tokens"],
+            "output_tokens": w["output_tokens"], "deployment": deployment, "metric": w["metric"], "notes": notes,
+            "describe": (f"serve {MODEL_FILES[w['model']].removesuffix('.json')} batch {w['batch']}, "
+                         f"{w['input_tokens']} in + {w['output_tokens']} out, "
+                         + ", ".join(f"{k} {v}" for k, v in deployment.items() if v not in (1, None)))}
+
+
+def serve_figure(report, metric: str, unit: str, per: str | None) -> float:
+    """The ServeReport's figure in the source's metric and unit."""
+    if metric == "output_tokens_per_s":
+        data = report.to_dict()
+        return data["output_tokens_per_s_per_device"] if per != "system" else data["output_tokens_per_s"]
+    seconds = report.ttft_s if metric == "ttft_s" else report.tpot_s
+    return seconds * {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+
+
+def estimate_serve(session, profile, point: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    report = session.serve(plan["model"], input_tokens=plan["input_tokens"], output_tokens=plan["output_tokens"],
+                           batch=plan["batch"], device=profile, **plan["deployment"])
+    measured = point["measured"]
+    memory = report.memory()
+    notes = list(plan["notes"])
+    if not memory["fits"]:
+        notes.append(f"castcore's memory estimate does not fit: peak {memory['peak_bytes'] / 2**30:.1f} GiB of "
+                     f"{memory['device_memory_bytes'] / 2**30:.1f} GiB per device")
+    return {"estimated": serve_figure(report, plan["metric"], measured["unit"], measured.get("per")),
+            "estimated_s": report.latency_s, "notes": notes,
+            "how": {"ttft_s": report.ttft_s, "tpot_s": report.tpot_s, "latency_s": report.latency_s,
+                    "devices": report.devices}}
