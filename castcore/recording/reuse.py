@@ -164,14 +164,18 @@ class LayerReuse:
         patched = []
         for group_id, members in enumerate(self.groups):
             for path, layer in members:
+                own = vars(layer).get("forward")  # a forward set on the instance (a rewrite) is put back after
                 layer.forward = self._wrap(layer, layer.forward, group_id, _cache_index(layer, path),
                                            id(layer) in self.deferred)
-                patched.append(layer)
+                patched.append((layer, own))
         try:
             yield
         finally:
-            for layer in patched:
-                del layer.forward  # back to the class's forward
+            for layer, own in patched:
+                if own is None:
+                    del layer.forward  # back to the class's forward
+                else:
+                    layer.forward = own
 
     def _wrap(self, layer: torch.nn.Module, forward: Callable, group_id: int, cache_index: int,
               deferred: bool) -> Callable:

@@ -120,7 +120,8 @@ def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.
     is one device's: num_key_value_heads / tp heads, as the column-parallel k/v projections give it
     (the function's ``per_device(n)`` makes that one; tensor_parallel calls it). The cache holds keys and
     values in ``cache_dtype`` (default ``dtype``), and the step casts the new token's to it as it writes them
-    (the function's ``with_cache_dtype(d)`` makes that one; castcore.workload.quantize calls it).
+    (the function's ``with_cache_dtype(d)`` makes that one; castcore.workload.quantize calls it); its
+    ``with_kv_len(n)`` makes the same inputs over ``n`` cached tokens, so serve reuses one model for every step.
     """
     from transformers import StaticCache
 
@@ -145,6 +146,7 @@ def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.
 
     make.per_device = lambda n: decode_inputs(model, batch, kv_len, dtype, tp=n, cache_dtype=cache_dtype)
     make.with_cache_dtype = lambda d: decode_inputs(model, batch, kv_len, dtype, tp=tp, cache_dtype=d)
+    make.with_kv_len = lambda n: decode_inputs(model, batch, n, dtype, tp=tp, cache_dtype=cache_dtype)
     return make
 
 

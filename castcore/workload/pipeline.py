@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
@@ -47,11 +48,21 @@ def capture_workload(session: Session, workload: Workload, device: DeviceProfile
     The whole of it takes the capture's turn: building touches process-wide state too (default device,
     transformers' registries, the fake process group)."""
     with CAPTURE_LOCK:
-        return _capture_workload(session, workload, device, progress)
+        built, captures = _capture_workload(session, workload, device, progress, ())
+        return built, captures[workload.cached_tokens]
+
+
+def capture_decode_steps(session: Session, workload: Workload, device: DeviceProfile, kv_lens: list[int],
+                         progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
+    """Decode steps of one deployment at several KV lengths from one built, fused and sharded model (only the
+    cache differs); a KV length whose inputs cannot be remade on that model is left out for the caller."""
+    with CAPTURE_LOCK:
+        return _capture_workload(session, workload, device, progress, tuple(kv_lens))
 
 
 def _capture_workload(session: Session, workload: Workload, device: DeviceProfile,
-                      progress: Callable[[int], None] | None) -> tuple[BuiltModel, Capture]:
+                      progress: Callable[[int], None] | None, more_kv: tuple[int, ...]
+                      ) -> tuple[BuiltModel, dict[int, Capture]]:
     built = build(workload)
     if workload.fuse and workload.named and not workload.train:
         built.notes += fuse(session, built, device)
@@ -68,24 +79,34 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
         quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
-        try:
-            captured = capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
-                               progress=progress, reuse=workload.reuse, whole_ops=session.whole_ops(device),
-                               **built.kwargs)
-        except (RuntimeError, UserWarning) as exc:
-            forward_only = _forward_only_op(str(exc)) if workload.train else None
-            if forward_only:
-                raise CaptureError(f"--train: {forward_only} has no backward (a forward-only custom op); give it one "
-                                   "with torch.library.register_autograd, write it as a torch.autograd.Function, or "
-                                   "define it with castcore.register_op, which registers a backward") from None
-            if workload.phase == "decode" and workload.named and "index_copy_" in str(exc):
-                # castcore's static cache gives every layer num_key_value_heads x head_dim keys and values.
-                raise ModelError(f"{workload.model}: its attention writes keys or values of another shape than "
-                                 "castcore's decode cache (num_key_value_heads x head_dim per layer), as multi-query "
-                                 "and latent (MLA) attention do; --phase decode does not support this model yet: "
-                                 "use --phase prefill") from None
-            raise
-    return built, captured
+        captures = {workload.cached_tokens: _capture(session, workload, device, built, progress)}
+        for kv_len in more_kv:
+            remake = getattr(built.inputs_fn, "with_kv_len", None)
+            if remake is None:  # inputs rebuilt for a pipeline stage or an expert group: the caller captures anew
+                break
+            built.inputs_fn = remake(kv_len)
+            captures[kv_len] = _capture(session, workload, device, built, progress)
+    return built, captures
+
+
+def _capture(session: Session, workload: Workload, device: DeviceProfile, built: BuiltModel,
+             progress: Callable[[int], None] | None) -> Capture:
+    try:
+        return capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
+                       progress=progress, reuse=workload.reuse, whole_ops=session.whole_ops(device), **built.kwargs)
+    except (RuntimeError, UserWarning) as exc:
+        forward_only = _forward_only_op(str(exc)) if workload.train else None
+        if forward_only:
+            raise CaptureError(f"--train: {forward_only} has no backward (a forward-only custom op); give it one "
+                               "with torch.library.register_autograd, write it as a torch.autograd.Function, or "
+                               "define it with castcore.register_op, which registers a backward") from None
+        if workload.phase == "decode" and workload.named and "index_copy_" in str(exc):
+            # castcore's static cache gives every layer num_key_value_heads x head_dim keys and values.
+            raise ModelError(f"{workload.model}: its attention writes keys or values of another shape than "
+                             "castcore's decode cache (num_key_value_heads x head_dim per layer), as multi-query "
+                             "and latent (MLA) attention do; --phase decode does not support this model yet: "
+                             "use --phase prefill") from None
+        raise
 
 
 _NO_AUTOGRAD_WARNING = r".*: an autograd kernel was not registered to the Autograd key"
@@ -114,16 +135,39 @@ def run(session: Session, workload: Workload, device: str | DeviceProfile | None
     profile = session.device(device)  # a bad device fails before the capture, not after
     check_interconnect(profile, workload)
     built, captured = capture_workload(session, workload, profile, progress)
+    return _report(session, workload, built, captured, profile, built.description)
+
+
+def run_decode_steps(session: Session, workload: Workload, kv_lens: list[int],
+                     device: str | DeviceProfile | None = None) -> dict[int, Report]:
+    """The decode step of ``workload`` at each of ``kv_lens``: what ``run`` gives for each, from one built model."""
+    profile = session.device(device)
+    check_interconnect(profile, workload)
+    first = replace(workload, kv_len=kv_lens[0])
+    built, captures = capture_decode_steps(session, first, profile, kv_lens[1:])
+    reports = {}
+    for kv_len in kv_lens:
+        step = replace(workload, kv_len=kv_len)
+        if kv_len not in captures:
+            reports[kv_len] = run(session, step, profile)
+            continue
+        description = built.description.replace(f"over {kv_lens[0]} cached", f"over {kv_len} cached")
+        reports[kv_len] = _report(session, step, built, captures[kv_len], profile, description)
+    return reports
+
+
+def _report(session: Session, workload: Workload, built: BuiltModel, captured: Capture, profile: DeviceProfile,
+            description: str) -> Report:
     # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
     batch, seq, dtype = built.kv_cache_shape or (workload.batch, workload.seq, parse_dtype(workload.dtype))
     cache = 0
+    notes = list(built.notes)
     if built.config is not None and workload.phase == "prefill" and not workload.train:
         try:
             cache = kv_cache_bytes(built.config, batch, seq, dtype)
         except ValueError as exc:
-            built.notes.append(f"the KV cache a prefill fills is not counted: {exc}")
-    report = session.estimate_capture(captured, profile, description=built.description, kv_cache_bytes=cache)
-    notes = list(built.notes)
+            notes.append(f"the KV cache a prefill fills is not counted: {exc}")
+    report = session.estimate_capture(captured, profile, description=description, kv_cache_bytes=cache)
     if workload.pp > 1:  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
         report = pipeline_report(report, captured, built.model, plan_layout(workload), workload.phase, profile, cache)
         notes += report.notes

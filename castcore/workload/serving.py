@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.report.records import Report, format_seconds
 from castcore.workload.deploy import Layout, check_interconnect
+from castcore.workload.pipeline import run_decode_steps
 from castcore.workload.spec import DEFAULT_MODEL, DEPLOYMENT, ModelError, build_workload, is_factory, load_model_config
 
 if TYPE_CHECKING:
@@ -278,6 +279,15 @@ def serve(session: Session, model: str = DEFAULT_MODEL, *, input_tokens: int = 2
         batch, found = largest_batch(lambda b: memory_figures(step(b), step(b, points[-1]))["peak_bytes"],
                                      int(profile.memory_bytes))
     prefill = step(batch)
+    missing = [kv for kv in points if (batch, kv) not in reports]
+    if missing:  # the decode steps share one built, fused and sharded model
+        workload = build_workload(model, batch=batch, seq=input_tokens, kv_len=missing[0], phase="decode",
+                                  **deployment)
+        try:
+            done = run_decode_steps(session, workload, missing, profile)
+        except ModelError as exc:
+            raise ModelError(f"serving needs decode steps, and {exc}") from None
+        reports.update({(batch, kv): r for kv, r in done.items()})
     decode = {kv: step(batch, kv) for kv in points}
     report = ServeReport(model=model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
                          deployment={k: prefill.workload[k] for k in DEPLOYMENT}, prefill=prefill, decode=decode,
