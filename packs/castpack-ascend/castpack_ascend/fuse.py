@@ -52,17 +52,18 @@ class AscendAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
         self.config, self.layer_idx, self.head_dim = attn.config, attn.layer_idx, attn.head_dim
         self.scaling = attn.scaling
-        self.num_heads = self.q_proj.out_features // self.head_dim
-        self.num_kv_heads = self.k_proj.out_features // self.head_dim
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
         b, s, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(b, s, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim)
+        # Head counts from the projections' outputs, so a tensor-parallel shard runs its own heads.
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        heads, kv_heads = q.shape[-1] // self.head_dim, k.shape[-1] // self.head_dim
+        q = q.view(b, s, heads, self.head_dim)
+        k = k.view(b, s, kv_heads, self.head_dim)
+        v = v.view(b, s, kv_heads, self.head_dim)
         cos, sin = position_embeddings
         q, k = ascend.apply_rotary_pos_emb(q, k, cos.unsqueeze(2), sin.unsqueeze(2), "BSND")
-        common = dict(num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads, scale_value=self.scaling)
+        common = dict(num_heads=heads, num_key_value_heads=kv_heads, scale_value=self.scaling)
         if past_key_values is not None:
             k, v = past_key_values.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx)
             q = q.transpose(1, 2)

@@ -61,3 +61,15 @@ def test_fused_decode_step_uses_incremental_attention(session):
     report = session.estimate(work, device="ascend-910b3")
     ops = {row.op for row in report.by_op()}
     assert "ascend::incre_flash_attention" in ops and "ascend::prompt_flash_attention" not in ops
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_fused_attention_runs_one_devices_heads_under_tensor_parallelism(session, phase):
+    options = dict(seq=16, phase=phase, kv_len=32 if phase == "decode" else None)
+    whole, split = (session.estimate(castcore.build_workload(str(TINY_LLAMA), tp=tp, **options), device="ascend-910b3")
+                    for tp in (1, 2))
+    name = "ascend::prompt_flash_attention" if phase == "prefill" else "ascend::incre_flash_attention"
+    heads = [r.invoke.argument("num_heads") for report in (whole, split) for r in report.records
+             if r.invoke.name == name][::2]
+    assert heads == [4, 2]  # tiny-llama's 4 query heads, 2 per device
+    assert split.flops < 0.6 * whole.flops
