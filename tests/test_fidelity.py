@@ -156,17 +156,6 @@ def test_collective_figures_follow_nccl_tests_definitions():
     assert in_metric("time", "us", "all_reduce", s, 8, t) == pytest.approx(1e4)
 
 
-def test_large_all_reduce_busbw_reaches_the_link_rate():
-    pytest.importorskip("castpack_collectives")
-    session = make_session(packs=("collectives",), device_files=[H100_FILE])
-    h100 = session.device("h100-sxm")
-    row = estimate_point(point("h200x8-allreduce-ring-16gib"), session, h100)
-    nvlink = h100.interconnect[0]
-    # A 16 GiB ring all-reduce: busbw is the link's bandwidth x efficiency, less the fixed costs (tiny here).
-    assert row["estimated"] == pytest.approx(nvlink.bandwidth * nvlink.efficiency / 1e9, rel=1e-3)
-    assert row["how"]["algorithm"] == "ring"
-
-
 def test_ttft_point_is_the_prefill_estimate_in_ms():
     session = make_session(packs=())
     a100 = castcore.load_device_file(A100_FILE)

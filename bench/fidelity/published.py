@@ -39,7 +39,12 @@ def make_session(packs: tuple[str, ...] = PACKS, device_files: Iterable[str | Pa
     from castcore.plugins.config import Config
     from castcore.workload.session import Session
 
-    return Session(Config(load_packs=packs), device_files=[str(p) for p in device_files] or None)
+    from importlib.metadata import entry_points
+
+    # Only the packs installed here: a point on a device no installed pack provides is reported, not fatal.
+    installed = {ep.name for ep in entry_points(group="castcore")}
+    return Session(Config(load_packs=tuple(p for p in packs if p in installed)),
+                   device_files=[str(p) for p in device_files] or None)
 
 
 def plan(point: dict[str, Any]):
