@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "ascend", "collectives", "template"]
+nox.options.sessions = ["lint", "tests", "ascend", "collectives", "nvidia", "template"]
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"
@@ -36,6 +36,7 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The core's tests, with no pack installed (tests install throwaway packs themselves)."""
     _install_core(session)
+    session.install(".[ray]")  # the sweep's Ray backend and Parquet files are tested on a local Ray instance
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -56,10 +57,18 @@ def collectives(session: nox.Session) -> None:
 
 
 @nox.session
+def nvidia(session: nox.Session) -> None:
+    """castpack-nvidia's own tests, in a venv with only castcore and that pack."""
+    _install_core(session)
+    session.install("packs/castpack-nvidia")
+    session.run("pytest", "packs/castpack-nvidia/tests", *session.posargs)
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The README's first command in a fresh venv: all packs, then `castcore estimate`."""
     session.install(TORCH)
-    session.install(".", "packs/castpack-ascend", "packs/castpack-collectives")
+    session.install(".", "packs/castpack-ascend", "packs/castpack-collectives", "packs/castpack-nvidia")
     session.run("castcore", "estimate")
 
 
@@ -91,20 +100,46 @@ def template(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Speed and memory figures (not tests): writes bench/results/*.json and prints tables."""
+    """Speed and memory figures (not tests): writes bench/results/*.json and prints tables, then the peer
+    comparison (see the peers session). The other scripts choose their packs, so the ones installed here for
+    bench/peers.py do not change their figures."""
     _install_core(session)
+    # As in the peers session: genz-llm needs no torch; llm-analysis pins transformers<5, which castcore cannot
+    # use, for an import it makes only to fetch configs from the hub, so it goes in without its dependencies.
+    session.install("packs/castpack-collectives", "genz-llm==0.0.16", "fire>=0.5,<0.6")
+    session.install("--no-deps", "llm-analysis==0.2.2")
     session.run("python", "bench/scale.py", "--out", "bench/results/scale.json", *session.posargs)
     session.run("python", "bench/resolution.py", "--out", "bench/results/resolution.json")
     session.run("python", "bench/stock.py", "--out", "bench/results/stock.json")
     session.run("python", "bench/serve.py", "--out", "bench/results/serve.json")
+    session.run("python", "bench/peers.py", "--out", "bench/results/peers.json")
+    session.install(".[ray]")  # bench/sweep.py's Ray runs
+    session.run("python", "bench/sweep.py", "--out", "bench/results/sweep.json")
+
+
+@nox.session
+def peers(session: nox.Session) -> None:
+    """castcore against GenZ (genz-llm) and llm-analysis on the same scenarios and H100 numbers: writes
+    bench/results/peers.json and peers.md. Part of bench; this runs it alone. ``nox -s peers -- --quick`` runs a
+    smoke test instead and writes to the temp directory.
+
+    genz-llm needs no torch; llm-analysis pins transformers<5, which castcore cannot use, for an import it makes
+    only to fetch configs from the hub, so it goes in without its dependencies (fire is the one it needs)."""
+    _install_core(session)
+    session.install("packs/castpack-collectives", "genz-llm==0.0.16", "fire>=0.5,<0.6")
+    session.install("--no-deps", "llm-analysis==0.2.2")
+    session.run("python", "bench/peers.py", *(session.posargs or ["--out", "bench/results/peers.json"]))
 
 
 @nox.session
 def fidelity(session: nox.Session) -> None:
-    """Fidelity report (not a test): estimates vs timings on this machine and vs published figures.
+    """Fidelity report (not a test): castcore against published measurements (bench/fidelity/published.json,
+    split into the points profile constants were fitted to and the held-out rest) and against this machine,
+    calibrated on some shapes and timed on others. Writes bench/results/fidelity.json and fidelity.md; a few
+    minutes (the local part alone under 2). Not a default session.
 
-    Writes bench/results/fidelity.json and fidelity.md; about half a minute. Not a default session.
-    """
+    The points' devices are castpack-nvidia's and castpack-ascend's profiles; castpack-collectives prices the
+    collectives."""
     _install_core(session)
-    session.install("packs/castpack-ascend")  # the Ascend 910B2 published figure is estimated with it
-    session.run("python", "bench/fidelity.py", "--out", "bench/results/fidelity.json", *session.posargs)
+    session.install("packs/castpack-nvidia", "packs/castpack-ascend", "packs/castpack-collectives")
+    session.run("python", "bench/fidelity/run.py", "--out", "bench/results/fidelity.json", *session.posargs)

@@ -3,7 +3,9 @@
 The embedder's face. ``castcore.estimate(castcore.build_workload("llama-3-8b"), device="...")``
 returns the Report ``castcore estimate`` prints; ``castcore.estimate(model, input_ids)`` does the
 same for a model you built; ``castcore.serve("llama-3-70b", batch=32, tp=8)`` the ServeReport ``castcore serve``
-prints. Pack and custom-op authors import ``castcore.pack`` instead.
+prints; ``castcore.sweep({"command": "estimate", "model": [...], "device": [...]})`` the rows ``castcore sweep``
+writes, ``castcore.plan("llama-3-8b", ttft="1s")`` the deployments ``castcore plan`` prints. Pack and custom-op
+authors import ``castcore.pack`` instead.
 
 Names load on first use, so ``import castcore`` (and ``castcore --help``) does not import torch.
 """
@@ -38,6 +40,8 @@ _EXPORTS = {
     "measure": "castcore.ops.timing",
     "calibrate": "castcore.ops.timing",
     "measure_table": "castcore.ops.tables",
+    "sweep": "castcore.cli.sweep",
+    "plan": "castcore.cli.plan",
     # the error types
     "CastcoreError": "castcore.errors",
     "CaptureError": "castcore.recording.recorder",
@@ -63,8 +67,8 @@ __all__ = [
     "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpInvokeInfo", "OpRecord", "PartitionError",
     "PerformanceModel", "PerformanceProperties", "Report", "ServeReport", "Session", "TensorMeta", "Workload",
     "__version__", "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate",
-    "hookimpl", "load_config", "load_device_file", "measure", "measure_table", "partition", "register_measured_table",
-    "register_op", "register_op_estimator", "register_op_properties", "serve",
+    "hookimpl", "load_config", "load_device_file", "measure", "measure_table", "partition", "plan",
+    "register_measured_table", "register_op", "register_op_estimator", "register_op_properties", "serve", "sweep",
 ]
 
 
@@ -91,6 +95,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from castcore.cli.plan import plan
+    from castcore.cli.sweep import sweep
     from castcore.devices.profile import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file
     from castcore.errors import CastcoreError
     from castcore.ops.annotations import AnnotationError, CustomOpError

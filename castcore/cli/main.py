@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition, serve
+from castcore.cli import cache, plan, sweep
 from castcore.cli.common import StrictFailure
 from castcore.errors import CastcoreError
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     new_pack.add_parser(sub)
     partition.add_parser(sub)
     measure.add_parsers(sub)
+    sweep.add_parser(sub)
+    plan.add_parser(sub)
+    cache.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,305 @@
+"""Capture once, estimate many: the pipeline's capture step with a memory and a disk cache in front of it.
+
+A capture depends on the workload and, for the device, only on what plugins do before it: which ops a pack
+claims whole there (``Session.whole_ops``), how a pack's ``fuse_model`` rewrites the model there (castpack-ascend
+fuses only for ``ascend-*``), and, under W8A8, whether the device has the matrix rate the quantized products
+need (the capture refuses it otherwise). Devices alike in these share a capture: every efficiency variant of a
+profile, every device no pack rewrites for. What a pack's rewrite does is found by running the plugins'
+``fuse_model`` hooks on the model built once per model, dtype and device, and recorded by the lines they report
+and the class of every module afterwards; that fingerprint is cached on disk too.
+
+The key also holds castcore's, torch's and transformers' versions, a digest of castcore's and every plugin's
+source files (an edited checkout is a new version), and the content of a config.json or factory module.
+
+``CaptureCache(original)`` takes and returns what ``castcore.workload.pipeline.capture_workload`` does;
+``cached_captures()`` puts it in the pipeline's place for a block, so ``Session.estimate`` and
+``Session.serve`` (every step) use it unchanged.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import hashlib
+import io
+import json
+import pickle
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from castcore.recording.invoke import OpInvoke, TensorMeta
+from castcore.recording.recorder import CAPTURE_LOCK, Capture
+from castcore.sweeps import store
+from castcore.sweeps.store import Stats
+from castcore.workload.models import BuiltModel
+from castcore.workload.spec import Workload, is_factory
+
+FORMAT = 2  # of a stored entry; a new one makes every old key miss
+MEMORY_ENTRIES = 32
+
+
+def _op(name: str, overload: str) -> Any:
+    namespace, _, op = name.partition("::")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+def _reduce_op(op: Any) -> tuple:
+    return _op, (op._schema.name, op._overloadname)  # an OpOverload by name: its C++ handle does not pickle
+
+
+def _by_fields(cls: type) -> Callable[[Any], tuple]:
+    """A dataclass rebuilt by its constructor: unpickling a slots dataclass by its state looks its fields up once
+    per object, the most of the time a capture takes to load. A field not passed to __init__ (an invoke's cached
+    key) is left out."""
+    names = [f.name for f in fields(cls) if f.init and not f.name.startswith("_")]
+    return lambda value: (cls, tuple(getattr(value, name) for name in names))
+
+
+_REDUCERS = {torch._ops.OpOverload: _reduce_op, TensorMeta: _by_fields(TensorMeta), OpInvoke: _by_fields(OpInvoke)}
+
+
+def dumps(value: Any) -> bytes:
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, **_REDUCERS}
+    pickler.dump(value)
+    return zlib.compress(out.getvalue(), 1)
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(zlib.decompress(data))
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def _source_digest(folder: Path) -> str:
+    """The content of a package's Python files: an edited checkout is a new version."""
+    files = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]
+    found = hashlib.sha256()
+    for path in files:
+        if path.is_file():
+            found.update(str(path.relative_to(folder.parent)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return found.hexdigest()
+
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def environment(session: Any) -> str:
+    """castcore, torch, transformers and every loaded plugin, versions and sources."""
+    import castcore
+
+    plugins = []
+    for name, plugin in session.plugins.pm.list_name_plugin():
+        source = getattr(plugin, "__file__", None)
+        if source:
+            path = Path(source)
+            plugins.append((name, _source_digest(path.parent if path.name == "__init__.py" else path)))
+        else:
+            plugins.append((name, type(plugin).__qualname__))
+    labels = sorted(f"{info.label} {info.status}" for info in session.plugins.infos)
+    return digest({"castcore": [_version("castcore"), _source_digest(Path(castcore.__file__).parent)],
+                   "torch": torch.__version__, "transformers": _version("transformers"),
+                   "plugins": sorted(plugins), "labels": labels})
+
+
+def model_identity(model: str) -> str:
+    """A preset's name; a config.json's or factory module's content, so an edited one is a new model."""
+    path = Path(model)
+    if not is_factory(model) and path.suffix == ".json" and path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    if is_factory(model):
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(model.partition(":")[0])
+        except (ImportError, ValueError):
+            found = None
+        if found is not None and found.origin and Path(found.origin).is_file():
+            return f"{model} {hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()}"
+    return model
+
+
+class CaptureCache:
+    """The pipeline's capture step with a memory cache (this process) and the disk cache behind it."""
+
+    def __init__(self, original: Callable, disk: bool = True):
+        self.original = original
+        self.disk = disk
+        self.stats = Stats()
+        self._memory: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._environment: dict[int, str] = {}
+        self._fused: dict[str, str] = {}
+        self._keys: dict[Any, Any] = {}
+
+    def __call__(self, session: Any, workload: Workload, device: Any,
+                 progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
+        if not workload.named:  # a module object: nothing to key it by
+            return self.original(session, workload, device, progress)
+        key = self.key(session, workload, device)
+        entry = self._memory.get(key)
+        if entry is not None:
+            self._memory.move_to_end(key)
+            self.stats.reused += 1
+        elif self.disk and (entry := self._load(key)) is not None:
+            self.stats.loaded += 1
+            self._intern(entry["capture"])
+            self._remember(key, entry)
+        else:
+            built, captured = self.original(session, workload, device, progress)
+            self.stats.captured += 1
+            self._intern(captured)
+            entry = {"format": FORMAT, "description": built.description, "notes": list(built.notes),
+                     "config": _plain_config(built.config), "kv_cache_shape": built.kv_cache_shape, "capture": captured,
+                     "layers": _layers(built.model)}
+            if not (self.disk and self._store(key, entry)):
+                self.stats.unstored += 1
+            self._remember(key, entry)
+            return built, captured
+        return self._built(entry, workload), entry["capture"]
+
+    def _intern(self, captured: Capture) -> None:
+        """Give equal calls one key object, across every capture of this process: the estimator cache then finds
+        a call by identity instead of comparing its arguments, four times per call and device."""
+        for invoke in captured.invokes:
+            key = invoke.key
+            invoke._key = self._keys.setdefault(key, key)
+
+    def key(self, session: Any, workload: Workload, device: Any) -> str:
+        env = self._environment.get(id(session))
+        if env is None:
+            env = self._environment[id(session)] = environment(session)
+        return digest({"format": FORMAT, "environment": env, "model": model_identity(workload.model),
+                       "workload": workload.options(), "device": self.device_signature(session, workload, device)})
+
+    def device_signature(self, session: Any, workload: Workload, device: Any) -> dict[str, Any]:
+        """What of ``device`` the capture depends on (see the module docstring)."""
+        signature: dict[str, Any] = {"whole_ops": sorted(str(op) for op in session.whole_ops(device))}
+        if workload.activations is not None:
+            signature["mma_dtypes"] = sorted(device.mma_flops)
+        if workload.fuse and not workload.train and session.plugins.pm.hook.fuse_model.get_hookimpls():
+            signature["fused"] = self._fuse_fingerprint(session, workload, device)
+        return signature
+
+    def _fuse_fingerprint(self, session: Any, workload: Workload, device: Any) -> str:
+        # The plugins' rewrite depends on the model's modules, which a preset or config.json builds the same at
+        # any batch and length; a factory may build another model for each, so it is probed as asked.
+        probe = workload if is_factory(workload.model) else Workload(model=workload.model, dtype=workload.dtype,
+                                                                      batch=1, seq=8)
+        key = digest({"format": FORMAT, "environment": self._environment[id(session)], "device": repr(device),
+                      "model": model_identity(workload.model), "probe": probe.options()})
+        if key in self._fused:
+            return self._fused[key]
+        stored = store.read(key, ".fused") if self.disk else None
+        if stored is not None:
+            found = stored.decode()
+        else:
+            from castcore.workload.pipeline import build
+
+            with CAPTURE_LOCK:  # building touches process-wide state, as a capture does
+                built = build(probe)
+                lines = session.fuse(built.model, device)
+            modules = [f"{name}:{type(m).__module__}.{type(m).__qualname__}" for name, m in built.model.named_modules()]
+            found = digest({"lines": lines, "modules": modules})
+            if self.disk:
+                store.write(key, ".fused", found.encode())
+        self._fused[key] = found
+        return found
+
+    def _load(self, key: str) -> dict[str, Any] | None:
+        data = store.read(key, ".capture")
+        if data is None:
+            return None
+        try:
+            entry = loads(data)
+        except Exception:  # a file from an older castcore or a cut write: capture anew, and store over it
+            return None
+        return entry if isinstance(entry, dict) and entry.get("format") == FORMAT else None
+
+    def _store(self, key: str, entry: dict[str, Any]) -> bool:
+        try:
+            data = dumps(entry)
+        except Exception:  # something in the capture that does not pickle: it is kept in memory only
+            return False
+        return store.write(key, ".capture", data)
+
+    def _remember(self, key: str, entry: dict[str, Any]) -> None:
+        self._memory[key] = entry
+        while len(self._memory) > MEMORY_ENTRIES:
+            self._memory.popitem(last=False)
+
+    def _built(self, entry: dict[str, Any], workload: Workload) -> BuiltModel:
+        """What the pipeline reads of a built model after its capture. The model itself is read only to split a
+        capture into pipeline stages, by its class name and its decoder layers; a stand-in with those serves."""
+        return BuiltModel(model=_stand_in(*entry["layers"]), description=entry["description"],
+                          notes=list(entry["notes"]), config=entry["config"], kv_cache_shape=entry["kv_cache_shape"])
+
+
+def _plain_config(config: Any) -> Any:
+    """A built transformers config as a plain object with the same attributes (aliases such as GPT-2's n_head
+    too): unpickling the config class itself would import much of transformers, seconds in a fresh worker."""
+    to_dict = getattr(config, "to_dict", None)
+    if config is None or isinstance(config, dict) or to_dict is None:
+        return config
+    plain = SimpleNamespace()
+    for name in {*to_dict(), *(getattr(config, "attribute_map", None) or {})}:
+        try:
+            value = getattr(config, name)
+        except Exception:  # a property that needs what this config lacks: it has no such field
+            continue
+        setattr(plain, name, _plain_config(value) if hasattr(value, "to_dict") else value)
+    return plain
+
+
+def _layers(model: nn.Module) -> tuple[str, str | None, int]:
+    """The model's class name, and its decoder layers' path and count (None: it has none)."""
+    from castcore.workload.sequence import decoder_layers
+
+    found = decoder_layers(model)
+    return (type(model).__name__, None, 0) if found is None else (type(model).__name__, found[0], len(found[1]))
+
+
+def _stand_in(name: str, path: str | None, count: int) -> nn.Module:
+    """An empty module named as the model, with ``count`` empty decoder layers at ``path``: what
+    castcore.workload.stages reads to split a capture (the records name the modules that made them)."""
+    root = type(name, (nn.Module,), {})()
+    if path:
+        holder = root
+        *parents, last = path.split(".")
+        for part in parents:
+            holder.add_module(part, nn.Module())
+            holder = getattr(holder, part)
+        holder.add_module(last, nn.ModuleList(nn.Module() for _ in range(count)))
+        root.config = SimpleNamespace(num_hidden_layers=count)
+    return root
+
+
+@contextmanager
+def cached_captures(cache: CaptureCache | None = None, disk: bool = True) -> Iterator[CaptureCache]:
+    """Every capture the pipeline makes in the block goes through a CaptureCache (one made here by default)."""
+    from castcore.workload import pipeline
+
+    original = pipeline.capture_workload
+    cache = cache or CaptureCache(original, disk=disk)
+    pipeline.capture_workload = cache
+    try:
+        yield cache
+    finally:
+        pipeline.capture_workload = original

@@ -1,0 +1,106 @@
+"""Rows to and from files: .parquet (pyarrow: pip install 'castcore[sweep]'), .csv and .jsonl, which pandas and
+polars open directly. While a sweep runs, each finished row is appended to a hidden ``.NAME.rows.jsonl`` beside
+the output, so an interrupted sweep loses nothing; the output file itself is written whole at the end."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from castcore.report.files import OutputError, check_output, write_whole
+
+FORMATS = (".parquet", ".csv", ".jsonl")
+
+
+def check_out(path: str | Path) -> Path:
+    """The output path, if its format is known, its library installed and its folder writable."""
+    target = Path(path)
+    if target.suffix not in FORMATS:
+        raise OutputError(f"--out {path}: name a .parquet, .csv or .jsonl file (the format follows the suffix)")
+    if target.suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise OutputError(f"--out {path}: Parquet needs pyarrow: pip install 'castcore[sweep]', or write .csv "
+                              "or .jsonl") from None
+    return check_output(target, "--out")
+
+
+def journal(path: Path) -> Path:
+    """Where rows go as they finish."""
+    return path.with_name(f".{path.name}.rows.jsonl")
+
+
+def append(path: Path, rows: list[dict[str, Any]]) -> None:
+    with journal(path).open("a", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, default=_plain) + "\n")
+        out.flush()
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of an earlier run of this output: the finished file, then its journal (a cut last line skipped)."""
+    rows = _read(path) if path.exists() else []
+    if journal(path).exists():
+        for line in journal(path).read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+        if path.suffix == ".csv":
+            with path.open(newline="", encoding="utf-8") as handle:
+                return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except Exception as exc:  # pyarrow's, csv's and json's own errors alike
+        raise OutputError(f"--resume: cannot read {path} ({type(exc).__name__}: {exc}); move it away to start "
+                          "afresh") from None
+
+
+def _cell(text: str) -> Any:
+    """A CSV cell as the value it was written from."""
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """The whole output file, atomically: nothing is left half-written."""
+    full = [{c: row.get(c) for c in columns} for row in rows]
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist(full) if full else pa.table({c: [] for c in columns})
+        write_whole(path, "--out", lambda p: pq.write_table(table, p))
+    elif path.suffix == ".csv":
+        def write_csv(target: Path) -> None:
+            with target.open("w", newline="", encoding="utf-8") as handle:
+                writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
+                writer.writeheader()
+                writer.writerows(full)
+        write_whole(path, "--out", write_csv)
+    else:
+        text = "".join(json.dumps(row, default=_plain) + "\n" for row in full)
+        write_whole(path, "--out", lambda p: p.write_text(text, encoding="utf-8"))

@@ -1,0 +1,133 @@
+"""The local backend: N spawned worker processes, each with its own task at a time, rows sent back as each point
+finishes.
+
+Not concurrent.futures' ProcessPoolExecutor: when one of its workers dies it breaks the whole pool, ending every
+other worker's task too, and cannot say which task was on the dead one. Here each worker has its own pipe, so a
+worker that dies (killed, out of memory) is seen by its own sentinel: its task's unfinished points go back to
+the scheduler (see castcore.sweeps.run.Scheduler) and a fresh worker takes its place, while the others go on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from castcore.sweeps import work
+
+
+def _serve(conn: Connection, settings: work.Settings) -> None:
+    """A worker's life: take a task, send a row per point and then the task's capture counts; None ends it."""
+    try:
+        work.warm_up()  # torch and castcore load while this process's first task is made
+        while (task := conn.recv()) is not None:
+            before = work.stats()
+            for index, row in work.run_task(task, settings):
+                conn.send(("row", task.id, index, row))
+            after = work.stats()
+            conn.send(("done", task.id, {k: v - before.get(k, 0) for k, v in after.items()}))
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        pass
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    task: work.Task | None = None
+
+
+def death(exitcode: int | None) -> str:
+    """How a worker process ended, in words."""
+    if exitcode is None:
+        return "it stopped answering"
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.Signals._value2member_map_ else str(-exitcode)
+        return f"killed by {name}" + (", as the out-of-memory killer does" if name == "SIGKILL" else "")
+    return f"exit code {exitcode}"
+
+
+class LocalBackend:
+    def __init__(self, workers: int, settings: work.Settings):
+        self.workers = max(1, workers)
+        self.settings = settings
+        self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state forked
+        self._slots: list[_Worker | None] = [None] * self.workers
+
+    def _start(self) -> _Worker:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(target=_serve, args=(child, self.settings), daemon=True,
+                                        name="castcore-sweep-worker")
+        process.start()
+        child.close()
+        return _Worker(process=process, conn=parent)
+
+    def __enter__(self) -> LocalBackend:
+        self._slots = [self._start() for _ in range(self.workers)]
+        return self
+
+    def __exit__(self, failed: Any, *exc: Any) -> None:
+        """Stop every worker (they are kept between runs, so a plan's rounds start no new processes); at once on
+        an error or an interrupt."""
+        for worker in self._slots:
+            if worker is not None:
+                self._stop(worker, at_once=failed is not None)
+        self._slots = [None] * self.workers
+
+    def run(self, scheduler: Any) -> None:
+        slots = self._slots
+        while True:
+            for i, worker in enumerate(slots):
+                if worker is not None and worker.task is not None:
+                    continue
+                task = scheduler.take()
+                if task is None:
+                    break
+                if worker is None or not worker.process.is_alive():
+                    worker = slots[i] = self._start()
+                try:
+                    worker.conn.send(task)
+                except OSError:  # it died idle, just now: a fresh one takes the task
+                    worker = slots[i] = self._start()
+                    worker.conn.send(task)
+                worker.task = task
+            busy = [w for w in slots if w is not None and w.task is not None]
+            if not busy:
+                return
+            wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+            for i, worker in enumerate(slots):
+                if worker is not None and worker.task is not None and not self._drain(worker, scheduler):
+                    slots[i] = None
+
+    def _drain(self, worker: _Worker, scheduler: Any) -> bool:
+        """Take the worker's messages; False when it died (its task then goes back to the scheduler)."""
+        try:
+            while worker.task is not None and worker.conn.poll():
+                message = worker.conn.recv()
+                if message[0] == "row":
+                    scheduler.row(message[1], message[2], message[3])
+                else:
+                    scheduler.done(message[1], message[2])
+                    worker.task = None
+        except (EOFError, OSError):
+            pass
+        if worker.task is not None and not worker.process.is_alive():
+            worker.process.join()
+            scheduler.died(worker.task, death(worker.process.exitcode))
+            worker.conn.close()
+            return False
+        return True
+
+    @staticmethod
+    def _stop(worker: _Worker, at_once: bool = False) -> None:
+        try:
+            worker.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        worker.process.join(timeout=0 if at_once or worker.task is not None else 5)
+        if worker.process.is_alive():
+            worker.process.terminate()
+            worker.process.join(timeout=5)
+        worker.conn.close()

@@ -1,0 +1,151 @@
+"""``castcore plan``: which device, parallel layout, weight dtype and batch serve a model's traffic best.
+
+The search is a sweep of ``castcore serve`` points, run by the sweep machinery (castcore.sweeps.run):
+
+1. every layout on every device, each at ``--max-batch`` (serve's largest batch that fits in memory, found by
+   bisection over captured peaks): the layouts are tensor parallel over the divisors of the attention heads up to
+   the device's innermost interconnect level (a node), pipeline stages beyond that (as deployments put tensor
+   parallelism inside a node and pipeline stages across nodes), expert parallel equal to the tensor parallel for a
+   mixture-of-experts model, each with every weight dtype asked; at most ``max_devices`` devices a replica;
+2. a layout whose largest batch misses a latency objective (TTFT, TPOT: both grow with the batch) is tried again
+   at the next lower power of two, round after round, until it meets them or batch 1 does not.
+
+Every point that fits and meets the objectives is a candidate; the best are those with the most output tokens/s
+per device. The fewest devices that fit at all, per device, come from step 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from castcore.sweeps.run import SweepResult
+from castcore.sweeps.spec import Command, Point, make_points
+from castcore.workload.spec import ModelError, is_factory, load_model_config
+
+PLAN_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights")
+
+
+@dataclass
+class PlanRequest:
+    model: str
+    input_tokens: int = 2048
+    output_tokens: int = 256
+    devices: list[str] = field(default_factory=list)
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    max_devices: int = 8
+    top: int = 5
+    tp: list[int] | None = None  # None: searched (see the module docstring)
+    pp: list[int] | None = None
+    weights: list[str | None] = field(default_factory=lambda: [None, "int8"])  # None: the model dtype
+    dtype: str = "bf16"
+
+    def meets(self, row: dict[str, Any]) -> bool:
+        """Fits, and meets the latency objectives."""
+        return (not row.get("error") and row.get("fits") is True
+                and (self.ttft_s is None or row["ttft_s"] <= self.ttft_s)
+                and (self.tpot_s is None or row["tpot_s"] <= self.tpot_s))
+
+
+@dataclass
+class PlanResult:
+    request: PlanRequest
+    rows: list[dict[str, Any]]  # every point evaluated, rounds after the first included
+    best: list[dict[str, Any]]
+    fewest: list[dict[str, Any]]  # per device, the layout with the fewest devices that fits batch 1 or more
+    layouts: int = 0
+    refused: list[dict[str, Any]] = field(default_factory=list)  # layouts the model or device cannot take
+    seconds: float = 0.0
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _text(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("text_config") or config
+
+
+def layouts(config: dict[str, Any] | None, device: Any, request: PlanRequest) -> list[dict[str, int]]:
+    """The parallel layouts searched for one device (see the module docstring)."""
+    levels = device.interconnect
+    largest = max((level.devices for level in levels), default=1)
+    node = min((level.devices for level in levels), default=1)
+    limit = max(1, min(request.max_devices, largest))
+    text = _text(config or {})
+    heads = text.get("num_attention_heads") or text.get("n_head")
+    layers = text.get("num_hidden_layers") or text.get("n_layer") or 1
+    experts = next((text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None)
+    if request.tp is not None:
+        tps = [t for t in request.tp if t <= limit]
+    else:
+        tps = [d for d in divisors(heads) if d <= min(node, limit)] if isinstance(heads, int) else [1]
+    found = []
+    for tp in tps:
+        if request.pp is not None:
+            pps = request.pp
+        else:  # stages beyond a full node's tensor parallelism
+            pps, stages = [1], 2
+            while tp == max(tps) and tp * stages <= limit and stages <= layers:
+                pps.append(stages)
+                stages *= 2
+        eps = [1] + ([tp] if isinstance(experts, int) and tp > 1 and experts % tp == 0 else [])
+        found += [{"tp": tp, "pp": pp, "ep": ep} for pp in pps for ep in eps if max(tp, ep) * pp <= limit]
+    return found
+
+
+def _next_batch(batch: int) -> int | None:
+    """The largest power of two below ``batch``; None below 2."""
+    if batch < 2:
+        return None
+    power = 1
+    while power * 2 < batch:
+        power *= 2
+    return power
+
+
+def plan(request: PlanRequest, command: Command, devices: dict[str, Any],
+         run: Callable[[list[Point]], SweepResult]) -> PlanResult:
+    """Search (see the module docstring). ``command`` is castcore serve's; ``devices`` the profiles by name;
+    ``run`` runs points through one backend kept for every round."""
+    import time
+
+    started = time.perf_counter()
+    config = None if is_factory(request.model) else load_model_config(request.model)
+    chosen = [{"model": request.model, "input": request.input_tokens, "output": request.output_tokens,
+               "dtype": request.dtype, "device": name, "weights": weights, "max_batch": True, **layout}
+              for name in request.devices for layout in layouts(config, devices[name], request)
+              for weights in request.weights]
+    if not chosen:
+        raise ModelError(f"no parallel layout of {request.model} fits in --max-devices {request.max_devices} on "
+                         f"{', '.join(request.devices)}: raise --max-devices or give --tp/--pp values that fit it")
+    everything: list[dict[str, Any]] = []
+    rows = _round(command, chosen, run, everything)
+    first = rows
+    while True:
+        again = []
+        for row in rows:
+            smaller = None if request.meets(row) or row.get("error") else _next_batch(row["served_batch"])
+            if smaller is not None:
+                again.append({**{k: row[k] for k in PLAN_KEYS}, "batch": smaller, "max_batch": False})
+        if not again:
+            break
+        rows = _round(command, again, run, everything)
+    ranked = sorted((r for r in everything if request.meets(r)),
+                    key=lambda r: (-r["output_tokens_per_s_per_device"], r["devices"], r["latency_s"]))
+    fitting = [r for r in first if not r.get("error")]
+    fewest = [min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
+              for name in request.devices if (mine := [r for r in fitting if r["device"] == name])]
+    return PlanResult(request=request, rows=everything, best=ranked[:request.top], fewest=fewest,
+                      layouts=len(chosen), refused=[r for r in first if r.get("error")],
+                      seconds=time.perf_counter() - started)
+
+
+def _round(command: Command, chosen: list[dict[str, Any]], run: Callable[[list[Point]], SweepResult],
+           everything: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    points = make_points(command, chosen, chosen[0]["device"])
+    rows = run(points).rows
+    everything += rows
+    return rows

@@ -1,0 +1,100 @@
+"""The capture cache on disk: ``$XDG_CACHE_HOME/castcore/captures/``, one file per key, written whole or not at
+all (so workers of one sweep, or two sweeps at once, may write the same key). Torch-free: ``castcore cache``
+reads it without loading a model."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from castcore.plugins.packs import cache_dir
+
+SUFFIXES = (".capture", ".fused")  # a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
+
+
+@dataclass
+class Stats:
+    """How a worker's captures were had: made, reused in memory (this sweep), loaded from disk."""
+
+    captured: int = 0
+    reused: int = 0
+    loaded: int = 0
+    unstored: int = 0  # made but not storable (a value that does not pickle, a read-only cache folder)
+
+    def add(self, other: Stats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def hit_ratio(self) -> float:
+        hits = self.reused + self.loaded
+        return hits / (hits + self.captured) if hits + self.captured else 0.0
+
+
+def captures_dir() -> Path:
+    return cache_dir() / "captures"
+
+
+def read(key: str, suffix: str) -> bytes | None:
+    try:
+        return (captures_dir() / f"{key}{suffix}").read_bytes()
+    except OSError:
+        return None
+
+
+def write(key: str, suffix: str, data: bytes) -> bool:
+    """Store ``data`` under ``key``; False when the cache folder cannot be written (the sweep goes on)."""
+    folder = captures_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".partial")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(temporary, folder / f"{key}{suffix}")
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class CacheInfo:
+    location: Path
+    captures: int
+    fused: int
+    bytes: int
+
+    def lines(self) -> list[str]:
+        return [f"location  {self.location}",
+                f"entries   {self.captures} captures, {self.fused} device rewrites of a model",
+                f"size      {self.bytes / 2**20:,.1f} MiB"]
+
+
+def _entries() -> list[Path]:
+    folder = captures_dir()
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if p.is_file() and (p.suffix in SUFFIXES or p.name.endswith(".partial"))]
+
+
+def info() -> CacheInfo:
+    entries = _entries()
+    return CacheInfo(location=captures_dir(), captures=sum(p.suffix == ".capture" for p in entries),
+                     fused=sum(p.suffix == ".fused" for p in entries),
+                     bytes=sum(p.stat().st_size for p in entries))
+
+
+def clear() -> CacheInfo:
+    """Remove every entry (only the files this cache writes); what was there."""
+    before = info()
+    for path in _entries():
+        path.unlink(missing_ok=True)
+    return before

@@ -1,0 +1,105 @@
+"""castcore plan: the layouts searched, the rounds that step a batch down until the objectives are met, and a real
+search over a tiny model on a device of a few MiB."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import castcore
+from castcore.cli.plan import duration
+from castcore.cli.sweep import commands
+from castcore.devices.profile import load_device_file
+from castcore.sweeps.plan import PlanRequest, layouts, plan
+from castcore.sweeps.run import SweepResult
+from castcore.workload.spec import ModelError, load_model_config
+
+ROOT = Path(__file__).parent.parent
+DATA = ROOT / "tests" / "data"
+LLAMA = str(DATA / "tiny-llama.json")
+
+
+@pytest.fixture
+def h100():
+    return load_device_file(DATA / "h100-sxm.toml")  # nvlink 8 devices, infiniband 1024
+
+
+def test_layouts_put_tensor_parallelism_in_a_node_and_stages_beyond_it(h100):
+    llama = load_model_config("llama-3-8b")  # 32 heads, 32 layers
+    found = layouts(llama, h100, PlanRequest(model="llama-3-8b"))
+    assert found == [{"tp": t, "pp": 1, "ep": 1} for t in (1, 2, 4, 8)]
+    wider = layouts(llama, h100, PlanRequest(model="llama-3-8b", max_devices=32))
+    assert [(x["tp"], x["pp"]) for x in wider if x["pp"] > 1] == [(8, 2), (8, 4)]  # stages for the largest tp
+    asked = layouts(llama, h100, PlanRequest(model="llama-3-8b", tp=[2, 16], pp=[1, 2]))
+    assert asked == [{"tp": 2, "pp": 1, "ep": 1}, {"tp": 2, "pp": 2, "ep": 1}]  # tp 16 is over max_devices 8
+    moe = layouts(load_model_config("mixtral-8x7b"), h100, PlanRequest(model="mixtral-8x7b", tp=[1, 2], pp=[1]))
+    assert moe == [{"tp": 1, "pp": 1, "ep": 1}, {"tp": 2, "pp": 1, "ep": 1}, {"tp": 2, "pp": 1, "ep": 2}]
+
+
+def test_durations():
+    assert duration("1s", "--ttft") == 1.0 and duration("50ms", "--tpot") == pytest.approx(0.05)
+    assert duration("200us", "--tpot") == pytest.approx(2e-4) and duration(0.5, "--ttft") == 0.5
+    with pytest.raises(ModelError, match="--ttft 'soon': give a time above zero"):
+        duration("soon", "--ttft")
+
+
+def _fake_run(calls: list):
+    """Rows as run_points gives them, from a made-up device: each sequence adds 1 ms to TTFT and 0.1 ms to TPOT
+    (divided by tp); the largest batch that fits is 100 / devices... times tp (memory splits)."""
+    def run(points):
+        calls.append([(p.params["tp"], p.params["max_batch"], p.params["batch"]) for p in points])
+        rows = []
+        for p in points:
+            params, tp = p.params, p.params["tp"]
+            batch = 100 * tp if params["max_batch"] else params["batch"]
+            ttft, tpot = batch * 1e-3 / tp, 1e-3 + batch * 1e-4 / tp
+            latency = ttft + 8 * tpot
+            rows.append({**params, "served_batch": batch, "fits": True, "ttft_s": ttft, "tpot_s": tpot,
+                         "latency_s": latency, "devices": tp, "error": None,
+                         "output_tokens_per_s_per_device": batch * 8 / latency / tp})
+        return SweepResult(rows=rows, columns=list(rows[0]))
+    return run
+
+
+def test_a_layout_missing_an_objective_steps_down_in_powers_of_two(h100):
+    calls: list = []
+    request = PlanRequest(model=LLAMA, input_tokens=32, output_tokens=8, devices=["h100-sxm"], tp=[1, 2], pp=[1],
+                          weights=[None], ttft_s=0.02)
+    result = plan(request, commands()["serve"], {"h100-sxm": h100}, _fake_run(calls))
+    # Round 1 at the largest batches (100 and 200: TTFT 100 ms); then 64, 128; 32, 64; 16, 32 meet 20 ms.
+    assert calls == [[(1, True, 1), (2, True, 1)], [(1, False, 64), (2, False, 128)],
+                     [(1, False, 32), (2, False, 64)], [(1, False, 16), (2, False, 32)]]
+    assert [(r["tp"], r["served_batch"]) for r in result.best] == [(1, 16), (2, 32)]
+    assert all(r["ttft_s"] <= 0.02 for r in result.best)
+    assert [(r["devices"], r["served_batch"]) for r in result.fewest] == [(1, 100)]
+    assert result.layouts == 2 and len(result.rows) == 8
+
+
+def test_plan_finds_the_best_deployment_of_a_tiny_model(tmp_path):
+    device = tmp_path / "small.toml"  # an H100 of 4 MiB: the tiny model's largest batch is about 90
+    text = (DATA / "h100-sxm.toml").read_text().replace('name = "h100-sxm"', 'name = "h100-small"')
+    device.write_text(text.replace("memory_bytes = 85899345920", "memory_bytes = 4194304"))
+    done = subprocess.run([sys.executable, "-m", "castcore", "plan", "--model", LLAMA, "--input", "32", "--output",
+                           "8", "--tp", "1", "2", "--ttft", "1ms", "--device-file", str(device), "--no-packs",
+                           "--workers", "2", "--json"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["devices"] == ["h100-small"] and found["layouts"] == 6  # tp 1, tp 2, tp 2 x pp 2; bf16 and int8
+    best = found["best"]
+    assert best and all(r["ttft_s"] <= 1e-3 and r["peak_bytes"] <= 4194304 for r in best)
+    speeds = [r["output_tokens_per_s_per_device"] for r in best]
+    assert speeds == sorted(speeds, reverse=True)
+    top = best[0]
+    assert (top["devices"], top["tp"], top["weights"]) == (1, 1, "int8")
+    # Its batch is the largest that fits, as castcore serve --max-batch finds it, and its figures are serve's.
+    served = castcore.Session(load_packs=[], device_files=[device]).serve(
+        LLAMA, input_tokens=32, output_tokens=8, batch="max", weights="int8", device="h100-small")
+    assert top["served_batch"] == served.batch
+    assert top["output_tokens_per_s_per_device"] == served.to_dict()["output_tokens_per_s_per_device"]
+    assert found["fewest"][0]["devices"] == 1
