@@ -47,6 +47,7 @@ def test_a_good_file_loads(tmp_path):
     assert profile.mma_flops == {"bfloat16": 1e13}
     assert profile.interconnect[0].devices == 4
     assert profile.interconnect[0].topology == "switch"
+    assert profile.interconnect[0].reduction_efficiency == 0.0  # no in-network reduction unless the file says so
 
 
 @pytest.mark.parametrize("change, message", [
@@ -56,6 +57,10 @@ def test_a_good_file_loads(tmp_path):
     (('mma_flops = "test value"', ""), "no source for mma_flops.bfloat16"),
     (('vendor = "test"', 'vendor = "test"\ncolour = "red"'), "unknown field(s) colour"),
     (("devices = 4", "devices = 0"), "'interconnect[0].devices' must be a whole number"),
+    (("devices = 4", "devices = 4\nreduction_efficiency = 1.5"), "'interconnect[0].reduction_efficiency' = 1.5"),
+    (("devices = 4", 'devices = 4\ntopology = "ring"\nreduction_efficiency = 0.5'),
+     "'interconnect[0].reduction_efficiency' needs topology 'switch'"),
+    (("devices = 4", "devices = 4\nreduction_latency_s = -1"), "'interconnect[0].reduction_latency_s' = -1"),
     (("vendor", "[vendor"), "not valid TOML"),
 ])
 def test_mistakes_name_the_file_and_field(tmp_path, change, message):

@@ -9,6 +9,8 @@ broadcast 1.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 import torch
@@ -48,8 +50,17 @@ def plan_collective(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     if w.get("nodes", 1) != 1:
         return NotExpressible("a multi-node run: the published points here are one node each")
     sizes = w["bytes"] if isinstance(w["bytes"], list) else [w["bytes"]]
+    algorithm = str(w.get("algorithm", ""))
     return {"op": w["op"], "ranks": w["ranks"], "sizes": sizes, "dtype": parse_dtype(w.get("dtype", "float32")),
+            # The source turned NCCL's in-switch reduction off (or forced another algorithm): so does the estimate.
+            "no_switch_reduction": bool(re.search(r"NVLS_ENABLE=0|NCCL_ALGO=(RING|TREE)", algorithm, re.I)),
             "describe": f"{w['op']} of {', '.join(f'{s / 2**20:g} MiB' for s in sizes)} over {w['ranks']} ranks"}
+
+
+def without_switch_reduction(profile):
+    """The profile with every interconnect level's in-network reduction turned off."""
+    links = tuple(dataclasses.replace(level, reduction_efficiency=0.0) for level in profile.interconnect)
+    return dataclasses.replace(profile, interconnect=links)
 
 
 def collective_seconds(session, profile, op: str, nbytes: int, ranks: int, dtype: torch.dtype) -> tuple[float, dict]:
@@ -84,15 +95,16 @@ def estimate_collective(session, profile, point: dict[str, Any], plan: dict[str,
     """The estimate in the source's metric (the mean over the sizes when the source gives a range)."""
     measured = point["measured"]
     figures, times, how = [], [], {}
+    notes = []
+    if plan["no_switch_reduction"]:
+        profile = without_switch_reduction(profile)
+        notes.append("the source turned NVLS off: estimated without the switch's in-network reduction")
     for nbytes in plan["sizes"]:
         seconds, how = collective_seconds(session, profile, plan["op"], nbytes, plan["ranks"], plan["dtype"])
         times.append(seconds)
         figures.append(in_metric(measured["metric"], measured["unit"], plan["op"], nbytes, plan["ranks"], seconds))
-    notes = []
     if len(plan["sizes"]) > 1:
         notes.append(f"the source gives one figure over {len(plan['sizes'])} sizes; the estimate is the mean of the "
                      "estimates at each")
-    if "nvls" in str(point["workload"].get("algorithm", "")).lower():
-        notes.append("NVLS (in-switch reduction) ran; castcore's collectives pack has no in-switch algorithm")
     return {"estimated": sum(figures) / len(figures), "estimated_s": sum(times) / len(times), "how": how,
             "notes": notes}

@@ -35,6 +35,10 @@ class Interconnect:
     latency_s: float
     efficiency: float = 1.0
     topology: str = "switch"
+    # A switch that reduces in the network (NVLink SHARP): an all-reduce then sends and receives its buffer
+    # once, at reduction_efficiency of bandwidth, after a start-up of reduction_latency_s. 0: it cannot.
+    reduction_efficiency: float = 0.0
+    reduction_latency_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +202,18 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     efficiency = _number(raw.get("efficiency", 1.0), f"{where}.efficiency", fail, positive=True)
     if efficiency > 1:
         raise fail(f"'{where}.efficiency' = {efficiency} must be in (0, 1]")
+    reduction = _number(raw.get("reduction_efficiency", 0.0), f"{where}.reduction_efficiency", fail)
+    if reduction > 1:
+        raise fail(f"'{where}.reduction_efficiency' = {reduction} must be in [0, 1]")
+    if reduction and topology != "switch":
+        raise fail(f"'{where}.reduction_efficiency' needs topology 'switch' (only a switch can reduce in the "
+                   f"network), not {topology!r}")
     return Interconnect(name=str(raw["name"]), devices=raw["devices"], topology=topology, efficiency=efficiency,
                         bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
-                        latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail))
+                        latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
+                        reduction_efficiency=reduction,
+                        reduction_latency_s=_number(raw.get("reduction_latency_s", 0.0),
+                                                    f"{where}.reduction_latency_s", fail))
 
 
 def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:

@@ -9,7 +9,9 @@ One level (an ``Interconnect``) gives ``alpha = latency_s`` per step and ``B = b
 efficiency`` per device one way. A ``full-mesh`` level has one link per peer, so one transfer
 gets ``B / (devices - 1)`` and a device sending to k peers at once gets ``k`` such links; on a
 ``switch`` or ``clos`` any pair gets the whole ``B`` but a device sends one transfer at a time;
-on a ``ring`` only neighbours are linked, so only the ring algorithm is offered there.
+on a ``ring`` only neighbours are linked, so only the ring algorithm is offered there. A switch
+with ``reduction_efficiency`` sums in the network (NVLink SHARP, NCCL's NVLS): an all-reduce
+then sends and receives its buffer once per rank, ``in_switch``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from castcore.pack import Interconnect
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-ALGORITHMS = ("ring", "recursive_doubling", "direct", "hierarchical")
+ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical")
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -131,8 +133,13 @@ def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Intercon
             steps, rate = rounds, fan
         else:  # one port: the n-1 transfers (per round) go one after another
             steps, rate = rounds * (n - 1), link
+    elif algorithm == "in_switch":  # each rank pushes its buffer into the switch once and reads the sum back
+        if collective != "all_reduce" or not level.reduction_efficiency:
+            return None
+        return Phase(collective, algorithm, level, n, s, 2, s,
+                     level.reduction_latency_s + s / (level.bandwidth * level.reduction_efficiency))
     else:
-        raise ValueError(f"unknown flat algorithm {algorithm!r}; known: ring, recursive_doubling, direct")
+        raise ValueError(f"unknown flat algorithm {algorithm!r}; known: ring, recursive_doubling, direct, in_switch")
     return Phase(collective, algorithm, level, n, s, steps, moved, steps * alpha + moved / rate)
 
 
@@ -141,7 +148,7 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
     """The fastest allowed algorithm for ``n`` ranks spaced ``unit`` devices apart."""
     level, fits = pick_level(levels, n * unit)
     options: dict[str, tuple[Phase, ...]] = {}
-    for algorithm in ("ring", "recursive_doubling", "direct"):
+    for algorithm in ("ring", "recursive_doubling", "direct", "in_switch"):
         if algorithm in allowed:
             phase = flat(collective, algorithm, nbytes, n, level)
             if phase is not None:

@@ -58,6 +58,24 @@ def test_small_messages_take_recursive_doubling_large_ones_the_ring():
     assert large.candidates["direct"] == pytest.approx(294e-6)
 
 
+def test_a_reducing_switch_all_reduces_large_messages_in_the_network():
+    # NVLS-like: 20 us start-up, then each rank sends and receives S once at 1e11 * 0.4 = 4e10 B/s.
+    sharp = Interconnect(name="nvswitch", devices=8, bandwidth=1e11, latency_s=1e-6, efficiency=0.5,
+                         topology="switch", reduction_efficiency=0.4, reduction_latency_s=2e-5)
+    phase = flat("all_reduce", "in_switch", S, 8, sharp)
+    assert (phase.steps, phase.bytes_moved) == (2, S)
+    assert phase.time_s == pytest.approx(2e-5 + S / 4e10)  # 220 us, against the ring's 294 us
+    large = collective_cost("all_reduce", S, 8, (sharp,), OP_COST)
+    assert large.algorithm == "in_switch" and large.time_s == pytest.approx(220e-6 + OP_COST)
+    assert large.candidates["ring"] == pytest.approx(294e-6)
+    # 8 kB: the start-up loses to recursive doubling (3.48 us)
+    assert collective_cost("all_reduce", 8e3, 8, (sharp,), OP_COST).algorithm == "recursive_doubling"
+    # only all-reduce is summed in the switch, and only where the level says it can
+    assert flat("all_gather", "in_switch", S, 8, sharp) is None
+    assert flat("all_reduce", "in_switch", S, 8, BOARD) is None
+    assert "in_switch" not in collective_cost("all_reduce", S, 8, (BOARD,), OP_COST).candidates
+
+
 def test_direct_on_a_full_mesh_uses_every_link_at_once():
     # all_gather of 8: one step; 7e6 B over 7 links of 1e10 B/s = 100 us; + 2 us
     direct = collective_cost("all_gather", S, 8, (MESH,))
