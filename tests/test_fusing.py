@@ -113,3 +113,33 @@ def test_a_users_own_module_is_not_rewritten(session, tiny_llama):
     before = {name: type(m) for name, m in model.named_modules()}
     session.estimate(model, *built.args, kwargs=built.kwargs)
     assert {name: type(m) for name, m in model.named_modules()} == before
+
+
+def test_kv_reads_head_reads_grouped_kv_once_per_query_head(session, tiny_llama):
+    """A kernel without grouped-KV sharing (TensorRT-LLM's masked MHA before 0.7) reads each K/V head once per
+    query head: the same work and the same result, the K/V bytes times the group; by default once per group."""
+    step = dict(batch=2, seq=16, phase="decode", kv_len=40)
+    grouped, per_head = (session.estimate(castcore.build_workload(str(tiny_llama), kv_reads=reads, **step))
+                         for reads in ("group", "head"))
+    g, h = ([r for r in report.records if r.invoke.name == "castcore::attention"][0] for report in (grouped, per_head))
+    q, k, v = g.invoke.args[:3]
+    assert (q.shape[1], k.shape[1]) == (4, 2)  # a group of two query heads per K/V head
+    assert g.invoke.argument("kv_per_query_head") is False and h.invoke.argument("kv_per_query_head") is True
+    assert h.properties.memory_read_bytes - g.properties.memory_read_bytes == k.nbytes + v.nbytes
+    assert h.properties.flops == g.properties.flops
+    assert per_head.time_s > grouped.time_s
+    assert "K/V read once per query head" in " ".join(per_head.notes)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    args = (q, k, v, 8 ** -0.5, True, 0, 0.0)
+    torch.testing.assert_close(torch.ops.castcore.attention(*args, True), torch.ops.castcore.attention(*args))
+
+
+def test_kv_reads_head_needs_the_fused_kernel(tiny_llama, h100_file, capsys):
+    with pytest.raises(castcore.ModelError, match="--kv-reads head describes castcore's fused attention kernel: "
+                                                  "drop --eager"):
+        castcore.build_workload(str(tiny_llama), fuse=False, kv_reads="head")
+    argv = ["estimate", "--model", str(tiny_llama), "--seq", "16", "--no-packs", "--device-file", str(h100_file)]
+    assert main(argv + ["--kv-reads", "head", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["kv_reads"] == "head"
+    assert main(argv + ["--kv-reads", "head", "--eager"]) == 2
+    assert "drop --eager" in capsys.readouterr().err

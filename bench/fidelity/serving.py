@@ -4,13 +4,15 @@ The model is a config.json under models/ (each with a ``_source`` naming the Hug
 rest of the model runs in that checkpoint's ``torch_dtype``. An fp8 weight format is TensorRT-LLM's FP8 (fp8
 weights and fp8 GEMM inputs): ``weights="fp8", activations="fp8"``; an fp8 KV cache is ``kv_cache="fp8"``; a KV
 dtype the source does not state is left at the model dtype and said so. Throughput is compared per device when
-the source gives it per GPU (``measured.per``), else for the whole system.
+the source gives it per GPU (``measured.per``), else for the whole system. TensorRT-LLM before 0.7 read grouped
+K/V once per query head in generation: ``kv_reads="head"``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,14 @@ METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s")
 
 def _quantized(text: str | None) -> bool:
     return str(text or "").startswith("float8")
+
+
+def _per_head_generation_attention(framework: str | None) -> bool:
+    """TensorRT-LLM before 0.7: docs/source/gpt_attention.md and the masked MHA kernel at the 0.6.1 tree (commit
+    138f96d4; K/V head = query head / (heads / kv_heads), one thread block per query head); CHANGELOG.md
+    '0.7.0 / 0.7.1' lists 'MMHA optimization for MQA and GQA' and the XQA kernel."""
+    found = re.match(r"TensorRT-LLM (\d+)\.(\d+)", framework or "")
+    return bool(found) and (int(found.group(1)), int(found.group(2))) < (0, 7)
 
 
 def plan_serve(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
@@ -63,6 +73,11 @@ def plan_serve(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
         deployment["kv_cache"] = "fp8"
     elif kv.split()[0:1] not in (["float16"], ["bfloat16"]):
         notes.append(f"KV cache dtype {kv or 'not given'}: left at the model dtype ({deployment['dtype']})")
+    if _per_head_generation_attention(w.get("framework") or point.get("framework")):
+        deployment["kv_reads"] = "head"
+        notes.append("TensorRT-LLM before 0.7 generates with its masked MHA kernel, one block per query head reading "
+                     "its K/V head (no grouped-KV sharing; 'MMHA optimization for MQA and GQA' and XQA came in 0.7): "
+                     "--kv-reads head")
     return {"model": os.path.relpath(path), "batch": w["batch"], "input_tokens": w["input_tokens"],
             "output_tokens": w["output_tokens"], "deployment": deployment, "metric": w["metric"], "notes": notes,
             "describe": (f"serve {MODEL_FILES[w['model']].removesuffix('.json')} batch {w['batch']}, "

@@ -103,11 +103,12 @@ def kept_keys(q_len: int, kv_len: int, causal: bool, window: int) -> int:
 
 @torch.library.custom_op("castcore::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window: int,
-              softcap: float) -> torch.Tensor:
+              softcap: float, kv_per_query_head: bool = False) -> torch.Tensor:
     """Flash attention with grouped KV heads: q [batch, heads, q_len, dim], k/v [batch, kv_heads, kv_len, dim]
     (in the cache's dtype, which may differ from q's) -> [batch, q_len, heads, v_dim]. ``causal`` aligns the
     last query with the last key; ``window`` > 0 keeps only that many most recent keys; ``softcap`` > 0 caps the
-    scores with softcap * tanh(score / softcap)."""
+    scores with softcap * tanh(score / softcap). ``kv_per_query_head`` changes no result, only the cost: the
+    kernel reads each K/V head once per query head of its group, not once for the group."""
     group = q.shape[1] // k.shape[1]
     k = k.to(q.dtype).repeat_interleave(group, dim=1)
     v = v.to(q.dtype).repeat_interleave(group, dim=1)
@@ -127,7 +128,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, c
 
 
 @attention.register_fake
-def _(q, k, v, scale, causal, window, softcap):
+def _(q, k, v, scale, causal, window, softcap, kv_per_query_head=False):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1]))
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from castcore.devices.dtypes import MODEL_DTYPES
 from castcore.errors import CastcoreError
-from castcore.workload.spec import (ACTIVATION_DTYPES, DEPLOYMENT, KV_CACHE_DTYPES, PHASES, WEIGHT_DTYPES,
+from castcore.workload.spec import (ACTIVATION_DTYPES, DEPLOYMENT, KV_CACHE_DTYPES, KV_READS, PHASES, WEIGHT_DTYPES,
                                     build_workload, preset_names)
 
 if TYPE_CHECKING:
@@ -79,6 +79,11 @@ def add_deployment_options(parser: argparse.ArgumentParser) -> None:
                          help="with --weights of the same dtype: W8A8 / FP8 matmuls (activations quantized per token)")
     kernels.add_argument("--kv-cache", choices=KV_CACHE_DTYPES, metavar="DTYPE",
                          help=f"KV cache dtype ({', '.join(KV_CACHE_DTYPES)}; default: --dtype)")
+    kernels.add_argument("--kv-reads", choices=KV_READS, default="group",
+                         help="how the fused attention kernel reads grouped K/V heads (GQA): 'group' once per K/V "
+                              "head for its query heads (FlashAttention, FlashInfer, TensorRT-LLM's XQA; the "
+                              "default), 'head' once per query head, as TensorRT-LLM's masked MHA kernel did "
+                              "before 0.7"),
     split = parser.add_argument_group("parallelism (figures are per device)")
     split.add_argument("--tp", type=int, default=1, metavar="N",
                        help="tensor parallel over N devices (torch's parallelize_module on a fake process group): "

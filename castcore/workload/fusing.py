@@ -46,13 +46,14 @@ FUSED_ATTENTION = "castcore_fused"
 ops = torch.ops.castcore
 
 
-def fuse(session: Session, built: BuiltModel, device: DeviceProfile) -> list[str]:
-    """Rewrite ``built`` in place with the plugins' and the core's fused kernels; the lines to report."""
+def fuse(session: Session, built: BuiltModel, device: DeviceProfile, kv_reads: str = "group") -> list[str]:
+    """Rewrite ``built`` in place with the plugins' and the core's fused kernels; the lines to report.
+    ``kv_reads`` "head": the attention kernel reads grouped K/V once per query head (see castcore::attention)."""
     by_plugin: dict[str, list[str]] = {}
     for line in session.fuse(built.model, device):  # "label: what it did"
         label, _, done = line.partition(": ")
         by_plugin.setdefault(label, []).append(done)
-    core, eager = rewrite(built)
+    core, eager = rewrite(built, kv_reads)
     if core:
         by_plugin["castcore"] = core
     notes = [f"deployed kernels by {label}: {'; '.join(lines)}" for label, lines in by_plugin.items()]
@@ -61,7 +62,7 @@ def fuse(session: Session, built: BuiltModel, device: DeviceProfile) -> list[str
     return notes
 
 
-def rewrite(built: BuiltModel) -> tuple[list[str], list[str]]:
+def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list[str]]:
     """The core's rewrites of ``built.model``: one line per kind with its count, and what stayed eager."""
     model, done, eager = built.model, Counter(), Counter()
     for layer in [m for m in model.modules() if _is_fusable_layer(m)]:
@@ -89,7 +90,10 @@ def rewrite(built: BuiltModel) -> tuple[list[str], list[str]]:
             eager[type(module).__name__] += 1
     attention_modules = [m for m in model.modules() if _is_hf(m) and type(m).__name__.endswith("Attention")]
     if attention_modules and _use_fused_attention(model):
-        done["attention -> castcore::attention"] += len(attention_modules)
+        for module in attention_modules:
+            module.castcore_kv_per_query_head = kv_reads == "head"
+        reads = " (K/V read once per query head)" if kv_reads == "head" else ""
+        done[f"attention -> castcore::attention{reads}"] += len(attention_modules)
     elif attention_modules:
         eager[f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"] += \
             len(attention_modules)
@@ -250,7 +254,8 @@ def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                           softcap=softcap, sliding_window=sliding_window, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = ops.attention(query, key, value, float(scale), bool(getattr(module, "is_causal", True)),
-                        int(sliding_window or 0), float(softcap or 0.0))
+                        int(sliding_window or 0), float(softcap or 0.0),
+                        bool(getattr(module, "castcore_kv_per_query_head", False)))
     return out, None
 
 

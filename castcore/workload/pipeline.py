@@ -68,7 +68,7 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
                       ) -> tuple[BuiltModel, dict[int, Capture]]:
     built = build(workload)
     if workload.fuse and workload.named and not workload.train:
-        built.notes += fuse(session, built, device)
+        built.notes += fuse(session, built, device, workload.kv_reads)
         built.description += " (deployed kernels)"
     elif workload.named:
         built.description += " (eager)"

@@ -152,6 +152,8 @@ class ServeReport:
             parts.append(f"{d['weights']} weights" + (" and activations" if d.get("activations") else ""))
         if d.get("kv_cache"):
             parts.append(f"{d['kv_cache']} KV cache")
+        if d.get("kv_reads") == "head":
+            parts.append("K/V read per query head")
         parts.append("deployed kernels" if d.get("fuse", True) else "eager")
         return ", ".join(parts)
 

@@ -173,7 +173,7 @@ class Session:
         """What ``castcore serve`` prints: TTFT, TPOT, latency, throughput and memory of ``batch`` requests of
         ``input_tokens`` prompt and ``output_tokens`` generated tokens; ``batch="max"`` finds the largest batch
         that fits. ``deployment`` takes build_workload's deployment options (dtype, fuse, weights, activations,
-        kv_cache, tp, sp, ep, pp, micro_batches, dp). See castcore.workload.serving."""
+        kv_cache, kv_reads, tp, sp, ep, pp, micro_batches, dp). See castcore.workload.serving."""
         return serving.serve(self, model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
                              device=device, **deployment)
 

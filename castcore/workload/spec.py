@@ -19,8 +19,10 @@ PHASES = ("prefill", "decode")
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # --weights
 ACTIVATION_DTYPES = ("int8", "fp8")  # --activations: W8A8 with --weights of the same kind
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")  # --kv-cache
+KV_READS = ("group", "head")  # --kv-reads: a fused attention kernel reads each grouped K/V head once, or per query head
 # How a model is deployed, as serve passes them on to every step's Workload.
-DEPLOYMENT = ("dtype", "fuse", "weights", "activations", "kv_cache", "tp", "sp", "ep", "pp", "micro_batches", "dp")
+DEPLOYMENT = ("dtype", "fuse", "weights", "activations", "kv_cache", "kv_reads", "tp", "sp", "ep", "pp", "micro_batches",
+              "dp")
 
 
 class ModelError(CastcoreError, ValueError):
@@ -49,6 +51,7 @@ class Workload:
     weights: str | None = None  # weight dtype when quantized (None: ``dtype``)
     activations: str | None = None  # matmul input dtype under W8A8 / FP8 (None: ``dtype``)
     kv_cache: str | None = None  # KV cache dtype (None: ``dtype``)
+    kv_reads: str = "group"  # "head": the fused attention reads grouped K/V once per query head (no GQA sharing)
     tp: int = 1  # tensor parallel devices
     sp: bool = False  # sequence parallelism for norms and elementwise ops, over the tp devices
     ep: int = 1  # expert parallel devices (MoE): experts split across them
@@ -84,8 +87,8 @@ class Workload:
 def build_workload(model: Any = DEFAULT_MODEL, *args: Any, batch: int = 1, seq: int = 2048, phase: str = "prefill",
                    kv_len: int | None = None, dtype: str = "bf16", train: bool = False, all_logits: bool = False,
                    fuse: bool = True, weights: str | None = None, activations: str | None = None,
-                   kv_cache: str | None = None, tp: int = 1, sp: bool = False, ep: int = 1, pp: int = 1,
-                   micro_batches: int = 1, dp: int = 1, reuse: bool = True,
+                   kv_cache: str | None = None, kv_reads: str = "group", tp: int = 1, sp: bool = False, ep: int = 1,
+                   pp: int = 1, micro_batches: int = 1, dp: int = 1, reuse: bool = True,
                    kwargs: dict[str, Any] | None = None) -> Workload:
     """A checked Workload; raises ModelError naming the option at fault and what it accepts.
 
@@ -103,6 +106,11 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, batch: int = 1, seq: 
     if phase == "decode" and train:
         raise ModelError("--train goes with --phase prefill: training has no decode step")
     _check_dtypes(dtype, weights, activations, kv_cache)
+    if kv_reads not in KV_READS:
+        raise ModelError(f"--kv-reads {kv_reads!r} is not supported; use one of {', '.join(KV_READS)}")
+    if kv_reads == "head" and not fuse:
+        raise ModelError("--kv-reads head describes castcore's fused attention kernel: drop --eager (the eager graph "
+                         "repeats K/V for every query head itself)")
     if isinstance(model, str):
         if args or kwargs:
             raise ModelError(f"{model!r} names a model, so castcore makes its inputs: pass no inputs with it")
@@ -117,7 +125,7 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, batch: int = 1, seq: 
     _check_parallel(batch, train, tp, sp, ep, pp, micro_batches)  # after the model's own checks, which say more
     return Workload(model=model, batch=batch, seq=seq, phase=phase, kv_len=kv_len, dtype=dtype, train=train,
                     all_logits=all_logits, fuse=fuse, weights=weights, activations=activations, kv_cache=kv_cache,
-                    tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=micro_batches, dp=dp, reuse=reuse, args=tuple(args),
+                    kv_reads=kv_reads, tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=micro_batches, dp=dp, reuse=reuse, args=tuple(args),
                     kwargs=dict(kwargs or {}))
 
 

@@ -56,12 +56,15 @@ def _gelu_and_mul(invoke: OpInvoke, device) -> PerformanceProperties:
 @register_op_properties(OPS["attention"])
 def _attention(invoke: OpInvoke, device) -> PerformanceProperties:
     """Two products over the kept (query, key) pairs, softmax per kept score (and a tanh for a soft cap);
-    q, k and v read once at their own dtype (a cache in fp8 is read as fp8), the output written once."""
+    q, k and v read once at their own dtype (a cache in fp8 is read as fp8), the output written once. A kernel
+    without grouped-KV sharing (``kv_per_query_head``) reads k and v once per query head instead."""
     q, k, v = invoke.args[:3]
     batch, heads, q_len, dim = q.shape
     pairs = batch * heads * kept_keys(q_len, k.shape[2], invoke.argument("causal"), invoke.argument("window"))
     capped = TANH + 2 if invoke.argument("softcap") else 0
     props = invoke.memory_access_properties()
+    if invoke.argument("kv_per_query_head"):
+        props.memory_read_bytes += (heads // k.shape[1] - 1) * (k.nbytes + v.nbytes)
     props.kernel = "attention"
     props.add(q.dtype, mma=2 * pairs * (dim + v.shape[-1]))
     # The online softmax runs on the fp32 scores whatever the inputs' dtype (fp8 has no vector arithmetic).
