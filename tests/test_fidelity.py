@@ -19,7 +19,7 @@ import castcore
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "bench"))  # the fidelity code is benchmark code, not castcore's
 from fidelity import local, report  # noqa: E402
-from fidelity.collectives import in_metric  # noqa: E402
+from fidelity.collectives import in_metric, plan_collective, without_switch_reduction  # noqa: E402
 from fidelity.ops import NotExpressible, OpPlan, attention_work, plan_memory  # noqa: E402
 from fidelity.published import (OP_LEVEL, estimate_point, load_points, make_session, percentage_error,  # noqa: E402
                                 plan)
@@ -101,7 +101,9 @@ def test_serve_points_become_serve_calls_with_the_stated_deployment():
     assert (fp8["batch"], fp8["input_tokens"], fp8["output_tokens"], fp8["metric"]) == (64, 2048, 2048,
                                                                                         "output_tokens_per_s")
     assert fp8["deployment"] == {"dtype": "fp16", "tp": 2, "pp": 1, "weights": "fp8", "activations": "fp8",
-                                 "kv_cache": "fp8"}
+                                 "kv_cache": "fp8", "kv_reads": "head"}  # TensorRT-LLM 0.6.1: masked MHA
+    assert any("masked MHA kernel" in n for n in fp8["notes"])
+    assert "kv_reads" not in plan_serve(point("h200-trtllm07a-llama-2-70b-bs960-128-128"))["deployment"]
     nim = plan_serve(point("h100x2-nim18-llama-3.3-70b-tpot-5000-500"))
     assert nim["deployment"]["dtype"] == "bf16" and "kv_cache" not in nim["deployment"]
     assert any("KV cache dtype not stated" in n for n in nim["notes"])
@@ -154,6 +156,18 @@ def test_collective_figures_follow_nccl_tests_definitions():
     assert in_metric("busbw", "GB/s", "all_reduce", s, 8, t) == pytest.approx(s / t / 1e9 * 2 * 7 / 8)
     assert in_metric("busbw", "GB/s", "all_gather", s, 8, t) == pytest.approx(s / t / 1e9 * 7 / 8)
     assert in_metric("time", "us", "all_reduce", s, 8, t) == pytest.approx(1e4)
+
+
+def test_a_source_that_turned_nvls_off_is_estimated_without_the_switchs_reduction():
+    assert plan_collective(point("h200x8-allreduce-ring-16gib"))["no_switch_reduction"]
+    assert plan_collective(point("h100x8-allreduce-ring-2to4gib"))["no_switch_reduction"]
+    assert not plan_collective(point("h200x8-allreduce-16gib"))["no_switch_reduction"]  # NCCL's default
+    nvidia = castcore.load_device_file(ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles"
+                                       / "h100-sxm5-80gb.toml")
+    assert nvidia.interconnect[0].name == "nvlink" and nvidia.interconnect[0].reduction_efficiency > 0
+    off = without_switch_reduction(nvidia)
+    assert all(level.reduction_efficiency == 0 for level in off.interconnect)
+    assert [level.bandwidth for level in off.interconnect] == [level.bandwidth for level in nvidia.interconnect]
 
 
 def test_ttft_point_is_the_prefill_estimate_in_ms():

@@ -45,6 +45,22 @@ def test_padding_to_the_tile_is_paid_and_skinny_products_split_k():
     assert how["tile_efficiency"] == pytest.approx(1 / 128)
 
 
+def test_each_wave_waits_for_memory_to_fill_and_drain_and_split_k_for_its_partial_sums():
+    latency = 1e-6
+    device = profile(memory_latency_s=latency)
+    # 2 waves of whole tiles: each adds a load before its first product and a store after its last.
+    seconds, how = tiled_matmul(device, torch.bfloat16, 1, 512, 256, 4096, PEAK * 0.8)
+    assert how["waves"] == 2 and how["split_k"] == 1
+    assert seconds == pytest.approx(2 * 512 * 256 * 4096 / (PEAK * 0.8) + 2 * 2 * latency)
+    # One tile, K split over the 4 units (64 steps -> 16 each): the partial tiles make two more round trips.
+    seconds, how = tiled_matmul(device, torch.bfloat16, 1, 128, 128, 4096, PEAK)
+    assert how["split_k"] == 4 and how["waves"] == 1
+    assert seconds == pytest.approx(2 * 128 * 128 * 4096 / 4 / (PEAK / 4) + 4 * latency)
+    # A small K leaves few steps to hide the latency in: the product runs far below the sustained rate.
+    seconds, how = tiled_matmul(device, torch.bfloat16, 1, 512, 256, 64, PEAK)
+    assert how["tile_efficiency"] < 0.1
+
+
 def test_the_fastest_of_the_profiles_tiles_is_taken():
     device = profile(mma_tile={"bfloat16": [[128, 128, 64], [32, 32, 64]]})
     _, how = tiled_matmul(device, torch.bfloat16, 1, 64, 64, 4096, PEAK)

@@ -65,6 +65,7 @@ class DeviceProfile:
     memory_half_bytes: float = 0.0  # bytes at which a streaming kernel reaches half its bandwidth (Hockney n_1/2)
     l2_bytes: float = 0.0
     clock_hz: float = 0.0
+    memory_latency_s: float = 0.0  # one load from device memory; a tiled product's wave waits for it to fill and drain
     sources: Mapping[str, str] = field(default_factory=dict)
     default: bool = False
     origin: str = ""  # the file or plugin it came from, for messages
@@ -90,7 +91,7 @@ class DeviceProfile:
 
 _NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
             "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s", "attention_efficiency", "memory_half_bytes", "l2_bytes",
-            "clock_hz")
+            "clock_hz", "memory_latency_s")
 _KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}
 
 

@@ -7,7 +7,11 @@ there are fewer tiles than units the kernel may split k over the idle units (spl
 do for skinny products. Among the profile's tiles the fastest is taken, as a kernel heuristic picks one.
 
 Time per tile-step is the unit's share of the sustained matrix rate (peak x compute_efficiency / units), so a
-large, well-shaped product reaches compute_efficiency of the peak and nothing more.
+large, well-shaped product reaches compute_efficiency of the peak and nothing more. Each wave also waits two
+device-memory latencies (the profile's ``memory_latency_s``) that no product overlaps: its first k-slice arriving
+before the first MMA, and its output tile written back after the last. That is what makes a product with few
+k-steps per tile (small K, or K split many ways) slower than its arithmetic. Split-K pays two more: each
+split's partial tile is written to memory and read back to be summed.
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ def tiled_matmul(device: DeviceProfile, dtype: Any, batch: int, m: int, n: int, 
         steps = math.ceil(k / tk)
         split = min(units // count, steps) if count < units else 1
         waves = math.ceil(count * split / units)
-        seconds = waves * 2 * tm * tn * tk * math.ceil(steps / split) / per_unit
+        # Split-K's partial tiles go to memory and back before the sum is written: one more round trip.
+        round_trips = 2 if split == 1 else 4
+        seconds = waves * (2 * tm * tn * tk * math.ceil(steps / split) / per_unit
+                           + round_trips * device.memory_latency_s)
         if best is None or seconds < best[0]:
             useful = 2 * batch * m * n * k
             best = (seconds, {"tile": f"{tm}x{tn}x{tk}", "tiles": count, "split_k": split, "waves": waves,

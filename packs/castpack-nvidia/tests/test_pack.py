@@ -63,8 +63,9 @@ def test_a_large_gemm_ranks_the_gpus_by_sustained_matrix_rate(session):
         device = session.device(gpu)
         ideal = 2 * 8192**3 / (device.mma_flops["bfloat16"] * device.compute_efficiency)
         assert estimate.bound == "compute"
-        # Tiles and waves cost at most a few percent on a product this large; the launch adds 2-3 us.
-        assert ideal < estimate.time_s < 1.03 * ideal + device.mma_op_cost_s
+        # The last wave's idle SMs and each wave's memory latency cost a few percent on a product this large (16
+        # waves of 128x256 tiles on 132 SMs: 3.1% + 0.8% on the H100); the launch adds 2-3 us.
+        assert ideal < estimate.time_s < 1.05 * ideal + device.mma_op_cost_s
         assert "tiling" in estimate.detail
     assert times["h100-sxm5-80gb"].time_s == pytest.approx(times["h200-sxm"].time_s)  # same GH100 compute
     order = sorted(GPUS, key=lambda gpu: times[gpu].time_s)
@@ -92,4 +93,9 @@ def test_an_fp4_matmul_is_priced_at_the_b200_fp4_rate(session):
     assert record.estimate.detail["tiling"]["tile"] == "128x256x256"
     # fp4 packs two values per element: K is 2 x 4096 values.
     ideal = 2 * 8192 * (2 * 4096) * 8192 / (9e15 * device.compute_efficiency)
-    assert ideal < record.estimate.time_s < 1.03 * ideal + device.mma_op_cost_s
+    # 2048 tiles in 14 waves over 148 SMs, each wave waiting two memory latencies: fp4 tiles are quick, so the
+    # latency shows more than at bf16.
+    tiling = record.estimate.detail["tiling"]
+    assert (tiling["tiles"], tiling["waves"]) == (2048, 14)
+    waves = ideal * 14 * 148 / 2048 + 14 * 2 * device.memory_latency_s
+    assert record.estimate.time_s == pytest.approx(waves + device.mma_op_cost_s)
