@@ -11,9 +11,8 @@ and the class of every module afterwards; that fingerprint is cached on disk too
 The key also holds castcore's, torch's and transformers' versions, a digest of castcore's and every plugin's
 source files (an edited checkout is a new version), and the content of a config.json or factory module.
 
-``CaptureCache(original)`` takes and returns what ``castcore.workload.pipeline.capture_workload`` does;
-``cached_captures()`` puts it in the pipeline's place for a block, so ``Session.estimate`` and
-``Session.serve`` (every step) use it unchanged.
+``CaptureCache()`` takes and returns what ``castcore.workload.pipeline.capture_workload`` does; set as a
+Session's ``capture_step``, it serves that session's ``estimate`` and ``serve`` (every step) unchanged.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ import json
 import pickle
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import fields
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
@@ -140,8 +138,10 @@ def model_identity(model: str) -> str:
 class CaptureCache:
     """The pipeline's capture step with a memory cache (this process) and the disk cache behind it."""
 
-    def __init__(self, original: Callable, disk: bool = True):
-        self.original = original
+    def __init__(self, disk: bool = True, original: Callable | None = None):
+        from castcore.workload.pipeline import capture_workload
+
+        self.original = original or capture_workload
         self.disk = disk
         self.stats = Stats()
         self._memory: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -290,16 +290,3 @@ def _stand_in(name: str, path: str | None, count: int) -> nn.Module:
         root.config = SimpleNamespace(num_hidden_layers=count)
     return root
 
-
-@contextmanager
-def cached_captures(cache: CaptureCache | None = None, disk: bool = True) -> Iterator[CaptureCache]:
-    """Every capture the pipeline makes in the block goes through a CaptureCache (one made here by default)."""
-    from castcore.workload import pipeline
-
-    original = pipeline.capture_workload
-    cache = cache or CaptureCache(original, disk=disk)
-    pipeline.capture_workload = cache
-    try:
-        yield cache
-    finally:
-        pipeline.capture_workload = original

@@ -1,4 +1,4 @@
-"""What a worker does: make the sweep's Session once per process, put the capture cache in the pipeline, and run
+"""What a worker does: make the sweep's Session once per process with the capture cache as its capture step, and run
 a task's points one after another (a task is the points that share their captures), one row of figures each."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +35,7 @@ class Task:
 
 
 _sessions: dict[str, Any] = {}
-_installed = ExitStack()  # the capture cache, in place for the rest of the worker process
-_cache: Any = None
+_cache: Any = None  # this process's capture cache, shared by its sessions
 
 
 def prepare(settings: Settings) -> tuple[Any, Any]:
@@ -48,13 +46,14 @@ def prepare(settings: Settings) -> tuple[Any, Any]:
     if settings.cwd and settings.cwd not in sys.path:
         sys.path.insert(0, settings.cwd)
     if _cache is None:
-        from castcore.sweeps.capture import cached_captures
+        from castcore.sweeps.capture import CaptureCache
 
-        _cache = _installed.enter_context(cached_captures(disk=settings.disk_cache))
+        _cache = CaptureCache(disk=settings.disk_cache)
     if settings.key() not in _sessions:
         from castcore.workload.session import Session
 
-        _sessions[settings.key()] = Session(**settings.session)
+        session = _sessions[settings.key()] = Session(**settings.session)
+        session.capture_step = _cache
     return _sessions[settings.key()], _cache
 
 

@@ -52,9 +52,6 @@ def capture_workload(session: Session, workload: Workload, device: DeviceProfile
         return built, captures[workload.cached_tokens]
 
 
-_CAPTURE_WORKLOAD = capture_workload  # castcore.sweeps swaps the module's name for its capture cache
-
-
 def capture_decode_steps(session: Session, workload: Workload, device: DeviceProfile, kv_lens: list[int],
                          progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
     """Decode steps of one deployment at several KV lengths from one built, fused and sharded model (only the
@@ -137,7 +134,7 @@ def run(session: Session, workload: Workload, device: str | DeviceProfile | None
     """Estimate a workload on a device: the Report ``castcore estimate`` prints."""
     profile = session.device(device)  # a bad device fails before the capture, not after
     check_interconnect(profile, workload)
-    built, captured = capture_workload(session, workload, profile, progress)
+    built, captured = (session.capture_step or capture_workload)(session, workload, profile, progress)
     return _report(session, workload, built, captured, profile, built.description)
 
 
@@ -146,7 +143,7 @@ def run_decode_steps(session: Session, workload: Workload, kv_lens: list[int],
     """The decode step of ``workload`` at each of ``kv_lens``: what ``run`` gives for each, from one built model."""
     profile = session.device(device)
     check_interconnect(profile, workload)
-    if capture_workload is not _CAPTURE_WORKLOAD:  # a capture cache stands in (castcore sweep): step by step
+    if session.capture_step is not None:  # the session's own capture step (a sweep's cache) takes each step
         return {kv_len: run(session, replace(workload, kv_len=kv_len), profile) for kv_len in kv_lens}
     first = replace(workload, kv_len=kv_lens[0])
     built, captures = capture_decode_steps(session, first, profile, kv_lens[1:])

@@ -44,6 +44,9 @@ class Session:
         self.notes: list[str] = [f"{info.label}: {note}" for info in infos for note in info.notes]
         remember_hooks(self.plugins.infos)
         self.devices: dict[str, DeviceProfile] = self._collect_devices()
+        # What stands in for the pipeline's capture step (castcore.workload.pipeline.capture_workload's
+        # signature and result); None: the pipeline's own. castcore sweep puts its capture cache here.
+        self.capture_step: Callable[..., Any] | None = None
 
     def refresh_claims(self) -> None:
         """Take in claims the program declared after this session was made (a decorator in __main__ run
