@@ -83,7 +83,7 @@ def test_every_point_has_a_plan_or_says_why_not():
     assert {p["device"] for p in serve} == {"a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm"}
     mlperf = [i for i in plans if "mlperf" in i]
     assert len(mlperf) == 4 and all("vary per request" in refused[i] for i in mlperf)
-    assert "TF32" in refused["h100-gemm-tf32-4096"] and "h100-gemm-fp32-4096" not in refused
+    assert "h100-gemm-tf32-4096" not in refused and "h100-gemm-fp32-4096" not in refused
     for p in points:
         assert p["source"]["document"] and "date" in p and p["framework"]
 
@@ -156,6 +156,12 @@ def test_collective_figures_follow_nccl_tests_definitions():
     assert in_metric("busbw", "GB/s", "all_reduce", s, 8, t) == pytest.approx(s / t / 1e9 * 2 * 7 / 8)
     assert in_metric("busbw", "GB/s", "all_gather", s, 8, t) == pytest.approx(s / t / 1e9 * 7 / 8)
     assert in_metric("time", "us", "all_reduce", s, 8, t) == pytest.approx(1e4)
+
+
+def test_a_tf32_point_is_captured_with_tf32_allowed_and_priced_at_the_tf32_rate():
+    row = estimate_point(point("h100-gemm-tf32-4096"), make_session(packs=()), castcore.load_device_file(H100_FILE))
+    assert row["how"]["rates"] == {"mma:tf32": "tf32"}
+    assert torch.get_float32_matmul_precision() == "highest"
 
 
 def test_a_source_that_turned_nvls_off_is_estimated_without_the_switchs_reduction():

@@ -57,3 +57,35 @@ def test_dtype_missing_from_profile_uses_slowest_rate_and_says_so(simple_profile
     rate, used = simple_profile.rate("gp", torch.int64)
     assert rate == 5e12
     assert "no int64 rate" in used
+
+
+def test_float32_products_run_as_tf32_when_torch_allows_it(session, h100_file, simple_profile):
+    """torch.set_float32_matmul_precision("high") (what allow_tf32 = True sets) at capture time: float32 products
+    are priced at the profile's tf32 rate; torch's default ("highest") keeps them float32."""
+    a = torch.empty(4096, 4096, dtype=torch.float32, device="meta")
+    h100 = castcore.load_device_file(h100_file)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        tf32 = session.estimate(torch.mm, a, a, device=h100).records[0]
+        no_tf32_rate = session.estimate(torch.mm, a, a, device=simple_profile).records[0]
+    finally:
+        torch.set_float32_matmul_precision(before)
+    fp32 = session.estimate(torch.mm, a, a, device=h100).records[0]
+    assert tf32.invoke.attrs["float32_matmul_precision"] == "high"
+    assert "float32_matmul_precision" not in fp32.invoke.attrs
+    assert tf32.estimate.detail["rates"] == {"mma:tf32": "tf32"}
+    assert tf32.flops == fp32.flops
+    assert fp32.estimate.time_s > 5 * tf32.estimate.time_s  # 494.7 TFLOP/s tensor cores, 66.9 CUDA cores
+    # A device without a tf32 rate runs the product as float32.
+    assert no_tf32_rate.estimate.detail["rates"] == {"mma:tf32": "float32"}
+    assert no_tf32_rate.estimate.time_s == pytest.approx(2 * 4096**3 / (25e12 * 0.5) + 4e-6)
+
+
+def test_dtype_tf32_captures_with_tf32_products_and_restores_the_setting(session, tiny_llama):
+    report = session.estimate(castcore.build_workload(str(tiny_llama), seq=16, dtype="tf32"))
+    mm = [r for r in report.records if r.invoke.name == "aten::mm"]
+    assert mm and all(r.estimate.detail["rates"] == {"mma:tf32": "tf32"} for r in mm)
+    assert all(a.dtype == torch.float32 for a in mm[0].invoke.inputs())
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert "tf32" in report.description

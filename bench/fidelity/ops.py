@@ -79,6 +79,16 @@ def _matmul(a, b):
     return a @ b
 
 
+def _tf32_matmul(a, b):
+    """a @ b with TF32 allowed (torch.backends.cuda.matmul.allow_tf32 = True), as the source ran it."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        return a @ b
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def _linear(x, weight):
     return F.linear(x, weight)
 
@@ -88,9 +98,10 @@ def plan_mm(w: dict[str, Any]) -> OpPlan | NotExpressible:
     dtype = parse_dtype(w["dtype"])
     work = 2.0 * batch * m * n * k
     if str(w.get("math", "")).lower().startswith("tf32"):
-        return NotExpressible("TF32: castcore prices a float32 product on the vector (CUDA-core) rate and has no "
-                              "switch for torch.backends.cuda.matmul.allow_tf32, although the profile lists "
-                              "mma_flops.tf32")
+        if batch != 1 or dtype != torch.float32:
+            return NotExpressible("TF32 applies to a plain float32 product here")
+        return OpPlan(_tf32_matmul, (meta(m, k, dtype=dtype), meta(k, n, dtype=dtype)), work,
+                      f"a @ b {m}x{k} @ {k}x{n} float32 with TF32 allowed")
     linear = str(w.get("op", "")).startswith("linear")
     if dtype.itemsize == 1:  # fp8: torch._scaled_mm, B column-major as cuBLASLt requires
         if batch != 1:

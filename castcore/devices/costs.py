@@ -23,7 +23,7 @@ class ComputeOps:
 
 @dataclass(slots=True)
 class PerformanceProperties:
-    compute_ops: dict[torch.dtype, ComputeOps] = field(default_factory=dict)
+    compute_ops: dict[torch.dtype | str, ComputeOps] = field(default_factory=dict)
     memory_read_bytes: float = 0
     memory_write_bytes: float = 0
     # Optional shape hints for shape-aware timing (castcore.devices.tiles): the matrix products behind the
@@ -31,8 +31,9 @@ class PerformanceProperties:
     matmuls: list[tuple[int, int, int, int]] = field(default_factory=list)
     kernel: str = ""
 
-    def add(self, dtype: torch.dtype, *, mma: float = 0, gp: float = 0) -> PerformanceProperties:
-        """Add operations counted in ``dtype``; returns self so formulas chain."""
+    def add(self, dtype: torch.dtype | str, *, mma: float = 0, gp: float = 0) -> PerformanceProperties:
+        """Add operations counted in ``dtype`` (a torch dtype, or a device mode such as "tf32"); returns self so
+        formulas chain."""
         ops = self.compute_ops.setdefault(dtype, ComputeOps())
         ops.mma_ops += mma
         ops.gp_ops += gp

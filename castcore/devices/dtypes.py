@@ -20,8 +20,8 @@ ALIASES = {
     "fp64": "float64", "double": "float64", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
     "fp8_e5m2": "float8_e5m2", "long": "int64", "int": "int32",
 }
-# What --dtype accepts for a model's weights and activations.
-MODEL_DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
+# What --dtype accepts for a model's weights and activations; tf32 is float32 with TF32 matrix products.
+MODEL_DTYPES = ("bf16", "fp16", "fp32", "tf32", "bfloat16", "float16", "float32")
 # What --input SPEC:dtype accepts for one tensor.
 TENSOR_DTYPES = ("bf16", "fp16", "fp32", "fp64", "int64", "int32", "int8", "bool")
 
@@ -39,12 +39,12 @@ def is_dtype_name(name: str) -> bool:
 
 
 def torch_dtype(name: Any):
-    """The torch.dtype for a name or alias; ValueError for anything else."""
+    """The torch.dtype for a name or alias (tf32: its values are float32); ValueError for anything else."""
     import torch
 
     if isinstance(name, torch.dtype):
         return name
-    found = getattr(torch, dtype_name(name), None)
+    found = getattr(torch, "float32" if dtype_name(name) == "tf32" else dtype_name(name), None)
     if not isinstance(found, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
     return found

@@ -80,6 +80,8 @@ class DeviceProfile:
         name = dtype_name(dtype)
         if name in table:
             return table[name], name
+        if name == "tf32":  # a device without TF32 runs the float32 product as float32
+            return self.rate(unit, "float32")
         if unit == "mma" and self.gp_flops:
             # A matrix op in a dtype the matrix unit lacks runs on the vector unit.
             return self.rate("gp", dtype)

@@ -184,7 +184,15 @@ def _group_name_position(func) -> int | None:
 
 
 def _attrs(func, args, kwargs) -> dict:
-    """Facts the arguments do not carry: the size of a collective's process group."""
+    """Facts the arguments do not carry: the size of a collective's process group, and torch's float32 matmul
+    precision when it allows TF32 ("high" or "medium": torch.set_float32_matmul_precision, allow_tf32)."""
+    precision = torch.get_float32_matmul_precision()
+    if precision != "highest":
+        return {"float32_matmul_precision": precision, **_group_attrs(func, args, kwargs)}
+    return _group_attrs(func, args, kwargs)
+
+
+def _group_attrs(func, args, kwargs) -> dict:
     position = _group_name_position(func)
     if position is None:
         return {}

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import torch
 
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
 from castcore.report.memory import kv_cache_bytes
@@ -92,8 +95,10 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
 def _capture(session: Session, workload: Workload, device: DeviceProfile, built: BuiltModel,
              progress: Callable[[int], None] | None) -> Capture:
     try:
-        return capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
-                       progress=progress, reuse=workload.reuse, whole_ops=session.whole_ops(device), **built.kwargs)
+        with _tf32(workload.dtype == "tf32"):
+            return capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
+                           progress=progress, reuse=workload.reuse, whole_ops=session.whole_ops(device),
+                           **built.kwargs)
     except (RuntimeError, UserWarning) as exc:
         forward_only = _forward_only_op(str(exc)) if workload.train else None
         if forward_only:
@@ -107,6 +112,19 @@ def _capture(session: Session, workload: Workload, device: DeviceProfile, built:
                              "and latent (MLA) attention do; --phase decode does not support this model yet: "
                              "use --phase prefill") from None
         raise
+
+
+@contextmanager
+def _tf32(allowed: bool) -> Iterator[None]:
+    """--dtype tf32: the capture runs with torch allowing TF32 products (as allow_tf32 = True does), then the
+    caller's setting is back."""
+    before = torch.get_float32_matmul_precision()
+    if allowed:
+        torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 _NO_AUTOGRAD_WARNING = r".*: an autograd kernel was not registered to the Autograd key"

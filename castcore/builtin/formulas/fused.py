@@ -8,6 +8,7 @@ import math
 import torch
 
 from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
+from castcore.builtin.formulas.matmul import product_dtype
 from castcore.builtin.formulas.pointwise import GELU, SIGMOID, TANH
 from castcore.builtin.formulas.reductions import SOFTMAX_OPS_PER_ELEMENT
 from castcore.builtin.fused_ops import OPS, kept_keys
@@ -66,7 +67,7 @@ def _attention(invoke: OpInvoke, device) -> PerformanceProperties:
     if invoke.argument("kv_per_query_head"):
         props.memory_read_bytes += (heads // k.shape[1] - 1) * (k.nbytes + v.nbytes)
     props.kernel = "attention"
-    props.add(q.dtype, mma=2 * pairs * (dim + v.shape[-1]))
+    props.add(product_dtype(invoke, q.dtype), mma=2 * pairs * (dim + v.shape[-1]))
     # The online softmax runs on the fp32 scores whatever the inputs' dtype (fp8 has no vector arithmetic).
     return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=(SOFTMAX_OPS_PER_SCORE + capped) * pairs)
 

@@ -25,7 +25,15 @@ def matmul_properties(invoke: OpInvoke, a, extra_gp_per_output: int = 0) -> Perf
     batched = getattr(b, "dim", lambda: 2)() > 2 and out.dim() > 2
     m = out.shape[-2] if batched else out.numel() // max(n, 1)
     props.matmuls.append((out.numel() // max(m * n, 1) if batched else 1, m, n, k))
-    return props.add(a.dtype, mma=2 * out.numel() * k, gp=extra_gp_per_output * out.numel())
+    return props.add(product_dtype(invoke, a.dtype), mma=2 * out.numel() * k, gp=extra_gp_per_output * out.numel())
+
+
+def product_dtype(invoke: OpInvoke, dtype: torch.dtype) -> torch.dtype | str:
+    """The dtype a product runs at: "tf32" for float32 inputs captured while torch allowed TF32 (a profile without
+    a tf32 rate prices it as float32)."""
+    if dtype == torch.float32 and invoke.attrs.get("float32_matmul_precision", "highest") != "highest":
+        return "tf32"
+    return dtype
 
 
 @register_op_properties(aten.mm.default)
@@ -90,7 +98,7 @@ def grouped_mm_properties(invoke: OpInvoke, weights: tuple = ()) -> PerformanceP
     if a.dim() == 2 and b.dim() == 3:  # rows grouped by expert against [experts, K, N] weights
         untouched = 1 - touched_experts(b.shape[0], a.shape[0]) / max(1, b.shape[0])
         props.memory_read_bytes -= sum(w.nbytes for w in (b, *weights)) * untouched
-    props.add(a.dtype, mma=2 * outputs * a.shape[-1])
+    props.add(product_dtype(invoke, a.dtype), mma=2 * outputs * a.shape[-1])
     return props.add(torch.float32 if scaled else a.dtype, gp=(has_bias + scaled) * out.numel())
 
 
