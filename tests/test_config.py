@@ -282,7 +282,7 @@ def test_a_pack_name_matching_no_installed_pack_is_an_error_listing_the_installe
 
 
 @pytest.mark.parametrize("name, content, message", [
-    ("castcore.toml", b"\x89PNG\r\n\x1a\n", "cannot read it as TOML"),
+    ("castcore.toml", b"\x89PNG\r\n\x1a\n", "not valid TOML"),
     ("pyproject.toml", b"[tool]\ncastcore = 5\n", "'tool.castcore' must be a table of settings"),
     ("pyproject.toml", b"tool = 5\n", "'tool' must be a table"),
 ])

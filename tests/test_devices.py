@@ -101,7 +101,7 @@ def test_no_devices_at_all_says_how_to_get_one():
 
 @pytest.mark.parametrize("content, message", [
     (b"\x89PNG\r\n\x1a\n\x00\x00", "not valid TOML"),
-    (None, "is a directory; give the profile's .toml file"),
+    (None, "is a directory; name the device file itself"),
 ])
 def test_a_device_file_that_is_not_toml_is_one_line(content, message, tmp_path, capsys):
     from castcore.cli.main import main

@@ -16,7 +16,7 @@ from cookiecutter.main import cookiecutter
 
 import castcore
 from castcore.cli.main import main
-from castcore.devices.profile import tomllib
+from castcore.tomlfiles import tomllib
 from castcore.cli.new_pack import TEMPLATE
 
 HERE = Path(__file__).parent

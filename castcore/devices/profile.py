@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -12,11 +11,7 @@ from typing import Any
 
 from castcore.devices.dtypes import dtype_name, is_dtype_name
 from castcore.errors import CastcoreError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from castcore.tomlfiles import read_toml, tomllib
 
 TOPOLOGIES = ("full-mesh", "ring", "switch", "clos")
 
@@ -99,18 +94,7 @@ _KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}
 
 def load_device_file(path: str | Path) -> DeviceProfile:
     """Read one TOML profile; raise DeviceError naming the file and the field at fault."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DeviceError(f"{path}: no such device file") from None
-    except IsADirectoryError:
-        raise DeviceError(f"{path}: is a directory; give the profile's .toml file") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise DeviceError(f"{path}: not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise DeviceError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    return device_from_dict(data, origin=str(path))
+    return device_from_dict(read_toml(path, DeviceError, "device file"), origin=str(path))
 
 
 def package_profiles(package: str, folder: str = "profiles", label: str | None = None) -> list[DeviceProfile]:

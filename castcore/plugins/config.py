@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from castcore.devices.profile import tomllib
+from castcore.tomlfiles import read_toml
 from castcore.errors import CastcoreError
 
 ENV_CUSTOM_OP_PATH = "CASTCORE_CUSTOM_OP_PATH"
@@ -67,10 +67,7 @@ def find_config_file(start: Path) -> Path | None:
 
 
 def _read_toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it as TOML: {exc}") from None
+    return read_toml(path, ConfigError, "settings file")
 
 
 def _tool_table(path: Path) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from castcore.devices.profile import tomllib
+from castcore.tomlfiles import read_toml
 from castcore.workload.spec import ModelError, Workload
 
 MAX_POINTS = 100_000  # more only with --yes
@@ -81,15 +81,7 @@ class Point:
 
 def read_spec(path: str | Path) -> dict[str, Any]:
     """The TOML file as a dict; ModelError naming the file and the fault."""
-    path = Path(path)
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelError(f"sweep spec {path} does not exist") from None
-    except IsADirectoryError:
-        raise ModelError(f"sweep spec {path} is a directory; name a .toml file") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ModelError(f"sweep spec {path} is not valid TOML: {exc}") from None
+    return read_toml(path, ModelError, "sweep spec")
 
 
 def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command]) -> Spec:
