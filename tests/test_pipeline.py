@@ -41,8 +41,8 @@ def test_cli_and_api_agree_on_every_preset(preset, phase, tp, session, h100_file
         return
     same_numbers(cli_json(capsys, *argv), api)
     assert api.workload == {"model": preset, "dtype": "bf16", "train": False, "all_logits": False, "fuse": True,
-                            "weights": None, "activations": None, "kv_cache": None, "sp": False, "ep": 1, "pp": 1,
-                            "micro_batches": 1, "dp": 1, "reuse": True, **options}
+                            "weights": None, "activations": None, "kv_cache": None, "kv_reads": "group", "sp": False,
+                            "ep": 1, "pp": 1, "micro_batches": 1, "dp": 1, "reuse": True, **options}
 
 
 def test_the_installed_command_prints_what_the_api_returns(session, h100_file, tiny_llama):
