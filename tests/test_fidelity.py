@@ -258,10 +258,10 @@ def test_run_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     import fidelity.run as run
 
     out = tmp_path / "fidelity.json"
-    monkeypatch.setattr(sys, "argv", ["run.py", "--no-local", "--only", "h100-gemm-tf32-4096", "--out", str(out)])
+    monkeypatch.setattr(sys, "argv", ["run.py", "--no-local", "--only", "h100-trtllm10-llama-3.1-8b-1000-1000-tp1", "--out", str(out)])
     run.main()
     data = json.loads(out.read_text())
     (row,) = data["rows"]
-    assert row["id"] == "h100-gemm-tf32-4096" and ("not_expressible" in row or "skipped" in row)
-    assert "h100-gemm-tf32-4096" in out.with_suffix(".md").read_text()
+    assert row["id"] == "h100-trtllm10-llama-3.1-8b-1000-1000-tp1" and ("not_expressible" in row or "skipped" in row)
+    assert "h100-trtllm10-llama-3.1-8b-1000-1000-tp1" in out.with_suffix(".md").read_text()
     assert "# castcore fidelity" in capsys.readouterr().out
