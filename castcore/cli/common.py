@@ -43,7 +43,8 @@ def add_model_argument(group, default_model: str | None) -> None:
 
 
 def add_dtype_argument(group) -> None:
-    group.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="weights and activations (default: bf16); tf32 is float32 with TF32 matrix products")
+    group.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES,
+                       help="weights and activations (default: bf16); tf32 is float32 with TF32 matrix products")
 
 
 def add_model_options(parser: argparse.ArgumentParser, default_model: str | None) -> None:
