@@ -25,15 +25,21 @@ def real_model(name: str) -> torch.nn.Module:
     register_attention()
     fields = json.loads((DATA / name).read_text())
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    # A model written before transformers' attention interface (GPT-J) runs its own eager attention.
+    own = not getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_supports_attention_backend", True)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=ATTENTION).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                             attn_implementation="eager" if own else ATTENTION).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.2)
     return model
 
 
-@pytest.mark.parametrize("name", ["tiny-llama.json", "tiny-mixtral.json", "tiny-gemma2.json", "tiny-gemma3.json"])
+@pytest.mark.parametrize("name", ["tiny-llama.json", "tiny-mixtral.json", "tiny-gemma2.json", "tiny-gemma3.json",
+                                  "tiny-gptj.json"])
 def test_the_fused_model_computes_what_the_eager_one_does(name):
     from transformers import DynamicCache
 
@@ -143,3 +149,23 @@ def test_kv_reads_head_needs_the_fused_kernel(tiny_llama, h100_file, capsys):
     assert json.loads(capsys.readouterr().out)["workload"]["kv_reads"] == "head"
     assert main(argv + ["--kv-reads", "head", "--eager"]) == 2
     assert "drop --eager" in capsys.readouterr().err
+
+
+def test_gptj_own_attention_and_gelu_new_run_as_single_kernels(session):
+    """GPT-J keeps its own attention (no attention interface) and spells gelu_new out op by op; deployed, both are
+    one kernel each, and the build's note about its eager attention goes, since that no longer runs."""
+    gptj = str(DATA / "tiny-gptj.json")
+    fused, eager = (session.estimate(castcore.build_workload(gptj, seq=32, fuse=fuse)) for fuse in (True, False))
+    names = [r.invoke.name for r in fused.records]
+    assert names.count("castcore::attention") == 2 and names.count("aten::gelu") == 2
+    assert not {"aten::tanh", "aten::pow.Tensor_Scalar", "aten::_softmax"} & set(names)
+    assert "aten::tanh" in {r.invoke.name for r in eager.records}
+    assert not any("cannot take castcore's attention path" in n for n in fused.notes)
+    assert any("cannot take castcore's attention path" in n for n in eager.notes)
+    assert fused.time_s < eager.time_s
+    # The causal kernel counts the kept half of the query-key pairs; the eager graph all of them.
+    call = next(r for r in fused.records if r.invoke.name == "castcore::attention")
+    q = call.invoke.args[0]
+    assert sum(c.mma_ops for c in call.properties.compute_ops.values()) == 2 * 4 * 32 * 33 // 2 * 2 * q.shape[-1]
+    decode = session.estimate(castcore.build_workload(gptj, batch=2, seq=16, phase="decode", kv_len=40))
+    assert [r.invoke.name for r in decode.records].count("castcore::attention") == 2

@@ -8,11 +8,13 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
 - a decoder layer of input_layernorm / self_attn / post_attention_layernorm / mlp: the residual add before
   the second norm fused into it (``castcore::add_rms_norm``), as vLLM's fused_add_rms_norm does;
 - gated MLPs (gate_proj, up_proj, down_proj; SiLU or GELU): gate and up merged into one projection, then
-  ``castcore::silu_and_mul`` / ``castcore::gelu_and_mul``;
+  ``castcore::silu_and_mul`` / ``castcore::gelu_and_mul``; a GELU spelled out op by op (GPT-J's gelu_new) ->
+  one ``aten::gelu`` with the tanh approximation;
 - the rotary embedding of queries and keys -> ``castcore::rotary_embedding`` (the model's own
   ``apply_rotary_pos_emb`` is swapped for the capture only);
 - attention -> ``castcore::attention``: causal and sliding-window masks as arguments, grouped KV heads read
-  once, no repeated keys and values, the output written in the layout the next projection reads;
+  once, no repeated keys and values, the output written in the layout the next projection reads; a model with
+  its own causal ``_attn`` (GPT-J) has that method swapped for the same op;
 - a mixture-of-experts top-k router -> ``castcore::topk_softmax``; its experts -> ``castcore::moe_permute``, the
   two grouped GEMMs with ``castcore::silu_and_mul`` between them, and ``castcore::moe_unpermute``.
 
@@ -86,7 +88,11 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
             module.forward = types.MethodType(_fused_experts_forward, module)
             done["MoE experts -> castcore::moe_permute + grouped GEMMs + castcore::silu_and_mul + "
                  "castcore::moe_unpermute"] += 1
-        elif type(module).__name__.endswith("RMSNorm") or type(module).__name__.endswith("MLP"):
+        elif type(module).__name__ in _TANH_GELUS:
+            setattr(parent, attr, TanhGelu())
+            done["GELU written out op by op (gelu_new) -> one aten::gelu kernel, tanh approximation"] += 1
+        elif type(module).__name__.endswith("RMSNorm") or (type(module).__name__.endswith("MLP") and not any(
+                type(child).__name__ in _TANH_GELUS for child in module.children())):
             eager[type(module).__name__] += 1
     attention_modules = [m for m in model.modules() if _is_hf(m) and type(m).__name__.endswith("Attention")]
     if attention_modules and _use_fused_attention(model):
@@ -94,6 +100,17 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
             module.castcore_kv_per_query_head = kv_reads == "head"
         reads = " (K/V read once per query head)" if kv_reads == "head" else ""
         done[f"attention -> castcore::attention{reads}"] += len(attention_modules)
+    elif attention_modules and all(_has_own_causal_attn(m) for m in attention_modules):
+        for module in attention_modules:
+            module._attn = types.MethodType(_fused_own_attn, module)
+            module.castcore_kv_per_query_head = kv_reads == "head"
+        done["attention (the model's own _attn) -> castcore::attention"] += len(attention_modules)
+        from castcore.workload.hf import no_attention_backend_note
+
+        # Its eager attention no longer runs: the note that says so at build time is not true of this capture.
+        stale = no_attention_backend_note(type(model).__name__, model.config._attn_implementation)
+        if stale in built.notes:
+            built.notes.remove(stale)
     elif attention_modules:
         eager[f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"] += \
             len(attention_modules)
@@ -123,6 +140,16 @@ def _norm_parts(module: nn.Module) -> tuple[nn.Parameter, float, float] | None:
 
 def _is_rms_norm(module: nn.Module) -> bool:
     return _norm_parts(module) is not None
+
+
+# transformers' activations that spell out 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in pointwise ops:
+# the tanh approximation of GELU, one kernel in a server (vLLM's gelu_new) and one aten::gelu here.
+_TANH_GELUS = {"NewGELUActivation", "FastGELUActivation"}
+
+
+class TanhGelu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(x, approximate="tanh")
 
 
 class FusedRMSNorm(nn.Module):
@@ -257,6 +284,22 @@ def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                         int(sliding_window or 0), float(softcap or 0.0),
                         bool(getattr(module, "castcore_kv_per_query_head", False)))
     return out, None
+
+
+def _has_own_causal_attn(module: nn.Module) -> bool:
+    """GPT-J's attention (written before transformers' attention interface): ``_attn(query, key, value,
+    attention_mask)`` on [batch, heads, seq, dim] tensors, dividing the scores by ``scale_attn``, causal."""
+    attn = getattr(module, "_attn", None)
+    if not callable(attn) or not getattr(module, "is_causal", False) or not hasattr(module, "scale_attn"):
+        return False
+    return list(inspect.signature(attn).parameters)[:4] == ["query", "key", "value", "attention_mask"]
+
+
+def _fused_own_attn(self, query, key, value, attention_mask=None, *args, **kwargs):
+    # castcore builds these models without padding, so the mask the model made is the causal one the op applies.
+    out = ops.attention(query, key, value, 1.0 / float(self.scale_attn), True, 0, 0.0,
+                        bool(getattr(self, "castcore_kv_per_query_head", False)))
+    return out.transpose(1, 2), None  # back to [batch, heads, seq, dim], which the model then merges
 
 
 def register_fused_attention() -> None:
