@@ -36,7 +36,7 @@ from torch import nn
 
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.workload.experts import _grouped
-from castcore.workload.hf import ATTENTION, _attention
+from castcore.workload.hf import ATTENTION, _attention, no_attention_backend_note
 from castcore.workload.parallel import _expert_weights
 from castcore.workload.models import BuiltModel
 
@@ -95,18 +95,15 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
                 type(child).__name__ in _TANH_GELUS for child in module.children())):
             eager[type(module).__name__] += 1
     attention_modules = [m for m in model.modules() if _is_hf(m) and type(m).__name__.endswith("Attention")]
+    for module in attention_modules:  # read by both fused paths below
+        module.castcore_kv_per_query_head = kv_reads == "head"
+    reads = " (K/V read once per query head)" if kv_reads == "head" else ""
     if attention_modules and _use_fused_attention(model):
-        for module in attention_modules:
-            module.castcore_kv_per_query_head = kv_reads == "head"
-        reads = " (K/V read once per query head)" if kv_reads == "head" else ""
         done[f"attention -> castcore::attention{reads}"] += len(attention_modules)
     elif attention_modules and all(_has_own_causal_attn(m) for m in attention_modules):
         for module in attention_modules:
             module._attn = types.MethodType(_fused_own_attn, module)
-            module.castcore_kv_per_query_head = kv_reads == "head"
-        done["attention (the model's own _attn) -> castcore::attention"] += len(attention_modules)
-        from castcore.workload.hf import no_attention_backend_note
-
+        done[f"attention (the model's own _attn) -> castcore::attention{reads}"] += len(attention_modules)
         # Its eager attention no longer runs: the note that says so at build time is not true of this capture.
         stale = no_attention_backend_note(type(model).__name__, model.config._attn_implementation)
         if stale in built.notes:
