@@ -138,10 +138,10 @@ def model_identity(model: str) -> str:
 class CaptureCache:
     """The pipeline's capture step with a memory cache (this process) and the disk cache behind it."""
 
-    def __init__(self, disk: bool = True, original: Callable | None = None):
+    def __init__(self, disk: bool = True):
         from castcore.workload.pipeline import capture_workload
 
-        self.original = original or capture_workload
+        self.original = capture_workload
         self.disk = disk
         self.stats = Stats()
         self._memory: OrderedDict[str, dict[str, Any]] = OrderedDict()
