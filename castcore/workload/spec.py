@@ -125,8 +125,8 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, batch: int = 1, seq: 
     _check_parallel(batch, train, tp, sp, ep, pp, micro_batches)  # after the model's own checks, which say more
     return Workload(model=model, batch=batch, seq=seq, phase=phase, kv_len=kv_len, dtype=dtype, train=train,
                     all_logits=all_logits, fuse=fuse, weights=weights, activations=activations, kv_cache=kv_cache,
-                    kv_reads=kv_reads, tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=micro_batches, dp=dp, reuse=reuse, args=tuple(args),
-                    kwargs=dict(kwargs or {}))
+                    kv_reads=kv_reads, tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=micro_batches, dp=dp, reuse=reuse,
+                    args=tuple(args), kwargs=dict(kwargs or {}))
 
 
 def _check_dtypes(dtype: str, weights: str | None, activations: str | None, kv_cache: str | None) -> None:

@@ -71,7 +71,8 @@ def attention_properties(invoke: OpInvoke, layout: str = "bhsd", backward: bool 
     masked = any(invoke.argument(name) is not None for name in ("attn_mask", "attn_bias", "bias"))
     props = invoke.memory_access_properties()
     props.kernel = "attention"
-    return props.add(product_dtype(invoke, invoke.argument("query").dtype), mma=2 * pairs * products, gp=(softmax + masked) * pairs)
+    return props.add(product_dtype(invoke, invoke.argument("query").dtype), mma=2 * pairs * products,
+                     gp=(softmax + masked) * pairs)
 
 
 _FORWARD_BHSD = [
