@@ -8,15 +8,33 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "ascend", "collectives", "nvidia", "template"]
+nox.options.sessions = ["lint", "tests", "oldest", "ascend", "collectives", "nvidia", "template"]
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"
 
 
+def _lowest(package: str) -> str:
+    """The lowest version of ``package`` pyproject.toml admits (its ``>=`` bound)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    with open("pyproject.toml", "rb") as file:
+        requirements = [Requirement(line) for line in tomllib.load(file)["project"]["dependencies"]]
+    spec = next(r.specifier for r in requirements if r.name == package)
+    return next(s.version for s in spec if s.operator == ">=")
+
+
+def _say_versions(session: nox.Session) -> None:
+    session.run("python", "-c", "import importlib.metadata as m; print('tested on torch', m.version('torch'), "
+                "'and transformers', m.version('transformers'))")
+
+
 def _install_core(session: nox.Session) -> None:
     session.install(TORCH)
-    session.install(".[test]")
+    session.install(".[test]")  # a fresh venv: the newest transformers the index serves, as a user gets it
+    _say_versions(session)
 
 
 @nox.session
@@ -38,6 +56,20 @@ def tests(session: nox.Session) -> None:
     _install_core(session)
     session.install(".[ray]")  # the sweep's Ray backend and Parquet files are tested on a local Ray instance
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session
+def oldest(session: nox.Session) -> None:
+    """The tests that build transformers models (``-m models``) against the oldest transformers and torch
+    pyproject.toml admits; the tests session runs everything against the newest."""
+    from packaging.version import Version
+
+    if Version(_lowest("torch")) != Version(TORCH.partition("==")[2]):  # the only CPU build installable here
+        session.error(f"pyproject admits torch from {_lowest('torch')}, but only {TORCH} can be tested here")
+    session.install(TORCH)
+    session.install(".[test]", f"transformers=={_lowest('transformers')}")
+    _say_versions(session)
+    session.run("pytest", "-m", "models", "tests", *session.posargs)
 
 
 @nox.session

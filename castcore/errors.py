@@ -5,3 +5,7 @@ from __future__ import annotations
 
 class CastcoreError(Exception):
     """Bad input, a plugin's bad answer, or a model castcore cannot run; the message names the culprit and the fix."""
+
+
+class ModelError(CastcoreError, ValueError):
+    """A model or workload castcore cannot build; the message says what is accepted."""

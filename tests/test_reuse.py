@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import castcore
+from castcore import hf
 from castcore.workload.spec import build_workload
 from castcore.recording.reuse import repeated_layers
 from castcore.workload.pipeline import build
@@ -187,7 +188,8 @@ def _dynamic_cache_step(model, batch: int, cached: int, made: list):
             keys = torch.zeros(batch, config.num_key_value_heads, cached, head_dim, dtype=torch.bfloat16)
             cache.update(keys, keys.clone(), index)
         made.append(cache)
-        return (), {"input_ids": torch.zeros(batch, 1, dtype=torch.long), "past_key_values": cache, "use_cache": True}
+        return (), {"input_ids": torch.zeros(batch, 1, dtype=torch.long), hf.cache_argument(model): cache,
+                    "use_cache": True}
 
     return make
 

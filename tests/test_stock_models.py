@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from castcore import hf
 from castcore.recording.reuse import repeated_layers
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import build_workload
@@ -94,9 +95,12 @@ def test_the_attention_setting_is_restored_when_the_capture_fails(session, monke
     assert model.config._attn_implementation == "sdpa"
 
 
-@pytest.mark.parametrize("kwargs", [{"use_cache": True}, {"use_cache": False}, {"past_key_values": None}])
+@pytest.mark.parametrize("kwargs", [{"use_cache": True}, {"use_cache": False}, {"cache": None}])
 def test_the_callers_cache_choice_is_kept(kwargs):
-    built = build(build_workload(_stock(CONFIGS["llama"], meta=True), _input_ids(), kwargs=kwargs))
+    model = _stock(CONFIGS["llama"], meta=True)
+    if "cache" in kwargs:  # the name the installed transformers takes its cache by
+        kwargs = {hf.cache_argument(model): None}
+    built = build(build_workload(model, _input_ids(), kwargs=kwargs))
     assert built.kwargs == kwargs
     assert built.config is None and built.kv_cache_shape is None  # the capture holds whatever cache is made
     assert not any("use_cache" in note for note in built.notes)

@@ -21,7 +21,6 @@ DTensor inputs or outputs, and training (autograd needs the real forward) are al
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from castcore.hf import cache_layers
 from castcore.recording.invoke import OpInvoke, TensorMeta
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
@@ -72,9 +72,8 @@ def _cache_index(layer: torch.nn.Module, path: str) -> int:
 
 def _cache_layer(value: Any, index: int) -> Any:
     """``value.layers[index]`` when value is a transformers Cache that has it, else None."""
-    cache = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
-    layers = getattr(value, "layers", None) if cache is not None and isinstance(value, cache) else None
-    part = layers[index] if isinstance(layers, list) and index < len(layers) else None
+    layers = cache_layers(value)
+    part = layers[index] if layers is not None and index < len(layers) else None
     return part if hasattr(part, "__dict__") else None  # its state is read through vars()
 
 

@@ -29,14 +29,14 @@ import types
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from castcore import hf
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.workload.experts import _grouped
-from castcore.workload.hf import ATTENTION, _attention, no_attention_backend_note
 from castcore.workload.parallel import _expert_weights
 from castcore.workload.models import BuiltModel
 
@@ -71,7 +71,7 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         layer.forward = types.MethodType(_fused_layer_forward, layer)
         done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
     for name, module in list(model.named_modules()):
-        if not name or not _is_hf(module):
+        if not name or not hf.is_transformers_module(module):
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -94,33 +94,30 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         elif type(module).__name__.endswith("RMSNorm") or (type(module).__name__.endswith("MLP") and not any(
                 type(child).__name__ in _TANH_GELUS for child in module.children())):
             eager[type(module).__name__] += 1
-    attention_modules = [m for m in model.modules() if _is_hf(m) and type(m).__name__.endswith("Attention")]
+    attention_modules = [m for m in model.modules()
+                         if hf.is_transformers_module(m) and type(m).__name__.endswith("Attention")]
     for module in attention_modules:  # read by both fused paths below
         module.castcore_kv_per_query_head = kv_reads == "head"
     reads = " (K/V read once per query head)" if kv_reads == "head" else ""
-    if attention_modules and _use_fused_attention(model):
+    if attention_modules and _use_fused_attention(model):  # the interface path
         done[f"attention -> castcore::attention{reads}"] += len(attention_modules)
-    elif attention_modules and all(_has_own_causal_attn(m) for m in attention_modules):
+    elif attention_modules and all(hf.own_causal_attn(m) for m in attention_modules):
         for module in attention_modules:
-            module._attn = types.MethodType(_fused_own_attn, module)
+            hf.replace_own_attn(module, _fused_own_attn)
         done[f"attention (the model's own _attn) -> castcore::attention{reads}"] += len(attention_modules)
         # Its eager attention no longer runs: the note that says so at build time is not true of this capture.
-        stale = no_attention_backend_note(type(model).__name__, model.config._attn_implementation)
+        stale = hf.no_attention_backend_note(type(model).__name__, hf.attention_of(model))
         if stale in built.notes:
             built.notes.remove(stale)
     elif attention_modules:
         eager[f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"] += \
             len(attention_modules)
-    rotary = _rotary_functions(model)
+    rotary = hf.standard_rotary(model)
     if rotary:
         done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
         outer = built.while_capturing
-        built.while_capturing = lambda: _both(outer(), _swapped_functions(rotary))
+        built.while_capturing = lambda: _both(outer(), hf.rotary_swapped(rotary, _fused_rotary))
     return [f"{count} {kind}" for kind, count in done.items()], [f"{count} {kind}" for kind, count in eager.items()]
-
-
-def _is_hf(module: nn.Module) -> bool:
-    return type(module).__module__.startswith("transformers.")
 
 
 # --- norms ---------------------------------------------------------------------------------------------
@@ -165,11 +162,12 @@ _LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp
 
 def _is_fusable_layer(module: nn.Module) -> bool:
     children = {name for name, _ in module.named_children()}
-    if children != _LAYER_PARTS or not _is_hf(module):
+    if children != _LAYER_PARTS or not hf.is_transformers_module(module):
         return False
     returns = inspect.signature(type(module).forward).return_annotation
     return (returns in (torch.Tensor, "torch.Tensor") and _is_rms_norm(module.post_attention_layernorm)
-            and _is_hf(module.input_layernorm) and _is_hf(module.post_attention_layernorm))
+            and hf.is_transformers_module(module.input_layernorm)
+            and hf.is_transformers_module(module.post_attention_layernorm))
 
 
 def _fused_layer_forward(self, hidden_states, *args, **kwargs):
@@ -244,10 +242,7 @@ def _fused_router_forward(self, hidden_states):
 
 def _is_fusable_experts(module: nn.Module) -> bool:
     """transformers' grouped-GEMM experts (3-D gate_up_proj / down_proj) with SiLU gating and no biases."""
-    gate = getattr(type(module), "_apply_gate", None)
-    return (len(_expert_weights(module)) == 2 and getattr(module, "has_gate", False)
-            and not getattr(module, "has_bias", False) and not getattr(module, "is_transposed", False)
-            and getattr(gate, "__name__", "") == "_default_apply_gate"
+    return (len(_expert_weights(module)) == 2 and hf.is_default_gated_experts(module)
             and type(getattr(module, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
 
 
@@ -264,32 +259,21 @@ def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
 
 def _fused_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
     """No mask tensor without padding: the fused kernel applies causality and the sliding window itself."""
-    from transformers.masking_utils import sdpa_mask
-
     if attention_mask is None:
         return None
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs)
+    return hf.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs)
 
 
 def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
                      sliding_window=None, **kwargs):
     if attention_mask is not None or dropout:  # padding or dropout: the eager path prices them
-        return _attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                          softcap=softcap, sliding_window=sliding_window, **kwargs)
+        return hf.castcore_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                     softcap=softcap, sliding_window=sliding_window, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = ops.attention(query, key, value, float(scale), bool(getattr(module, "is_causal", True)),
                         int(sliding_window or 0), float(softcap or 0.0),
                         bool(getattr(module, "castcore_kv_per_query_head", False)))
     return out, None
-
-
-def _has_own_causal_attn(module: nn.Module) -> bool:
-    """GPT-J's attention (written before transformers' attention interface): ``_attn(query, key, value,
-    attention_mask)`` on [batch, heads, seq, dim] tensors, dividing the scores by ``scale_attn``, causal."""
-    attn = getattr(module, "_attn", None)
-    if not callable(attn) or not getattr(module, "is_causal", False) or not hasattr(module, "scale_attn"):
-        return False
-    return list(inspect.signature(attn).parameters)[:4] == ["query", "key", "value", "attention_mask"]
 
 
 def _fused_own_attn(self, query, key, value, attention_mask=None, *args, **kwargs):
@@ -299,44 +283,10 @@ def _fused_own_attn(self, query, key, value, attention_mask=None, *args, **kwarg
     return out.transpose(1, 2), None  # back to [batch, heads, seq, dim], which the model then merges
 
 
-def register_fused_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(FUSED_ATTENTION, _fused_attention)
-    AttentionMaskInterface.register(FUSED_ATTENTION, _fused_mask)
-
-
 def _use_fused_attention(model: nn.Module) -> bool:
     """Switch every config on castcore's attention path to the fused one; False when the model has its own."""
-    from castcore.workload.stock import _configs
-
-    configs = _configs(model)
-    if not configs or any(c._attn_implementation_internal != ATTENTION for c in configs):
-        return False
-    register_fused_attention()
-    for config in configs:
-        config._attn_implementation_internal = FUSED_ATTENTION
-    return True
-
-
-def _rotary_functions(model: nn.Module) -> dict[Any, Any]:
-    """The modeling modules whose ``apply_rotary_pos_emb`` the attention calls, if it is the standard one
-    (q, k, cos, sin, and an unsqueeze_dim; halves rotated by ``rotate_half``)."""
-    import sys
-
-    found = {}
-    for module in model.modules():
-        if not (_is_hf(module) and hasattr(module, "q_proj")):
-            continue
-        home = sys.modules[type(module).__module__]
-        original = getattr(home, "apply_rotary_pos_emb", None)
-        if original is None or not hasattr(home, "rotate_half"):
-            continue
-        params = list(inspect.signature(original).parameters)
-        if params[:4] == ["q", "k", "cos", "sin"] and "unsqueeze_dim" in params:
-            found[home] = original
-    return found
+    hf.register_attention(FUSED_ATTENTION, _fused_attention, _fused_mask)
+    return hf.set_attention(model, FUSED_ATTENTION, only_from=hf.ATTENTION)
 
 
 def _fused_rotary(original):
@@ -351,17 +301,6 @@ def _fused_rotary(original):
             return original(*args, **kwargs)  # a partial or differently laid out rotary: priced as it runs
         return ops.rotary_embedding(q, k, cos, sin)
     return apply_rotary_pos_emb
-
-
-@contextmanager
-def _swapped_functions(originals: dict[Any, Any]) -> Iterator[None]:
-    try:
-        for home, original in originals.items():
-            home.apply_rotary_pos_emb = _fused_rotary(original)
-        yield
-    finally:
-        for home, original in originals.items():
-            home.apply_rotary_pos_emb = original
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from castcore.devices.dtypes import MODEL_DTYPES, torch_dtype
-from castcore.workload.hf import build_causal_lm, decode_inputs
+from castcore.hf import build_causal_lm, decode_inputs
 from castcore.workload.spec import ModelError, Workload, load_model_config
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from castcore.hf import is_conv1d
 from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import ModelError
@@ -111,7 +112,7 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
         parent, _, leaf = path.rpartition(".")
         if experts and _expert_weights(module):
             info.plan[path] = "experts"
-        if _is_conv1d(module) and leaf in CONV1D:
+        if is_conv1d(module) and leaf in CONV1D:
             info.plan[path] = CONV1D[leaf]
         if not isinstance(module, torch.nn.Linear):
             continue
@@ -150,13 +151,6 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
 
 def _has_fused_qkv(module: torch.nn.Module) -> bool:
     return any(isinstance(getattr(module, name, None), torch.nn.Linear) for name in FUSED_QKV)
-
-
-def _is_conv1d(module: torch.nn.Module) -> bool:
-    """transformers' Conv1D (GPT-2): a linear layer whose weight is stored [in, out], with ``nf`` outputs."""
-    weight = getattr(module, "weight", None)
-    return type(module).__name__ == "Conv1D" and isinstance(weight, torch.nn.Parameter) and weight.dim() == 2 \
-        and hasattr(module, "nf")
 
 
 def _expert_weights(module: torch.nn.Module) -> list[str]:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from castcore import hf
+from castcore.errors import CastcoreError
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
 from castcore.report.memory import kv_cache_bytes
 from castcore.report.records import Report
@@ -66,7 +68,21 @@ def capture_decode_steps(session: Session, workload: Workload, device: DevicePro
 def _capture_workload(session: Session, workload: Workload, device: DeviceProfile,
                       progress: Callable[[int], None] | None, more_kv: tuple[int, ...]
                       ) -> tuple[BuiltModel, dict[int, Capture]]:
-    built = build(workload)
+    built = None
+    try:
+        built = build(workload)
+        return built, _fuse_shard_capture(session, workload, device, built, progress, more_kv)
+    except CastcoreError:
+        raise
+    except Exception as exc:
+        if not hf.raised_inside(exc):
+            raise
+        model = built.model if built is not None else workload.model
+        raise hf.internals_error(exc, model if isinstance(model, str) else type(model).__name__) from exc
+
+
+def _fuse_shard_capture(session: Session, workload: Workload, device: DeviceProfile, built: BuiltModel,
+                        progress: Callable[[int], None] | None, more_kv: tuple[int, ...]) -> dict[int, Capture]:
     if workload.fuse and workload.named and not workload.train:
         built.notes += fuse(session, built, device, workload.kv_reads)
         built.description += " (deployed kernels)"
@@ -89,7 +105,7 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
                 break
             built.inputs_fn = remake(kv_len)
             captures[kv_len] = _capture(session, workload, device, built, progress)
-    return built, captures
+    return captures
 
 
 def _capture(session: Session, workload: Workload, device: DeviceProfile, built: BuiltModel,

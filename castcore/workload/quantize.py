@@ -23,7 +23,7 @@ device's shard. It deploys the model as vLLM deploys a quantized checkpoint:
   methods cover linear and fused-MoE layers, the LM head only when a GPTQ/AWQ checkpoint sets lm_head_quantized,
   and routers are built unquantized. (GenZ instead applies one bit width to every operator.)
 - ``--kv-cache``: a decode step's static cache holds keys and values in that dtype, the new token's cast to it as
-  they are written (castcore.workload.hf.decode_inputs); a prefill's cache is counted in it. The fused
+  they are written (castcore.hf.decode_inputs); a prefill's cache is counted in it. The fused
   ``castcore::attention`` reads the cache as it is; the eager path (``--eager``) dequantizes it first.
 
 Quantized weights are Parameters of their real dtype and shape, so memory counts their bytes.
@@ -42,7 +42,7 @@ from torch import nn
 from castcore.builtin import quantized_ops  # noqa: F401  (defines the torch.ops.castcore quantized ops)
 from castcore.devices.dtypes import dtype_name, torch_dtype
 from castcore.recording.dtensor import dtensor_type
-from castcore.workload.hf import cast_on_write
+from castcore.hf import cast_on_write, experts_grouped_forward, is_conv1d
 from castcore.workload.models import BuiltModel
 from castcore.workload.parallel import EXPERT_WEIGHTS, _expert_weights
 from castcore.workload.spec import ModelError, Workload
@@ -162,11 +162,7 @@ def _kept_whole(model: nn.Module) -> set[int]:
 
 def _is_linear(module: nn.Module) -> bool:
     """nn.Linear, or transformers' Conv1D (GPT-2's linear layers, weight stored [in, out])."""
-    if isinstance(module, nn.Linear):
-        return True
-    weight = getattr(module, "weight", None)
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, torch.Tensor) \
-        and weight.dim() == 2
+    return isinstance(module, nn.Linear) or is_conv1d(module)
 
 
 def _codes(out_features: int, in_features: int, kind: str, w8a8: bool, dtype: torch.dtype, device: Any,
@@ -266,13 +262,7 @@ def _experts_base_forward(module: nn.Module) -> Any:
     swapped = vars(module).get("forward")
     if swapped is not None:
         return getattr(swapped, "__func__", None)
-    if not hasattr(module, "has_gate"):  # not one of transformers' @use_experts_implementation modules
-        return None
-    try:
-        from transformers.integrations import moe
-    except ImportError:
-        return None
-    return getattr(moe, "grouped_mm_experts_forward", None)
+    return experts_grouped_forward(module)
 
 
 def _quantize_experts(module: nn.Module, path: str, kind: str, w8a8: bool) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from castcore import hf
 from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
 from castcore.plugins.claims import ClaimTable, declared_count
 from castcore.plugins.config import Config, load_config
@@ -42,6 +43,7 @@ class Session:
         self.warnings += [f"{info.label}: {warning}" for info in infos for warning in info.warnings]
         # Worth telling (a slow import), but no fault: --strict does not fail on these.
         self.notes: list[str] = [f"{info.label}: {note}" for info in infos for note in info.notes]
+        self.notes += hf.version_warnings()  # a torch or transformers release the test suite does not run on
         remember_hooks(self.plugins.infos)
         self.devices: dict[str, DeviceProfile] = self._collect_devices()
         # What stands in for the pipeline's capture step (castcore.workload.pipeline.capture_workload's

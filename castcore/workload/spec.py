@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.devices.dtypes import MODEL_DTYPES
-from castcore.errors import CastcoreError
+from castcore.errors import ModelError
 
 DEFAULT_MODEL = "llama-3-8b"
 PHASES = ("prefill", "decode")
@@ -23,10 +23,6 @@ KV_READS = ("group", "head")  # --kv-reads: a fused attention kernel reads each 
 # How a model is deployed, as serve passes them on to every step's Workload.
 DEPLOYMENT = ("dtype", "fuse", "weights", "activations", "kv_cache", "kv_reads", "tp", "sp", "ep", "pp", "micro_batches",
               "dp")
-
-
-class ModelError(CastcoreError, ValueError):
-    """A model or workload castcore cannot build; the message says what is accepted."""
 
 
 @dataclass(frozen=True)

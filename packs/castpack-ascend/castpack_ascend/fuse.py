@@ -53,7 +53,10 @@ class AscendAttention(nn.Module):
         self.config, self.layer_idx, self.head_dim = attn.config, attn.layer_idx, attn.head_dim
         self.scaling = attn.scaling
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, cache=None,
+                **kwargs):
+        # transformers 5.24 passes the KV cache as ``cache``; earlier releases as ``past_key_values``.
+        past_key_values = cache if cache is not None else past_key_values
         b, s, _ = hidden_states.shape
         # Head counts from the projections' outputs, so a tensor-parallel shard runs its own heads.
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
