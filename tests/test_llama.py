@@ -37,7 +37,9 @@ def test_attention_reaches_the_estimator_as_one_causal_op(session, tiny_llama):
     for record in attention:
         assert record.invoke.argument("is_causal") is True
         assert record.invoke.module.endswith("self_attn")
-    assert not any(r.invoke.name in ("aten::bmm", "aten::_softmax") for r in report.records)
+    # (The rotary tables are a float32 bmm before transformers 5.16: not attention.)
+    assert not any(r.invoke.name in ("aten::bmm", "aten::_softmax") for r in report.records
+                   if not r.invoke.module.endswith("rotary_emb"))
 
 
 def test_weights_are_never_allocated_and_model_is_untouched(session, tiny_llama):

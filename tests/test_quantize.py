@@ -48,9 +48,12 @@ def _estimate(session, model=LLAMA, device=None, **options) -> castcore.Report:
 
 
 def _ops(report: castcore.Report, unit: str) -> dict[torch.dtype, float]:
-    """mma_ops or gp_ops of a report, per dtype."""
+    """mma_ops or gp_ops of a report, per dtype, outside the rotary tables (which transformers before 5.16 builds
+    with a float32 product, later releases with a multiply)."""
     found: dict[torch.dtype, float] = defaultdict(float)
     for record in report.records:
+        if record.invoke.module.endswith("rotary_emb"):
+            continue
         for dtype, ops_ in (record.properties.compute_ops if record.properties else {}).items():
             found[dtype] += getattr(ops_, f"{unit}_ops")
     return {dtype: n for dtype, n in found.items() if n}
