@@ -17,15 +17,11 @@ Session's ``capture_step``, it serves that session's ``estimate`` and ``serve`` 
 
 from __future__ import annotations
 
-import copyreg
 import hashlib
-import io
 import json
-import pickle
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import replace
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -35,47 +31,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from castcore.recording.invoke import OpInvoke, TensorMeta
+from castcore.recording import stored
 from castcore.recording.recorder import CAPTURE_LOCK, Capture
 from castcore.sweeps import store
 from castcore.sweeps.store import Stats
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import Workload, is_factory
 
-FORMAT = 2  # of a stored entry; a new one makes every old key miss
+FORMAT = 3  # of a stored entry (3: JSON through castcore.recording.stored); a new one makes every old key miss
 MEMORY_ENTRIES = 32
-
-
-def _op(name: str, overload: str) -> Any:
-    namespace, _, op = name.partition("::")
-    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
-
-
-def _reduce_op(op: Any) -> tuple:
-    return _op, (op._schema.name, op._overloadname)  # an OpOverload by name: its C++ handle does not pickle
-
-
-def _by_fields(cls: type) -> Callable[[Any], tuple]:
-    """A dataclass rebuilt by its constructor: unpickling a slots dataclass by its state looks its fields up once
-    per object, the most of the time a capture takes to load. A field not passed to __init__ (an invoke's cached
-    key) is left out."""
-    names = [f.name for f in fields(cls) if f.init and not f.name.startswith("_")]
-    return lambda value: (cls, tuple(getattr(value, name) for name in names))
-
-
-_REDUCERS = {torch._ops.OpOverload: _reduce_op, TensorMeta: _by_fields(TensorMeta), OpInvoke: _by_fields(OpInvoke)}
-
-
-def dumps(value: Any) -> bytes:
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dispatch_table = {**copyreg.dispatch_table, **_REDUCERS}
-    pickler.dump(value)
-    return zlib.compress(out.getvalue(), 1)
-
-
-def loads(data: bytes) -> Any:
-    return pickle.loads(zlib.decompress(data))
 
 
 def digest(value: Any) -> str:
@@ -148,6 +112,11 @@ class CaptureCache:
         self._environment: dict[int, str] = {}
         self._fused: dict[str, str] = {}
         self._keys: dict[Any, Any] = {}
+        self.warnings: list[str] = []  # entries discarded, a folder refused: each said once
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     def __call__(self, session: Any, workload: Workload, device: Any,
                  progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
@@ -164,16 +133,51 @@ class CaptureCache:
             self._remember(key, entry)
         else:
             built, captured = self.original(session, workload, device, progress)
-            self.stats.captured += 1
-            self._intern(captured)
-            entry = {"format": FORMAT, "description": built.description, "notes": list(built.notes),
-                     "config": _plain_config(built.config), "kv_cache_shape": built.kv_cache_shape, "capture": captured,
-                     "layers": _layers(built.model)}
-            if not (self.disk and self._store(key, entry)):
-                self.stats.unstored += 1
-            self._remember(key, entry)
+            self._keep(key, built, captured)
             return built, captured
         return self._built(entry, workload), entry["capture"]
+
+    def decode_steps(self, session: Any, workload: Workload, device: Any, kv_lens: list[int],
+                     progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
+        """What ``castcore.workload.pipeline.capture_decode_steps`` gives: the steps found in the cache, and the
+        rest captured from one built model."""
+        from castcore.workload.pipeline import capture_decode_steps
+
+        steps = {kv: replace(workload, kv_len=kv) for kv in kv_lens}
+        keys = {kv: self.key(session, step, device) for kv, step in steps.items()} if workload.named else {}
+        captures: dict[int, Capture] = {}
+        built = None
+        for kv, key in keys.items():
+            entry = self._memory.get(key)
+            if entry is not None:
+                self.stats.reused += 1
+            elif self.disk and (entry := self._load(key)) is not None:
+                self.stats.loaded += 1
+                self._intern(entry["capture"])
+            else:
+                continue
+            self._remember(key, entry)
+            captures[kv] = entry["capture"]
+            built = built or self._built(entry, steps[kv])
+        missing = [kv for kv in kv_lens if kv not in captures]
+        if missing:
+            made, fresh = capture_decode_steps(session, steps[missing[0]], device, missing[1:], progress)
+            for kv, captured in fresh.items():
+                if workload.named:
+                    self._keep(keys[kv], made, captured)
+                captures[kv] = captured
+            built = made
+        return built, captures
+
+    def _keep(self, key: str, built: BuiltModel, captured: Capture) -> None:
+        self.stats.captured += 1
+        self._intern(captured)
+        entry = {"format": FORMAT, "description": built.description, "notes": list(built.notes),
+                 "config": _plain_config(built.config), "kv_cache_shape": built.kv_cache_shape, "capture": captured,
+                 "layers": _layers(built.model)}
+        if not (self.disk and self._store(key, entry)):
+            self.stats.unstored += 1
+        self._remember(key, entry)
 
     def _intern(self, captured: Capture) -> None:
         """Give equal calls one key object, across every capture of this process: the estimator cache then finds
@@ -207,10 +211,8 @@ class CaptureCache:
                       "model": model_identity(workload.model), "probe": probe.options()})
         if key in self._fused:
             return self._fused[key]
-        stored = store.read(key, ".fused") if self.disk else None
-        if stored is not None:
-            found = stored.decode()
-        else:
+        found = self._read_fused(key) if self.disk else None
+        if found is None:
             from castcore.workload.pipeline import build
 
             with CAPTURE_LOCK:  # building touches process-wide state, as a capture does
@@ -223,22 +225,47 @@ class CaptureCache:
         self._fused[key] = found
         return found
 
+    def _read(self, key: str, suffix: str) -> bytes | None:
+        try:
+            return store.read(key, suffix)
+        except store.Refused as refused:
+            self._warn(str(refused))
+            return None
+
+    def _read_fused(self, key: str) -> str | None:
+        data = self._read(key, ".fused")
+        try:
+            text = data.decode("ascii") if data is not None else None
+        except UnicodeDecodeError:
+            text = None
+        if data is not None and (text is None or len(text) != 64):
+            self._warn(f"discarded the unreadable cache entry {store.captures_dir() / (key + '.fused')}; "
+                       "rebuilding it")
+            return None
+        return text
+
     def _load(self, key: str) -> dict[str, Any] | None:
-        data = store.read(key, ".capture")
+        data = self._read(key, ".capture")
         if data is None:
             return None
         try:
-            entry = loads(data)
-        except Exception:  # a file from an older castcore or a cut write: capture anew, and store over it
+            entry = stored.loads(data)
+        except stored.StoredError as exc:  # cut, altered, or an op no longer registered: capture anew, store over
+            self._warn(f"discarded the unreadable cache entry {store.captures_dir() / (key + '.capture')} ({exc}); "
+                       "capturing it again")
             return None
-        return entry if isinstance(entry, dict) and entry.get("format") == FORMAT else None
+        return entry if entry.get("format") == FORMAT else None
 
     def _store(self, key: str, entry: dict[str, Any]) -> bool:
         try:
-            data = dumps(entry)
-        except Exception:  # something in the capture that does not pickle: it is kept in memory only
+            data = stored.dumps(entry)
+        except stored.Unstorable:  # an op that is a Python callable, an object argument: kept in memory only
             return False
-        return store.write(key, ".capture", data)
+        if store.write(key, ".capture", data):
+            return True
+        self._warn(f"the capture cache folder {store.captures_dir()} cannot be written, so nothing is cached for "
+                   "the next run (set XDG_CACHE_HOME to a folder you can write)")
+        return False
 
     def _remember(self, key: str, entry: dict[str, Any]) -> None:
         self._memory[key] = entry

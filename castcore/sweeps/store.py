@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from castcore.plugins.files import unsafe_reason
 from castcore.plugins.packs import cache_dir
 
 SUFFIXES = (".capture", ".fused")  # a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
@@ -36,13 +37,28 @@ class Stats:
         return hits / (hits + self.captured) if hits + self.captured else 0.0
 
 
+class Refused(OSError):
+    """A cache folder or entry castcore will not read: another user owns it, or every user may write it."""
+
+
 def captures_dir() -> Path:
     return cache_dir() / "captures"
 
 
 def read(key: str, suffix: str) -> bytes | None:
+    """The entry's bytes; None when there is none. Refused (the message says why and what to do) when the folder or
+    the entry could have been written by another user: its estimates would be theirs."""
+    folder = captures_dir()
+    path = folder / f"{key}{suffix}"
     try:
-        return (captures_dir() / f"{key}{suffix}").read_bytes()
+        for checked in (folder, path):
+            reason = unsafe_reason(checked)
+            if reason:
+                raise Refused(f"the capture cache is not used: {reason}; castcore captures anew (castcore cache "
+                              "clear, or set XDG_CACHE_HOME to a folder of your own)")
+        return path.read_bytes()
+    except Refused:
+        raise
     except OSError:
         return None
 

@@ -177,17 +177,20 @@ def run_decode_steps(session: Session, workload: Workload, kv_lens: list[int],
     """The decode step of ``workload`` at each of ``kv_lens``: what ``run`` gives for each, from one built model."""
     profile = session.device(device)
     check_interconnect(profile, workload)
-    if session.capture_step is not None:  # the session's own capture step (a sweep's cache) takes each step
+    steps = getattr(session.capture_step, "decode_steps", None)  # the session's own (a capture cache)
+    if session.capture_step is not None and steps is None:
         return {kv_len: run(session, replace(workload, kv_len=kv_len), profile) for kv_len in kv_lens}
-    first = replace(workload, kv_len=kv_lens[0])
-    built, captures = capture_decode_steps(session, first, profile, kv_lens[1:])
+    if steps is not None:
+        built, captures = steps(session, workload, profile, kv_lens)
+    else:
+        built, captures = capture_decode_steps(session, replace(workload, kv_len=kv_lens[0]), profile, kv_lens[1:])
     reports = {}
     for kv_len in kv_lens:
         step = replace(workload, kv_len=kv_len)
         if kv_len not in captures:
             reports[kv_len] = run(session, step, profile)
             continue
-        description = built.description.replace(f"over {kv_lens[0]} cached", f"over {kv_len} cached")
+        description = re.sub(r"over \d+ cached", f"over {kv_len} cached", built.description)
         reports[kv_len] = _report(session, step, built, captures[kv_len], profile, description)
     return reports
 
