@@ -1,7 +1,5 @@
 """``python -m castcore``: the castcore command."""
 
-import sys
+from castcore.cli.main import console
 
-from castcore.cli.main import main
-
-sys.exit(main())
+console()

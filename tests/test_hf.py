@@ -73,7 +73,8 @@ def test_a_failure_inside_transformers_is_one_line_naming_the_model_and_versions
     from transformers.models.llama import modeling_llama
 
     monkeypatch.delattr(modeling_llama, "rotate_half")  # apply_rotary_pos_emb now fails inside transformers
-    argv = ["estimate", "--model", str(tiny_llama), "--seq", "8", "--no-packs", "--device-file", str(h100_file)]
+    argv = ["estimate", "--model", str(tiny_llama), "--seq", "8", "--no-packs", "--device-file", str(h100_file),
+            "--no-cache"]  # (a cached capture would not build the model at all)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"castcore: error: LlamaForCausalLM failed inside transformers "

@@ -36,6 +36,33 @@ def add_plugin_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
 
 
+def add_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-cache", action="store_true",
+                        help="capture anew and keep nothing: by default a capture is stored in castcore's cache "
+                             "(castcore cache info) and a later run with the same model, options and castcore, torch, "
+                             "transformers and pack versions loads it instead of building the model")
+
+
+def use_capture_cache(session: Session, args: argparse.Namespace):
+    """The capture cache as the session's capture step, unless --no-cache; None then."""
+    if args.no_cache:
+        return None
+    from castcore.sweeps.capture import CaptureCache
+
+    session.capture_step = CaptureCache()
+    return session.capture_step
+
+
+def report_capture_cache(cache) -> None:
+    """What the capture cache did that a user should know: entries it discarded or could not keep, a load."""
+    if cache is None:
+        return
+    for line in cache.warnings:
+        warn(line)
+    if cache.stats.loaded and not cache.stats.captured:
+        note("loaded the capture from castcore's cache (--no-cache captures anew)")
+
+
 def add_model_argument(group, default_model: str | None) -> None:
     group.add_argument("--model", default=default_model,
                        help=f"a preset ({', '.join(preset_names())}), a transformers config.json path, or "

@@ -7,8 +7,9 @@ import json
 import sys
 import time
 
-from castcore.cli.common import (StrictFailure, add_model_options, add_plugin_options, fail_on_fallback, make_session,
-                                 note, progress_printer, workload_from)
+from castcore.cli.common import (StrictFailure, add_cache_option, add_model_options, add_plugin_options,
+                                 fail_on_fallback, make_session, note, progress_printer, report_capture_cache,
+                                 use_capture_cache, workload_from)
 from castcore.report.files import check_output, write_whole
 from castcore.workload.spec import DEFAULT_MODEL
 
@@ -18,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     trace = check_output(args.trace, "--trace") if args.trace else None
     plot = check_output(args.plot, "--plot") if args.plot else None
     session = make_session(args, on_error=args.on_error)
+    cache = use_capture_cache(session, args)
     device = session.device(args.device)
     note(f"building {args.model} and capturing on fake tensors ...")
     started = time.perf_counter()
@@ -25,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     report = session.estimate(workload, device=device, progress=show)
     if show:
         print(file=sys.stderr)
+    report_capture_cache(cache)
     for line in report.notes:
         note(line if line.startswith("deployed kernels") else f"note: {line}")
     note(f"{len(report.records)} op calls estimated in {time.perf_counter() - started:.1f} s")
@@ -73,5 +76,6 @@ def add_parser(subparsers) -> None:
     est.add_argument("--on-error", choices=("raise", "fallback"), default=None,
                      help="when a plugin raises or answers nonsense: stop (raise, the default) or record it and "
                           "ask the next plugin (fallback)")
+    add_cache_option(est)
     add_plugin_options(est)
-    est.set_defaults(func=run)
+    est.set_defaults(func=run, quick_exit=True)

@@ -6,6 +6,7 @@ Every subcommand module imports torch only inside its run function, so ``--help`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -44,9 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_quick_exit = False  # set by main() for a command that may skip the interpreter's teardown (see console)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global _quick_exit
     parser = build_parser()
     args = parser.parse_args(argv)
+    _quick_exit = getattr(args, "quick_exit", False)
     if args.command is None:
         parser.print_help()
         return 2
@@ -68,5 +74,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def console() -> None:
+    """The castcore script (and ``python -m castcore``): main(), then the exit. estimate and serve start no process
+    and leave nothing open once they have printed, so they end without the interpreter's teardown: tearing torch
+    down takes about 0.4 s, a fifth of a cached estimate."""
+    code = main()
+    if not _quick_exit:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (BrokenPipeError, ValueError):  # a reader that went away (as main allows), a closed stream
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

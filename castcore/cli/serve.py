@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from castcore.cli.common import (add_deployment_options, add_dtype_argument, add_model_argument, add_plugin_options,
-                                 deployment_from, fail_on_fallback, make_session, note, warn)
+from castcore.cli.common import (add_cache_option, add_deployment_options, add_dtype_argument, add_model_argument,
+                                 add_plugin_options, deployment_from, fail_on_fallback, make_session, note,
+                                 report_capture_cache, use_capture_cache, warn)
 from castcore.workload.spec import DEFAULT_MODEL
 
 
@@ -19,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
     deployment = deployment_from(args)
     check_request(args.model, args.input, args.output, batch, **deployment)
     session = make_session(args)
+    cache = use_capture_cache(session, args)
     note(f"capturing {args.model}: a prefill and decode steps at KV lengths "
          f"{', '.join(map(str, decode_points(args.input, args.output)))}"
          + (", at the batches the --max-batch search needs" if args.max_batch else "") + " ...")
@@ -26,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     report = session.serve(args.model, input_tokens=args.input, output_tokens=args.output, batch=batch,
                            device=args.device, **deployment)
     note(f"estimated in {time.perf_counter() - started:.1f} s")
+    report_capture_cache(cache)
     for line in report.notes:
         note(f"note: {line}")
     memory = report.memory()
@@ -60,5 +63,6 @@ def add_parser(subparsers) -> None:
                                       "default_device, else the first profile marked default)")
     cmd.add_argument("--json", action="store_true",
                      help="print the figures as JSON (ttft_s, tpot_s, latency_s, output_tokens_per_s, memory, ...)")
+    add_cache_option(cmd)
     add_plugin_options(cmd)
-    cmd.set_defaults(func=run)
+    cmd.set_defaults(func=run, quick_exit=True)

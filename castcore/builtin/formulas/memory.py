@@ -175,7 +175,15 @@ def indexed_count(shape: tuple[int, ...], indices: tuple) -> int:
         else:
             index_shapes.append(index.shape)
             dim += 1
-    return math.prod(torch.broadcast_shapes(*index_shapes)) * kept * math.prod(shape[dim:])
+    return math.prod(_broadcast(index_shapes)) * kept * math.prod(shape[dim:])
+
+
+def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """torch.broadcast_shapes for shapes that broadcast (the capture ran them), without its first call's imports
+    (a third of a second)."""
+    rank = max(map(len, shapes), default=0)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    return tuple(max(sizes) if 0 not in sizes else 0 for sizes in zip(*padded))
 
 
 @register_op_properties(aten.index_put.default)
