@@ -143,7 +143,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/scale.py", "--out", "bench/results/scale.json", *session.posargs)
     session.run("python", "bench/resolution.py", "--out", "bench/results/resolution.json")
     session.run("python", "bench/stock.py", "--out", "bench/results/stock.json")
-    session.run("python", "bench/serve.py", "--out", "bench/results/serve.json")
+    session.run("python", "bench/startup.py", "--out", "bench/results/startup.json")
     session.run("python", "bench/peers.py", "--out", "bench/results/peers.json")
     session.install(".[ray]")  # bench/sweep.py's Ray runs
     session.run("python", "bench/sweep.py", "--out", "bench/results/sweep.json")
