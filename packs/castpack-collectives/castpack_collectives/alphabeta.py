@@ -112,10 +112,12 @@ def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Intercon
     s = float(nbytes)
     share = (n - 1) / n * s  # what each rank sends in a bandwidth-optimal gather or scatter
     if algorithm == "ring":
-        if collective == "all_to_all":
-            return None  # all-to-all is direct (pairwise) or Bruck, not a ring
-        steps, moved = {"all_reduce": (2 * (n - 1), 2 * share), "broadcast": (n - 1, s)}.get(
-            collective, (n - 1, share))
+        if collective == "all_to_all" and level.topology != "ring":
+            return None  # on a switch or mesh all-to-all goes direct (pairwise), not around a ring
+        # On a ring all-to-all is the only way: a rank's block (buffer / n) for the peer d hops on crosses d links,
+        # so each link carries n(n-1)/2 blocks, (n-1)/2 of a rank's buffer, forwarded over n-1 steps.
+        steps, moved = {"all_reduce": (2 * (n - 1), 2 * share), "broadcast": (n - 1, s),
+                        "all_to_all": (n - 1, (n - 1) / 2 * s)}.get(collective, (n - 1, share))
         rate = link
     elif algorithm == "recursive_doubling":  # "tree" for broadcast: a binomial tree
         if level.topology == "ring":

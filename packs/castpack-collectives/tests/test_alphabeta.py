@@ -96,6 +96,20 @@ def test_a_ring_topology_offers_only_the_ring():
     assert cost.algorithm == "ring" and set(cost.candidates) == {"ring"}
 
 
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"])
+@pytest.mark.parametrize("level", [BOARD, MESH, NET, RING], ids=lambda level: level.topology)
+def test_every_collective_runs_on_every_topology(collective, level):
+    cost = collective_cost(collective, S, 8, (level,))
+    assert cost.time_s > 0 and cost.algorithm in cost.candidates
+
+
+def test_all_to_all_on_a_ring_forwards_each_block_its_distance():
+    # 8 ranks, blocks of 1e6 B: rank r's block for r + d crosses d links, 8 x (1 + ... + 7) = 224 crossings over
+    # 8 links, so each carries 28 blocks, forwarded in 7 steps: 7 x 1 us + 28e6 / 5e10 = 567 us
+    a2a = collective_cost("all_to_all", S, 8, (RING,))
+    assert a2a.algorithm == "ring" and a2a.time_s == pytest.approx(567e-6)
+
+
 def test_all_to_all_and_broadcast():
     # all_to_all has no ring; on the mesh, direct: 2 us + 7e6 / 7e10 = 102 us
     a2a = collective_cost("all_to_all", S, 8, (MESH,))
