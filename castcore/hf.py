@@ -68,17 +68,16 @@ def version_warnings() -> list[str]:
 
 
 def raised_inside(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised in transformers' own code (a frame of its package on the way down)."""
+    """Whether ``exc`` was raised by transformers' own code or by castcore's touches of it here: the innermost
+    frame is in one of them (an operator failing under a transformers model is torch's, not this)."""
     module = sys.modules.get("transformers")
-    home = Path(module.__file__).parent if module is not None and getattr(module, "__file__", None) else None
-    if home is None:
+    if module is None or not getattr(module, "__file__", None):
         return False
     tb = exc.__traceback__
-    while tb is not None:
-        if Path(tb.tb_frame.f_code.co_filename).is_relative_to(home):
-            return True
+    while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return False
+    where = Path(tb.tb_frame.f_code.co_filename) if tb is not None else None
+    return where is not None and (where.is_relative_to(Path(module.__file__).parent) or where == Path(__file__))
 
 
 def internals_error(exc: BaseException, model_class: str) -> ModelError:

@@ -131,9 +131,22 @@ def test_the_oldest_session_runs_every_test_file_that_builds_models():
     files = {path.stem for path in Path(__file__).parent.glob("test_*.py")}
     assert MODEL_TESTS <= files
     # Files that build a model from the shipped configs or a preset but are left to the newest-only run:
-    # sweeps and plans (their model work is what the files above test), the fidelity and bench scripts.
+    # sweeps and plans (their model work is what the files above test), the fidelity and bench scripts, plugin
+    # loading and audits.
     newest_only = {"test_sweep", "test_sweep_plan", "test_sweep_spec", "test_sweep_ray", "test_fidelity", "test_bench",
-                   "test_audit", "test_formulas", "test_roofline"}
+                   "test_audit", "test_formulas", "test_roofline", "test_plugin_defects"}
     builds = {path.stem for path in Path(__file__).parent.glob("test_*.py")
               if any(word in path.read_text(encoding="utf-8") for word in ("tiny-", "tiny_llama", "llama-3-8b"))}
     assert builds - MODEL_TESTS - newest_only == set()
+
+
+def test_what_counts_as_a_failure_inside_transformers(tiny_llama):
+    import torch
+    import transformers  # noqa: F401  (raised_inside looks for its package)
+
+    with pytest.raises(AttributeError) as ours:  # castcore's own touch of transformers failing, as 5.24 made it
+        hf.cache_argument(object())
+    assert hf.raised_inside(ours.value)
+    with pytest.raises(RuntimeError) as torch_op:  # an operator torch refuses is torch's, whoever called it
+        torch.mm(torch.zeros(2, 3), torch.zeros(2, 3))
+    assert not hf.raised_inside(torch_op.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import castcore
 from castcore.builtin.formulas.matmul import _grouped_mm, touched_experts
@@ -47,3 +48,20 @@ def test_prefill_reads_nearly_every_expert():
     assert _weight_bytes_read(gate_up) == pytest.approx(4 * 64 * 192 * 2 * touched / 4, rel=1e-12)
     assert _weight_bytes_read(down) == pytest.approx(4 * 96 * 64 * 2 * touched / 4, rel=1e-12)
     assert 4 * 64 * 192 * 2 - _weight_bytes_read(gate_up) < 0.01
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_grouped_products_are_priced_in_every_dtype(session, dtype, fuse):
+    """torch's fake grouped product takes bf16 only (as its CUDA kernel); engines' MoE kernels run fp16 and fp32."""
+    def grouped(report):
+        return [r for r in report.records if r.invoke.name == "aten::_grouped_mm"]
+
+    base, other = (session.estimate(castcore.build_workload(MIXTRAL, seq=8, dtype=d, fuse=fuse))
+                   for d in ("bf16", dtype))
+    assert len(grouped(other)) == len(grouped(base)) == 4
+    for ours, theirs in zip(grouped(other), grouped(base)):
+        assert ours.invoke.outputs()[0].shape == theirs.invoke.outputs()[0].shape
+        assert ours.invoke.outputs()[0].dtype == ours.invoke.args[0].dtype != torch.bfloat16
+        assert sum(c.mma_ops for c in ours.properties.compute_ops.values()) == \
+            sum(c.mma_ops for c in theirs.properties.compute_ops.values()) > 0

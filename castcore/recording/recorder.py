@@ -11,7 +11,7 @@ import functools
 import gc
 import itertools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 from castcore.errors import CastcoreError
 from castcore.recording.dtensor import dtensor_shadow, dtensor_type, local_shards
+from castcore.recording.fakes import fake_in_any_dtype
 from castcore.recording.invoke import OpInvoke, tensors_in, to_meta
 from castcore.recording.reuse import LayerReuse
 from castcore.recording.whole import kept_whole
@@ -83,6 +84,7 @@ class _Recorder(TorchDispatchMode):
         self._ids_handed_out = 0
         self._keep_alive: list = []  # storages stay referenced so their addresses are never reused
         self._paused = False
+        self._seen: list | None = None  # while watching(): every op dispatched here, recorded or not
         self.shadow = 0  # > 0 while DTensor's sharding propagation runs an op on global shapes
 
     @contextmanager
@@ -93,6 +95,17 @@ class _Recorder(TorchDispatchMode):
             yield
         finally:
             self._paused = was
+
+    @contextmanager
+    def watching(self):
+        """The ops dispatched in here, recorded or not (a whole op's decomposition, run while paused)."""
+        self._seen, was = [], self._seen
+        try:
+            yield self._seen
+        finally:
+            if was is not None:
+                was += self._seen
+            self._seen = was
 
     def storage_count(self) -> int:
         return self._ids_handed_out
@@ -139,7 +152,7 @@ class _Recorder(TorchDispatchMode):
             # local shard shapes, which is what one device does.
             return NotImplemented
         try:
-            out = func(*args, **kwargs)
+            out = fake_in_any_dtype(func, args, kwargs)
         except CaptureError:
             raise
         except (DynamicOutputShapeException, DataDependentOutputException) as exc:
@@ -156,6 +169,8 @@ class _Recorder(TorchDispatchMode):
                 f"implementation with torch.library.register_fake('{func._schema.name}'), or define it with "
                 "castcore.register_op and a dimension annotation"
             ) from None
+        if self._seen is not None:
+            self._seen.append(func)
         self.record(func, args, kwargs, out)
         return out
 
@@ -289,8 +304,8 @@ CAPTURE_LOCK = threading.RLock()
 
 def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = False,
             inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
-            progress: Callable[[int], None] | None = None, reuse: bool = True, whole_ops: Iterable[Any] = (),
-            **kwargs: Any) -> Capture:
+            progress: Callable[[int], None] | None = None, reuse: bool = True,
+            whole_ops: Iterable[Any] | Mapping[Any, frozenset] = (), **kwargs: Any) -> Capture:
     """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made.
 
     ``train=True`` records the forward with autograd on and then the backward of its loss (the
@@ -303,9 +318,12 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
     totals are the same as with ``reuse=False``. ``whole_ops`` are OpOverloads to record as one call
     even though torch decomposes them before a dispatch mode sees them (CompositeImplicitAutograd ops
     such as aten.linear; see castcore.recording.whole): the ops a plugin claims, which
-    ``Session.whole_ops(device)`` lists. Captures from several threads run one at a time.
+    ``Session.whole_ops(device)`` lists. As a mapping, each op's value names ops that outrank it: a call whose
+    decomposition runs one of them is recorded op by op (``Session.outranking``). Captures from several threads
+    run one at a time.
     """
-    whole_ops = frozenset(whole_ops)  # read twice if the capture runs again in full
+    # read twice if the capture runs again in full
+    whole_ops = dict(whole_ops) if isinstance(whole_ops, Mapping) else dict.fromkeys(whole_ops, frozenset())
     with CAPTURE_LOCK:
         try:
             return _capture(target, inputs, kwargs, train, inputs_fn, progress, reuse, whole_ops)
@@ -318,7 +336,7 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
 
 
 def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool,
-             whole_ops: Iterable[Any]) -> Capture:
+             whole_ops: Mapping[Any, frozenset]) -> Capture:
     tracker = _Tracker()
     recorder = _Recorder(tracker, progress)
     with no_cyclic_gc(), FakeTensorMode(allow_non_fake_inputs=True):
