@@ -81,3 +81,26 @@ def test_bad_input_is_one_line_naming_the_culprit(h100_file, args, message):
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("command", [["serve", "--input", "16", "--output", "4", "--json"],
+                                     ["estimate", "--seq", "8", "--json"], ["devices"]])
+@pytest.mark.parametrize("output", ["closed", "full"])
+def test_output_that_cannot_be_written_is_an_error_not_a_lost_result(tiny_llama, h100_file, command, output):
+    argv = [sys.executable, "-m", "castcore", *command, "--no-packs", "--device-file", str(h100_file)]
+    if command[0] != "devices":
+        argv += ["--model", str(tiny_llama)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    if output == "closed":  # as `castcore ... >&-` starts it
+        done = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", *argv], stderr=subprocess.PIPE, text=True,
+                              env=env)
+        said = "castcore: error: standard output is closed"
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full on this system")
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, env=env)
+        said = "castcore: error: cannot write standard output: No space left on device"
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(said)
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr

@@ -6,6 +6,7 @@ Every subcommand module imports torch only inside its run function, so ``--help`
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -56,8 +57,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if sys.stdout is None:  # started with standard output closed (>&-): the results would be lost
+        print("castcore: error: standard output is closed, and castcore prints its results there: redirect it to a "
+              "file or /dev/null", file=sys.stderr)
+        return 2
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a full disk or a bad descriptor fails here, never as a result silently lost
+        return code
     except BrokenPipeError:  # output piped into head & co: not an error
         sys.stderr.close()
         return 0
@@ -72,6 +79,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"castcore: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # after CastcoreError: an OutputError is an OSError too
+        if exc.errno not in _OUTPUT_ERRORS or exc.filename is not None:  # a file's error is the command's to word
+            raise
+        _discard_stdout()
+        print(f"castcore: error: cannot write standard output: {exc.strerror}", file=sys.stderr)
+        return 2
+
+
+_OUTPUT_ERRORS = (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EFBIG, errno.EDQUOT)
+
+
+def _discard_stdout() -> None:
+    """Drop what could not be written, so the interpreter's exit does not try (and complain) again."""
+    try:
+        sys.stdout.close()
+    except OSError:
+        pass
+    sys.stdout = open(os.devnull, "w")
 
 
 def console() -> None:
