@@ -76,3 +76,49 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert args.func is interrupted
     assert main(["devices"]) == 130
     assert capsys.readouterr().err == "castcore: interrupted\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+def test_a_device_is_written_in_place_and_never_replaced(tmp_path, tiny_llama, h100_file, capsys):
+    import stat
+
+    assert main(estimate(tiny_llama, h100_file, "--json", "--trace", "/dev/full")) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().endswith("castcore: error: --trace /dev/full: No space left on device")
+    assert "wrote" not in err
+    assert stat.S_ISCHR(Path("/dev/full").stat().st_mode)  # still the device, not a file renamed over it
+    assert main(estimate(tiny_llama, h100_file, "--trace", "/dev/null")) == 0
+    assert stat.S_ISCHR(Path("/dev/null").stat().st_mode)
+    assert not [p for p in Path("/dev").iterdir() if p.name.endswith((".partial", ".partial.json"))]
+
+
+def test_writers_of_one_file_at_once_each_leave_it_whole(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from castcore.report.files import _umask, write_whole
+
+    target = tmp_path / "rows.csv"
+    texts = [f"{n}\n" * 20000 for n in range(8)]
+
+    def write(text):
+        write_whole(target, "--out", lambda p: p.write_text(text))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(write, texts))
+    assert target.read_text() in texts
+    assert [p.name for p in tmp_path.iterdir()] == ["rows.csv"]
+    assert target.stat().st_mode & 0o777 == 0o666 & ~_umask()  # a new file's usual mode, not mkstemp's 0600
+
+
+def test_a_second_sweep_onto_the_same_output_is_refused(tmp_path):
+    from castcore.report.files import OutputError
+    from castcore.sweeps import files
+
+    out = tmp_path / "rows.csv"
+    with files.held(out):
+        with pytest.raises(OutputError, match=f"--out {out} is being written by another castcore sweep"):
+            with files.held(out):
+                pass
+    with files.held(out):  # free again once the first is done
+        pass
+    assert list(tmp_path.iterdir()) == []

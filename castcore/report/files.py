@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,15 +28,38 @@ def check_output(path: str | Path, option: str) -> Path:
 
 
 def write_whole(path: Path, option: str, write: Callable[[Path], None]) -> None:
-    """Call ``write`` on a temporary file beside ``path``, then move it into place: a failure (a full
-    disk, say) leaves no partial file and an existing ``path`` as it was."""
-    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+    """Call ``write`` on a uniquely named temporary file beside ``path``, then move it into place: a failure (a
+    full disk, say) leaves no partial file and an existing ``path`` as it was, and two writers at once never
+    share a temporary. A ``path`` that is not a regular file (a device such as /dev/null, a FIFO, a terminal) is
+    written in place and never replaced. Any failure is an OutputError naming ``option`` and ``path``."""
+    if path.exists() and not path.is_file():
+        try:
+            write(path)
+        except OSError as exc:
+            raise OutputError(f"{option} {path}: {exc.strerror or exc}") from None
+        return
+    try:
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".partial{path.suffix}")
+    except OSError as exc:
+        raise OutputError(f"{option} {path}: {exc.strerror or exc}; nothing was written") from None
+    os.close(handle)
+    partial = Path(name)
     try:
         write(partial)
+        os.chmod(partial, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         os.replace(partial, path)
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise OutputError(f"{option} {path}: {exc.strerror or exc}; nothing was written") from None
-    except BaseException:
+    finally:
         partial.unlink(missing_ok=True)
-        raise
+
+
+def _umask() -> int:
+    """This process's umask (mkstemp makes files only the owner may read; a written file gets the usual mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022

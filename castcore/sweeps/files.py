@@ -5,7 +5,11 @@ the output, so an interrupted sweep loses nothing; the output file itself is wri
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,30 @@ def check_out(path: str | Path) -> Path:
             raise OutputError(f"--out {path}: Parquet needs pyarrow: pip install 'castcore[sweep]', or write .csv "
                               "or .jsonl") from None
     return check_output(target, "--out")
+
+
+@contextmanager
+def held(path: Path) -> Iterator[None]:
+    """``path`` as this sweep's alone while it runs (a lock file beside it): a second sweep writing the same output
+    at once is refused with one line instead of mixing its rows in."""
+    lock = path.with_name(f".{path.name}.lock")
+    try:
+        handle = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # a folder that takes no lock file (a device's): nothing to share it with
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise OutputError(f"--out {path} is being written by another castcore sweep; wait for it to finish or "
+                              "choose another --out") from None
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # while still held: a sweep that starts later makes its own
+    finally:
+        os.close(handle)
 
 
 def journal(path: Path) -> Path:
