@@ -44,8 +44,25 @@ def test_layouts_put_tensor_parallelism_in_a_node_and_stages_beyond_it(h100):
 def test_durations():
     assert duration("1s", "--ttft") == 1.0 and duration("50ms", "--tpot") == pytest.approx(0.05)
     assert duration("200us", "--tpot") == pytest.approx(2e-4) and duration(0.5, "--ttft") == 0.5
-    with pytest.raises(ModelError, match="--ttft 'soon': give a time above zero"):
-        duration("soon", "--ttft")
+    for bad in ("soon", "1e999", "0ms", float("inf"), -1):
+        with pytest.raises(ModelError, match=f"--ttft {bad!r}: give a time above zero"):
+            duration(bad, "--ttft")
+
+
+@pytest.mark.parametrize("argv, status, said", [
+    (["--model", "nosuchmodule_xyz:make"], 2, "castcore: error: cannot load model factory 'nosuchmodule_xyz:make'"),
+    (["--model", LLAMA, "--input", "32", "--output", "8", "--ttft", "1e999"], 2,
+     "castcore: error: --ttft '1e999': give a time above zero"),
+    (["--model", LLAMA, "--input", "32", "--output", "8", "--tp", "1", "--weights", "bf16", "--ttft", "1us"],
+     3, "no layout fits and meets the objectives"),
+])
+def test_plan_exit_status_says_what_happened(tmp_path, argv, status, said):
+    done = subprocess.run([sys.executable, "-m", "castcore", "plan", *argv, "--device-file", str(DATA / "h100-sxm.toml"),
+                           "--no-packs", "--workers", "1"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == status, done.stderr
+    assert said in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def _fake_run(calls: list):

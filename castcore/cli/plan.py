@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from typing import Any
 
@@ -13,16 +14,18 @@ from castcore.cli.sweep import commands, session_options
 from castcore.workload.spec import WEIGHT_DTYPES, ModelError
 
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+NONE_MEETS = 3  # the exit status when no layout fits and meets the objectives (plan --help says so)
 
 
 def duration(text: Any, option: str) -> float:
-    """Seconds from ``1s``, ``50ms``, ``200us`` or a plain number of seconds."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
+    """Seconds from ``1s``, ``50ms``, ``200us`` or a plain number of seconds: above zero and finite."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and 0 < text < math.inf:
         return float(text)
     found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)?\s*", str(text))
-    if not found or float(found.group(1)) <= 0:
+    seconds = float(found.group(1)) * _UNITS[found.group(2) or "s"] if found else 0.0
+    if not 0 < seconds < math.inf:
         raise ModelError(f"{option} {text!r}: give a time above zero such as 1s, 50ms, 200us or 0.5 (seconds)")
-    return float(found.group(1)) * _UNITS[found.group(2) or "s"]
+    return seconds
 
 
 def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft: Any = None, tpot: Any = None,
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                           "fewest": [{k: r[k] for k in keep} for r in result.fewest]}, indent=2))
     else:
         print(format_plan(result))
-    return 0
+    return 0 if result.best else NONE_MEETS
 
 
 def add_parser(subparsers) -> None:
@@ -157,7 +160,10 @@ def add_parser(subparsers) -> None:
                     "dtypes and batches for serving --model with requests of --input + --output tokens: print the "
                     "best by output tokens/s per device that fit in memory and meet --ttft/--tpot, and the fewest "
                     "devices that fit at all. Runs castcore serve points through the sweep machinery (and its "
-                    "capture cache).")
+                    "capture cache).",
+        epilog=f"Exit status: 0 when a layout fits and meets the objectives; {NONE_MEETS} when none does (the "
+               "output says what to relax); 2 for bad input (an option, a model that cannot be built, an unknown "
+               "device).")
     group = cmd.add_argument_group("request")
     group.add_argument("--model", required=True, help="a preset, a transformers config.json, or package.module:factory")
     group.add_argument("--input", type=int, default=2048, metavar="N", help="prompt tokens per request (default: 2048)")

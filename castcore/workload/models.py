@@ -81,12 +81,8 @@ def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len
                       description=f"{spec} {what}, batch {batch}, {seq} tokens, {dtype}{logits}")
 
 
-def from_factory(spec: str, **options: Any) -> BuiltModel:
-    """Call ``package.module:factory`` with the options it accepts (batch, seq, dtype, phase, kv_len, train).
-
-    It returns a BuiltModel, an nn.Module and its example inputs as ``(module, args)`` or
-    ``(module, args, kwargs)``.
-    """
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The function ``package.module:factory`` names; ModelError when it cannot be imported or is not callable."""
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:  # the castcore script does not put the working directory on the path
         sys.path.insert(0, os.getcwd())
@@ -94,6 +90,18 @@ def from_factory(spec: str, **options: Any) -> BuiltModel:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ModelError(f"cannot load model factory {spec!r}: {exc}") from None
+    if not callable(factory):
+        raise ModelError(f"model factory {spec!r} is a {type(factory).__name__}, not a function")
+    return factory
+
+
+def from_factory(spec: str, **options: Any) -> BuiltModel:
+    """Call ``package.module:factory`` with the options it accepts (batch, seq, dtype, phase, kv_len, train).
+
+    It returns a BuiltModel, an nn.Module and its example inputs as ``(module, args)`` or
+    ``(module, args, kwargs)``.
+    """
+    factory = load_factory(spec)
     accepted = inspect.signature(factory).parameters
     takes_all = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
     try:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.report.records import Report, format_seconds
 from castcore.workload.deploy import Layout, check_interconnect
+from castcore.workload.models import load_factory
 from castcore.workload.pipeline import run_decode_steps
 from castcore.workload.spec import DEFAULT_MODEL, DEPLOYMENT, ModelError, build_workload, is_factory, load_model_config
 
@@ -222,6 +223,7 @@ def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any,
     # The model and the deployment options as estimate checks them.
     build_workload(model, seq=input_tokens, batch=1 if batch == "max" else batch, **deployment)
     if is_factory(model):
+        load_factory(model)  # a factory that cannot be imported fails here, before any capture or search
         return None
     config = language_config(load_model_config(model))
     context = config_field(config, "max_position_embeddings")
