@@ -229,3 +229,35 @@ def test_devices_a_plugin_rewrites_the_model_for_get_their_own_capture(tmp_path,
 
     # Two captures a batch (h100-sxm's, and the one the others share); a rewrite probed once per device.
     assert (store.info().captures, store.info().fused) == (4, 3)
+
+
+@pytest.mark.parametrize("foreign, said", [
+    ("name,score\nalice,3\n", "holds rows of another sweep (no column model, input"),
+    (None, "holds rows of another sweep (no column input"),  # an estimate sweep's rows, resumed by a serve spec
+])
+def test_resume_refuses_rows_of_another_sweep(tmp_path, foreign, said):
+    out = tmp_path / "rows.csv"
+    if foreign is None:
+        castcore.sweep({"command": "estimate", "model": LLAMA, "seq": 16, "device_file": [H100], "no_packs": True},
+                       out=out, workers=1)
+    else:
+        out.write_text(foreign)
+    before = out.read_text()
+    spec = write_spec(tmp_path / "serve.toml", command="serve", model=LLAMA, input=16, output=4, device_file=[H100],
+                      no_packs=True)
+    done = subprocess.run([sys.executable, "-m", "castcore", "sweep", str(spec), "--out", str(out), "--resume"],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert said in done.stderr.strip().splitlines()[-1]
+    assert out.read_text() == before  # untouched
+
+
+def test_a_cache_home_that_is_a_file_is_one_warning_and_the_sweep_runs(tmp_path):
+    home = tmp_path / "not-a-folder"
+    home.write_text("")
+    spec = write_spec(tmp_path / "s.toml", command="estimate", model=LLAMA, seq=16, batch=[1, 2], device_file=[H100],
+                      no_packs=True)
+    done = sweep_cli(str(spec), "--workers", "1", cache=home)
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("castcore: warning:")]
+    assert len(warnings) == 1 and "the capture cache folder" in warnings[0] and "cannot be made" in warnings[0]
+    assert "2 points run" in done.stderr

@@ -55,7 +55,9 @@ def refused(capsys, folder: Path, argv: list[str]) -> str:
     ({"device": ["h100-sxm", "h200"]}, "device = 'h200' is not installed; installed: h100-sxm"),
     ({"model": LLAMA, "tp": [1, 3]}, "tp = 3 is refused at every point: --tp 3: "),
     ({"model": "no-such-model"}, "every point is refused: unknown model 'no-such-model'"),
-    ({"command": "train"}, "name the command: command = 'estimate' or 'serve' (got 'train')"),
+    ({"command": "train"}, "name the command: command = 'estimate' or 'serve' (got 'train'; one command a spec)"),
+    ({"command": ["serve", "estimate"]}, "name the command: command = 'estimate' or 'serve' (got ['serve', "
+                                          "'estimate']; one command a spec)"),
     ({"command": "serve", "batch": 4, "max_batch": True}, "argument --max-batch: not allowed with argument --batch"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_key(capsys, tmp_path, keys, expected):
@@ -132,3 +134,15 @@ def test_serve_points_are_checked_as_castcore_serve_checks_them():
     assert "--input 200 + --output 100 tokens exceed" in points[3].error and "context of 256" in points[3].error
     with pytest.raises(ModelError, match="every point is refused: --input 300 is longer than"):
         points_of(*check({**data, "input": 300})[:2])
+
+
+def test_never_more_workers_than_points_cores_or_memory(monkeypatch):
+    from castcore.sweeps import run
+
+    monkeypatch.setattr(run, "default_workers", lambda: 2)
+    assert run.worker_count(64, 2) == (2, "--workers 64: starting 2 (2 points, 2 cores)")
+    assert run.worker_count(64, 1000, local=False) == (64, None)  # Ray: the cluster's cores, not this machine's
+    assert run.worker_count(None, 1) == (1, None)  # the default says nothing
+    monkeypatch.setattr(run.os, "sysconf", lambda name: 1024 if name == "SC_AVPHYS_PAGES" else 4096)  # 4 MiB free
+    count, why = run.worker_count(2, 10)
+    assert count == 1 and why == "--workers 2: starting 1 (free memory for 1)"

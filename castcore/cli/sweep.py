@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.cli import estimate, serve
-from castcore.cli.common import add_plugin_options, deployment_from, make_session, note, workload_from
+from castcore.cli.common import add_plugin_options, deployment_from, make_session, note, warn, workload_from
 from castcore.sweeps.spec import Command, Job, Point, Spec, check_devices, check_size, check_spec, expand, read_spec
 from castcore.workload.spec import ModelError
 
@@ -147,7 +147,7 @@ def _plot(rows: list[dict[str, Any]], command: str, path: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from castcore.sweeps.files import check_out, write_rows
-    from castcore.sweeps.run import backend_for, default_workers, run_points
+    from castcore.sweeps.run import backend_for, run_points, worker_count
 
     if args.resume and not args.out:
         raise ModelError("--resume reads the rows already in --out: give --out")
@@ -157,7 +157,14 @@ def run(args: argparse.Namespace) -> int:
     target = check_out(args.out) if args.out else None
     chart = _check_plot(args.plot)
     spec, plugins, settings = check(data, args, yes=args.yes)
-    workers = args.workers or default_workers()
+    workers, why = worker_count(args.workers, spec.size, local=args.backend == "local")
+    if why:
+        note(why)
+    from castcore.sweeps import store
+
+    cache_problem = store.problem()
+    if cache_problem:
+        warn(cache_problem)
     # The workers start now: their imports overlap this process's checking of every point.
     with backend_for(args.backend, workers, settings, args.ray_address) as runner:
         points = points_of(spec, plugins)

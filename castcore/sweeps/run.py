@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from castcore.report.files import OutputError
 from castcore.sweeps import files
 from castcore.sweeps.rows import columns, parameter_key
 from castcore.sweeps.spec import Point
@@ -125,6 +126,20 @@ class SweepResult:
         return sum(1 for row in self.rows if row.get("error"))
 
 
+def _check_resumable(rows: list[dict[str, Any]], parameters: list[str], out: Path) -> None:
+    """Refuse to resume from rows another command's sweep (or something else) wrote: each row a sweep writes
+    starts with its command's parameters, in order."""
+    for row in rows:
+        if list(row)[:len(parameters)] != parameters:
+            missing = [p for p in parameters if p not in row]
+            other = [k for k in list(row)[:len(parameters)] if k not in parameters]
+            raise OutputError(f"--resume: {out} holds rows of another sweep (" + "; ".join(
+                filter(None, [f"no column {', '.join(missing[:5])}" if missing else "",
+                              f"columns {', '.join(other[:5])} this command does not have" if other else "",
+                              "its columns in another order" if not (missing or other) else ""]))
+                + "): move it away, or give another --out")
+
+
 def group(points: list[Point]) -> list[Task]:
     """One task per set of points whose jobs differ only in the device, in grid order."""
     shared: dict[tuple, list] = {}
@@ -135,6 +150,29 @@ def group(points: list[Point]) -> list[Task]:
 
 def default_workers() -> int:
     return os.cpu_count() or 1
+
+
+WORKER_BYTES = 1 << 30  # room for one local worker: torch, transformers and a large model's capture (0.4-0.8 GiB)
+
+
+def worker_count(asked: int | None, points: int, local: bool = True) -> tuple[int, str | None]:
+    """How many workers to start for ``points`` points, and why when that is fewer than asked: never more than the
+    points, and locally never more than the cores or what the free memory holds (each worker imports torch)."""
+    wanted = asked or default_workers()
+    limits = {f"{points} point{'s' * (points != 1)}": max(1, points)}
+    if local:
+        limits[f"{default_workers()} cores"] = default_workers()
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # not on this system: no memory limit known
+            free = 0
+        if free:
+            limits[f"free memory for {max(1, free // WORKER_BYTES)}"] = max(1, free // WORKER_BYTES)
+    count = min(wanted, *limits.values())
+    if count >= wanted or asked is None:
+        return count, None
+    held = ", ".join(reason for reason, limit in limits.items() if limit == count)
+    return count, f"--workers {asked}: starting {count} ({held})"
 
 
 def backend_for(name: str, workers: int | None, settings: Settings, ray_address: str | None = None) -> Any:
@@ -155,11 +193,24 @@ def run_points(points: list[Point], parameters: list[str], settings: Settings, *
                resume: bool = False, progress: Progress | bool | None = None, runner: Any = None) -> SweepResult:
     """Run every point not refused (and, with ``resume``, not already in ``out`` without an error); the rows.
     ``runner``: a backend already entered (see backend_for), kept running for the caller's next points."""
+    if out is None:
+        return _run_points(points, parameters, settings, workers, backend, ray_address, None, resume, progress,
+                           runner)
+    with files.held(out):
+        return _run_points(points, parameters, settings, workers, backend, ray_address, out, resume, progress,
+                           runner)
+
+
+def _run_points(points: list[Point], parameters: list[str], settings: Settings, workers: int | None, backend: str,
+                ray_address: str | None, out: Path | None, resume: bool, progress: Progress | bool | None,
+                runner: Any) -> SweepResult:
     started = time.perf_counter()
     rows: dict[int, dict[str, Any]] = {}
     earlier: dict[tuple, dict[str, Any]] = {}
     if out is not None and resume:
-        for row in files.read_rows(out):  # later rows (the journal) replace earlier ones of the same point
+        found = files.read_rows(out)
+        _check_resumable(found, parameters, out)
+        for row in found:  # later rows (the journal) replace earlier ones of the same point
             earlier[parameter_key(row, parameters)] = row
     elif out is not None:
         files.journal(out).unlink(missing_ok=True)
@@ -186,6 +237,7 @@ def run_points(points: list[Point], parameters: list[str], settings: Settings, *
         if runner is not None:
             runner.run(scheduler)
         elif todo:
+            workers, _ = worker_count(workers, len(todo), local=backend == "local")
             with backend_for(backend, workers, settings, ray_address) as runner:
                 runner.run(scheduler)
     finally:

@@ -87,9 +87,9 @@ def read_spec(path: str | Path) -> dict[str, Any]:
 def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command]) -> Spec:
     """Check every key and value of a spec (see the module docstring); ModelError names the key and the fix."""
     name = data.get("command")
-    if name not in commands:
+    if not isinstance(name, str) or name not in commands:  # one command a spec: a list is no axis of it
         raise ModelError(f"sweep spec: name the command: command = {' or '.join(repr(c) for c in commands)}"
-                         + (f" (got {name!r})" if name is not None else ""))
+                         + (f" (got {name!r}; one command a spec)" if name is not None else ""))
     command = commands[name]
     actions = command.actions()
     spec = Spec(command=command, axes={})

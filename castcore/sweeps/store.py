@@ -63,6 +63,23 @@ def read(key: str, suffix: str) -> bytes | None:
         return None
 
 
+def problem() -> str | None:
+    """Why the cache folder cannot keep captures (it cannot be made or written, or is not safe to read), or None:
+    what a sweep says once before its workers start, since each of them would only capture anew."""
+    folder = captures_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return (f"the capture cache folder {folder} cannot be made ({exc.strerror or exc}), so nothing is cached for "
+                "the next run (set XDG_CACHE_HOME to a folder you can write)")
+    reason = unsafe_reason(folder)
+    if reason:
+        return f"the capture cache is not used: {reason}; castcore captures anew"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the capture cache folder {folder} is not writable by you, so nothing is cached for the next run"
+    return None
+
+
 def write(key: str, suffix: str, data: bytes) -> bool:
     """Store ``data`` under ``key``; False when the cache folder cannot be written (the sweep goes on)."""
     folder = captures_dir()
