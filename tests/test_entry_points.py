@@ -91,3 +91,41 @@ def test_user_file_beats_the_pack_and_its_properties_are_used(pack_site, tmp_pat
     assert ops["aten::mm"] == [user, "estimator", 2.0]
     assert ops["aten::relu"][:2] == [user, "properties"]
     assert ops["aten::cumsum"][:2] == ["castpack-throwaway 9.9.9", "properties"]
+
+
+CONCURRENT = '''
+import sys, threading
+from pathlib import Path
+import castcore
+
+folders = [Path(sys.argv[1]) / f"ops{i}" for i in range(4)]
+for folder in folders:
+    folder.mkdir()
+    (folder / "_helper.py").write_text("VALUE = 1\\n")
+    (folder / "mine.py").write_text("import _helper\\n")
+failures = []
+
+def make(folder):
+    try:
+        castcore.Session(load_packs=["throwaway"], custom_op_dirs=[folder], default_custom_op_dirs=False)
+    except Exception as exc:
+        failures.append(repr(exc))
+
+for _ in range(10):
+    threads = [threading.Thread(target=make, args=(f,)) for f in folders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+print(len(failures), failures[:1])
+'''
+
+
+def test_sessions_made_at_once_in_threads_all_find_the_pack(pack_site, tmp_path):
+    """Loading a custom-op directory edits sys.path, which another thread's entry-point scan reads."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pack_site), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", CONCURRENT, str(tmp_path)], env=env, capture_output=True, text=True,
+                          cwd=HERE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("0 []"), done.stdout

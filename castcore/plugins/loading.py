@@ -9,6 +9,7 @@ recorded with a one-line reason and never stops the others.
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +59,19 @@ def _load_pack(pm: pluggy.PluginManager, info: PluginInfo, ep: importlib.metadat
         register_with_claims(pm, info, obj, claims_of(ep.module.split(".")[0]))
 
 
+# Loading plugins edits process-wide state (sys.path and sys.modules while a custom-op directory loads) that
+# another thread's pack discovery reads: a scan of entry points over a sys.path being edited can miss every pack.
+_LOADING = threading.RLock()
+
+
 def load_plugins(config: Config, core: Any) -> LoadedPlugins:
-    """Register ``core`` (the core's own plugin, a ClaimTable), then the packs and files ``config`` allows."""
+    """Register ``core`` (the core's own plugin, a ClaimTable), then the packs and files ``config`` allows. Two
+    threads load plugins one after the other."""
+    with _LOADING:
+        return _load_plugins(config, core)
+
+
+def _load_plugins(config: Config, core: Any) -> LoadedPlugins:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     core_info = PluginInfo(name=CORE_NAME, kind="core", origin="castcore.builtin", claims=core.claims,

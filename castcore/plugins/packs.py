@@ -9,6 +9,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,9 +156,16 @@ def remember_hooks(infos: list[PluginInfo]) -> None:
     fresh = {_pack_key(i): i.hooks for i in infos if i.kind == "pack" and i.status == "loaded"}
     if all(known.get(k) == v for k, v in fresh.items()):
         return
-    try:
-        _hooks_file().parent.mkdir(parents=True, exist_ok=True)
-        _hooks_file().write_text(json.dumps({**known, **fresh}, indent=1, sort_keys=True), encoding="utf-8")
+    path = _hooks_file()
+    try:  # whole or not at all: a reader never sees half a record (which it would take for "no packs known")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(json.dumps({**known, **fresh}, indent=1, sort_keys=True))
+            os.replace(temporary, path)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
     except OSError:
         pass
 
