@@ -174,3 +174,27 @@ def test_gptj_own_attention_and_gelu_new_run_as_single_kernels(session):
     assert sum(c.mma_ops for c in call.properties.compute_ops.values()) == 2 * 4 * 32 * 33 // 2 * 2 * q.shape[-1]
     decode = session.estimate(castcore.build_workload(gptj, batch=2, seq=16, phase="decode", kv_len=40))
     assert [r.invoke.name for r in decode.records].count("castcore::attention") == 2
+
+
+class _OwnNorms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(64, eps=1e-6)
+        self.weight = torch.nn.Parameter(torch.ones(64))
+
+    def forward(self, x):
+        return torch.nn.functional.rms_norm(self.norm(x), (64,), self.weight, 1e-6)
+
+
+def test_torchs_own_rms_norm_in_your_module_is_one_kernel_when_deployed(session):
+    x = torch.randn(8, 128, 64, dtype=torch.bfloat16)
+    model = _OwnNorms().to(torch.bfloat16)
+    deployed = session.estimate(castcore.build_workload(model, x))
+    eager = session.estimate(castcore.build_workload(model, x, fuse=False))
+    assert [r.invoke.name for r in deployed.records] == ["aten::rms_norm", "aten::rms_norm"]
+    for record in deployed.records:
+        assert record.properties.memory_read_bytes == x.nbytes + 64 * 2  # the input and the weight, once
+        assert record.properties.memory_write_bytes == x.nbytes
+    assert len(eager.records) > 2 and "aten::rms_norm" not in {r.invoke.name for r in eager.records}
+    assert deployed.time_s < eager.time_s
+    assert any("composite norms" in note for note in deployed.notes)

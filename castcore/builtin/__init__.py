@@ -5,12 +5,19 @@ Both hook implementations are ``trylast``: every pack and user file is asked fir
 
 from __future__ import annotations
 
+import torch
+
 from castcore.builtin import formulas
 from castcore.devices.costs import STEP_FALLBACK, Source
 from castcore.devices.roofline import roofline
 from castcore.plugins.claims import ClaimTable, claims_of
 from castcore.plugins.hookspecs import hookimpl
 from castcore.plugins.loading import CORE_NAME
+
+
+# torch's composite ops that serving engines and torch.compile run as one kernel, whoever calls them: in the
+# deployed view a capture records each whole (castcore.recording.whole) and the formulas above price it.
+DEPLOYED_WHOLE_OPS = frozenset({torch.ops.aten.rms_norm.default})
 
 
 class CorePlugin(ClaimTable):

@@ -183,6 +183,25 @@ def _(rows, order, weights):
     return rows.new_empty((weights.shape[0], rows.shape[-1]))
 
 
+# The eager ops each fused op stands in for: a plugin's claim on one of these that the deployed view no longer
+# runs anywhere is said to be unreached (castcore.plugins.audit.unreached_claims), never silently unused.
+REPLACES = {
+    "castcore::rms_norm": ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt", "aten::mul.Tensor",
+                           "aten::_to_copy"),
+    "castcore::add_rms_norm": ("aten::add.Tensor", "aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt",
+                               "aten::mul.Tensor", "aten::_to_copy"),
+    "castcore::rotary_embedding": ("aten::mul.Tensor", "aten::add.Tensor", "aten::neg", "aten::cat",
+                                   "aten::slice.Tensor"),
+    "castcore::silu_and_mul": ("aten::silu", "aten::mul.Tensor"),
+    "castcore::gelu_and_mul": ("aten::gelu", "aten::mul.Tensor"),
+    "castcore::attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                            "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_attention_math",
+                            "aten::bmm", "aten::_softmax", "aten::repeat_interleave.self_int", "aten::expand"),
+    "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
+    "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
+    "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
+}
+
 OPS = {name: getattr(torch.ops.castcore, name).default
        for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
                     "topk_softmax", "moe_permute", "moe_unpermute")}

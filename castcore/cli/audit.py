@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from castcore.cli.common import (StrictFailure, add_model_options, add_plugin_options, make_session, warn,
-                                 workload_from)
+from castcore.cli.common import StrictFailure, add_model_options, add_plugin_options, make_session, workload_from
 
 
 def run(args: argparse.Namespace) -> int:
@@ -14,13 +13,14 @@ def run(args: argparse.Namespace) -> int:
     from castcore.workload.pipeline import capture_workload
 
     workload = workload_from(args) if args.model else None
-    session = make_session(args)
-    for line in audit.unmatched_device_claims(session):  # a likely typo, but no fault: --strict ignores it
-        warn(line)
+    session = make_session(args)  # prints, among the session's notes, claims on device globs that match nothing
     if workload is not None:
         device = session.device(args.device)
         _, captured = capture_workload(session, workload, device)
-        rows = audit.dynamic_audit(session, captured, device.name, op=args.op)
+        from castcore.builtin.fused_ops import REPLACES
+
+        deployed = workload.fuse and workload.named and not workload.train
+        rows = audit.dynamic_audit(session, captured, device.name, op=args.op, replaces=REPLACES if deployed else None)
     else:
         devices = [session.device(args.device).name] if args.device else list(session.devices)
         if not devices:

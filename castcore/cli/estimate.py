@@ -9,7 +9,7 @@ import time
 
 from castcore.cli.common import (StrictFailure, add_cache_option, add_model_options, add_plugin_options,
                                  fail_on_fallback, make_session, note, progress_printer, report_capture_cache,
-                                 use_capture_cache, workload_from)
+                                 use_capture_cache, warn, workload_from)
 from castcore.report.files import check_output, write_whole
 from castcore.workload.spec import DEFAULT_MODEL
 
@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     if show:
         print(file=sys.stderr)
     report_capture_cache(cache)
+    for line in report.warnings:
+        warn(line)
     for line in report.notes:
         note(line if line.startswith("deployed kernels") else f"note: {line}")
     note(f"{len(report.records)} op calls estimated in {time.perf_counter() - started:.1f} s")

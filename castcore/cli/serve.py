@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
                            device=args.device, **deployment)
     note(f"estimated in {time.perf_counter() - started:.1f} s")
     report_capture_cache(cache)
+    for line in dict.fromkeys(line for step in report.reports() for line in step.warnings):
+        warn(line)
     for line in report.notes:
         note(f"note: {line}")
     memory = report.memory()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from castcore.workload.session import Session
 
 OK, OVERRIDE, CONFLICT, UNCOVERED = "ok", "override", "CONFLICT", "UNCOVERED"
+UNREACHED = "unreached in this workload"  # a claim on an op the deployed kernels replaced
 # A custom-op file or the embedding program answers before packs and the core: the seed RFC's override,
 # needing no override=True.
 OVERRIDE_USER = "override (user)"
@@ -158,11 +160,40 @@ def static_audit(session: Session, devices: list[str], op: str | None = None) ->
     return rows
 
 
-def dynamic_audit(session: Session, captured: Capture, device: str, op: str | None = None) -> list[OpAudit]:
-    """For every distinct op the model ran: who answered its calls on ``device``, UNCOVERED if it fell back."""
+def unreached_claims(session: Session, captured: Capture, device: str,
+                     replaces: Mapping[str, Sequence[str]]) -> list[tuple[str, Candidate, str]]:
+    """(op, claim, the op run instead) for each claim of a pack, a custom-op file or the program on ``device``
+    whose op the capture never runs because an op that ``replaces`` it (a fused kernel: name -> eager op names)
+    ran instead. The core's own claims are defaults, never missed."""
+    ran = {invoke.name for invoke in captured.invokes}
+    instead = {hidden: fused for fused in ran for hidden in replaces.get(fused, ())}
+    found = []
+    for claimed_op, candidates in candidates_for(session, device).items():
+        name = op_name(claimed_op)
+        if name in ran or name not in instead:
+            continue
+        found += [(name, c, instead[name]) for c in candidates if c.plugin != CORE_NAME]
+    return found
+
+
+def unreached_lines(unreached: list[tuple[str, Candidate, str]]) -> list[str]:
+    return [f"{claim.plugin}: its {claim.kind} for {name} ({claim.function}) is not reached in this workload: the "
+            f"deployed kernels run {fused} instead (--eager prices the graph op by op)"
+            for name, claim, fused in unreached]
+
+
+def dynamic_audit(session: Session, captured: Capture, device: str, op: str | None = None,
+                  replaces: Mapping[str, Sequence[str]] | None = None) -> list[OpAudit]:
+    """For every distinct op the model ran: who answered its calls on ``device``, UNCOVERED if it fell back; and
+    for every claim the deployed kernels left unreached (``replaces``: see unreached_claims), a row saying so."""
     profile = session.device(device)
     claimed = {op_name(k): v for k, v in candidates_for(session, profile.name).items()}
     rows: dict[str, OpAudit] = {}
+    for name, claim, fused in unreached_claims(session, captured, profile.name, replaces or {}):
+        if op is None or _op_matches(name, op):
+            row = rows.setdefault(name, OpAudit(op=name, device=profile.name, status=UNREACHED))
+            row.candidates.append(claim)
+            row.answered_by = [f"none: {fused} runs instead"]
     for invoke in captured.invokes:
         if op is not None and not _op_matches(invoke.name, op):
             continue
@@ -202,7 +233,7 @@ def format_audit(rows: list[OpAudit], dynamic: bool = False) -> str:
         widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
         lines += [f"device {device}", *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
                                        for row in [header, *body]), ""]
-    counts = {s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE_USER, OVERRIDE, UNCOVERED)}
+    counts = {s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE_USER, OVERRIDE, UNCOVERED, UNREACHED)}
     counts.update({s: n for s in CANNOT_ANSWER if (n := sum(r.status == s for r in rows))})
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" among {len(rows)} rows")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ records their local shards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,27 +40,33 @@ def decomposes(op: Any) -> bool:
 
 
 @contextmanager
-def kept_whole(recorder: Any, ops: Iterable[Any]) -> Iterator[None]:
-    """While in here, ``recorder`` records each op of ``ops`` that decomposes as one call."""
+def kept_whole(recorder: Any, ops: Mapping[Any, frozenset] | Iterable[Any]) -> Iterator[None]:
+    """While in here, ``recorder`` records each op of ``ops`` that decomposes as one call, unless the call's
+    decomposition runs an op of that op's value: a claim asked before the whole op's wants it (see
+    Session.outranking), so that call is recorded op by op."""
     libraries: dict[str, torch.library.Library] = {}
+    if not isinstance(ops, Mapping):
+        ops = dict.fromkeys(ops, frozenset())
     try:
-        for op in ops:
+        for op, outranking in ops.items():
             if decomposes(op):
                 if op.namespace not in libraries:
                     libraries[op.namespace] = torch.library.Library(op.namespace, "IMPL")
-                libraries[op.namespace].impl(op, _kernel(op, recorder), _KEY)
+                libraries[op.namespace].impl(op, _kernel(op, recorder, outranking), _KEY)
         yield
     finally:
         for library in libraries.values():
             library._destroy()
 
 
-def _kernel(op: Any, recorder: Any):
+def _kernel(op: Any, recorder: Any, outranking: frozenset):
     def whole(*args, **kwargs):
         if not _records(recorder, args, kwargs):
             return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
-        with recorder.paused():
+        with recorder.paused(), recorder.watching() as ran:
             out = op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+        if outranking and not outranking.isdisjoint(ran):  # run again, recorded op by op
+            return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         recorder.record(op, args, kwargs, out)
         return out
 

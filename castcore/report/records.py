@@ -79,6 +79,7 @@ class Report:
         self.memory = memory  # a castcore.report.memory.MemoryReport, when the capture was analysed
         self.notes = list(notes or [])  # what a user should know about how the model was built and run
         self.workload = workload  # the Workload's options, when the report came from one
+        self.warnings: list[str] = []  # what did not go as a plugin meant: claims this workload never reached
 
     @property
     def time_s(self) -> float:
@@ -160,7 +161,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         data = {"description": self.description, "device": self.device.name, "workload": self.workload,
-                "notes": self.notes,
+                "notes": self.notes, "warnings": self.warnings,
                 "ops": [s.to_dict() for s in self.by_op()], "modules": [m.to_dict() for m in self.by_module()],
                 "totals": self.totals(), "coverage": self.coverage()}
         if self.memory is not None:

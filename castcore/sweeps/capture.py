@@ -195,7 +195,8 @@ class CaptureCache:
 
     def device_signature(self, session: Any, workload: Workload, device: Any) -> dict[str, Any]:
         """What of ``device`` the capture depends on (see the module docstring)."""
-        signature: dict[str, Any] = {"whole_ops": sorted(str(op) for op in session.whole_ops(device))}
+        signature: dict[str, Any] = {"whole_ops": sorted((str(op), sorted(map(str, outranking)))
+                                                         for op, outranking in session.outranking(device).items())}
         if workload.activations is not None:
             signature["mma_dtypes"] = sorted(device.mma_flops)
         if workload.fuse and not workload.train and session.plugins.pm.hook.fuse_model.get_hookimpls():

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from castcore import hf
+from castcore.builtin import DEPLOYED_WHOLE_OPS
+from castcore.builtin.fused_ops import REPLACES
+from castcore.plugins.audit import unreached_claims, unreached_lines
 from castcore.errors import CastcoreError
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
 from castcore.report.memory import kv_cache_bytes
@@ -92,8 +95,9 @@ def _fuse_shard_capture(session: Session, workload: Workload, device: DeviceProf
             built.notes.append("--train prices the eager graph: the deployed kernels are a server's inference "
                                "kernels")
     elif workload.fuse:
-        built.notes.append("your own module runs as you wrote it (eager): castcore rewrites only the models it "
-                           "builds (presets, config.json, factories) to the deployed kernels")
+        built.notes.append("your own module runs as you wrote it (eager), but for torch's composite norms "
+                           "(F.rms_norm, nn.RMSNorm), kept as the one kernel engines run: castcore rewrites only the "
+                           "models it builds (presets, config.json, factories) to the deployed kernels")
     with built.while_capturing(), parallelize(built, workload), warnings.catch_warnings():
         quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
@@ -112,9 +116,11 @@ def _capture(session: Session, workload: Workload, device: DeviceProfile, built:
              progress: Callable[[int], None] | None) -> Capture:
     try:
         with _tf32(workload.dtype == "tf32"):
+            whole = session.outranking(device)
+            if workload.fuse and not workload.train:
+                whole = {**dict.fromkeys(DEPLOYED_WHOLE_OPS, frozenset()), **whole}
             return capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
-                           progress=progress, reuse=workload.reuse, whole_ops=session.whole_ops(device),
-                           **built.kwargs)
+                           progress=progress, reuse=workload.reuse, whole_ops=whole, **built.kwargs)
     except (RuntimeError, UserWarning) as exc:
         forward_only = _forward_only_op(str(exc)) if workload.train else None
         if forward_only:
@@ -212,4 +218,6 @@ def _report(session: Session, workload: Workload, built: BuiltModel, captured: C
         notes += report.notes
     report.notes = notes + report.borrowed_rates()
     report.workload = workload.options()
+    if workload.fuse and workload.named and not workload.train:  # the user asked for the deployed kernels
+        report.warnings = unreached_lines(unreached_claims(session, captured, profile.name, REPLACES))
     return report

@@ -10,12 +10,13 @@ import torch
 
 from castcore import hf
 from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
+from castcore.plugins.audit import unmatched_device_claims
 from castcore.plugins.claims import ClaimTable, declared_count
 from castcore.plugins.config import Config, load_config
 from castcore.builtin import CorePlugin
 from castcore.plugins.loading import LoadedPlugins, load_plugins, refresh_scripts
 from castcore.plugins.packs import profile_folders, remember_hooks
-from castcore.plugins.resolve import Resolver
+from castcore.plugins.resolve import Resolver, hookimpls_in_call_order
 from castcore.recording.recorder import Capture, no_cyclic_gc
 from castcore.report.memory import analyze_memory
 from castcore.report.records import OpRecord, Report
@@ -46,6 +47,8 @@ class Session:
         self.notes += hf.version_warnings()  # a torch or transformers release the test suite does not run on
         remember_hooks(self.plugins.infos)
         self.devices: dict[str, DeviceProfile] = self._collect_devices()
+        # A claim on a device glob that matches no installed device: likely a typo, and never asked (no fault).
+        self.notes += unmatched_device_claims(self)
         # What stands in for the pipeline's capture step (castcore.workload.pipeline.capture_workload's
         # signature and result); None: the pipeline's own. castcore sweep puts its capture cache here.
         self.capture_step: Callable[..., Any] | None = None
@@ -126,6 +129,21 @@ class Session:
         return frozenset(op for plugin in self.plugins.pm.get_plugins()
                          if isinstance(plugin, ClaimTable) and plugin is not self.plugins.core
                          for op in plugin.claimed_ops(name))
+
+    def outranking(self, device: str | DeviceProfile | None = None) -> dict[Any, frozenset]:
+        """Each op of ``whole_ops(device)`` with the ops claimed there by plugins asked before its own claimer (a
+        custom-op file before a pack, a pack before another by priority): a call of it whose decomposition runs
+        one of those is captured op by op, so the earlier claim answers (castcore.recording.whole)."""
+        name = None if device is None else self.device(device).name
+        tables = [impl.plugin for impl in hookimpls_in_call_order(self.plugins.pm.hook.estimate_op)
+                  if isinstance(impl.plugin, ClaimTable) and impl.plugin is not self.plugins.core]
+        claimed = [table.claimed_ops(name) for table in tables]
+        found: dict[Any, frozenset] = {}
+        for rank, ops in enumerate(claimed):
+            before = frozenset().union(*claimed[:rank])
+            for op in ops:
+                found.setdefault(op, before - {op})
+        return found
 
     def fuse(self, model: torch.nn.Module, device: str | DeviceProfile | None = None) -> list[str]:
         """Let every plugin swap parts of ``model`` for its fused operators on ``device``; what each did.

@@ -35,3 +35,26 @@ def test_on_a_non_ascend_device_the_core_answers_aten_ops(tmp_path):
     rows = audit("--device-file", str(h100), "--device", "h100-sxm")
     assert rows["aten::mm"]["winner"]["plugin"] == "core"
     assert rows["ascend::rms_norm"]["winner"]["kind"] == "properties"  # FLOPs and bytes still known
+
+
+RFC_MM = '''
+import torch
+import castcore
+
+@castcore.register_op_estimator(torch.ops.aten.mm.default)
+def mm(invoke, device):
+    return 0.5
+'''
+
+
+def test_the_rfc_users_mm_estimator_answers_on_the_default_device(tmp_path):
+    """The pack prices aten::linear whole on its devices; a user's file claiming aten::mm is asked first, so the
+    linear calls are captured op by op and the user's mm answers them."""
+    (tmp_path / "mm.py").write_text(RFC_MM)
+    done = subprocess.run([sys.executable, "-m", "castcore", "estimate", "--seq", "16", "--custom-op-dir",
+                           str(tmp_path), "--no-cache", "--json"], capture_output=True, text=True,
+                          env={"CASTCORE_LOAD_PACKS": "ascend", "PATH": "", "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr
+    ops = {row["op"]: row for row in json.loads(done.stdout)["ops"]}
+    assert ops["aten::mm"]["source"] == f"file:{tmp_path / 'mm.py'} (estimator)"
+    assert "aten::linear" not in ops
