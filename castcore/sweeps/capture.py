@@ -123,15 +123,8 @@ class CaptureCache:
         if not workload.named:  # a module object: nothing to key it by
             return self.original(session, workload, device, progress)
         key = self.key(session, workload, device)
-        entry = self._memory.get(key)
-        if entry is not None:
-            self._memory.move_to_end(key)
-            self.stats.reused += 1
-        elif self.disk and (entry := self._load(key)) is not None:
-            self.stats.loaded += 1
-            self._intern(entry["capture"])
-            self._remember(key, entry)
-        else:
+        entry = self._find(key)
+        if entry is None:
             built, captured = self.original(session, workload, device, progress)
             self._keep(key, built, captured)
             return built, captured
@@ -148,17 +141,10 @@ class CaptureCache:
         captures: dict[int, Capture] = {}
         built = None
         for kv, key in keys.items():
-            entry = self._memory.get(key)
+            entry = self._find(key)
             if entry is not None:
-                self.stats.reused += 1
-            elif self.disk and (entry := self._load(key)) is not None:
-                self.stats.loaded += 1
-                self._intern(entry["capture"])
-            else:
-                continue
-            self._remember(key, entry)
-            captures[kv] = entry["capture"]
-            built = built or self._built(entry, steps[kv])
+                captures[kv] = entry["capture"]
+                built = built or self._built(entry, steps[kv])
         missing = [kv for kv in kv_lens if kv not in captures]
         if missing:
             made, fresh = capture_decode_steps(session, steps[missing[0]], device, missing[1:], progress)
@@ -168,6 +154,19 @@ class CaptureCache:
                 captures[kv] = captured
             built = made
         return built, captures
+
+    def _find(self, key: str) -> dict[str, Any] | None:
+        """The entry of ``key`` from this process's memory, else from disk; None when it must be captured."""
+        entry = self._memory.get(key)
+        if entry is not None:
+            self.stats.reused += 1
+        elif self.disk and (entry := self._load(key)) is not None:
+            self.stats.loaded += 1
+            self._intern(entry["capture"])
+        else:
+            return None
+        self._remember(key, entry)
+        return entry
 
     def _keep(self, key: str, built: BuiltModel, captured: Capture) -> None:
         self.stats.captured += 1
@@ -270,6 +269,7 @@ class CaptureCache:
 
     def _remember(self, key: str, entry: dict[str, Any]) -> None:
         self._memory[key] = entry
+        self._memory.move_to_end(key)  # the most recently used goes last, the first to go is the least
         while len(self._memory) > MEMORY_ENTRIES:
             self._memory.popitem(last=False)
 
