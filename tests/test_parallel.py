@@ -270,3 +270,18 @@ def test_fewer_kv_heads_than_devices_are_replicated(session, tmp_path, fuse):
     whole = session.estimate(castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, fuse=fuse))
     assert whole.memory.kv_cache_bytes == 2 * 2 * 2 * 32 * 2 * 16 * 2 + 2 * 8
     assert kv_cache_bytes(per_device_config(KV2, 8), 1, 1, "bf16") * 2 == kv_cache_bytes(KV2, 1, 1, "bf16")
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_projections_no_name_identifies_are_split_by_where_they_sit(session, fuse):
+    """GPT-J names its projections q/k/v_proj, out_proj, fc_in and fc_out: q/k/v and fc_in read the hidden size
+    and are split by column, out_proj and fc_out end their blocks and are split by row."""
+    gptj = str(DATA / "tiny-gptj.json")
+    whole, split = (session.estimate(castcore.build_workload(gptj, seq=16, batch=2, tp=tp, fuse=fuse))
+                    for tp in (1, 2))
+    layers = _layer_matmuls(whole)
+    assert set(layers) == {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out"}
+    assert {k: v / 2 for k, v in layers.items()} == _layer_matmuls(split)
+    reduces = [r.invoke.module.rsplit(".", 1)[-1] for r in split.records
+               if r.invoke.name == "_c10d_functional::all_reduce"]
+    assert reduces.count("attn") == reduces.count("mlp") == 2  # one after each block of the two layers

@@ -125,6 +125,11 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
             info.plan[path] = "rowwise"
         elif leaf in FUSED_QKV:
             info.plan[path] = "fused_qkv"
+    for path, kind in _by_structure(model, info.plan).items():
+        if kind != "local_heads":
+            plan[path] = ((RowwiseParallel(output_layouts=Partial()) if sp else RowwiseParallel())
+                          if kind == "rowwise" else ColwiseParallel())
+        info.plan[path] = kind
     if not any(kind in ROW_KINDS for kind in info.plan.values()):
         raise ModelError(f"--tp {n}: found no attention/MLP projections named {', '.join(COLWISE + ROWWISE)} "
                          f"(or a fused {', '.join(FUSED_QKV)} with its dense) as nn.Linear in "
@@ -147,6 +152,32 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
         if kind != "embedding_sp":  # sequence parallelism shards it by hand
             plan[path] = style()
     return plan, info
+
+
+def _by_structure(model: torch.nn.Module, planned: dict[str, str]) -> dict[str, str]:
+    """Projections no name above identifies, found by where they sit (GPT-J's out_proj, fc_in and fc_out): in a
+    block of two or more linear layers with none yet planned to end it, the last that writes the model's hidden
+    size ends the block (rowwise: its output summed across devices) and every other that reads the hidden size
+    starts it (colwise), as q/k/v -> o and up -> down run. A block of four or more is attention: its head counts
+    become local ("local_heads"), for models that reshape by them (GPT-J before transformers 5.24)."""
+    hidden = config_field(_config(model), "hidden_size")
+    if not isinstance(hidden, int):
+        return {}
+    found = {}
+    for path, block in model.named_modules():
+        linears = [(f"{path}.{name}" if path else name, child) for name, child in block.named_children()
+                   if isinstance(child, torch.nn.Linear)]
+        if len(linears) < 2 or any(planned.get(p) in ROW_KINDS for p, _ in linears):
+            continue
+        ends = [p for p, linear in linears if linear.out_features == hidden]
+        if not ends:
+            continue
+        found[ends[-1]] = "rowwise"
+        found.update({p: "colwise" for p, linear in linears
+                      if p != ends[-1] and p not in planned and linear.in_features == hidden})
+        if len(linears) >= 4:
+            found[path] = "local_heads"
+    return found
 
 
 def _has_fused_qkv(module: torch.nn.Module) -> bool:
@@ -282,6 +313,11 @@ def shard_by_hand(model: torch.nn.Module, mesh: Any, info: TensorParallel, sp: b
             _shard_conv1d(model, path, mesh, info.size, kind == "conv1d_colwise", sp)
         elif kind == "experts":
             _shard_experts(model, path, mesh, info.size)
+        elif kind == "local_heads":
+            config = _config(model)
+            heads = config_field(config, "num_attention_heads")
+            _local_heads(model.get_submodule(path), heads, config_field(config, "num_key_value_heads") or heads,
+                         info.size)
 
 
 def per_device_config(config: Any, n: int) -> Any:
