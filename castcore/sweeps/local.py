@@ -28,7 +28,7 @@ def _serve(conn: Connection, settings: work.Settings) -> None:
                 conn.send(("row", task.id, index, row))
             after = work.stats()
             conn.send(("done", task.id, {k: v - before.get(k, 0) for k, v in after.items()}))
-    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+    except (EOFError, KeyboardInterrupt, ConnectionError):  # the sweep ended, was interrupted or was killed
         pass
 
 

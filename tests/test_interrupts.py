@@ -1,0 +1,77 @@
+"""Ctrl-C and kill -9 at random moments: a sweep resumes to the rows an uninterrupted run gives (none lost, none
+twice), and a serve of a quantized model run again after a kill gives what it gives unkilled (the capture cache
+holds only whole entries). Bounded: a handful of interruptions, each within seconds."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data"
+LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
+SPEC = (f'command = "estimate"\nmodel = "{LLAMA}"\nseq = [8, 16, 24, 32]\nbatch = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n'
+        f'weights = ["bf16", "int8"]\nno_packs = true\ndevice_file = ["{H100}"]\n')
+
+
+def _castcore(*argv: str, cache: Path) -> subprocess.Popen:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}, "XDG_CACHE_HOME": str(cache)}
+    return subprocess.Popen([sys.executable, "-m", "castcore", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="") as handle:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(handle)]
+
+
+def test_a_sweep_killed_and_interrupted_at_random_resumes_to_the_same_rows(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    whole = tmp_path / "whole.csv"
+    done = _castcore("sweep", str(spec), "--out", str(whole), "--workers", "2", cache=tmp_path / "c1")
+    assert done.wait(timeout=300) == 0, done.stderr.read()
+    chaos, rng = tmp_path / "chaos.csv", random.Random(2026)
+    signals = [signal.SIGINT, signal.SIGKILL, signal.SIGINT, signal.SIGKILL]
+    for number, sent in enumerate(signals):
+        run = _castcore("sweep", str(spec), "--out", str(chaos), "--workers", "2", *(["--resume"] if number else []),
+                        cache=tmp_path / "c2")
+        time.sleep(rng.uniform(2.0, 6.0))
+        run.send_signal(sent)
+        code = run.wait(timeout=60)
+        err = run.stderr.read()
+        assert "Traceback" not in err, err
+        if code == 0:  # it finished first
+            break
+        assert code == (130 if sent == signal.SIGINT else -signal.SIGKILL), (code, err)
+        if sent == signal.SIGINT:
+            assert err.strip().splitlines()[-1] == "castcore: interrupted"
+    last = _castcore("sweep", str(spec), "--out", str(chaos), "--workers", "2", "--resume", cache=tmp_path / "c2")
+    assert last.wait(timeout=300) == 0, last.stderr.read()
+    assert _rows(chaos) == _rows(whole)
+    assert not list(tmp_path.glob(".chaos.csv.*"))  # no journal, lock or temporary left
+
+
+def test_a_serve_killed_midway_then_run_again_gives_the_figures_of_an_unkilled_one(tmp_path):
+    argv = ("serve", "--model", LLAMA, "--input", "32", "--output", "8", "--batch", "2", "--weights", "int8",
+            "--kv-cache", "fp8", "--no-packs", "--device-file", H100, "--json")
+    clean = _castcore(*argv, cache=tmp_path / "clean")
+    out, err = clean.communicate(timeout=300)
+    assert clean.returncode == 0, err
+    rng = random.Random(7)
+    for _ in range(3):
+        run = _castcore(*argv, cache=tmp_path / "killed")
+        time.sleep(rng.uniform(1.0, 4.0))
+        run.kill()
+        run.wait(timeout=60)
+    again = _castcore(*argv, cache=tmp_path / "killed")
+    out_again, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert json.loads(out_again) == json.loads(out)
+    assert not list((tmp_path / "killed").rglob("*.partial"))
