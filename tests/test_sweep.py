@@ -261,3 +261,17 @@ def test_a_cache_home_that_is_a_file_is_one_warning_and_the_sweep_runs(tmp_path)
     warnings = [line for line in done.stderr.splitlines() if line.startswith("castcore: warning:")]
     assert len(warnings) == 1 and "the capture cache folder" in warnings[0] and "cannot be made" in warnings[0]
     assert "2 points run" in done.stderr
+
+
+def test_an_unreadable_cache_entry_a_worker_finds_is_one_warning_of_the_sweep(tmp_path):
+    spec = write_spec(tmp_path / "s.toml", command="estimate", model=LLAMA, seq=16, device_file=[H100], no_packs=True)
+    cache = tmp_path / "cache"
+    first = sweep_cli(str(spec), "--workers", "1", "--out", str(tmp_path / "a.jsonl"), cache=cache)
+    (entry,) = (cache / "castcore" / "captures").glob("*.capture")
+    entry.write_bytes(b"\xff\xfe cut short")
+    second = sweep_cli(str(spec), "--workers", "1", "--out", str(tmp_path / "b.jsonl"), cache=cache)
+    warnings = [line for line in second.stderr.splitlines() if line.startswith("castcore: warning:")]
+    assert len(warnings) == 1 and f"discarded the unreadable cache entry {entry}" in warnings[0]
+    strip = [{k: v for k, v in row.items() if k != "seconds"} for row in read_jsonl(tmp_path / "a.jsonl")]
+    assert strip == [{k: v for k, v in row.items() if k != "seconds"} for row in read_jsonl(tmp_path / "b.jsonl")]
+    assert "warning" not in first.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +164,9 @@ def run(args: argparse.Namespace) -> int:
     from castcore.sweeps import store
 
     cache_problem = store.problem()
-    if cache_problem:
+    if cache_problem:  # said once here; the workers then keep captures in memory only
         warn(cache_problem)
+        settings = replace(settings, disk_cache=False)
     # The workers start now: their imports overlap this process's checking of every point.
     with backend_for(args.backend, workers, settings, args.ray_address) as runner:
         points = points_of(spec, plugins)
@@ -175,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         result = run_points(points, spec.command.axes(), settings, out=target, resume=args.resume, runner=runner)
     for death in result.deaths:
         note(f"warning: {death}")
+    for line in result.stats.warnings:  # what the workers' capture caches said (an unreadable entry discarded)
+        warn(line)
     stats = result.stats
     rate = f", {result.ran / result.seconds:.1f} points/s" if result.ran and result.seconds else ""
     note(f"{result.ran} points run in {result.seconds:.1f} s{rate}"

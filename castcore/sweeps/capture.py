@@ -112,11 +112,16 @@ class CaptureCache:
         self._environment: dict[int, str] = {}
         self._fused: dict[str, str] = {}
         self._keys: dict[Any, Any] = {}
-        self.warnings: list[str] = []  # entries discarded, a folder refused: each said once
+
+    @property
+    def warnings(self) -> list[str]:
+        """Entries discarded, a folder refused or not writable: each said once (kept with the counts, so a sweep's
+        workers send them back with their tasks)."""
+        return self.stats.warnings
 
     def _warn(self, message: str) -> None:
-        if message not in self.warnings:
-            self.warnings.append(message)
+        if message not in self.stats.warnings:
+            self.stats.warnings.append(message)
 
     def __call__(self, session: Any, workload: Workload, device: Any,
                  progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:

@@ -26,8 +26,7 @@ def _serve(conn: Connection, settings: work.Settings) -> None:
             before = work.stats()
             for index, row in work.run_task(task, settings):
                 conn.send(("row", task.id, index, row))
-            after = work.stats()
-            conn.send(("done", task.id, {k: v - before.get(k, 0) for k, v in after.items()}))
+            conn.send(("done", task.id, work.stats_since(before)))
     except (EOFError, KeyboardInterrupt, ConnectionError):  # the sweep ended, was interrupted or was killed
         pass
 

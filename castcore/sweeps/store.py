@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from castcore.plugins.files import unsafe_reason
 from castcore.plugins.packs import cache_dir
@@ -22,14 +23,22 @@ class Stats:
     captured: int = 0
     reused: int = 0
     loaded: int = 0
-    unstored: int = 0  # made but not storable (a value that does not pickle, a read-only cache folder)
+    unstored: int = 0  # made but not storable (a value with no stored form, a read-only cache folder)
+    warnings: list[str] = field(default_factory=list)  # what the cache said (an entry discarded), each once
 
     def add(self, other: Stats) -> None:
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            if f.name != "warnings":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.warnings += [w for w in other.warnings if w not in self.warnings]
 
-    def to_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def since(self, before: dict[str, Any]) -> dict[str, Any]:
+        """What was added after ``before`` (an earlier to_dict()): a task's own counts and warnings."""
+        counts = {f.name: getattr(self, f.name) - before.get(f.name, 0) for f in fields(self) if f.name != "warnings"}
+        return {**counts, "warnings": self.warnings[len(before.get("warnings", ())):]}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "warnings": list(self.warnings)}
 
     @property
     def hit_ratio(self) -> float:

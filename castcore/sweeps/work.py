@@ -91,14 +91,18 @@ def run_task(task: Task, settings: Settings) -> Iterator[tuple[int, dict[str, An
         yield index, row
 
 
-def stats() -> dict[str, int]:
-    """This process's capture counts so far."""
+def stats() -> dict[str, Any]:
+    """This process's capture counts and cache warnings so far."""
     return _cache.stats.to_dict() if _cache is not None else {}
 
 
-def run_whole_task(task: Task, settings: Settings) -> tuple[list[tuple[int, dict[str, Any]]], dict[str, int]]:
+def stats_since(before: dict[str, Any]) -> dict[str, Any]:
+    """The capture counts and cache warnings added since ``before`` (a stats() taken earlier)."""
+    return _cache.stats.since(before) if _cache is not None else {}
+
+
+def run_whole_task(task: Task, settings: Settings) -> tuple[list[tuple[int, dict[str, Any]]], dict[str, Any]]:
     """Every row of a task and the capture counts it added (a Ray task returns them at once)."""
     before = stats()
     rows = list(run_task(task, settings))
-    after = stats()
-    return rows, {k: v - before.get(k, 0) for k, v in after.items()}
+    return rows, stats_since(before)
