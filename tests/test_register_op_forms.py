@@ -271,6 +271,9 @@ def test_an_in_place_op_returns_its_changed_input_without_being_told(tmp_path):
     x_meta, y_meta = invoke.inputs()
     out_x, out_z = invoke.outputs()
     assert out_x.storage == x_meta.storage and out_z.storage not in (x_meta.storage, y_meta.storage)
+    # The schema says x is changed in place (Tensor(a!)), as mutates=["x"] would; y is only read.
+    x_arg, y_arg = torch.ops.castcore_user.inplace_operator.default._schema.arguments
+    assert x_arg.alias_info is not None and x_arg.alias_info.is_write and y_arg.alias_info is None
 
 
 def test_optional_tensor_replicated(tmp_path):
@@ -395,3 +398,4 @@ def test_castcore_measure_uses_an_input_gen_fn_in_the_guides_form(tmp_path, caps
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert row["op"] == "castcore_user::mock_select" and row["error"] == "" and row["measured_s"] > 0
     assert Path(f"{ops}.called").read_text() == "yes"
+

@@ -7,11 +7,13 @@ its backward as one more op (``<name>_backward``), and the registry keeps the an
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import itertools
 import re
 import sys
+import textwrap
 import threading
 import typing
 from collections.abc import Callable, Sequence
@@ -158,7 +160,8 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
                 record.input_gen_fn = input_gen_fn
             else:
                 record = RegisteredOp(_free_name(name, label, origin), fn, annotation, parsed, params, defaults,
-                                      input_gen_fn, tuple(mutates), plain=plain, origin=origin)
+                                      input_gen_fn, tuple(mutates) or _changed_and_returned(plain, params),
+                                      plain=plain, origin=origin)
                 _new_overload(record, tuple(declared_type(record, p, hints) for p in params))
                 _REGISTRY[record.qualname] = _BY_ORIGIN[origin] = record
 
@@ -264,6 +267,31 @@ def _parameters(fn: Callable, label: str, skip: int) -> tuple[list[str], dict[st
         if p.default is not p.empty:
             defaults[p.name] = p.default
     return names, defaults, hints
+
+
+def _changed_and_returned(fn: Callable, params: list[str]) -> tuple[str, ...]:
+    """Parameters ``fn`` changes in place (``x.add_(y)``, ``x[i] = v``, ``x.copy_(y)``) and returns as they are,
+    as nnScaler's guide asks of an in-place op: they are the op's mutated arguments (``Tensor(a!)``), as if named
+    in ``mutates``. Read from the source; none when it cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return ()
+    changed, returned, rebound = set(), set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_") \
+                and not node.func.attr.startswith("_") and isinstance(node.func.value, ast.Name):
+            changed.add(node.func.value.id)
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                    changed.add(target.value.id)
+                elif isinstance(target, ast.Name) and isinstance(node, ast.Assign):
+                    rebound.add(target.id)  # no longer the argument it was
+        elif isinstance(node, ast.Return) and node.value is not None:
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            returned |= {v.id for v in values if isinstance(v, ast.Name)}
+    return tuple(p for p in params if p in changed and p in returned and p not in rebound)
 
 
 def _mark(target: Any, record: RegisteredOp) -> None:
