@@ -275,3 +275,17 @@ def test_an_unreadable_cache_entry_a_worker_finds_is_one_warning_of_the_sweep(tm
     strip = [{k: v for k, v in row.items() if k != "seconds"} for row in read_jsonl(tmp_path / "a.jsonl")]
     assert strip == [{k: v for k, v in row.items() if k != "seconds"} for row in read_jsonl(tmp_path / "b.jsonl")]
     assert "warning" not in first.stderr
+
+
+def test_resume_refuses_rows_another_spec_of_the_same_command_wrote(tmp_path):
+    out = tmp_path / "rows.csv"
+    common = {"command": "estimate", "seq": 16, "device_file": [H100], "no_packs": True}
+    castcore.sweep({**common, "model": MIXTRAL}, out=out, workers=1)
+    before = out.read_text()
+    spec = write_spec(tmp_path / "llama.toml", **common, model=LLAMA, batch=[1, 2])
+    done = subprocess.run([sys.executable, "-m", "castcore", "sweep", str(spec), "--out", str(out), "--resume"],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert "holds 1 row(s) that are no point of this spec (the first: model = " in line and "tiny-mixtral" in line
+    assert out.read_text() == before

@@ -111,7 +111,7 @@ def _duration(seconds: float) -> str:
 
 @dataclass
 class SweepResult:
-    """A sweep's rows in grid order (rows an earlier run left for points not in this grid after them)."""
+    """A sweep's rows in grid order."""
 
     rows: list[dict[str, Any]]
     columns: list[str]
@@ -126,9 +126,9 @@ class SweepResult:
         return sum(1 for row in self.rows if row.get("error"))
 
 
-def _check_resumable(rows: list[dict[str, Any]], parameters: list[str], out: Path) -> None:
-    """Refuse to resume from rows another command's sweep (or something else) wrote: each row a sweep writes
-    starts with its command's parameters, in order."""
+def _check_resumable(rows: list[dict[str, Any]], parameters: list[str], grid: set[tuple], out: Path) -> None:
+    """Refuse to resume from rows another sweep (or something else) wrote: each row a sweep writes starts with its
+    command's parameters, in order, and is a point of its grid (a grid grown since is fine)."""
     for row in rows:
         if list(row)[:len(parameters)] != parameters:
             missing = [p for p in parameters if p not in row]
@@ -138,6 +138,12 @@ def _check_resumable(rows: list[dict[str, Any]], parameters: list[str], out: Pat
                               f"columns {', '.join(other[:5])} this command does not have" if other else "",
                               "its columns in another order" if not (missing or other) else ""]))
                 + "): move it away, or give another --out")
+    foreign = [row for row in rows if parameter_key(row, parameters) not in grid]
+    if foreign:
+        varies = [p for p in parameters if len({str(row.get(p)) for row in rows}) > 1 or p == parameters[0]]
+        example = ", ".join(f"{p} = {foreign[0].get(p)!r}" for p in varies[:4])
+        raise OutputError(f"--resume: {out} holds {len(foreign)} row(s) that are no point of this spec (the first: "
+                          f"{example}): it was written by another spec; move it away, or give another --out")
 
 
 def group(points: list[Point]) -> list[Task]:
@@ -209,7 +215,7 @@ def _run_points(points: list[Point], parameters: list[str], settings: Settings, 
     earlier: dict[tuple, dict[str, Any]] = {}
     if out is not None and resume:
         found = files.read_rows(out)
-        _check_resumable(found, parameters, out)
+        _check_resumable(found, parameters, {parameter_key(p.params, parameters) for p in points}, out)
         for row in found:  # later rows (the journal) replace earlier ones of the same point
             earlier[parameter_key(row, parameters)] = row
     elif out is not None:
@@ -242,7 +248,7 @@ def _run_points(points: list[Point], parameters: list[str], settings: Settings, 
                 runner.run(scheduler)
     finally:
         shown.close()
-    ordered = [rows[i] for i in sorted(rows)] + [r for r in earlier.values()]
+    ordered = [rows[i] for i in sorted(rows)]  # (--resume took only rows of this grid: see _check_resumable)
     names = columns(ordered, parameters)
     ordered = [{c: row.get(c) for c in names} for row in ordered]  # every row with every column, None where absent
     result = SweepResult(rows=ordered, columns=names, stats=scheduler.stats,
