@@ -15,12 +15,14 @@ from castcore.ops.register import register_op
 from castcore.ops.tables import register_measured_table
 from castcore.plugins.claims import register_op_estimator, register_op_properties
 from castcore.plugins.hookspecs import hookimpl
+from castcore.plugins.replacements import declare_replaces
 from castcore.plugins.rfc import OpInvokeInfo, PerformanceModel
 from castcore.recording.invoke import OpInvoke, TensorMeta, op_name, tensors_in
 
 __all__ = [
     "ComputeOps", "DeviceProfile", "Estimate", "Interconnect", "OpInvoke", "OpInvokeInfo", "PerformanceModel",
-    "PerformanceProperties", "Source", "TensorMeta", "device_from_dict", "dtype_name", "formulas", "hookimpl",
+    "PerformanceProperties", "Source", "TensorMeta", "declare_replaces", "device_from_dict", "dtype_name", "formulas",
+    "hookimpl",
     "op_name", "package_profiles", "register_measured_table", "register_op", "register_op_estimator",
     "register_op_properties", "roofline", "tensors_in", "tiled_matmul",
 ]

@@ -13,6 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from castcore.plugins.replacements import declare_replaces
+
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     x32 = x.float()
@@ -185,7 +187,7 @@ def _(rows, order, weights):
 
 # The eager ops each fused op stands in for: a plugin's claim on one of these that the deployed view no longer
 # runs anywhere is said to be unreached (castcore.plugins.audit.unreached_claims), never silently unused.
-REPLACES = {
+_REPLACES = {
     "castcore::rms_norm": ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt", "aten::mul.Tensor",
                            "aten::_to_copy"),
     "castcore::add_rms_norm": ("aten::add.Tensor", "aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt",
@@ -201,6 +203,9 @@ REPLACES = {
     "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
     "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
 }
+
+for _fused, _eager in _REPLACES.items():
+    declare_replaces(_fused, _eager)
 
 OPS = {name: getattr(torch.ops.castcore, name).default
        for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",

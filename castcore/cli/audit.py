@@ -17,10 +17,11 @@ def run(args: argparse.Namespace) -> int:
     if workload is not None:
         device = session.device(args.device)
         _, captured = capture_workload(session, workload, device)
-        from castcore.builtin.fused_ops import REPLACES
+        from castcore.plugins.replacements import replacements
 
         deployed = workload.fuse and workload.named and not workload.train
-        rows = audit.dynamic_audit(session, captured, device.name, op=args.op, replaces=REPLACES if deployed else None)
+        rows = audit.dynamic_audit(session, captured, device.name, op=args.op,
+                                   replaces=replacements() if deployed else None)
     else:
         devices = [session.device(args.device).name] if args.device else list(session.devices)
         if not devices:

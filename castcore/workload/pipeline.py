@@ -13,8 +13,8 @@ import torch
 
 from castcore import hf
 from castcore.builtin import DEPLOYED_WHOLE_OPS
-from castcore.builtin.fused_ops import REPLACES
 from castcore.plugins.audit import unreached_claims, unreached_lines
+from castcore.plugins.replacements import replacements
 from castcore.errors import CastcoreError
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
 from castcore.report.memory import kv_cache_bytes
@@ -219,5 +219,5 @@ def _report(session: Session, workload: Workload, built: BuiltModel, captured: C
     report.notes = notes + report.borrowed_rates()
     report.workload = workload.options()
     if workload.fuse and workload.named and not workload.train:  # the user asked for the deployed kernels
-        report.warnings = unreached_lines(unreached_claims(session, captured, profile.name, REPLACES))
+        report.warnings = unreached_lines(unreached_claims(session, captured, profile.name, replacements()))
     return report

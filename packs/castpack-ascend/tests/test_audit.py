@@ -58,3 +58,24 @@ def test_the_rfc_users_mm_estimator_answers_on_the_default_device(tmp_path):
     ops = {row["op"]: row for row in json.loads(done.stdout)["ops"]}
     assert ops["aten::mm"]["source"] == f"file:{tmp_path / 'mm.py'} (estimator)"
     assert "aten::linear" not in ops
+
+
+USER_SILU = '''
+import torch
+import castcore
+
+@castcore.register_op_estimator(torch.ops.aten.silu.default)
+def silu(invoke, device):
+    return 1e-6
+'''
+
+
+def test_a_users_claim_the_packs_rewrite_leaves_unreached_is_one_warning(tmp_path):
+    (tmp_path / "silu.py").write_text(USER_SILU)
+    done = subprocess.run([sys.executable, "-m", "castcore", "estimate", "--seq", "16", "--custom-op-dir",
+                           str(tmp_path), "--no-cache"], capture_output=True, text=True,
+                          env={"CASTCORE_LOAD_PACKS": "ascend", "PATH": "", "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr
+    line = (f"castcore: warning: file:{tmp_path / 'silu.py'}: its estimator for aten::silu (silu) is not reached in "
+            "this workload: the deployed kernels run ascend::swiglu instead (--eager prices the graph op by op)")
+    assert done.stderr.splitlines().count(line) == 1
