@@ -9,7 +9,6 @@ recorded with a one-line reason and never stops the others.
 from __future__ import annotations
 
 import importlib.metadata
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ from castcore.plugins import hookspecs
 from castcore.plugins.claims import Claim, ClaimTable, claims_of, declaring_modules, duplicates
 from castcore.plugins.config import Config
 from castcore.plugins.files import checked_directory, file_modules, load_directory
-from castcore.plugins.packs import PluginInfo, castcore_requirement_problem, pack_infos
+from castcore.plugins.packs import SYS_PATH, PluginInfo, castcore_requirement_problem, pack_infos
 from castcore.plugins.registration import register, register_with_claims, run_plugin_code
 from castcore.recording.invoke import op_name
 
@@ -59,15 +58,10 @@ def _load_pack(pm: pluggy.PluginManager, info: PluginInfo, ep: importlib.metadat
         register_with_claims(pm, info, obj, claims_of(ep.module.split(".")[0]))
 
 
-# Loading plugins edits process-wide state (sys.path and sys.modules while a custom-op directory loads) that
-# another thread's pack discovery reads: a scan of entry points over a sys.path being edited can miss every pack.
-_LOADING = threading.RLock()
-
-
 def load_plugins(config: Config, core: Any) -> LoadedPlugins:
     """Register ``core`` (the core's own plugin, a ClaimTable), then the packs and files ``config`` allows. Two
     threads load plugins one after the other."""
-    with _LOADING:
+    with SYS_PATH:  # a custom-op directory goes on sys.path while it loads (see castcore.plugins.packs.SYS_PATH)
         return _load_plugins(config, core)
 
 

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +54,15 @@ class PluginInfo:
         self.status, self.error = "failed", " ".join(line.strip() for line in reason.splitlines() if line.strip()) or "failed"
 
 
+# Loading a custom-op directory puts it on sys.path and takes it off again; a scan of the entry points over a
+# sys.path being edited in another thread can miss every pack. Both hold this (castcore.plugins.loading too).
+SYS_PATH = threading.RLock()
+
+
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: (ep.name, ep.value))
+    with SYS_PATH:
+        found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    return sorted(found, key=lambda ep: (ep.name, ep.value))
 
 
 def pack_infos(config: Config) -> list[tuple[PluginInfo, importlib.metadata.EntryPoint | None]]:
@@ -141,6 +149,24 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "castcore"
 
 
+def write_cache_file(path: Path, data: bytes) -> bool:
+    """``data`` at ``path`` in castcore's cache, whole or not at all: written to a uniquely named temporary file
+    beside it and renamed into place, so readers and other writers never see part of it. False when the folder
+    cannot be written (a cache that cannot be written is only slower)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(temporary, path)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+    except OSError:
+        return False
+    return True
+
+
 def _hooks_file() -> Path:
     return cache_dir() / "pack-hooks.json"
 
@@ -156,18 +182,8 @@ def remember_hooks(infos: list[PluginInfo]) -> None:
     fresh = {_pack_key(i): i.hooks for i in infos if i.kind == "pack" and i.status == "loaded"}
     if all(known.get(k) == v for k, v in fresh.items()):
         return
-    path = _hooks_file()
-    try:  # whole or not at all: a reader never sees half a record (which it would take for "no packs known")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(json.dumps({**known, **fresh}, indent=1, sort_keys=True))
-            os.replace(temporary, path)
-        finally:
-            Path(temporary).unlink(missing_ok=True)
-    except OSError:
-        pass
+    # Whole or not at all: a reader never sees half a record (which it would take for "no packs known").
+    write_cache_file(_hooks_file(), json.dumps({**known, **fresh}, indent=1, sort_keys=True).encode())
 
 
 def _known_hooks() -> dict[str, list[str]]:

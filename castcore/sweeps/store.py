@@ -5,13 +5,12 @@ reads it without loading a model."""
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from castcore.plugins.files import unsafe_reason
-from castcore.plugins.packs import cache_dir
+from castcore.plugins.packs import cache_dir, write_cache_file
 
 SUFFIXES = (".capture", ".fused")  # a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
 
@@ -91,20 +90,7 @@ def problem() -> str | None:
 
 def write(key: str, suffix: str, data: bytes) -> bool:
     """Store ``data`` under ``key``; False when the cache folder cannot be written (the sweep goes on)."""
-    folder = captures_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".partial")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-            os.replace(temporary, folder / f"{key}{suffix}")
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-    except OSError:
-        return False
-    return True
+    return write_cache_file(captures_dir() / f"{key}{suffix}", data)
 
 
 @dataclass
