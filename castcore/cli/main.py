@@ -27,6 +27,15 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _build()[0]
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser by its name, in the order ``castcore --help`` lists them."""
+    return _build()[1]
+
+
+def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="castcore",
         description="Estimate how fast a PyTorch model runs on an accelerator you may not have.")
@@ -43,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_parser(sub)
     plan.add_parser(sub)
     cache.add_parser(sub)
-    return parser
+    return parser, dict(sub.choices)
 
 
 _quick_exit = False  # set by main() for a command that may skip the interpreter's teardown (see console)
