@@ -20,7 +20,7 @@ from castcore.ops.annotations import AnnotationError, OpAnnotation
 from castcore.recording.recorder import CaptureError
 
 if TYPE_CHECKING:
-    from castcore.ops.register import RegisteredOp
+    from castcore.ops.record import RegisteredOp
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
 

@@ -17,15 +17,14 @@ import textwrap
 import threading
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from castcore.ops.annotations import AnnotationError, OpAnnotation, parse
-from castcore.ops.binding import Binding, bind, resolve
+from castcore.ops.annotations import AnnotationError, parse
 from castcore.ops.kernels import declared_type, define, fits, value_type
+from castcore.ops.record import RegisteredOp
 
 DEFAULT_NAMESPACE = "castcore_user"
 
@@ -33,87 +32,6 @@ _REGISTRY: dict[str, RegisteredOp] = {}        # "ns::name" -> record
 _BY_ORIGIN: dict[tuple, RegisteredOp] = {}     # (file, line, qualified name) of what was registered -> record
 _BY_OVERLOAD: dict[Any, RegisteredOp] = {}      # OpOverload -> record
 _LOCK = threading.Lock()
-
-
-@dataclass(eq=False)
-class RegisteredOp:
-    """One registered function: its torch op, its annotation and how castcore calls it."""
-
-    qualname: str                              # "ns::name"
-    fn: Callable                               # what runs for real
-    annotation: str | Callable                 # as given
-    parsed: OpAnnotation | None                # None when the annotation is a callable of the inputs
-    params: list[str]                          # parameter names, in order
-    defaults: dict[str, Any]
-    input_gen_fn: Callable | None = None
-    mutates: tuple[str, ...] = ()
-    overloads: dict[tuple, Any] = field(default_factory=dict)   # argument types -> OpOverload
-    wrapper: Callable | None = None
-    plain: Callable | None = None              # fn without torch.compile: what runs on fake tensors
-    origin: tuple = ()                         # where the registered function is written (_origin)
-    # Per overload, which outputs are inputs returned (output index -> input index), once known.
-    aliases: dict[tuple, dict[int, int]] = field(default_factory=dict)
-
-    @property
-    def namespace(self) -> str:
-        return self.qualname.split("::")[0]
-
-    @property
-    def name(self) -> str:
-        return self.qualname.split("::")[1]
-
-    def annotation_for(self, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> OpAnnotation:
-        """The parsed annotation for one call (a callable annotation is called with the inputs)."""
-        try:
-            return self.parsed or resolve(self.annotation, args, kwargs)
-        except AnnotationError as exc:
-            raise exc.for_op(self.qualname) from None
-
-    def bind_all(self, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        kwargs = dict(kwargs or {})
-        if len(args) > len(self.params):
-            raise TypeError(f"{self.qualname} takes {len(self.params)} arguments but {len(args)} were given")
-        bound = dict(zip(self.params, args))
-        for name, value in kwargs.items():
-            if name not in self.params:
-                raise TypeError(f"{self.qualname} got an unexpected argument {name!r}")
-            if name in bound:
-                raise TypeError(f"{self.qualname} got multiple values for argument {name!r}")
-            bound[name] = value
-        for name in self.params:
-            if name not in bound:
-                if name not in self.defaults:
-                    raise TypeError(f"{self.qualname} is missing argument {name!r}")
-                bound[name] = self.defaults[name]
-        return bound
-
-    def output_shapes(self, *args: Any, **kwargs: Any) -> list[tuple[int, ...]]:
-        """The shapes the annotation gives for a call with these arguments (tensors, or anything with .shape)."""
-        return self.fit(args, kwargs).output_shapes
-
-    def fit(self, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> Binding:
-        """The annotation fitted to one call's arguments (a '?' output has shape ()), errors naming this op."""
-        bound = self.bind_all(args, kwargs)
-        values = [bound[p] for p in self.params]
-        annotation = self.annotation_for(values, {})
-        count = len(annotation.inputs)
-        try:
-            return bind(annotation, values[:count], dict(zip(self.params[count:], values[count:])),
-                        allow_replicated_outputs=True)
-        except AnnotationError as exc:
-            raise exc.for_op(self.qualname) from None
-
-    def overload(self, values: Sequence[Any]) -> Any:
-        """The first OpOverload whose schema takes these arguments; one typed from them is defined if none does."""
-        with _LOCK:
-            for kinds, op in self.overloads.items():
-                if all(fits(v, k) for v, k in zip(values, kinds)):
-                    return op
-            return _new_overload(self, tuple(value_type(v, p, self.qualname) for v, p in zip(values, self.params)))
-
-    @property
-    def default_overload(self) -> Any | None:
-        return next(iter(self.overloads.values()), None)
 
 
 def register_op(annotation: str | Callable, name: str | None = None, input_gen_fn: Callable | None = None,
@@ -169,7 +87,7 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
         def call(*args: Any, **kwargs: Any) -> Any:
             bound = record.bind_all(args, kwargs)
             values = [bound[p] for p in record.params]
-            return record.overload(values)(*values)
+            return overload_for(record, values)(*values)
 
         call.apply = record.wrapper = call  # type: ignore[attr-defined]  # so MyFunction.apply(...) keeps working
         call.__castcore_op__ = record  # type: ignore[attr-defined]
@@ -185,6 +103,16 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
         return call
 
     return decorate
+
+
+def overload_for(record: RegisteredOp, values: Sequence[Any]) -> Any:
+    """The first OpOverload of ``record`` whose schema takes these arguments; one typed from them is defined if
+    none does."""
+    with _LOCK:
+        for kinds, op in record.overloads.items():
+            if all(fits(v, k) for v, k in zip(values, kinds)):
+                return op
+        return _new_overload(record, tuple(value_type(v, p, record.qualname) for v, p in zip(values, record.params)))
 
 
 def registered_ops() -> dict[str, RegisteredOp]:
