@@ -19,7 +19,8 @@ from castcore.errors import CastcoreError
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
 from castcore.report.memory import kv_cache_bytes
 from castcore.report.records import Report
-from castcore.workload.deploy import check_interconnect, parallelize, plan_layout
+from castcore.workload.deploy import check_interconnect, parallelize
+from castcore.workload.layout import plan_layout
 from castcore.workload.fusing import fuse
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
 from castcore.workload.quantize import quantize

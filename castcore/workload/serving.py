@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.report.records import Report, format_seconds
-from castcore.workload.deploy import Layout, check_interconnect
+from castcore.workload.deploy import check_interconnect
+from castcore.workload.layout import Layout
 from castcore.workload.models import load_factory
 from castcore.workload.pipeline import run_decode_steps
 from castcore.workload.spec import DEFAULT_MODEL, DEPLOYMENT, ModelError, build_workload, is_factory, load_model_config

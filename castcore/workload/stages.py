@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from castcore.devices.profile import DeviceProfile
-    from castcore.workload.deploy import Layout
+    from castcore.workload.layout import Layout
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:

@@ -1,0 +1,58 @@
+"""How one device's capture is cut from a deployment: ``Layout``, and ``plan_layout(workload)`` that makes it.
+
+castcore.workload.deploy applies it to the model; castcore.workload.stages and the serving figures read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from castcore.workload.spec import ModelError, Workload
+
+if TYPE_CHECKING:
+    from castcore.workload.parallel import TensorParallel
+
+
+@dataclass
+class Layout:
+    """How one device's capture was cut from the deployment."""
+
+    tp: int = 1
+    sp: bool = False  # sequence parallelism applied (a prefill under --sp)
+    ep: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    dp: int = 1
+    batch: int = 1  # sequences the capture runs: one device's (micro-)batch
+    kv_batch: int = 1  # sequences whose KV cache one device holds
+    tensor: TensorParallel | None = None
+
+    @property
+    def devices(self) -> int:
+        return max(self.tp, self.ep) * self.pp
+
+    def describe(self) -> str:
+        """``tp 2 x pp 2 = 4 devices x 2 replicas``: the parallel layout of one replica, and the replicas."""
+        parts = [f"{name} {value}" + (" (sp)" if name == "tp" and self.sp else "")
+                 for name, value in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)) if value > 1]
+        text = " x ".join(parts) + f" = {self.devices} devices" if parts else "1 device"
+        return text + (f" x {self.dp} replicas" if self.dp > 1 else "")
+
+
+def plan_layout(workload: Workload) -> Layout:
+    """The batch one device's capture runs and the sequences whose KV cache it holds (see castcore.workload.deploy's
+    docstring)."""
+    tp, ep, pp, m = workload.tp, workload.ep, workload.pp, workload.micro_batches
+    groups = ep // tp if ep > tp else 1  # attention data-parallel groups
+    batch = workload.batch
+    if workload.phase == "decode":
+        kv_batch = -(-batch // groups)
+        local = -(-kv_batch // pp)
+    else:
+        if batch % (m * groups):
+            raise ModelError(f"--micro-batches {m} with --ep {ep} over --tp {tp}: each of {groups} attention groups "
+                             f"runs {m} micro-batches, so the batch must divide by {m * groups}: use such a --batch")
+        kv_batch, local = batch // groups, batch // groups // m
+    sp = workload.sp and workload.phase == "prefill"
+    return Layout(tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=m, dp=workload.dp, batch=local, kv_batch=kv_batch)
