@@ -40,8 +40,12 @@ _EXPORTS = {
     "measure": "castcore.ops.timing",
     "calibrate": "castcore.ops.timing",
     "measure_table": "castcore.ops.tables",
-    "sweep": "castcore.cli.sweep",
-    "plan": "castcore.cli.plan",
+    "sweep": "castcore.sweeps.sweep",
+    "SweepResult": "castcore.sweeps.run",
+    "plan": "castcore.sweeps.plan",
+    "PlanResult": "castcore.sweeps.plan",
+    "PluginOptions": "castcore.plugins.selection",
+    "StrictFailure": "castcore.errors",
     # the error types
     "CastcoreError": "castcore.errors",
     "CaptureError": "castcore.recording.recorder",
@@ -65,7 +69,8 @@ __all__ = [
     "AnnotationError", "Capture", "CaptureError", "CastcoreError", "ComputeOps", "Config", "ConfigError",
     "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect", "MeasureError",
     "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpInvokeInfo", "OpRecord", "PartitionError",
-    "PerformanceModel", "PerformanceProperties", "Report", "ServeReport", "Session", "TensorMeta", "Workload",
+    "PerformanceModel", "PerformanceProperties", "PlanResult", "PluginOptions", "Report", "ServeReport", "Session",
+    "StrictFailure", "SweepResult", "TensorMeta", "Workload",
     "__version__", "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate",
     "hookimpl", "load_config", "load_device_file", "measure", "measure_table", "partition", "plan",
     "register_measured_table", "register_op", "register_op_estimator", "register_op_properties", "serve", "sweep",
@@ -95,10 +100,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from castcore.cli.plan import plan
-    from castcore.cli.sweep import sweep
     from castcore.devices.profile import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file
-    from castcore.errors import CastcoreError
+    from castcore.errors import CastcoreError, StrictFailure
     from castcore.ops.annotations import AnnotationError, CustomOpError
     from castcore.ops.partition import PartitionError, partition
     from castcore.ops.register import register_op
@@ -109,9 +112,13 @@ if TYPE_CHECKING:
                                register_op_properties)
     from castcore.plugins.config import Config, ConfigError, load_config
     from castcore.plugins.resolve import EstimatorError
+    from castcore.plugins.selection import PluginOptions
     from castcore.recording.recorder import Capture, CaptureError, capture
     from castcore.report.memory import MemoryReport
     from castcore.report.records import OpRecord, Report
+    from castcore.sweeps.plan import PlanResult, plan
+    from castcore.sweeps.run import SweepResult
+    from castcore.sweeps.sweep import sweep
     from castcore.workload.serving import ServeReport
     from castcore.workload.session import Session, default_session, estimate, serve
     from castcore.workload.spec import ModelError, Workload, build_workload

@@ -9,3 +9,7 @@ class CastcoreError(Exception):
 
 class ModelError(CastcoreError, ValueError):
     """A model or workload castcore cannot build; the message says what is accepted."""
+
+
+class StrictFailure(CastcoreError):
+    """``strict`` turned a reported problem into a failure (the command line exits 1)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from castcore.cli.main import main
-from castcore.cli.sweep import check, commands, points_of
+from castcore.sweeps.sweep import check, commands, points_of
 from castcore.sweeps.spec import MAX_POINTS, check_spec
 from castcore.workload.spec import ModelError
 
@@ -46,19 +46,20 @@ def refused(capsys, folder: Path, argv: list[str]) -> str:
 
 @pytest.mark.parametrize(("keys", "expected"), [
     ({"bacth": [1, 2]}, "unknown key 'bacth' for castcore estimate (did you mean 'batch'?)"),
-    ({"phase": ["prefill", "middle"]}, "phase = 'middle': argument --phase: invalid choice: 'middle'"),
-    ({"batch": [1, "four"]}, "batch = 'four': argument --batch: invalid int value: 'four'"),
+    ({"phase": ["prefill", "middle"]}, "line 4: phase = \"middle\": is not supported; use one of prefill, decode"),
+    ({"batch": [1, "four"]}, "line 4: batch = \"four\": must be a whole number of at least 1"),
     ({"batch": [1, 2.5]}, "batch = 2.5:"),
-    ({"eager": "yes"}, "eager = 'yes': eager is a switch; give true or false"),
+    ({"batch": 0}, "sweep spec line 4: batch = 0: must be a whole number of at least 1"),
+    ({"eager": "yes"}, "eager = \"yes\": is a switch: give true or false"),
     ({"batch": []}, "batch is an empty list"),
     ({"json": True}, "json is how castcore estimate prints"),
     ({"device": ["h100-sxm", "h200"]}, "device = 'h200' is not installed; installed: h100-sxm"),
-    ({"model": LLAMA, "tp": [1, 3]}, "tp = 3 is refused at every point: --tp 3: "),
+    ({"model": LLAMA, "tp": [1, 3]}, "tp = 3 is refused at every point: tp = 3: "),
     ({"model": "no-such-model"}, "every point is refused: unknown model 'no-such-model'"),
     ({"command": "train"}, "name the command: command = 'estimate' or 'serve' (got 'train'; one command a spec)"),
     ({"command": ["serve", "estimate"]}, "name the command: command = 'estimate' or 'serve' (got ['serve', "
                                           "'estimate']; one command a spec)"),
-    ({"command": "serve", "batch": 4, "max_batch": True}, "argument --max-batch: not allowed with argument --batch"),
+    ({"command": "serve", "batch": 4, "max_batch": True}, "batch and max_batch cannot go together; keep one of them"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_key(capsys, tmp_path, keys, expected):
     out = tmp_path / "rows.csv"
@@ -95,6 +96,7 @@ def test_bad_toml_and_resume_without_out(capsys, tmp_path):
 
 
 def test_axes_are_the_commands_own_options():
+    """The axes are the catalog's: what castcore estimate and castcore serve take, spelled without dashes."""
     estimate, serve = commands()["estimate"], commands()["serve"]
     assert {"model", "device", "batch", "seq", "phase", "kv_len", "tp", "pp", "ep", "weights", "kv_cache",
             "eager", "micro_batches"} <= set(estimate.axes())
@@ -119,7 +121,7 @@ def test_a_combination_the_command_refuses_is_an_error_row_and_the_rest_run():
     assert len(points) == 4 and all(p.params["device"] == "h100-sxm" for p in points)
     failing = [p for p in points if p.error]
     assert [(p.params["model"], p.params["ep"]) for p in failing] == [(LLAMA, 2)]
-    assert "--ep 2" in failing[0].error and "no mixture-of-experts layers" in failing[0].error
+    assert "ep = 2" in failing[0].error and "no mixture-of-experts layers" in failing[0].error
     ok = [p for p in points if not p.error]
     assert all(p.job.workload.seq == 16 and p.job.device == "h100-sxm" for p in ok)
 
@@ -131,8 +133,8 @@ def test_serve_points_are_checked_as_castcore_serve_checks_them():
     points = points_of(spec, plugins)
     assert [p.error for p in points][:3] == [None, None, None]
     assert points[0].job.serve == {**points[0].job.serve, "input_tokens": 16, "output_tokens": 8, "batch": 1}
-    assert "--input 200 + --output 100 tokens exceed" in points[3].error and "context of 256" in points[3].error
-    with pytest.raises(ModelError, match="every point is refused: --input 300 is longer than"):
+    assert "input = 200 + output = 100 tokens exceed" in points[3].error and "context of 256" in points[3].error
+    with pytest.raises(ModelError, match="every point is refused: input = 300 is longer than"):
         points_of(*check({**data, "input": 300})[:2])
 
 

@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from castcore.cli.common import StrictFailure, add_model_options, add_plugin_options, make_session, workload_from
+from castcore.cli.common import StrictFailure, make_session
+from castcore.cli.options import add_options, values
+from castcore.options.catalog import AUDIT, AXIS
 
 
 def run(args: argparse.Namespace) -> int:
     from castcore.plugins import audit
     from castcore.workload.pipeline import capture_workload
 
-    workload = workload_from(args) if args.model else None
+    from castcore.workload.spec import build_workload
+
+    options = {k: v for k, v in values(args, AUDIT, AXIS).items() if k != "model"}
+    workload = build_workload(args.model, **options) if args.model else None
     session = make_session(args)  # prints, among the session's notes, claims on device globs that match nothing
     if workload is not None:
         device = session.device(args.device)
@@ -42,10 +47,5 @@ def add_parser(subparsers) -> None:
                     "override (user) (your custom-op file or program wins over a pack) or CONFLICT (two plugins "
                     "claim it and neither declares override). With --model: capture that model "
                     "and list who answers each operator it runs; ops left to the memory-only fallback are UNCOVERED.")
-    aud.add_argument("--device", help="audit this device only (default: every installed device; with --model, "
-                                      "the default device)")
-    aud.add_argument("--op", help="only this operator, e.g. aten::mm (every overload) or aten::add.Tensor")
-    aud.add_argument("--json", action="store_true", help="print JSON")
-    add_model_options(aud, None)
-    add_plugin_options(aud)
+    add_options(aud, AUDIT)
     aud.set_defaults(func=run)

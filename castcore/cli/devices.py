@@ -12,32 +12,11 @@ import argparse
 import json
 
 from castcore.cli.common import add_plugin_options, make_session
-
-
-def _profiles_without_plugins(args: argparse.Namespace):
-    """The profiles packs ship as data and the --device-files; None when some plugin's device_profiles
-    hook may have to run (then the full Session loads the plugins)."""
-    from castcore.devices.profile import load_device_file, package_profiles_in
-    from castcore.plugins.config import load_config
-    from castcore.plugins.packs import pack_infos, packs_without_profile_hooks, profile_folders
-
-    config = load_config(custom_op_dirs=args.custom_op_dir, device_files=args.device_file,
-                         load_packs=[] if args.no_packs else None, strict=args.strict,
-                         default_custom_op_dirs=False if args.no_default_custom_op_dirs else None)
-    if config.custom_op_dirs or not packs_without_profile_hooks(config):
-        return None
-    folders = profile_folders(config)
-    devices = {}
-    for info, _ in pack_infos(config):
-        if info.name in folders:
-            for profile in package_profiles_in(folders[info.name], info.distribution or info.name):
-                devices.setdefault(profile.name, profile)
-    devices.update((p.name, p) for p in map(load_device_file, config.device_files))
-    return dict(sorted(devices.items()))
+from castcore.plugins.selection import PluginOptions, profiles_without_plugins
 
 
 def run(args: argparse.Namespace) -> int:
-    devices = _profiles_without_plugins(args)
+    devices = profiles_without_plugins(PluginOptions.of(args))
     if devices is None:
         devices = make_session(args).devices
     rows = [{"name": d.name, "vendor": d.vendor, "memory_bytes": d.memory_bytes,

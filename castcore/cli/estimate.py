@@ -7,19 +7,21 @@ import json
 import sys
 import time
 
-from castcore.cli.common import (StrictFailure, add_cache_option, add_model_options, add_plugin_options,
-                                 fail_on_fallback, make_session, note, progress_printer, report_capture_cache,
-                                 use_capture_cache, warn, workload_from)
+from castcore.cli.common import (StrictFailure, capture_cache_from, fail_on_fallback, make_session, note,
+                                 progress_printer, report_capture_cache, warn)
+from castcore.cli.options import add_options, values
+from castcore.options.catalog import AXIS, ESTIMATE
 from castcore.report.files import check_output, write_whole
-from castcore.workload.spec import DEFAULT_MODEL
+from castcore.workload.spec import build_workload
 
 
 def run(args: argparse.Namespace) -> int:
-    workload = workload_from(args)  # bad options and unwritable files fail before any plugin or model loads
+    options = {k: v for k, v in values(args, ESTIMATE, AXIS).items() if k not in ("model", "device")}
+    workload = build_workload(args.model, **options)  # bad options and unwritable files fail before anything loads
     trace = check_output(args.trace, "--trace") if args.trace else None
     plot = check_output(args.plot, "--plot") if args.plot else None
-    session = make_session(args, on_error=args.on_error)
-    cache = use_capture_cache(session, args)
+    cache = capture_cache_from(args)
+    session = make_session(args, on_error=args.on_error, capture_step=cache)
     device = session.device(args.device)
     note(f"building {args.model} and capturing on fake tensors ...")
     started = time.perf_counter()
@@ -63,21 +65,5 @@ def add_parser(subparsers) -> None:
         description="Capture a model on fake tensors (no weights are allocated) and estimate each operator "
                     "call on a device. With no arguments: Llama-3-8B prefill, batch 1, 2048 tokens, bf16, "
                     "on the default installed device.")
-    add_model_options(est, DEFAULT_MODEL)
-    est.add_argument("--device", help="device profile name (castcore devices lists them; default: the "
-                                      "configured default_device, else the first profile marked default)")
-    est.add_argument("--top", type=int, default=30, help="rows in the table, slowest first (default: 30)")
-    out = est.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the whole report (every op and module row, "
-                                                         "totals, coverage, memory, workload, notes) as JSON")
-    out.add_argument("--csv", action="store_true", help="print the rows (see --by) and a TOTAL row as CSV")
-    est.add_argument("--by", choices=("op", "module"), default="op",
-                     help="rows by operator, or by module (layer) that made the calls (default: op)")
-    est.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) that Perfetto opens: one slice per op")
-    est.add_argument("--plot", metavar="PNG", help="write a roofline chart (needs matplotlib: castcore[plot])")
-    est.add_argument("--on-error", choices=("raise", "fallback"), default=None,
-                     help="when a plugin raises or answers nonsense: stop (raise, the default) or record it and "
-                          "ask the next plugin (fallback)")
-    add_cache_option(est)
-    add_plugin_options(est)
+    add_options(est, ESTIMATE)
     est.set_defaults(func=run, quick_exit=True)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition, serve
 from castcore.cli import cache, plan, sweep
-from castcore.cli.common import StrictFailure
-from castcore.errors import CastcoreError
+from castcore.errors import CastcoreError, StrictFailure
+from castcore.options.option import terms
 
 
 def _version() -> str:
@@ -71,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "file or /dev/null", file=sys.stderr)
         return 2
     try:
-        code = args.func(args)
+        with terms("cli"):  # errors name options as the shell gives them: --batch 0
+            code = args.func(args)
         sys.stdout.flush()  # a full disk or a bad descriptor fails here, never as a result silently lost
         return code
     except BrokenPipeError:  # output piped into head & co: not an error

@@ -16,10 +16,14 @@ per device. The fewest devices that fit at all, per device, come from step 1.
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from castcore.options.catalog import PLAN, say
+from castcore.plugins.selection import PluginOptions
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
 from castcore.workload.spec import ModelError, is_factory, load_model_config
@@ -106,8 +110,8 @@ def _next_batch(batch: int) -> int | None:
     return power
 
 
-def plan(request: PlanRequest, command: Command, devices: dict[str, Any],
-         run: Callable[[list[Point]], SweepResult]) -> PlanResult:
+def search(request: PlanRequest, command: Command, devices: dict[str, Any],
+           run: Callable[[list[Point]], SweepResult]) -> PlanResult:
     """Search (see the module docstring). ``command`` is castcore serve's; ``devices`` the profiles by name;
     ``run`` runs points through one backend kept for every round."""
     import time
@@ -119,8 +123,9 @@ def plan(request: PlanRequest, command: Command, devices: dict[str, Any],
               for name in request.devices for layout in layouts(config, devices[name], request)
               for weights in request.weights]
     if not chosen:
-        raise ModelError(f"no parallel layout of {request.model} fits in --max-devices {request.max_devices} on "
-                         f"{', '.join(request.devices)}: raise --max-devices or give --tp/--pp values that fit it")
+        raise ModelError(f"no parallel layout of {request.model} fits in {say('max_devices', request.max_devices)} "
+                         f"on {', '.join(request.devices)}: raise {say('max_devices')} or give {say('tp')}/"
+                         f"{say('pp')} values that fit it")
     everything: list[dict[str, Any]] = []
     rows = _round(command, chosen, run, everything)
     first = rows
@@ -149,3 +154,51 @@ def _round(command: Command, chosen: list[dict[str, Any]], run: Callable[[list[P
     rows = run(points).rows
     everything += rows
     return rows
+
+
+def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft: Any = None, tpot: Any = None,
+         devices: list[str] | None = None, max_devices: int = 8, top: int = 5, tp: list[int] | None = None,
+         pp: list[int] | None = None, weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16",
+         workers: int | None = None, backend: str = "local", ray_address: str | None = None,
+         plugins: PluginOptions | None = None, progress: bool | None = False, **old: Any) -> PlanResult:
+    """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
+    output tokens/s per device that fit and meet ``ttft``/``tpot`` (seconds, or "50ms"), ``fewest`` devices that
+    fit per device. The options are ``castcore plan``'s (see its --help); ``plugins`` the plugin options."""
+    from castcore.sweeps.run import backend_for, run_points
+    from castcore.sweeps.sweep import commands, open_session
+    from castcore.sweeps.work import Settings
+    from castcore.workload.serving import check_request
+
+    plugins = _old_plugin_keywords(plugins or PluginOptions(), old)
+    given = {"input_tokens": input_tokens, "output_tokens": output_tokens, "ttft": ttft, "tpot": tpot,
+             "devices": devices, "max_devices": max_devices, "top": top, "tp": tp, "pp": pp, "weights": weights,
+             "dtype": dtype, "workers": workers, "backend": backend, "ray_address": ray_address}
+    values = {name: PLAN[name].check(value) for name, value in given.items()}
+    check_request(model, input_tokens, output_tokens, 1, dtype=dtype)  # the model and the request, as serve does
+    request = PlanRequest(model=model, input_tokens=input_tokens, output_tokens=output_tokens,
+                          ttft_s=values["ttft"], tpot_s=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp,
+                          dtype=dtype, weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])))
+    session = open_session(plugins)
+    for name in devices or ():
+        session.device(name)  # an unknown device fails here, naming the installed ones
+    request.devices = list(devices or session.devices)
+    if not request.devices:
+        session.device(None)  # none installed: says how to install one
+    settings = Settings(session=plugins.session_kwargs(), cwd=os.getcwd())
+    serve = commands()["serve"]
+    with backend_for(backend, workers, settings, ray_address) as runner:
+        return search(request, serve, session.devices, lambda points: run_points(
+            points, serve.axes(), settings, runner=runner, progress=progress))
+
+
+def _old_plugin_keywords(plugins: PluginOptions, old: dict[str, Any]) -> PluginOptions:
+    """``device_files=`` and ``packs=``, as castcore.plan took the plugin options before ``plugins=``."""
+    unknown = set(old) - {"device_files", "packs"}
+    if unknown:
+        raise TypeError(f"plan() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if not old:
+        return plugins
+    warnings.warn("castcore.plan(device_files=, packs=) is deprecated: pass plugins=castcore.PluginOptions("
+                  "device_file=[...], no_packs=True)", DeprecationWarning, stacklevel=3)
+    return plugins.merged(PluginOptions(device_file=list(old.get("device_files") or []),
+                                        no_packs=old.get("packs") is False))

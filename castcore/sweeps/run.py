@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -110,20 +110,34 @@ def _duration(seconds: float) -> str:
 
 
 @dataclass
-class SweepResult:
-    """A sweep's rows in grid order."""
+class SweepResult(Sequence):
+    """A sweep's rows in grid order, and what running them took; a sequence of its rows (what castcore.sweep
+    returned before it returned this)."""
 
     rows: list[dict[str, Any]]
     columns: list[str]
     stats: Stats = field(default_factory=Stats)
-    deaths: list[str] = field(default_factory=list)
+    deaths: list[str] = field(default_factory=list)  # workers that died, and the points they took with them
     ran: int = 0  # points run now (the rest were refused by their command or resumed)
     resumed: int = 0
     seconds: float = 0.0
+    command: str = ""
+    plot: str | None = None  # what the Pareto picture shows, when one was drawn
 
     @property
     def failed(self) -> int:
         return sum(1 for row in self.rows if row.get("error"))
+
+    @property
+    def warnings(self) -> list[str]:
+        """What a user should know: workers that died, and what the workers' capture caches said."""
+        return [*self.deaths, *self.stats.warnings]
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.rows[index]
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 def _check_resumable(rows: list[dict[str, Any]], parameters: list[str], grid: set[tuple], out: Path) -> None:

@@ -1,22 +1,25 @@
 """A sweep spec: the command, and for each of its options a value or a list of values; the grid is their product.
 
-The options are read off the command's own argparse parser (``Command.parser``, built by the command line with
-the same functions ``castcore estimate`` and ``castcore serve`` use), so a sweep cannot accept an option or a
-value the command would refuse. Each value goes through that parser; each point then through the command's own
-check (``Command.to_job``: build_workload, serving.check_request). Torch-free.
+The keys are the command's options as castcore's option catalog declares them (castcore.options.catalog), spelled
+as on the command line without the dashes, so a sweep cannot accept an option or a value the command would
+refuse: each value goes through its option's own check, each point through the command's (``Command.to_job``:
+build_workload, serving.check_request), and an error names the key as the spec writes it (``batch = 0``), with
+the spec file's line. Torch-free.
 """
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import itertools
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from castcore.options.catalog import AXIS, OUTPUT, SESSION, CommandOptions
+from castcore.options.option import Option, terms
 from castcore.tomlfiles import read_toml
 from castcore.workload.spec import ModelError, Workload
 
@@ -40,25 +43,28 @@ class Job:
 
 @dataclass(frozen=True)
 class Command:
-    """What a sweep needs of one castcore command; the command line makes it from the command's parser."""
+    """What a sweep needs of one castcore command: its options, and its own checks of one point's values (by
+    Python name), which make the job or raise ModelError."""
 
-    name: str
-    parser: argparse.ArgumentParser  # its error() raises ModelError instead of exiting
-    session_options: frozenset[str]  # plugin and device options: one setting for the whole sweep
-    output_options: frozenset[str]  # how the command prints: no meaning in a sweep
-    to_job: Callable[[argparse.Namespace], Job]  # the command's own checks; raises ModelError
+    options: CommandOptions
+    to_job: Callable[[dict[str, Any]], Job]
 
-    def actions(self) -> dict[str, argparse.Action]:
-        """The command's options by their destination name, in the order its --help lists them."""
-        return {a.dest: a for a in self.parser._actions if a.option_strings and a.dest != "help"}
+    @property
+    def name(self) -> str:
+        return self.options.name
 
     def axes(self) -> list[str]:
-        return [d for d in self.actions() if d not in self.session_options | self.output_options]
+        """The keys a point's row holds, in the order the command's --help lists them."""
+        return [o.key for o in self.options.scoped(AXIS)]
+
+    def by_key(self) -> dict[str, tuple[Option, str]]:
+        return {o.key: (o, scope) for o, scope in self.options.options}
 
 
 @dataclass
 class Spec:
-    """A checked spec: the command, each axis' values (as the parser gives them), the sweep-wide settings."""
+    """A checked spec: the command, each axis' values by key (as the spec gives them), the sweep-wide settings by
+    Python name."""
 
     command: Command
     axes: dict[str, list[Any]]
@@ -84,88 +90,89 @@ def read_spec(path: str | Path) -> dict[str, Any]:
     return read_toml(path, ModelError, "sweep spec")
 
 
-def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command]) -> Spec:
-    """Check every key and value of a spec (see the module docstring); ModelError names the key and the fix."""
+def key_lines(path: str | Path) -> dict[str, int]:
+    """The line each top-level key of a spec file is on, for errors that name it."""
+    found: dict[str, int] = {}
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        match = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", line)
+        if match:
+            found.setdefault(match.group(1), number)
+    return found
+
+
+def from_spec(option: Option, value: Any) -> Any:
+    """A spec's value as the option's Python value: a spec says ``eager = true`` where Python says fuse=False."""
+    return (not value) if option.negated and isinstance(value, bool) else value
+
+
+def to_spec(option: Option, value: Any) -> Any:
+    return from_spec(option, value)
+
+
+def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command], lines: Mapping[str, int] | None = None
+               ) -> Spec:
+    """Check every key and value of a spec (see the module docstring); ModelError names the key, its line when
+    ``lines`` are known, and the fix."""
     name = data.get("command")
     if not isinstance(name, str) or name not in commands:  # one command a spec: a list is no axis of it
-        raise ModelError(f"sweep spec: name the command: command = {' or '.join(repr(c) for c in commands)}"
+        raise ModelError(f"{_where('command', lines)}: name the command: command = "
+                         f"{' or '.join(repr(c) for c in commands)}"
                          + (f" (got {name!r}; one command a spec)" if name is not None else ""))
     command = commands[name]
-    actions = command.actions()
+    keys = command.by_key()
     spec = Spec(command=command, axes={})
     for key, raw in data.items():
         if key == "command":
             continue
-        dest = key.replace("-", "_")
-        if dest in command.output_options:
-            raise ModelError(f"sweep spec: {key} is how castcore {name} prints; a sweep writes every point's "
-                             "figures to --out: drop it")
-        if dest not in actions:
-            close = difflib.get_close_matches(dest, list(actions), n=1)
-            raise ModelError(f"sweep spec: unknown key {key!r} for castcore {name}"
-                             + (f" (did you mean {close[0]!r}?)" if close else "")
-                             + f"; its axes: {', '.join(command.axes())}")
-        action = actions[dest]
-        if dest in command.session_options:
-            spec.session[dest] = _session_value(key, raw, action)
-            continue
-        values = raw if isinstance(raw, list) else [raw]
-        if not values:
-            raise ModelError(f"sweep spec: {key} is an empty list, so the grid has no point; give it at least one "
-                             "value, or drop it for the command's default")
-        spec.axes[dest] = [_value(command, key, action, v) for v in values]
-    _check_together(spec)
+        where = _where(key, lines)
+        found = keys.get(key.replace("-", "_"))
+        if found is None:
+            axes = [k for k, (_, scope) in keys.items() if scope != OUTPUT]
+            close = difflib.get_close_matches(key.replace("-", "_"), axes, n=1)
+            raise ModelError(f"{where}: unknown key {key!r} for castcore {name}"
+                             + (f" (did you mean {close[0]!r}?)" if close else "") + f"; its axes: {', '.join(axes)}")
+        option, scope = found
+        with terms("spec"):
+            try:
+                if scope == OUTPUT:
+                    raise ModelError(f"{option.key} is how castcore {name} prints; a sweep writes every point's "
+                                     "figures to --out: drop it")
+                if scope == SESSION:
+                    if isinstance(raw, list) and not option.many:
+                        raise option.error(raw, "applies to the whole sweep: give one value, not a list")
+                    spec.session[option.name] = from_spec(option, option.check(raw))
+                    continue
+                values = raw if isinstance(raw, list) else [raw]
+                if not values:
+                    raise ModelError(f"{option.key} is an empty list, so the grid has no point; give it at least "
+                                     "one value, or drop it for the command's default")
+                spec.axes[option.key] = [to_spec(option, option.check(from_spec(option, _as_written(option, v))))
+                                         for v in values]
+            except ModelError as exc:
+                raise ModelError(f"{where}: {exc}") from None
+    _check_together(spec, lines)
     return spec
 
 
-def _session_value(key: str, raw: Any, action: argparse.Action) -> Any:
-    if isinstance(action, argparse._AppendAction):  # --device-file, --custom-op-dir: every one applies
-        values = raw if isinstance(raw, list) else [raw]
-        if not all(isinstance(v, str) for v in values):
-            raise ModelError(f"sweep spec: {key} takes a path or a list of paths (got {raw!r})")
-        return values
-    if not isinstance(raw, bool):
-        raise ModelError(f"sweep spec: {key} applies to the whole sweep: give true or false (got {raw!r})")
-    return raw
+def _as_written(option: Option, value: Any) -> Any:
+    """A whole number written as text ("32") read as the command line reads it."""
+    return int(value) if option.kind == "int" and isinstance(value, str) and value.strip().isdigit() else value
 
 
-def _tokens(action: argparse.Action, key: str, value: Any) -> list[str]:
-    """The command-line words that give ``value`` to ``action``."""
-    flag = action.option_strings[-1]
-    if action.nargs == 0:  # --eager, --train, --sp, ...
-        if not isinstance(value, bool):
-            raise ModelError(f"sweep spec: {key} = {value!r}: {key} is a switch; give true or false")
-        return [flag] if value else []
-    if isinstance(value, (bool, float, list, dict)):
-        raise ModelError(f"sweep spec: {key} = {value!r}: give {flag}'s value as on the command line (a whole "
-                         "number or a word)")
-    return [flag, str(value)]
+def _where(key: str, lines: Mapping[str, int] | None) -> str:
+    line = (lines or {}).get(key)
+    return f"sweep spec line {line}" if line else "sweep spec"
 
 
-def _value(command: Command, key: str, action: argparse.Action, value: Any) -> Any:
-    """``value`` as the command's parser reads it; ModelError naming the key and value when it refuses it."""
-    try:
-        parsed = command.parser.parse_args(_tokens(action, key, value))
-    except ModelError as exc:
-        if str(exc).startswith("sweep spec:"):
-            raise
-        raise ModelError(f"sweep spec: {key} = {value!r}: {exc}") from None
-    return getattr(parsed, action.dest)
-
-
-def _check_together(spec: Spec) -> None:
-    """Options the command takes only one of (--batch and --max-batch) refused as the command refuses them."""
-    actions = spec.command.actions()
-    words: list[str] = []
-    for dest, values in spec.axes.items():
-        action = actions[dest]
-        given = [v for v in values if v != action.default and v is not False]
-        if given:
-            words += [action.option_strings[-1]] if action.nargs == 0 else [action.option_strings[-1], str(given[0])]
-    try:
-        spec.command.parser.parse_args(words)
-    except ModelError as exc:
-        raise ModelError(f"sweep spec: {exc}; keep one of them") from None
+def _check_together(spec: Spec, lines: Mapping[str, int] | None) -> None:
+    """Options the command takes only one of (batch and max_batch) refused as the command refuses them."""
+    keys = spec.command.by_key()
+    for pair in spec.command.options.exclusive:
+        given = [o for o, _ in (keys[spec.command.options[n].key] for n in pair)
+                 if any(v != to_spec(o, o.default) and v is not False for v in spec.axes.get(o.key, ()))]
+        if len(given) == 2:
+            raise ModelError(f"{_where(given[1].key, lines)}: {given[0].key} and {given[1].key} cannot go together; "
+                             "keep one of them")
 
 
 def check_devices(spec: Spec, installed: Mapping[str, Any]) -> None:
@@ -195,20 +202,20 @@ def combinations(spec: Spec) -> Iterator[dict[str, Any]]:
 
 
 def make_points(command: Command, chosen: list[dict[str, Any]], default_device: str) -> list[Point]:
-    """Points from each point's chosen option values, the rest at the command's defaults; a point the command
-    refuses keeps its reason in ``error``."""
-    defaults = vars(command.parser.parse_args([]))
-    axes = command.axes()
+    """Points from each point's chosen values (by key, as a spec gives them), the rest at the command's defaults;
+    a point the command refuses keeps its reason, in the spec's terms, in ``error``."""
+    axes = command.options.scoped(AXIS)
     points = []
     for index, values in enumerate(chosen):
-        options = {**defaults, **values}
+        options = {o.name: from_spec(o, values[o.key]) if o.key in values else o.default for o in axes}
         if options.get("device") is None:
             options["device"] = default_device
-        point = Point(index=index, params={a: options[a] for a in axes})
-        try:
-            point.job = command.to_job(argparse.Namespace(**options))
-        except ModelError as exc:
-            point.error = one_line(exc)
+        point = Point(index=index, params={o.key: to_spec(o, options[o.name]) for o in axes})
+        with terms("spec"):
+            try:
+                point.job = command.to_job(options)
+            except ModelError as exc:
+                point.error = one_line(exc)
         points.append(point)
     return points
 
@@ -227,7 +234,9 @@ def expand(spec: Spec, default_device: str) -> list[Point]:
         for value in values:
             at = [p for p, c in zip(points, chosen) if c[axis] == value]
             if all(p.error for p in at):
-                raise ModelError(f"sweep spec: {axis} = {value!r} is refused at every point: {at[0].error}")
+                option = spec.command.by_key()[axis][0]
+                raise ModelError(f"sweep spec: {option.spelled(from_spec(option, value), 'spec')} is refused at "
+                                 f"every point: {at[0].error}")
     return points
 
 

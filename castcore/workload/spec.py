@@ -5,24 +5,20 @@ Torch-free on purpose: the command line builds its help and checks its options b
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from castcore.devices.dtypes import MODEL_DTYPES
 from castcore.errors import ModelError
+from castcore.options.catalog import (ACTIVATION_DTYPES, DEFAULT_MODEL, DEPLOYMENT_NAMES, KV_CACHE_DTYPES, KV_READS,
+                                      PHASES, WEIGHT_DTYPES, WORKLOAD_OPTIONS, any_value, say)
 
-DEFAULT_MODEL = "llama-3-8b"
-PHASES = ("prefill", "decode")
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")  # --weights
-ACTIVATION_DTYPES = ("int8", "fp8")  # --activations: W8A8 with --weights of the same kind
-KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")  # --kv-cache
-KV_READS = ("group", "head")  # --kv-reads: a fused attention kernel reads each grouped K/V head once, or per query head
-# How a model is deployed, as serve passes them on to every step's Workload.
-DEPLOYMENT = ("dtype", "fuse", "weights", "activations", "kv_cache", "kv_reads", "tp", "sp", "ep", "pp", "micro_batches",
-              "dp")
+__all__ = ["ACTIVATION_DTYPES", "DEFAULT_MODEL", "DEPLOYMENT", "KV_CACHE_DTYPES", "KV_READS", "PHASES",
+           "WEIGHT_DTYPES", "ModelError", "Workload", "build_workload"]
+DEPLOYMENT = DEPLOYMENT_NAMES  # how serve passes a deployment on to every step's Workload
 
 
 @dataclass(frozen=True)
@@ -32,17 +28,19 @@ class Workload:
     ``model`` is a preset name, a transformers ``config.json`` path, ``package.module:factory``,
     an ``nn.Module`` or a plain function. For a module or function, ``args``/``kwargs`` are its
     inputs; for the others castcore makes the inputs from ``batch``, ``seq``, ``phase`` and ``kv_len``.
-    Make one with ``castcore.build_workload``, which checks every option.
+    Make one with ``castcore.build_workload``, which checks every option. The fields between ``model`` and
+    ``args`` are the options of castcore.options.catalog.WORKLOAD_OPTIONS, in its order (checked on import).
     """
 
     model: Any = DEFAULT_MODEL
     batch: int = 1
     seq: int = 2048
+    dtype: str = "bf16"
     phase: str = "prefill"
     kv_len: int | None = None  # tokens already cached before a decode step; None: ``seq``
-    dtype: str = "bf16"
     train: bool = False
     all_logits: bool = False  # a prefill's LM head over every position, not only the last (scoring)
+    reuse: bool = True
     fuse: bool = True  # deployed kernels (the core's fused ops and the packs' rewrites); False: the eager HF graph
     weights: str | None = None  # weight dtype when quantized (None: ``dtype``)
     activations: str | None = None  # matmul input dtype under W8A8 / FP8 (None: ``dtype``)
@@ -54,7 +52,6 @@ class Workload:
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # a pipelined prefill's micro-batches
     dp: int = 1  # data-parallel replicas
-    reuse: bool = True
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -80,81 +77,85 @@ class Workload:
         return data
 
 
-def build_workload(model: Any = DEFAULT_MODEL, *args: Any, batch: int = 1, seq: int = 2048, phase: str = "prefill",
-                   kv_len: int | None = None, dtype: str = "bf16", train: bool = False, all_logits: bool = False,
-                   fuse: bool = True, weights: str | None = None, activations: str | None = None,
-                   kv_cache: str | None = None, kv_reads: str = "group", tp: int = 1, sp: bool = False, ep: int = 1,
-                   pp: int = 1, micro_batches: int = 1, dp: int = 1, reuse: bool = True,
-                   kwargs: dict[str, Any] | None = None) -> Workload:
+def _same_fields() -> None:
+    """The Workload's fields are the catalog's workload options, with the same defaults: they cannot drift."""
+    declared = [(o.name, o.default) for o in WORKLOAD_OPTIONS]
+    written = [(f.name, f.default) for f in fields(Workload) if f.name not in ("args", "kwargs")]
+    if declared != written:
+        raise AssertionError(f"Workload's fields {written} differ from the catalog's workload options {declared}")
+
+
+_same_fields()
+_OPTIONS = {o.name: o for o in WORKLOAD_OPTIONS if o.name != "model"}
+
+
+def build_workload(model: Any = DEFAULT_MODEL, *args: Any, kwargs: dict[str, Any] | None = None,
+                   **options: Any) -> Workload:
     """A checked Workload; raises ModelError naming the option at fault and what it accepts.
 
     ``build_workload("llama-3-70b", phase="decode", batch=32, tp=8, weights="int8")``, or for a model you
-    built yourself, ``build_workload(model, input_ids)`` (positional inputs after the model).
+    built yourself, ``build_workload(model, input_ids)`` (positional inputs after the model). The options are
+    the Workload's fields (castcore.options.catalog.WORKLOAD_OPTIONS; the documentation lists them).
     """
-    for name, value in (("batch", batch), ("seq", seq), ("tp", tp), ("ep", ep), ("pp", pp),
-                        ("micro-batches", micro_batches), ("dp", dp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ModelError(f"--{name} must be a whole number of at least 1 (got {value!r})")
-    if kv_len is not None and (isinstance(kv_len, bool) or not isinstance(kv_len, int) or kv_len < 1):
-        raise ModelError(f"--kv-len must be a whole number of at least 1 (got {kv_len!r})")
-    if phase not in PHASES:
-        raise ModelError(f"unknown phase {phase!r}; use prefill or decode")
-    if phase == "decode" and train:
-        raise ModelError("--train goes with --phase prefill: training has no decode step")
-    _check_dtypes(dtype, weights, activations, kv_cache)
-    if kv_reads not in KV_READS:
-        raise ModelError(f"--kv-reads {kv_reads!r} is not supported; use one of {', '.join(KV_READS)}")
-    if kv_reads == "head" and not fuse:
-        raise ModelError("--kv-reads head describes castcore's fused attention kernel: drop --eager (the eager graph "
-                         "repeats K/V for every query head itself)")
+    unknown = [name for name in options if name not in _OPTIONS]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(_OPTIONS), n=1)
+        raise ModelError(f"build_workload has no option {unknown[0]!r}" + (f" (did you mean {close[0]!r}?)" if close
+                                                                           else "")
+                         + f"; its options: {', '.join(_OPTIONS)}")
+    values = {name: option.check(options.get(name, option.default)) for name, option in _OPTIONS.items()}
+    work = Workload(model=model, args=tuple(args), kwargs=dict(kwargs or {}), **values)
+    _check_together(work)
+    return work
+
+
+def _check_together(work: Workload) -> None:
+    """The checks of options given together (each value alone passed its option's own check)."""
+    if work.phase == "decode" and work.train:
+        raise ModelError(f"{say('train', True)} goes with {say('phase', 'prefill')}: training has no decode step")
+    if work.activations is not None and work.weights != work.activations:
+        kind = work.activations
+        raise ModelError(f"{say('activations', kind)} multiplies {kind} activations by {kind} weights: add "
+                         f"{say('weights', kind)} (W8A8), or drop {say('activations')} for weight-only quantization")
+    if work.kv_reads == "head" and not work.fuse:
+        raise ModelError(f"{say('kv_reads', 'head')} describes castcore's fused attention kernel: drop "
+                         f"{say('fuse', False)} (the eager graph repeats K/V for every query head itself)")
+    model = work.model
     if isinstance(model, str):
-        if args or kwargs:
+        if work.args or work.kwargs:
             raise ModelError(f"{model!r} names a model, so castcore makes its inputs: pass no inputs with it")
         if not is_factory(model):  # a bad name, file or split fails here, before anything is built
-            check_model_split(model, load_model_config(model), tp=tp, ep=ep, pp=pp)
+            check_model_split(model, load_model_config(model), tp=work.tp, ep=work.ep, pp=work.pp)
     elif not callable(model):
         raise ModelError(f"model must be a preset name, a config.json path, package.module:factory, an nn.Module "
                          f"or a function (got {type(model).__name__})")
-    elif all_logits:
-        raise ModelError("--all-logits applies to a model castcore builds (preset, config.json, factory); for your "
-                         "own module, pass logits_to_keep (or not) in its inputs")
-    _check_parallel(batch, train, tp, sp, ep, pp, micro_batches)  # after the model's own checks, which say more
-    return Workload(model=model, batch=batch, seq=seq, phase=phase, kv_len=kv_len, dtype=dtype, train=train,
-                    all_logits=all_logits, fuse=fuse, weights=weights, activations=activations, kv_cache=kv_cache,
-                    kv_reads=kv_reads, tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=micro_batches, dp=dp, reuse=reuse,
-                    args=tuple(args), kwargs=dict(kwargs or {}))
+    elif work.all_logits:
+        raise ModelError(f"{say('all_logits', True)} applies to a model castcore builds (preset, config.json, "
+                         "factory); for your own module, pass logits_to_keep (or not) in its inputs")
+    _check_parallel(work)  # after the model's own checks, which say more
 
 
-def _check_dtypes(dtype: str, weights: str | None, activations: str | None, kv_cache: str | None) -> None:
-    if dtype not in MODEL_DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(MODEL_DTYPES)}")
-    for option, value, accepted in (("--weights", weights, WEIGHT_DTYPES),
-                                    ("--activations", activations, ACTIVATION_DTYPES),
-                                    ("--kv-cache", kv_cache, KV_CACHE_DTYPES)):
-        if value is not None and value not in accepted:
-            raise ModelError(f"{option} {value!r} is not supported; use one of {', '.join(accepted)}")
-    if activations is not None and weights != activations:
-        raise ModelError(f"--activations {activations} multiplies {activations} activations by {activations} weights: "
-                         f"add --weights {activations} (W8A8), or drop --activations for weight-only quantization")
-
-
-def _check_parallel(batch: int, train: bool, tp: int, sp: bool, ep: int, pp: int, micro_batches: int) -> None:
-    if sp and tp == 1:
-        raise ModelError("--sp splits norms and elementwise ops across the tensor-parallel devices: add --tp N "
-                         "(N > 1), or drop --sp")
+def _check_parallel(work: Workload) -> None:
+    tp, ep, batch, n = work.tp, work.ep, work.batch, any_value("N")
+    if work.sp and tp == 1:
+        raise ModelError(f"{say('sp', True)} splits norms and elementwise ops across the tensor-parallel devices: add "
+                         f"{say('tp', n)} (N > 1), or drop {say('sp')}")
     if ep > 1 and max(tp, ep) % min(tp, ep):
-        raise ModelError(f"--ep {ep} and --tp {tp}: one must divide the other (experts are split over the "
-                         "tensor-parallel devices, or attention runs data-parallel across the expert-parallel ones)")
+        raise ModelError(f"{say('ep', ep)} and {say('tp', tp)}: one must divide the other (experts are split over "
+                         "the tensor-parallel devices, or attention runs data-parallel across the expert-parallel "
+                         "ones)")
     if ep > tp and batch % (ep // tp):
-        raise ModelError(f"--ep {ep} over --tp {tp} runs attention on {ep // tp} data-parallel groups, each a share "
-                         f"of the batch: use a --batch that divides by {ep // tp}")
-    if micro_batches > 1 and pp == 1:
-        raise ModelError("--micro-batches splits a batch through pipeline stages: add --pp N (N > 1), or drop it")
-    if batch % micro_batches:
-        raise ModelError(f"--micro-batches {micro_batches} splits the batch of {batch} evenly: use a --batch that "
-                         f"divides by it, or fewer micro-batches")
-    if train and (ep > 1 or pp > 1 or sp):
-        raise ModelError("--train estimates one device's training step with --tp only; drop --ep, --pp and --sp")
+        raise ModelError(f"{say('ep', ep)} over {say('tp', tp)} runs attention on {ep // tp} data-parallel groups, "
+                         f"each a share of the batch: use a {say('batch')} that divides by {ep // tp}")
+    if work.micro_batches > 1 and work.pp == 1:
+        raise ModelError(f"{say('micro_batches')} splits a batch through pipeline stages: add {say('pp', n)} "
+                         "(N > 1), or drop it")
+    if batch % work.micro_batches:
+        raise ModelError(f"{say('micro_batches', work.micro_batches)} splits the batch of {batch} evenly: use a "
+                         f"{say('batch')} that divides by it, or fewer micro-batches")
+    if work.train and (ep > 1 or work.pp > 1 or work.sp):
+        raise ModelError(f"{say('train', True)} estimates one device's training step with {say('tp')} only; drop "
+                         f"{say('ep')}, {say('pp')} and {say('sp')}")
 
 
 def check_model_split(name: str, config: dict[str, Any], *, tp: int = 1, ep: int = 1, pp: int = 1) -> None:
@@ -162,19 +163,20 @@ def check_model_split(name: str, config: dict[str, Any], *, tp: int = 1, ep: int
     text = config.get("text_config") or config
     layers = text.get("num_hidden_layers") or text.get("n_layer") or text.get("num_layers")
     if pp > 1 and isinstance(layers, int) and pp > layers:
-        raise ModelError(f"--pp {pp} is more pipeline stages than {name}'s {layers} layers: use --pp {layers} or less")
+        raise ModelError(f"{say('pp', pp)} is more pipeline stages than {name}'s {layers} layers: use "
+                         f"{say('pp', layers)} or less")
     experts = next((text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None)
     if ep > 1:
         if not isinstance(experts, int):
-            raise ModelError(f"--ep {ep}: {name} has no mixture-of-experts layers to split (no num_local_experts "
-                             "in its config); drop --ep")
+            raise ModelError(f"{say('ep', ep)}: {name} has no mixture-of-experts layers to split (no "
+                             f"num_local_experts in its config); drop {say('ep')}")
         if experts % ep:
-            raise ModelError(f"--ep {ep}: {name}'s {experts} experts do not divide by {ep}; use an --ep that divides "
-                             f"{experts}")
+            raise ModelError(f"{say('ep', ep)}: {name}'s {experts} experts do not divide by {ep}; use an "
+                             f"{say('ep')} that divides {experts}")
     heads = text.get("num_attention_heads") or text.get("n_head")
     if tp > 1 and isinstance(heads, int) and heads % tp:
-        raise ModelError(f"--tp {tp}: {name}'s num_attention_heads = {heads} does not divide by {tp}; tensor "
-                         f"parallelism splits the heads evenly (use a --tp that divides {heads})")
+        raise ModelError(f"{say('tp', tp)}: {name}'s num_attention_heads = {heads} does not divide by {tp}; tensor "
+                         f"parallelism splits the heads evenly (use a {say('tp')} that divides {heads})")
 
 
 def is_factory(spec: str) -> bool:

@@ -1,0 +1,247 @@
+"""Every option castcore takes, once: the command line's options, a sweep's axes, ``build_workload``'s keywords, the
+``Workload``'s fields and the documentation's option tables are all made from these declarations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from castcore.devices.dtypes import MODEL_DTYPES
+from castcore.options.option import Option, Placeholder
+
+DEFAULT_MODEL = "llama-3-8b"
+PHASES = ("prefill", "decode")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+ACTIVATION_DTYPES = ("int8", "fp8")  # W8A8 with weights of the same kind
+KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")
+KV_READS = ("group", "head")  # a fused attention kernel reads each grouped K/V head once, or once per query head
+
+# Scopes: an "axis" is a point's parameter (a sweep varies it); a "session" option sets up plugins and devices
+# (one setting for a whole sweep); an "output" option says how a command prints (no meaning in a sweep).
+AXIS, SESSION, OUTPUT = "axis", "session", "output"
+
+MODEL, KERNELS, PARALLEL, REQUEST = "model", "kernels and quantization", "parallelism (figures are per device)", "request"
+PLUGINS, PRINTING, SEARCH, RUNNING = "plugins and devices", "output", "search", "running"
+
+
+def _int(name: str, default: int | None, help: str, group: str, **more: Any) -> Option:
+    return Option(name, help, group, kind="int", default=default, metavar=more.pop("metavar", "N"), **more)
+
+
+def _switch(name: str, help: str, group: str, **more: Any) -> Option:
+    return Option(name, help, group, kind="bool", default=more.pop("default", False), **more)
+
+
+MODEL_OPTION = Option("model", "a preset ({presets}), a transformers config.json path, or package.module:factory",
+                      MODEL, default=DEFAULT_MODEL)
+DTYPE = Option("dtype", "weights and activations; tf32 is float32 with TF32 matrix products", MODEL,
+               default="bf16", choices=MODEL_DTYPES)
+STEP = (
+    MODEL_OPTION,
+    _int("batch", 1, "sequences per batch", MODEL),
+    _int("seq", 2048, "tokens per sequence", MODEL),
+    DTYPE,
+    Option("phase", "prefill: --seq tokens at once; decode: one new token per sequence over a KV cache", MODEL,
+           default="prefill", choices=PHASES),
+    _int("kv_len", None, "tokens already in the KV cache for --phase decode", MODEL, optional=True,
+         shown_default="--seq"),
+    _switch("train", "a training step: forward and backward of the loss", MODEL),
+    _switch("all_logits", "a prefill computes the LM head for every token (scoring), not only the last one a server "
+            "samples from (the default)", MODEL),
+    _switch("reuse", "run every one of a model's identical layers on fake tensors instead of capturing one and "
+            "replaying it for the rest (same totals, slower)", MODEL, default=True, flag="--no-reuse", negated=True),
+)
+DEPLOYMENT = (
+    _switch("fuse", "price the Hugging Face graph as it runs eagerly, instead of the fused kernels a serving engine "
+            "runs (fused attention, RMSNorm, add+RMSNorm, rotary, SwiGLU, MoE)", KERNELS, default=True,
+            flag="--eager", negated=True),
+    Option("weights", "quantized weights; alone, weight-only quantization (dequantized in the matmul, activations "
+           "stay in --dtype)", KERNELS, choices=WEIGHT_DTYPES, optional=True, metavar="DTYPE",
+           shown_default="--dtype"),
+    Option("activations", "with --weights of the same dtype: W8A8 / FP8 matmuls (activations quantized per token)",
+           KERNELS, choices=ACTIVATION_DTYPES, optional=True, metavar="DTYPE", shown_default="--dtype"),
+    Option("kv_cache", "KV cache dtype", KERNELS, choices=KV_CACHE_DTYPES, optional=True, metavar="DTYPE",
+           shown_default="--dtype"),
+    Option("kv_reads", "how the fused attention kernel reads grouped K/V heads (GQA): 'group' once per K/V head for "
+           "its query heads (FlashAttention, FlashInfer, TensorRT-LLM's XQA), 'head' once per query head, as "
+           "TensorRT-LLM's masked MHA kernel did before 0.7", KERNELS, default="group", choices=KV_READS),
+    _int("tp", 1, "tensor parallel over N devices (torch's parallelize_module on a fake process group): estimate "
+         "one device's compute, memory and collectives", PARALLEL),
+    _switch("sp", "sequence parallelism with --tp: norms and elementwise ops on 1/N of the tokens, reduce-scatter "
+            "and all-gather instead of all-reduce", PARALLEL),
+    _int("ep", 1, "expert parallel over N devices (MoE models): experts split across them, tokens dispatched and "
+         "combined by all-to-all", PARALLEL),
+    _int("pp", 1, "pipeline parallel over N stages: layers split into stages, activations sent between them",
+         PARALLEL),
+    _int("micro_batches", 1, "with --pp: the batch goes through the stages in M micro-batches", PARALLEL,
+         metavar="M"),
+    _int("dp", 1, "data-parallel replicas of the whole deployment, for throughput", PARALLEL),
+)
+DEVICE = Option("device", "device profile name (castcore devices lists them; default: the configured default_device, "
+                "else the first profile marked default)", MODEL, optional=True, metavar="NAME")
+NO_CACHE = _switch("no_cache", "capture anew and keep nothing: by default a capture is stored in castcore's cache "
+                   "(castcore cache info) and a later run with the same model, options and castcore, torch, "
+                   "transformers and pack versions loads it instead of building the model", PLUGINS)
+PLUGIN_OPTIONS = (
+    Option("custom_op_dir", "load every *.py in DIR as a plugin that beats installed packs (repeatable; also "
+           "CASTCORE_CUSTOM_OP_PATH)", PLUGINS, kind="path", many=True, optional=True, metavar="DIR"),
+    _switch("no_default_custom_op_dirs", "do not load custom_op/ in the project root and "
+            "$XDG_CONFIG_HOME/castcore/custom_op (also default_custom_op_dirs = false in castcore.toml)", PLUGINS),
+    Option("device_file", "add a device profile from a TOML file (repeatable); the first is the default device",
+           PLUGINS, kind="path", many=True, optional=True, metavar="TOML"),
+    _switch("no_packs", "load no installed packs (same as CASTCORE_LOAD_PACKS=)", PLUGINS),
+    Option("strict", "fail on any plugin that did not load, and as each command says (also CASTCORE_STRICT=1)",
+           PLUGINS, kind="bool", optional=True),
+    _switch("debug", "show tracebacks instead of one-line errors", PLUGINS),
+)
+JSON = _switch("json", "print the figures as JSON", PRINTING)
+REQUEST_TOKENS = (
+    _int("input_tokens", 2048, "prompt tokens per request", REQUEST, flag="--input"),
+    _int("output_tokens", 256, "tokens each request generates", REQUEST, flag="--output"),
+)
+SERVE_BATCH = (
+    _int("batch", 1, "requests served together", REQUEST),
+    _switch("max_batch", "use the largest batch whose memory fits the device (bisection over peak memory per batch, "
+            "confirmed by capture)", REQUEST),
+)
+WORKERS = (
+    _int("workers", None, "local worker processes (default: the CPU count)", RUNNING, optional=True),
+    Option("backend", "local processes, or Ray tasks (needs castcore[ray])", RUNNING, default="local",
+           choices=("local", "ray")),
+    Option("ray_address", "the Ray cluster to run on (default: RAY_ADDRESS, else a local Ray instance of --workers "
+           "CPUs)", RUNNING, optional=True, metavar="ADDR"),
+)
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    """One command's options, in the order its --help lists them, each with its scope; pairs given one at most."""
+
+    name: str
+    options: tuple[tuple[Option, str], ...]
+    exclusive: tuple[tuple[str, str], ...] = ()
+
+    def __getitem__(self, name: str) -> Option:
+        return next(o for o, _ in self.options if o.name == name)
+
+    def scoped(self, *scopes: str) -> list[Option]:
+        return [o for o, scope in self.options if scope in scopes]
+
+    def only(self, *names: str) -> CommandOptions:
+        """These of the command's options, as a command of their own (the plugin options other commands take)."""
+        return replace(self, options=tuple((o, s) for o, s in self.options if o.name in names), exclusive=())
+
+
+def _scoped(scope: str, options: Iterable[Option]) -> tuple[tuple[Option, str], ...]:
+    return tuple((o, scope) for o in options)
+
+
+def _with(option: Option, **changes: Any) -> Option:
+    return replace(option, **changes)
+
+
+ESTIMATE = CommandOptions("estimate", (
+    *_scoped(AXIS, (*STEP, *DEPLOYMENT, DEVICE)),
+    *_scoped(OUTPUT, (
+        _int("top", 30, "rows in the table, slowest first", PRINTING, metavar="K"),
+        _with(JSON, help="print the whole report (every op and module row, totals, coverage, memory, workload, "
+              "notes) as JSON"),
+        _switch("csv", "print the rows (see --by) and a TOTAL row as CSV", PRINTING),
+        Option("by", "rows by operator, or by module (layer) that made the calls", PRINTING, default="op",
+               choices=("op", "module")),
+        Option("trace", "write a Chrome trace (JSON) that Perfetto opens: one slice per op", PRINTING, kind="path",
+               optional=True, metavar="FILE"),
+        Option("plot", "write a roofline chart (needs matplotlib: castcore[plot])", PRINTING, kind="path",
+               optional=True, metavar="PNG"))),
+    *_scoped(SESSION, (
+        Option("on_error", "when a plugin raises or answers nonsense: stop (raise, the default) or record it and ask "
+               "the next plugin (fallback)", PLUGINS, choices=("raise", "fallback"), optional=True),
+        NO_CACHE, *PLUGIN_OPTIONS)),
+), exclusive=(("json", "csv"),))
+
+SERVE = CommandOptions("serve", (
+    *_scoped(AXIS, (MODEL_OPTION, *REQUEST_TOKENS, *SERVE_BATCH, DTYPE, *DEPLOYMENT, DEVICE)),
+    *_scoped(OUTPUT, (_with(JSON, help="print the figures as JSON (ttft_s, tpot_s, latency_s, output_tokens_per_s, "
+                            "memory, ...)"),)),
+    *_scoped(SESSION, (NO_CACHE, *PLUGIN_OPTIONS)),
+), exclusive=(("batch", "max_batch"),))
+
+PLAN = CommandOptions("plan", (
+    *_scoped(AXIS, (
+        _with(MODEL_OPTION, default=None, help="a preset, a transformers config.json, or package.module:factory"),
+        *REQUEST_TOKENS,
+        Option("ttft", "time to first token at most TIME (1s, 500ms)", REQUEST, kind="time", optional=True,
+               metavar="TIME"),
+        Option("tpot", "time per output token at most TIME (50ms)", REQUEST, kind="time", optional=True,
+               metavar="TIME"),
+        DTYPE,
+        Option("devices", "devices to search (default: every installed one)", SEARCH, flag="--device", many=True,
+               optional=True, metavar="NAME"),
+        _int("max_devices", 8, "devices in one replica at most", SEARCH),
+        _int("tp", None, "tensor parallel sizes (default: the divisors of the attention heads within a node)", SEARCH,
+             many=True, optional=True),
+        _int("pp", None, "pipeline stages (default: 1, and more beyond a node's tensor parallelism)", SEARCH,
+             many=True, optional=True),
+        Option("weights", "weight dtypes", SEARCH, default=("bf16", "int8"), choices=WEIGHT_DTYPES, many=True,
+               metavar="DTYPE"),
+        _int("top", 5, "deployments to print", SEARCH, metavar="K"),
+        *WORKERS)),
+    *_scoped(OUTPUT, (_with(JSON, help="print the best and the fewest as JSON"),)),
+    *_scoped(SESSION, PLUGIN_OPTIONS),
+))
+
+SWEEP = CommandOptions("sweep", (
+    *_scoped(OUTPUT, (
+        Option("out", "write the rows to FILE: .parquet (needs pyarrow: castcore[sweep]), .csv or .jsonl (default: "
+               "CSV on stdout)", RUNNING, kind="path", optional=True, metavar="FILE"),
+        *WORKERS,
+        _switch("resume", "keep the rows already in --out that have no error, and run only the other points",
+                RUNNING),
+        _switch("yes", "run a spec of more than 100,000 points", RUNNING),
+        Option("plot", "draw latency against throughput per device, the Pareto front marked, one colour per device "
+               "(needs castcore[plot])", RUNNING, kind="path", optional=True, metavar="PNG"))),
+    *_scoped(SESSION, PLUGIN_OPTIONS),
+))
+
+AUDIT = CommandOptions("audit", (
+    *_scoped(OUTPUT, (
+        _with(DEVICE, help="audit this device only (default: every installed device; with --model, the default "
+              "device)"),
+        Option("op", "only this operator, e.g. aten::mm (every overload) or aten::add.Tensor", PRINTING,
+               optional=True),
+        _with(JSON, help="print JSON"))),
+    *_scoped(AXIS, (_with(MODEL_OPTION, default=None, optional=True, help=MODEL_OPTION.help + "; audit the ops it "
+                          "runs (default: no model, every claim)"), *STEP[1:], *DEPLOYMENT)),
+    *_scoped(SESSION, PLUGIN_OPTIONS),
+))
+
+COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, AUDIT, PLAN, SWEEP)}
+
+
+def _spellings() -> dict[str, Option]:
+    """Each option name's spelling; two options of one name (serve's batch, estimate's) must spell it alike."""
+    found: dict[str, Option] = {}
+    for command in COMMANDS.values():
+        for option, _ in command.options:
+            first = found.setdefault(option.name, option)
+            if (first.cli, first.negated) != (option.cli, option.negated):
+                raise AssertionError(f"option {option.name} is spelled {first.cli} and {option.cli}")
+    return found
+
+
+_SPELLINGS = _spellings()
+
+
+def say(name: str, *value: Any) -> str:
+    """Option ``name`` (with a value when given) in the current terms: ``tp=8``, ``--tp 8`` or ``tp = 8``."""
+    return _SPELLINGS[name].spelled(*value)
+
+
+def any_value(text: str) -> Placeholder:
+    """A stand-in for a value in a message: ``say("tp", any_value("N"))`` is ``--tp N`` on the command line."""
+    return Placeholder(text)
+
+
+WORKLOAD_OPTIONS = (*STEP, *DEPLOYMENT)  # build_workload's keywords and the Workload's fields, in this order
+DEPLOYMENT_NAMES = tuple(o.name for o in (DTYPE, *DEPLOYMENT))  # how serve passes a deployment to every step
