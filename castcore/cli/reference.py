@@ -1,29 +1,60 @@
-"""The command reference of the documentation, made from the command line's own parsers, so it cannot drift."""
+"""The command reference of the documentation, made from the option catalog (castcore.options.catalog) and the
+command line's parsers, so it cannot drift from what the commands take."""
 
 from __future__ import annotations
 
 import re
 
 from castcore.cli.main import command_parsers
+from castcore.cli.options import described
+from castcore.options.catalog import AXIS, COMMANDS, OUTPUT, SESSION
+from castcore.options.option import Option
 
-
-def markdown(command: str) -> str:
-    """One command's reference as Markdown: what it does, and its options."""
-    parsers = command_parsers()
-    if command not in parsers:
-        raise KeyError(f"no castcore command {command!r}; the commands: {', '.join(parsers)}")
-    parser = parsers[command]
-    text = parser.format_help()
-    return f"{parser.description or ''}\n\n```text\n{text.rstrip()}\n```\n"
+_WHERE = {AXIS: "a sweep axis", SESSION: "sweep-wide", OUTPUT: "command line only"}
 
 
 def commands() -> list[str]:
     return list(command_parsers())
 
 
+def markdown(command: str) -> str:
+    """One command's reference as Markdown: its usage and what it does, then its options: a table per group for
+    the commands the catalog declares, the --help text for the others."""
+    parsers = command_parsers()
+    if command not in parsers:
+        raise KeyError(f"no castcore command {command!r}; the commands: {', '.join(parsers)}")
+    parser = parsers[command]
+    head = f"```text\n{parser.format_usage().strip()}\n```\n\n{parser.description or ''}\n"
+    declared = COMMANDS.get(command)
+    if declared is None:
+        return f"{head}\n```text\n{parser.format_help().strip()}\n```\n"
+    groups: dict[str, list[tuple[Option, str]]] = {}
+    for option, scope in declared.options:
+        groups.setdefault(option.group, []).append((option, scope))
+    parts = [head]
+    for group, rows in groups.items():
+        parts.append(f"\n**{group}**\n\n| option | Python | in a sweep spec | what it does |\n|---|---|---|---|")
+        for option, scope in rows:
+            value = option.metavar or ("{" + ",".join(option.choices) + "}" if option.choices else "VALUE")
+            shown = option.cli if option.switch else f"{option.cli} {value}"
+            python = option.python or (f"{option.name}=False" if option.negated else option.name)
+            where = f"`{option.key}`" + ("" if scope == AXIS else f" ({_WHERE[scope]})")
+            if scope == OUTPUT or command not in ("estimate", "serve"):
+                where = "-"
+            parts.append(f"| `{shown}` | `{python}` | {where} | {_cell(described(option))} |")
+    if declared.exclusive:
+        pairs = "; ".join(" and ".join(declared[n].cli for n in pair) for pair in declared.exclusive)
+        parts.append(f"\nGiven one at most: {pairs}.")
+    return "\n".join(parts) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def flags() -> set[str]:
     """Every long option of every command (``--batch``, ``--max-batch``, ...)."""
-    found = set()
+    found = {o.cli for command in COMMANDS.values() for o, _ in command.options}
     for parser in command_parsers().values():
-        found.update(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", parser.format_usage() + parser.format_help()))
+        found.update(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", parser.format_usage()))
     return found

@@ -103,7 +103,7 @@ REQUEST_TOKENS = (
 SERVE_BATCH = (
     _int("batch", 1, "requests served together", REQUEST),
     _switch("max_batch", "use the largest batch whose memory fits the device (bisection over peak memory per batch, "
-            "confirmed by capture)", REQUEST),
+            "confirmed by capture)", REQUEST, python='batch="max"'),
 )
 WORKERS = (
     _int("workers", None, "local worker processes (default: the CPU count)", RUNNING, optional=True),

@@ -67,6 +67,7 @@ class Option:
     many: bool = False
     metavar: str | None = None
     shown_default: str | None = None  # the default as --help says it, when not the value itself
+    python: str | None = None  # how Python says it, when not ``name=`` (serve's --max-batch is batch="max")
 
     @property
     def cli(self) -> str:
