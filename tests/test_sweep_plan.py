@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import castcore
-from castcore.cli.plan import duration
-from castcore.cli.sweep import commands
 from castcore.devices.profile import load_device_file
-from castcore.sweeps.plan import PlanRequest, layouts, plan
+from castcore.options.catalog import PLAN
+from castcore.sweeps.plan import PlanRequest, layouts, search
 from castcore.sweeps.run import SweepResult
+from castcore.sweeps.sweep import commands
 from castcore.workload.spec import ModelError, load_model_config
 
 ROOT = Path(__file__).parent.parent
@@ -42,17 +43,18 @@ def test_layouts_put_tensor_parallelism_in_a_node_and_stages_beyond_it(h100):
 
 
 def test_durations():
-    assert duration("1s", "--ttft") == 1.0 and duration("50ms", "--tpot") == pytest.approx(0.05)
-    assert duration("200us", "--tpot") == pytest.approx(2e-4) and duration(0.5, "--ttft") == 0.5
+    ttft, tpot = PLAN["ttft"], PLAN["tpot"]
+    assert ttft.check("1s") == 1.0 and tpot.check("50ms") == pytest.approx(0.05)
+    assert tpot.check("200us") == pytest.approx(2e-4) and ttft.check(0.5) == 0.5
     for bad in ("soon", "1e999", "0ms", float("inf"), -1):
-        with pytest.raises(ModelError, match=f"--ttft {bad!r}: give a time above zero"):
-            duration(bad, "--ttft")
+        with pytest.raises(ModelError, match=re.escape(f"ttft={bad!r}: give a time above zero")):
+            ttft.check(bad)
 
 
 @pytest.mark.parametrize("argv, status, said", [
     (["--model", "nosuchmodule_xyz:make"], 2, "castcore: error: cannot load model factory 'nosuchmodule_xyz:make'"),
     (["--model", LLAMA, "--input", "32", "--output", "8", "--ttft", "1e999"], 2,
-     "castcore: error: --ttft '1e999': give a time above zero"),
+     "castcore: error: --ttft 1e999: give a time above zero"),
     (["--model", LLAMA, "--input", "32", "--output", "8", "--tp", "1", "--weights", "bf16", "--ttft", "1us"],
      3, "no layout fits and meets the objectives"),
 ])
@@ -87,7 +89,7 @@ def test_a_layout_missing_an_objective_steps_down_in_powers_of_two(h100):
     calls: list = []
     request = PlanRequest(model=LLAMA, input_tokens=32, output_tokens=8, devices=["h100-sxm"], tp=[1, 2], pp=[1],
                           weights=[None], ttft_s=0.02)
-    result = plan(request, commands()["serve"], {"h100-sxm": h100}, _fake_run(calls))
+    result = search(request, commands()["serve"], {"h100-sxm": h100}, _fake_run(calls))
     # Round 1 at the largest batches (100 and 200: TTFT 100 ms); then 64, 128; 32, 64; 16, 32 meet 20 ms.
     assert calls == [[(1, True, 1), (2, True, 1)], [(1, False, 64), (2, False, 128)],
                      [(1, False, 32), (2, False, 64)], [(1, False, 16), (2, False, 32)]]
