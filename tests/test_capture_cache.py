@@ -91,8 +91,8 @@ def fuse_model(model, device):
 
 
 def _estimate(cache_step: CaptureCache, ops: Path | None = None, **options) -> castcore.Report:
-    session = castcore.Session(load_packs=[], device_files=[H100], custom_op_dirs=[ops] if ops else [])
-    session.capture_step = cache_step
+    session = castcore.Session(load_packs=[], device_files=[H100], custom_op_dirs=[ops] if ops else [],
+                               capture_step=cache_step)
     return session.estimate(castcore.build_workload(LLAMA, seq=16, **options))
 
 
@@ -170,9 +170,9 @@ def test_a_second_serve_loads_every_step_and_gives_the_same_figures(tmp_path):
 def test_a_loaded_capture_needs_no_transformers(tmp_path):
     """What makes a second run quick: the model is neither built nor imported."""
     code = ("import sys, castcore; from castcore.sweeps.capture import CaptureCache\n"
-            "s = castcore.Session(load_packs=[], device_files=[sys.argv[1]]); s.capture_step = CaptureCache()\n"
+            "c = CaptureCache(); s = castcore.Session(load_packs=[], device_files=[sys.argv[1]], capture_step=c)\n"
             "r = s.estimate(castcore.build_workload(sys.argv[2], seq=16))\n"
-            "print(s.capture_step.stats.loaded, 'transformers' in sys.modules, r.time_s)")
+            "print(c.stats.loaded, 'transformers' in sys.modules, r.time_s)")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", code, H100, LLAMA], capture_output=True, text=True, env=env)
             for _ in range(2)]

@@ -160,10 +160,8 @@ def test_all_logits_is_for_models_castcore_builds():
 
 @pytest.mark.parametrize("options", [{}, {"tp": 2}, {"tp": 2, "weights": "int8", "kv_cache": "fp8"}, {"fuse": False}])
 def test_decode_steps_from_one_built_model_equal_separate_estimates(session, tiny_llama, options):
-    from castcore.workload.pipeline import run_decode_steps
-
     workload = castcore.build_workload(str(tiny_llama), batch=2, seq=16, phase="decode", kv_len=16, **options)
-    shared = run_decode_steps(session, workload, [16, 24, 31])
+    shared = session.pipeline.run_decode_steps(workload, [16, 24, 31])
     for kv_len, report in shared.items():
         alone = session.estimate(castcore.build_workload(str(tiny_llama), batch=2, seq=16, phase="decode",
                                                          kv_len=kv_len, **options))

@@ -23,7 +23,7 @@ DEPLOYED_WHOLE_OPS = frozenset({torch.ops.aten.rms_norm.default})
 class CorePlugin(ClaimTable):
     def __init__(self):
         super().__init__(claims_of(formulas.__name__))
-        self.resolver = None  # set by the Session once the plugin manager exists
+        self.resolver = None  # set by the plugin host (castcore.plugins.host) once the plugin manager exists
 
     @hookimpl(trylast=True)
     def estimate_op(self, invoke, device):

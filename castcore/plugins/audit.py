@@ -14,7 +14,7 @@ from castcore.recording.recorder import SKIPPED_NAMESPACES, Capture
 from castcore.recording.whole import decomposes
 
 if TYPE_CHECKING:
-    from castcore.workload.session import Session
+    from castcore.plugins.host import PluginHost
 
 OK, OVERRIDE, CONFLICT, UNCOVERED = "ok", "override", "CONFLICT", "UNCOVERED"
 UNREACHED = "unreached in this workload"  # a claim on an op the deployed kernels replaced
@@ -69,20 +69,20 @@ class OpAudit:
         return data
 
 
-def _claims_in_call_order(session: Session, kind: str) -> list[tuple[str, bool, Claim]]:
+def _claims_in_call_order(host: PluginHost, kind: str) -> list[tuple[str, bool, Claim]]:
     """(plugin label, whether the user's, claim) for every declared claim of ``kind``, in the order plugins
     are asked."""
-    hook = session.plugins.pm.hook.estimate_op if kind == ESTIMATOR else session.plugins.pm.hook.op_properties
+    hook = host.plugins.pm.hook.estimate_op if kind == ESTIMATOR else host.plugins.pm.hook.op_properties
     ordered = []
     for impl in hookimpls_in_call_order(hook):
         if isinstance(impl.plugin, ClaimTable):
-            info = session.plugins.info_for(impl.plugin_name)
-            label, by_user = session.plugins.label(impl.plugin_name), info is not None and info.kind in USER_KINDS
+            info = host.plugins.info_for(impl.plugin_name)
+            label, by_user = host.plugins.label(impl.plugin_name), info is not None and info.kind in USER_KINDS
             ordered += [(label, by_user, c) for c in impl.plugin.claims if c.kind == kind]
     return ordered
 
 
-def candidates_for(session: Session, device: str) -> dict[Any, list[Candidate]]:
+def candidates_for(host: PluginHost, device: str) -> dict[Any, list[Candidate]]:
     """op -> its candidates on ``device``: estimators first, then properties, each in call order.
 
     Within one plugin only the first matching claim of a kind counts, as at run time.
@@ -90,7 +90,7 @@ def candidates_for(session: Session, device: str) -> dict[Any, list[Candidate]]:
     result: dict[Any, list[Candidate]] = {}
     for kind in (ESTIMATOR, PROPERTIES):
         seen: set[tuple[str, Any]] = set()
-        for label, by_user, claim in _claims_in_call_order(session, kind):
+        for label, by_user, claim in _claims_in_call_order(host, kind):
             if not claim.matches(device) or (label, claim.op) in seen:
                 continue
             seen.add((label, claim.op))
@@ -123,23 +123,6 @@ def status_of(candidates: list[Candidate]) -> str:
     return _contest(others)
 
 
-def unmatched_device_claims(session: Session) -> list[str]:
-    """A line per claim whose device glob matches no installed device: likely a typo, and never asked."""
-    lines, seen = [], set()
-    for info in session.plugins.infos:
-        if info.kind == "core" or info.status != "loaded":
-            continue
-        for claim in info.claims:
-            key = (info.name, claim.fn, claim.device)
-            if claim.device is None or key in seen or any(claim.matches(name) for name in session.devices):
-                continue
-            seen.add(key)
-            lines.append(f"{info.label}: {claim.fn.__qualname__} claims {op_name(claim.op)} on devices "
-                         f"{claim.device!r}, which matches no installed device "
-                         f"({', '.join(session.devices) or 'none installed'})")
-    return lines
-
-
 def cannot_answer(op: Any, whole_ops: frozenset) -> str | None:
     """Why no claim on ``op`` can answer in a capture whose whole ops are ``whole_ops``; None if one can."""
     if op.namespace in SKIPPED_NAMESPACES:
@@ -147,11 +130,11 @@ def cannot_answer(op: Any, whole_ops: frozenset) -> str | None:
     return DECOMPOSED if op not in whole_ops and decomposes(op) else None
 
 
-def static_audit(session: Session, devices: list[str], op: str | None = None) -> list[OpAudit]:
+def static_audit(host: PluginHost, devices: list[str], op: str | None = None) -> list[OpAudit]:
     rows = []
     for device in devices:
-        whole = session.whole_ops(device)
-        for claimed_op, candidates in candidates_for(session, device).items():
+        whole = host.whole_ops(device)
+        for claimed_op, candidates in candidates_for(host, device).items():
             name = op_name(claimed_op)
             if op is None or _op_matches(name, op):
                 status = cannot_answer(claimed_op, whole) or status_of(candidates)
@@ -160,7 +143,7 @@ def static_audit(session: Session, devices: list[str], op: str | None = None) ->
     return rows
 
 
-def unreached_claims(session: Session, captured: Capture, device: str,
+def unreached_claims(host: PluginHost, captured: Capture, device: str,
                      replaces: Mapping[str, Sequence[str]]) -> list[tuple[str, Candidate, str]]:
     """(op, claim, the op run instead) for each claim of a pack, a custom-op file or the program on ``device``
     whose op the capture never runs because an op that ``replaces`` it (a fused kernel: name -> eager op names)
@@ -168,7 +151,7 @@ def unreached_claims(session: Session, captured: Capture, device: str,
     ran = {invoke.name for invoke in captured.invokes}
     instead = {hidden: fused for fused in ran for hidden in replaces.get(fused, ())}
     found = []
-    for claimed_op, candidates in candidates_for(session, device).items():
+    for claimed_op, candidates in candidates_for(host, device).items():
         name = op_name(claimed_op)
         if name in ran or name not in instead:
             continue
@@ -182,14 +165,14 @@ def unreached_lines(unreached: list[tuple[str, Candidate, str]]) -> list[str]:
             for name, claim, fused in unreached]
 
 
-def dynamic_audit(session: Session, captured: Capture, device: str, op: str | None = None,
+def dynamic_audit(host: PluginHost, captured: Capture, device: str, op: str | None = None,
                   replaces: Mapping[str, Sequence[str]] | None = None) -> list[OpAudit]:
     """For every distinct op the model ran: who answered its calls on ``device``, UNCOVERED if it fell back; and
     for every claim the deployed kernels left unreached (``replaces``: see unreached_claims), a row saying so."""
-    profile = session.device(device)
-    claimed = {op_name(k): v for k, v in candidates_for(session, profile.name).items()}
+    profile = host.device(device)
+    claimed = {op_name(k): v for k, v in candidates_for(host, profile.name).items()}
     rows: dict[str, OpAudit] = {}
-    for name, claim, fused in unreached_claims(session, captured, profile.name, replaces or {}):
+    for name, claim, fused in unreached_claims(host, captured, profile.name, replaces or {}):
         if op is None or _op_matches(name, op):
             row = rows.setdefault(name, OpAudit(op=name, device=profile.name, status=UNREACHED))
             row.candidates.append(claim)
@@ -203,7 +186,7 @@ def dynamic_audit(session: Session, captured: Capture, device: str, op: str | No
             row = rows[invoke.name] = OpAudit(op=invoke.name, device=profile.name, status=status_of(candidates),
                                               candidates=candidates)
         row.calls += 1
-        estimate = session.resolver.estimate(invoke, profile)
+        estimate = host.resolver.estimate(invoke, profile)
         source = str(estimate.source)
         if source not in row.answered_by:
             row.answered_by.append(source)

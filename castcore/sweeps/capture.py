@@ -1,7 +1,7 @@
 """Capture once, estimate many: the pipeline's capture step with a memory and a disk cache in front of it.
 
 A capture depends on the workload and, for the device, only on what plugins do before it: which ops a pack
-claims whole there (``Session.whole_ops``), how a pack's ``fuse_model`` rewrites the model there (castpack-ascend
+claims whole there (``PluginHost.whole_ops``), how a pack's ``fuse_model`` rewrites the model there (castpack-ascend
 fuses only for ``ascend-*``), and, under W8A8, whether the device has the matrix rate the quantized products
 need (the capture refuses it otherwise). Devices alike in these share a capture: every efficiency variant of a
 profile, every device no pack rewrites for. What a pack's rewrite does is found by running the plugins'
@@ -11,8 +11,9 @@ and the class of every module afterwards; that fingerprint is cached on disk too
 The key also holds castcore's, torch's and transformers' versions, a digest of castcore's and every plugin's
 source files (an edited checkout is a new version), and the content of a config.json or factory module.
 
-``CaptureCache()`` takes and returns what ``castcore.workload.pipeline.capture_workload`` does; set as a
-Session's ``capture_step``, it serves that session's ``estimate`` and ``serve`` (every step) unchanged.
+``CaptureCache()`` takes and returns what ``castcore.workload.pipeline.capture_workload`` does; given to a
+pipeline as its capture step (``castcore.Session(capture_step=CaptureCache())``), it serves that session's
+``estimate`` and ``serve`` (every step) unchanged.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -38,6 +39,11 @@ from castcore.sweeps.store import Stats
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import Workload, is_factory
 
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+    from castcore.plugins.host import PluginHost
+
+CASTCORE_FOLDER = Path(__file__).resolve().parents[1]  # castcore's own sources: this file is castcore/sweeps/capture.py
 FORMAT = 3  # of a stored entry (3: JSON through castcore.recording.stored); a new one makes every old key miss
 MEMORY_ENTRIES = 32
 
@@ -64,20 +70,18 @@ def _version(name: str) -> str:
         return "unknown"
 
 
-def environment(session: Any) -> str:
+def environment(host: PluginHost) -> str:
     """castcore, torch, transformers and every loaded plugin, versions and sources."""
-    import castcore
-
     plugins = []
-    for name, plugin in session.plugins.pm.list_name_plugin():
+    for name, plugin in host.plugins.pm.list_name_plugin():
         source = getattr(plugin, "__file__", None)
         if source:
             path = Path(source)
             plugins.append((name, _source_digest(path.parent if path.name == "__init__.py" else path)))
         else:
             plugins.append((name, type(plugin).__qualname__))
-    labels = sorted(f"{info.label} {info.status}" for info in session.plugins.infos)
-    return digest({"castcore": [_version("castcore"), _source_digest(Path(castcore.__file__).parent)],
+    labels = sorted(f"{info.label} {info.status}" for info in host.plugins.infos)
+    return digest({"castcore": [_version("castcore"), _source_digest(CASTCORE_FOLDER)],
                    "torch": torch.__version__, "transformers": _version("transformers"),
                    "plugins": sorted(plugins), "labels": labels})
 
@@ -123,26 +127,26 @@ class CaptureCache:
         if message not in self.stats.warnings:
             self.stats.warnings.append(message)
 
-    def __call__(self, session: Any, workload: Workload, device: Any,
+    def __call__(self, host: PluginHost, workload: Workload, device: DeviceProfile,
                  progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
         if not workload.named:  # a module object: nothing to key it by
-            return self.original(session, workload, device, progress)
-        key = self.key(session, workload, device)
+            return self.original(host, workload, device, progress)
+        key = self.key(host, workload, device)
         entry = self._find(key)
         if entry is None:
-            built, captured = self.original(session, workload, device, progress)
+            built, captured = self.original(host, workload, device, progress)
             self._keep(key, built, captured)
             return built, captured
         return self._built(entry, workload), entry["capture"]
 
-    def decode_steps(self, session: Any, workload: Workload, device: Any, kv_lens: list[int],
+    def decode_steps(self, host: PluginHost, workload: Workload, device: DeviceProfile, kv_lens: list[int],
                      progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
         """What ``castcore.workload.pipeline.capture_decode_steps`` gives: the steps found in the cache, and the
         rest captured from one built model."""
         from castcore.workload.pipeline import capture_decode_steps
 
         steps = {kv: replace(workload, kv_len=kv) for kv in kv_lens}
-        keys = {kv: self.key(session, step, device) for kv, step in steps.items()} if workload.named else {}
+        keys = {kv: self.key(host, step, device) for kv, step in steps.items()} if workload.named else {}
         captures: dict[int, Capture] = {}
         built = None
         for kv, key in keys.items():
@@ -152,7 +156,7 @@ class CaptureCache:
                 built = built or self._built(entry, steps[kv])
         missing = [kv for kv in kv_lens if kv not in captures]
         if missing:
-            made, fresh = capture_decode_steps(session, steps[missing[0]], device, missing[1:], progress)
+            made, fresh = capture_decode_steps(host, steps[missing[0]], device, missing[1:], progress)
             for kv, captured in fresh.items():
                 if workload.named:
                     self._keep(keys[kv], made, captured)
@@ -190,29 +194,29 @@ class CaptureCache:
             key = invoke.key
             invoke._key = self._keys.setdefault(key, key)
 
-    def key(self, session: Any, workload: Workload, device: Any) -> str:
-        env = self._environment.get(id(session))
+    def key(self, host: PluginHost, workload: Workload, device: DeviceProfile) -> str:
+        env = self._environment.get(id(host))
         if env is None:
-            env = self._environment[id(session)] = environment(session)
+            env = self._environment[id(host)] = environment(host)
         return digest({"format": FORMAT, "environment": env, "model": model_identity(workload.model),
-                       "workload": workload.options(), "device": self.device_signature(session, workload, device)})
+                       "workload": workload.options(), "device": self.device_signature(host, workload, device)})
 
-    def device_signature(self, session: Any, workload: Workload, device: Any) -> dict[str, Any]:
+    def device_signature(self, host: PluginHost, workload: Workload, device: DeviceProfile) -> dict[str, Any]:
         """What of ``device`` the capture depends on (see the module docstring)."""
         signature: dict[str, Any] = {"whole_ops": sorted((str(op), sorted(map(str, outranking)))
-                                                         for op, outranking in session.outranking(device).items())}
+                                                         for op, outranking in host.outranking(device).items())}
         if workload.activations is not None:
             signature["mma_dtypes"] = sorted(device.mma_flops)
-        if workload.fuse and not workload.train and session.plugins.pm.hook.fuse_model.get_hookimpls():
-            signature["fused"] = self._fuse_fingerprint(session, workload, device)
+        if workload.fuse and not workload.train and host.plugins.pm.hook.fuse_model.get_hookimpls():
+            signature["fused"] = self._fuse_fingerprint(host, workload, device)
         return signature
 
-    def _fuse_fingerprint(self, session: Any, workload: Workload, device: Any) -> str:
+    def _fuse_fingerprint(self, host: PluginHost, workload: Workload, device: DeviceProfile) -> str:
         # The plugins' rewrite depends on the model's modules, which a preset or config.json builds the same at
         # any batch and length; a factory may build another model for each, so it is probed as asked.
         probe = workload if is_factory(workload.model) else Workload(model=workload.model, dtype=workload.dtype,
                                                                       batch=1, seq=8)
-        key = digest({"format": FORMAT, "environment": self._environment[id(session)], "device": repr(device),
+        key = digest({"format": FORMAT, "environment": self._environment[id(host)], "device": repr(device),
                       "model": model_identity(workload.model), "probe": probe.options()})
         if key in self._fused:
             return self._fused[key]
@@ -222,7 +226,7 @@ class CaptureCache:
 
             with CAPTURE_LOCK:  # building touches process-wide state, as a capture does
                 built = build(probe)
-                lines = session.fuse(built.model, device)
+                lines = host.fuse(built.model, device)
             modules = [f"{name}:{type(m).__module__}.{type(m).__qualname__}" for name, m in built.model.named_modules()]
             found = digest({"lines": lines, "modules": modules})
             if self.disk:

@@ -1,5 +1,6 @@
-"""What a worker does: make the sweep's Session once per process with the capture cache as its capture step, and run
-a task's points one after another (a task is the points that share their captures), one row of figures each."""
+"""What a worker does: make the sweep's Session once per process, given the capture cache as its capture step,
+and run a task's points one after another (a task is the points that share their captures), one row of figures
+each."""
 
 from __future__ import annotations
 
@@ -52,8 +53,7 @@ def prepare(settings: Settings) -> tuple[Any, Any]:
     if settings.key() not in _sessions:
         from castcore.workload.session import Session
 
-        session = _sessions[settings.key()] = Session(**settings.session)
-        session.capture_step = _cache
+        _sessions[settings.key()] = Session(**settings.session, capture_step=_cache)
     return _sessions[settings.key()], _cache
 
 

@@ -12,7 +12,8 @@ are cut to what that device runs:
   ceil(batch/pp) (the stages overlapped on pp micro-batches in flight); castcore.workload.stages splits the
   capture into stages afterwards.
 
-``Layout`` (castcore.workload.layout) says what was done: the batch the capture runs and the sequences whose KV cache a device holds.
+``Layout`` (castcore.workload.layout) says what was done: the batch the capture runs and the sequences whose KV
+cache a device holds.
 """
 
 from __future__ import annotations

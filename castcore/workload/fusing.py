@@ -42,17 +42,17 @@ from castcore.workload.models import BuiltModel
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
-    from castcore.workload.session import Session
+    from castcore.plugins.host import PluginHost
 
 FUSED_ATTENTION = "castcore_fused"
 ops = torch.ops.castcore
 
 
-def fuse(session: Session, built: BuiltModel, device: DeviceProfile, kv_reads: str = "group") -> list[str]:
+def fuse(host: PluginHost, built: BuiltModel, device: DeviceProfile, kv_reads: str = "group") -> list[str]:
     """Rewrite ``built`` in place with the plugins' and the core's fused kernels; the lines to report.
     ``kv_reads`` "head": the attention kernel reads grouped K/V once per query head (see castcore::attention)."""
     by_plugin: dict[str, list[str]] = {}
-    for line in session.fuse(built.model, device):  # "label: what it did"
+    for line in host.fuse(built.model, device):  # "label: what it did"
         label, _, done = line.partition(": ")
         by_plugin.setdefault(label, []).append(done)
     core, eager = rewrite(built, kv_reads)

@@ -1,4 +1,8 @@
-"""The one pipeline the CLI and embedders share: Workload -> build -> fuse -> shard -> capture -> Report."""
+"""The one pipeline the CLI and embedders share: Workload -> build -> fuse -> shard -> capture -> Report.
+
+A ``Pipeline`` runs it with one plugin host's plugins and devices (castcore.plugins.host), and with the capture
+step it is given: ``capture_workload`` by default, or one that keeps captures (castcore.sweeps.capture).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,9 @@ from castcore.builtin import DEPLOYED_WHOLE_OPS
 from castcore.plugins.audit import unreached_claims, unreached_lines
 from castcore.plugins.replacements import replacements
 from castcore.errors import CastcoreError
-from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture
-from castcore.report.memory import kv_cache_bytes
-from castcore.report.records import Report
+from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture, no_cyclic_gc
+from castcore.report.memory import analyze_memory, kv_cache_bytes
+from castcore.report.records import OpRecord, Report
 from castcore.workload.deploy import check_interconnect, parallelize
 from castcore.workload.layout import plan_layout
 from castcore.workload.fusing import fuse
@@ -30,7 +34,7 @@ from castcore.workload.stock import prepare as prepare_stock
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
-    from castcore.workload.session import Session
+    from castcore.plugins.host import PluginHost
 
 
 def build(workload: Workload) -> BuiltModel:
@@ -50,32 +54,32 @@ def _own_description(workload: Workload) -> str:
     return f"{name}{' training step' if workload.train else ''}"
 
 
-def capture_workload(session: Session, workload: Workload, device: DeviceProfile,
+def capture_workload(host: PluginHost, workload: Workload, device: DeviceProfile,
                      progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
     """Build, fuse (when asked), shard and capture; the built model carries the notes a user should see.
 
     The whole of it takes the capture's turn: building touches process-wide state too (default device,
     transformers' registries, the fake process group)."""
     with CAPTURE_LOCK:
-        built, captures = _capture_workload(session, workload, device, progress, ())
+        built, captures = _capture_workload(host, workload, device, progress, ())
         return built, captures[workload.cached_tokens]
 
 
-def capture_decode_steps(session: Session, workload: Workload, device: DeviceProfile, kv_lens: list[int],
+def capture_decode_steps(host: PluginHost, workload: Workload, device: DeviceProfile, kv_lens: list[int],
                          progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
     """Decode steps of one deployment at several KV lengths from one built, fused and sharded model (only the
     cache differs); a KV length whose inputs cannot be remade on that model is left out for the caller."""
     with CAPTURE_LOCK:
-        return _capture_workload(session, workload, device, progress, tuple(kv_lens))
+        return _capture_workload(host, workload, device, progress, tuple(kv_lens))
 
 
-def _capture_workload(session: Session, workload: Workload, device: DeviceProfile,
+def _capture_workload(host: PluginHost, workload: Workload, device: DeviceProfile,
                       progress: Callable[[int], None] | None, more_kv: tuple[int, ...]
                       ) -> tuple[BuiltModel, dict[int, Capture]]:
     built = None
     try:
         built = build(workload)
-        return built, _fuse_shard_capture(session, workload, device, built, progress, more_kv)
+        return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)
     except CastcoreError:
         raise
     except Exception as exc:
@@ -85,10 +89,10 @@ def _capture_workload(session: Session, workload: Workload, device: DeviceProfil
         raise hf.internals_error(exc, model if isinstance(model, str) else type(model).__name__) from exc
 
 
-def _fuse_shard_capture(session: Session, workload: Workload, device: DeviceProfile, built: BuiltModel,
+def _fuse_shard_capture(host: PluginHost, workload: Workload, device: DeviceProfile, built: BuiltModel,
                         progress: Callable[[int], None] | None, more_kv: tuple[int, ...]) -> dict[int, Capture]:
     if workload.fuse and workload.named and not workload.train:
-        built.notes += fuse(session, built, device, workload.kv_reads)
+        built.notes += fuse(host, built, device, workload.kv_reads)
         built.description += " (deployed kernels)"
     elif workload.named:
         built.description += " (eager)"
@@ -103,21 +107,21 @@ def _fuse_shard_capture(session: Session, workload: Workload, device: DeviceProf
         quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
-        captures = {workload.cached_tokens: _capture(session, workload, device, built, progress)}
+        captures = {workload.cached_tokens: _capture(host, workload, device, built, progress)}
         for kv_len in more_kv:
             remake = getattr(built.inputs_fn, "with_kv_len", None)
             if remake is None:  # inputs rebuilt for a pipeline stage or an expert group: the caller captures anew
                 break
             built.inputs_fn = remake(kv_len)
-            captures[kv_len] = _capture(session, workload, device, built, progress)
+            captures[kv_len] = _capture(host, workload, device, built, progress)
     return captures
 
 
-def _capture(session: Session, workload: Workload, device: DeviceProfile, built: BuiltModel,
+def _capture(host: PluginHost, workload: Workload, device: DeviceProfile, built: BuiltModel,
              progress: Callable[[int], None] | None) -> Capture:
     try:
         with _tf32(workload.dtype == "tf32"):
-            whole = session.outranking(device)
+            whole = host.outranking(device)
             if workload.fuse and not workload.train:
                 whole = {**dict.fromkeys(DEPLOYED_WHOLE_OPS, frozenset()), **whole}
             return capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
@@ -170,55 +174,80 @@ def _forward_only_op(message: str) -> str | None:
     return None
 
 
-def run(session: Session, workload: Workload, device: str | DeviceProfile | None = None,
-        progress: Callable[[int], None] | None = None) -> Report:
-    """Estimate a workload on a device: the Report ``castcore estimate`` prints."""
-    profile = session.device(device)  # a bad device fails before the capture, not after
-    check_interconnect(profile, workload)
-    built, captured = (session.capture_step or capture_workload)(session, workload, profile, progress)
-    return _report(session, workload, built, captured, profile, built.description)
+# What stands in for the capture: capture_workload's signature and result; with a ``decode_steps`` method,
+# capture_decode_steps' too (a capture cache has both).
+CaptureStep = Callable[..., tuple[BuiltModel, Capture]]
 
 
-def run_decode_steps(session: Session, workload: Workload, kv_lens: list[int],
-                     device: str | DeviceProfile | None = None) -> dict[int, Report]:
-    """The decode step of ``workload`` at each of ``kv_lens``: what ``run`` gives for each, from one built model."""
-    profile = session.device(device)
-    check_interconnect(profile, workload)
-    steps = getattr(session.capture_step, "decode_steps", None)  # the session's own (a capture cache)
-    if session.capture_step is not None and steps is None:
-        return {kv_len: run(session, replace(workload, kv_len=kv_len), profile) for kv_len in kv_lens}
-    if steps is not None:
-        built, captures = steps(session, workload, profile, kv_lens)
-    else:
-        built, captures = capture_decode_steps(session, replace(workload, kv_len=kv_lens[0]), profile, kv_lens[1:])
-    reports = {}
-    for kv_len in kv_lens:
-        step = replace(workload, kv_len=kv_len)
-        if kv_len not in captures:
-            reports[kv_len] = run(session, step, profile)
-            continue
-        description = re.sub(r"over \d+ cached", f"over {kv_len} cached", built.description)
-        reports[kv_len] = _report(session, step, built, captures[kv_len], profile, description)
-    return reports
+class Pipeline:
+    """Workloads estimated with ``host``'s plugins and devices; ``capture_step`` (None: ``capture_workload``)
+    makes each capture, so a caller that keeps captures (castcore.sweeps.capture.CaptureCache) gives it here."""
 
+    def __init__(self, host: PluginHost, capture_step: CaptureStep | None = None):
+        self.host = host
+        self.capture_step = capture_step
 
-def _report(session: Session, workload: Workload, built: BuiltModel, captured: Capture, profile: DeviceProfile,
-            description: str) -> Report:
-    # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
-    batch, seq, dtype = built.kv_cache_shape or (workload.batch, workload.seq, parse_dtype(workload.dtype))
-    cache = 0
-    notes = list(built.notes)
-    if built.config is not None and workload.phase == "prefill" and not workload.train:
-        try:
-            cache = kv_cache_bytes(built.config, batch, seq, dtype)
-        except ValueError as exc:
-            notes.append(f"the KV cache a prefill fills is not counted: {exc}")
-    report = session.estimate_capture(captured, profile, description=description, kv_cache_bytes=cache)
-    if workload.pp > 1:  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
-        report = pipeline_report(report, captured, built.model, plan_layout(workload), workload.phase, profile, cache)
-        notes += report.notes
-    report.notes = notes + report.borrowed_rates()
-    report.workload = workload.options()
-    if workload.fuse and workload.named and not workload.train:  # the user asked for the deployed kernels
-        report.warnings = unreached_lines(unreached_claims(session, captured, profile.name, replacements()))
-    return report
+    def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
+                         description: str = "", kv_cache_bytes: int = 0) -> Report:
+        """Estimate every call of a capture; the report includes its memory footprint (see castcore.report.memory)."""
+        profile = self.host.device(device)
+        resolver = self.host.resolver
+        with no_cyclic_gc():
+            records = [OpRecord(invoke=invoke, estimate=resolver.estimate(invoke, profile),
+                                properties=resolver.properties(invoke, profile)[0])
+                       for invoke in captured.invokes]
+            memory = analyze_memory(captured, kv_cache_bytes=kv_cache_bytes)
+        return Report(records, profile, description, memory=memory)
+
+    def run(self, workload: Workload, device: str | DeviceProfile | None = None,
+            progress: Callable[[int], None] | None = None) -> Report:
+        """Estimate a workload on a device: the Report ``castcore estimate`` prints."""
+        profile = self.host.device(device)  # a bad device fails before the capture, not after
+        check_interconnect(profile, workload)
+        built, captured = (self.capture_step or capture_workload)(self.host, workload, profile, progress)
+        return self._report(workload, built, captured, profile, built.description)
+
+    def run_decode_steps(self, workload: Workload, kv_lens: list[int],
+                         device: str | DeviceProfile | None = None) -> dict[int, Report]:
+        """The decode step of ``workload`` at each of ``kv_lens``: what ``run`` gives for each, from one built model."""
+        profile = self.host.device(device)
+        check_interconnect(profile, workload)
+        steps = getattr(self.capture_step, "decode_steps", None)
+        if self.capture_step is not None and steps is None:
+            return {kv_len: self.run(replace(workload, kv_len=kv_len), profile) for kv_len in kv_lens}
+        if steps is not None:
+            built, captures = steps(self.host, workload, profile, kv_lens)
+        else:
+            built, captures = capture_decode_steps(self.host, replace(workload, kv_len=kv_lens[0]), profile,
+                                                   kv_lens[1:])
+        reports = {}
+        for kv_len in kv_lens:
+            step = replace(workload, kv_len=kv_len)
+            if kv_len not in captures:
+                reports[kv_len] = self.run(step, profile)
+                continue
+            description = re.sub(r"over \d+ cached", f"over {kv_len} cached", built.description)
+            reports[kv_len] = self._report(step, built, captures[kv_len], profile, description)
+        return reports
+
+    def _report(self, workload: Workload, built: BuiltModel, captured: Capture, profile: DeviceProfile,
+                description: str) -> Report:
+        # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
+        batch, seq, dtype = built.kv_cache_shape or (workload.batch, workload.seq, parse_dtype(workload.dtype))
+        cache = 0
+        notes = list(built.notes)
+        if built.config is not None and workload.phase == "prefill" and not workload.train:
+            try:
+                cache = kv_cache_bytes(built.config, batch, seq, dtype)
+            except ValueError as exc:
+                notes.append(f"the KV cache a prefill fills is not counted: {exc}")
+        report = self.estimate_capture(captured, profile, description=description, kv_cache_bytes=cache)
+        if workload.pp > 1:  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
+            report = pipeline_report(report, captured, built.model, plan_layout(workload), workload.phase, profile,
+                                     cache)
+            notes += report.notes
+        report.notes = notes + report.borrowed_rates()
+        report.workload = workload.options()
+        if workload.fuse and workload.named and not workload.train:  # the user asked for the deployed kernels
+            report.warnings = unreached_lines(unreached_claims(self.host, captured, profile.name, replacements()))
+        return report

@@ -2,7 +2,7 @@
 
 A request batch is one prefill of ``batch`` x ``input`` tokens, then ``output`` decode steps over KV lengths
 ``input`` .. ``input + output - 1`` (one new token per sequence each). Every step goes through the pipeline
-``castcore estimate`` uses (``Session.estimate`` on a Workload). The decode steps are captured at a few KV
+``castcore estimate`` uses (castcore.workload.pipeline). The decode steps are captured at a few KV
 lengths only: for standard attention a step's cost is affine in the KV length (attention reads and multiplies
 every cached token once; nothing else depends on it), so time(kv) = a + b * kv fitted by least squares over
 those points and summed over every step in closed form equals stepping every token.
@@ -25,12 +25,11 @@ from castcore.report.records import Report, format_seconds
 from castcore.workload.deploy import check_interconnect
 from castcore.workload.layout import Layout
 from castcore.workload.models import load_factory
-from castcore.workload.pipeline import run_decode_steps
+from castcore.workload.pipeline import Pipeline
 from castcore.workload.spec import DEFAULT_MODEL, DEPLOYMENT, ModelError, build_workload, is_factory, load_model_config
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
-    from castcore.workload.session import Session
 
 
 @dataclass
@@ -254,12 +253,12 @@ def fit_line(points: dict[int, float]) -> tuple[float, float]:
     return mean_y - b * mean_x, b
 
 
-def serve(session: Session, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
+def serve(pipeline: Pipeline, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
           batch: int | str = 1, device: str | DeviceProfile | None = None, **deployment: Any) -> ServeReport:
     """Serving figures for ``batch`` requests of ``input_tokens`` + ``output_tokens``; ``batch="max"`` takes the
     largest batch whose memory fits the device (see ``largest_batch``)."""
     config = check_request(model, input_tokens, output_tokens, batch, **deployment)
-    profile = session.device(device)
+    profile = pipeline.host.device(device)
     check_interconnect(profile, build_workload(model, seq=input_tokens, batch=1 if batch == "max" else batch,
                                                **deployment))
     reports: dict[tuple, Report] = {}  # each step is captured once, however often the batch search asks
@@ -270,7 +269,7 @@ def serve(session: Session, model: str = DEFAULT_MODEL, *, input_tokens: int = 2
             workload = build_workload(model, batch=batch_size, seq=input_tokens, kv_len=kv_len,
                                       phase="prefill" if kv_len is None else "decode", **deployment)
             try:
-                reports[key] = session.estimate(workload, device=profile)
+                reports[key] = pipeline.run(workload, profile)
             except ModelError as exc:
                 if kv_len is None:
                     raise
@@ -289,7 +288,7 @@ def serve(session: Session, model: str = DEFAULT_MODEL, *, input_tokens: int = 2
         workload = build_workload(model, batch=batch, seq=input_tokens, kv_len=missing[0], phase="decode",
                                   **deployment)
         try:
-            done = run_decode_steps(session, workload, missing, profile)
+            done = pipeline.run_decode_steps(workload, missing, profile)
         except ModelError as exc:
             raise ModelError(f"serving needs decode steps, and {exc}") from None
         reports.update({(batch, kv): r for kv, r in done.items()})
