@@ -332,7 +332,7 @@ def test_with_fallback_a_bad_answer_is_recorded_and_the_core_answers(case, tmp_p
 
 
 def test_estimator_error_names_the_function_that_answered(tmp_path):
-    """README: the message names the plugin, the function, the op and its input shapes."""
+    """docs/packs.md: the message names the plugin, the function, the op and its input shapes."""
     template, body, _ = BAD_ANSWERS["negative"]
     folder = ops_dir(tmp_path, bad=template.format(body=body))
     with pytest.raises(castcore.EstimatorError) as caught:

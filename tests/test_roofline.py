@@ -1,4 +1,4 @@
-"""The roofline turns work and bytes into time exactly as the README's formula says."""
+"""The roofline turns work and bytes into time exactly as the formula in docs/estimates.md says."""
 
 from __future__ import annotations
 

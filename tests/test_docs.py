@@ -1,0 +1,85 @@
+"""The documentation keeps up with the command line: every command has its generated reference, no page names an
+option castcore lacks, and the README's links into docs/ lead somewhere. ``nox -s docs`` builds the whole site in
+strict mode; these checks need no mkdocs."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from castcore.cli import reference
+
+ROOT = Path(__file__).parent.parent
+DOCS = ROOT / "docs"
+
+
+def _hook():
+    """docs/hooks/reference.py, the mkdocs hook, loaded as a module (it imports mkdocs only to raise its error)."""
+    spec = importlib.util.spec_from_file_location("docs_reference_hook", DOCS / "hooks" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_command_has_its_marker_in_the_reference_page():
+    page = (DOCS / "reference.md").read_text()
+    markers = re.findall(r"^<!--\s*castcore-reference:\s*([\w-]+)\s*-->", page, re.MULTILINE)
+    assert reference.commands(), "castcore.cli.reference lists no command"
+    assert sorted(markers) == sorted(reference.commands())
+    assert len(markers) == len(set(markers)), "a command's reference appears twice"
+
+
+def test_every_reference_renders():
+    for command in reference.commands():
+        assert reference.markdown(command).strip(), command
+
+
+def test_every_page_is_in_the_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    assert pages
+    assert [p for p in pages if f" {p}\n" not in nav] == []
+
+
+def test_no_page_names_an_option_castcore_lacks():
+    hook = _hook()
+    known = hook._known_options()
+    assert {"--batch", "--max-batch", "--version"} <= known
+    for page in sorted(DOCS.rglob("*.md")):
+        unknown = set(hook._options_written(page.read_text())) - known
+        assert not unknown, f"{page.relative_to(ROOT)} names {sorted(unknown)}"
+
+
+def test_the_option_check_reads_castcore_command_lines_and_bare_options_only():
+    hook = _hook()
+    text = ("Use `--batch 8`, `castcore serve --max-batch`, `python bench/scale.py --models x` and `nox -s peers -- "
+            "--quick`.\n\n```console\n$ castcore plan --ttft 1s\n$ pip install --no-deps x\n```\n")
+    assert hook._options_written(text) == ["--ttft", "--batch", "--max-batch"]
+
+
+def test_a_page_naming_a_missing_option_fails_the_build_naming_both():
+    hook = _hook()
+    PluginError = pytest.importorskip("mkdocs.exceptions").PluginError  # nox -s docs has mkdocs; -s tests may not
+
+    class Page:
+        class file:
+            src_uri = "cli.md"
+
+    with pytest.raises(PluginError, match=r"cli\.md names --bacth"):
+        hook.on_page_markdown("Try `castcore estimate --bacth 8`.", Page, None, None)
+
+
+def test_the_readme_starts_with_the_two_set_up_commands_and_links_into_docs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    block = re.search(r"```sh\n(.*?)\n```", readme, re.DOTALL).group(1).splitlines()
+    assert block[0].startswith("python3 -m venv .venv && ") and block[0].endswith(" && .venv/bin/castcore estimate")
+    assert block[1] == "python3 -m pip install nox && python3 -m nox" and block[1] in ci
+    assert readme.index("```sh") < readme.index("\n## ")  # before anything else
+    links = re.findall(r"\]\(((?:docs/)[^)#\s]+)(?:#[^)]*)?\)", readme)
+    assert links, "the README links into docs/"
+    assert [link for link in links if not (ROOT / link).is_file()] == []
+    assert len(readme.splitlines()) <= 300
