@@ -83,3 +83,17 @@ def test_the_readme_starts_with_the_two_set_up_commands_and_links_into_docs():
     assert links, "the README links into docs/"
     assert [link for link in links if not (ROOT / link).is_file()] == []
     assert len(readme.splitlines()) <= 300
+
+
+def test_every_repository_path_the_pages_name_exists():
+    """A file or folder a page names (`castcore/hf.py`, `bench/results/peers.md`) is there: a move must move the
+    page's words too."""
+    prefixes = ("castcore/", "packs/", "bench/", "tests/", "examples/", "docs/", ".ci/")
+    named = set()
+    for page in [*DOCS.rglob("*.md"), ROOT / "README.md"]:
+        for span in re.findall(r"`([^`\s]+)`", page.read_text()):
+            if span.startswith(prefixes):
+                braces = re.fullmatch(r"(.*)\{(.*)\}(.*)", span)  # bench/results/fidelity.{json,md}
+                named.update([f"{braces[1]}{alt}{braces[3]}" for alt in braces[2].split(",")] if braces else [span])
+    assert named
+    assert sorted(path for path in named if not (ROOT / path.rstrip("/")).exists()) == []
