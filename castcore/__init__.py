@@ -36,10 +36,10 @@ _EXPORTS = {
     "capture": "castcore.recording.recorder",
     "Capture": "castcore.recording.recorder",
     "register_op": "castcore.ops.register",
-    "partition": "castcore.ops.partition",
-    "measure": "castcore.ops.timing",
-    "calibrate": "castcore.ops.timing",
-    "measure_table": "castcore.ops.tables",
+    "partition": "castcore.optools.partition",
+    "measure": "castcore.optools.timing",
+    "calibrate": "castcore.optools.timing",
+    "measure_table": "castcore.optools.measured_tables",
     "sweep": "castcore.sweeps.sweep",
     "SweepResult": "castcore.sweeps.run",
     "plan": "castcore.sweeps.plan",
@@ -55,8 +55,8 @@ _EXPORTS = {
     "ModelError": "castcore.workload.spec",
     "CustomOpError": "castcore.ops.annotations",
     "AnnotationError": "castcore.ops.annotations",
-    "PartitionError": "castcore.ops.partition",
-    "MeasureError": "castcore.ops.timing",
+    "PartitionError": "castcore.optools.partition",
+    "MeasureError": "castcore.optools.timing",
     "MeasuredTableError": "castcore.ops.tables",
 }
 # What a pack or custom-op file uses is castcore.pack's; these few are here too so files written for
@@ -103,10 +103,11 @@ if TYPE_CHECKING:
     from castcore.devices.profile import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file
     from castcore.errors import CastcoreError, StrictFailure
     from castcore.ops.annotations import AnnotationError, CustomOpError
-    from castcore.ops.partition import PartitionError, partition
     from castcore.ops.register import register_op
-    from castcore.ops.tables import MeasuredTableError, measure_table
-    from castcore.ops.timing import MeasureError, calibrate, measure
+    from castcore.ops.tables import MeasuredTableError
+    from castcore.optools.measured_tables import measure_table
+    from castcore.optools.partition import PartitionError, partition
+    from castcore.optools.timing import MeasureError, calibrate, measure
     from castcore.pack import (ComputeOps, Estimate, OpInvoke, OpInvokeInfo, PerformanceModel, PerformanceProperties,
                                TensorMeta, hookimpl, register_measured_table, register_op_estimator,
                                register_op_properties)

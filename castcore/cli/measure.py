@@ -12,9 +12,9 @@ from castcore.cli.partition import add_input_options
 
 
 def run_measure(args: argparse.Namespace) -> int:
-    from castcore.ops.partition import example_inputs, load_callable
     from castcore.ops.register import lookup
-    from castcore.ops.timing import measure
+    from castcore.optools.partition import example_inputs, load_callable
+    from castcore.optools.timing import measure
 
     session = make_session(args)
     target = load_callable(args.op)
@@ -30,7 +30,7 @@ def run_measure(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from castcore.ops.timing import calibrate, profile_toml
+    from castcore.optools.timing import calibrate, profile_toml
 
     cal = calibrate(quick=args.quick)
     text = profile_toml(cal, name=args.name)

@@ -22,7 +22,7 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from castcore.ops.partition import example_inputs, load_target, partition
+    from castcore.optools.partition import example_inputs, load_target, partition
 
     session = make_session(args)
     record = load_target(args.op)

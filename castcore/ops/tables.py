@@ -23,12 +23,9 @@ default key is the flattened input tensor shapes (``aten.mm``: m, k, k, n); ``ke
 from __future__ import annotations
 
 import csv
-import datetime
 import itertools
 import math
 import os
-import platform
-import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +38,7 @@ from castcore.devices.costs import Estimate
 from castcore.devices.dtypes import dtype_name
 from castcore.errors import CastcoreError
 from castcore.plugins.claims import register_op_estimator
-from castcore.recording.invoke import OpInvoke, op_name, to_meta
+from castcore.recording.invoke import OpInvoke
 
 SIZE_KEY = Callable[[OpInvoke], Sequence[float]]
 SCHEME_GRID = "multilinear in log(size) -> log(time) over the enclosing grid points"
@@ -58,7 +55,8 @@ def default_key(invoke: OpInvoke) -> tuple[int, ...]:
     return tuple(d for t in invoke.inputs() for d in t.shape)
 
 
-def _dtype_of(invoke: OpInvoke) -> str | None:
+def dtype_of(invoke: OpInvoke) -> str | None:
+    """A call's dtype as a table's dtype column holds it: its first input tensor's."""
     inputs = invoke.inputs()
     return dtype_name(inputs[0].dtype) if inputs else None
 
@@ -98,7 +96,7 @@ class MeasuredTable:
                 raise MeasuredTableError(
                     f"{self.path}: the key function returned {len(sizes)} sizes {sizes!r} for {invoke.name}, "
                     f"but the table has {len(self.columns)} size columns ({', '.join(self.columns)})")
-        dtype = _dtype_of(invoke)
+        dtype = dtype_of(invoke)
         return None if dtype is None else self.lookup_sizes(sizes, dtype)
 
     def lookup_sizes(self, sizes: Sequence[float], dtype: torch.dtype | str) -> Estimate | None:
@@ -305,7 +303,7 @@ def register_measured_table(op: Any, path: str | os.PathLike, device: str | None
     return table
 
 
-# --- writing, and measuring a table on this machine ------------------------------------------------
+# --- writing -------------------------------------------------------------------------------------------
 
 def write_measured_table(path: str | Path, rows: Iterable[tuple[Sequence[float], torch.dtype | str, float]],
                          columns: Sequence[str], source: str) -> MeasuredTable:
@@ -321,37 +319,3 @@ def write_measured_table(path: str | Path, rows: Iterable[tuple[Sequence[float],
         for sizes, dtype, time_s in rows:
             writer.writerow([*_plain([float(s) for s in sizes]), dtype_name(dtype), repr(float(time_s))])
     return load_measured_table(path)
-
-
-def measure_table(op: Any, cases: Iterable[Sequence[Any]], path: str | Path, *, columns: Sequence[str] | None = None,
-                  key: SIZE_KEY | None = None, source: str | None = None, warmup: int = 3,
-                  repeat: int = 10) -> MeasuredTable:
-    """Run ``op`` for real here on each case (a tuple of arguments; tensors may be on ``meta``) and write the table.
-
-    Timing is ``castcore.measure``'s: generated inputs (the op's ``input_gen_fn`` when registered with
-    one), warm-up, the median of ``repeat`` runs, on CUDA when present, else the CPU.
-    """
-    from castcore.ops.timing import measure_invoke, runtime_device
-
-    runtime = runtime_device()
-    rows, names = [], None
-    for case in cases:
-        invoke = OpInvoke(op, args=to_meta(tuple(case)))
-        sizes = tuple(key(invoke)) if key else default_key(invoke)
-        if names is None:
-            names = list(columns) if columns else (
-                [f"key{i}" for i in range(len(sizes))] if key else
-                [f"arg{a}_dim{d}" for a, t in enumerate(invoke.inputs()) for d in range(t.dim())])
-        if len(sizes) != len(names):
-            raise MeasuredTableError(f"{path}: case {case!r} gives {len(sizes)} sizes, the columns are {names}")
-        samples = measure_invoke(invoke, warmup, repeat, runtime)
-        rows.append((sizes, _dtype_of(invoke), statistics.median(samples)))
-    if not rows:
-        raise MeasuredTableError(f"{path}: no cases to measure")
-    if source is None:
-        machine = torch.cuda.get_device_name(0) if runtime.startswith("cuda") else (
-            platform.processor() or platform.machine())
-        source = (f"measurement, castcore measure_table of {op_name(op)} (median of {repeat} after {warmup} "
-                  f"warm-up), {platform.node() or 'this machine'} {runtime} ({machine}), torch {torch.__version__}, "
-                  f"{datetime.date.today().isoformat()}")
-    return write_measured_table(path, rows, names, source)

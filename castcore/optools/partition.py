@@ -21,11 +21,15 @@ import torch
 
 from castcore.devices.costs import STEP_FALLBACK, Estimate
 from castcore.devices.dtypes import TENSOR_DTYPES, torch_dtype
+from castcore.devices.profile import DeviceProfile
 from castcore.ops.annotations import FROZEN, SUM, CustomOpError
-from castcore.ops.register import RegisteredOp, lookup
+from castcore.ops.binding import Binding
+from castcore.ops.record import RegisteredOp
+from castcore.ops.register import lookup
 from castcore.plugins.resolve import EstimatorError
 from castcore.recording.invoke import OpInvoke, TensorMeta
 from castcore.report.records import format_seconds
+from castcore.workload.session import Session, default_session
 
 ALL_REDUCE = "_c10d_functional::all_reduce"
 
@@ -150,14 +154,14 @@ class PartitionPlan:
         return "\n".join(lines)
 
 
-def partition(op: Any, *inputs: Any, ways: int, session=None, device=None, **kwargs: Any) -> PartitionPlan:
-    """Analyse ``op(*inputs, **kwargs)`` split ``ways`` ways: legal splits, per-device shapes and estimates.
+def partition(op: Any, *inputs: Any, ways: int, session: Session | None = None,
+              device: str | DeviceProfile | None = None, **kwargs: Any) -> PartitionPlan:
+    """Analyse ``op(*inputs, **kwargs)`` split ``ways`` ways: legal splits, per-device shapes and estimates on
+    ``device`` of ``session`` (None: the default session).
 
     ``op`` is a function returned by ``castcore.register_op``, its OpOverload or "ns::name".
     Inputs are tensors on any device (meta is fine) or TensorMeta; nothing is computed for real.
     """
-    from castcore.workload.session import default_session
-
     if isinstance(ways, bool) or not isinstance(ways, int) or ways < 1:
         raise PartitionError(f"ways must be a whole number >= 1, not {ways!r}")
     try:
@@ -231,7 +235,7 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _estimate(session, record: RegisteredOp, values: list, profile) -> Estimate:
+def _estimate(session: Session, record: RegisteredOp, values: list, profile: DeviceProfile) -> Estimate:
     """One device's time for the op: capture it on fake tensors and resolve it through the session."""
     report = session.estimate(record.wrapper, *values, device=profile)
     mine = [r for r in report.records if r.invoke.op in record.overloads.values()]
@@ -242,7 +246,8 @@ def _estimate(session, record: RegisteredOp, values: list, profile) -> Estimate:
                     detail={"calls": len(report.records)})
 
 
-def _all_reduce(session, profile, fitted, output_shapes, values, ways: int) -> Collective:
+def _all_reduce(session: Session, profile: DeviceProfile, fitted: Binding, output_shapes: list, values: list,
+                ways: int) -> Collective:
     """All-reduce of every output's partial sums, asked of the session as a synthetic functional collective."""
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     floats = [t.dtype for t in tensors if t.dtype.is_floating_point]

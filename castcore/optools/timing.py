@@ -23,11 +23,13 @@ from typing import Any
 import torch
 
 from castcore.devices.dtypes import dtype_name
-from castcore.devices.profile import device_from_dict
+from castcore.devices.profile import DeviceProfile, device_from_dict
 from castcore.ops.annotations import CustomOpError
 from castcore.ops.register import lookup
 from castcore.recording.invoke import OpInvoke, TensorMeta
+from castcore.recording.recorder import capture
 from castcore.report.records import format_seconds
+from castcore.workload.session import Session, default_session
 
 
 class MeasureError(CustomOpError):
@@ -191,15 +193,13 @@ def measure_invoke(invoke: OpInvoke, warmup: int = 3, repeat: int = 10, device: 
         return time_call(lambda: invoke.op(*args, **kwargs), warmup, repeat, device)
 
 
-def measure(target: Any, *inputs: Any, session=None, device=None, warmup: int = 3, repeat: int = 10,
-            **kwargs: Any) -> MeasureReport:
-    """Capture ``target(*inputs, **kwargs)``, run each distinct call for real and compare with the estimate.
+def measure(target: Any, *inputs: Any, session: Session | None = None, device: str | DeviceProfile | None = None,
+            warmup: int = 3, repeat: int = 10, **kwargs: Any) -> MeasureReport:
+    """Capture ``target(*inputs, **kwargs)``, run each distinct call for real and compare with the estimate on
+    ``device`` of ``session`` (None: the default session).
 
     ``target`` is any function or module castcore can capture, including a register_op function.
     """
-    from castcore.recording.recorder import capture
-    from castcore.workload.session import default_session
-
     if warmup < 0 or repeat < 1:
         raise MeasureError(f"warmup must be >= 0 and repeat >= 1, not {warmup} and {repeat}")
     session = session or default_session()
