@@ -18,39 +18,71 @@ ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "castcore"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path) -> set[str]:
-    """castcore modules ``path`` imports, at any depth, except under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-               for child in node.body for n in ast.walk(child)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
+def _packages() -> list[Path]:
+    """castcore's folder and every pack's top-level package folder under packs/ (beside its pyproject.toml or
+    under src/); the cookiecutter templates and build copies are not packages."""
+    found = [PACKAGE]
+    for init in sorted((ROOT / "packs").rglob("__init__.py")):
+        parts = init.relative_to(ROOT).parts
+        if any("{{" in part for part in parts) or {"build", "tests"} & set(parts):
             continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("castcore"):
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("castcore"))
+        if not (init.parent.parent / "__init__.py").exists():
+            found.append(init.parent)
     return found
 
 
+def _modules() -> dict[str, Path]:
+    """Every module of those packages by its dotted name."""
+    modules = {}
+    for package in _packages():
+        for path in package.rglob("*.py"):
+            if "pack_template" in path.parts:
+                continue
+            parts = path.relative_to(package.parent).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imported_module(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a ``from ... import`` names, a relative one (``from .ops import x``) made absolute."""
+    if node.level == 0:
+        return node.module or ""
+    package = module if is_package else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def _imports(path: Path, module: str, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports anywhere: at the top, inside a function or under ``if
+    TYPE_CHECKING:`` alike, since each is an arrow between the two modules. ``from a import b`` imports the module
+    ``a.b`` when there is one, else ``a``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _imported_module(node, module, path.name == "__init__.py")
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names)
+    return (found & modules.keys()) - {module}
+
+
 def _graph() -> dict[str, set[str]]:
-    files = [p for p in PACKAGE.rglob("*.py") if "pack_template" not in p.parts]
-    modules = {_module_name(p): p for p in files}
-    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+    """Module -> the modules it imports, over castcore and every pack."""
+    modules = _modules()
+    return {name: _imports(path, name, modules) for name, path in modules.items()}
+
+
+def test_the_import_graph_covers_castcore_and_every_pack():
+    graph = _graph()
+    assert {"castcore.workload.session", "castpack_ascend.fused", "castpack_collectives.alphabeta",
+            "castpack_nvidia"} <= graph.keys()
+    assert "castcore.plugins.host" in graph["castcore.plugins.audit"]  # a TYPE_CHECKING import counts
+    assert "castpack_ascend.hardware" in graph["castpack_ascend.fused"]  # so does a relative one
 
 
 def test_the_import_graph_has_no_cycle():
     graph = _graph()
-    # The two faces only re-export; a package __init__ is its folder's docstring.
-    faces = {"castcore", "castcore.pack"}
-    graph = {k: v - faces for k, v in graph.items() if k not in faces}
     done, on_path, cycles = set(), [], []
 
     def visit(node: str) -> None:
@@ -60,7 +92,7 @@ def test_the_import_graph_has_no_cycle():
         if node in done:
             return
         on_path.append(node)
-        for nxt in sorted(graph.get(node, ())):
+        for nxt in sorted(graph[node]):
             visit(nxt)
         on_path.pop()
         done.add(node)
@@ -68,6 +100,15 @@ def test_the_import_graph_has_no_cycle():
     for node in sorted(graph):
         visit(node)
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_nothing_inside_castcore_imports_its_faces():
+    """castcore and castcore.pack only re-export: a module importing castcore would reach every layer (the
+    command line too), and castcore.pack is for packs, which castcore never imports."""
+    graph = _graph()
+    importers = {face: sorted(m for m, imported in graph.items() if m.startswith("castcore.") and face in imported)
+                 for face in ("castcore", "castcore.pack")}
+    assert importers == {"castcore": [], "castcore.pack": []}
 
 
 def test_modules_stay_small():
