@@ -8,6 +8,13 @@ writes, ``castcore.plan("llama-3-8b", ttft="1s")`` the deployments ``castcore pl
 authors import ``castcore.pack`` instead.
 
 Names load on first use, so ``import castcore`` (and ``castcore --help``) does not import torch.
+
+The package is in layers, each importing only those below it (the import contract in pyproject.toml, imports
+for type checking included), and no module inside imports this face or ``castcore.pack``. From the top: cli;
+sweeps, and beside it optools (partition, measure, calibrate, measure_table: tools that take a session);
+workload (Workload, the pipeline, serving, Session); report; builtin (the core's own plugin); ops (register_op
+and measured tables, as a pack author defines them); plugins (hooks, loading, the plugin host, the audit);
+recording; hf; options; devices; tomlfiles; errors.
 """
 
 from __future__ import annotations
