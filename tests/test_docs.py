@@ -97,3 +97,18 @@ def test_every_repository_path_the_pages_name_exists():
                 named.update([f"{braces[1]}{alt}{braces[3]}" for alt in braces[2].split(",")] if braces else [span])
     assert named
     assert sorted(path for path in named if not (ROOT / path.rstrip("/")).exists()) == []
+
+
+def test_the_architecture_page_draws_the_layers_of_the_import_contract_in_order():
+    import tomllib
+
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contract if c["type"] == "layers"]
+    drawn = [[m.strip().removeprefix("castcore.") for m in line.split("|")] for line in layers]
+    page = (DOCS / "architecture.md").read_text()
+    diagram = re.search(r"```text\n(.*?)```", page, re.DOTALL).group(1)
+    rows = [[cell.strip().split()[0] for cell in line.strip(" |").split("|") if cell.strip()]
+            for line in diagram.splitlines() if line.strip().startswith("|") and "re-exports" not in line]
+    assert rows == drawn, "docs/architecture.md's drawing is not the layers of pyproject.toml's import contract"
+    table = re.findall(r"^\| `castcore\.(\w+)` \|", page, re.MULTILINE)
+    assert table == [layer for line in drawn for layer in line], "docs/architecture.md's table is not the contract's"

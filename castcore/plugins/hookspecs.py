@@ -1,4 +1,4 @@
-"""The hook specifications castcore plugins implement (see DESIGN.md, "The hooks")."""
+"""The hook specifications castcore plugins implement (see docs/architecture.md, "The plugin hooks")."""
 
 from __future__ import annotations
 
