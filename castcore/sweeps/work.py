@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from castcore.options.option import terms
 from castcore.sweeps.spec import Job, one_line
 
 
@@ -84,7 +85,8 @@ def run_task(task: Task, settings: Settings) -> Iterator[tuple[int, dict[str, An
     for index, job in task.points:
         started = time.perf_counter()
         try:
-            row = {**figures(session, job), "error": None}
+            with terms("spec"):  # a row's error names options as the spec does
+                row = {**figures(session, job), "error": None}
         except Exception as exc:  # any failure is the point's, never the sweep's
             row = {"error": one_line(exc)}
         row["seconds"] = time.perf_counter() - started
