@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from castcore.errors import ModelError
+from castcore.options.catalog import say
 
 # The releases the test suite runs on: from the lowest pyproject admits to the newest checked, any patch release.
 TESTED = {"transformers": ("5.5.0", "5.24"), "torch": ("2.13.0", "2.13")}
@@ -344,9 +345,9 @@ def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if tp > 1 and kv_heads % tp:
-        raise ModelError(f"--tp {tp}: num_key_value_heads = {kv_heads} does not divide by {tp}; each device holds "
-                         f"num_key_value_heads / {tp} heads of the decode step's KV cache (choose a --tp that divides "
-                         "it)")
+        raise ModelError(f"{say('tp', tp)}: num_key_value_heads = {kv_heads} does not divide by {tp}; each device "
+                         f"holds num_key_value_heads / {tp} heads of the decode step's KV cache (choose a "
+                         f"{say('tp')} that divides it)")
     kv_heads //= tp
     argument = cache_argument(model)
 

@@ -141,8 +141,8 @@ def test_kv_reads_head_reads_grouped_kv_once_per_query_head(session, tiny_llama)
 
 
 def test_kv_reads_head_needs_the_fused_kernel(tiny_llama, h100_file, capsys):
-    with pytest.raises(castcore.ModelError, match="--kv-reads head describes castcore's fused attention kernel: "
-                                                  "drop --eager"):
+    with pytest.raises(castcore.ModelError, match="kv_reads='head' describes castcore's fused attention kernel: "
+                                                  "drop fuse=False"):
         castcore.build_workload(str(tiny_llama), fuse=False, kv_reads="head")
     argv = ["estimate", "--model", str(tiny_llama), "--seq", "16", "--no-packs", "--device-file", str(h100_file)]
     assert main(argv + ["--kv-reads", "head", "--json"]) == 0

@@ -80,7 +80,7 @@ def test_bad_model_specs_say_what_is_accepted(spec, message):
 
 
 def test_decode_and_train_do_not_mix():
-    with pytest.raises(ModelError, match="--train goes with --phase prefill"):
+    with pytest.raises(ModelError, match="train=True goes with phase='prefill'"):
         build(build_workload("llama-3-8b", phase="decode", train=True))
 
 

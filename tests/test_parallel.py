@@ -128,7 +128,7 @@ def test_what_cannot_be_split_is_a_clear_error(tmp_path):
     odd = tmp_path / "three-kv-heads.json"
     odd.write_text(json.dumps({**json.loads(Path(TINY).read_text()), "num_attention_heads": 6,
                                "num_key_value_heads": 3, "hidden_size": 96}))
-    with pytest.raises(ModelError, match="--tp 2: num_key_value_heads = 3 does not divide by 2; .* or a multiple"):
+    with pytest.raises(ModelError, match="tp=2: num_key_value_heads = 3 does not divide by 2; .* or a multiple"):
         with tensor_parallel(build(castcore.build_workload(str(odd), phase="decode", kv_len=8)), 2):
             pass
     with pytest.raises(ModelError, match="no attention/MLP projections"):

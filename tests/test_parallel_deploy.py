@@ -57,6 +57,6 @@ def test_a_replica_larger_than_the_interconnect_is_refused(tmp_path, h100_file, 
 
 
 def test_a_profile_without_interconnect_runs_one_device(session, tiny_llama, simple_profile):
-    with pytest.raises(castcore.ModelError, match=r"^--tp 2 needs 2 devices .* 'round-numbers' has no \[\[interconnect\]\]"):
+    with pytest.raises(castcore.ModelError, match=r"^tp=2 needs 2 devices .* 'round-numbers' has no \[\[interconnect\]\]"):
         session.estimate(castcore.build_workload(str(tiny_llama), seq=16, tp=2), device=simple_profile)
     assert session.estimate(castcore.build_workload(str(tiny_llama), seq=16, dp=2), device=simple_profile).time_s > 0

@@ -98,7 +98,7 @@ def test_sp_on_mixture_of_experts_is_refused(session):
     from pathlib import Path
 
     mixtral = Path(__file__).parent / "data" / "tiny-mixtral.json"
-    with pytest.raises(castcore.ModelError, match="^--sp: sequence parallelism of mixture-of-experts"):
+    with pytest.raises(castcore.ModelError, match="^sp=True: sequence parallelism of mixture-of-experts"):
         session.estimate(castcore.build_workload(str(mixtral), seq=16, tp=2, sp=True))
 
 

@@ -67,8 +67,8 @@ def test_a_module_with_inputs_is_a_workload_too(session):
 
 
 @pytest.mark.parametrize("options, culprit", [
-    (dict(batch=0), "--batch"), (dict(tp=0), "--tp"), (dict(seq=-1), "--seq"), (dict(kv_len=0), "--kv-len"),
-    (dict(phase="serve"), "phase"), (dict(dtype="int3"), "dtype"), (dict(phase="decode", train=True), "--train"),
+    (dict(batch=0), "batch=0"), (dict(tp=0), "tp=0"), (dict(seq=-1), "seq=-1"), (dict(kv_len=0), "kv_len=0"),
+    (dict(phase="serve"), "phase"), (dict(dtype="int3"), "dtype"), (dict(phase="decode", train=True), "train=True"),
 ])
 def test_bad_options_fail_before_anything_is_built(options, culprit):
     with pytest.raises(castcore.ModelError, match=culprit):

@@ -167,7 +167,7 @@ def test_a100_has_int8_but_no_fp8_matrix_rate(session):
     weight_only = _estimate(session, device=a100, weights="fp8")
     assert torch.float8_e4m3fn not in _ops(weight_only, "mma")
     assert _borrowed(weight_only) == _borrowed(_estimate(session, device=a100))
-    with pytest.raises(ModelError, match=r"--activations fp8: a100-sxm-80gb has no float8_e4m3fn matrix rate"):
+    with pytest.raises(ModelError, match=r"activations='fp8': a100-sxm-80gb has no float8_e4m3fn matrix rate"):
         _estimate(session, device=a100, weights="fp8", activations="fp8")
 
 
@@ -292,7 +292,7 @@ def test_a_dtype_a_model_or_device_cannot_use_is_refused_in_one_line(argv, messa
 
 def test_a_module_without_linear_layers_is_refused(session):
     model = torch.nn.Conv1d(8, 8, 3).to(device="meta")
-    with pytest.raises(ModelError, match=r"^--weights int8: Conv1d has no linear layers .*; drop --weights$"):
+    with pytest.raises(ModelError, match=r"^weights='int8': Conv1d has no linear layers .*; drop weights$"):
         session.estimate(castcore.build_workload(model, torch.empty(1, 8, 16, device="meta"), weights="int8"))
 
 

@@ -154,7 +154,7 @@ def test_all_logits_reaches_the_prefill(session, tiny_llama, h100_file, capsys):
 def test_all_logits_is_for_models_castcore_builds():
     import torch
 
-    with pytest.raises(castcore.ModelError, match="--all-logits"):
+    with pytest.raises(castcore.ModelError, match="all_logits=True"):
         castcore.build_workload(torch.nn.Linear(2, 2), torch.ones(1, 2), all_logits=True)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pluggy
 
+from castcore.options.catalog import say
 from castcore.plugins.claims import claims_in
 from castcore.plugins.config import ConfigError
 from castcore.plugins.packs import PluginInfo
@@ -62,7 +63,7 @@ def _unsafe_entry(path: Path) -> str | None:
 def checked_directory(directory: Path) -> Path:
     """``directory`` resolved; a ConfigError naming the fix when it is missing or a file."""
     resolved = directory.expanduser().resolve()
-    where = "fix --custom-op-dir / CASTCORE_CUSTOM_OP_PATH / custom_op_dirs"
+    where = f"fix {say('custom_op_dir')} / CASTCORE_CUSTOM_OP_PATH / custom_op_dirs"
     if resolved.is_file():
         raise ConfigError(f"custom-op directory {resolved} is a file, not a directory; name the folder that holds "
                           f"it instead ({where})")

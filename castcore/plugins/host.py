@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from castcore import hf
 from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
+from castcore.options.catalog import say
 from castcore.plugins.claims import ClaimTable, declared_count
 from castcore.plugins.config import Config, load_config
 from castcore.plugins.loading import LoadedPlugins, load_plugins, refresh_scripts
@@ -124,7 +125,7 @@ class PluginHost:
             chosen = marked or list(self.devices.values())
             if not chosen:
                 raise DeviceError("no device profiles are installed: install a pack (pip install castpack-ascend) "
-                                  "or pass --device-file my.toml")
+                                  f"or pass {say('device_file', 'my.toml')}")
             return chosen[0]
         if name not in self.devices:
             raise DeviceError(f"unknown device {name!r}; installed: {', '.join(self.devices) or 'none'} "

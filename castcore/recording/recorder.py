@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from castcore.errors import CastcoreError
+from castcore.options.catalog import say
 from castcore.recording.dtensor import dtensor_shadow, dtensor_type, local_shards
 from castcore.recording.fakes import fake_in_any_dtype
 from castcore.recording.invoke import OpInvoke, tensors_in, to_meta
@@ -403,13 +404,12 @@ def _tensors_inside_objects(value: Any, depth: int = 8) -> list[torch.Tensor]:
 
 
 def _loss_of(result: Any) -> torch.Tensor:
-    loss = getattr(result, "loss", None)
-    if isinstance(loss, torch.Tensor):
+    if isinstance(loss := getattr(result, "loss", None), torch.Tensor):
         return loss
     found = tensors_in(result, torch.Tensor)
     if not found or not found[0].requires_grad:
-        raise CaptureError("--train needs the model's output to depend on its weights: it returned no tensor "
-                           "that requires grad (return a loss, or a tensor computed from the parameters)")
+        raise CaptureError(f"{say('train', True)} needs the model's output to depend on its weights: it returned no "
+                           "tensor that requires grad (return a loss, or a tensor computed from the parameters)")
     return found[0].float().sum()
 
 

@@ -8,22 +8,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 from castcore.errors import CastcoreError
+from castcore.options.catalog import say
 
 
 class OutputError(CastcoreError, OSError):
     """An output file that cannot be written; the message names the option, the path and the fix."""
 
 
+def _named(option: str, path: str | Path) -> str:
+    """``option`` (its Python name: "out", "trace", "plot") given ``path``, in the caller's terms: ``out='x.csv'``,
+    ``--out x.csv`` or ``out = "x.csv"``. An option its caller spelled already (``--trace``) is written as given."""
+    return f"{option} {path}" if option.startswith("-") else say(option, str(path))
+
+
 def check_output(path: str | Path, option: str) -> Path:
-    """The path, if a file can be written there; else OutputError naming why, before any work is done."""
+    """The path, if a file can be written there; else OutputError naming ``option`` (its Python name, e.g.
+    "trace") and why, before any work is done."""
     target = Path(path)
     folder = target.parent
     if target.is_dir():
-        raise OutputError(f"{option} {path} is a directory; give a file name inside it")
+        raise OutputError(f"{_named(option, path)} is a directory; give a file name inside it")
     if not folder.is_dir():
-        raise OutputError(f"{option} {path}: the folder {folder} does not exist; create it first")
+        raise OutputError(f"{_named(option, path)}: the folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise OutputError(f"{option} {path}: not writable by you; choose another place")
+        raise OutputError(f"{_named(option, path)}: not writable by you; choose another place")
     return target
 
 
@@ -31,17 +39,18 @@ def write_whole(path: Path, option: str, write: Callable[[Path], None]) -> None:
     """Call ``write`` on a uniquely named temporary file beside ``path``, then move it into place: a failure (a
     full disk, say) leaves no partial file and an existing ``path`` as it was, and two writers at once never
     share a temporary. A ``path`` that is not a regular file (a device such as /dev/null, a FIFO, a terminal) is
-    written in place and never replaced. Any failure is an OutputError naming ``option`` and ``path``."""
+    written in place and never replaced. Any failure is an OutputError naming ``option`` (its Python name, e.g.
+    "out") and ``path``."""
     if path.exists() and not path.is_file():
         try:
             write(path)
         except OSError as exc:
-            raise OutputError(f"{option} {path}: {exc.strerror or exc}") from None
+            raise OutputError(f"{_named(option, path)}: {exc.strerror or exc}") from None
         return
     try:
         handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".partial{path.suffix}")
     except OSError as exc:
-        raise OutputError(f"{option} {path}: {exc.strerror or exc}; nothing was written") from None
+        raise OutputError(f"{_named(option, path)}: {exc.strerror or exc}; nothing was written") from None
     os.close(handle)
     partial = Path(name)
     try:
@@ -49,7 +58,7 @@ def write_whole(path: Path, option: str, write: Callable[[Path], None]) -> None:
         os.chmod(partial, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         os.replace(partial, path)
     except OSError as exc:
-        raise OutputError(f"{option} {path}: {exc.strerror or exc}; nothing was written") from None
+        raise OutputError(f"{_named(option, path)}: {exc.strerror or exc}; nothing was written") from None
     finally:
         partial.unlink(missing_ok=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from castcore.errors import CastcoreError
+from castcore.options.catalog import say
 from castcore.report.records import Report
 
 
@@ -20,7 +21,7 @@ def plot_roofline(report: Report, path: str | Path) -> Path:
         matplotlib.use("Agg")  # files only: no screen needed
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotError("--plot needs matplotlib: pip install 'castcore[plot]'") from None
+        raise PlotError(f"{say('plot')} needs matplotlib: pip install 'castcore[plot]'") from None
     device = report.device
     peak_rate, dtype = device.rate("mma", _main_dtype(report))
     peak = peak_rate * device.compute_efficiency

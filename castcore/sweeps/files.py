@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from castcore.options.catalog import say
 from castcore.report.files import OutputError, check_output, write_whole
 
 FORMATS = (".parquet", ".csv", ".jsonl")
@@ -22,14 +23,15 @@ def check_out(path: str | Path) -> Path:
     """The output path, if its format is known, its library installed and its folder writable."""
     target = Path(path)
     if target.suffix not in FORMATS:
-        raise OutputError(f"--out {path}: name a .parquet, .csv or .jsonl file (the format follows the suffix)")
+        raise OutputError(f"{say('out', str(path))}: name a .parquet, .csv or .jsonl file (the format follows the "
+                          "suffix)")
     if target.suffix == ".parquet":
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise OutputError(f"--out {path}: Parquet needs pyarrow: pip install 'castcore[sweep]', or write .csv "
-                              "or .jsonl") from None
-    return check_output(target, "--out")
+            raise OutputError(f"{say('out', str(path))}: Parquet needs pyarrow: pip install 'castcore[sweep]', or "
+                              "write .csv or .jsonl") from None
+    return check_output(target, "out")
 
 
 @contextmanager
@@ -46,8 +48,8 @@ def held(path: Path) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise OutputError(f"--out {path} is being written by another castcore sweep; wait for it to finish or "
-                              "choose another --out") from None
+            raise OutputError(f"{say('out', str(path))} is being written by another castcore sweep; wait for it to "
+                              f"finish or choose another {say('out')}") from None
         try:
             yield
         finally:
@@ -91,8 +93,8 @@ def _read(path: Path) -> list[dict[str, Any]]:
                 return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(handle)]
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
-        raise OutputError(f"--resume: cannot read {path} ({type(exc).__name__}: {exc}); move it away to start "
-                          "afresh") from None
+        raise OutputError(f"{say('resume', True)}: cannot read {path} ({type(exc).__name__}: {exc}); move it away to "
+                          "start afresh") from None
 
 
 def _cell(text: str) -> Any:
@@ -121,14 +123,14 @@ def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
         import pyarrow.parquet as pq
 
         table = pa.Table.from_pylist(full) if full else pa.table({c: [] for c in columns})
-        write_whole(path, "--out", lambda p: pq.write_table(table, p))
+        write_whole(path, "out", lambda p: pq.write_table(table, p))
     elif path.suffix == ".csv":
         def write_csv(target: Path) -> None:
             with target.open("w", newline="", encoding="utf-8") as handle:
                 writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
                 writer.writeheader()
                 writer.writerows(full)
-        write_whole(path, "--out", write_csv)
+        write_whole(path, "out", write_csv)
     else:
         text = "".join(json.dumps(row, default=_plain) + "\n" for row in full)
-        write_whole(path, "--out", lambda p: p.write_text(text, encoding="utf-8"))
+        write_whole(path, "out", lambda p: p.write_text(text, encoding="utf-8"))

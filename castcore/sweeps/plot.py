@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from castcore.options.catalog import say
 from castcore.report.plot import PlotError
 from castcore.sweeps.rows import LATENCY, THROUGHPUT
 
@@ -42,12 +43,12 @@ def plot_pareto(rows: list[dict[str, Any]], command: str, path: str | Path, fmt:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotError("--plot needs matplotlib: pip install 'castcore[plot]'") from None
+        raise PlotError(f"{say('plot')} needs matplotlib: pip install 'castcore[plot]'") from None
     x_key, y_key = THROUGHPUT[command], LATENCY[command]
     drawn = [(x, y, row) for row in rows if not row.get("error")
              and (x := _number(row.get(x_key))) is not None and (y := _number(row.get(y_key))) is not None]
     if not drawn:
-        raise PlotError(f"--plot: no row without an error has {x_key} and {y_key} to draw")
+        raise PlotError(f"{say('plot')}: no row without an error has {x_key} and {y_key} to draw")
     fitting = [i for i, (_, _, row) in enumerate(drawn) if row.get("fits") is not False]
     front = [fitting[i] for i in pareto([drawn[i][:2] for i in fitting])]
     devices = list(dict.fromkeys(str(row.get("device")) for _, _, row in drawn))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from castcore.options.catalog import say
 from castcore.report.files import OutputError
 from castcore.sweeps import files
 from castcore.sweeps.rows import columns, parameter_key
@@ -147,17 +148,18 @@ def _check_resumable(rows: list[dict[str, Any]], parameters: list[str], grid: se
         if list(row)[:len(parameters)] != parameters:
             missing = [p for p in parameters if p not in row]
             other = [k for k in list(row)[:len(parameters)] if k not in parameters]
-            raise OutputError(f"--resume: {out} holds rows of another sweep (" + "; ".join(
+            raise OutputError(f"{say('resume', True)}: {out} holds rows of another sweep (" + "; ".join(
                 filter(None, [f"no column {', '.join(missing[:5])}" if missing else "",
                               f"columns {', '.join(other[:5])} this command does not have" if other else "",
                               "its columns in another order" if not (missing or other) else ""]))
-                + "): move it away, or give another --out")
+                + f"): move it away, or give another {say('out')}")
     foreign = [row for row in rows if parameter_key(row, parameters) not in grid]
     if foreign:
         varies = [p for p in parameters if len({str(row.get(p)) for row in rows}) > 1 or p == parameters[0]]
         example = ", ".join(f"{p} = {foreign[0].get(p)!r}" for p in varies[:4])
-        raise OutputError(f"--resume: {out} holds {len(foreign)} row(s) that are no point of this spec (the first: "
-                          f"{example}): it was written by another spec; move it away, or give another --out")
+        raise OutputError(f"{say('resume', True)}: {out} holds {len(foreign)} row(s) that are no point of this spec "
+                          f"(the first: {example}): it was written by another spec; move it away, or give another "
+                          f"{say('out')}")
 
 
 def group(points: list[Point]) -> list[Task]:

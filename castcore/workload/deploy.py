@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from castcore.options.catalog import say
+from castcore.options.option import current_terms
 from castcore.workload.experts import ExpertGroups, experts_modules, shard_experts
 from castcore.workload.layout import Layout, plan_layout
 from castcore.workload.models import BuiltModel
@@ -41,18 +43,19 @@ def check_interconnect(profile: DeviceProfile, workload: Workload) -> None:
     devices = workload.devices
     if devices == 1:
         return
-    asked = " ".join(f"--{k} {v}" for k, v in (("tp", workload.tp), ("ep", workload.ep), ("pp", workload.pp)) if v > 1)
+    asked = (" " if current_terms() == "cli" else ", ").join(
+        say(k, v) for k, v in (("tp", workload.tp), ("ep", workload.ep), ("pp", workload.pp)) if v > 1)
     levels = profile.interconnect
     if not levels:
         raise ModelError(f"{asked} needs {devices} devices joined by an interconnect, but device {profile.name!r} has "
                          f"no [[interconnect]] levels in its profile ({profile.origin or 'no file'}); add them, or "
-                         "run on one device (--dp adds replicas, which need none)")
+                         f"run on one device ({say('dp')} adds replicas, which need none)")
     largest = max(levels, key=lambda level: level.devices)
     if devices > largest.devices:
         names = ", ".join(f"{level.name}: {level.devices} devices" for level in levels)
         raise ModelError(f"{asked} needs {devices} devices in one replica, more than the largest interconnect level of "
                          f"device {profile.name!r} joins ({names}); use at most {largest.devices} (tp or ep, times pp), "
-                         "and --dp for more replicas")
+                         f"and {say('dp')} for more replicas")
 
 
 @contextmanager
@@ -65,7 +68,8 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
         check_stages(built.model, workload.pp)
     notes = _notes(workload, layout)
     if workload.sp and layout.sp and experts_modules(built.model):
-        raise ModelError("--sp: sequence parallelism of mixture-of-experts blocks is not supported yet; drop --sp")
+        raise ModelError(f"{say('sp', True)}: sequence parallelism of mixture-of-experts blocks is not supported yet; "
+                         f"drop {say('sp')}")
     world = max(tp, ep)
     if world == 1:
         _rebatch(built, workload, layout)
@@ -74,7 +78,7 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
         return
     from torch.distributed.device_mesh import init_device_mesh
 
-    option = "--tp" if ep == 1 else "--ep"
+    option = "tp" if ep == 1 else "ep"
     with fake_process_group(world, option):
         tp_mesh, groups = _meshes(tp, ep, init_device_mesh)
         if tp > 1:
@@ -142,8 +146,8 @@ def _rebatch(built: BuiltModel, workload: Workload, layout: Layout) -> None:
         return
     batch, local = workload.batch, layout.batch
     if not workload.named:
-        raise ModelError("--micro-batches, --pp decode steps and --ep over --tp split the batch castcore makes; "
-                         "for your own module pass one device's inputs and drop them")
+        raise ModelError(f"{say('micro_batches')}, {say('pp')} decode steps and {say('ep')} over {say('tp')} split the "
+                         "batch castcore makes; for your own module pass one device's inputs and drop them")
     cut, changed = _cut_inputs(batch, local)
     if built.inputs_fn is not None:
         inner = built.inputs_fn
@@ -156,7 +160,7 @@ def _rebatch(built: BuiltModel, workload: Workload, layout: Layout) -> None:
         built.args, built.kwargs = cut(built.args), cut(built.kwargs)
         if not changed:
             raise ModelError(f"the model's inputs have no batch dimension of {batch} to split into {local}; drop "
-                             "--micro-batches / --ep over --tp")
+                             f"{say('micro_batches')} / {say('ep')} over {say('tp')}")
         built.kv_cache_shape = (layout.kv_batch, workload.seq, built.kv_cache_shape[2] if built.kv_cache_shape
                                 else _dtype(workload))
     built.description += f", {local} of {batch} sequences per device step"

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from castcore.options.catalog import say
 from castcore.workload.parallel import _expert_weights, _replace, split_experts
 from castcore.workload.spec import ModelError
 
@@ -59,24 +60,26 @@ def shard_experts(model: torch.nn.Module, groups: ExpertGroups) -> int:
     forward; the number of modules changed. ModelError when the model has none, or E does not divide by ep."""
     found = experts_modules(model)
     if not found:
-        raise ModelError(f"--ep {groups.ep_size}: {type(model).__name__} has no mixture-of-experts layers (no "
-                         "experts module with 3-D gate_up_proj/down_proj weights) to split; drop --ep")
+        raise ModelError(f"{say('ep', groups.ep_size)}: {type(model).__name__} has no mixture-of-experts layers "
+                         "(no experts module with 3-D gate_up_proj/down_proj weights) to split; drop "
+                         f"{say('ep')}")
     for path, experts in found:
         missing = [a for a in ("_apply_gate", "act_fn") if not hasattr(experts, a)]
         if missing:
-            raise ModelError(f"--ep {groups.ep_size}: {path} ({type(experts).__name__}) is not a transformers experts "
-                             f"module (no {', '.join(missing)}); castcore splits transformers 5's experts; drop --ep")
+            raise ModelError(f"{say('ep', groups.ep_size)}: {path} ({type(experts).__name__}) is not a transformers "
+                             f"experts module (no {', '.join(missing)}); castcore splits transformers 5's experts; "
+                             f"drop {say('ep')}")
         for name in _expert_weights(experts):
             shape = tuple(getattr(experts, name).shape)
             if shape[0] % groups.ep_size:
-                raise ModelError(f"--ep {groups.ep_size}: {path} has {shape[0]} experts, which do not divide by "
-                                 f"{groups.ep_size}; use an --ep that divides {shape[0]}")
+                raise ModelError(f"{say('ep', groups.ep_size)}: {path} has {shape[0]} experts, which do not divide "
+                                 f"by {groups.ep_size}; use an {say('ep')} that divides {shape[0]}")
             _replace(experts, name, (shape[0] // groups.ep_size, *shape[1:]))
             bias = getattr(experts, f"{name}_bias", None)
             if isinstance(bias, torch.nn.Parameter):
                 _replace(experts, f"{name}_bias", (bias.shape[0] // groups.ep_size, *bias.shape[1:]))
         if groups.etp_size > 1:
-            split_experts(experts, path, groups.etp_size, option="--tp")
+            split_experts(experts, path, groups.etp_size, option="tp")
         experts.num_experts = getattr(experts, _expert_weights(experts)[0]).shape[0]
         experts.forward = types.MethodType(_expert_parallel_forward(groups), experts)
     return len(found)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from castcore.options.catalog import say
 from castcore.workload.spec import ModelError, Workload
 
 if TYPE_CHECKING:
@@ -51,8 +52,9 @@ def plan_layout(workload: Workload) -> Layout:
         local = -(-kv_batch // pp)
     else:
         if batch % (m * groups):
-            raise ModelError(f"--micro-batches {m} with --ep {ep} over --tp {tp}: each of {groups} attention groups "
-                             f"runs {m} micro-batches, so the batch must divide by {m * groups}: use such a --batch")
+            raise ModelError(f"{say('micro_batches', m)} with {say('ep', ep)} over {say('tp', tp)}: each of {groups} "
+                             f"attention groups runs {m} micro-batches, so the batch must divide by {m * groups}: use "
+                             f"such a {say('batch')}")
         kv_batch, local = batch // groups, batch // groups // m
     sp = workload.sp and workload.phase == "prefill"
     return Layout(tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=m, dp=workload.dp, batch=local, kv_batch=kv_batch)

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from castcore.hf import is_conv1d
+from castcore.options.catalog import say
 from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import ModelError
@@ -81,8 +82,8 @@ def _check_divisible(model: torch.nn.Module, n: int) -> None:
         if name == "num_key_value_heads" and isinstance(value, int) and value and not n % value:
             continue  # fewer KV heads than devices: each device holds one, replicated (vLLM's rule)
         if isinstance(value, int) and value % n:
-            raise ModelError(f"--tp {n}: {name} = {value} does not divide by {n}; tensor parallelism splits it "
-                             f"evenly across devices (choose a --tp that divides it"
+            raise ModelError(f"{say('tp', n)}: {name} = {value} does not divide by {n}; tensor parallelism splits "
+                             f"it evenly across devices (choose a {say('tp')} that divides it"
                              + (", or a multiple of it" if name == "num_key_value_heads" else "") + ")")
 
 
@@ -131,7 +132,7 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
                           if kind == "rowwise" else ColwiseParallel())
         info.plan[path] = kind
     if not any(kind in ROW_KINDS for kind in info.plan.values()):
-        raise ModelError(f"--tp {n}: found no attention/MLP projections named {', '.join(COLWISE + ROWWISE)} "
+        raise ModelError(f"{say('tp', n)}: found no attention/MLP projections named {', '.join(COLWISE + ROWWISE)} "
                          f"(or a fused {', '.join(FUSED_QKV)} with its dense) as nn.Linear in "
                          f"{type(model).__name__}; castcore's tensor-parallel plan covers Llama-style models "
                          "(Llama, Mistral, Qwen2, Mixtral), Falcon, GPT-NeoX and GPT-2")
@@ -197,11 +198,14 @@ def _replace(module: torch.nn.Module, name: str, shape: tuple[int, ...]) -> None
                                              requires_grad=old.requires_grad))
 
 
-def _shard_dim(module: torch.nn.Module, name: str, dim: int, n: int, path: str, option: str = "--tp") -> None:
+def _shard_dim(module: torch.nn.Module, name: str, dim: int, n: int, path: str, option: str = "tp") -> None:
+    """Keep 1/n of ``name`` along ``dim``; ModelError naming ``option`` (its Python name, e.g. "tp") when it does
+    not divide."""
     shape = list(getattr(module, name).shape)
     if shape[dim] % n:
-        raise ModelError(f"{option} {n}: {path}.{name} has {shape[dim]} rows along the dimension it splits "
-                         f"(shape {tuple(shape)}), which does not divide by {n}; choose a {option} that divides it")
+        raise ModelError(f"{say(option, n)}: {path}.{name} has {shape[dim]} rows along the dimension it splits "
+                         f"(shape {tuple(shape)}), which does not divide by {n}; choose a {say(option)} that divides "
+                         "it")
     shape[dim] //= n
     _replace(module, name, tuple(shape))
 
@@ -226,7 +230,7 @@ def _shard_fused_qkv(model: torch.nn.Module, path: str, n: int) -> None:
         or linear.in_features // heads
     kv_heads = (linear.out_features // head_dim - heads) // 2
     if heads % n or (kv_heads % n and n % kv_heads):
-        raise ModelError(f"--tp {n}: {path} has {heads} query heads and {kv_heads} key/value heads; tensor "
+        raise ModelError(f"{say('tp', n)}: {path} has {heads} query heads and {kv_heads} key/value heads; tensor "
                          f"parallelism needs the query heads to divide by {n} and the key/value heads to divide "
                          f"by {n} or {n} to be a multiple of them (then each device holds one KV head)")
     rows = (heads // n + 2 * max(1, kv_heads // n)) * head_dim
@@ -288,8 +292,9 @@ def _shard_experts(model: torch.nn.Module, path: str, mesh: Any, n: int) -> None
     experts.register_forward_hook(_all_reduce(mesh))
 
 
-def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "--tp") -> None:
-    """Every expert's matrices of an experts module split n ways along the intermediate dimension."""
+def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "tp") -> None:
+    """Every expert's matrices of an experts module split n ways along the intermediate dimension; ``option`` is
+    the option (its Python name) a refusal names."""
     transposed = bool(getattr(experts, "is_transposed", False))  # [experts, in, out] rather than [experts, out, in]
     for name in _expert_weights(experts):
         column = name != "down_proj"
@@ -356,14 +361,15 @@ def cache_split(model: torch.nn.Module, n: int) -> int:
 
 
 @contextmanager
-def fake_process_group(world: int, option: str = "--tp") -> Iterator[None]:
-    """A fake process group of ``world`` ranks (castcore plays rank 0), destroyed when the block ends."""
+def fake_process_group(world: int, option: str = "tp") -> Iterator[None]:
+    """A fake process group of ``world`` ranks (castcore plays rank 0), destroyed when the block ends; ``option``
+    (its Python name, e.g. "tp", set to ``world``) is the option a refusal names."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        raise ModelError(f"{option} starts its own fake process group, but torch.distributed is already initialized; "
-                         "destroy it first, or shard the model yourself and call castcore.capture")
+        raise ModelError(f"{say(option, world)} starts its own fake process group, but torch.distributed is already "
+                         "initialized; destroy it first, or shard the model yourself and call castcore.capture")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         yield
@@ -381,8 +387,8 @@ def apply_tensor_parallel(built: BuiltModel | torch.nn.Module, mesh: Any, n: int
     inputs_fn = built.inputs_fn if isinstance(built, BuiltModel) else None
     per_device = getattr(inputs_fn, "per_device", None)
     if inputs_fn is not None and per_device is None:
-        raise ModelError(f"--tp {n}: this workload's inputs_fn builds its inputs (a KV cache) for the whole model, "
-                         "not one device; give the function a per_device(n) attribute returning one device's "
+        raise ModelError(f"{say('tp', n)}: this workload's inputs_fn builds its inputs (a KV cache) for the whole "
+                         "model, not one device; give the function a per_device(n) attribute returning one device's "
                          "inputs_fn, as castcore's decode step does")
     plan, info = build_plan(model, n, sp=sp, experts=experts)
     parallelize_module(model, mesh, plan)
@@ -406,7 +412,7 @@ def tensor_parallel(workload: BuiltModel | torch.nn.Module, n: int | None) -> It
         yield None
         return
     if n < 1:
-        raise ModelError(f"--tp must be at least 1 (got {n})")
+        raise ModelError(f"{say('tp')} must be at least 1 (got {n})")
     from torch.distributed.device_mesh import init_device_mesh
 
     with fake_process_group(n):

@@ -17,6 +17,7 @@ import torch
 
 from castcore import hf
 from castcore.builtin import DEPLOYED_WHOLE_OPS
+from castcore.options.catalog import say
 from castcore.plugins.audit import unreached_claims, unreached_lines
 from castcore.plugins.replacements import replacements
 from castcore.errors import CastcoreError
@@ -129,15 +130,16 @@ def _capture(host: PluginHost, workload: Workload, device: DeviceProfile, built:
     except (RuntimeError, UserWarning) as exc:
         forward_only = _forward_only_op(str(exc)) if workload.train else None
         if forward_only:
-            raise CaptureError(f"--train: {forward_only} has no backward (a forward-only custom op); give it one "
-                               "with torch.library.register_autograd, write it as a torch.autograd.Function, or "
-                               "define it with castcore.register_op, which registers a backward") from None
+            raise CaptureError(f"{say('train', True)}: {forward_only} has no backward (a forward-only custom op); "
+                               "give it one with torch.library.register_autograd, write it as a "
+                               "torch.autograd.Function, or define it with castcore.register_op, which registers a "
+                               "backward") from None
         if workload.phase == "decode" and workload.named and "index_copy_" in str(exc):
             # castcore's static cache gives every layer num_key_value_heads x head_dim keys and values.
             raise ModelError(f"{workload.model}: its attention writes keys or values of another shape than "
                              "castcore's decode cache (num_key_value_heads x head_dim per layer), as multi-query "
-                             "and latent (MLA) attention do; --phase decode does not support this model yet: "
-                             "use --phase prefill") from None
+                             f"and latent (MLA) attention do; {say('phase', 'decode')} does not support this model "
+                             f"yet: use {say('phase', 'prefill')}") from None
         raise
 
 

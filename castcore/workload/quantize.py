@@ -43,6 +43,7 @@ from castcore.builtin import quantized_ops  # noqa: F401  (defines the torch.ops
 from castcore.devices.dtypes import dtype_name, torch_dtype
 from castcore.recording.dtensor import dtensor_type
 from castcore.hf import cast_on_write, experts_grouped_forward, is_conv1d
+from castcore.options.catalog import any_value, say
 from castcore.workload.models import BuiltModel
 from castcore.workload.parallel import EXPERT_WEIGHTS, _expert_weights
 from castcore.workload.spec import ModelError, Workload
@@ -68,7 +69,8 @@ def quantize(built: BuiltModel, workload: Workload, device: DeviceProfile | None
     if weights is None and cache is None:
         return
     if workload.train:
-        raise ModelError("--weights, --activations and --kv-cache price quantized inference; drop them with --train")
+        raise ModelError(f"{say('weights')}, {say('activations')} and {say('kv_cache')} price quantized inference; "
+                         f"drop them with {say('train', True)}")
     if weights is not None:
         _check_device(workload, device)
         _quantize_weights(built, weights, workload.activations is not None, workload.fuse)
@@ -82,8 +84,9 @@ def _weights(workload: Workload, model_dtype: torch.dtype) -> str | None:
     if kind in STORED:
         return kind
     if kind is not None and torch_dtype(kind) != model_dtype:
-        raise ModelError(f"--weights {kind} with --dtype {workload.dtype}: 16-bit weights in another dtype than the "
-                         f"model's are not a quantization; use --dtype {kind}, or --weights fp8, int8 or int4")
+        raise ModelError(f"{say('weights', kind)} with {say('dtype', workload.dtype)}: 16-bit weights in another "
+                         f"dtype than the model's are not a quantization; use {say('dtype', kind)}, or "
+                         f"{say('weights', any_value('fp8, int8 or int4'))}")
     return None
 
 
@@ -93,9 +96,10 @@ def _check_device(workload: Workload, device: DeviceProfile | None) -> None:
         return
     name = dtype_name(workload.activations)
     if name not in device.mma_flops:
-        raise ModelError(f"--activations {workload.activations}: {device.name} has no {name} matrix rate (its matrix "
-                         f"unit lists {', '.join(device.mma_flops) or 'none'}); drop --activations for weight-only "
-                         f"quantization, whose products run in {workload.dtype}, or choose another --device")
+        raise ModelError(f"{say('activations', workload.activations)}: {device.name} has no {name} matrix rate (its "
+                         f"matrix unit lists {', '.join(device.mma_flops) or 'none'}); drop {say('activations')} for "
+                         f"weight-only quantization, whose products run in {workload.dtype}, or choose another "
+                         f"{say('device')}")
 
 
 # --- weights ---------------------------------------------------------------------------------------------
@@ -103,8 +107,8 @@ def _check_device(workload: Workload, device: DeviceProfile | None) -> None:
 def _quantize_weights(built: BuiltModel, kind: str, w8a8: bool, fused: bool) -> None:
     model = built.model
     if not isinstance(model, nn.Module):
-        raise ModelError(f"--weights {kind}: the workload is a function, not an nn.Module; castcore quantizes a "
-                         "module's linear layers (pass the module, or drop --weights)")
+        raise ModelError(f"{say('weights', kind)}: the workload is a function, not an nn.Module; castcore quantizes "
+                         f"a module's linear layers (pass the module, or drop {say('weights')})")
     kept, model_dtype = _kept_whole(model), _float_dtype(model)
     linears = experts = 0
     for path, module in list(model.named_modules()):
@@ -117,8 +121,8 @@ def _quantize_weights(built: BuiltModel, kind: str, w8a8: bool, fused: bool) -> 
             _quantize_linear(module, kind, w8a8, fused)
             linears += 1
     if not linears and not experts:
-        raise ModelError(f"--weights {kind}: {type(model).__name__} has no linear layers (nn.Linear) or "
-                         "mixture-of-experts weights to quantize; drop --weights")
+        raise ModelError(f"{say('weights', kind)}: {type(model).__name__} has no linear layers (nn.Linear) or "
+                         f"mixture-of-experts weights to quantize; drop {say('weights')}")
     built.notes.append(_weights_note(kind, w8a8, fused, linears, experts, model_dtype))
 
 
@@ -171,8 +175,8 @@ def _codes(out_features: int, in_features: int, kind: str, w8a8: bool, dtype: to
     lead = () if experts is None else (experts,)
     if kind == "int4":
         if in_features % 2:
-            raise ModelError(f"--weights int4 packs two weights per byte along the input dimension, which has "
-                             f"{in_features} columns here (odd); use --weights int8")
+            raise ModelError(f"{say('weights', 'int4')} packs two weights per byte along the input dimension, which "
+                             f"has {in_features} columns here (odd); use {say('weights', 'int8')}")
         codes = torch.empty((*lead, out_features, in_features // 2), dtype=torch.uint8, device=device)
         group = GROUP_SIZE
     else:
@@ -270,8 +274,8 @@ def _quantize_experts(module: nn.Module, path: str, kind: str, w8a8: bool) -> No
     scales as ``<name>_scale``; the forward is the module's grouped-GEMM one with the quantized products."""
     base = _experts_base_forward(module)
     if base is None or not set(GROUPED_PRODUCTS) & set(base.__code__.co_names):
-        raise ModelError(f"--weights {kind}: {path} holds mixture-of-experts weights that castcore cannot quantize "
-                         f"(not a transformers grouped-GEMM experts module); drop --weights")
+        raise ModelError(f"{say('weights', kind)}: {path} holds mixture-of-experts weights that castcore cannot "
+                         f"quantize (not a transformers grouped-GEMM experts module); drop {say('weights')}")
     transposed = bool(getattr(module, "is_transposed", False))  # [experts, in, out] rather than [experts, out, in]
     for name in _expert_weights(module):
         param = getattr(module, name)
@@ -313,10 +317,11 @@ def _grouped_linear(self: nn.Module, input: torch.Tensor, weight: torch.Tensor, 
 # --- KV cache --------------------------------------------------------------------------------------------
 
 def _quantize_cache(built: BuiltModel, workload: Workload, dtype: torch.dtype) -> None:
-    option = f"--kv-cache {workload.kv_cache}"
+    option = f"--kv-cache {workload.kv_cache}"  # for the notes
     if built.inputs_fn is not None:  # a decode step: the static cache among its inputs
         with_dtype = getattr(built.inputs_fn, "with_cache_dtype", None)
-        built.inputs_fn = with_dtype(dtype) if with_dtype is not None else _recast_cache(built.inputs_fn, dtype, option)
+        built.inputs_fn = (with_dtype(dtype) if with_dtype is not None
+                           else _recast_cache(built.inputs_fn, dtype, workload.kv_cache))
         built.notes.append(f"{option}: the decode step's static KV cache holds keys and values in {dtype_name(dtype)}, "
                            "the new token's cast to it as they are written"
                            + ("" if workload.fuse else "; eager attention dequantizes the whole cache first"))
@@ -325,20 +330,21 @@ def _quantize_cache(built: BuiltModel, workload: Workload, dtype: torch.dtype) -
         built.kv_cache_shape = (batch, seq, dtype)
         built.notes.append(f"{option}: the KV cache this prefill fills is counted in {dtype_name(dtype)}")
     else:
-        raise ModelError(f"{option}: castcore finds no KV cache in this workload (no transformers config, no cache "
-                         "among its inputs); drop --kv-cache")
+        raise ModelError(f"{say('kv_cache', workload.kv_cache)}: castcore finds no KV cache in this workload (no "
+                         f"transformers config, no cache among its inputs); drop {say('kv_cache')}")
 
 
-def _recast_cache(inner: Any, dtype: torch.dtype, option: str) -> Any:
+def _recast_cache(inner: Any, dtype: torch.dtype, kind: str) -> Any:
     """``inner`` (an inputs_fn another step wrapped, e.g. to cut the batch) with the static KV caches it makes
-    re-made in ``dtype``, each layer casting the new token's keys and values as it writes them."""
+    re-made in ``dtype``, each layer casting the new token's keys and values as it writes them; ``kind`` is the
+    kv_cache option's value, which a refusal names."""
     def make():
         args, kwargs = inner()
         layers = [layer for value in (*args, *kwargs.values()) for layer in getattr(value, "layers", None) or ()
                   if isinstance(getattr(layer, "keys", None), torch.Tensor) and hasattr(layer, "lazy_initialization")]
         if not layers:
-            raise ModelError(f"{option}: this workload's inputs hold no static KV cache to keep in another dtype; "
-                             "drop --kv-cache")
+            raise ModelError(f"{say('kv_cache', kind)}: this workload's inputs hold no static KV cache to keep in "
+                             f"another dtype; drop {say('kv_cache')}")
         for layer in layers:
             layer.lazy_initialization(layer.keys.narrow(2, 0, 0).to(dtype), layer.values.narrow(2, 0, 0).to(dtype))
             layer.__class__ = cast_on_write(type(layer))

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from castcore.options.catalog import say
 from castcore.workload.models import BuiltModel
 from castcore.workload.parallel import ROW_KINDS, TensorParallel, _replace
 from castcore.workload.spec import ModelError
@@ -46,8 +47,9 @@ def block_children(layer: torch.nn.Module, path: str) -> list[torch.nn.Module]:
     children = dict(layer.named_children())
     found = [next((children[n] for n in names if n in children), None) for names in (ATTENTION, MLP)]
     if None in found:
-        raise ModelError(f"--sp: {path} has no attention block named {'/'.join(ATTENTION)} and MLP named "
-                         f"{'/'.join(MLP)}; sequence parallelism covers decoder layers built that way (drop --sp)")
+        raise ModelError(f"{say('sp', True)}: {path} has no attention block named {'/'.join(ATTENTION)} and MLP "
+                         f"named {'/'.join(MLP)}; sequence parallelism covers decoder layers built that way (drop "
+                         f"{say('sp')})")
     return found
 
 
@@ -145,10 +147,11 @@ def sequence_parallel(built: BuiltModel, mesh: Any, n: int, seq: int, info: Tens
     model = built.model
     found = decoder_layers(model)
     if found is None or not hasattr(model, "base_model"):
-        raise ModelError(f"--sp: {type(model).__name__} is not a transformers model with decoder layers; sequence "
-                         "parallelism covers the causal LMs castcore builds (drop --sp)")
+        raise ModelError(f"{say('sp', True)}: {type(model).__name__} is not a transformers model with decoder "
+                         f"layers; sequence parallelism covers the causal LMs castcore builds (drop {say('sp')})")
     if seq % n:
-        raise ModelError(f"--sp splits the sequence over --tp {n} devices: use a --seq that divides by {n}")
+        raise ModelError(f"{say('sp', True)} splits the sequence over {say('tp', n)} devices: use a {say('seq')} that "
+                         f"divides by {n}")
     tokens = _Tokens(mesh, n)
     path, layers = found
     for index, layer in enumerate(layers):

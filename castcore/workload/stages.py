@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from castcore.options.catalog import say
 from castcore.recording.recorder import Capture
 from castcore.report.memory import MemoryReport, analyze_memory
 from castcore.report.records import Report, format_seconds
@@ -54,12 +55,12 @@ def check_stages(model: torch.nn.Module, stages: int) -> tuple[str, int]:
     """The decoder layers' path and count; ModelError when there are none or fewer than ``stages``."""
     found = decoder_layers(model)
     if found is None:
-        raise ModelError(f"--pp {stages}: {type(model).__name__} has no decoder layers (an nn.ModuleList) to split "
-                         "into stages; drop --pp")
+        raise ModelError(f"{say('pp', stages)}: {type(model).__name__} has no decoder layers (an nn.ModuleList) to "
+                         f"split into stages; drop {say('pp')}")
     path, layers = found
     if stages > len(layers):
-        raise ModelError(f"--pp {stages} is more pipeline stages than the model's {len(layers)} layers: use --pp "
-                         f"{len(layers)} or less")
+        raise ModelError(f"{say('pp', stages)} is more pipeline stages than the model's {len(layers)} layers: use "
+                         f"{say('pp', len(layers))} or less")
     return path, len(layers)
 
 
@@ -77,7 +78,8 @@ def assign(modules: list[str], prefix: str, counts: list[int]) -> list[int]:
     layer = [layer_of(m) for m in modules]
     seen = [i for i, j in enumerate(layer) if j is not None]
     if not seen:
-        raise ModelError(f"--pp: no op ran inside the decoder layers {prefix}.*, so there is nothing to split")
+        raise ModelError(f"{say('pp', len(counts))}: no op ran inside the decoder layers {prefix}.*, so there is "
+                         "nothing to split")
     stages, current = [], 0
     for i, j in enumerate(layer):
         if j is not None:
@@ -127,7 +129,8 @@ def transfer_time(nbytes: int, profile: DeviceProfile, devices: int) -> tuple[fl
     """A point-to-point send of ``nbytes`` between two of a replica's ``devices`` (see the module docstring)."""
     levels = profile.interconnect
     if not levels:
-        raise ModelError(f"--pp: device {profile.name!r} has no [[interconnect]] levels to send activations over")
+        raise ModelError(f"{say('pp')}: device {profile.name!r} has no [[interconnect]] levels to send activations "
+                         "over")
     level = next((lv for lv in levels if lv.devices >= devices), levels[-1])
     bandwidth = level.bandwidth * level.efficiency
     if level.topology == "full-mesh" and level.devices > 1:
