@@ -132,9 +132,10 @@ def test_the_oldest_session_runs_every_test_file_that_builds_models():
     assert MODEL_TESTS <= files
     # Files that build a model from the shipped configs or a preset but are left to the newest-only run:
     # sweeps and plans (their model work is what the files above test), the fidelity and bench scripts, plugin
-    # loading and audits.
+    # loading and audits, the option catalog (which reads a preset's config only).
     newest_only = {"test_sweep", "test_sweep_plan", "test_sweep_spec", "test_sweep_ray", "test_fidelity", "test_bench",
-                   "test_audit", "test_formulas", "test_roofline", "test_plugin_defects", "test_interrupts"}
+                   "test_audit", "test_formulas", "test_roofline", "test_plugin_defects", "test_interrupts",
+                   "test_catalog"}
     builds = {path.stem for path in Path(__file__).parent.glob("test_*.py")
               if any(word in path.read_text(encoding="utf-8") for word in ("tiny-", "tiny_llama", "llama-3-8b"))}
     assert builds - MODEL_TESTS - newest_only == set()

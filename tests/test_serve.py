@@ -99,8 +99,8 @@ def test_a_batch_that_does_not_fit_warns(tiny_llama, h100_file, tmp_path, capsys
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"--output": "0"}, "--output must be a whole number of at least 1"),
-    ({"--batch": "0"}, "--batch must be a whole number of at least 1"),
+    ({"--output": "0"}, "--output 0: must be a whole number of at least 1"),
+    ({"--batch": "0"}, "--batch 0: must be a whole number of at least 1, the requests served together; or use --max-batch"),
     ({"--input": "300"}, "--input 300 is longer than"),  # tiny-llama's context is 256 tokens
     ({"--input": "250"}, "use --output 6 or less"),
 ])

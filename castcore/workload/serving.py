@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from castcore.options.catalog import say
+from castcore.options.option import current_terms
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.report.records import Report, format_seconds
 from castcore.workload.deploy import check_interconnect
@@ -213,13 +215,14 @@ def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any,
     if not isinstance(model, str):
         raise ModelError("serve builds a model's prefill and decode steps itself: name a preset, a config.json or "
                          f"package.module:factory (got {type(model).__name__})")
-    for option, value, what in (("--input", input_tokens, "prompt tokens per request"),
-                                ("--output", output_tokens, "tokens each request generates")):
+    for name, value, what in (("input_tokens", input_tokens, "prompt tokens per request"),
+                              ("output_tokens", output_tokens, "tokens each request generates")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ModelError(f"{option} must be a whole number of at least 1, the {what} (got {value!r})")
+            raise ModelError(f"{say(name, value)}: must be a whole number of at least 1, the {what}")
     if batch != "max" and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
-        raise ModelError(f"--batch must be a whole number of at least 1, the requests served together (got "
-                         f"{batch!r}); or use --max-batch")
+        largest = say("batch", "max") if current_terms() == "python" else say("max_batch", True)
+        raise ModelError(f"{say('batch', batch)}: must be a whole number of at least 1, the requests served "
+                         f"together; or use {largest}")
     # The model and the deployment options as estimate checks them.
     build_workload(model, seq=input_tokens, batch=1 if batch == "max" else batch, **deployment)
     if is_factory(model):
@@ -229,12 +232,13 @@ def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any,
     context = config_field(config, "max_position_embeddings")
     if isinstance(context, int):
         if input_tokens >= context:
-            raise ModelError(f"--input {input_tokens} is longer than {model}'s context of {context} tokens "
-                             f"(max_position_embeddings): use --input {max(context - output_tokens, 1)} or less, "
-                             f"leaving room for --output {output_tokens}")
+            raise ModelError(f"{say('input_tokens', input_tokens)} is longer than {model}'s context of {context} "
+                             f"tokens (max_position_embeddings): use {say('input_tokens', max(context - output_tokens, 1))}"
+                             f" or less, leaving room for {say('output_tokens', output_tokens)}")
         if input_tokens + output_tokens > context:
-            raise ModelError(f"--input {input_tokens} + --output {output_tokens} tokens exceed {model}'s context of "
-                             f"{context} (max_position_embeddings): use --output {context - input_tokens} or less")
+            raise ModelError(f"{say('input_tokens', input_tokens)} + {say('output_tokens', output_tokens)} tokens "
+                             f"exceed {model}'s context of {context} (max_position_embeddings): use "
+                             f"{say('output_tokens', context - input_tokens)} or less")
     return config
 
 
@@ -308,8 +312,9 @@ def largest_batch(peak_at: Callable[[int], int], capacity: int) -> tuple[int, st
     captures at that batch and the next confirm it (stepping by one where the peak op moved by a few bytes)."""
     one, two = peak_at(1), peak_at(2)
     if one > capacity:
-        raise ModelError(f"--max-batch: even batch 1 needs {format_bytes(one)} of {format_bytes(capacity)} per "
-                         "device; use a larger --tp or a shorter --input/--output")
+        largest = say("batch", "max") if current_terms() == "python" else say("max_batch", True)
+        raise ModelError(f"{largest}: even batch 1 needs {format_bytes(one)} of {format_bytes(capacity)} per "
+                         f"device; use a larger {say('tp')} or a shorter {say('input_tokens')}/{say('output_tokens')}")
     per_sequence = max(two - one, 1)
     fixed = one - per_sequence
     low, high = 1, 2  # bisect between a batch that fits the model and one that does not
