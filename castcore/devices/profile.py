@@ -112,7 +112,7 @@ def package_profiles_in(directory: Any, label: str) -> list[DeviceProfile]:
 
 
 def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProfile:
-    """Build and validate a profile from the TOML layout documented in README."""
+    """Build and validate a profile from the TOML layout documented in docs/devices.md."""
 
     def fail(msg: str) -> DeviceError:
         return DeviceError(f"{origin}: {msg}")
