@@ -18,8 +18,8 @@ from castcore.workload.spec import build_workload
 def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in values(args, ESTIMATE, AXIS).items() if k not in ("model", "device")}
     workload = build_workload(args.model, **options)  # bad options and unwritable files fail before anything loads
-    trace = check_output(args.trace, "--trace") if args.trace else None
-    plot = check_output(args.plot, "--plot") if args.plot else None
+    trace = check_output(args.trace, "trace") if args.trace else None
+    plot = check_output(args.plot, "plot") if args.plot else None
     cache = capture_cache_from(args)
     session = make_session(args, on_error=args.on_error, capture_step=cache)
     device = session.device(args.device)
@@ -40,12 +40,12 @@ def run(args: argparse.Namespace) -> int:
     # Files first: when one cannot be written, no report is printed as if all had worked.
     if trace:
         events = json.dumps(report.to_trace())
-        write_whole(trace, "--trace", lambda path: path.write_text(events, encoding="utf-8"))
+        write_whole(trace, "trace", lambda path: path.write_text(events, encoding="utf-8"))
         note(f"wrote {len(report.records)} slices to {trace} (open it in ui.perfetto.dev)")
     if plot:
         from castcore.report.plot import plot_roofline
 
-        write_whole(plot, "--plot", lambda path: plot_roofline(report, path))
+        write_whole(plot, "plot", lambda path: plot_roofline(report, path))
         note(f"wrote roofline chart {plot}")
     if args.json:
         print(report.to_json())

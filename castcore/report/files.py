@@ -17,8 +17,8 @@ class OutputError(CastcoreError, OSError):
 
 def _named(option: str, path: str | Path) -> str:
     """``option`` (its Python name: "out", "trace", "plot") given ``path``, in the caller's terms: ``out='x.csv'``,
-    ``--out x.csv`` or ``out = "x.csv"``. An option its caller spelled already (``--trace``) is written as given."""
-    return f"{option} {path}" if option.startswith("-") else say(option, str(path))
+    ``--out x.csv`` or ``out = "x.csv"``."""
+    return say(option, str(path))
 
 
 def check_output(path: str | Path, option: str) -> Path:

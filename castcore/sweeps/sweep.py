@@ -143,7 +143,7 @@ def check_plot(plot: str | Path | None) -> Path | None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ModelError(f"{say('plot')} needs matplotlib: pip install 'castcore[plot]'") from None
-    return check_output(plot, say("plot"))
+    return check_output(plot, "plot")
 
 
 def draw(rows: list[dict[str, Any]], command: str, path: Path) -> str:
@@ -152,5 +152,5 @@ def draw(rows: list[dict[str, Any]], command: str, path: Path) -> str:
     from castcore.sweeps.plot import plot_pareto
 
     drawn: list[str] = []
-    write_whole(path, say("plot"), lambda p: drawn.append(plot_pareto(rows, command, p, path.suffix)))
+    write_whole(path, "plot", lambda p: drawn.append(plot_pareto(rows, command, p, path.suffix)))
     return drawn[0]
