@@ -15,15 +15,23 @@ from castcore.options.option import terms
 from castcore.sweeps.sweep import commands
 
 
+REQUIRED = {"sweep": ["x.toml"], "plan": ["--model", "m"], "partition": ["m:f", "--ways", "2"], "measure": ["m:f"],
+            "new-pack": ["castpack-x"], "cache": ["info"]}
+
+
+def test_every_command_is_in_the_catalog():
+    assert list(command_parsers()) == list(COMMANDS)
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_each_command_line_takes_exactly_the_catalog_options_with_their_defaults(name):
-    parsed = vars(command_parsers()[name].parse_args(["x"] if name == "sweep" else
-                                                     ["--model", "m"] if name == "plan" else []))
+    given = REQUIRED.get(name, [])
+    parsed = vars(command_parsers()[name].parse_args(given))
     declared = {o.name: o for o, _ in COMMANDS[name].options}
-    assert set(parsed) - {"func", "quick_exit", "spec"} == set(declared)
+    assert set(parsed) - {"func", "quick_exit", "spec", "debug"} == set(declared) - {"debug"}
     for option in declared.values():
         default = list(option.default) if isinstance(option.default, tuple) else option.default
-        if option.name not in ("model", "spec"):
+        if option.default is not None or option.optional:  # the required ones were given above
             assert parsed[option.name] == default, option.name
 
 
@@ -61,5 +69,6 @@ def test_the_reference_tables_list_every_catalog_option_of_each_command():
         page = markdown(name)
         for option, _ in command.options:
             assert f"| `{option.cli}" in page, (name, option.cli)
+    assert all(flag.startswith("--") for flag in flags())
     assert {"--batch", "--max-batch", "--eager", "--kv-reads", "--ttft", "--resume"} <= flags()
     assert "--bacth" not in flags()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from castcore.cli.options import add_options
+from castcore.options.catalog import CACHE
+
 
 def run(args: argparse.Namespace) -> int:
     from castcore.sweeps import store
@@ -30,6 +33,5 @@ def add_parser(subparsers) -> None:
                     "else ~/.cache/castcore/captures), keyed by the model and its configuration, the workload, what "
                     "the device's packs do before a capture, and castcore's, torch's, transformers' and the packs' "
                     "versions, so a later sweep over new devices captures nothing again.")
-    cmd.add_argument("action", choices=("info", "clear"), help="info: entries, size, location; clear: remove them")
-    cmd.add_argument("--json", action="store_true", help="info as JSON")
+    add_options(cmd, CACHE)
     cmd.set_defaults(func=run, debug=False)

@@ -6,21 +6,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from castcore.cli.options import add_options
 from castcore.errors import StrictFailure
-from castcore.options.catalog import ESTIMATE, SESSION
 from castcore.plugins.selection import PluginOptions
 
 if TYPE_CHECKING:
     from castcore.workload.session import Session
 
-__all__ = ["StrictFailure", "add_plugin_options", "make_session"]
-
-
-def add_plugin_options(parser: argparse.ArgumentParser) -> None:
-    """The plugin and device options every command that loads plugins takes."""
-    add_options(parser, ESTIMATE.only(*(o.name for o in ESTIMATE.scoped(SESSION)
-                                         if o.name not in ("on_error", "no_cache"))))
+__all__ = ["StrictFailure", "make_session"]
 
 
 def capture_cache_from(args: argparse.Namespace):

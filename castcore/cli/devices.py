@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from castcore.cli.common import add_plugin_options, make_session
+from castcore.cli.common import make_session
+from castcore.cli.options import add_options
+from castcore.options.catalog import DEVICES
 from castcore.plugins.selection import PluginOptions, profiles_without_plugins
 
 
@@ -41,6 +43,5 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     dev = subparsers.add_parser("devices", help="list installed device profiles",
                                 description="List the device profiles installed packs provide, and any --device-file.")
-    dev.add_argument("--json", action="store_true", help="print JSON")
-    add_plugin_options(dev)
+    add_options(dev, DEVICES)
     dev.set_defaults(func=run)

@@ -7,8 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from castcore.cli.common import add_plugin_options, make_session
-from castcore.cli.partition import add_input_options
+from castcore.cli.common import make_session
+from castcore.cli.options import add_options
+from castcore.options.catalog import CALIBRATE, MEASURE
 
 
 def run_measure(args: argparse.Namespace) -> int:
@@ -53,13 +54,7 @@ def add_parsers(subparsers) -> None:
                     "this machine (CUDA when present, else CPU) with the op's input_gen_fn or random inputs, and "
                     "print the median measured time against the estimate on --device (e.g. a profile written by "
                     "castcore calibrate, passed with --device-file).")
-    parser.add_argument("op", metavar="OP", help="module:function or path/to/file.py:function")
-    add_input_options(parser)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
-    parser.add_argument("--repeat", type=int, default=10, help="timed runs; the median is shown (default: 10)")
-    parser.add_argument("--device", help="device profile to estimate on (default: the default device)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    add_plugin_options(parser)
+    add_options(parser, MEASURE)
     parser.set_defaults(func=run_measure)
 
     parser = subparsers.add_parser(
@@ -67,10 +62,5 @@ def add_parsers(subparsers) -> None:
         description="Measure matmul throughput (fp32, bf16), vector throughput, memory copy bandwidth and per-op "
                     "overhead on this machine (CUDA when present, else CPU) and write a device profile whose "
                     "sources read 'measurement, <date>, castcore calibrate'.")
-    parser.add_argument("--output", "-o", default="local.toml", help="file to write, or - for stdout "
-                                                                      "(default: local.toml)")
-    parser.add_argument("--name", default="local", help="the profile's device name (default: local)")
-    parser.add_argument("--quick", action="store_true", help="small sizes: seconds instead of a minute, "
-                                                              "numbers well below peak")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    add_options(parser, CALIBRATE)
     parser.set_defaults(func=run_calibrate)

@@ -13,7 +13,9 @@ import shutil
 from pathlib import Path
 from types import ModuleType
 
+from castcore.cli.options import add_options
 from castcore.errors import CastcoreError
+from castcore.options.catalog import NEW_PACK
 
 TEMPLATE = Path(__file__).parent.parent / "pack_template"
 HOOK = TEMPLATE / "hooks" / "pre_gen_project.py"
@@ -104,13 +106,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "unless --no-input.",
         epilog="example: castcore new-pack castpack-mynpu --no-input  (module castpack_mynpu, entry point and "
                "device mynpu)")
-    parser.add_argument("name", metavar="NAME",
-                        help="the pack's distribution name: lowercase letters, digits and hyphens, e.g. castpack-mynpu; "
-                             "the module, entry-point and device names default to names derived from it")
-    parser.add_argument("--output-dir", default=".", metavar="DIR",
-                        help="make the pack in DIR/NAME (default: the current directory); DIR/NAME must not exist")
-    parser.add_argument("--no-input", action="store_true",
-                        help="ask nothing: take the default for every answer")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    add_options(parser, NEW_PACK)
     parser.set_defaults(func=_run)
     return parser

@@ -39,7 +39,11 @@ def add_options(parser: argparse.ArgumentParser, command: CommandOptions, *scope
         pair = next((p for p in command.exclusive if option.name in p), None)
         if pair is not None:
             group = exclusive.get(pair) or exclusive.setdefault(pair, group.add_mutually_exclusive_group())
-        group.add_argument(option.cli, dest=option.name, help=described(option), **_argparse(option))
+        if option.positional:
+            group.add_argument(option.name, help=described(option), **_argparse(option))
+        else:
+            flags = (option.short, option.cli) if option.short else (option.cli,)
+            group.add_argument(*flags, dest=option.name, help=described(option), **_argparse(option))
 
 
 def _argparse(option: Option) -> dict[str, Any]:
@@ -57,6 +61,9 @@ def _argparse(option: Option) -> dict[str, Any]:
     elif option.many:
         more["nargs"] = "+"
     default = list(option.default) if isinstance(option.default, tuple) else option.default
+    if option.positional:
+        return {**more, "metavar": option.cli} if option.default is None else {**more, "nargs": "?",
+                                                                                 "default": default}
     if default is None and not option.optional:
         more["required"] = True
     return {**more, "default": default}

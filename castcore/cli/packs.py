@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from castcore.cli.common import add_plugin_options, make_session
+from castcore.cli.common import make_session
+from castcore.cli.options import add_options
+from castcore.options.catalog import PACKS
 
 
 def _status(info) -> str:
@@ -50,6 +52,5 @@ def add_parser(subparsers) -> None:
         description="Every plugin castcore found: the core, installed packs (entry points in group 'castcore') and "
                     "custom-op files, with status loaded, disabled, skipped: <reason> or failed: <reason>, the hooks "
                     "each implements and how many ops it claims; then the custom-op directories searched.")
-    packs.add_argument("--json", action="store_true", help="print JSON")
-    add_plugin_options(packs)
+    add_options(packs, PACKS)
     packs.set_defaults(func=run)

@@ -3,8 +3,6 @@ command line's parsers, so it cannot drift from what the commands take."""
 
 from __future__ import annotations
 
-import re
-
 from castcore.cli.main import command_parsers
 from castcore.cli.options import described
 from castcore.options.catalog import AXIS, COMMANDS, OUTPUT, SESSION
@@ -25,9 +23,7 @@ def markdown(command: str) -> str:
         raise KeyError(f"no castcore command {command!r}; the commands: {', '.join(parsers)}")
     parser = parsers[command]
     head = f"```text\n{parser.format_usage().strip()}\n```\n\n{parser.description or ''}\n"
-    declared = COMMANDS.get(command)
-    if declared is None:
-        return f"{head}\n```text\n{parser.format_help().strip()}\n```\n"
+    declared = COMMANDS[command]
     groups: dict[str, list[tuple[Option, str]]] = {}
     for option, scope in declared.options:
         groups.setdefault(option.group, []).append((option, scope))
@@ -54,7 +50,4 @@ def _cell(text: str) -> str:
 
 def flags() -> set[str]:
     """Every long option of every command (``--batch``, ``--max-batch``, ...)."""
-    found = {o.cli for command in COMMANDS.values() for o, _ in command.options}
-    for parser in command_parsers().values():
-        found.update(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", parser.format_usage()))
-    return found
+    return {o.cli for command in COMMANDS.values() for o, _ in command.options if not o.positional}

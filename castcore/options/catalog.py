@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from castcore.devices.dtypes import MODEL_DTYPES
+from castcore.devices.dtypes import MODEL_DTYPES, TENSOR_DTYPES
 from castcore.options.option import Option, Placeholder
 
 DEFAULT_MODEL = "llama-3-8b"
@@ -23,6 +23,7 @@ AXIS, SESSION, OUTPUT = "axis", "session", "output"
 
 MODEL, KERNELS, PARALLEL, REQUEST = "model", "kernels and quantization", "parallelism (figures are per device)", "request"
 PLUGINS, PRINTING, SEARCH, RUNNING = "plugins and devices", "output", "search", "running"
+OPERATOR, CALL, ARGUMENTS = "operator", "the example call", "arguments"
 
 
 def _int(name: str, default: int | None, help: str, group: str, **more: Any) -> Option:
@@ -216,7 +217,53 @@ AUDIT = CommandOptions("audit", (
     *_scoped(SESSION, PLUGIN_OPTIONS),
 ))
 
-COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, AUDIT, PLAN, SWEEP)}
+_LISTING = (_with(JSON, help="print JSON"), *PLUGIN_OPTIONS)
+PACKS = CommandOptions("packs", (*_scoped(OUTPUT, _LISTING[:1]), *_scoped(SESSION, _LISTING[1:])))
+DEVICES = CommandOptions("devices", PACKS.options)
+
+TARGET = Option("op", "module:function or path/to/file.py:function", OPERATOR, positional=True, metavar="OP")
+EXAMPLE_CALL = (
+    Option("input", "one positional argument, in order: a tensor 4096x1024 or 4096x1024:bf16, 'scalar', 'none', or a "
+           "literal such as 0.5; a bare 8 is a tensor of 8 elements, so pass integers with --arg (repeatable)", CALL,
+           kind="path", many=True, default=(), metavar="SPEC"),
+    Option("arg", "a named argument, e.g. h=8 for a hidden dim (h t); numbers stay numbers, a tensor is written "
+           "4096x1024[:dtype] (repeatable)", CALL, kind="path", many=True, default=(), metavar="NAME=VALUE"),
+    Option("dtype", "dtype of tensors given without one", CALL, default="bf16", choices=tuple(sorted(TENSOR_DTYPES))),
+)
+PARTITION = CommandOptions("partition", (*_scoped(AXIS, (
+    TARGET, _int("ways", None, "number of devices to split over", OPERATOR), *EXAMPLE_CALL,
+    _with(DEVICE, help="device profile (default: the default device)", group=OPERATOR))),
+    *_scoped(OUTPUT, (_with(JSON, help="print the plan as JSON"),)), *_scoped(SESSION, PLUGIN_OPTIONS)))
+MEASURE = CommandOptions("measure", (*_scoped(AXIS, (
+    TARGET, *EXAMPLE_CALL,
+    _int("warmup", 3, "untimed runs first", RUNNING, minimum=0),
+    _int("repeat", 10, "timed runs; the median is shown", RUNNING),
+    _with(DEVICE, help="device profile to estimate on (default: the default device)", group=OPERATOR))),
+    *_scoped(OUTPUT, (_with(JSON, help="print JSON"),)), *_scoped(SESSION, PLUGIN_OPTIONS)))
+DEBUG = _with(PLUGIN_OPTIONS[-1], group=PRINTING)
+CALIBRATE = CommandOptions("calibrate", (
+    *_scoped(OUTPUT, (
+        Option("output", "file to write, or - for stdout", PRINTING, kind="path", default="local.toml", short="-o",
+               metavar="FILE"),
+        Option("name", "the profile's device name", PRINTING, default="local"),
+        _switch("quick", "small sizes: seconds instead of a minute, numbers well below peak", RUNNING))),
+    *_scoped(SESSION, (DEBUG,))))
+NEW_PACK = CommandOptions("new-pack", (
+    *_scoped(OUTPUT, (
+        Option("name", "the pack's distribution name: lowercase letters, digits and hyphens, e.g. castpack-mynpu; the "
+               "module, entry-point and device names default to names derived from it", ARGUMENTS, positional=True,
+               metavar="NAME"),
+        Option("output_dir", "make the pack in DIR/NAME; DIR/NAME must not exist", PRINTING, kind="path", default=".",
+               metavar="DIR", shown_default="the current directory"),
+        _switch("no_input", "ask nothing: take the default for every answer", PRINTING))),
+    *_scoped(SESSION, (DEBUG,))))
+CACHE = CommandOptions("cache", (*_scoped(OUTPUT, (
+    Option("action", "info: entries, size, location; clear: remove them", ARGUMENTS, positional=True,
+           choices=("info", "clear")),
+    _with(JSON, help="info as JSON"))),))
+
+COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, AUDIT, PACKS, DEVICES, NEW_PACK, PARTITION, MEASURE, CALIBRATE,
+                                SWEEP, PLAN, CACHE)}
 
 
 def _spellings() -> dict[str, Option]:
@@ -224,6 +271,8 @@ def _spellings() -> dict[str, Option]:
     found: dict[str, Option] = {}
     for command in COMMANDS.values():
         for option, _ in command.options:
+            if option.positional:  # no flag to spell: an argument is named by its place
+                continue
             first = found.setdefault(option.name, option)
             if (first.cli, first.negated) != (option.cli, option.negated):
                 raise AssertionError(f"option {option.name} is spelled {first.cli} and {option.cli}")

@@ -68,9 +68,13 @@ class Option:
     metavar: str | None = None
     shown_default: str | None = None  # the default as --help says it, when not the value itself
     python: str | None = None  # how Python says it, when not ``name=`` (serve's --max-batch is batch="max")
+    positional: bool = False  # a command-line argument without a flag (``castcore measure OP``)
+    short: str | None = None  # a one-letter flag too (``-o``)
 
     @property
     def cli(self) -> str:
+        if self.positional:
+            return self.metavar or self.name.upper()
         return self.flag or "--" + self.name.replace("_", "-")
 
     @property
@@ -94,6 +98,8 @@ class Option:
             return f"{self.key} = {_toml(value)}" if given else self.key
         if not given:
             return self.cli
+        if self.positional:
+            return f"{self.cli} {value}"
         if self.switch and isinstance(value, bool):  # --sp, --eager: the flag is the value
             return self.cli if value != self.negated else f"no {self.cli}"
         shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
