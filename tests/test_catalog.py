@@ -72,3 +72,4 @@ def test_the_reference_tables_list_every_catalog_option_of_each_command():
     assert all(flag.startswith("--") for flag in flags())
     assert {"--batch", "--max-batch", "--eager", "--kv-reads", "--ttft", "--resume"} <= flags()
     assert "--bacth" not in flags()
+
