@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -137,6 +138,8 @@ class Option:
             return value
         if self.kind == "time":
             return seconds(value, self)
+        if self.kind == "path" and isinstance(value, os.PathLike):
+            return os.fspath(value)
         if not isinstance(value, str):
             raise self.error(value, "give a word" + (f": one of {', '.join(self.choices)}" if self.choices else ""))
         if self.choices is not None and value not in self.choices:
