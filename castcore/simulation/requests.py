@@ -1,0 +1,109 @@
+"""The requests a simulation serves: drawn from length distributions, or read from a JSONL trace.
+
+A trace has one JSON object per line, the shape of a vLLM or ShareGPT-derived trace: the input and output token
+counts as ``input_tokens``/``output_tokens`` (or ``prompt_len``/``output_len``, as vLLM's benchmark datasets name
+them), and optionally when the request arrives, in seconds from the start of the run, as ``arrival_s`` (or
+``timestamp``). Blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from castcore.errors import ModelError
+from castcore.simulation.lengths import Lengths
+
+INPUT_KEYS = ("input_tokens", "prompt_len")
+OUTPUT_KEYS = ("output_tokens", "output_len")
+ARRIVAL_KEYS = ("arrival_s", "timestamp")
+NEEDS = ('one JSON object per line such as {"input_tokens": 512, "output_tokens": 128, "arrival_s": 0.5} '
+         "(or prompt_len/output_len, and timestamp), counts whole numbers of at least 1, arrival_s optional")
+
+
+@dataclass
+class Request:
+    """One request: its position in the run, its token counts, and when it arrives (None: the arrivals decide)."""
+
+    index: int
+    input_tokens: int
+    output_tokens: int
+    arrival_s: float | None = None
+
+
+def make_requests(count: int, input: Lengths, output: Lengths, seed: int | None) -> list[Request]:
+    """``count`` requests whose input and output lengths are drawn from ``input`` and ``output``; the same seed
+    gives the same requests."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ModelError(f"--requests {count!r}: give a whole number of requests of at least 1.")
+    rng = random.Random(seed)
+    inputs = input.sample(rng, count)
+    outputs = output.sample(rng, count)
+    return [Request(i, n_in, n_out) for i, (n_in, n_out) in enumerate(zip(inputs, outputs))]
+
+
+def _field(record: dict, keys: tuple[str, ...]) -> Any:
+    """The value of the first of ``keys`` in ``record``, or None."""
+    return next((record[key] for key in keys if key in record), None)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def read_dataset(path: str | os.PathLike) -> list[Request]:
+    """The requests of the JSONL trace at ``path``, in file order. Either every request has an arrival time or
+    none has (then the arrivals decide when they come)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or "not UTF-8 text"
+        raise ModelError(f"--dataset {os.fspath(path)}: cannot read it ({reason}); give a JSONL file of requests.") \
+            from None
+    requests: list[Request] = []
+    timed_line = untimed_line = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"--dataset {os.fspath(path)} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ModelError(f"{where}: not JSON ({error.msg}); give {NEEDS}.") from None
+        if not isinstance(record, dict):
+            raise ModelError(f"{where}: not a JSON object; give {NEEDS}.")
+        n_in, n_out, arrival = _field(record, INPUT_KEYS), _field(record, OUTPUT_KEYS), _field(record, ARRIVAL_KEYS)
+        if not _count(n_in) or not _count(n_out):
+            raise ModelError(f"{where}: input {n_in!r}, output {n_out!r}; give {NEEDS}.")
+        if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, (int, float))
+                                    or not math.isfinite(arrival) or arrival < 0):
+            raise ModelError(f"{where}: arrival {arrival!r} is not a number of seconds of at least 0; give {NEEDS}.")
+        if arrival is None:
+            untimed_line = untimed_line or number
+        else:
+            timed_line = timed_line or number
+        if timed_line and untimed_line:
+            raise ModelError(f"--dataset {os.fspath(path)}: line {timed_line} has an arrival time and line "
+                             f"{untimed_line} has none; give every request an arrival time, or none.")
+        requests.append(Request(len(requests), n_in, n_out, None if arrival is None else float(arrival)))
+    if not requests:
+        raise ModelError(f"--dataset {os.fspath(path)} has no requests; give {NEEDS}.")
+    return requests
+
+
+def check_lengths(requests: list[Request], context: int | None) -> None:
+    """Refuse a request whose input and output together exceed ``context``, the model's position limit (None:
+    unknown, nothing to check), naming the first such request."""
+    if context is None:
+        return
+    for request in requests:
+        total = request.input_tokens + request.output_tokens
+        if total > context:
+            raise ModelError(f"Request {request.index} (counting from 0) needs {request.input_tokens} input + "
+                             f"{request.output_tokens} output = {total} tokens, beyond the model's position limit "
+                             f"of {context}; give shorter --input/--output lengths or a dataset that fits.")
