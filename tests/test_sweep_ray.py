@@ -14,8 +14,6 @@ import pytest
 
 import castcore
 
-ray = pytest.importorskip("ray")
-
 ROOT = Path(__file__).parent.parent
 DATA = ROOT / "tests" / "data"
 H100, A100 = str(DATA / "h100-sxm.toml"), str(DATA / "a100-sxm-80gb.toml")
@@ -28,6 +26,8 @@ def _without_seconds(rows: list[dict]) -> list[dict]:
 @pytest.fixture
 def local_ray(tmp_path, monkeypatch):
     """A local Ray instance of 2 CPUs whose workers see this test's cache folder and death log."""
+    import ray  # nox -s tests installs it; imported here so the sessions that deselect this file need not
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("CASTCORE_TEST_DEATHS", str(tmp_path / "deaths.txt"))
     monkeypatch.chdir(ROOT)
