@@ -134,6 +134,26 @@ def _(q, k, v, scale, causal, window, softcap, kv_per_query_head=False):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1]))
 
 
+@torch.library.custom_op("castcore::varlen_attention", mutates_args=())
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new: list[int], cached: list[int],
+                     scale: float, causal: bool, window: int, softcap: float,
+                     kv_per_query_head: bool = False) -> torch.Tensor:
+    """Attention over sequences packed in one row, as an engine's iteration runs it in one kernel: sequence i has
+    ``new[i]`` queries in q [1, heads, sum(new), dim] and ``cached[i] + new[i]`` keys and values in k/v
+    [1, kv_heads, sum(cached + new), dim], its queries the last of its keys -> [1, sum(new), heads, v_dim]."""
+    outputs, q_at, kv_at = [], 0, 0
+    for n, c in zip(new, cached):
+        outputs.append(attention(q[:, :, q_at:q_at + n], k[:, :, kv_at:kv_at + c + n], v[:, :, kv_at:kv_at + c + n],
+                                 scale, causal, window, softcap, kv_per_query_head))
+        q_at, kv_at = q_at + n, kv_at + c + n
+    return torch.cat(outputs, dim=1)
+
+
+@varlen_attention.register_fake
+def _(q, k, v, new, cached, scale, causal, window, softcap, kv_per_query_head=False):
+    return q.new_empty((1, q.shape[2], q.shape[1], v.shape[-1]))
+
+
 @torch.library.custom_op("castcore::topk_softmax", mutates_args=())
 def topk_softmax(logits: torch.Tensor, k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A mixture-of-experts router in one kernel: softmax over the experts (fp32), top k, optionally
@@ -199,6 +219,10 @@ _REPLACES = {
     "castcore::attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
                             "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_attention_math",
                             "aten::bmm", "aten::_softmax", "aten::repeat_interleave.self_int", "aten::expand"),
+    "castcore::varlen_attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                                   "aten::_scaled_dot_product_efficient_attention",
+                                   "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax",
+                                   "aten::repeat_interleave.self_int", "aten::expand"),
     "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
     "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
     "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
@@ -209,4 +233,4 @@ for _fused, _eager in _REPLACES.items():
 
 OPS = {name: getattr(torch.ops.castcore, name).default
        for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
-                    "topk_softmax", "moe_permute", "moe_unpermute")}
+                    "varlen_attention", "topk_softmax", "moe_permute", "moe_unpermute")}

@@ -38,6 +38,7 @@ from castcore import hf
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.workload.experts import _grouped
 from castcore.workload.parallel import _expert_weights
+from castcore.workload.packing import packed_attention
 from castcore.workload.models import BuiltModel
 
 if TYPE_CHECKING:
@@ -270,10 +271,10 @@ def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         return hf.castcore_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                      softcap=softcap, sliding_window=sliding_window, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = ops.attention(query, key, value, float(scale), bool(getattr(module, "is_causal", True)),
-                        int(sliding_window or 0), float(softcap or 0.0),
-                        bool(getattr(module, "castcore_kv_per_query_head", False)))
-    return out, None
+    options = (float(scale), bool(getattr(module, "is_causal", True)), int(sliding_window or 0),
+               float(softcap or 0.0), bool(getattr(module, "castcore_kv_per_query_head", False)))
+    out = packed_attention(query, key, value, *options)  # a mixed batch's sequences, each at its own KV length
+    return (ops.attention(query, key, value, *options) if out is None else out), None
 
 
 def _fused_own_attn(self, query, key, value, attention_mask=None, *args, **kwargs):

@@ -56,13 +56,15 @@ def _own_description(workload: Workload) -> str:
 
 
 def capture_workload(host: PluginHost, workload: Workload, device: DeviceProfile,
-                     progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
+                     progress: Callable[[int], None] | None = None,
+                     adjust: Callable[[BuiltModel], None] | None = None) -> tuple[BuiltModel, Capture]:
     """Build, fuse (when asked), shard and capture; the built model carries the notes a user should see.
+    ``adjust`` changes the built model's inputs before anything else (a mixed batch's sampled rows).
 
     The whole of it takes the capture's turn: building touches process-wide state too (default device,
     transformers' registries, the fake process group)."""
     with CAPTURE_LOCK:
-        built, captures = _capture_workload(host, workload, device, progress, ())
+        built, captures = _capture_workload(host, workload, device, progress, (), adjust)
         return built, captures[workload.cached_tokens]
 
 
@@ -75,11 +77,13 @@ def capture_decode_steps(host: PluginHost, workload: Workload, device: DevicePro
 
 
 def _capture_workload(host: PluginHost, workload: Workload, device: DeviceProfile,
-                      progress: Callable[[int], None] | None, more_kv: tuple[int, ...]
-                      ) -> tuple[BuiltModel, dict[int, Capture]]:
+                      progress: Callable[[int], None] | None, more_kv: tuple[int, ...],
+                      adjust: Callable[[BuiltModel], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
     built = None
     try:
         built = build(workload)
+        if adjust is not None:
+            adjust(built)
         return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)
     except CastcoreError:
         raise

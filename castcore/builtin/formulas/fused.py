@@ -59,9 +59,28 @@ def _attention(invoke: OpInvoke, device) -> PerformanceProperties:
     """Two products over the kept (query, key) pairs, softmax per kept score (and a tanh for a soft cap);
     q, k and v read once at their own dtype (a cache in fp8 is read as fp8), the output written once. A kernel
     without grouped-KV sharing (``kv_per_query_head``) reads k and v once per query head instead."""
+    q, k = invoke.args[:2]
+    batch, heads, q_len, _ = q.shape
+    return _attention_properties(invoke, batch * heads * kept_keys(q_len, k.shape[2], invoke.argument("causal"),
+                                                                   invoke.argument("window")))
+
+
+@register_op_properties(OPS["varlen_attention"])
+def _varlen_attention(invoke: OpInvoke, device) -> PerformanceProperties:
+    """``attention``'s work summed over the packed sequences, each its queries against its own keys, in one kernel;
+    and the new tokens' keys and values written to the cache (an engine's cache write, vLLM's reshape_and_cache)."""
+    causal, window = invoke.argument("causal"), invoke.argument("window")
     q, k, v = invoke.args[:3]
-    batch, heads, q_len, dim = q.shape
-    pairs = batch * heads * kept_keys(q_len, k.shape[2], invoke.argument("causal"), invoke.argument("window"))
+    new = invoke.argument("new")
+    props = _attention_properties(invoke, q.shape[1] * sum(kept_keys(n, c + n, causal, window) for n, c in
+                                                           zip(new, invoke.argument("cached"))))
+    props.memory_write_bytes += sum(new) * k.shape[1] * (k.shape[-1] + v.shape[-1]) * k.dtype.itemsize
+    return props
+
+
+def _attention_properties(invoke: OpInvoke, pairs: int) -> PerformanceProperties:
+    q, k, v = invoke.args[:3]
+    heads, dim = q.shape[1], q.shape[-1]
     capped = TANH + 2 if invoke.argument("softcap") else 0
     props = invoke.memory_access_properties()
     if invoke.argument("kv_per_query_head"):

@@ -1,0 +1,63 @@
+"""One iteration of a continuous-batching engine captured as the engine runs it: a mixed batch of prefill chunks
+and decode tokens, each sequence at its own KV length.
+
+The tokens of every sequence are packed into one row (as vLLM and SGLang flatten a batch), so every linear layer,
+norm and collective runs over all of them at once; attention runs per sequence, its chunk of queries against its
+own cached keys and values plus the chunk's, in one kernel (``castcore::varlen_attention``); the LM head
+runs over the sequences that sample a token this iteration. Only the deployed kernels' attention can be split this
+way, so a mixed batch needs ``fuse`` (not ``--eager``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from castcore.devices.dtypes import torch_dtype
+from castcore.errors import ModelError
+from castcore.options.catalog import say
+from castcore.workload.packing import Chunk, packed
+from castcore.workload.pipeline import capture_workload
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+    from castcore.report.records import Report
+    from castcore.workload.pipeline import Pipeline
+    from castcore.workload.spec import Workload
+
+__all__ = ["Chunk", "capture_mixed", "packed_workload"]
+
+
+def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
+    """The Workload whose prefill runs the packed row: batch 1, the chunks' tokens; the deployment is ``base``'s."""
+    if not base.fuse:
+        raise ModelError(f"a mixed batch splits castcore's fused attention per sequence: drop {say('fuse', False)}")
+    if base.pp > 1 or base.ep > base.tp or base.micro_batches > 1:
+        raise ModelError(f"a mixed batch of one packed row does not split into pipeline stages or attention groups "
+                         f"yet: drop {say('pp')}, {say('micro_batches')}, and an {say('ep')} above {say('tp')}")
+    if not chunks or any(c.new < 1 or c.cached < 0 for c in chunks):
+        raise ModelError("a mixed batch needs at least one sequence, each with at least one new token")
+    return replace(base, batch=1, seq=sum(c.new for c in chunks), phase="prefill", kv_len=None, train=False,
+                   all_logits=False)
+
+
+def capture_mixed(pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk],
+                  device: str | DeviceProfile | None = None) -> Report:
+    """The Report of one engine iteration over ``chunks`` of ``base``'s model and deployment (see the module
+    docstring); the pipeline's capture cache is not used, since a mixed batch is not a Workload of its own."""
+    workload = packed_workload(base, chunks)
+    profile = pipeline.host.device(device)
+    sampled = sum(1 for c in chunks if c.samples)
+
+    def sample_rows(built) -> None:  # the LM head over the rows that sample, as vLLM gathers logits_indices
+        if "logits_to_keep" in built.kwargs:
+            built.kwargs["logits_to_keep"] = torch.zeros((max(sampled, 1),), dtype=torch.long, device="meta")
+
+    kv_dtype = torch_dtype(base.kv_cache or base.dtype)
+    with packed(chunks, kv_dtype):
+        built, captured = capture_workload(pipeline.host, workload, profile, adjust=sample_rows)
+    return pipeline.estimate_capture(captured, profile, description=f"{built.description}: a mixed batch of "
+                                     f"{len(chunks)} sequences, {workload.seq} tokens")

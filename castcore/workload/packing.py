@@ -1,0 +1,62 @@
+"""A mixed batch's tokens packed into one row, as an engine runs an iteration: the chunks it holds, and castcore's
+fused attention split per chunk while ``packed`` is on (castcore.workload.mixed captures such a batch)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+
+from castcore.builtin import fused_ops  # noqa: F401  (defines torch.ops.castcore.varlen_attention)
+from castcore.errors import ModelError
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One sequence's share of an iteration: ``new`` tokens computed now over ``cached`` tokens already in its KV
+    cache; ``samples``: the iteration ends with a token sampled for it (a decode, or the last chunk of a prompt)."""
+
+    new: int
+    cached: int
+    samples: bool = True
+
+
+@dataclass(frozen=True)
+class _Plan:
+    chunks: tuple[Chunk, ...]
+    kv_dtype: torch.dtype
+
+
+ops = torch.ops.castcore
+_plan: ContextVar[_Plan | None] = ContextVar("castcore_mixed_batch", default=None)
+
+
+@contextmanager
+def packed(chunks: Sequence[Chunk], kv_dtype: torch.dtype) -> Iterator[None]:
+    """Inside, castcore's fused attention splits the packed row into ``chunks`` (see the module docstring)."""
+    token = _plan.set(_Plan(tuple(chunks), kv_dtype))
+    try:
+        yield
+    finally:
+        _plan.reset(token)
+
+
+def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, causal: bool,
+                     window: int, softcap: float, kv_per_query_head: bool) -> torch.Tensor | None:
+    """Under ``packed``: the packed row's attention as one ``castcore::varlen_attention`` kernel, each chunk's
+    queries against its cached keys and values (in the cache's dtype) plus its own; None outside ``packed``.
+    ``query`` is [1, heads, tokens, dim] of the packed row."""
+    plan = _plan.get()
+    if plan is None:
+        return None
+    if query.shape[0] != 1 or query.shape[2] != sum(c.new for c in plan.chunks):
+        raise ModelError("a mixed batch runs its tokens packed in one row; this attention call has "
+                         f"{tuple(query.shape)} queries")
+    keys = sum(c.cached + c.new for c in plan.chunks)
+    k = key.new_empty((1, key.shape[1], keys, key.shape[-1]), dtype=plan.kv_dtype)
+    v = value.new_empty((1, value.shape[1], keys, value.shape[-1]), dtype=plan.kv_dtype)
+    return ops.varlen_attention(query, k, v, [c.new for c in plan.chunks], [c.cached for c in plan.chunks], scale,
+                                causal, window, softcap, kv_per_query_head)
