@@ -1,0 +1,168 @@
+"""An engine iteration's time from a few captures of a deployment, fast enough for a request-level simulation.
+
+An iteration over mixed chunks (castcore.workload.mixed) costs three kinds of work:
+
+- the body: every op but attention and the LM head, a function of the packed tokens T alone (the linear layers,
+  norms, MoE and collectives run over all of them at once);
+- the LM head, a function of the sequences S that sample a token;
+- attention, one ``castcore::varlen_attention`` kernel a layer, a function of every chunk's length and KV length.
+
+So the deployment is captured as mixed batches at a ladder of token counts (powers of two up to the token budget),
+each op's compute, memory, communication and launch time kept per ladder point, and an iteration's body and head
+are each op's parts interpolated linearly at its T or S and added as the roofline adds them
+(max(compute, memory) + the rest). Attention is castcore's own estimate of that iteration's kernel, asked of the
+plugins once an iteration. ``agreement`` compares this with a direct capture of the same batches.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from castcore.recording.invoke import OpInvoke, TensorMeta
+from castcore.workload.mixed import Chunk, capture_mixed
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+    from castcore.report.records import OpRecord
+    from castcore.workload.pipeline import Pipeline
+    from castcore.workload.spec import Workload
+
+ATTENTION = "castcore::varlen_attention"
+
+
+def ladder(most: int) -> list[int]:
+    """Token counts captured: the powers of two below ``most``, and ``most``."""
+    points = [1]
+    while points[-1] * 2 < most:
+        points.append(points[-1] * 2)
+    return sorted({*points, most})
+
+
+def _head(record: OpRecord) -> bool:
+    return record.invoke.module.endswith("lm_head")
+
+
+@dataclass
+class _Parts:
+    """Ops of one kind that estimate alike, with their parts at each ladder point."""
+
+    points: list[int]
+    ops: list[tuple[int, list[tuple[float, float, float]]]]  # (how many, [(compute, memory, rest) per point])
+
+    @classmethod
+    def of(cls, points: list[int], per_point: list[list[OpRecord]]) -> _Parts:
+        """Each op matched across the ladder by its module, name and place among such calls; an op a capture
+        did not run (a reshape that is free at one token) costs nothing there."""
+        found: list[dict[tuple, tuple[float, float, float]]] = []
+        for records in per_point:
+            seen: Counter = Counter()
+            parts = {}
+            for record in records:
+                where = (record.invoke.module, record.invoke.name)
+                parts[(*where, seen[where])] = _split(record)
+                seen[where] += 1
+            found.append(parts)
+        keys = dict.fromkeys(key for parts in found for key in parts)
+        counted = Counter(tuple(parts.get(key, (0.0, 0.0, 0.0)) for parts in found) for key in keys)
+        return cls(points, [(count, list(parts)) for parts, count in counted.items()])
+
+    def at(self, x: int) -> float:
+        i = min(max(bisect.bisect_left(self.points, x), 1), len(self.points) - 1)
+        x0, x1 = self.points[i - 1], self.points[i]
+        w = (x - x0) / (x1 - x0)
+        total = 0.0
+        for count, parts in self.ops:
+            (c0, m0, r0), (c1, m1, r1) = parts[i - 1], parts[i]
+            total += count * (max(c0 + w * (c1 - c0), m0 + w * (m1 - m0)) + r0 + w * (r1 - r0))
+        return total
+
+
+def _split(record: OpRecord) -> tuple[float, float, float]:
+    """An estimate as (compute, memory, the rest): the roofline's max(compute, memory) plus launch and
+    communication; an estimate that is not of that form is kept whole in the rest."""
+    e = record.estimate
+    if abs(max(e.compute_s, e.memory_s) + e.overhead_s + e.comm_s - e.time_s) <= 1e-12 + 1e-9 * e.time_s:
+        return e.compute_s, e.memory_s, e.overhead_s + e.comm_s
+    return 0.0, 0.0, e.time_s
+
+
+class StepTimes:
+    """Seconds of an iteration of ``base``'s deployment: ``step_times([(new, cached), ...])``; ``samples`` in a
+    Chunk says which sequences sample (a tuple counts as sampling). Built from ``len(ladder(max_tokens))`` captures."""
+
+    def __init__(self, pipeline: Pipeline, base: Workload, device: str | DeviceProfile | None, max_tokens: int,
+                 max_sampled: int):
+        self.pipeline, self.profile = pipeline, pipeline.host.device(device)
+        self.base = base
+        points = ladder(max_tokens)
+        # At T tokens, min(T, max_sampled) sequences sample: one prompt chunk and the rest single tokens.
+        self.samples = [min(t, max_sampled) for t in points]
+        reports = [capture_mixed(pipeline, base, [Chunk(t - s + 1, 0), *[Chunk(1, 0)] * (s - 1)], self.profile)
+                   for t, s in zip(points, self.samples)]
+        self.memory = reports[-1].memory  # weights, and the activations of a full token budget
+        self.body = _Parts.of(points, [[r for r in rep.records if r.invoke.name != ATTENTION and not _head(r)]
+                                       for rep in reports])
+        head_points = sorted(set(self.samples))
+        head_reports = {s: rep for s, rep in zip(self.samples, reports)}
+        self.head = _Parts.of(head_points, [[r for r in head_reports[s].records if _head(r)] for s in head_points])
+        # Attention kernels of one shape (a layer kind), and how many an iteration runs.
+        kinds: dict[Any, list] = {}
+        for record in reports[0].records:
+            if record.invoke.name == ATTENTION:
+                template = _attention_kind(record.invoke)
+                kinds.setdefault(template.key, [0, template])[0] += 1
+        self.attention = [(count, template) for count, template in kinds.values()]
+        self._body: dict[int, float] = {}
+        self._head: dict[int, float] = {}
+
+    def __call__(self, chunks: Sequence[Chunk | tuple[int, int]]) -> float:
+        chunks = [c if isinstance(c, Chunk) else Chunk(c[0], c[1]) for c in chunks]
+        tokens = sum(c.new for c in chunks)
+        sampled = sum(1 for c in chunks if c.samples)
+        body = self._body.get(tokens)
+        if body is None:
+            body = self._body[tokens] = self.body.at(tokens)
+        head = self._head.get(sampled) if sampled else 0.0
+        if head is None:
+            head = self._head[sampled] = self.head.at(sampled)
+        return body + head + self.attention_time(chunks)
+
+    def attention_time(self, chunks: Sequence[Chunk]) -> float:
+        """castcore's estimate of the iteration's attention kernels (one per layer)."""
+        resolver = self.pipeline.host.resolver
+        return sum(count * resolver.estimate(_attention_call(template, chunks), self.profile).time_s
+                   for count, template in self.attention)
+
+
+def _attention_kind(invoke: OpInvoke) -> OpInvoke:
+    """The kernel without its lengths: the template an iteration's call is made from."""
+    return replace(invoke, args=(*invoke.args[:3], (), (), *invoke.args[5:]), out=None, module="", index=0,
+                   _key=None)
+
+
+def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
+    q, k, v = template.args[:3]
+    tokens, keys = sum(c.new for c in chunks), sum(c.cached + c.new for c in chunks)
+    query = TensorMeta((1, q.shape[1], tokens, q.shape[3]), q.dtype)
+    key = TensorMeta((1, k.shape[1], keys, k.shape[3]), k.dtype)
+    value = TensorMeta((1, v.shape[1], keys, v.shape[3]), v.dtype)
+    out = TensorMeta((1, tokens, q.shape[1], v.shape[3]), q.dtype)
+    return replace(template, args=(query, key, value, tuple(c.new for c in chunks), tuple(c.cached for c in chunks),
+                                   *template.args[5:]), out=out, _key=None)  # the template's key is not this call's
+
+
+def agreement(model: StepTimes, batches: Sequence[Sequence[Chunk]]) -> list[dict[str, Any]]:
+    """Each batch's time by ``model`` and by a direct capture of it, and the relative difference."""
+    rows = []
+    for chunks in batches:
+        direct = capture_mixed(model.pipeline, model.base, chunks, model.profile).time_s
+        fast = model(chunks)
+        rows.append({"sequences": len(chunks), "tokens": sum(c.new for c in chunks),
+                     "kv_tokens": sum(c.cached for c in chunks), "direct_s": direct, "model_s": fast,
+                     "error": fast / direct - 1})
+    return rows
+
