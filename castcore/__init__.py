@@ -28,6 +28,8 @@ _EXPORTS = {
     "estimate": "castcore.workload.session",
     "default_session": "castcore.workload.session",
     "serve": "castcore.workload.session",
+    "simulate": "castcore.workload.session",
+    "SimulationReport": "castcore.workload.simulate",
     "ServeReport": "castcore.workload.serving",
     "build_workload": "castcore.workload.spec",
     "Workload": "castcore.workload.spec",
@@ -76,11 +78,12 @@ __all__ = [
     "AnnotationError", "Capture", "CaptureError", "CastcoreError", "ComputeOps", "Config", "ConfigError",
     "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect", "MeasureError",
     "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpInvokeInfo", "OpRecord", "PartitionError",
-    "PerformanceModel", "PerformanceProperties", "PlanResult", "PluginOptions", "Report", "ServeReport", "Session",
+    "PerformanceModel", "PerformanceProperties", "PlanResult", "PluginOptions", "Report", "ServeReport", "Session", "SimulationReport",
     "StrictFailure", "SweepResult", "TensorMeta", "Workload",
     "__version__", "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate",
     "hookimpl", "load_config", "load_device_file", "measure", "measure_table", "partition", "plan",
-    "register_measured_table", "register_op", "register_op_estimator", "register_op_properties", "serve", "sweep",
+    "register_measured_table", "register_op", "register_op_estimator", "register_op_properties", "serve", "simulate",
+    "sweep",
 ]
 
 
@@ -128,7 +131,8 @@ if TYPE_CHECKING:
     from castcore.sweeps.run import SweepResult
     from castcore.sweeps.sweep import sweep
     from castcore.workload.serving import ServeReport
-    from castcore.workload.session import Session, default_session, estimate, serve
+    from castcore.workload.session import Session, default_session, estimate, serve, simulate
+    from castcore.workload.simulate import SimulationReport
     from castcore.workload.spec import ModelError, Workload, build_workload
 
     __version__: str

@@ -96,7 +96,7 @@ def test_make_requests_draws_reproducible_requests():
     assert requests == make_requests(20, Lengths.parse("uniform:10:20"), Lengths.parse("normal:50:5"), seed=4)
     assert [r.index for r in requests] == list(range(20))
     assert all(10 <= r.input_tokens <= 20 and r.arrival_s is None for r in requests)
-    _one_line_error(lambda: make_requests(0, Lengths.fixed(1), Lengths.fixed(1), 0), "--requests 0")
+    _one_line_error(lambda: make_requests(0, Lengths.fixed(1), Lengths.fixed(1), 0), "requests=0")
 
 
 def test_read_dataset_takes_both_key_styles_and_skips_blank_lines(tmp_path):
@@ -120,7 +120,7 @@ def test_read_dataset_takes_both_key_styles_and_skips_blank_lines(tmp_path):
 def test_a_malformed_line_is_named_by_its_number(tmp_path, third_line, culprit):
     path = tmp_path / "trace.jsonl"
     path.write_text('{"input_tokens": 5, "output_tokens": 3}\n\n' + third_line + "\n")
-    message = _one_line_error(lambda: read_dataset(path), f"{path} line 3", culprit)
+    message = _one_line_error(lambda: read_dataset(path), f"dataset={str(path)!r} line 3", culprit)
     assert '"input_tokens": 512' in message  # what a line needs
 
 
@@ -164,15 +164,15 @@ def test_arrivals_are_reproducible_with_a_seed():
 
 
 @pytest.mark.parametrize("build, culprit", [
-    (lambda: Arrivals.at_rate(0), "--rate 0"),
-    (lambda: Arrivals.at_rate(-2.5), "--rate -2.5"),
-    (lambda: Arrivals.at_rate(math.inf), "--rate inf"),
-    (lambda: Arrivals.at_rate(math.nan), "--rate nan"),
-    (lambda: Arrivals.at_rate(1, burstiness=0), "--burstiness 0"),
-    (lambda: poisson(1, -1, 5, seed=0), "--burstiness -1"),
-    (lambda: Arrivals.closed_loop(0), "--concurrency 0"),
-    (lambda: Arrivals.closed_loop(-3), "--concurrency -3"),
-    (lambda: Arrivals.closed_loop(2.5), "--concurrency 2.5"),
+    (lambda: Arrivals.at_rate(0), "rate=0"),
+    (lambda: Arrivals.at_rate(-2.5), "rate=-2.5"),
+    (lambda: Arrivals.at_rate(math.inf), "rate=inf"),
+    (lambda: Arrivals.at_rate(math.nan), "rate=nan"),
+    (lambda: Arrivals.at_rate(1, burstiness=0), "burstiness=0"),
+    (lambda: poisson(1, -1, 5, seed=0), "burstiness=-1"),
+    (lambda: Arrivals.closed_loop(0), "concurrency=0"),
+    (lambda: Arrivals.closed_loop(-3), "concurrency=-3"),
+    (lambda: Arrivals.closed_loop(2.5), "concurrency=2.5"),
     (lambda: Arrivals("bursty"), "'bursty'"),
 ])
 def test_bad_arrivals_are_refused(build, culprit):
@@ -241,7 +241,7 @@ def test_goodput_counts_requests_meeting_every_slo():
     assert summarize(_three_requests(), slo_ttft_ms=600, slo_tpot_ms=200)["request_goodput"] == 0.5
     assert summarize(_three_requests(), slo_tpot_ms=200)["request_goodput"] == 1.0
     assert summarize(_three_requests(), slo_ttft_ms=800)["request_goodput"] == 1.5
-    _one_line_error(lambda: summarize(_three_requests(), slo_ttft_ms=-1), "--slo-ttft -1")
+    _one_line_error(lambda: summarize(_three_requests(), slo_ttft_ms=-1), "slo_ttft=-1")
 
 
 def test_format_table_reads_like_vllms_printout():

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition, serve
-from castcore.cli import cache, plan, sweep
+from castcore.cli import cache, plan, simulate, sweep
 from castcore.errors import CastcoreError, StrictFailure
 from castcore.options.option import terms
 
@@ -43,6 +43,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     estimate.add_parser(sub)
     serve.add_parser(sub)
+    simulate.add_parser(sub)
     audit.add_parser(sub)
     packs.add_parser(sub)
     devices.add_parser(sub)

@@ -54,6 +54,8 @@ def _argparse(option: Option) -> dict[str, Any]:
     more: dict[str, Any] = {"metavar": option.metavar}
     if option.kind == "int":
         more["type"] = int
+    elif option.kind == "number":
+        more["type"] = float
     if option.choices:
         more["choices"] = option.choices
     if option.kind == "path" and option.many:

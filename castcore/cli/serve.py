@@ -49,6 +49,8 @@ def add_parser(subparsers) -> None:
         "serve", help="serving figures: TTFT, TPOT, latency, throughput and memory of a batch of requests",
         description="Estimate serving a causal LM: one prefill of --batch x --input tokens (TTFT), then --output "
                     "decode steps (TPOT, captured at the first, middle and last KV length and fitted as affine in "
-                    "it), the request latency, output tokens/s, and memory at the longest context.")
+                    "it), the request latency, output tokens/s, and memory at the longest context: a static batch, "
+                    "as a latency benchmark runs one. For requests arriving over time and continuous batching "
+                    "(percentiles, goodput), use castcore simulate.")
     add_options(cmd, SERVE)
     cmd.set_defaults(func=run, quick_exit=True)

@@ -262,8 +262,47 @@ CACHE = CommandOptions("cache", (*_scoped(OUTPUT, (
            choices=("info", "clear")),
     _with(JSON, help="info as JSON"))),))
 
-COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, AUDIT, PACKS, DEVICES, NEW_PACK, PARTITION, MEASURE, CALIBRATE,
+TRAFFIC, ENGINE = "traffic", "engine (each defaults to the --engine preset's)"
+SIMULATE = CommandOptions("simulate", (
+    *_scoped(AXIS, (
+        MODEL_OPTION,
+        _int("requests", 1000, "requests to simulate (with --dataset: its lines)", TRAFFIC),
+        Option("input_lengths", "prompt tokens per request: N, uniform:LOW:HIGH, normal:MEAN:STD or "
+               "lognormal:MEDIAN:SIGMA (drawn with --seed)", TRAFFIC, default="1024", flag="--input", metavar="LENGTHS"),
+        Option("output_lengths", "tokens each request generates, as --input", TRAFFIC, default="128", flag="--output",
+               metavar="LENGTHS"),
+        Option("dataset", "requests from a JSONL file, one per line: input_tokens and output_tokens (or prompt_len "
+               "and output_len), optionally arrival_s", TRAFFIC, kind="path", optional=True, metavar="FILE.jsonl"),
+        Option("rate", "requests per second, arriving as a Poisson process (default: all at once, the offline "
+               "maximum throughput)", TRAFFIC, kind="number", optional=True, metavar="QPS"),
+        Option("burstiness", "with --rate: the gamma shape of the gaps between arrivals, as vllm bench serve's (1: "
+               "Poisson; lower: burstier)", TRAFFIC, kind="number", default=1.0),
+        _int("concurrency", None, "a closed loop of C requests in flight: one starts when one finishes", TRAFFIC,
+             optional=True, metavar="C"),
+        _int("seed", 0, "seed of the lengths and arrivals drawn", TRAFFIC, minimum=0),
+        Option("engine", "the serving engine whose documented scheduler and memory defaults are simulated", ENGINE,
+               default="vllm", choices=("vllm", "sglang", "trtllm")),
+        _int("max_running_requests", None, "requests running at once", ENGINE, optional=True),
+        _int("max_batched_tokens", None, "tokens one iteration runs (prefill chunks and decode tokens)", ENGINE,
+             optional=True),
+        Option("chunked_prefill", "split prompts over iterations within the token budget", ENGINE,
+               choices=("on", "off"), optional=True),
+        _int("block_size", None, "KV cache tokens per block", ENGINE, optional=True),
+        Option("kv_memory_fraction", "the share of memory the engine takes (vllm, sglang: of the device; trtllm: "
+               "of what the weights leave free)", ENGINE, kind="number", optional=True, metavar="F"),
+        Option("slo_ttft", "goodput counts requests whose time to first token is at most TIME", TRAFFIC, kind="time",
+               optional=True, metavar="TIME"),
+        Option("slo_tpot", "goodput counts requests whose time per output token is at most TIME", TRAFFIC,
+               kind="time", optional=True, metavar="TIME"),
+        DTYPE, *DEPLOYMENT, DEVICE)),
+    *_scoped(OUTPUT, (_with(JSON, help="print the figures as JSON, under vllm bench serve --save-result's names, "
+                            "with the engine's (iterations, mean running batch, KV usage over time)"),)),
+    *_scoped(SESSION, PLUGIN_OPTIONS),
+), exclusive=(("rate", "concurrency"),))
+
+COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, SIMULATE, AUDIT, PACKS, DEVICES, NEW_PACK, PARTITION, MEASURE, CALIBRATE,
                                 SWEEP, PLAN, CACHE)}
+ENGINE_OPTIONS = ("max_running_requests", "max_batched_tokens", "chunked_prefill", "block_size", "kv_memory_fraction")
 
 
 def _spellings() -> dict[str, Option]:

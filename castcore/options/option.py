@@ -50,8 +50,8 @@ def current_terms() -> str:
 class Option:
     """One option: its Python name, its command-line spelling, its sweep-spec key, its type and its check.
 
-    ``kind`` is "int" (whole numbers of at least ``minimum``), "str", "bool" (a switch), "time" (``50ms``, ``1s``
-    or seconds) or "path". ``negated``: the command-line switch sets the option to False (``--eager`` is
+    ``kind`` is "int" (whole numbers of at least ``minimum``), "number" (above zero and finite), "str", "bool" (a
+    switch), "time" (``50ms``, ``1s`` or seconds) or "path". ``negated``: the command-line switch sets the option to False (``--eager`` is
     ``fuse=False``). ``many``: a list of values (``--tp 1 2 4``; a path option repeats instead).
     """
 
@@ -138,6 +138,10 @@ class Option:
             return value
         if self.kind == "time":
             return seconds(value, self)
+        if self.kind == "number":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise self.error(value, "must be a number above zero")
+            return float(value)
         if self.kind == "path" and isinstance(value, os.PathLike):
             return os.fspath(value)
         if not isinstance(value, str):

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, replace
 
 from castcore.errors import ModelError
+from castcore.options.catalog import say
 from castcore.simulation.requests import Request
 
 MODES = ("offline", "rate", "concurrency")
@@ -27,9 +28,9 @@ def _positive(value: object) -> bool:
 
 def _check_rate(rate: object, burstiness: object) -> None:
     if not _positive(rate):
-        raise ModelError(f"--rate {rate!r}: give a request rate in requests per second, finite and above 0.")
+        raise ModelError(f"{say('rate', rate)}: give a request rate in requests per second, finite and above 0.")
     if not _positive(burstiness):
-        raise ModelError(f"--burstiness {burstiness!r}: give a finite number above 0 (1 is a Poisson process).")
+        raise ModelError(f"{say('burstiness', burstiness)}: give a finite number above 0 (1 is a Poisson process).")
 
 
 def poisson(rate: float, burstiness: float, n: int, seed: int | None) -> list[float]:
@@ -68,7 +69,7 @@ class Arrivals:
             _check_rate(self.rate, self.burstiness)
         if self.mode == "concurrency" and (isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int)
                                            or self.concurrency < 1):
-            raise ModelError(f"--concurrency {self.concurrency!r}: give a whole number of requests in flight of at "
+            raise ModelError(f"{say('concurrency', self.concurrency)}: give a whole number of requests in flight of at "
                              "least 1.")
 
     @classmethod

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from castcore.errors import ModelError
+from castcore.options.catalog import say
 from castcore.simulation.metrics import Finished
 from castcore.simulation.presets import EngineLimits
 from castcore.simulation.requests import Request
@@ -105,7 +106,7 @@ def simulate(
     if kv_blocks < 1:
         raise ModelError(f"the KV cache has {kv_blocks} blocks; the deployment leaves no memory for it")
     if concurrency is not None and concurrency < 1:
-        raise ModelError(f"--concurrency takes a whole number >= 1, not {concurrency}")
+        raise ModelError(f"{say('concurrency', concurrency)}: must be a whole number of at least 1")
     block_size, budget_max = limits.block_size, limits.max_batched_tokens
     max_running, chunked = limits.max_running_requests, limits.chunked_prefill
 

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from castcore.errors import ModelError
+from castcore.options.catalog import say
 
 PERCENTILES = (90, 99)
 METRICS = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
@@ -67,10 +68,10 @@ def _stats(name: str, seconds: list[float]) -> dict[str, float]:
     return stats
 
 
-def _check_slo(value: float | None, flag: str) -> None:
+def _check_slo(value: float | None, name: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
                               or value < 0):
-        raise ModelError(f"{flag} {value!r}: give a latency objective in milliseconds of at least 0.")
+        raise ModelError(f"{say(name, value)} (milliseconds here): give a latency objective of at least 0.")
 
 
 def summarize(finished: list[Finished], slo_ttft_ms: float | None = None,
@@ -78,8 +79,8 @@ def summarize(finished: list[Finished], slo_ttft_ms: float | None = None,
     """The summary of a run under ``vllm bench serve --save-result``'s field names, plus ``preemptions`` (their
     total). ``duration`` runs from t = 0 (vLLM's clock starts before the first request is sent) to the last token;
     ``request_goodput`` is None unless an SLO is given, as in vLLM."""
-    _check_slo(slo_ttft_ms, "--slo-ttft")
-    _check_slo(slo_tpot_ms, "--slo-tpot")
+    _check_slo(slo_ttft_ms, "slo_ttft")
+    _check_slo(slo_tpot_ms, "slo_tpot")
     if not finished:
         raise ValueError("no finished request to summarize")
     duration = max(request.finish_s for request in finished)

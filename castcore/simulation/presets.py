@@ -11,6 +11,7 @@ import dataclasses
 from typing import Literal
 
 from castcore.errors import ModelError
+from castcore.options.catalog import say
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,12 +93,15 @@ PRESETS: dict[str, EngineLimits] = {
 _WHOLE = ("max_running_requests", "max_batched_tokens", "block_size")
 
 
+_KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill")
+
+
 def limits(engine: str, **overrides: object) -> EngineLimits:
     """``engine``'s preset with ``overrides`` (field names of ``EngineLimits``) applied and checked."""
     if engine not in PRESETS:
-        raise ModelError(f"--engine {engine!r} is not known; choose one of {', '.join(PRESETS)}")
+        raise ModelError(f"{say('engine', engine)} is not known; choose one of {', '.join(PRESETS)}")
     for name, value in overrides.items():
-        option = "--" + name.replace("_", "-")
+        option = say(name) if name in _KNOWN else repr(name)
         if name in _WHOLE:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelError(f"{option} takes a whole number >= 1, not {value!r}")
@@ -108,6 +112,6 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
             if not isinstance(value, bool):
                 raise ModelError(f"{option} takes true or false, not {value!r}")
         else:
-            known = ", ".join(["--" + n.replace("_", "-") for n in (*_WHOLE, "kv_memory_fraction", "chunked_prefill")])
+            known = ", ".join(say(n) for n in _KNOWN)
             raise ModelError(f"{option} is not an engine option; known: {known}")
     return dataclasses.replace(PRESETS[engine], **overrides)

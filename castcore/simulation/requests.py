@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from castcore.errors import ModelError
+from castcore.options.catalog import say
 from castcore.simulation.lengths import Lengths
 
 INPUT_KEYS = ("input_tokens", "prompt_len")
@@ -39,7 +40,7 @@ def make_requests(count: int, input: Lengths, output: Lengths, seed: int | None)
     """``count`` requests whose input and output lengths are drawn from ``input`` and ``output``; the same seed
     gives the same requests."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ModelError(f"--requests {count!r}: give a whole number of requests of at least 1.")
+        raise ModelError(f"{say('requests', count)}: give a whole number of requests of at least 1.")
     rng = random.Random(seed)
     inputs = input.sample(rng, count)
     outputs = output.sample(rng, count)
@@ -63,14 +64,14 @@ def read_dataset(path: str | os.PathLike) -> list[Request]:
             lines = file.read().splitlines()
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or "not UTF-8 text"
-        raise ModelError(f"--dataset {os.fspath(path)}: cannot read it ({reason}); give a JSONL file of requests.") \
+        raise ModelError(f"{say('dataset', os.fspath(path))}: cannot read it ({reason}); give a JSONL file of requests.") \
             from None
     requests: list[Request] = []
     timed_line = untimed_line = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"--dataset {os.fspath(path)} line {number}"
+        where = f"{say('dataset', os.fspath(path))} line {number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
@@ -88,11 +89,11 @@ def read_dataset(path: str | os.PathLike) -> list[Request]:
         else:
             timed_line = timed_line or number
         if timed_line and untimed_line:
-            raise ModelError(f"--dataset {os.fspath(path)}: line {timed_line} has an arrival time and line "
+            raise ModelError(f"{say('dataset', os.fspath(path))}: line {timed_line} has an arrival time and line "
                              f"{untimed_line} has none; give every request an arrival time, or none.")
         requests.append(Request(len(requests), n_in, n_out, None if arrival is None else float(arrival)))
     if not requests:
-        raise ModelError(f"--dataset {os.fspath(path)} has no requests; give {NEEDS}.")
+        raise ModelError(f"{say('dataset', os.fspath(path))} has no requests; give {NEEDS}.")
     return requests
 
 
@@ -106,4 +107,4 @@ def check_lengths(requests: list[Request], context: int | None) -> None:
         if total > context:
             raise ModelError(f"Request {request.index} (counting from 0) needs {request.input_tokens} input + "
                              f"{request.output_tokens} output = {total} tokens, beyond the model's position limit "
-                             f"of {context}; give shorter --input/--output lengths or a dataset that fits.")
+                             f"of {context}; give shorter {say('input_lengths')}/{say('output_lengths')} lengths or a dataset that fits.")

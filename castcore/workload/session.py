@@ -20,6 +20,8 @@ from castcore.workload import serving
 from castcore.workload.models import BuiltModel
 from castcore.workload.pipeline import CaptureStep, Pipeline, build
 from castcore.workload.serving import ServeReport
+from castcore.workload.simulate import SimulationReport
+from castcore.workload.simulate import simulate as simulate_on
 from castcore.workload.spec import DEFAULT_MODEL, ModelError, Workload, build_workload
 
 
@@ -78,6 +80,14 @@ class Session(PluginHost):
         return serving.serve(self.pipeline, model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
                              device=device, **deployment)
 
+    def simulate(self, model: str = DEFAULT_MODEL, *, device: str | DeviceProfile | None = None,
+                 **options: Any) -> SimulationReport:
+        """What ``castcore simulate`` prints: a deployment serving requests under traffic, with continuous
+        batching. ``options`` are the command's by their Python names (requests, input_lengths, output_lengths,
+        dataset, rate, burstiness, concurrency, seed, engine, the engine limits, slo_ttft, slo_tpot) and the
+        deployment's. See castcore.workload.simulate."""
+        return simulate_on(self.pipeline, model, device=device, **options)
+
 
 _default: Session | None = None
 
@@ -101,3 +111,8 @@ def estimate(workload, *inputs, device=None, **options) -> Report:
 def serve(model: str = DEFAULT_MODEL, *, device=None, **options) -> ServeReport:
     """Serving figures (TTFT, TPOT, throughput, memory) with the default session; see Session.serve."""
     return default_session().serve(model, device=device, **options)
+
+
+def simulate(model: str = DEFAULT_MODEL, *, device=None, **options) -> SimulationReport:
+    """A deployment under traffic (continuous batching) with the default session; see Session.simulate."""
+    return default_session().simulate(model, device=device, **options)

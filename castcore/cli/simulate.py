@@ -1,0 +1,43 @@
+"""``castcore simulate``: a deployment serving requests under traffic (castcore.workload.simulate), printed."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from castcore.cli.common import make_session, note, warn
+from castcore.cli.options import add_options, values
+from castcore.options.catalog import AXIS, SIMULATE
+
+
+def run(args: argparse.Namespace) -> int:
+    from castcore.workload.simulate import check, simulate
+
+    options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
+    plan = check(args.model, **options)  # bad options, lengths or datasets fail before any plugin or model loads
+    session = make_session(args)
+    note(f"capturing {args.model} at the engine's token counts, then simulating {len(plan.requests)} requests ...")
+    started = time.perf_counter()
+    report = simulate(session.pipeline, plan, device=args.device)
+    note(f"simulated in {time.perf_counter() - started:.1f} s")
+    for line in report.notes:
+        note(f"note: {line}")
+    if report.never_fit:
+        warn(f"{len(report.never_fit)} request(s) never fit and were not simulated: request "
+             f"{report.never_fit[0]['index']}: {report.never_fit[0]['why']}")
+    print(report.to_json() if args.json else report.format_text())
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    cmd = subparsers.add_parser(
+        "simulate", help="what a deployment delivers under traffic: continuous batching, TTFT/TPOT percentiles, "
+                         "goodput",
+        description="Simulate serving requests on a deployment as an engine runs them (vLLM, SGLang or TensorRT-LLM "
+                    "defaults): requests arrive all at once, at --rate or in a --concurrency closed loop; each "
+                    "iteration mixes prefill chunks and decode tokens within the engine's limits, over a KV cache of "
+                    "whole blocks (preempting when it runs out), and takes the time castcore estimates for that "
+                    "mixed batch. Prints vllm bench serve's figures (--json: its field names). castcore serve prices "
+                    "one static batch instead (a latency benchmark's setting).")
+    add_options(cmd, SIMULATE)
+    cmd.set_defaults(func=run, quick_exit=True)

@@ -1,0 +1,183 @@
+"""``castcore simulate``: what a deployment delivers under traffic, request by request, on castcore's own costs.
+
+Requests (lengths drawn or read from a dataset) arrive all at once, at a rate or in a closed loop; an engine model
+(castcore.simulation.engine, with vLLM's, SGLang's or TensorRT-LLM's defaults) schedules them in iterations of
+prefill chunks and decode tokens over a KV cache of whole blocks; each iteration takes the time castcore estimates
+for that mixed batch on the deployment (castcore.workload.steptime, from a few captures). The KV cache holds what
+the engine's memory share leaves after the weights and the activations of a full token budget (both from the
+largest of those captures). Data-parallel replicas each take every dp-th request at 1/dp of the rate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from castcore.errors import ModelError
+from castcore.options.catalog import AXIS, DEPLOYMENT_NAMES, ENGINE_OPTIONS, SIMULATE, say
+from castcore.report.memory import config_field, format_bytes, language_config
+from castcore.simulation import engine as engine_model
+from castcore.simulation.arrivals import Arrivals
+from castcore.simulation.lengths import Lengths
+from castcore.simulation.metrics import format_table, summarize
+from castcore.simulation.presets import EngineLimits, limits
+from castcore.simulation.requests import check_lengths, make_requests, read_dataset
+from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
+from castcore.workload.steptime import StepTimes
+
+if TYPE_CHECKING:
+    from castcore.workload.pipeline import Pipeline
+
+# The traffic and objective options; the engine's limits are ENGINE_OPTIONS, the rest the deployment's.
+TRAFFIC_NAMES = tuple(o.name for o in SIMULATE.scoped(AXIS)
+                      if o.name not in (*ENGINE_OPTIONS, *DEPLOYMENT_NAMES, "model", "device"))
+KV_PROBE = 256  # the KV length of the decode step whose cache gives the bytes a token's keys and values take
+
+
+@dataclass
+class SimulationReport:
+    """A simulation's figures: ``summary`` under ``vllm bench serve --save-result``'s names, and the engine's."""
+
+    model: str
+    device: str
+    engine: str
+    limits: EngineLimits
+    kv_blocks: int
+    kv_bytes_per_token: int
+    summary: dict[str, Any]
+    never_fit: list[dict[str, Any]]
+    iterations: int
+    mean_running: float
+    kv_usage: list[tuple[float, float]]
+    deployment: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary, "model": self.model, "device": self.device, "engine": self.engine,
+                "engine_limits": {k: v for k, v in vars(self.limits).items() if k != "sources"},
+                "kv_blocks": self.kv_blocks, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "iterations": self.iterations, "mean_running_batch": self.mean_running,
+                "never_fit": self.never_fit, "kv_usage": [list(p) for p in self.kv_usage],
+                "deployment": self.deployment, "notes": self.notes}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def format_text(self) -> str:
+        block = self.limits.block_size
+        lines = [f"{self.model} on {self.device}, {self.engine} engine: {self.kv_blocks:,} KV blocks of {block} "
+                 f"tokens ({format_bytes(self.kv_blocks * block * self.kv_bytes_per_token)} per device)",
+                 format_table(self.summary),
+                 f"iterations {self.iterations:,}, mean running batch {self.mean_running:.1f}, preemptions "
+                 f"{self.summary['preemptions']}, peak KV use {max((u for _, u in self.kv_usage), default=0):.0%}"]
+        if self.never_fit:
+            lines.append(f"{len(self.never_fit)} request(s) never fit: request {self.never_fit[0]['index']}: "
+                         f"{self.never_fit[0]['why']}")
+        return "\n".join(lines)
+
+
+def requests_for(model: str, requests: int, input_lengths: Any, output_lengths: Any, dataset: Any,
+                 arrivals: Arrivals, seed: int) -> list:
+    """The requests of a run, each with its arrival time (None in a closed loop), checked against the model's
+    position limit."""
+    found = read_dataset(dataset) if dataset is not None else make_requests(
+        requests, _lengths("input_lengths", input_lengths), _lengths("output_lengths", output_lengths), seed)
+    if not is_factory(model):
+        context = config_field(language_config(load_model_config(model)), "max_position_embeddings")
+        check_lengths(found, context if isinstance(context, int) else None)
+    return arrivals.schedule(found, seed)
+
+
+def _lengths(name: str, text: str) -> Lengths:
+    try:
+        return Lengths.parse(text)
+    except ModelError as exc:
+        raise ModelError(f"{say(name, text)}: {exc}") from None
+
+
+def arrivals_of(rate: float | None, burstiness: float, concurrency: int | None) -> Arrivals:
+    if rate is not None and concurrency is not None:
+        raise ModelError(f"{say('rate')} is an open loop and {say('concurrency')} a closed one: give one of them")
+    if concurrency is not None:
+        return Arrivals.closed_loop(concurrency)
+    return Arrivals.at_rate(rate, burstiness) if rate is not None else Arrivals.offline()
+
+
+def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, device: Any) -> tuple[int, int]:
+    """KV blocks the engine's memory share leaves per device, and the bytes one token's keys and values take."""
+    probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), device)
+    per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
+    memory = steps.memory
+    capacity = steps.profile.memory_bytes
+    taken = memory.weight_bytes + memory.activation_peak_bytes
+    usable = (engine.kv_memory_fraction * capacity - taken if engine.memory_share_of == "device"
+              else engine.kv_memory_fraction * (capacity - taken))
+    blocks = int(usable // (engine.block_size * per_token))
+    if blocks < 1:
+        raise ModelError(f"the deployment leaves no memory for a KV cache: weights {format_bytes(memory.weight_bytes)}"
+                         f" and activations {format_bytes(memory.activation_peak_bytes)} of "
+                         f"{format_bytes(capacity)} per device under the engine's {engine.kv_memory_fraction:g} "
+                         f"share; use a larger {say('tp')}, {say('weights', 'int8')} or a smaller "
+                         f"{say('max_batched_tokens')}")
+    return blocks, per_token
+
+
+@dataclass
+class Simulation:
+    """A checked simulation, before anything is captured: the deployment, the engine, the requests."""
+
+    model: str
+    base: Any  # the Workload of the deployment
+    engine: str
+    limits: EngineLimits
+    requests: list
+    concurrency: int | None
+    slo_ttft: float | None
+    slo_tpot: float | None
+
+
+def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
+    """Every option checked and the requests made (see ``simulate``); ModelError names the option at fault."""
+    if not isinstance(model, str):
+        raise ModelError("simulate builds the model itself: name a preset, a config.json or package.module:factory")
+    for name in ("input_lengths", "output_lengths"):  # a fixed length may be given as a number
+        if isinstance(options.get(name), int) and not isinstance(options[name], bool):
+            options[name] = str(options[name])
+    given = {name: SIMULATE[name].check(options.pop(name, SIMULATE[name].default)) for name in TRAFFIC_NAMES}
+    overrides = {name: SIMULATE[name].check(value) for name in ENGINE_OPTIONS
+                 if (value := options.pop(name, None)) is not None}
+    if "chunked_prefill" in overrides:
+        overrides["chunked_prefill"] = overrides["chunked_prefill"] == "on"
+    base = build_workload(model, **options)
+    arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
+    return Simulation(model=model, base=base, engine=given["engine"], limits=limits(given["engine"], **overrides),
+                      requests=requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"],
+                                            given["dataset"], arrivals, given["seed"]),
+                      concurrency=given["concurrency"], slo_ttft=given["slo_ttft"], slo_tpot=given["slo_tpot"])
+
+
+def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, device: Any = None,
+             **options: Any) -> SimulationReport:
+    """Simulate serving (see the module docstring). ``options``: ``castcore simulate``'s by their Python names
+    (castcore.options.catalog.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
+    ``check`` made."""
+    plan = model if isinstance(model, Simulation) else check(model, **options)
+    base, engine_limits = plan.base, plan.limits
+    steps = StepTimes(pipeline, base, device, engine_limits.max_batched_tokens,
+                      min(engine_limits.max_running_requests, engine_limits.max_batched_tokens))
+    blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)
+    results = [engine_model.simulate(plan.requests[replica::base.dp], engine_limits, blocks, steps,
+                                     None if plan.concurrency is None else max(1, plan.concurrency // base.dp))
+               for replica in range(base.dp)]
+    finished = [f for r in results for f in r.finished]
+    never = [{"index": n.index, "why": n.why} for r in results for n in r.never_fit]
+    summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
+                        None if plan.slo_tpot is None else plan.slo_tpot * 1e3)
+    iterations = sum(r.iterations for r in results)
+    mean = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
+    notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
+    return SimulationReport(model=plan.model, device=steps.profile.name, engine=plan.engine, limits=engine_limits,
+                            kv_blocks=blocks, kv_bytes_per_token=per_token, summary=summary, never_fit=never,
+                            iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
+                            deployment=base.options(), notes=notes)

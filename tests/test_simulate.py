@@ -1,0 +1,129 @@
+"""castcore simulate: mixed batches captured as an engine runs them, the step-time model that prices them within 3% of
+a direct capture, KV capacity from the deployment's memory, and the command's figures and refusals."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+import castcore
+from castcore.cli.main import main
+from castcore.workload.mixed import Chunk, capture_mixed
+from castcore.workload.steptime import StepTimes, agreement
+
+DATA = Path(__file__).parent / "data"
+LLAMA, MIXTRAL, H100 = str(DATA / "tiny-llama.json"), str(DATA / "tiny-mixtral.json"), str(DATA / "h100-sxm.toml")
+
+
+@pytest.fixture(scope="module")
+def session():
+    return castcore.Session(load_packs=[], device_files=[H100])
+
+
+def _mixed_batches(count: int, seed: int = 0) -> list[list[Chunk]]:
+    """Decode tokens at random KV lengths, and in most batches a prefill chunk, sampling or not."""
+    rng = random.Random(seed)
+    batches = []
+    for _ in range(count):
+        chunks = [Chunk(1, rng.randint(1, 200)) for _ in range(rng.randint(1, 40))]
+        if rng.random() < 0.7:
+            chunks.append(Chunk(rng.randint(2, 200), rng.randint(0, 50), samples=rng.random() < 0.5))
+        batches.append(chunks)
+    return batches
+
+
+def test_a_packed_prefill_is_the_prefill_and_decodes_read_every_cached_token(session):
+    alone = capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(16, 0)], "h100-sxm")
+    prefill = session.estimate(castcore.build_workload(LLAMA, seq=16), device="h100-sxm")
+    # The same work, and the keys and values an engine writes to its cache: 2 layers x 16 tokens x 2 KV heads x
+    # (16 + 16) x 2 bytes.
+    assert alone.flops == prefill.flops and alone.bytes - prefill.bytes == 2 * 16 * 2 * 32 * 2
+    assert alone.time_s == pytest.approx(prefill.time_s, rel=0.01)
+    short, long = (capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, kv)] * 4, "h100-sxm")
+                   for kv in (10, 200))
+    attention = [[r for r in rep.records if r.invoke.name == "castcore::varlen_attention"] for rep in (short, long)]
+    assert len(attention[0]) == 2  # one kernel a layer, whatever the sequences
+    # Keys and values read: (cached + new) tokens x 2 KV heads x 16 x (K and V) x 2 bytes, per sequence.
+    assert attention[1][0].bytes - attention[0][0].bytes == 4 * (200 - 10) * 2 * 16 * 2 * 2
+
+
+@pytest.mark.parametrize("model, options", [(LLAMA, {}), (LLAMA, {"tp": 2}), (MIXTRAL, {})])
+def test_the_step_time_model_agrees_with_a_direct_capture_within_3_percent(session, model, options):
+    steps = StepTimes(session.pipeline, castcore.build_workload(model, **options), "h100-sxm", 512, 64)
+    rows = agreement(steps, _mixed_batches(20))
+    assert len(rows) == 20 and all(abs(row["error"]) <= 0.03 for row in rows), rows
+
+
+def _simulate(capsys, *more: str) -> dict:
+    argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--requests", "60", "--input",
+            "uniform:20:120", "--output", "16", "--json", *more]
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulate_reports_vllm_bench_serve_figures_reproducibly(capsys):
+    first = _simulate(capsys, "--rate", "40", "--seed", "3", "--slo-ttft", "1s")
+    for name in ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+                 "output_throughput", "total_token_throughput", "request_goodput", "preemptions",
+                 "mean_running_batch", "kv_usage", *(f"{stat}_{metric}_ms" for stat in ("mean", "median", "std", "p90",
+                                                                                      "p99")
+                                                     for metric in ("ttft", "tpot", "itl", "e2el"))):
+        assert name in first, name
+    assert first["completed"] == 60 and first["total_output_tokens"] == 60 * 16
+    assert first["request_goodput"] == pytest.approx(first["request_throughput"])  # every TTFT is under 1 s
+    assert first["duration"] >= 59 / 40 * 0.5  # the arrivals spread over about 1.5 s
+    assert _simulate(capsys, "--rate", "40", "--seed", "3", "--slo-ttft", "1s") == first
+    offline = _simulate(capsys)
+    assert offline["duration"] < first["duration"] and offline["mean_ttft_ms"] > 0
+
+
+def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, capsys):
+    device = tmp_path / "small.toml"
+    device.write_text(Path(H100).read_text().replace("memory_bytes = 85899345920", "memory_bytes = 2097152"))
+    argv = ["simulate", "--model", LLAMA, "--device-file", str(device), "--no-packs", "--requests", "40", "--input",
+            "100", "--output", "100", "--json", "--max-batched-tokens", "256"]
+    assert main(argv) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["completed"] == 40 and figures["preemptions"] > 0 and figures["never_fit"] == []
+    assert figures["kv_blocks"] * 16 < 40 * 200  # the cache cannot hold every request at once
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--rate", "0"], "--rate 0.0: must be a number above zero"),
+    (["--concurrency", "0"], "--concurrency 0: must be a whole number of at least 1"),
+    (["--input", "normal:100:-5"], "--input normal:100:-5: "),
+    (["--input", "300"], "beyond the model's position limit of 256"),
+    (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
+    (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
+    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("castcore: error: ") and said in err[0], err
+
+
+def test_a_malformed_dataset_line_is_named(tmp_path, capsys):
+    dataset = tmp_path / "trace.jsonl"
+    dataset.write_text('{"input_tokens": 10, "output_tokens": 5}\n{"input_tokens": 10}\n')
+    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--dataset", str(dataset)]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_the_python_api_gives_what_the_command_prints(capsys):
+    figures = _simulate(capsys, "--concurrency", "4")
+    report = castcore.Session(load_packs=[], device_files=[H100]).simulate(
+        LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, concurrency=4)
+    assert report.to_dict()["output_throughput"] == pytest.approx(figures["output_throughput"])
+    with pytest.raises(castcore.ModelError, match=r"^rate=-1: must be a number above zero$"):
+        castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, rate=-1)
+
+
+def test_each_iteration_prices_its_own_attention(session):
+    """Long caches make attention memory-bound even on the tiny model: the model must follow the KV lengths."""
+    steps = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 64, 8)
+    short, long = [Chunk(1, 100)] * 8, [Chunk(1, 100_000)] * 8
+    assert steps.attention_time(long) > 5 * steps.attention_time(short) and steps(long) > steps(short)
+    assert all(abs(row["error"]) <= 0.03 for row in agreement(steps, [short, long, short]))
