@@ -127,3 +127,14 @@ def test_each_iteration_prices_its_own_attention(session):
     short, long = [Chunk(1, 100)] * 8, [Chunk(1, 100_000)] * 8
     assert steps.attention_time(long) > 5 * steps.attention_time(short) and steps(long) > steps(short)
     assert all(abs(row["error"]) <= 0.03 for row in agreement(steps, [short, long, short]))
+
+
+def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():
+    grid = {"command": "simulate", "model": LLAMA, "requests": 20, "input": "uniform:10:60", "output": 8,
+            "rate": [20, 80], "device_file": [H100], "no_packs": True}
+    rows = castcore.sweep(grid, workers=1)
+    assert [row["rate"] for row in rows] == [20.0, 80.0]
+    assert all(row["error"] is None and row["completed"] == 20 and row["total_output_tokens"] == 160 for row in rows)
+    assert rows[1]["duration"] < rows[0]["duration"]  # the same requests arrive four times as fast
+    with pytest.raises(castcore.ModelError, match=r"every point is refused: .*position limit of 256"):
+        castcore.sweep({**grid, "input": 400}, workers=1)

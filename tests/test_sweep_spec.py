@@ -56,9 +56,10 @@ def refused(capsys, folder: Path, argv: list[str]) -> str:
     ({"device": ["h100-sxm", "h200"]}, "device = 'h200' is not installed; installed: h100-sxm"),
     ({"model": LLAMA, "tp": [1, 3]}, "tp = 3 is refused at every point: tp = 3: "),
     ({"model": "no-such-model"}, "every point is refused: unknown model 'no-such-model'"),
-    ({"command": "train"}, "name the command: command = 'estimate' or 'serve' (got 'train'; one command a spec)"),
-    ({"command": ["serve", "estimate"]}, "name the command: command = 'estimate' or 'serve' (got ['serve', "
-                                          "'estimate']; one command a spec)"),
+    ({"command": "train"}, "name the command: command = 'estimate' or 'serve' or 'simulate' (got 'train'; one "
+                                "command a spec)"),
+    ({"command": ["serve", "estimate"]}, "name the command: command = 'estimate' or 'serve' or 'simulate' "
+                                          "(got ['serve', 'estimate']; one command a spec)"),
     ({"command": "serve", "batch": 4, "max_batch": True}, "batch and max_batch cannot go together; keep one of them"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_key(capsys, tmp_path, keys, expected):

@@ -64,8 +64,8 @@ def read_dataset(path: str | os.PathLike) -> list[Request]:
             lines = file.read().splitlines()
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or "not UTF-8 text"
-        raise ModelError(f"{say('dataset', os.fspath(path))}: cannot read it ({reason}); give a JSONL file of requests.") \
-            from None
+        raise ModelError(f"{say('dataset', os.fspath(path))}: cannot read it ({reason}); give a JSONL file of "
+                         "requests.") from None
     requests: list[Request] = []
     timed_line = untimed_line = None
     for number, line in enumerate(lines, start=1):
@@ -107,4 +107,5 @@ def check_lengths(requests: list[Request], context: int | None) -> None:
         if total > context:
             raise ModelError(f"Request {request.index} (counting from 0) needs {request.input_tokens} input + "
                              f"{request.output_tokens} output = {total} tokens, beyond the model's position limit "
-                             f"of {context}; give shorter {say('input_lengths')}/{say('output_lengths')} lengths or a dataset that fits.")
+                             f"of {context}; give shorter {say('input_lengths')}/{say('output_lengths')} lengths or a "
+                             "dataset that fits.")

@@ -177,7 +177,8 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     check_request(model, input_tokens, output_tokens, 1, dtype=dtype)  # the model and the request, as serve does
     request = PlanRequest(model=model, input_tokens=input_tokens, output_tokens=output_tokens,
                           ttft_s=values["ttft"], tpot_s=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp,
-                          dtype=dtype, weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])))
+                          dtype=dtype,
+                          weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])))
     session = open_session(plugins)
     for name in devices or ():
         session.device(name)  # an unknown device fails here, naming the installed ones

@@ -5,7 +5,8 @@ second (a prefill's or training step's batch x seq tokens, a decode step's batch
 device, FLOPs, bytes, calls, coverage, memory per device, ``fits``. serve rows: ServeReport.to_dict()'s figures
 (``ttft_s``, ``tpot_s``, ``latency_s``, ``output_tokens_per_s``, ``output_tokens_per_s_per_device``, memory,
 ``fits``, ...), the batch served (``served_batch``: the one found under max_batch), FLOPs and bytes of the prefill
-and the last decode step, and coverage over every step.
+and the last decode step, and coverage over every step. simulate rows: vllm bench serve's figures and the engine's
+(SimulationReport.to_dict()), requests that never fit, and output tokens/s per device.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from castcore.workload.spec import DEPLOYMENT
 if TYPE_CHECKING:
     from castcore.report.records import Report
     from castcore.workload.serving import ServeReport
+    from castcore.workload.simulate import SimulationReport
     from castcore.workload.spec import Workload
 
 # The figures a plot and a plan read, per command: latency, and throughput per device.
-LATENCY = {"estimate": "step_s", "serve": "latency_s"}
-THROUGHPUT = {"estimate": "tokens_per_s_per_device", "serve": "output_tokens_per_s_per_device"}
+LATENCY = {"estimate": "step_s", "serve": "latency_s", "simulate": "median_e2el_s"}
+THROUGHPUT = {"estimate": "tokens_per_s_per_device", "serve": "output_tokens_per_s_per_device",
+              "simulate": "output_tokens_per_s_per_device"}
 ESTIMATE = ("time_s", "step_s", "tokens_per_s", "tokens_per_s_per_device", "devices", "flops", "bytes", "calls",
             "fallback_calls", "ops", "fallback_ops", "fallback_time_share", "weight_bytes", "input_bytes",
             "kv_cache_bytes", "activation_peak_bytes", "peak_bytes", "device_memory_bytes", "fits")
@@ -61,6 +64,18 @@ def serve_figures(report: ServeReport) -> dict[str, Any]:
             "prefill_bytes": report.prefill.bytes, "decode_flops": last.flops, "decode_bytes": last.bytes,
             "calls": sum(len(s.records) for s in steps), "fallback_calls": sum(s.fallback_calls for s in steps),
             "fallback_ops": " ".join(fallback)}
+
+
+def simulate_figures(report: SimulationReport) -> dict[str, Any]:
+    """vllm bench serve's figures and the engine's, and per device the output throughput and the median latency in
+    seconds (what a plot reads)."""
+    data = report.to_dict()
+    figures = {k: v for k, v in data.items() if k not in ("model", "device", "deployment", "engine_limits", "notes",
+                                                         "kv_usage", "never_fit", "engine")}
+    devices = max(data["deployment"]["tp"], data["deployment"]["ep"]) * data["deployment"]["pp"]
+    return {**figures, "never_fit": len(report.never_fit), "devices": devices * data["deployment"]["dp"],
+            "median_e2el_s": data["median_e2el_ms"] / 1e3,
+            "output_tokens_per_s_per_device": data["output_throughput"] / (devices * data["deployment"]["dp"])}
 
 
 def columns(rows: list[dict[str, Any]], parameters: list[str]) -> list[str]:

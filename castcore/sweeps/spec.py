@@ -28,16 +28,18 @@ MAX_POINTS = 100_000  # more only with --yes
 
 @dataclass(frozen=True)
 class Job:
-    """One point as a worker runs it: ``Session.estimate(workload, device=)`` or ``Session.serve(device=, **serve)``."""
+    """One point as a worker runs it: ``Session.estimate(workload, device=)``, ``Session.serve(device=, **serve)`` or
+    ``Session.simulate(device=, **simulate)``."""
 
     command: str
     device: str
     workload: Workload | None = None
     serve: dict[str, Any] | None = None
+    simulate: dict[str, Any] | None = None
 
     def shared(self) -> tuple:
         """What points capturing the same model steps have in common: everything but the device."""
-        options = self.workload.options() if self.workload is not None else self.serve
+        options = self.workload.options() if self.workload is not None else (self.serve or self.simulate)
         return (self.command, tuple(sorted((k, repr(v)) for k, v in options.items())))
 
 
@@ -155,8 +157,13 @@ def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command], lines: 
 
 
 def _as_written(option: Option, value: Any) -> Any:
-    """A whole number written as text ("32") read as the command line reads it."""
-    return int(value) if option.kind == "int" and isinstance(value, str) and value.strip().isdigit() else value
+    """A value as the command line would read its text: "32" is a whole number for a number option, 8 is text
+    for a text option (simulate's --output 8)."""
+    if option.kind == "int" and isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if option.kind == "str" and not option.choices and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
 
 
 def _where(key: str, lines: Mapping[str, int] | None) -> str:

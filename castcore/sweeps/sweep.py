@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import StrictFailure
-from castcore.options.catalog import ESTIMATE, SERVE, say
+from castcore.options.catalog import ESTIMATE, SERVE, SIMULATE, say
 from castcore.plugins.selection import PluginOptions, profiles_without_plugins
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import (Command, Job, Point, Spec, check_devices, check_size, check_spec, expand, key_lines,
@@ -41,9 +41,18 @@ def _serve_job(values: dict[str, Any]) -> Job:
                                                  **deployment})
 
 
+def _simulate_job(values: dict[str, Any]) -> Job:
+    from castcore.workload.simulate import check
+
+    options = {k: v for k, v in values.items() if k not in ("model", "device")}
+    check(values["model"], **options)  # the options, the lengths or dataset, the model's position limit
+    return Job("simulate", values["device"], simulate={"model": values["model"], **options})
+
+
 def commands() -> dict[str, Command]:
-    """estimate and serve as a sweep sees them."""
-    return {"estimate": Command(ESTIMATE, _estimate_job), "serve": Command(SERVE, _serve_job)}
+    """estimate, serve and simulate as a sweep sees them."""
+    return {"estimate": Command(ESTIMATE, _estimate_job), "serve": Command(SERVE, _serve_job),
+            "simulate": Command(SIMULATE, _simulate_job)}
 
 
 def open_session(plugins: PluginOptions, log: Log | None = None, **extra: Any) -> Any:

@@ -66,10 +66,12 @@ def warm_up() -> None:
 
 def figures(session: Any, job: Job) -> dict[str, Any]:
     """The figures of one point, as its row holds them."""
-    from castcore.sweeps.rows import estimate_figures, serve_figures
+    from castcore.sweeps.rows import estimate_figures, serve_figures, simulate_figures
 
     if job.command == "estimate":
         return estimate_figures(session.estimate(job.workload, device=job.device), job.workload)
+    if job.command == "simulate":
+        return simulate_figures(session.simulate(device=job.device, **job.simulate))
     return serve_figures(session.serve(device=job.device, **job.serve))
 
 

@@ -232,9 +232,10 @@ def check_request(model: Any, input_tokens: Any, output_tokens: Any, batch: Any,
     context = config_field(config, "max_position_embeddings")
     if isinstance(context, int):
         if input_tokens >= context:
+            shorter = say("input_tokens", max(context - output_tokens, 1))
             raise ModelError(f"{say('input_tokens', input_tokens)} is longer than {model}'s context of {context} "
-                             f"tokens (max_position_embeddings): use {say('input_tokens', max(context - output_tokens, 1))}"
-                             f" or less, leaving room for {say('output_tokens', output_tokens)}")
+                             f"tokens (max_position_embeddings): use {shorter} or less, leaving room for "
+                             f"{say('output_tokens', output_tokens)}")
         if input_tokens + output_tokens > context:
             raise ModelError(f"{say('input_tokens', input_tokens)} + {say('output_tokens', output_tokens)} tokens "
                              f"exceed {model}'s context of {context} (max_position_embeddings): use "
