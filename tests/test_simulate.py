@@ -138,3 +138,14 @@ def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():
     assert rows[1]["duration"] < rows[0]["duration"]  # the same requests arrive four times as fast
     with pytest.raises(castcore.ModelError, match=r"every point is refused: .*position limit of 256"):
         castcore.sweep({**grid, "input": 400}, workers=1)
+
+
+def test_the_trace_shows_every_iteration_and_request(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    figures = _simulate(capsys, "--rate", "40", "--trace", str(out))
+    events = json.loads(out.read_text())["traceEvents"]
+    iterations = [e for e in events if e["name"] == "iteration"]
+    requests = [e for e in events if e["name"].startswith("request ")]
+    assert len(iterations) == figures["iterations"] and len(requests) == 60
+    assert sum(e["args"]["decode_tokens"] + e["args"]["prefill_tokens"] for e in iterations) >= (
+        figures["total_input_tokens"] + figures["total_output_tokens"] - 60)  # the last token of each is not run

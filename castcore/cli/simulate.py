@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from castcore.cli.common import make_session, note, warn
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, SIMULATE
+from castcore.report.files import check_output, write_whole
 
 
 def run(args: argparse.Namespace) -> int:
@@ -15,6 +17,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
     plan = check(args.model, **options)  # bad options, lengths or datasets fail before any plugin or model loads
+    trace = check_output(args.trace, "trace") if args.trace else None
     session = make_session(args)
     note(f"capturing {args.model} at the engine's token counts, then simulating {len(plan.requests)} requests ...")
     started = time.perf_counter()
@@ -25,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
     if report.never_fit:
         warn(f"{len(report.never_fit)} request(s) never fit and were not simulated: request "
              f"{report.never_fit[0]['index']}: {report.never_fit[0]['why']}")
+    if trace:  # the file first: when it cannot be written, no figures are printed as if all had worked
+        events = json.dumps(report.to_trace())
+        write_whole(trace, "trace", lambda path: path.write_text(events, encoding="utf-8"))
+        note(f"wrote the trace of {report.iterations:,} iterations to {trace} (open it in ui.perfetto.dev)")
     print(report.to_json() if args.json else report.format_text())
     return 0
 

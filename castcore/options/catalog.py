@@ -296,7 +296,10 @@ SIMULATE = CommandOptions("simulate", (
                kind="time", optional=True, metavar="TIME"),
         DTYPE, *DEPLOYMENT, DEVICE)),
     *_scoped(OUTPUT, (_with(JSON, help="print the figures as JSON, under vllm bench serve --save-result's names, "
-                            "with the engine's (iterations, mean running batch, KV usage over time)"),)),
+                            "with the engine's (iterations, mean running batch, KV usage over time)"),
+                      Option("trace", "write a Chrome trace (JSON) that Perfetto opens: the engine's iterations, the KV "
+                             "cache's use, and each request from arrival to its last token", PRINTING, kind="path",
+                             optional=True, metavar="FILE"))),
     *_scoped(SESSION, PLUGIN_OPTIONS),
 ), exclusive=(("rate", "concurrency"),))
 

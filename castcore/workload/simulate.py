@@ -23,6 +23,7 @@ from castcore.simulation.lengths import Lengths
 from castcore.simulation.metrics import format_table, summarize
 from castcore.simulation.presets import EngineLimits, limits
 from castcore.simulation.requests import check_lengths, make_requests, read_dataset
+from castcore.simulation.trace import chrome_trace
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
 from castcore.workload.steptime import StepTimes
 
@@ -52,6 +53,12 @@ class SimulationReport:
     kv_usage: list[tuple[float, float]]
     deployment: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    finished: list = field(default_factory=list, repr=False)  # every request's times (castcore.simulation.metrics)
+    iterations_trace: Any = field(default=None, repr=False)  # the first replica's iterations (engine.Trace)
+
+    def to_trace(self) -> dict[str, Any]:
+        """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""
+        return chrome_trace(self.iterations_trace, self.finished, f"{self.model} on {self.device}, {self.engine}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary, "model": self.model, "device": self.device, "engine": self.engine,
@@ -180,4 +187,5 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     return SimulationReport(model=plan.model, device=steps.profile.name, engine=plan.engine, limits=engine_limits,
                             kv_blocks=blocks, kv_bytes_per_token=per_token, summary=summary, never_fit=never,
                             iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
-                            deployment=base.options(), notes=notes)
+                            deployment=base.options(), notes=notes, finished=finished,
+                            iterations_trace=results[0].trace)
