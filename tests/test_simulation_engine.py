@@ -138,3 +138,18 @@ def test_overrides_apply_and_bad_ones_are_refused_in_one_line():
         assert option in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(ModelError, match="engine='tgi' is not known"):
         limits("tgi")
+
+
+def test_ctrl_c_ends_the_run_with_the_requests_finished_so_far():
+    calls = []
+
+    def step(batch):
+        calls.append(batch)
+        if len(calls) == 6:  # the user presses Ctrl-C during the sixth iteration
+            raise KeyboardInterrupt
+        return 1.0
+
+    # Two short requests finish in the first iterations; the long one is still decoding at the sixth.
+    result = simulate([Req(0, 4, 2), Req(1, 4, 3), Req(2, 4, 50)], engine(), 100, step)
+    assert result.partial and result.iterations == 5
+    assert sorted(f.index for f in result.finished) == [0, 1]

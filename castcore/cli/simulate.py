@@ -33,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
         write_whole(trace, "trace", lambda path: path.write_text(events, encoding="utf-8"))
         note(f"wrote the trace of {report.iterations:,} iterations to {trace} (open it in ui.perfetto.dev)")
     print(report.to_json() if args.json else report.format_text())
+    if report.partial:
+        warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")
+        return 130
     return 0
 
 

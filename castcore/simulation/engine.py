@@ -67,7 +67,7 @@ class Trace:
 class EngineResult:
     """``finished`` in the order requests finished; ``never_fit`` those not simulated; ``iterations`` run;
     ``preemptions`` in all; ``mean_running`` the mean batch size over iterations; ``kv_usage`` (time, share of
-    blocks used) at most ``MAX_KV_SAMPLES`` points; ``trace`` per iteration."""
+    blocks used) at most ``MAX_KV_SAMPLES`` points; ``trace`` per iteration; ``partial`` when Ctrl-C ended the run."""
 
     finished: list[Finished]
     never_fit: list[NeverFit]
@@ -76,6 +76,7 @@ class EngineResult:
     mean_running: float
     kv_usage: list[tuple[float, float]]
     trace: Trace
+    partial: bool = False  # interrupted (Ctrl-C): the figures are of the requests finished by then
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -151,101 +152,106 @@ def simulate(
             else:
                 never_fit.append(NeverFit(requests[i].index, why))
 
-    while True:
-        admit_arrivals()
-        if not running and not waiting:
-            if not pending:
-                break
-            clock = max(clock, arrival[pending[0]])
-            continue
-        budget = budget_max
-        batch: list[tuple[int, int]] = []
-        scheduled: list[tuple[int, int]] = []
-        stopped = False
-        k = 0
-        while k < len(running) and budget > 0:
-            i = running[k]
-            new = min(prompt[i] + generated[i] - computed[i], budget)
-            need = _blocks(computed[i] + new, block_size) - held[i]
-            victim = -1
-            while need > free and victim != i:
-                victim = running.pop()
-                free += held[victim]
-                held[victim] = computed[victim] = 0
-                decoding[victim] = False
-                preempted[victim] += 1
-                total_preemptions += 1
-                waiting.appendleft(victim)
-                stopped = True
-            if victim == i:
-                break
-            free -= need
-            held[i] += need
-            budget -= new
-            batch.append((new, computed[i]))
-            scheduled.append((i, new))
-            k += 1
-        if not stopped:
-            while waiting and len(running) < max_running and budget > 0:
-                i = waiting[0]
-                new = prompt[i] + generated[i] - computed[i]
-                if new > budget and not chunked:
+    partial = False
+    try:  # Ctrl-C ends the run where it is: the requests finished so far are its figures
+        while True:
+            admit_arrivals()
+            if not running and not waiting:
+                if not pending:
                     break
-                new = min(new, budget)
+                clock = max(clock, arrival[pending[0]])
+                continue
+            budget = budget_max
+            batch: list[tuple[int, int]] = []
+            scheduled: list[tuple[int, int]] = []
+            stopped = False
+            k = 0
+            while k < len(running) and budget > 0:
+                i = running[k]
+                new = min(prompt[i] + generated[i] - computed[i], budget)
                 need = _blocks(computed[i] + new, block_size) - held[i]
-                if need > free:
+                victim = -1
+                while need > free and victim != i:
+                    victim = running.pop()
+                    free += held[victim]
+                    held[victim] = computed[victim] = 0
+                    decoding[victim] = False
+                    preempted[victim] += 1
+                    total_preemptions += 1
+                    waiting.appendleft(victim)
+                    stopped = True
+                if victim == i:
                     break
-                waiting.popleft()
-                running.append(i)
                 free -= need
                 held[i] += need
                 budget -= new
                 batch.append((new, computed[i]))
                 scheduled.append((i, new))
-        if not batch:
-            if stopped:
+                k += 1
+            if not stopped:
+                while waiting and len(running) < max_running and budget > 0:
+                    i = waiting[0]
+                    new = prompt[i] + generated[i] - computed[i]
+                    if new > budget and not chunked:
+                        break
+                    new = min(new, budget)
+                    need = _blocks(computed[i] + new, block_size) - held[i]
+                    if need > free:
+                        break
+                    waiting.popleft()
+                    running.append(i)
+                    free -= need
+                    held[i] += need
+                    budget -= new
+                    batch.append((new, computed[i]))
+                    scheduled.append((i, new))
+            if not batch:
+                if stopped:
+                    continue
+                i = waiting.popleft()
+                in_system -= 1
+                never_fit.append(NeverFit(requests[i].index, (
+                    f"after {preempted[i]} preemptions its {prompt[i] + generated[i]} tokens to recompute cannot be "
+                    f"scheduled under the {budget_max}-token budget without chunked prefill")))
                 continue
-            i = waiting.popleft()
-            in_system -= 1
-            never_fit.append(NeverFit(requests[i].index, (
-                f"after {preempted[i]} preemptions its {prompt[i] + generated[i]} tokens to recompute cannot be "
-                f"scheduled under the {budget_max}-token budget without chunked prefill")))
-            continue
 
-        start = clock
-        duration = step_time(batch)
-        clock = start + duration
-        prefill = decode = 0
-        leaving = []
-        for i, new in scheduled:
-            if decoding[i]:
-                decode += 1
-            else:
-                prefill += new
-            computed[i] += new
-            if computed[i] == prompt[i] + generated[i]:
-                decoding[i] = True
-                generated[i] += 1
-                times[i].append(clock)
-                if generated[i] == output[i]:
-                    leaving.append(i)
-        for i in leaving:
-            running.remove(i)
-            free += held[i]
-            held[i] = 0
-            in_system -= 1
-            tt = times[i]
-            r = requests[i]
-            finished.append(Finished(r.index, prompt[i], output[i], entered[i], tt[0], tt[-1], tt, preempted[i]))
-        trace.time.append(start)
-        trace.duration.append(duration)
-        trace.prefill_tokens.append(prefill)
-        trace.decode_tokens.append(decode)
-        trace.running.append(len(batch))
-        trace.kv_used.append((kv_blocks - free) / kv_blocks)
+            start = clock
+            duration = step_time(batch)
+            clock = start + duration
+            prefill = decode = 0
+            leaving = []
+            for i, new in scheduled:
+                if decoding[i]:
+                    decode += 1
+                else:
+                    prefill += new
+                computed[i] += new
+                if computed[i] == prompt[i] + generated[i]:
+                    decoding[i] = True
+                    generated[i] += 1
+                    times[i].append(clock)
+                    if generated[i] == output[i]:
+                        leaving.append(i)
+            for i in leaving:
+                running.remove(i)
+                free += held[i]
+                held[i] = 0
+                in_system -= 1
+                tt = times[i]
+                r = requests[i]
+                finished.append(Finished(r.index, prompt[i], output[i], entered[i], tt[0], tt[-1], tt, preempted[i]))
+            trace.time.append(start)
+            trace.duration.append(duration)
+            trace.prefill_tokens.append(prefill)
+            trace.decode_tokens.append(decode)
+            trace.running.append(len(batch))
+            trace.kv_used.append((kv_blocks - free) / kv_blocks)
+
+    except KeyboardInterrupt:
+        partial = True
 
     iterations = len(trace.time)
     stride = max(1, -(-iterations // MAX_KV_SAMPLES))
     kv_usage = [(trace.time[j] + trace.duration[j], trace.kv_used[j]) for j in range(0, iterations, stride)]
     mean_running = sum(trace.running) / iterations if iterations else 0.0
-    return EngineResult(finished, never_fit, iterations, total_preemptions, mean_running, kv_usage, trace)
+    return EngineResult(finished, never_fit, iterations, total_preemptions, mean_running, kv_usage, trace, partial)

@@ -53,6 +53,7 @@ class SimulationReport:
     kv_usage: list[tuple[float, float]]
     deployment: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    partial: bool = False  # Ctrl-C ended the run: the figures are of the requests finished by then
     finished: list = field(default_factory=list, repr=False)  # every request's times (castcore.simulation.metrics)
     iterations_trace: Any = field(default=None, repr=False)  # the first replica's iterations (engine.Trace)
 
@@ -66,18 +67,19 @@ class SimulationReport:
                 "kv_blocks": self.kv_blocks, "kv_bytes_per_token": self.kv_bytes_per_token,
                 "iterations": self.iterations, "mean_running_batch": self.mean_running,
                 "never_fit": self.never_fit, "kv_usage": [list(p) for p in self.kv_usage],
-                "deployment": self.deployment, "notes": self.notes}
+                "deployment": self.deployment, "notes": self.notes, "partial": self.partial}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     def format_text(self) -> str:
         block = self.limits.block_size
-        lines = [f"{self.model} on {self.device}, {self.engine} engine: {self.kv_blocks:,} KV blocks of {block} "
-                 f"tokens ({format_bytes(self.kv_blocks * block * self.kv_bytes_per_token)} per device)",
-                 format_table(self.summary),
-                 f"iterations {self.iterations:,}, mean running batch {self.mean_running:.1f}, preemptions "
-                 f"{self.summary['preemptions']}, peak KV use {max((u for _, u in self.kv_usage), default=0):.0%}"]
+        lines = ["PARTIAL: interrupted; the figures are of the requests finished by then"] if self.partial else []
+        lines += [f"{self.model} on {self.device}, {self.engine} engine: {self.kv_blocks:,} KV blocks of {block} "
+                  f"tokens ({format_bytes(self.kv_blocks * block * self.kv_bytes_per_token)} per device)",
+                  format_table(self.summary),
+                  f"iterations {self.iterations:,}, mean running batch {self.mean_running:.1f}, preemptions "
+                  f"{self.summary['preemptions']}, peak KV use {max((u for _, u in self.kv_usage), default=0):.0%}"]
         if self.never_fit:
             lines.append(f"{len(self.never_fit)} request(s) never fit: request {self.never_fit[0]['index']}: "
                          f"{self.never_fit[0]['why']}")
@@ -174,9 +176,12 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     steps = StepTimes(pipeline, base, device, engine_limits.max_batched_tokens,
                       min(engine_limits.max_running_requests, engine_limits.max_batched_tokens))
     blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)
-    results = [engine_model.simulate(plan.requests[replica::base.dp], engine_limits, blocks, steps,
-                                     None if plan.concurrency is None else max(1, plan.concurrency // base.dp))
-               for replica in range(base.dp)]
+    results = []
+    for replica in range(base.dp):
+        results.append(engine_model.simulate(plan.requests[replica::base.dp], engine_limits, blocks, steps,
+                                             None if plan.concurrency is None else max(1, plan.concurrency // base.dp)))
+        if results[-1].partial:  # Ctrl-C: no further replica runs
+            break
     finished = [f for r in results for f in r.finished]
     never = [{"index": n.index, "why": n.why} for r in results for n in r.never_fit]
     summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
@@ -187,5 +192,5 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     return SimulationReport(model=plan.model, device=steps.profile.name, engine=plan.engine, limits=engine_limits,
                             kv_blocks=blocks, kv_bytes_per_token=per_token, summary=summary, never_fit=never,
                             iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
-                            deployment=base.options(), notes=notes, finished=finished,
+                            deployment=base.options(), notes=notes, partial=results[-1].partial, finished=finished,
                             iterations_trace=results[0].trace)
