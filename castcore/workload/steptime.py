@@ -7,7 +7,8 @@ An iteration over mixed chunks (castcore.workload.mixed) costs three kinds of wo
 - the LM head, a function of the sequences S that sample a token;
 - attention, one ``castcore::varlen_attention`` kernel a layer, a function of every chunk's length and KV length.
 
-So the deployment is captured as mixed batches at a ladder of token counts (powers of two up to the token budget),
+So the deployment is captured as mixed batches at a ladder of token counts (powers of two up to the token budget,
+each captured when an iteration first needs it),
 each op's compute, memory, communication and launch time kept per ladder point, and an iteration's body and head
 are each op's parts interpolated linearly at its T or S and added as the roofline adds them
 (max(compute, memory) + the rest). Attention is castcore's own estimate of that iteration's kernel, asked of the
@@ -27,18 +28,21 @@ from castcore.workload.mixed import Chunk, capture_mixed
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
-    from castcore.report.records import OpRecord
+    from castcore.report.records import OpRecord, Report
     from castcore.workload.pipeline import Pipeline
     from castcore.workload.spec import Workload
 
 ATTENTION = "castcore::varlen_attention"
 
 
-def ladder(most: int) -> list[int]:
-    """Token counts captured: the powers of two below ``most``, and ``most``."""
+def ladder(most: int, step: int = 4) -> list[int]:
+    """Token counts captured: the powers of ``step`` below ``most``, and ``most``. Each op's compute and memory
+    times are each near-linear in the tokens (the kernel's shape changes only in one dimension), so points this far
+    apart interpolate them closely; where an op turns from memory- to compute-bound, the max after interpolating
+    finds the turn (bench/simulate_steps.py measures how close)."""
     points = [1]
-    while points[-1] * 2 < most:
-        points.append(points[-1] * 2)
+    while points[-1] * step < most:
+        points.append(points[-1] * step)
     return sorted({*points, most})
 
 
@@ -73,7 +77,7 @@ class _Parts:
     def at(self, x: int) -> float:
         i = min(max(bisect.bisect_left(self.points, x), 1), len(self.points) - 1)
         x0, x1 = self.points[i - 1], self.points[i]
-        w = (x - x0) / (x1 - x0)
+        w = (x - x0) / (x1 - x0) if x1 != x0 else 0.0
         total = 0.0
         for count, parts in self.ops:
             (c0, m0, r0), (c1, m1, r1) = parts[i - 1], parts[i]
@@ -92,26 +96,24 @@ def _split(record: OpRecord) -> tuple[float, float, float]:
 
 class StepTimes:
     """Seconds of an iteration of ``base``'s deployment: ``step_times([(new, cached), ...])``; ``samples`` in a
-    Chunk says which sequences sample (a tuple counts as sampling). Built from ``len(ladder(max_tokens))`` captures."""
+    Chunk says which sequences sample (a tuple counts as sampling). The ladder's captures are made as iterations
+    need them (two bracket each token count), the largest and the smallest at once."""
 
     def __init__(self, pipeline: Pipeline, base: Workload, device: str | DeviceProfile | None, max_tokens: int,
                  max_sampled: int):
         self.pipeline, self.profile = pipeline, pipeline.host.device(device)
         self.base = base
-        points = ladder(max_tokens)
-        # At T tokens, min(T, max_sampled) sequences sample: one prompt chunk and the rest single tokens.
-        self.samples = [min(t, max_sampled) for t in points]
-        reports = [capture_mixed(pipeline, base, [Chunk(t - s + 1, 0), *[Chunk(1, 0)] * (s - 1)], self.profile)
-                   for t, s in zip(points, self.samples)]
-        self.memory = reports[-1].memory  # weights, and the activations of a full token budget
-        self.body = _Parts.of(points, [[r for r in rep.records if r.invoke.name != ATTENTION and not _head(r)]
-                                       for rep in reports])
-        head_points = sorted(set(self.samples))
-        head_reports = {s: rep for s, rep in zip(self.samples, reports)}
-        self.head = _Parts.of(head_points, [[r for r in head_reports[s].records if _head(r)] for s in head_points])
+        self.points = ladder(max_tokens)
+        self.max_sampled = max_sampled
+        # The ladder capture each count of sampling sequences comes from (at T tokens, min(T, max_sampled) sample).
+        self.sampled_at = {min(t, max_sampled): t for t in reversed(self.points)}
+        self.sampled_points = sorted(self.sampled_at)
+        self._reports: dict[int, Report] = {}
+        self._parts: dict[tuple[str, int], _Parts] = {}
+        self.memory = self._report(self.points[-1]).memory  # weights, and the activations of a full token budget
         # Attention kernels of one shape (a layer kind), and how many an iteration runs.
         kinds: dict[Any, list] = {}
-        for record in reports[0].records:
+        for record in self._report(self.points[0]).records:
             if record.invoke.name == ATTENTION:
                 template = _attention_kind(record.invoke)
                 kinds.setdefault(template.key, [0, template])[0] += 1
@@ -119,16 +121,40 @@ class StepTimes:
         self._body: dict[int, float] = {}
         self._head: dict[int, float] = {}
 
+    def _report(self, tokens: int) -> Report:
+        """The ladder's capture at ``tokens``: one prompt chunk and single tokens, min(tokens, max_sampled) of
+        them sampling."""
+        if tokens not in self._reports:
+            sampled = min(tokens, self.max_sampled)
+            chunks = [Chunk(tokens - sampled + 1, 0), *[Chunk(1, 0)] * (sampled - 1)]
+            self._reports[tokens] = capture_mixed(self.pipeline, self.base, chunks, self.profile)
+        return self._reports[tokens]
+
+    def _at(self, kind: str, x: int) -> float:
+        """The body at ``x`` tokens, or the head at ``x`` sampling sequences, from the two captures around x."""
+        points = self.points if kind == "body" else self.sampled_points
+        if len(points) == 1:
+            points = points * 2
+        i = min(max(bisect.bisect_left(points, x), 1), len(points) - 1)
+        parts = self._parts.get((kind, i))
+        if parts is None:
+            pair = points[i - 1:i + 1]
+            tokens = pair if kind == "body" else [self.sampled_at[p] for p in pair]
+            keep = (lambda r: r.invoke.name != ATTENTION and not _head(r)) if kind == "body" else _head
+            parts = self._parts[(kind, i)] = _Parts.of(pair, [[r for r in self._report(t).records if keep(r)]
+                                                              for t in tokens])
+        return parts.at(x)
+
     def __call__(self, chunks: Sequence[Chunk | tuple[int, int]]) -> float:
         chunks = [c if isinstance(c, Chunk) else Chunk(c[0], c[1]) for c in chunks]
         tokens = sum(c.new for c in chunks)
         sampled = sum(1 for c in chunks if c.samples)
         body = self._body.get(tokens)
         if body is None:
-            body = self._body[tokens] = self.body.at(tokens)
+            body = self._body[tokens] = self._at("body", tokens)
         head = self._head.get(sampled) if sampled else 0.0
         if head is None:
-            head = self._head[sampled] = self.head.at(sampled)
+            head = self._head[sampled] = self._at("head", sampled)
         return body + head + self.attention_time(chunks)
 
     def attention_time(self, chunks: Sequence[Chunk]) -> float:

@@ -1,0 +1,67 @@
+"""castcore simulate's speed as a user meets it: 2,000 requests of Llama-3-70B at TP 4 on the H100 profile at 10
+requests/s (1,024 input and 256 output tokens each), the whole ``castcore simulate`` process timed from outside,
+and in one process the parts: checking and making the requests, the ladder captures and the KV probe, the engine's
+loop.
+
+    python bench/simulate_speed.py [--out bench/results/simulate_speed.md]
+
+Targets (issue 26): the whole process <= 10 s, the loop <= 2 s, on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import castcore
+from castcore.simulation import engine
+from castcore.workload import simulate as simulation
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE_FILE = str(ROOT / "tests" / "data" / "h100-sxm.toml")
+ARGS = {"requests": 2000, "input_lengths": "1024", "output_lengths": "256", "rate": 10.0, "tp": 4}
+COMMAND = ["simulate", "--model", "llama-3-70b", "--tp", "4", "--requests", "2000", "--input", "1024", "--output",
+           "256", "--rate", "10", "--device-file", DEVICE_FILE, "--no-packs"]
+
+
+def parts() -> dict[str, float]:
+    session = castcore.Session(load_packs=[], device_files=[DEVICE_FILE])
+    started = time.perf_counter()
+    plan = simulation.check("llama-3-70b", **ARGS)
+    checked = time.perf_counter()
+    steps = simulation.StepTimes(session.pipeline, plan.base, "h100-sxm", plan.limits.max_batched_tokens,
+                                 min(plan.limits.max_running_requests, plan.limits.max_batched_tokens))
+    blocks, _ = simulation.kv_capacity(session.pipeline, steps, plan.limits, steps.profile)
+    engine.simulate(plan.requests, plan.limits, blocks, steps)  # makes the ladder captures it needs
+    first = time.perf_counter()
+    engine.simulate(plan.requests, plan.limits, blocks, steps)  # every capture made: the loop and its step times
+    looped = time.perf_counter()
+    return {"check": checked - started, "captures and first run": first - checked, "loop": looped - first}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "simulate_speed.md"))
+    args = parser.parse_args()
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "castcore", *COMMAND], check=True, capture_output=True)
+    whole = time.perf_counter() - started
+    split = parts()
+    lines = ["# castcore simulate: speed", "",
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+             f"{platform.python_version()}, {datetime.date.today()}; `python bench/simulate_speed.py`", "",
+             f"`castcore {' '.join(COMMAND[:-3])} ...` (the H100 profile of tests/data, no packs)", "",
+             "| part | seconds |", "|---|---|", f"| the whole process | {whole:.1f} |",
+             *(f"| {name} | {seconds:.2f} |" for name, seconds in split.items())]
+    Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
