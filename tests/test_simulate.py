@@ -149,3 +149,17 @@ def test_the_trace_shows_every_iteration_and_request(tmp_path, capsys):
     assert len(iterations) == figures["iterations"] and len(requests) == 60
     assert sum(e["args"]["decode_tokens"] + e["args"]["prefill_tokens"] for e in iterations) >= (
         figures["total_input_tokens"] + figures["total_output_tokens"] - 60)  # the last token of each is not run
+
+
+def test_a_mixed_batch_splits_attention_even_where_a_pack_rewrites_it(tmp_path):
+    """A pack's fuse_model rewrite would hide castcore's attention: a mixed batch runs castcore's own kernels."""
+    asked = tmp_path / "asked"
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "rewriting.py").write_text(
+        "import pathlib\nimport castcore.pack\n\n@castcore.pack.hookimpl\ndef fuse_model(model, device):\n"
+        f"    pathlib.Path({str(asked)!r}).write_text('asked')\n")
+    session = castcore.Session(load_packs=[], device_files=[H100], custom_op_dirs=[str(tmp_path / "plugins")])
+    report = capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, 50), Chunk(8, 0)], "h100-sxm")
+    assert sum(r.invoke.name == "castcore::varlen_attention" for r in report.records) == 2 and not asked.exists()
+    session.estimate(castcore.build_workload(LLAMA, seq=8), device="h100-sxm")
+    assert asked.exists()  # an estimate asks the pack, as always

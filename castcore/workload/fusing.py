@@ -38,7 +38,7 @@ from castcore import hf
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.workload.experts import _grouped
 from castcore.workload.parallel import _expert_weights
-from castcore.workload.packing import packed_attention
+from castcore.workload.packing import packed_attention, packing_on
 from castcore.workload.models import BuiltModel
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ def fuse(host: PluginHost, built: BuiltModel, device: DeviceProfile, kv_reads: s
     """Rewrite ``built`` in place with the plugins' and the core's fused kernels; the lines to report.
     ``kv_reads`` "head": the attention kernel reads grouped K/V once per query head (see castcore::attention)."""
     by_plugin: dict[str, list[str]] = {}
-    for line in host.fuse(built.model, device):  # "label: what it did"
+    # A mixed batch splits castcore's own attention per sequence; a pack's attention kernel cannot be split yet.
+    for line in ([] if packing_on() else host.fuse(built.model, device)):  # "label: what it did"
         label, _, done = line.partition(": ")
         by_plugin.setdefault(label, []).append(done)
     core, eager = rewrite(built, kv_reads)

@@ -5,7 +5,8 @@ The tokens of every sequence are packed into one row (as vLLM and SGLang flatten
 norm and collective runs over all of them at once; attention runs per sequence, its chunk of queries against its
 own cached keys and values plus the chunk's, in one kernel (``castcore::varlen_attention``); the LM head
 runs over the sequences that sample a token this iteration. Only the deployed kernels' attention can be split this
-way, so a mixed batch needs ``fuse`` (not ``--eager``).
+way, so a mixed batch needs ``fuse`` (not ``--eager``), and it runs castcore's own deployed kernels: a pack's
+``fuse_model`` rewrite is not applied (its estimators still price every op they claim).
 """
 
 from __future__ import annotations

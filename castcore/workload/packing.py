@@ -34,6 +34,10 @@ ops = torch.ops.castcore
 _plan: ContextVar[_Plan | None] = ContextVar("castcore_mixed_batch", default=None)
 
 
+def packing_on() -> bool:
+    return _plan.get() is not None
+
+
 @contextmanager
 def packed(chunks: Sequence[Chunk], kv_dtype: torch.dtype) -> Iterator[None]:
     """Inside, castcore's fused attention splits the packed row into ``chunks`` (see the module docstring)."""

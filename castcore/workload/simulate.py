@@ -189,6 +189,12 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     iterations = sum(r.iterations for r in results)
     mean = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
     notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
+    rewriters = [pipeline.host.plugins.label(impl.plugin_name)
+                 for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()]
+    if rewriters:  # see castcore.workload.mixed
+        notes.append(f"a mixed batch runs castcore's deployed kernels: the fused-kernel rewrites of "
+                     f"{', '.join(rewriters)} are not applied in it yet (their estimators still price the ops they "
+                     "claim)")
     return SimulationReport(model=plan.model, device=steps.profile.name, engine=plan.engine, limits=engine_limits,
                             kv_blocks=blocks, kv_bytes_per_token=per_token, summary=summary, never_fit=never,
                             iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
