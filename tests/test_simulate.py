@@ -163,3 +163,9 @@ def test_a_mixed_batch_splits_attention_even_where_a_pack_rewrites_it(tmp_path):
     assert sum(r.invoke.name == "castcore::varlen_attention" for r in report.records) == 2 and not asked.exists()
     session.estimate(castcore.build_workload(LLAMA, seq=8), device="h100-sxm")
     assert asked.exists()  # an estimate asks the pack, as always
+
+
+def test_a_model_keeping_its_own_attention_is_refused_not_priced_as_one_prompt(session):
+    with pytest.raises(castcore.ModelError, match="its attention does not run through castcore's fused attention"):
+        capture_mixed(session.pipeline, castcore.build_workload(str(DATA / "tiny-falcon.json")),
+                      [Chunk(1, 50), Chunk(8, 0)], "h100-sxm")

@@ -60,5 +60,10 @@ def capture_mixed(pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk],
     kv_dtype = torch_dtype(base.kv_cache or base.dtype)
     with packed(chunks, kv_dtype):
         built, captured = capture_workload(pipeline.host, workload, profile, adjust=sample_rows)
+    if not any(invoke.name == "castcore::varlen_attention" for invoke in captured.invokes):
+        # Its attention never reached castcore's: the row would be priced as one prompt with no cached keys.
+        raise ModelError(f"{base.model if base.named else type(base.model).__name__}: its attention does not run "
+                         "through castcore's fused attention (the model keeps its own), so a mixed batch cannot be "
+                         "split per sequence; simulate needs a model on transformers' attention interface")
     return pipeline.estimate_capture(captured, profile, description=f"{built.description}: a mixed batch of "
                                      f"{len(chunks)} sequences, {workload.seq} tokens")
