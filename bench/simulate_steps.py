@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import random
 import time
 from pathlib import Path
 
 import castcore
 from castcore.workload.mixed import Chunk
-from castcore.workload.steptime import StepTimes, agreement
+from castcore.workload.steptime import StepTimes, agreement, random_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE_FILE = ROOT / "tests" / "data" / "h100-sxm.toml"
@@ -27,14 +26,8 @@ DEPLOYMENTS = [("llama-3-8b", {}), ("llama-3-70b", {"tp": 4}), ("mixtral-8x7b", 
 
 
 def batches(count: int, seed: int = 0) -> list[list[Chunk]]:
-    rng = random.Random(seed)
-    found = []
-    for _ in range(count):
-        chunks = [Chunk(1, rng.randint(16, 4096)) for _ in range(rng.randint(1, 200))]
-        if rng.random() < 0.7:
-            chunks.append(Chunk(rng.randint(16, 2048), rng.randint(0, 2048), samples=rng.random() < 0.5))
-        found.append(chunks)
-    return found
+    """Up to 200 decode tokens at KV lengths to 4,096, most batches with a prompt chunk of up to 2,048 tokens."""
+    return random_batches(count, seed, sequences=200, kv=(16, 4096), chunk=(16, 2048), chunk_cached=(0, 2048))
 
 
 def main() -> None:

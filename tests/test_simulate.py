@@ -4,7 +4,6 @@ a direct capture, KV capacity from the deployment's memory, and the command's fi
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 import castcore
 from castcore.cli.main import main
 from castcore.workload.mixed import Chunk, capture_mixed
-from castcore.workload.steptime import StepTimes, agreement
+from castcore.workload.steptime import StepTimes, agreement, random_batches
 
 DATA = Path(__file__).parent / "data"
 LLAMA, MIXTRAL, H100 = str(DATA / "tiny-llama.json"), str(DATA / "tiny-mixtral.json"), str(DATA / "h100-sxm.toml")
@@ -21,18 +20,6 @@ LLAMA, MIXTRAL, H100 = str(DATA / "tiny-llama.json"), str(DATA / "tiny-mixtral.j
 @pytest.fixture(scope="module")
 def session():
     return castcore.Session(load_packs=[], device_files=[H100])
-
-
-def _mixed_batches(count: int, seed: int = 0) -> list[list[Chunk]]:
-    """Decode tokens at random KV lengths, and in most batches a prefill chunk, sampling or not."""
-    rng = random.Random(seed)
-    batches = []
-    for _ in range(count):
-        chunks = [Chunk(1, rng.randint(1, 200)) for _ in range(rng.randint(1, 40))]
-        if rng.random() < 0.7:
-            chunks.append(Chunk(rng.randint(2, 200), rng.randint(0, 50), samples=rng.random() < 0.5))
-        batches.append(chunks)
-    return batches
 
 
 def test_a_packed_prefill_is_the_prefill_and_decodes_read_every_cached_token(session):
@@ -53,7 +40,7 @@ def test_a_packed_prefill_is_the_prefill_and_decodes_read_every_cached_token(ses
 @pytest.mark.parametrize("model, options", [(LLAMA, {}), (LLAMA, {"tp": 2}), (MIXTRAL, {})])
 def test_the_step_time_model_agrees_with_a_direct_capture_within_3_percent(session, model, options):
     steps = StepTimes(session.pipeline, castcore.build_workload(model, **options), "h100-sxm", 512, 64)
-    rows = agreement(steps, _mixed_batches(20))
+    rows = agreement(steps, random_batches(20))
     assert len(rows) == 20 and all(abs(row["error"]) <= 0.03 for row in rows), rows
 
 

@@ -73,5 +73,4 @@ def _argparse(option: Option) -> dict[str, Any]:
 
 def values(args: argparse.Namespace, command: CommandOptions, *scopes: str) -> dict[str, Any]:
     """The parsed values of the command's options of ``scopes``, by their Python names."""
-    return {o.name: getattr(args, o.name) for o in command.scoped(*scopes)} if scopes else \
-        {o.name: getattr(args, o.name) for o, _ in command.options}
+    return {o.name: getattr(args, o.name) for o in command.scoped(*scopes)}

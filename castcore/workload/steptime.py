@@ -18,6 +18,7 @@ plugins once an iteration. ``agreement`` compares this with a direct capture of 
 from __future__ import annotations
 
 import bisect
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -52,10 +53,10 @@ def _head(record: OpRecord) -> bool:
 
 @dataclass
 class _Parts:
-    """Ops of one kind that estimate alike, with their parts at each ladder point."""
+    """Ops of one kind between two ladder points: those that estimate alike, with their parts at each point."""
 
-    points: list[int]
-    ops: list[tuple[int, list[tuple[float, float, float]]]]  # (how many, [(compute, memory, rest) per point])
+    points: list[int]  # the two token (or sampling-sequence) counts
+    ops: list[tuple[int, list[tuple[float, float, float]]]]  # (how many, [(compute, memory, rest) at each point])
 
     @classmethod
     def of(cls, points: list[int], per_point: list[list[OpRecord]]) -> _Parts:
@@ -75,12 +76,12 @@ class _Parts:
         return cls(points, [(count, list(parts)) for parts, count in counted.items()])
 
     def at(self, x: int) -> float:
-        i = min(max(bisect.bisect_left(self.points, x), 1), len(self.points) - 1)
-        x0, x1 = self.points[i - 1], self.points[i]
+        """The ops' time at ``x``, each part interpolated (or extrapolated) on the line through the two points."""
+        x0, x1 = self.points
         w = (x - x0) / (x1 - x0) if x1 != x0 else 0.0
         total = 0.0
         for count, parts in self.ops:
-            (c0, m0, r0), (c1, m1, r1) = parts[i - 1], parts[i]
+            (c0, m0, r0), (c1, m1, r1) = parts
             total += count * (max(c0 + w * (c1 - c0), m0 + w * (m1 - m0)) + r0 + w * (r1 - r0))
         return total
 
@@ -179,6 +180,20 @@ def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
     out = TensorMeta((1, tokens, q.shape[1], v.shape[3]), q.dtype)
     return replace(template, args=(query, key, value, tuple(c.new for c in chunks), tuple(c.cached for c in chunks),
                                    *template.args[5:]), out=out, _key=None)  # the template's key is not this call's
+
+
+def random_batches(count: int, seed: int = 0, *, sequences: int = 40, kv: tuple[int, int] = (1, 200),
+                   chunk: tuple[int, int] = (2, 200), chunk_cached: tuple[int, int] = (0, 50)) -> list[list[Chunk]]:
+    """Mixed batches to check the model with: up to ``sequences`` decode tokens at KV lengths in ``kv``, and in
+    most batches a prompt chunk (``chunk`` tokens over ``chunk_cached``), sampling or not."""
+    rng = random.Random(seed)
+    batches = []
+    for _ in range(count):
+        chunks = [Chunk(1, rng.randint(*kv)) for _ in range(rng.randint(1, sequences))]
+        if rng.random() < 0.7:
+            chunks.append(Chunk(rng.randint(*chunk), rng.randint(*chunk_cached), samples=rng.random() < 0.5))
+        batches.append(chunks)
+    return batches
 
 
 def agreement(model: StepTimes, batches: Sequence[Sequence[Chunk]]) -> list[dict[str, Any]]:
