@@ -156,3 +156,21 @@ def test_a_model_keeping_its_own_attention_is_refused_not_priced_as_one_prompt(s
     with pytest.raises(castcore.ModelError, match="its attention does not run through castcore's fused attention"):
         capture_mixed(session.pipeline, castcore.build_workload(str(DATA / "tiny-falcon.json")),
                       [Chunk(1, 50), Chunk(8, 0)], "h100-sxm")
+
+
+def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tmp_path, monkeypatch):
+    from castcore.sweeps.capture import CaptureCache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    options = {"requests": 30, "input_lengths": "uniform:20:120", "output_lengths": 8, "rate": 20.0}
+    runs = []
+    for _ in range(2):  # a new cache each time, as a new process has: the second finds every capture on disk
+        cache = CaptureCache()
+        report = castcore.Session(load_packs=[], device_files=[H100], capture_step=cache).simulate(LLAMA, **options)
+        runs.append((report.summary, cache.stats))
+    (first, made), (second, found) = runs
+    assert made.captured >= 3 and made.loaded == 0  # the ladder's mixed batches and the KV probe
+    assert found.captured == 0 and found.loaded == made.captured
+    assert second == first
+    fresh = castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, **options)
+    assert fresh.summary == first

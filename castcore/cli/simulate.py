@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from castcore.cli.common import make_session, note, warn
+from castcore.cli.common import capture_cache_from, make_session, note, report_capture_cache, warn
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, SIMULATE
 from castcore.report.files import check_output, write_whole
@@ -18,11 +18,13 @@ def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
     plan = check(args.model, **options)  # bad options, lengths or datasets fail before any plugin or model loads
     trace = check_output(args.trace, "trace") if args.trace else None
-    session = make_session(args)
+    cache = capture_cache_from(args)
+    session = make_session(args, capture_step=cache)
     note(f"capturing {args.model} at the engine's token counts, then simulating {len(plan.requests)} requests ...")
     started = time.perf_counter()
     report = simulate(session.pipeline, plan, device=args.device)
     note(f"simulated in {time.perf_counter() - started:.1f} s")
+    report_capture_cache(cache)
     for line in report.notes:
         note(f"note: {line}")
     if report.never_fit:

@@ -300,7 +300,7 @@ SIMULATE = CommandOptions("simulate", (
                       Option("trace", "write a Chrome trace (JSON) that Perfetto opens: the engine's iterations, the KV "
                              "cache's use, and each request from arrival to its last token", PRINTING, kind="path",
                              optional=True, metavar="FILE"))),
-    *_scoped(SESSION, PLUGIN_OPTIONS),
+    *_scoped(SESSION, (NO_CACHE, *PLUGIN_OPTIONS)),
 ), exclusive=(("rate", "concurrency"),))
 
 COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, SIMULATE, AUDIT, PACKS, DEVICES, NEW_PACK, PARTITION, MEASURE, CALIBRATE,

@@ -13,7 +13,7 @@ source files (an edited checkout is a new version), and the content of a config.
 
 ``CaptureCache()`` takes and returns what ``castcore.workload.pipeline.capture_workload`` does; given to a
 pipeline as its capture step (``castcore.Session(capture_step=CaptureCache())``), it serves that session's
-``estimate`` and ``serve`` (every step) unchanged.
+``estimate``, ``serve`` (every step) and ``simulate`` (every mixed batch its step-time model captures) unchanged.
 """
 
 from __future__ import annotations
@@ -163,6 +163,18 @@ class CaptureCache:
                 captures[kv] = captured
             built = made
         return built, captures
+
+    def mixed(self, host: PluginHost, workload: Workload, device: DeviceProfile, chunks: tuple,
+              capture: Callable[[], tuple[BuiltModel, Capture]]) -> tuple[BuiltModel, Capture]:
+        """What ``capture()`` gives for one mixed batch (castcore.workload.mixed): ``workload`` is its packed row,
+        ``chunks`` its sequences as (new tokens, cached tokens, samples), which the key adds."""
+        key = digest({"mixed": self.key(host, workload, device), "chunks": [list(c) for c in chunks]})
+        entry = self._find(key)
+        if entry is None:
+            built, captured = capture()
+            self._keep(key, built, captured)
+            return built, captured
+        return self._built(entry, workload), entry["capture"]
 
     def _find(self, key: str) -> dict[str, Any] | None:
         """The entry of ``key`` from this process's memory, else from disk; None when it must be captured."""

@@ -48,7 +48,7 @@ def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
 def capture_mixed(pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk],
                   device: str | DeviceProfile | None = None) -> Report:
     """The Report of one engine iteration over ``chunks`` of ``base``'s model and deployment (see the module
-    docstring); the pipeline's capture cache is not used, since a mixed batch is not a Workload of its own."""
+    docstring), through the pipeline's capture step when that keeps mixed batches (castcore.sweeps.capture)."""
     workload = packed_workload(base, chunks)
     profile = pipeline.host.device(device)
     sampled = sum(1 for c in chunks if c.samples)
@@ -58,8 +58,15 @@ def capture_mixed(pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk],
             built.kwargs["logits_to_keep"] = torch.zeros((max(sampled, 1),), dtype=torch.long, device="meta")
 
     kv_dtype = torch_dtype(base.kv_cache or base.dtype)
-    with packed(chunks, kv_dtype):
-        built, captured = capture_workload(pipeline.host, workload, profile, adjust=sample_rows)
+
+    def capture():
+        with packed(chunks, kv_dtype):
+            return capture_workload(pipeline.host, workload, profile, adjust=sample_rows)
+
+    cached = getattr(pipeline.capture_step, "mixed", None)  # a capture cache keeps mixed batches too
+    built, captured = (cached(pipeline.host, workload, profile, tuple((c.new, c.cached, bool(c.samples))
+                                                                     for c in chunks), capture)
+                       if cached is not None else capture())
     if not any(invoke.name == "castcore::varlen_attention" for invoke in captured.invokes):
         # Its attention never reached castcore's: the row would be priced as one prompt with no cached keys.
         raise ModelError(f"{base.model if base.named else type(base.model).__name__}: its attention does not run "
