@@ -20,12 +20,13 @@ from castcore.workload.spec import ModelError
 from fidelity.collectives import estimate_collective, plan_collective
 from fidelity.ops import NotExpressible, OpPlan, plan_op
 from fidelity.serving import estimate_serve, plan_serve
+from fidelity.simulated import METRICS, estimate_simulate, plan_simulate
 from fidelity.split import split_point
 
 HERE = Path(__file__).parent
 PUBLISHED = HERE / "published.json"
 CATEGORIES = {"gemm": "GEMM", "attention": "attention", "memory": "memory-bound", "collective": "collectives",
-              "serve": "end-to-end"}
+              "serve": "end-to-end", "simulate": "continuous batching"}
 OP_LEVEL = ("gemm", "attention", "memory", "collective")
 PACKS = ("nvidia", "ascend", "collectives")  # the profiles of every point's device, and collectives' pricing
 
@@ -56,6 +57,8 @@ def plan(point: dict[str, Any]):
         return plan_collective(point)
     if category == "serve":
         return plan_serve(point)
+    if category == "simulate":
+        return plan_simulate(point)
     return NotExpressible(f"unknown category {category!r}")
 
 
@@ -101,6 +104,9 @@ def estimate_point(point: dict[str, Any], session, profile) -> dict[str, Any]:
                            "unit": measured["unit"], "metric": _metric(point),
                            "framework": point.get("framework"), "date": point.get("date"),
                            "source_note": point.get("note", "")}
+    if point["category"] == "simulate":  # the report groups these by metric family (fidelity.simulated.FAMILIES)
+        row.update(family=METRICS.get(point["workload"].get("metric"), ("", ""))[1],
+                   engine=point["workload"].get("engine"), scheduling=point["workload"].get("scheduling"))
     planned = plan(point)
     if isinstance(planned, NotExpressible):
         row["not_expressible"] = planned.reason
@@ -125,6 +131,9 @@ def _estimate(session, profile, point: dict[str, Any], planned) -> dict[str, Any
         result["describe"] = planned.describe
     elif point["category"] == "collective":
         result = estimate_collective(session, profile, point, planned)
+        result["describe"] = planned["describe"]
+    elif point["category"] == "simulate":
+        result = estimate_simulate(session, profile, point, planned)
         result["describe"] = planned["describe"]
     else:
         result = estimate_serve(session, profile, point, planned)
@@ -163,7 +172,7 @@ def _metric(point: dict[str, Any]) -> str:
     measured, workload = point["measured"], point["workload"]
     if point["category"] == "collective":
         return measured.get("metric", "")
-    if point["category"] == "serve":
+    if point["category"] in ("serve", "simulate"):
         per = {"device": ", per GPU", "system": ", whole system"}.get(measured.get("per", ""), "")
         return f"{workload.get('metric', '')}{per}"
     return ""
