@@ -36,9 +36,9 @@ def add_options(parser: argparse.ArgumentParser, command: CommandOptions, *scope
         if scopes and scope not in scopes:
             continue
         group = groups.get(option.group) or groups.setdefault(option.group, parser.add_argument_group(option.group))
-        pair = next((p for p in command.exclusive if option.name in p), None)
-        if pair is not None:
-            group = exclusive.get(pair) or exclusive.setdefault(pair, group.add_mutually_exclusive_group())
+        together = next((p for p in command.exclusive if option.name in p), None)
+        if together is not None:
+            group = exclusive.get(together) or exclusive.setdefault(together, group.add_mutually_exclusive_group())
         if option.positional:
             group.add_argument(option.name, help=described(option), **_argparse(option))
         else:

@@ -22,14 +22,85 @@ def _seconds(value: float) -> str:
 
 
 def _layout(row: dict[str, Any], dtype: str) -> str:
-    parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep") if row[k] > 1] or ["1 device"]
+    parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep", "dp") if row.get(k, 1) > 1] or ["1 device"]
     return " x ".join(parts) + f", {row['weights'] or dtype} weights"
+
+
+def _table(header: tuple[str, ...], cells: list[tuple[str, ...]], left: tuple[int, ...] = (1, 3)) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [header, *cells]]
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _traffic(request: Any) -> str:
+    if request.max_rate:
+        return "the highest request rate each deployment sustains"
+    if request.rate is not None:
+        return f"{request.rate:g} requests/s (Poisson)"
+    return f"{request.concurrency} requests in flight (closed loop)"
+
+
+def _objectives(request: Any) -> list[str]:
+    return [f"{name} {objective.statistic} <= {_seconds(objective.seconds)}"
+            for name, objective in (("TTFT", request.ttft), ("TPOT", request.tpot)) if objective is not None]
+
+
+def format_traffic_plan(result: Any) -> str:
+    """A plan under traffic (castcore.sweeps.capacity): the simulated deployments that meet the objectives."""
+    request = result.request
+    slos = _objectives(request)
+    lines = [f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens, "
+             f"{_traffic(request)}, {' and '.join(slos) or 'no latency objective'}",
+             f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} simulations of "
+             f"{request.requests} requests, {request.engine} engine) in {result.seconds:.1f} s", ""]
+    shown = {"ttft": request.ttft.statistic if request.ttft else "p99",
+             "tpot": request.tpot.statistic if request.tpot else "p99"}
+    if result.best:
+        header = ("#", "device", "devices", "layout", *(f"{m.upper()} {shown[m]}" for m in ("ttft", "tpot")),
+                  "tok/s/device", *(("max req/s", "req/s/device") if request.max_rate else ()))
+        cells = [(str(n), r["device"], str(r["devices"]), _layout(r, request.dtype),
+                  *(_seconds(r[f"{shown[m]}_{m}_ms"] / 1e3) for m in ("ttft", "tpot")),
+                  f"{r['output_tokens_per_s_per_device']:,.1f}",
+                  *((_rate(r["max_rate"]), _rate(r["max_rate"] / r["devices"])) if request.max_rate else ()))
+                 for n, r in enumerate(result.best, 1)]
+        lines.append(f"best {len(result.best)} by " + ("the highest request rate per device" if request.max_rate
+                                                       else "output tokens/s per device") + " within the objectives")
+        lines += _table(header, cells)
+    else:
+        lines.append("no layout meets the objectives under this traffic: relax --ttft/--tpot, lower the rate, raise "
+                     "--max-devices, or add --weights int4")
+    if result.missed:
+        lines += ["", "missed the objectives (layout at its last try: why)"]
+        lines += [f"  {r['device']} {_layout(r, request.dtype)}: {r['missed']}" for r in result.missed]
+    _refused(lines, result)
+    lines.append("")
+    if result.fewest:
+        lines.append("fewest devices that meet the objectives")
+        lines += [f"  {r['device']}: {r['devices']} device{'s' if r['devices'] > 1 else ''} "
+                  f"({_layout(r, request.dtype)})" for r in result.fewest]
+    return "\n".join(lines)
+
+
+def _refused(lines: list[str], result: Any) -> None:
+    if result.refused:
+        lines += ["", "refused or not fitting at batch 1 (layouts: reason)"]
+        reasons: dict[str, list[str]] = {}
+        for row in result.refused:
+            reasons.setdefault(row["error"], []).append(f"{row['device']} {_layout(row, result.request.dtype)}")
+        lines += [f"  {'; '.join(where)}: {why if len(why) <= 200 else why[:197] + '...'}"
+                  for why, where in reasons.items()]
 
 
 def format_plan(result: Any) -> str:
     from castcore.report.memory import format_bytes
 
     request = result.request
+    if request.traffic:
+        return format_traffic_plan(result)
     slos = [f"TTFT <= {_seconds(request.ttft_s)}"] if request.ttft_s else []
     slos += [f"TPOT <= {_seconds(request.tpot_s)}"] if request.tpot_s else []
     lines = [f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens"
@@ -41,21 +112,13 @@ def format_plan(result: Any) -> str:
         cells = [(str(n), r["device"], str(r["devices"]), _layout(r, request.dtype), str(r["served_batch"]),
                   _seconds(r["ttft_s"]), _seconds(r["tpot_s"]), f"{r['output_tokens_per_s_per_device']:,.1f}",
                   format_bytes(r["peak_bytes"])) for n, r in enumerate(result.best, 1)]
-        widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
         lines.append(f"best {len(result.best)} by output tokens/s per device (fit in memory"
                      + (", meet the objectives)" if slos else ")"))
-        lines += ["  ".join(c.ljust(w) if i in (1, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                  .rstrip() for row in [header, *cells]]
+        lines += _table(header, cells)
     else:
         lines.append("no layout fits and meets the objectives: relax --ttft/--tpot, raise --max-devices, or add "
                      "--weights int4")
-    if result.refused:
-        lines += ["", "refused or not fitting at batch 1 (layouts: reason)"]
-        reasons: dict[str, list[str]] = {}
-        for row in result.refused:
-            reasons.setdefault(row["error"], []).append(f"{row['device']} {_layout(row, request.dtype)}")
-        lines += [f"  {'; '.join(where)}: {why if len(why) <= 200 else why[:197] + '...'}"
-                  for why, where in reasons.items()]
+    _refused(lines, result)
     lines.append("")
     if result.fewest:
         lines.append("fewest devices that fit at all")
@@ -66,21 +129,45 @@ def format_plan(result: Any) -> str:
     return "\n".join(lines)
 
 
+def plan_json(result: Any) -> dict[str, Any]:
+    """The request, the best and the fewest, each row with the figures a script compares."""
+    request = result.request
+    if request.traffic:
+        keep = ("device", "devices", "tp", "pp", "ep", "dp", "weights", "rate", "concurrency", "completed",
+                "request_throughput", "output_throughput", "output_tokens_per_s_per_device", "preemptions",
+                *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot") for stat in ("mean", "median", "p90", "p95",
+                                                                                   "p99")),
+                *(("max_rate",) if request.max_rate else ()))
+    else:
+        keep = ("device", "devices", "tp", "pp", "ep", "weights", "served_batch", "ttft_s", "tpot_s", "latency_s",
+                "output_tokens_per_s", "output_tokens_per_s_per_device", "peak_bytes", "device_memory_bytes")
+    objectives = {name: None if objective is None else {"statistic": objective.statistic, "s": objective.seconds}
+                  for name, objective in (("ttft", request.ttft), ("tpot", request.tpot))}
+    traffic = {"rate": request.rate, "concurrency": request.concurrency, "max_rate": request.max_rate,
+               "requests": request.requests, "engine": request.engine} if request.traffic else {}
+    return {"model": request.model, "input_tokens": request.input_tokens, "output_tokens": request.output_tokens,
+            "ttft_s": request.ttft_s, "tpot_s": request.tpot_s, "objectives": objectives, **traffic,
+            "devices": request.devices, "layouts": result.layouts, "points": len(result.rows),
+            "best": [{k: r[k] for k in keep} for r in result.best],
+            "fewest": [{k: r[k] for k in keep} for r in result.fewest],
+            **({"missed": [{**{k: r[k] for k in keep if k in r}, "why": r["missed"]} for r in result.missed]}
+               if request.traffic else {})}
+
+
 def run(args: argparse.Namespace) -> int:
-    note(f"planning {args.model}: serve points at each layout's largest batch, then smaller batches where an "
-         "objective is missed ...")
+    if args.rate is not None or args.concurrency is not None or args.max_rate:
+        note(f"planning {args.model}: each layout simulated under the traffic ({args.requests} requests, "
+             f"{args.engine} engine), " + ("bisecting each one's rate ..." if args.max_rate else
+                                          "with more replicas where an objective is missed ..."))
+    else:
+        note(f"planning {args.model}: serve points at each layout's largest batch, then smaller batches where an "
+             "objective is missed ...")
     from castcore.sweeps.plan import plan
 
     options = {k: v for k, v in values(args, PLAN, AXIS).items() if k != "model"}
     result = plan(args.model, **options, plugins=PluginOptions.of(args), progress=None)
     if args.json:
-        keep = ("device", "devices", "tp", "pp", "ep", "weights", "served_batch", "ttft_s", "tpot_s", "latency_s",
-                "output_tokens_per_s", "output_tokens_per_s_per_device", "peak_bytes", "device_memory_bytes")
-        print(json.dumps({"model": args.model, "input_tokens": args.input_tokens, "output_tokens": args.output_tokens,
-                          "ttft_s": result.request.ttft_s, "tpot_s": result.request.tpot_s,
-                          "devices": result.request.devices, "layouts": result.layouts, "points": len(result.rows),
-                          "best": [{k: r[k] for k in keep} for r in result.best],
-                          "fewest": [{k: r[k] for k in keep} for r in result.fewest]}, indent=2))
+        print(json.dumps(plan_json(result), indent=2))
     else:
         print(format_plan(result))
     return 0 if result.best else NONE_MEETS
@@ -93,7 +180,9 @@ def add_parser(subparsers) -> None:
                     "dtypes and batches for serving --model with requests of --input + --output tokens: print the "
                     "best by output tokens/s per device that fit in memory and meet --ttft/--tpot, and the fewest "
                     "devices that fit at all. Runs castcore serve points through the sweep machinery (and its "
-                    "capture cache).",
+                    "capture cache). With --rate or --concurrency each layout is simulated under that traffic "
+                    "instead (castcore simulate), replicas added until --ttft/--tpot (percentiles such as p99:500ms) "
+                    "are met; --max-rate finds each layout's highest request rate within them.",
         epilog=f"Exit status: 0 when a layout fits and meets the objectives; {NONE_MEETS} when none does (the "
                "output says what to relax); 2 for bad input (an option, a model that cannot be built, an unknown "
                "device).")

@@ -39,8 +39,8 @@ def markdown(command: str) -> str:
                 where = "-"
             parts.append(f"| `{shown}` | `{python}` | {where} | {_cell(described(option))} |")
     if declared.exclusive:
-        pairs = "; ".join(" and ".join(declared[n].cli for n in pair) for pair in declared.exclusive)
-        parts.append(f"\nGiven one at most: {pairs}.")
+        groups = "; ".join(", ".join(declared[n].cli for n in group) for group in declared.exclusive)
+        parts.append(f"\nGiven one at most: {groups}.")
     return "\n".join(parts) + "\n"
 
 

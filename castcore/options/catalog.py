@@ -117,11 +117,11 @@ WORKERS = (
 
 @dataclass(frozen=True)
 class CommandOptions:
-    """One command's options, in the order its --help lists them, each with its scope; pairs given one at most."""
+    """One command's options, in the order its --help lists them, each with its scope; groups given one at most."""
 
     name: str
     options: tuple[tuple[Option, str], ...]
-    exclusive: tuple[tuple[str, str], ...] = ()
+    exclusive: tuple[tuple[str, ...], ...] = ()  # groups of options given one at most
 
     def __getitem__(self, name: str) -> Option:
         return next(o for o, _ in self.options if o.name == name)
@@ -168,14 +168,33 @@ SERVE = CommandOptions("serve", (
     *_scoped(SESSION, (NO_CACHE, *PLUGIN_OPTIONS)),
 ), exclusive=(("batch", "max_batch"),))
 
+TRAFFIC, ENGINE = "traffic", "engine (each defaults to the --engine preset's)"
+REQUESTS = _int("requests", 1000, "requests to simulate (with --dataset: its lines)", TRAFFIC)
+RATE = Option("rate", "requests per second, arriving as a Poisson process (default: all at once, the offline maximum "
+              "throughput)", TRAFFIC, kind="number", optional=True, metavar="QPS")
+CONCURRENCY = _int("concurrency", None, "a closed loop of C requests in flight: one starts when one finishes", TRAFFIC,
+                   optional=True, metavar="C")
+ENGINE_PRESET = Option("engine", "the serving engine whose documented scheduler and memory defaults are simulated",
+                       ENGINE, default="vllm", choices=("vllm", "sglang", "trtllm"))
+OBJECTIVE = ("at most TIME (500ms, 1s); under traffic (--rate, --concurrency, --max-rate) a statistic of the "
+             "simulated requests, STATISTIC:TIME with mean, median, p90, p95 or p99 (a plain TIME is p99)")
+
 PLAN = CommandOptions("plan", (
     *_scoped(AXIS, (
         _with(MODEL_OPTION, default=None, help="a preset, a transformers config.json, or package.module:factory"),
         *REQUEST_TOKENS,
-        Option("ttft", "time to first token at most TIME (1s, 500ms)", REQUEST, kind="time", optional=True,
-               metavar="TIME"),
-        Option("tpot", "time per output token at most TIME (50ms)", REQUEST, kind="time", optional=True,
-               metavar="TIME"),
+        Option("ttft", f"time to first token {OBJECTIVE}", REQUEST, kind="objective", optional=True,
+               metavar="[STATISTIC:]TIME"),
+        Option("tpot", f"time per output token {OBJECTIVE}", REQUEST, kind="objective", optional=True,
+               metavar="[STATISTIC:]TIME"),
+        _with(RATE, help="plan for requests arriving at QPS per second (Poisson), each deployment simulated under "
+              "them (castcore simulate) instead of priced as one static batch; replicas (dp) are added until the "
+              "objectives are met"),
+        _with(CONCURRENCY, help="plan for a closed loop of C requests in flight, simulated as --rate is"),
+        _switch("max_rate", "find each deployment's highest request rate that meets --ttft/--tpot (a bisection of "
+                "simulations up to its offline throughput), and rank by that rate per device", TRAFFIC),
+        _with(REQUESTS, default=500, help="requests each simulation serves (with --rate, --concurrency, --max-rate)"),
+        _with(ENGINE_PRESET, help="the serving engine simulated (with --rate, --concurrency, --max-rate)"),
         DTYPE,
         Option("devices", "devices to search (default: every installed one)", SEARCH, flag="--device", many=True,
                optional=True, metavar="NAME"),
@@ -190,7 +209,7 @@ PLAN = CommandOptions("plan", (
         *WORKERS)),
     *_scoped(OUTPUT, (_with(JSON, help="print the best and the fewest as JSON"),)),
     *_scoped(SESSION, PLUGIN_OPTIONS),
-))
+), exclusive=(("rate", "concurrency", "max_rate"),))
 
 SWEEP = CommandOptions("sweep", (
     *_scoped(OUTPUT, (
@@ -262,26 +281,22 @@ CACHE = CommandOptions("cache", (*_scoped(OUTPUT, (
            choices=("info", "clear")),
     _with(JSON, help="info as JSON"))),))
 
-TRAFFIC, ENGINE = "traffic", "engine (each defaults to the --engine preset's)"
 SIMULATE = CommandOptions("simulate", (
     *_scoped(AXIS, (
         MODEL_OPTION,
-        _int("requests", 1000, "requests to simulate (with --dataset: its lines)", TRAFFIC),
+        REQUESTS,
         Option("input_lengths", "prompt tokens per request: N, uniform:LOW:HIGH, normal:MEAN:STD or "
                "lognormal:MEDIAN:SIGMA (drawn with --seed)", TRAFFIC, default="1024", flag="--input", metavar="LENGTHS"),
         Option("output_lengths", "tokens each request generates, as --input", TRAFFIC, default="128", flag="--output",
                metavar="LENGTHS"),
         Option("dataset", "requests from a JSONL file, one per line: input_tokens and output_tokens (or prompt_len "
                "and output_len), optionally arrival_s", TRAFFIC, kind="path", optional=True, metavar="FILE.jsonl"),
-        Option("rate", "requests per second, arriving as a Poisson process (default: all at once, the offline "
-               "maximum throughput)", TRAFFIC, kind="number", optional=True, metavar="QPS"),
+        RATE,
         Option("burstiness", "with --rate: the gamma shape of the gaps between arrivals, as vllm bench serve's (1: "
                "Poisson; lower: burstier)", TRAFFIC, kind="number", default=1.0),
-        _int("concurrency", None, "a closed loop of C requests in flight: one starts when one finishes", TRAFFIC,
-             optional=True, metavar="C"),
+        CONCURRENCY,
         _int("seed", 0, "seed of the lengths and arrivals drawn", TRAFFIC, minimum=0),
-        Option("engine", "the serving engine whose documented scheduler and memory defaults are simulated", ENGINE,
-               default="vllm", choices=("vllm", "sglang", "trtllm")),
+        ENGINE_PRESET,
         _int("max_running_requests", None, "requests running at once", ENGINE, optional=True),
         _int("max_batched_tokens", None, "tokens one iteration runs (prefill chunks and decode tokens)", ENGINE,
              optional=True),

@@ -51,7 +51,8 @@ class Option:
     """One option: its Python name, its command-line spelling, its sweep-spec key, its type and its check.
 
     ``kind`` is "int" (whole numbers of at least ``minimum``), "number" (above zero and finite), "str", "bool" (a
-    switch), "time" (``50ms``, ``1s`` or seconds) or "path". ``negated``: the command-line switch sets the option to False (``--eager`` is
+    switch), "time" (``50ms``, ``1s`` or seconds), "objective" (a time, or a statistic and a time: ``p99:500ms``)
+    or "path". ``negated``: the command-line switch sets the option to False (``--eager`` is
     ``fuse=False``). ``many``: a list of values (``--tp 1 2 4``; a path option repeats instead).
     """
 
@@ -138,6 +139,8 @@ class Option:
             return value
         if self.kind == "time":
             return seconds(value, self)
+        if self.kind == "objective":
+            return Objective.parse(value, self)
         if self.kind == "number":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise self.error(value, "must be a number above zero")
@@ -169,6 +172,35 @@ def seconds(value: Any, option: Option) -> float:
     if not 0 < found < math.inf:
         raise option.error(value, "give a time above zero such as 1s, 50ms, 200us or 0.5 (seconds)")
     return found
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A latency objective: ``statistic`` of the requests' times (mean, median, p90, p95 or p99, as
+    ``vllm bench serve`` reports them) at most ``seconds``. A plain time is p99: nearly every request."""
+
+    statistic: str
+    seconds: float
+
+    STATISTICS = ("mean", "median", "p90", "p95", "p99")
+
+    @classmethod
+    def parse(cls, value: Any, option: Option) -> Objective:
+        if isinstance(value, Objective):
+            return value
+        statistic, colon, time = str(value).rpartition(":") if isinstance(value, str) else ("", "", value)
+        statistic = {"p50": "median", "": "p99"}.get(statistic.strip().lower(), statistic.strip().lower())
+        if statistic not in cls.STATISTICS:
+            raise option.error(value, f"give TIME or STATISTIC:TIME with a statistic of {', '.join(cls.STATISTICS)}"
+                                      " (p50 is the median), such as p99:500ms")
+        return cls(statistic, seconds(time, option))
+
+    def field(self, metric: str) -> str:
+        """The summary's key of this statistic of ``metric`` (ttft, tpot): ``p99_ttft_ms``."""
+        return f"{self.statistic}_{metric}_ms"
+
+    def __str__(self) -> str:
+        return f"{self.statistic} {self.seconds * 1e3:g}ms" if self.seconds < 1 else f"{self.statistic} {self.seconds:g}s"
 
 
 def _toml(value: Any) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from castcore.errors import ModelError
 from castcore.options.catalog import say
 
-PERCENTILES = (90, 99)
+PERCENTILES = (90, 95, 99)
 METRICS = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
            ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
 
@@ -59,7 +59,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def _stats(name: str, seconds: list[float]) -> dict[str, float]:
-    """mean/median/std/p90/p99 of ``seconds`` in milliseconds under vLLM's keys (``mean_ttft_ms`` ...)."""
+    """mean/median/std/p90/p95/p99 of ``seconds`` in milliseconds under vLLM's keys (``mean_ttft_ms`` ...)."""
     ms = [s * 1000 for s in seconds]
     stats = {f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
              f"median_{name}_ms": percentile(ms, 50),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castcore.options.catalog import PLAN, say
+from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
@@ -37,17 +38,36 @@ class PlanRequest:
     input_tokens: int = 2048
     output_tokens: int = 256
     devices: list[str] = field(default_factory=list)
-    ttft_s: float | None = None
-    tpot_s: float | None = None
+    ttft: Objective | None = None
+    tpot: Objective | None = None
     max_devices: int = 8
     top: int = 5
     tp: list[int] | None = None  # None: searched (see the module docstring)
     pp: list[int] | None = None
     weights: list[str | None] = field(default_factory=lambda: [None, "int8"])  # None: the model dtype
     dtype: str = "bf16"
+    # Traffic (castcore.sweeps.capacity): simulated deployments instead of one static batch each.
+    rate: float | None = None
+    concurrency: int | None = None
+    max_rate: bool = False
+    requests: int = 500
+    engine: str = "vllm"
+
+    @property
+    def traffic(self) -> bool:
+        return self.rate is not None or self.concurrency is not None or self.max_rate
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.ttft is None else self.ttft.seconds
+
+    @property
+    def tpot_s(self) -> float | None:
+        return None if self.tpot is None else self.tpot.seconds
 
     def meets(self, row: dict[str, Any]) -> bool:
-        """Fits, and meets the latency objectives."""
+        """Fits, and meets the latency objectives: a static batch's every request has the same latency, so any
+        statistic of them is that latency."""
         return (not row.get("error") and row.get("fits") is True
                 and (self.ttft_s is None or row["ttft_s"] <= self.ttft_s)
                 and (self.tpot_s is None or row["tpot_s"] <= self.tpot_s))
@@ -62,6 +82,8 @@ class PlanResult:
     layouts: int = 0
     refused: list[dict[str, Any]] = field(default_factory=list)  # layouts the model or device cannot take
     seconds: float = 0.0
+    missed: list[dict[str, Any]] = field(default_factory=list)  # under traffic: layouts that ran but never met,
+    # each at its last try, with why under "missed"
 
 
 def divisors(n: int) -> list[int]:
@@ -110,6 +132,22 @@ def _next_batch(batch: int) -> int | None:
     return power
 
 
+def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every layout on every device with every weight dtype, as a point's values (with ``more``)."""
+    config = None if is_factory(request.model) else load_model_config(request.model)
+    lengths = [str(request.input_tokens), str(request.output_tokens)] if request.traffic else [
+        request.input_tokens, request.output_tokens]  # simulate's lengths are text: a length or a distribution
+    chosen = [{"model": request.model, "input": lengths[0], "output": lengths[1], "dtype": request.dtype,
+               "device": name, "weights": weights, **more, **layout}
+              for name in request.devices for layout in layouts(config, devices[name], request)
+              for weights in request.weights]
+    if not chosen:
+        raise ModelError(f"no parallel layout of {request.model} fits in {say('max_devices', request.max_devices)} "
+                         f"on {', '.join(request.devices)}: raise {say('max_devices')} or give {say('tp')}/"
+                         f"{say('pp')} values that fit it")
+    return chosen
+
+
 def search(request: PlanRequest, command: Command, devices: dict[str, Any],
            run: Callable[[list[Point]], SweepResult]) -> PlanResult:
     """Search (see the module docstring). ``command`` is castcore serve's; ``devices`` the profiles by name;
@@ -117,15 +155,7 @@ def search(request: PlanRequest, command: Command, devices: dict[str, Any],
     import time
 
     started = time.perf_counter()
-    config = None if is_factory(request.model) else load_model_config(request.model)
-    chosen = [{"model": request.model, "input": request.input_tokens, "output": request.output_tokens,
-               "dtype": request.dtype, "device": name, "weights": weights, "max_batch": True, **layout}
-              for name in request.devices for layout in layouts(config, devices[name], request)
-              for weights in request.weights]
-    if not chosen:
-        raise ModelError(f"no parallel layout of {request.model} fits in {say('max_devices', request.max_devices)} "
-                         f"on {', '.join(request.devices)}: raise {say('max_devices')} or give {say('tp')}/"
-                         f"{say('pp')} values that fit it")
+    chosen = choices(request, devices, {"max_batch": True})
     everything: list[dict[str, Any]] = []
     rows = _round(command, chosen, run, everything)
     first = rows
@@ -157,28 +187,40 @@ def _round(command: Command, chosen: list[dict[str, Any]], run: Callable[[list[P
 
 
 def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft: Any = None, tpot: Any = None,
-         devices: list[str] | None = None, max_devices: int = 8, top: int = 5, tp: list[int] | None = None,
-         pp: list[int] | None = None, weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16",
-         workers: int | None = None, backend: str = "local", ray_address: str | None = None,
-         plugins: PluginOptions | None = None, progress: bool | None = False, **old: Any) -> PlanResult:
+         rate: float | None = None, concurrency: int | None = None, max_rate: bool = False, requests: int = 500,
+         engine: str = "vllm", devices: list[str] | None = None, max_devices: int = 8, top: int = 5,
+         tp: list[int] | None = None, pp: list[int] | None = None,
+         weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16", workers: int | None = None,
+         backend: str = "local", ray_address: str | None = None, plugins: PluginOptions | None = None,
+         progress: bool | None = False, **old: Any) -> PlanResult:
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
-    output tokens/s per device that fit and meet ``ttft``/``tpot`` (seconds, or "50ms"), ``fewest`` devices that
-    fit per device. The options are ``castcore plan``'s (see its --help); ``plugins`` the plugin options."""
+    output tokens/s per device that fit and meet ``ttft``/``tpot`` (seconds, "50ms", or under traffic a statistic
+    such as "p99:500ms"), ``fewest`` devices that fit (under traffic: that meet them) per device. With ``rate``,
+    ``concurrency`` or ``max_rate`` the deployments are simulated under traffic (castcore.sweeps.capacity). The
+    options are ``castcore plan``'s (see its --help); ``plugins`` the plugin options."""
+    from castcore.sweeps import capacity
     from castcore.sweeps.run import backend_for, run_points
     from castcore.sweeps.sweep import commands, open_session
     from castcore.sweeps.work import Settings
     from castcore.workload.serving import check_request
 
     plugins = _old_plugin_keywords(plugins or PluginOptions(), old)
-    given = {"input_tokens": input_tokens, "output_tokens": output_tokens, "ttft": ttft, "tpot": tpot,
+    given = {"input_tokens": input_tokens, "output_tokens": output_tokens, "ttft": ttft, "tpot": tpot, "rate": rate,
+             "concurrency": concurrency, "max_rate": max_rate, "requests": requests, "engine": engine,
              "devices": devices, "max_devices": max_devices, "top": top, "tp": tp, "pp": pp, "weights": weights,
              "dtype": dtype, "workers": workers, "backend": backend, "ray_address": ray_address}
     values = {name: PLAN[name].check(value) for name, value in given.items()}
+    for group in PLAN.exclusive:
+        given_together = [name for name in group if values[name] not in (None, False)]
+        if len(given_together) > 1:
+            raise ModelError(f"{say(given_together[0])} and {say(given_together[1])} cannot be given together")
     check_request(model, input_tokens, output_tokens, 1, dtype=dtype)  # the model and the request, as serve does
-    request = PlanRequest(model=model, input_tokens=input_tokens, output_tokens=output_tokens,
-                          ttft_s=values["ttft"], tpot_s=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp,
-                          dtype=dtype,
-                          weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])))
+    request = PlanRequest(model=model, input_tokens=input_tokens, output_tokens=output_tokens, ttft=values["ttft"],
+                          tpot=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp, dtype=dtype,
+                          weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
+                          rate=values["rate"], concurrency=concurrency, max_rate=max_rate, requests=requests,
+                          engine=engine)
+    capacity.check(request)
     session = open_session(plugins)
     for name in devices or ():
         session.device(name)  # an unknown device fails here, naming the installed ones
@@ -186,10 +228,15 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     if not request.devices:
         session.device(None)  # none installed: says how to install one
     settings = Settings(session=plugins.session_kwargs(), cwd=os.getcwd())
-    serve = commands()["serve"]
+    command = commands()["simulate" if request.traffic else "serve"]
     with backend_for(backend, workers, settings, ray_address) as runner:
-        return search(request, serve, session.devices, lambda points: run_points(
-            points, serve.axes(), settings, runner=runner, progress=progress))
+        def run(points: list[Point]) -> SweepResult:
+            return run_points(points, command.axes(), settings, runner=runner, progress=progress)
+
+        if request.traffic:
+            chosen = choices(request, session.devices, {"requests": requests, "engine": engine})
+            return PlanResult(request=request, **capacity.search(request, command, chosen, run))
+        return search(request, command, session.devices, run)
 
 
 def _old_plugin_keywords(plugins: PluginOptions, old: dict[str, Any]) -> PluginOptions:

@@ -177,7 +177,7 @@ def _check_together(spec: Spec, lines: Mapping[str, int] | None) -> None:
     for pair in spec.command.options.exclusive:
         given = [o for o, _ in (keys[spec.command.options[n].key] for n in pair)
                  if any(v != to_spec(o, o.default) and v is not False for v in spec.axes.get(o.key, ()))]
-        if len(given) == 2:
+        if len(given) >= 2:
             raise ModelError(f"{_where(given[1].key, lines)}: {given[0].key} and {given[1].key} cannot go together; "
                              "keep one of them")
 

@@ -1,0 +1,130 @@
+"""``castcore plan`` under traffic: deployments simulated serving requests (``castcore simulate``) instead of priced
+as one static batch, judged by statistics of the requests' latencies.
+
+The layouts are plan's (castcore.sweeps.plan.layouts), each with every weight dtype asked, each run as a sweep of
+simulate points through the same backend, round after round:
+
+- at ``--rate`` or ``--concurrency``: every layout with one replica; a layout that serves every request but misses an
+  objective is tried again with twice the replicas (dp), the traffic split among them, while the devices stay
+  within ``--max-devices``. The best meet the objectives with the most output tokens/s per device;
+- with ``--max-rate``: every layout's offline throughput (every request at once) bounds its rate; a bisection
+  between 0 and that bound finds the highest rate it serves within the objectives, to 5%. The best sustain the
+  highest rate per device (a replica; n replicas take n times it).
+
+Either way, per device, the fewest devices that meet the objectives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from castcore.options.catalog import say
+from castcore.sweeps.spec import Command, Point, make_points
+
+if TYPE_CHECKING:
+    from castcore.sweeps.run import SweepResult
+
+PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
+
+LAYOUT_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights", "requests", "engine")
+PRECISION = 0.05  # the bisection stops when the rate it has not settled is within 5% of the lowest that misses
+MOST_ROUNDS = 8
+
+
+def misses(request: PlanRequest, row: dict[str, Any]) -> list[str]:
+    """Why a simulated row does not meet the request: a failure, requests left unserved, an objective missed."""
+    if row.get("error"):
+        return [row["error"]]
+    why = [f"{row['never_fit']} request(s) never fit the KV cache"] if row.get("never_fit") else []
+    for metric, objective in (("ttft", request.ttft), ("tpot", request.tpot)):
+        if objective is not None and row[objective.field(metric)] > objective.seconds * 1e3:
+            why.append(f"{objective.statistic} {metric.upper()} {row[objective.field(metric)]:.0f} ms")
+    return why
+
+
+def _rate(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def search(request: PlanRequest, command: Command, chosen: list[dict[str, Any]],
+           run: Callable[[list[Point]], SweepResult]) -> dict[str, Any]:
+    """The traffic search (see the module docstring) over ``chosen``, every layout's simulate values without the
+    traffic; ``command`` is castcore simulate's. The fields of the plan's result."""
+    started = time.perf_counter()
+    everything: list[dict[str, Any]] = []
+
+    def round_of(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        rows = run(make_points(command, values, values[0]["device"])).rows
+        everything.extend(rows)
+        return rows
+
+    if request.max_rate:
+        first, met, missed = _max_rates(request, chosen, round_of)
+        met.sort(key=lambda r: (-r["max_rate"] / r["devices"], r["devices"]))
+    else:
+        first, met, missed = _replicas(request, chosen, round_of)
+        met.sort(key=lambda r: (-r["output_tokens_per_s_per_device"], r["devices"], r["median_e2el_s"]))
+    fewest = [min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
+              for name in request.devices if (mine := [r for r in met if r["device"] == name])]
+    return {"rows": everything, "best": met[:request.top], "fewest": fewest, "layouts": len(chosen),
+            "refused": [r for r in first if r.get("error")], "seconds": time.perf_counter() - started,
+            "missed": missed}
+
+
+def _layout(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in LAYOUT_KEYS}
+
+
+def _replicas(request: PlanRequest, chosen: list[dict[str, Any]],
+              round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> tuple[list, list]:
+    traffic = {"rate": request.rate} if request.rate is not None else {"concurrency": request.concurrency}
+    rows = first = round_of([{**values, **traffic, "dp": 1} for values in chosen])
+    met, missed = [], []
+    while rows:
+        again = []
+        for row in rows:
+            why = misses(request, row)
+            if not why:
+                met.append(row)
+            elif not row.get("error") and not row.get("never_fit") and row["devices"] * 2 <= request.max_devices:
+                again.append({**_layout(row), **traffic, "dp": row["dp"] * 2})
+            elif not row.get("error"):  # the last try of this layout
+                missed.append({**row, "missed": "; ".join(why)})
+        rows = round_of(again) if again else []
+    return first, met, missed
+
+
+def _max_rates(request: PlanRequest, chosen: list[dict[str, Any]],
+               round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> tuple[list, list]:
+    first = round_of([{**values, "dp": 1} for values in chosen])  # all at once: the most it can serve
+    # Per layout still searched: [the highest rate met and its row, the lowest rate missed].
+    bounds = {i: [0.0, None, row["request_throughput"]] for i, row in enumerate(first)
+              if not row.get("error") and not row.get("never_fit")}
+    for _ in range(MOST_ROUNDS):
+        open_ = [i for i, (low, _, high) in bounds.items() if high - low > PRECISION * high]
+        if not open_:
+            break
+        tried = {i: _rate((bounds[i][0] + bounds[i][2]) / 2) for i in open_}
+        rows = round_of([{**_layout(first[i]), "dp": 1, "rate": rate} for i, rate in tried.items()])
+        for i, row in zip(open_, rows):
+            if misses(request, row):
+                bounds[i][2] = tried[i]
+            else:
+                bounds[i][:2] = [tried[i], row]
+    met = [{**row, "max_rate": low} for low, row, _ in bounds.values() if row is not None]
+    missed = [{**first[i], "missed": f"misses the objectives even at {high:g} requests/s"}
+              for i, (_, row, high) in bounds.items() if row is None]
+    missed += [{**row, "missed": "; ".join(misses(request, row))} for i, row in enumerate(first)
+               if not row.get("error") and i not in bounds]
+    return first, met, missed
+
+
+def check(request: PlanRequest) -> None:
+    """What a traffic plan needs beyond the options' own checks."""
+    from castcore.errors import ModelError
+
+    if request.max_rate and request.ttft is None and request.tpot is None:
+        raise ModelError(f"{say('max_rate', True)} finds the highest rate that meets the objectives: give "
+                         f"{say('ttft')} or {say('tpot')}")
