@@ -174,3 +174,18 @@ def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tm
     assert second == first
     fresh = castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, **options)
     assert fresh.summary == first
+
+
+def test_a_second_simulation_of_a_deployment_reuses_its_step_time_model():
+    from castcore.sweeps.capture import CaptureCache
+
+    cache = CaptureCache(disk=False)
+    session = castcore.Session(load_packs=[], device_files=[H100], capture_step=cache)
+    options = {"requests": 20, "input_lengths": "uniform:20:120", "output_lengths": 8}
+    first = session.simulate(LLAMA, rate=10.0, **options)
+    made = cache.stats.captured
+    again = session.simulate(LLAMA, rate=20.0, dp=2, **options)  # another rate, more replicas: the same model
+    assert cache.stats.captured == made and len(session.pipeline.derived) == 1
+    assert again.summary["completed"] == 20 and again.summary != first.summary
+    session.simulate(LLAMA, rate=10.0, tp=2, **options)  # another deployment: its own
+    assert cache.stats.captured > made and len(session.pipeline.derived) == 2

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -192,6 +192,9 @@ class Pipeline:
     def __init__(self, host: PluginHost, capture_step: CaptureStep | None = None):
         self.host = host
         self.capture_step = capture_step
+        # What a command derives from captures and may reuse while this pipeline lives (simulate's step-time
+        # models, by deployment): castcore.workload.simulate keeps it.
+        self.derived: dict[Any, Any] = {}
 
     def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
                          description: str = "", kv_cache_bytes: int = 0) -> Report:

@@ -132,6 +132,24 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, devi
     return blocks, per_token
 
 
+KEPT_STEP_TIMES = 8
+
+
+def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits) -> StepTimes:
+    """The step-time model of ``base``'s deployment under the engine's limits, kept on the pipeline for the next
+    simulation of that deployment (a plan's rounds: other rates, more replicas), whose captures and step times it
+    has already made; replicas share one."""
+    profile = pipeline.host.device(device)
+    key = ("step_times", json.dumps(replace(base, dp=1).options(), sort_keys=True, default=repr), profile.name,
+           engine.max_batched_tokens, min(engine.max_running_requests, engine.max_batched_tokens))
+    kept = pipeline.derived
+    if key not in kept:
+        kept[key] = StepTimes(pipeline, base, profile, *key[3:])
+        while len(kept) > KEPT_STEP_TIMES:
+            del kept[next(iter(kept))]  # the oldest goes
+    return kept[key]
+
+
 @dataclass
 class Simulation:
     """A checked simulation, before anything is captured: the deployment, the engine, the requests."""
@@ -173,8 +191,7 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     ``check`` made."""
     plan = model if isinstance(model, Simulation) else check(model, **options)
     base, engine_limits = plan.base, plan.limits
-    steps = StepTimes(pipeline, base, device, engine_limits.max_batched_tokens,
-                      min(engine_limits.max_running_requests, engine_limits.max_batched_tokens))
+    steps = step_times(pipeline, base, device, engine_limits)
     blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)
     results = []
     for replica in range(base.dp):
