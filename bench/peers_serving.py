@@ -55,6 +55,10 @@ AIC_BACKEND = ("vllm", "0.24.0")
 # castcore preset -> Vidur's model (vidur/config/model_config.py) and its devices (vidur/types/device_sku_type.py).
 VIDUR_MODELS = {"llama-3-8b": "meta-llama/Llama-3-8B", "llama-3-70b": "meta-llama/Llama-3-70B"}
 VIDUR_DEVICES = {"h100-sxm5-80gb": ("h100", "h100_dgx")}
+# The Hugging Face datasets Vidur's predictor reads (model, network): vidur 0.0.26 names only its defaults, for
+# Llama-3-8B on an H100 DGX (vidur/config/config.py, BaseExecutionTimePredictorConfig); --vidur-dataset adds others.
+VIDUR_DATASETS = {("llama-3-8b", "h100-sxm5-80gb"): ("project-vajra/dev-staging-meta-llama-llama-3-8b-h100",
+                                                     "project-vajra/dev-staging-h100-dgx")}
 VIDUR_TIMEOUT_S = 600
 
 
@@ -304,8 +308,9 @@ class AIConfigurator:
 class Vidur:
     """Vidur runs as its own process (python -m vidur.main), one per scenario, in the run's temp directory."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, datasets: dict):
         self.workdir = workdir
+        self.datasets = datasets
         self._failed: dict = {}  # a deployment whose profiles could not be had: the reason, said once per deployment
 
     def run(self, s: Scenario) -> dict:
@@ -315,10 +320,14 @@ class Vidur:
             return not_run(text.VIDUR_NO_DEVICE)
         if s.mode == "concurrency":
             return not_run(text.VIDUR_NO_CLOSED_LOOP)
+        if (s.model, s.device) not in self.datasets:
+            return not_run(text.VIDUR_NO_DATASET, model=s.model)
         key = (s.model, s.device, s.tp)
         if key in self._failed:
             return self._failed[key]
         device, network = VIDUR_DEVICES[s.device]
+        model_data, network_data = self.datasets[(s.model, s.device)]
+        predictor = "--random_forrest_execution_time_predictor_config"  # Vidur's default predictor
         out = self.workdir / f"vidur-{len(list(self.workdir.glob('vidur-*')))}"
         interval = (["--interval_generator_config_type", "poisson", "--poisson_request_interval_generator_config_qps",
                      str(s.value)] if s.mode == "rate" else ["--interval_generator_config_type", "static"])
@@ -338,6 +347,8 @@ class Vidur:
                    "--fixed_request_length_generator_config_prefill_tokens", str(s.isl),
                    "--fixed_request_length_generator_config_decode_tokens", str(s.osl),
                    "--fixed_request_length_generator_config_max_tokens", str(s.isl + s.osl),
+                   f"{predictor}_model_profiling_dataset", model_data,
+                   f"{predictor}_network_profiling_dataset", network_data,
                    *interval, "--metrics_config_output_dir", str(out), "--no-metrics_config_store_plots"]
         try:
             done = subprocess.run(command, cwd=self.workdir, capture_output=True, text=True, timeout=VIDUR_TIMEOUT_S)
@@ -404,9 +415,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two small scenarios only (a smoke test)")
     parser.add_argument("--out", help="where to write the JSON (and the .md beside it); default "
                         "bench/results/peers_serving.json, or the temp directory with --quick")
+    parser.add_argument("--vidur-dataset", action="append", default=[], metavar="MODEL=MODEL_DATASET[,NETWORK_DATASET]",
+                        help="the Hugging Face dataset of Vidur's profiles of a castcore preset on the H100 (and of "
+                        "the network: default project-vajra/dev-staging-h100-dgx); repeatable")
     args = parser.parse_args()
     out = args.out or (Path(tempfile.gettempdir()) / "peers-serving-quick.json" if args.quick
                        else "bench/results/peers_serving.json")
+    datasets = dict(VIDUR_DATASETS)
+    for given in args.vidur_dataset:
+        model, _, names = given.partition("=")
+        compute, _, network = names.partition(",")
+        datasets[(model, "h100-sxm5-80gb")] = (compute, network or VIDUR_DATASETS[("llama-3-8b", "h100-sxm5-80gb")][1])
     versions = {}
     for name, wanted in PEERS.items():
         try:
@@ -420,7 +439,7 @@ def main() -> None:
     castcore = Castcore()
     rows, started = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="peers-serving-") as work:
-        aic, vidur = AIConfigurator(Path(work)), Vidur(Path(work))
+        aic, vidur = AIConfigurator(Path(work)), Vidur(Path(work), datasets)
         todo = scenarios(args.quick)
         for i, s in enumerate(todo, 1):
             clock = time.perf_counter()
@@ -438,6 +457,7 @@ def main() -> None:
     result = {"versions": versions, "engine": ENGINE, "seed": SEED, "quick": args.quick,
               "aiconfigurator_backend": {"backend": AIC_BACKEND[0], "version": AIC_BACKEND[1]},
               "aiconfigurator_models": AIC_MODELS, "vidur_models": VIDUR_MODELS, "gap": text.GAP,
+              "vidur_datasets": {f"{m} on {d}": list(v) for (m, d), v in datasets.items()},
               "seconds": time.perf_counter() - started, "rows": rows}
     result["summary"] = text.summary(rows)
     figures.write(out, result, lambda machine: text.markdown(result, machine))

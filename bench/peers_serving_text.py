@@ -32,12 +32,17 @@ VIDUR_NO_MODEL = ("no MoE model", "Vidur 0.0.26 has no MoE model (vidur/config/m
 VIDUR_NO_DEVICE = ("no H200", "Vidur 0.0.26 has no H200 (vidur/types/device_sku_type.py: A40, A100, H100, L40)")
 VIDUR_NO_CLOSED_LOOP = ("no closed loop", "Vidur 0.0.26 generates open-loop arrivals only (vidur/request_generator: "
                         "static, Poisson, gamma and trace intervals); it has no closed loop of C requests in flight")
+VIDUR_NO_DATASET = ("no profiling dataset named",
+                    "Vidur 0.0.26 reads a model's profiles from a Hugging Face dataset and names one only for "
+                    "Llama-3-8B on an H100 (its default, project-vajra/dev-staging-meta-llama-llama-3-8b-h100, "
+                    "vidur/config/config.py); none is named for {model} (bench/peers_serving.py --vidur-dataset "
+                    "takes one)")
 VIDUR_NO_PROFILES = ("no profiling data here",
                      "Vidur 0.0.26 ships no profiling data: its execution-time predictor downloads the model's and "
                      "the network's profiles from Hugging Face datasets at run time (vidur/execution_time_predictor/"
-                     "sklearn_execution_time_predictor.py, _get_input_files: by default project-vajra/"
-                     "dev-staging-meta-llama-llama-3-8b-h100 and project-vajra/dev-staging-h100-dgx, even with the "
-                     "dummy predictor), and this machine reaches only package registries. Vidur's error: {error}")
+                     "sklearn_execution_time_predictor.py, _get_input_files: here project-vajra/"
+                     "dev-staging-meta-llama-llama-3-8b-h100 and project-vajra/dev-staging-h100-dgx; even its dummy "
+                     "predictor does), and this machine reaches only package registries. Vidur's error: {error}")
 
 
 MECHANISMS = {
