@@ -194,3 +194,29 @@ def fidelity(session: nox.Session) -> None:
     _install_core(session)
     session.install("packs/castpack-nvidia", "packs/castpack-ascend", "packs/castpack-collectives")
     session.run("python", "bench/fidelity/run.py", "--out", "bench/results/fidelity.json", *session.posargs)
+
+
+@nox.session
+def peers_serving(session: nox.Session) -> None:
+    """castcore simulate against two peer serving simulators, Vidur (vidur) and AIConfigurator (aiconfigurator with
+    its data wheel aiconfigurator-core), on the same traffic scenarios: writes bench/results/peers_serving.json and
+    .md. A few minutes on 2 cores; not a default session and not part of bench. ``nox -s peers_serving -- --quick``
+    runs a smoke test instead and writes to the temp directory.
+
+    The peers go in under a constraints file that pins torch to TORCH, so that nothing they ask for can pull another
+    torch (neither names one). aiconfigurator's requirements (numpy 2, pandas, pydantic 2, pyarrow, matplotlib,
+    bokeh, plotly, ...) sit beside castcore's. vidur goes in without its dependencies: besides what its simulator
+    imports (scikit-learn, wandb, plotly_express, ddsketch, fasteners; numpy, pandas and huggingface_hub are here
+    already) they are streamlit, kaleido, seaborn, paretoset and ninja, for its config optimizer's dashboard, its
+    plots and its profiling, which this comparison does not run. Vidur fetches its profiles from Hugging Face at
+    run time; where that cannot be reached, the table says so."""
+    from pathlib import Path
+
+    _install_core(session)
+    session.install("packs/castpack-nvidia", "packs/castpack-collectives")
+    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraints.write_text(f"{TORCH}\n")
+    session.install("-c", str(constraints), "aiconfigurator==0.12.0", "aiconfigurator-core==0.12.0")
+    session.install("--no-deps", "vidur==0.0.26")
+    session.install("-c", str(constraints), "scikit-learn", "wandb", "plotly_express", "ddsketch", "fasteners")
+    session.run("python", "bench/peers_serving.py", *(session.posargs or ["--out", "bench/results/peers_serving.json"]))
