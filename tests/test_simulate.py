@@ -189,3 +189,14 @@ def test_a_second_simulation_of_a_deployment_reuses_its_step_time_model():
     assert again.summary["completed"] == 20 and again.summary != first.summary
     session.simulate(LLAMA, rate=10.0, tp=2, **options)  # another deployment: its own
     assert cache.stats.captured > made and len(session.pipeline.derived) == 2
+
+
+def test_the_plot_draws_the_distributions_and_throughput(tmp_path, capsys):
+    picture = tmp_path / "run.png"
+    figures = _simulate(capsys, "--rate", "40", "--plot", str(picture))
+    assert figures["completed"] == 60
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 20_000
+    assert [p.name for p in tmp_path.iterdir()] == ["run.png"]  # no temporary left beside it
+    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--input", "100", "--plot",
+                 str(tmp_path / "missing" / "run.png")]) == 2
+    assert "the folder" in capsys.readouterr().err

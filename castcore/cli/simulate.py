@@ -18,6 +18,11 @@ def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
     plan = check(args.model, **options)  # bad options, lengths or datasets fail before any plugin or model loads
     trace = check_output(args.trace, "trace") if args.trace else None
+    plot = check_output(args.plot, "plot") if args.plot else None
+    if plot:
+        from castcore.report.plot import pyplot
+
+        pyplot()  # matplotlib missing: said before the work, not after
     cache = capture_cache_from(args)
     session = make_session(args, capture_step=cache)
     note(f"capturing {args.model} at the engine's token counts, then simulating {len(plan.requests)} requests ...")
@@ -34,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
         events = json.dumps(report.to_trace())
         write_whole(trace, "trace", lambda path: path.write_text(events, encoding="utf-8"))
         note(f"wrote the trace of {report.iterations:,} iterations to {trace} (open it in ui.perfetto.dev)")
+    if plot and report.finished:
+        write_whole(plot, "plot", report.plot)
+        note(f"wrote the TTFT/TPOT distributions and throughput over time to {plot}")
+    elif plot:
+        warn(f"no request finished, so nothing was drawn to {plot}")
     print(report.to_json() if args.json else report.format_text())
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")

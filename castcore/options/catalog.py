@@ -314,7 +314,9 @@ SIMULATE = CommandOptions("simulate", (
                             "with the engine's (iterations, mean running batch, KV usage over time)"),
                       Option("trace", "write a Chrome trace (JSON) that Perfetto opens: the engine's iterations, the KV "
                              "cache's use, and each request from arrival to its last token", PRINTING, kind="path",
-                             optional=True, metavar="FILE"))),
+                             optional=True, metavar="FILE"),
+                      Option("plot", "draw the TTFT and TPOT distributions and output tokens/s over time (needs "
+                             "matplotlib: castcore[plot])", PRINTING, kind="path", optional=True, metavar="PNG"))),
     *_scoped(SESSION, (NO_CACHE, *PLUGIN_OPTIONS)),
 ), exclusive=(("rate", "concurrency"),))
 

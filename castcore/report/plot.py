@@ -14,14 +14,30 @@ class PlotError(CastcoreError, RuntimeError):
     """The chart cannot be drawn; the message says why and how to fix it."""
 
 
-def plot_roofline(report: Report, path: str | Path) -> Path:
+def pyplot():
+    """matplotlib's pyplot drawing to files only (no screen needed); PlotError saying how to install it."""
     try:
         import matplotlib
 
-        matplotlib.use("Agg")  # files only: no screen needed
+        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotError(f"{say('plot')} needs matplotlib: pip install 'castcore[plot]'") from None
+    return plt
+
+
+def save(fig, path: str | Path, fmt: str | None = None) -> Path:
+    """Write ``fig`` to ``path`` (its suffix, or ``fmt``, the format) and close it."""
+    path = Path(path)
+    try:
+        fig.savefig(path, dpi=120, bbox_inches="tight", format=(fmt or path.suffix).lstrip(".") or "png")
+    finally:
+        pyplot().close(fig)
+    return path
+
+
+def plot_roofline(report: Report, path: str | Path) -> Path:
+    plt = pyplot()
     device = report.device
     peak_rate, dtype = device.rate("mma", _main_dtype(report))
     peak = peak_rate * device.compute_efficiency
@@ -48,12 +64,7 @@ def plot_roofline(report: Report, path: str | Path) -> Path:
     ax.set_title(f"{report.description or 'castcore'} on {device.name}\n(point size: share of time)", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", alpha=0.2)
-    path = Path(path)
-    try:
-        fig.savefig(path, dpi=120, bbox_inches="tight", format=path.suffix.lstrip(".") or "png")
-    finally:
-        plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _main_dtype(report: Report):

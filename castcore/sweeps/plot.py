@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.options.catalog import say
-from castcore.report.plot import PlotError
+from castcore.report.plot import PlotError, pyplot, save
 from castcore.sweeps.rows import LATENCY, THROUGHPUT
 
 LABELS = {"step_s": "step time (s)", "latency_s": "request latency (s)",
@@ -37,13 +37,7 @@ def pareto(points: list[tuple[float, float]]) -> list[int]:
 
 def plot_pareto(rows: list[dict[str, Any]], command: str, path: str | Path, fmt: str = ".png") -> str:
     """Draw the rows to ``path``; a line saying what was drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PlotError(f"{say('plot')} needs matplotlib: pip install 'castcore[plot]'") from None
+    plt = pyplot()
     x_key, y_key = THROUGHPUT[command], LATENCY[command]
     drawn = [(x, y, row) for row in rows if not row.get("error")
              and (x := _number(row.get(x_key))) is not None and (y := _number(row.get(y_key))) is not None]
@@ -76,8 +70,5 @@ def plot_pareto(rows: list[dict[str, Any]], command: str, path: str | Path, fmt:
     ax.set_title(f"castcore sweep: {len(drawn)} {command} points, {len(front)} on the Pareto front", fontsize=10)
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=8, loc="best")
-    try:
-        fig.savefig(path, dpi=120, bbox_inches="tight", format=fmt.lstrip(".") or "png")
-    finally:
-        plt.close(fig)
+    save(fig, path, fmt)
     return f"{len(drawn)} points, {len(front)} on the Pareto front"

@@ -56,10 +56,19 @@ class SimulationReport:
     partial: bool = False  # Ctrl-C ended the run: the figures are of the requests finished by then
     finished: list = field(default_factory=list, repr=False)  # every request's times (castcore.simulation.metrics)
     iterations_trace: Any = field(default=None, repr=False)  # the first replica's iterations (engine.Trace)
+    slo_ttft_s: float | None = None  # the goodput objectives, drawn by ``plot``
+    slo_tpot_s: float | None = None
 
     def to_trace(self) -> dict[str, Any]:
         """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""
         return chrome_trace(self.iterations_trace, self.finished, f"{self.model} on {self.device}, {self.engine}")
+
+    def plot(self, path: Any) -> Any:
+        """Draw the TTFT and TPOT distributions and output tokens/s over time (castcore.report.traffic_plot)."""
+        from castcore.report.traffic_plot import plot_simulation
+
+        return plot_simulation(self.finished, self.kv_usage, f"{self.model} on {self.device}, {self.engine} engine: "
+                               f"{self.summary['completed']} requests", path, self.slo_ttft_s, self.slo_tpot_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary, "model": self.model, "device": self.device, "engine": self.engine,
@@ -216,4 +225,4 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
                             kv_blocks=blocks, kv_bytes_per_token=per_token, summary=summary, never_fit=never,
                             iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
                             deployment=base.options(), notes=notes, partial=results[-1].partial, finished=finished,
-                            iterations_trace=results[0].trace)
+                            iterations_trace=results[0].trace, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot)
