@@ -111,7 +111,8 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     deploy = ", ".join(f"{k} {v}" for k, v in options.items()
                        if k in ("tp", "dp", "weights", "kv_cache") and v not in (1, None))
     describe = (f"simulate {path.stem} {w['engine']}, {requests} requests {inputs} in + {outputs} out, {arrivals}"
-                + (f", {deploy}" if deploy else "") + (f", {limits}" if limits else ""))
+                + (f", {deploy}" if deploy else "")
+                + "".join(f", {k} {'on' if v is True else 'off' if v is False else v}" for k, v in limits.items()))
     return {"options": options, "metric": w["metric"], "notes": notes, "describe": describe}
 
 
