@@ -200,3 +200,22 @@ def test_the_plot_draws_the_distributions_and_throughput(tmp_path, capsys):
     assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--input", "100", "--plot",
                  str(tmp_path / "missing" / "run.png")]) == 2
     assert "the folder" in capsys.readouterr().err
+
+
+def test_pipeline_stages_split_an_iteration_and_serve_micro_batches_in_flight(session):
+    whole = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 512, 64)
+    staged = StepTimes(session.pipeline, castcore.build_workload(LLAMA, pp=2), "h100-sxm", 512, 64)
+    for chunks in random_batches(5, seed=1):
+        stages = staged.stage_times(chunks)
+        # The same ops, split: the embedding and layer 0 first, layer 1 and the LM head last.
+        assert len(stages) == 2 and sum(stages) == pytest.approx(whole(chunks), rel=1e-9)
+        assert staged(chunks) >= max(2 * max(stages), sum(stages))
+    decoding = [Chunk(1, 50)] * 8
+    assert staged.stage_times(decoding)[1] > staged.stage_times([Chunk(1, 50, samples=False)] * 8)[1]
+    offline = {pp: castcore.Session(load_packs=[], device_files=[H100]).simulate(
+        LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, pp=pp) for pp in (1, 2)}
+    assert offline[2].summary["completed"] == 60 and "pipeline-parallel: 2 micro-batches" in offline[2].notes[-1]
+    # Each device holds half the layers' keys and values: twice the blocks (the tiny weights hardly count).
+    assert offline[2].kv_blocks / offline[1].kv_blocks == pytest.approx(2, rel=0.01)
+    # A token passes both stages and the send between them, and the last stage also runs the LM head.
+    assert offline[2].summary["mean_tpot_ms"] > offline[1].summary["mean_tpot_ms"]

@@ -4,7 +4,8 @@ and decode tokens, each sequence at its own KV length.
 The tokens of every sequence are packed into one row (as vLLM and SGLang flatten a batch), so every linear layer,
 norm and collective runs over all of them at once; attention runs per sequence, its chunk of queries against its
 own cached keys and values plus the chunk's, in one kernel (``castcore::varlen_attention``); the LM head
-runs over the sequences that sample a token this iteration. Only the deployed kernels' attention can be split this
+runs over the sequences that sample a token this iteration. Under ``--pp`` the whole model is captured and split
+into stages afterwards (castcore.workload.steptime). Only the deployed kernels' attention can be split this
 way, so a mixed batch needs ``fuse`` (not ``--eager``), and it runs castcore's own deployed kernels: a pack's
 ``fuse_model`` rewrite is not applied (its estimators still price every op they claim).
 """
@@ -36,13 +37,14 @@ def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
     """The Workload whose prefill runs the packed row: batch 1, the chunks' tokens; the deployment is ``base``'s."""
     if not base.fuse:
         raise ModelError(f"a mixed batch splits castcore's fused attention per sequence: drop {say('fuse', False)}")
-    if base.pp > 1 or base.ep > base.tp or base.micro_batches > 1:
-        raise ModelError(f"a mixed batch of one packed row does not split into pipeline stages or attention groups "
-                         f"yet: drop {say('pp')}, {say('micro_batches')}, and an {say('ep')} above {say('tp')}")
+    if base.ep > base.tp or base.micro_batches > 1:
+        raise ModelError(f"a mixed batch of one packed row does not split into attention groups or prefill "
+                         f"micro-batches: drop {say('micro_batches')}, and an {say('ep')} above {say('tp')}")
     if not chunks or any(c.new < 1 or c.cached < 0 for c in chunks):
         raise ModelError("a mixed batch needs at least one sequence, each with at least one new token")
+    # Pipeline stages are split from the whole model's ops afterwards (castcore.workload.steptime.Stages).
     return replace(base, batch=1, seq=sum(c.new for c in chunks), phase="prefill", kv_len=None, train=False,
-                   all_logits=False)
+                   all_logits=False, pp=1)
 
 
 def capture_mixed(pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk],

@@ -5,7 +5,8 @@ Requests (lengths drawn or read from a dataset) arrive all at once, at a rate or
 prefill chunks and decode tokens over a KV cache of whole blocks; each iteration takes the time castcore estimates
 for that mixed batch on the deployment (castcore.workload.steptime, from a few captures). The KV cache holds what
 the engine's memory share leaves after the weights and the activations of a full token budget (both from the
-largest of those captures). Data-parallel replicas each take every dp-th request at 1/dp of the rate.
+largest of those captures). Data-parallel replicas each take every dp-th request at 1/dp of the rate; under
+``--pp`` each replica's micro-batches in flight are schedulers of their own (see ``simulate``).
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, devi
     """KV blocks the engine's memory share leaves per device, and the bytes one token's keys and values take."""
     probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), device)
     per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
-    memory = steps.memory
+    # The weights one device holds (under --pp its heaviest stage's) from the probe, the activations of a full
+    # token budget from the step-time model's largest capture.
+    memory = replace(steps.memory, weight_bytes=probe.memory.weight_bytes)
     capacity = steps.profile.memory_bytes
     taken = memory.weight_bytes + memory.activation_peak_bytes
     usable = (engine.kv_memory_fraction * capacity - taken if engine.memory_share_of == "device"
@@ -202,11 +205,19 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     base, engine_limits = plan.base, plan.limits
     steps = step_times(pipeline, base, device, engine_limits)
     blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)
+    # Each replica's pp micro-batches in flight are schedulers of their own (vLLM's virtual engines), each with
+    # 1/pp of its KV blocks and running requests; every scheduler serves every n-th request.
+    schedulers = base.dp * base.pp
+    mine = replace(engine_limits, max_running_requests=max(1, engine_limits.max_running_requests // base.pp))
+    if blocks // base.pp < 1:
+        raise ModelError(f"the KV cache's {blocks} blocks do not go round {say('pp', base.pp)} micro-batches in "
+                         f"flight: use a smaller {say('pp')} or a larger {say('tp')}")
     results = []
-    for replica in range(base.dp):
-        results.append(engine_model.simulate(plan.requests[replica::base.dp], engine_limits, blocks, steps,
-                                             None if plan.concurrency is None else max(1, plan.concurrency // base.dp)))
-        if results[-1].partial:  # Ctrl-C: no further replica runs
+    for n in range(schedulers):
+        results.append(engine_model.simulate(plan.requests[n::schedulers], mine, blocks // base.pp, steps,
+                                             None if plan.concurrency is None else max(1, plan.concurrency //
+                                                                                       schedulers)))
+        if results[-1].partial:  # Ctrl-C: no further scheduler runs
             break
     finished = [f for r in results for f in r.finished]
     never = [{"index": n.index, "why": n.why} for r in results for n in r.never_fit]
@@ -215,6 +226,10 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     iterations = sum(r.iterations for r in results)
     mean = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
     notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
+    if base.pp > 1:
+        notes.append(f"pipeline-parallel: {base.pp} micro-batches in flight per replica, each scheduled on its own "
+                     f"with 1/{base.pp} of the KV blocks and running requests; an iteration's period is {base.pp} "
+                     "times its slowest stage, at least one pass through every stage with the activation sends")
     rewriters = [pipeline.host.plugins.label(impl.plugin_name)
                  for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()]
     if rewriters:  # see castcore.workload.mixed

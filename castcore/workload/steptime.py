@@ -110,17 +110,19 @@ class StepTimes:
         self.sampled_at = {min(t, max_sampled): t for t in reversed(self.points)}
         self.sampled_points = sorted(self.sampled_at)
         self._reports: dict[int, Report] = {}
-        self._parts: dict[tuple[str, int], _Parts] = {}
+        self._stage_of: dict[int, list[int]] = {}  # per ladder capture, each record's pipeline stage
+        self._parts: dict[tuple[str, int, int], _Parts] = {}
+        self.stages = Stages.of(base) if base.pp > 1 else None
         self.memory = self._report(self.points[-1]).memory  # weights, and the activations of a full token budget
-        # Attention kernels of one shape (a layer kind), and how many an iteration runs.
+        # Attention kernels of one shape (a layer kind), and how many an iteration runs in each stage.
         kinds: dict[Any, list] = {}
-        for record in self._report(self.points[0]).records:
+        smallest = self._report(self.points[0])
+        for record, stage in zip(smallest.records, self._stage_of[self.points[0]]):
             if record.invoke.name == ATTENTION:
                 template = _attention_kind(record.invoke)
-                kinds.setdefault(template.key, [0, template])[0] += 1
-        self.attention = [(count, template) for count, template in kinds.values()]
-        self._body: dict[int, float] = {}
-        self._head: dict[int, float] = {}
+                kinds.setdefault(template.key, [[0] * base.pp, template])[0][stage] += 1
+        self.attention = [(counts, template) for counts, template in kinds.values()]
+        self._times: dict[tuple[int, int], list[float]] = {}
 
     def _report(self, tokens: int) -> Report:
         """The ladder's capture at ``tokens``: one prompt chunk and single tokens, min(tokens, max_sampled) of
@@ -128,41 +130,95 @@ class StepTimes:
         if tokens not in self._reports:
             sampled = min(tokens, self.max_sampled)
             chunks = [Chunk(tokens - sampled + 1, 0), *[Chunk(1, 0)] * (sampled - 1)]
-            self._reports[tokens] = capture_mixed(self.pipeline, self.base, chunks, self.profile)
+            report = self._reports[tokens] = capture_mixed(self.pipeline, self.base, chunks, self.profile)
+            self._stage_of[tokens] = (self.stages.assign(report) if self.stages is not None
+                                      else [0] * len(report.records))
         return self._reports[tokens]
 
-    def _at(self, kind: str, x: int) -> float:
-        """The body at ``x`` tokens, or the head at ``x`` sampling sequences, from the two captures around x."""
+    def _at(self, kind: str, x: int, stage: int) -> float:
+        """One stage's body at ``x`` tokens, or its head at ``x`` sampling sequences, from the two captures around
+        x."""
         points = self.points if kind == "body" else self.sampled_points
         if len(points) == 1:
             points = points * 2
         i = min(max(bisect.bisect_left(points, x), 1), len(points) - 1)
-        parts = self._parts.get((kind, i))
+        parts = self._parts.get((kind, i, stage))
         if parts is None:
             pair = points[i - 1:i + 1]
             tokens = pair if kind == "body" else [self.sampled_at[p] for p in pair]
             keep = (lambda r: r.invoke.name != ATTENTION and not _head(r)) if kind == "body" else _head
-            parts = self._parts[(kind, i)] = _Parts.of(pair, [[r for r in self._report(t).records if keep(r)]
-                                                              for t in tokens])
+            parts = self._parts[(kind, i, stage)] = _Parts.of(pair, [
+                [r for r, s in zip(self._report(t).records, self._stage_of[t]) if s == stage and keep(r)]
+                for t in tokens])
         return parts.at(x)
 
-    def __call__(self, chunks: Sequence[Chunk | tuple[int, int]]) -> float:
+    def stage_times(self, chunks: Sequence[Chunk | tuple[int, int]]) -> list[float]:
+        """Seconds of each pipeline stage's share of the iteration (one stage without ``--pp``)."""
         chunks = [c if isinstance(c, Chunk) else Chunk(c[0], c[1]) for c in chunks]
         tokens = sum(c.new for c in chunks)
         sampled = sum(1 for c in chunks if c.samples)
-        body = self._body.get(tokens)
-        if body is None:
-            body = self._body[tokens] = self._at("body", tokens)
-        head = self._head.get(sampled) if sampled else 0.0
-        if head is None:
-            head = self._head[sampled] = self._at("head", sampled)
-        return body + head + self.attention_time(chunks)
+        times = self._times.get((tokens, sampled))
+        if times is None:
+            times = self._times[(tokens, sampled)] = [
+                self._at("body", tokens, stage) + (self._at("head", sampled, stage) if sampled else 0.0)
+                for stage in range(self.base.pp)]
+        kernels = self.attention_kernels(chunks)
+        return [t + sum(counts[stage] * k for (counts, _), k in zip(self.attention, kernels))
+                for stage, t in enumerate(times)]
+
+    def __call__(self, chunks: Sequence[Chunk | tuple[int, int]]) -> float:
+        """The iteration's seconds; under ``--pp`` the period of one micro-batch among ``pp`` in flight (Stages)."""
+        times = self.stage_times(chunks)
+        if self.stages is None:
+            return times[0]
+        return self.stages.period(times, sum(c[0] if isinstance(c, tuple) else c.new for c in chunks), self.profile)
+
+    def attention_kernels(self, chunks: Sequence[Chunk]) -> list[float]:
+        """castcore's estimate of the iteration's attention kernel of each layer kind."""
+        resolver = self.pipeline.host.resolver
+        return [resolver.estimate(_attention_call(template, chunks), self.profile).time_s
+                for _, template in self.attention]
 
     def attention_time(self, chunks: Sequence[Chunk]) -> float:
         """castcore's estimate of the iteration's attention kernels (one per layer)."""
-        resolver = self.pipeline.host.resolver
-        return sum(count * resolver.estimate(_attention_call(template, chunks), self.profile).time_s
-                   for count, template in self.attention)
+        return sum(sum(counts) * k for (counts, _), k in zip(self.attention, self.attention_kernels(chunks)))
+
+
+@dataclass
+class Stages:
+    """Pipeline stages in a continuous-batching engine: the whole model's ops split into ``pp`` stages as
+    castcore.workload.stages splits them (its layers, the embedding with the first, the LM head with the last),
+    ``pp`` micro-batches in flight. A micro-batch's period is ``pp`` times its slowest stage, and at least one pass
+    through every stage with the ``pp - 1`` activation sends between them."""
+
+    prefix: str
+    counts: list[int]
+    activation_bytes: int  # one token's activation sent between stages
+    devices: int
+
+    @classmethod
+    def of(cls, base: Workload) -> Stages:
+        from castcore.devices.dtypes import torch_dtype
+        from castcore.workload.pipeline import build
+        from castcore.workload.stages import check_stages, stage_layers
+
+        built = build(replace(base, pp=1, batch=1, seq=8, phase="prefill", kv_len=None))
+        path, layers = check_stages(built.model, base.pp)
+        hidden = getattr(built.config, "hidden_size", None) or getattr(built.config, "n_embd", 0)
+        return cls(prefix=f"{type(built.model).__name__}.{path}", counts=stage_layers(layers, base.pp),
+                   activation_bytes=int(hidden) * torch_dtype(base.dtype).itemsize,
+                   devices=max(base.tp, base.ep) * base.pp)
+
+    def assign(self, report: Report) -> list[int]:
+        from castcore.workload.stages import assign
+
+        return assign([r.invoke.module for r in report.records], self.prefix, self.counts)
+
+    def period(self, times: list[float], tokens: int, profile: DeviceProfile) -> float:
+        from castcore.workload.stages import transfer_time
+
+        send, _ = transfer_time(tokens * self.activation_bytes, profile, self.devices)
+        return max(len(times) * max(times), sum(times) + (len(times) - 1) * send)
 
 
 def _attention_kind(invoke: OpInvoke) -> OpInvoke:
