@@ -97,6 +97,32 @@ def _collect(value: Any, kind: type, found: list) -> None:
             _collect(v, kind, found)
 
 
+_SCHEMAS: dict[Any, dict[str, tuple[int, bool, bool, Any]]] = {}
+
+
+def _schema_arguments(op: Any) -> dict[str, tuple[int, bool, bool, Any]]:
+    """An op's arguments by name: position, keyword-only, whether it has a default, the default. Read from torch's
+    schema once per op (each read of ``schema.arguments`` builds its objects anew)."""
+    try:
+        return _SCHEMAS[op]
+    except KeyError:
+        pass
+    except TypeError:  # an op that cannot be a key: read it each time
+        return _read_schema(op)
+    found = _SCHEMAS[op] = _read_schema(op)
+    return found
+
+
+def _read_schema(op: Any) -> dict[str, tuple[int, bool, bool, Any]]:
+    schema = getattr(op, "_schema", None)
+    found: dict[str, tuple[int, bool, bool, Any]] = {}
+    for position, arg in enumerate(schema.arguments if schema is not None else ()):
+        if arg.name not in found:
+            has_default = arg.has_default_value()
+            found[arg.name] = (position, arg.kwarg_only, has_default, arg.default_value if has_default else None)
+    return found
+
+
 def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
@@ -167,13 +193,13 @@ class OpInvoke:
         """An argument by its schema name, whether passed by position or keyword, else its default."""
         if name in self.kwargs:
             return self.kwargs[name]
-        schema = getattr(self.op, "_schema", None)
-        for position, arg in enumerate(schema.arguments if schema is not None else ()):
-            if arg.name == name:
-                if position < len(self.args) and not arg.kwarg_only:
-                    return self.args[position]
-                return arg.default_value if arg.has_default_value() else default
-        return default
+        found = _schema_arguments(self.op).get(name)
+        if found is None:
+            return default
+        position, kwarg_only, has_default, value = found
+        if position < len(self.args) and not kwarg_only:
+            return self.args[position]
+        return value if has_default else default
 
     def inputs(self) -> list[TensorMeta]:
         found = tensors_in(self.args)
