@@ -28,8 +28,8 @@ from castcore.simulation.requests import Request
 COUNT, INPUT, OUTPUT, KV_BLOCKS, RATE = 2000, 1024, 512, 27000, 20.0
 
 
-def step_time(batch: list[tuple[int, int]]) -> float:
-    return 0.010 + 20e-6 * sum(new for new, _ in batch)
+def step_time(batch: list[tuple[int, int, bool]]) -> float:
+    return 0.010 + 20e-6 * sum(new for new, _, _ in batch)
 
 
 def workloads() -> dict[str, list[Request]]:

@@ -15,11 +15,14 @@ def engine(running=8, budget=100, chunked=True, block=16):
     return EngineLimits(running, budget, chunked, block, 0.9, "device")
 
 
-def recorder(seconds=1.0):
+def recorder(seconds=1.0, samples=None):
+    """A step function recording each iteration's (new, cached) pairs, and in ``samples`` which of them sample."""
     batches = []
 
     def step(batch):
-        batches.append(list(batch))
+        batches.append([(new, cached) for new, cached, _ in batch])
+        if samples is not None:
+            samples.append([flag for _, _, flag in batch])
         return seconds
 
     return batches, step
@@ -37,9 +40,11 @@ def test_one_request_alone():
 
 
 def test_chunked_prefill_split_by_budget():
-    batches, step = recorder()
+    samples: list = []
+    batches, step = recorder(samples=samples)
     result = simulate([Req(0, 10, 2)], engine(budget=4), 100, step)
     assert batches == [[(4, 0)], [(4, 4)], [(2, 8)], [(1, 10)]]
+    assert samples == [[False], [False], [True], [True]]  # only the chunk that ends the prompt samples a token
     assert result.finished[0].token_times == [3.0, 4.0]
 
 

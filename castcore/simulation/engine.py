@@ -99,11 +99,12 @@ def simulate(
     requests: Sequence[Request],
     limits: EngineLimits,
     kv_blocks: int,
-    step_time: Callable[[list[tuple[int, int]]], float],
+    step_time: Callable[[list[tuple[int, int, bool]]], float],
     concurrency: int | None = None,
 ) -> EngineResult:
     """Serve ``requests`` on an engine with ``limits`` and ``kv_blocks`` KV blocks; ``step_time`` gives an
-    iteration's seconds from its batch, a (new tokens, KV tokens before) pair per request."""
+    iteration's seconds from its batch, per request (new tokens, KV tokens before, whether it samples a token:
+    a decode, or the chunk that ends a prompt)."""
     if kv_blocks < 1:
         raise ModelError(f"the KV cache has {kv_blocks} blocks; the deployment leaves no memory for it")
     if concurrency is not None and concurrency < 1:
@@ -162,7 +163,7 @@ def simulate(
                 clock = max(clock, arrival[pending[0]])
                 continue
             budget = budget_max
-            batch: list[tuple[int, int]] = []
+            batch: list[tuple[int, int, bool]] = []
             scheduled: list[tuple[int, int]] = []
             stopped = False
             k = 0
@@ -185,7 +186,7 @@ def simulate(
                 free -= need
                 held[i] += need
                 budget -= new
-                batch.append((new, computed[i]))
+                batch.append((new, computed[i], computed[i] + new == prompt[i] + generated[i]))
                 scheduled.append((i, new))
                 k += 1
             if not stopped:
@@ -203,7 +204,7 @@ def simulate(
                     free -= need
                     held[i] += need
                     budget -= new
-                    batch.append((new, computed[i]))
+                    batch.append((new, computed[i], computed[i] + new == prompt[i] + generated[i]))
                     scheduled.append((i, new))
             if not batch:
                 if stopped:

@@ -97,8 +97,8 @@ def _split(record: OpRecord) -> tuple[float, float, float]:
 
 class StepTimes:
     """Seconds of an iteration of ``base``'s deployment: ``step_times([(new, cached), ...])``; ``samples`` in a
-    Chunk says which sequences sample (a tuple counts as sampling). The ladder's captures are made as iterations
-    need them (two bracket each token count), the largest and the smallest at once."""
+    Chunk says which sequences sample (a pair counts as sampling, a triple says). The ladder's captures are made as
+    iterations need them (two bracket each token count), the largest and the smallest at once."""
 
     def __init__(self, pipeline: Pipeline, base: Workload, device: str | DeviceProfile | None, max_tokens: int,
                  max_sampled: int):
@@ -152,9 +152,9 @@ class StepTimes:
                 for t in tokens])
         return parts.at(x)
 
-    def stage_times(self, chunks: Sequence[Chunk | tuple[int, int]]) -> list[float]:
+    def stage_times(self, chunks: Sequence[Chunk | tuple]) -> list[float]:
         """Seconds of each pipeline stage's share of the iteration (one stage without ``--pp``)."""
-        chunks = [c if isinstance(c, Chunk) else Chunk(c[0], c[1]) for c in chunks]
+        chunks = [c if isinstance(c, Chunk) else Chunk(*c) for c in chunks]
         tokens = sum(c.new for c in chunks)
         sampled = sum(1 for c in chunks if c.samples)
         times = self._times.get((tokens, sampled))
@@ -166,7 +166,7 @@ class StepTimes:
         return [t + sum(counts[stage] * k for (counts, _), k in zip(self.attention, kernels))
                 for stage, t in enumerate(times)]
 
-    def __call__(self, chunks: Sequence[Chunk | tuple[int, int]]) -> float:
+    def __call__(self, chunks: Sequence[Chunk | tuple]) -> float:
         """The iteration's seconds; under ``--pp`` the period of one micro-batch among ``pp`` in flight (Stages)."""
         times = self.stage_times(chunks)
         if self.stages is None:
