@@ -50,6 +50,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "counts": {"points": len(rows), "estimated": len(counted),
                        "op_level": sum(r["category"] in OP_LEVEL for r in counted),
                        "end_to_end": sum(r["category"] == "serve" for r in counted),
+                       "continuous_batching": sum(r["category"] == "simulate" for r in counted),
                        "not_expressible": sum("not_expressible" in r for r in rows),
                        "skipped": sum("skipped" in r for r in rows)}}
 
@@ -152,7 +153,8 @@ def markdown(report: dict[str, Any], machine: dict[str, Any]) -> str:
              + (f", local machine {report['local']['wall_s']:.0f} s" if report.get("local") else "") + ").", "",
              "## Published measurements", "",
              f"{counts['points']} points from bench/fidelity/published.json: {counts['estimated']} estimated "
-             f"({counts['op_level']} op-level, {counts['end_to_end']} end-to-end), {counts['not_expressible']} not "
+             f"({counts['op_level']} op-level, {counts['end_to_end']} end-to-end, "
+             f"{counts.get('continuous_batching', 0)} continuous batching), {counts['not_expressible']} not "
              f"expressible as one castcore workload (listed below)"
              + (f", {counts['skipped']} skipped (device profile not installed)" if counts["skipped"] else "") + ". "
              "Each is estimated the way it ran (deployed fused kernels, the source's dtypes, batch, lengths and "
