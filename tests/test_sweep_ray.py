@@ -68,3 +68,14 @@ def test_an_unreachable_cluster_is_one_line_naming_its_address(tmp_path):
         f"castcore: error: cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused; check "
         "--ray-address (or RAY_ADDRESS), or drop it for a local Ray instance"]
     assert not (tmp_path / "rows.csv").exists()
+
+
+def test_simulate_points_on_ray_give_the_local_rows(local_ray):
+    grid = {"command": "simulate", "model": str(DATA / "tiny-llama.json"), "device": "h100-sxm", "device_file": H100,
+            "no_packs": True, "requests": 20, "input": "uniform:16:64", "output": "8", "rate": [20.0, 40.0],
+            "tp": [1, 2]}
+    local = castcore.sweep(grid, workers=2)
+    on_ray = castcore.sweep(grid, backend="ray")
+    assert len(local) == 4 and not any(r["error"] for r in local)
+    assert _without_seconds(on_ray) == _without_seconds(local)
+    assert all(r["completed"] == 20 and r["p99_ttft_ms"] > 0 for r in on_ray)
