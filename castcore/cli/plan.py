@@ -80,9 +80,12 @@ def format_traffic_plan(result: Any) -> str:
     lines.append("")
     if result.fewest:
         lines.append("fewest devices that meet the objectives")
-        lines += [f"  {r['device']}: {r['devices']} device{'s' if r['devices'] > 1 else ''} "
-                  f"({_layout(r, request.dtype)})" for r in result.fewest]
+        lines += [_fewest(r, request.dtype) for r in result.fewest]
     return "\n".join(lines)
+
+
+def _fewest(row: dict[str, Any], dtype: str, more: str = "") -> str:
+    return f"  {row['device']}: {row['devices']} device{'s' if row['devices'] > 1 else ''} ({_layout(row, dtype)}){more}"
 
 
 def _refused(lines: list[str], result: Any) -> None:
@@ -122,8 +125,7 @@ def format_plan(result: Any) -> str:
     lines.append("")
     if result.fewest:
         lines.append("fewest devices that fit at all")
-        lines += [f"  {r['device']}: {r['devices']} device{'s' if r['devices'] > 1 else ''} "
-                  f"({_layout(r, request.dtype)}), up to batch {r['served_batch']}" for r in result.fewest]
+        lines += [_fewest(r, request.dtype, f", up to batch {r['served_batch']}") for r in result.fewest]
     else:
         lines.append(f"no layout of at most {request.max_devices} devices holds even batch 1: raise --max-devices")
     return "\n".join(lines)
