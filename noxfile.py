@@ -208,8 +208,9 @@ def peers_serving(session: nox.Session) -> None:
     bokeh, plotly, ...) sit beside castcore's. vidur goes in without its dependencies: besides what its simulator
     imports (scikit-learn, wandb, plotly_express, ddsketch, fasteners; numpy, pandas and huggingface_hub are here
     already) they are streamlit, kaleido, seaborn, paretoset and ninja, for its config optimizer's dashboard, its
-    plots and its profiling, which this comparison does not run. Vidur fetches its profiles from Hugging Face at
-    run time; where that cannot be reached, the table says so."""
+    plots and its profiling, which this comparison does not run. Vidur would fetch its profiles from Hugging Face at
+    run time; the bench runs it offline from local copies of those datasets under bench/peers_data/vidur (its
+    README.md), and where there are none the table says so."""
     from pathlib import Path
 
     _install_core(session)

@@ -17,18 +17,26 @@ over 15%. A peer that cannot run a scenario says why in the table. --quick runs 
 test) and writes to the temp directory unless --out is given. ``nox -s peers_serving`` installs the peers and
 runs this.
 
-Only the peers' outputs for these scenarios are kept (bench/results/peers_serving.json); nothing of their data
-(AIConfigurator's kernel tables, Vidur's profiles) is copied, and no castcore constant is fitted to them.
+Vidur 0.0.26 ships no profiles: it downloads them from Hugging Face datasets at run time. The bench never lets
+it reach the network (HF_HUB_OFFLINE=1): it seeds Vidur's cache with local copies of those datasets, from
+bench/peers_data/vidur/<org>/<dataset>/ (--vidur-profiles another folder; its README.md says what goes there and
+where it comes from), and a scenario whose dataset has no local copy says so in the table.
+
+Only the peers' outputs for these scenarios are kept (bench/results/peers_serving.json); nothing of AIConfigurator's
+kernel tables is copied, Vidur's profiles are benchmark input only (castcore never reads them), and no castcore
+constant is fitted to either.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,10 +64,19 @@ AIC_BACKEND = ("vllm", "0.24.0")
 VIDUR_MODELS = {"llama-3-8b": "meta-llama/Llama-3-8B", "llama-3-70b": "meta-llama/Llama-3-70B"}
 VIDUR_DEVICES = {"h100-sxm5-80gb": ("h100", "h100_dgx")}
 # The Hugging Face datasets Vidur's predictor reads (model, network): vidur 0.0.26 names only its defaults, for
-# Llama-3-8B on an H100 DGX (vidur/config/config.py, BaseExecutionTimePredictorConfig); --vidur-dataset adds others.
+# Llama-3-8B on an H100 DGX (vidur/config/config.py, BaseExecutionTimePredictorConfig); Llama-3-70B's follows the
+# same naming and is listed among project-vajra's datasets (the hub is out of reach here to confirm it);
+# --vidur-dataset adds or replaces one.
 VIDUR_DATASETS = {("llama-3-8b", "h100-sxm5-80gb"): ("project-vajra/dev-staging-meta-llama-llama-3-8b-h100",
-                                                     "project-vajra/dev-staging-h100-dgx")}
+                                                     "project-vajra/dev-staging-h100-dgx"),
+                  ("llama-3-70b", "h100-sxm5-80gb"): ("project-vajra/dev-staging-meta-llama-llama-3-70b-h100",
+                                                      "project-vajra/dev-staging-h100-dgx")}
 VIDUR_TIMEOUT_S = 600
+# Where the local copies of Vidur's datasets are looked for, and the files Vidur reads of each kind of dataset
+# (vidur/execution_time_predictor/sklearn_execution_time_predictor.py, _get_input_files).
+VIDUR_PROFILES = Path(__file__).resolve().parent / "peers_data" / "vidur"
+VIDUR_FILES = {"compute": ("config.json", "mlp.csv.xz", "attention.csv.xz"),
+               "network": ("config.json", "all_reduce.csv.xz", "send_recv.csv.xz")}
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,12 @@ def scenarios(quick: bool) -> list[Scenario]:
 def not_run(reason: tuple[str, str], **values) -> dict:
     """A peer's row for a scenario it cannot run: the short reason (the table's cell) and the full one."""
     return {"why": reason[0], "na": reason[1].format(**values)}
+
+
+def shown(path: Path) -> str:
+    """A path as the tables show it: relative to the repository where it is inside it."""
+    root = Path(__file__).resolve().parent.parent
+    return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
 
 
 def traffic_options(s: Scenario) -> dict:
@@ -152,9 +175,10 @@ class Castcore:
                    notes=report.notes)
         return row
 
-    def step_ms(self, s: Scenario, prompt_tokens: int, decodes: int) -> float:
-        """castcore's time for one iteration: a prompt chunk of ``prompt_tokens`` (none if 0) beside ``decodes``
-        decode tokens at the mean KV length of a request's decode (isl + osl/2), as castcore simulate prices it."""
+    def step_ms(self, s: Scenario, prompt_tokens: int, decodes: int, prompts: int = 1) -> float:
+        """castcore's time for one iteration: ``prompts`` equal prompt chunks of ``prompt_tokens`` in all (none if
+        0) beside ``decodes`` decode tokens at the mean KV length of a request's decode (isl + osl/2), as castcore
+        simulate prices it."""
         from castcore.workload.steptime import StepTimes
 
         key = (s.model, s.device, s.tp)
@@ -162,7 +186,8 @@ class Castcore:
             self._steps[key] = StepTimes(self.session.pipeline, self.castcore.build_workload(s.model, tp=s.tp),
                                          s.device, ENGINE["max_batched_tokens"],
                                          min(ENGINE["max_running_requests"], ENGINE["max_batched_tokens"]))
-        chunks = ([(prompt_tokens, 0)] if prompt_tokens else []) + [(1, s.isl + s.osl // 2)] * decodes
+        chunks = (([(prompt_tokens // prompts, 0)] * prompts if prompt_tokens else [])
+                  + [(1, s.isl + s.osl // 2)] * decodes)
         return self._steps[key](chunks) * 1e3
 
 
@@ -306,12 +331,33 @@ class AIConfigurator:
 # ------------------------------------------------------------------------------------------------------- Vidur
 
 class Vidur:
-    """Vidur runs as its own process (python -m vidur.main), one per scenario, in the run's temp directory."""
+    """Vidur runs as its own process (python -m vidur.main), one per scenario, in the run's temp directory, offline:
+    its predictor's snapshot_download finds each dataset in a Hugging Face cache seeded from the local copies (a
+    snapshot folder and the ref main naming it), and the models it trains are cached there for the next scenario."""
 
-    def __init__(self, workdir: Path, datasets: dict):
+    def __init__(self, workdir: Path, datasets: dict, profiles: Path):
         self.workdir = workdir
         self.datasets = datasets
+        self.profiles = profiles
+        self.cache = workdir / "cache-vidur"  # not vidur-*: those are the runs' output folders, counted
         self._failed: dict = {}  # a deployment whose profiles could not be had: the reason, said once per deployment
+
+    def seed(self, kind: str, dataset: str) -> list[str]:
+        """Put the local copy of ``dataset`` where Vidur's snapshot_download looks offline
+        (<cache_dir>/profiling_data/<kind>/datasets--<org>--<name>/snapshots/local/); the files missing, if any."""
+        source = self.profiles / dataset
+        missing = [name for name in VIDUR_FILES[kind] if not (source / name).is_file()]
+        if missing:
+            return missing
+        storage = self.cache / "profiling_data" / kind / f"datasets--{dataset.replace('/', '--')}"
+        snapshot = storage / "snapshots" / "local"
+        if not snapshot.exists():
+            snapshot.mkdir(parents=True)
+            for name in VIDUR_FILES[kind]:
+                shutil.copyfile(source / name, snapshot / name)
+            (storage / "refs").mkdir()
+            (storage / "refs" / "main").write_text("local")
+        return []
 
     def run(self, s: Scenario) -> dict:
         if s.model not in VIDUR_MODELS:
@@ -327,6 +373,13 @@ class Vidur:
             return self._failed[key]
         device, network = VIDUR_DEVICES[s.device]
         model_data, network_data = self.datasets[(s.model, s.device)]
+        missing = {dataset: files for kind, dataset in (("compute", model_data), ("network", network_data))
+                   if (files := self.seed(kind, dataset))}
+        if missing:
+            where = "; ".join(f"{shown(self.profiles / d)}: no {', '.join(f)}" for d, f in missing.items())
+            self._failed[key] = not_run(text.VIDUR_NO_PROFILES, datasets=f"{model_data} and {network_data}",
+                                        where=where)
+            return self._failed[key]
         predictor = "--random_forrest_execution_time_predictor_config"  # Vidur's default predictor
         out = self.workdir / f"vidur-{len(list(self.workdir.glob('vidur-*')))}"
         interval = (["--interval_generator_config_type", "poisson", "--poisson_request_interval_generator_config_qps",
@@ -335,7 +388,9 @@ class Vidur:
                    "--replica_config_model_name", VIDUR_MODELS[s.model], "--replica_config_device", device,
                    "--replica_config_network_device", network, "--replica_config_tensor_parallel_size", str(s.tp),
                    "--replica_config_num_pipeline_stages", "1",
-                   "--replica_config_gpu_memory_utilization", str(ENGINE["kv_memory_fraction"]),
+                   # the simulator's memory share is the cache's margin (vidur/utils/memory_planner.py); its
+                   # replica_config_gpu_memory_utilization is read by its profiling only
+                   "--cache_config_memory_margin_fraction", f"{1 - ENGINE['kv_memory_fraction']:.6g}",
                    "--cache_config_block_size", str(ENGINE["block_size"]),
                    "--replica_scheduler_config_type", "vllm",
                    "--vllm_scheduler_config_batch_size_cap", str(ENGINE["max_running_requests"]),
@@ -349,19 +404,79 @@ class Vidur:
                    "--fixed_request_length_generator_config_max_tokens", str(s.isl + s.osl),
                    f"{predictor}_model_profiling_dataset", model_data,
                    f"{predictor}_network_profiling_dataset", network_data,
+                   f"{predictor}_cache_dir", str(self.cache),
+                   # the predictor's tables must cover the engine's batches: up to 1,024 decodes (its default, 128,
+                   # would leave larger batches without a prediction) and 8,192 batched tokens; its default 2 Mi
+                   # tokens a request would have it predict every op for 2 Mi token counts, which these lengths
+                   # never reach
+                   f"{predictor}_prediction_max_batch_size", str(ENGINE["max_running_requests"]),
+                   f"{predictor}_prediction_max_tokens_per_request", str(2 * ENGINE["max_batched_tokens"]),
+                   # its random forests' grid search, cut to fit two cores: 250 trees (the smallest of its 250, 500 and
+                   # 750), its depths and split sizes kept, 3-fold (its default 10) on one worker; trained once a
+                   # deployment, then cached
+                   f"{predictor}_num_estimators", "250", f"{predictor}_k_fold_cv_splits", "3",
+                   f"{predictor}_num_training_job_threads", "1",
                    *interval, "--metrics_config_output_dir", str(out), "--no-metrics_config_store_plots"]
         try:
-            done = subprocess.run(command, cwd=self.workdir, capture_output=True, text=True, timeout=VIDUR_TIMEOUT_S)
+            done = subprocess.run(command, cwd=self.workdir, capture_output=True, text=True, timeout=VIDUR_TIMEOUT_S,
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1"})  # nothing is downloaded
         except subprocess.TimeoutExpired:
             return not_run(("timed out", f"Vidur ran past {VIDUR_TIMEOUT_S} s"))
         if done.returncode != 0:
             errors = [line.strip() for line in done.stderr.splitlines() if "Error" in line.split(":")[0]]
             error = (errors[-1] if errors else done.stderr.strip()[-300:])[:300]
-            if "snapshot_download" in done.stderr:  # the profiles could not be had: so for each of its scenarios
-                self._failed[key] = not_run(text.VIDUR_NO_PROFILES, error=error)
-                return self._failed[key]
             return not_run(("failed", f"Vidur failed: {error}"))
-        return self.read(out, s)
+        row = self.read(out, s)
+        if "na" not in row:
+            row.update(self.steps(out), kv_tokens=self.kv_tokens(s))
+            row["kv_requests"] = row["kv_tokens"] // (math.ceil((s.isl + s.osl) / ENGINE["block_size"])
+                                                      * ENGINE["block_size"])
+        return row
+
+    @staticmethod
+    def kv_tokens(s: Scenario) -> int:
+        """Vidur's KV capacity in tokens, from its own memory planner (vidur/utils/memory_planner.py): the device's
+        memory times (1 - margin) less its count of the weights, over the KV bytes a token takes on a device."""
+        from vidur.config import CacheConfig, ReplicaConfig
+        from vidur.utils.memory_planner import MemoryPlanner
+
+        device, network = VIDUR_DEVICES[s.device]
+        replica = ReplicaConfig(model_name=VIDUR_MODELS[s.model], device=device, network_device=network,
+                                tensor_parallel_size=s.tp, num_pipeline_stages=1)
+        cache = CacheConfig(block_size=ENGINE["block_size"], memory_margin_fraction=1 - ENGINE["kv_memory_fraction"])
+        return int(MemoryPlanner(replica, cache).get_max_kv_cache_size_in_tokens())
+
+    @staticmethod
+    def steps(out: Path) -> dict:
+        """Vidur's iterations, from its chrome_trace.json (one event a batch: its duration in microseconds, its
+        requests' query and KV tokens): the mean time and size of its decode-only and of its prompt-carrying ones."""
+        import json
+
+        found = sorted(out.rglob("chrome_trace.json"))
+        if not found:
+            return {}
+        events = [e for e in json.loads(found[-1].read_text())["traceEvents"] if e.get("ph") == "X"]
+        decode = [e for e in events if all(q == 1 for q in e["args"]["num_q_tokens"])]
+        mixed = [e for e in events if any(q > 1 for q in e["args"]["num_q_tokens"])]
+
+        def mean(values) -> float | None:
+            values = list(values)
+            return sum(values) / len(values) if values else None
+
+        compositions: dict[str, int] = {}  # "prompts,prompt tokens,decodes" -> iterations of that make-up
+        for e in mixed:
+            q = e["args"]["num_q_tokens"]
+            key = f"{sum(t > 1 for t in q)},{sum(t for t in q if t > 1)},{sum(t == 1 for t in q)}"
+            compositions[key] = compositions.get(key, 0) + 1
+        return {"iterations": len(events), "mix_compositions": compositions, "decode_steps": len(decode),
+                "mix_steps": len(mixed),
+                "decode_step_ms": mean(e["dur"] / 1e3 for e in decode),
+                "decode_running": mean(e["args"]["batch_size"] for e in decode),
+                "decode_kv": mean(sum(e["args"]["num_kv_tokens"]) / e["args"]["batch_size"] for e in decode),
+                "mix_step_ms": mean(e["dur"] / 1e3 for e in mixed),
+                "mix_prompt_tokens": mean(sum(q for q in e["args"]["num_q_tokens"] if q > 1) for e in mixed),
+                "mix_decodes": mean(sum(q == 1 for q in e["args"]["num_q_tokens"]) for e in mixed),
+                "mean_running": mean(e["args"]["batch_size"] for e in events)}
 
     @staticmethod
     def read(out: Path, s: Scenario) -> dict:
@@ -384,16 +499,34 @@ class Vidur:
                 "mean_e2el_ms": float(e2e.mean() * 1e3)}
 
 
+def profile_digests(profiles: Path, datasets: dict) -> dict:
+    """The SHA-256 of each local profile file the run could use, by dataset: which data Vidur's rows came from."""
+    out = {}
+    for compute, network in datasets.values():
+        for kind, dataset in (("compute", compute), ("network", network)):
+            files = [profiles / dataset / name for name in VIDUR_FILES[kind]]
+            out[dataset] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files if f.is_file()}
+    return out
+
+
 # -------------------------------------------------------------------------------------------------------- main
 
 def compare(s: Scenario, cc: dict, peer: dict, castcore: Castcore) -> dict:
-    """castcore/peer for each figure both have; for AIConfigurator, castcore's time for the peer's own mixed and
-    decode-only steps (the same token counts), which the explanations read."""
+    """castcore/peer for each figure both have; castcore's time for the peer's own mixed and decode-only steps (the
+    same token counts: AIConfigurator's steady-state steps, Vidur's mean iterations), which the explanations read."""
     if "na" in peer or "crash" in cc:
         peer.pop("step_ops_ms", None)
         return {}
     ratios = {m: cc[m] / peer[m] for m in text.METRICS if cc.get(m) and peer.get(m)}
     extra = {}
+    if "step_ops_ms" not in peer:  # Vidur: castcore's mean over the make-ups of Vidur's prompt-carrying iterations
+        if peer.get("mix_step_ms"):
+            priced = [(castcore.step_ms(s, tokens, decodes, prompts), n) for key, n in peer["mix_compositions"].items()
+                      for prompts, tokens, decodes in [map(int, key.split(","))]]
+            extra["castcore_mix_step_ms"] = sum(ms * n for ms, n in priced) / sum(n for _, n in priced)
+        if peer.get("decode_step_ms"):
+            extra["castcore_decode_step_ms"] = castcore.step_ms(s, 0, round(peer["decode_running"]))
+        return {"ratios": ratios, **extra}
     if "mix_step_ms" in peer:
         extra["castcore_mix_step_ms"] = castcore.step_ms(s, peer["mix_prompt_tokens"], peer["mix_decodes"])
         if peer["decode_step_ms"] > 0:  # none when every step of AIConfigurator's request life carries a prompt
@@ -418,6 +551,9 @@ def main() -> None:
     parser.add_argument("--vidur-dataset", action="append", default=[], metavar="MODEL=MODEL_DATASET[,NETWORK_DATASET]",
                         help="the Hugging Face dataset of Vidur's profiles of a castcore preset on the H100 (and of "
                         "the network: default project-vajra/dev-staging-h100-dgx); repeatable")
+    parser.add_argument("--vidur-profiles", type=Path, default=VIDUR_PROFILES, metavar="DIR",
+                        help="the local copies of Vidur's Hugging Face datasets, DIR/<org>/<dataset>/ (default "
+                        "bench/peers_data/vidur; see its README.md)")
     args = parser.parse_args()
     out = args.out or (Path(tempfile.gettempdir()) / "peers-serving-quick.json" if args.quick
                        else "bench/results/peers_serving.json")
@@ -439,7 +575,7 @@ def main() -> None:
     castcore = Castcore()
     rows, started = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="peers-serving-") as work:
-        aic, vidur = AIConfigurator(Path(work)), Vidur(Path(work), datasets)
+        aic, vidur = AIConfigurator(Path(work)), Vidur(Path(work), datasets, args.vidur_profiles)
         todo = scenarios(args.quick)
         for i, s in enumerate(todo, 1):
             clock = time.perf_counter()
@@ -458,6 +594,7 @@ def main() -> None:
               "aiconfigurator_backend": {"backend": AIC_BACKEND[0], "version": AIC_BACKEND[1]},
               "aiconfigurator_models": AIC_MODELS, "vidur_models": VIDUR_MODELS, "gap": text.GAP,
               "vidur_datasets": {f"{m} on {d}": list(v) for (m, d), v in datasets.items()},
+              "vidur_profiles": profile_digests(args.vidur_profiles, datasets),
               "seconds": time.perf_counter() - started, "rows": rows}
     result["summary"] = text.summary(rows)
     figures.write(out, result, lambda machine: text.markdown(result, machine))

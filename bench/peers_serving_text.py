@@ -40,9 +40,13 @@ VIDUR_NO_DATASET = ("no profiling dataset named",
 VIDUR_NO_PROFILES = ("no profiling data here",
                      "Vidur 0.0.26 ships no profiling data: its execution-time predictor downloads the model's and "
                      "the network's profiles from Hugging Face datasets at run time (vidur/execution_time_predictor/"
-                     "sklearn_execution_time_predictor.py, _get_input_files: here project-vajra/"
-                     "dev-staging-meta-llama-llama-3-8b-h100 and project-vajra/dev-staging-h100-dgx; even its dummy "
-                     "predictor does), and this machine reaches only package registries. Vidur's error: {error}")
+                     "sklearn_execution_time_predictor.py, _get_input_files; even its dummy predictor does), here "
+                     "{datasets}. The bench runs Vidur offline from local copies of those datasets "
+                     "(bench/peers_data/vidur/README.md), and there are none ({where}). They are to be had from the "
+                     "Hugging Face hub only, out of reach here: the public GitHub repository microsoft/vidur (main at "
+                     "7d47513, 2024-11-19, and its history) holds H100 profiles of Llama-2-7B and -70B, "
+                     "CodeLlama-34B, InternLM-20B, Qwen-72B and Phi-2 and Llama 3 profiles for the A100 only: none "
+                     "of Llama 3 on an H100")
 
 
 MECHANISMS = {
@@ -85,6 +89,29 @@ MECHANISMS = {
                 "and a full budget's activations) and runs the queue down to the last request. Their TTFT differ by "
                 "construction: castcore's includes the wait of requests that arrived at once behind the others, "
                 "AIConfigurator's is the steady-state formula above."),
+    "vidur-kernels": ("Vidur's iteration: random forests over profiled kernels",
+                      "Vidur prices an iteration as its layers times the sum of per-op times that random forests "
+                      "(scikit-learn; here 250 trees, its depth and split grids, a 3-fold search) predict from its "
+                      "profiled kernel medians (vidur/execution_time_predictor/sklearn_execution_time_predictor.py): "
+                      "the projections, MLP, norms, RoPE, residual add and KV-cache save against the iteration's "
+                      "token count; prefill attention per prompt against its KV length and chunk (rounded up to 32 "
+                      "tokens); decode attention against the batch size and the batch's mean KV length (rounded up "
+                      "to 256), plus 10% for batching GQA decodes; under TP the all-reduce against the token count "
+                      "plus 0.02 ms. Its iteration has no embedding, LM head or sampling and no CPU time (the terms "
+                      "of its ExecutionTime, base_execution_time_predictor.py). castcore prices each op of the "
+                      "captured model by its roofline ([kernels])."),
+    "vidur-scheduling": ("Vidur's vLLM scheduler: prompt-only and decode-only iterations",
+                         "Vidur's vLLM scheduler (vidur/scheduler/replica_scheduler/vllm_replica_scheduler.py) is "
+                         "vLLM's first scheduler: an iteration takes whole waiting prompts while KV blocks, the "
+                         "8,192-token budget and the 1,024-request cap allow, and only when none is waiting an "
+                         "iteration of every running request's decode; prompts and decodes never share an "
+                         "iteration, and the running decodes wait while prompts run. castcore's vLLM preset packs "
+                         "the running decodes and prompt tokens into the same iteration, as vLLM V1 does."),
+    "vidur-capacity": ("Vidur's KV capacity",
+                       "Vidur's KV cache holds 0.9 of the device's memory less its count of the weights, over "
+                       "the KV bytes of a token (vidur/utils/memory_planner.py): no activations or CUDA graphs are "
+                       "set aside. castcore's holds 0.9 of the memory less the weights and a full budget's "
+                       "activations."),
 }
 
 
@@ -313,6 +340,38 @@ def explain_aic(row: dict, metric: str) -> str:
     return steps
 
 
+def _vidur_steps(row: dict) -> str:
+    """Vidur's mean prompt-carrying and decode-only iterations against castcore's price of the same ones."""
+    v, c = row["vidur"], row["castcore_vs_vidur"]
+    parts = []
+    if "castcore_mix_step_ms" in c:
+        parts.append(f"Vidur's mean prompt-carrying iteration ({v['mix_prompt_tokens']:,.0f} prompt tokens + "
+                     f"{v['mix_decodes']:.0f} decodes) {v['mix_step_ms']:.1f} ms, castcore's price of the same "
+                     f"iterations {c['castcore_mix_step_ms']:.1f} ms "
+                     f"({_pct(c['castcore_mix_step_ms'] / v['mix_step_ms'])})")
+    if "castcore_decode_step_ms" in c:
+        parts.append(f"its mean decode-only iteration at batch {v['decode_running']:.0f} (mean KV "
+                     f"{v['decode_kv']:,.0f}) {v['decode_step_ms']:.2f} ms, castcore's "
+                     f"{c['castcore_decode_step_ms']:.2f} ms at KV ISL + OSL/2 "
+                     f"({_pct(c['castcore_decode_step_ms'] / v['decode_step_ms'])})")
+    return "the same iterations: " + ", ".join(parts) + " [vidur-kernels]" if parts else ""
+
+
+def explain_vidur(row: dict, metric: str) -> str:
+    """One gap between castcore and Vidur, by mechanism, from the run's figures."""
+    v, cc = row["vidur"], row["castcore"]
+    steps = _vidur_steps(row)
+    runs = (f"Vidur ran {v['iterations']:,} iterations ({v['mix_steps']:,} with prompts; mean running "
+            f"{v['mean_running']:.0f}) in {v['duration']:.1f} s, castcore {cc['iterations']:,} "
+            f"({cc['mixed_iterations']:,} with prompts; mean running {cc['mean_running']:.0f}) in "
+            f"{cc['duration']:.1f} s [vidur-scheduling]")
+    capacity = (f"KV capacity: Vidur {v['kv_tokens']:,} tokens ({v['kv_requests']:,} requests of ISL + OSL), "
+                f"castcore {cc['kv_tokens']:,} ({cc['kv_requests']:,}) [vidur-capacity]")
+    if row["mode"] == "offline" and metric != "mean_tpot_ms":
+        return f"{capacity}; {runs}; {steps}"
+    return f"{steps}; {runs}"
+
+
 def _gaps(rows: list[dict]) -> list[str]:
     lines = []
     for row in rows:
@@ -323,9 +382,7 @@ def _gaps(rows: list[dict]) -> list[str]:
             for metric, value in c["ratios"].items():
                 if abs(value - 1) <= GAP:
                     continue
-                why = explain_aic(row, metric) if key == "aiconfigurator" else (
-                    "Vidur's step times come from its profiled kernels (random-forest predictions over its profiles); "
-                    "see the per-iteration figures")
+                why = explain_aic(row, metric) if key == "aiconfigurator" else explain_vidur(row, metric)
                 lines.append(f"- {row['label']}, {NAMES[metric]}: castcore/{name} {value:.2f}. {why}.")
     return lines or ["- none: every figure both tools give is within 15%."]
 
