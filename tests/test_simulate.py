@@ -219,3 +219,12 @@ def test_pipeline_stages_split_an_iteration_and_serve_micro_batches_in_flight(se
     assert offline[2].kv_blocks / offline[1].kv_blocks == pytest.approx(2, rel=0.01)
     # A token passes both stages and the send between them, and the last stage also runs the LM head.
     assert offline[2].summary["mean_tpot_ms"] > offline[1].summary["mean_tpot_ms"]
+
+
+def test_a_run_where_no_request_can_be_served_is_one_line(capsys):
+    argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--requests", "3", "--input", "200",
+            "--output", "8", "--chunked-prefill", "off", "--max-batched-tokens", "64"]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert len(err) == 1 and err[0].startswith("castcore: error: no request can be served: all 3 never fit; "), err
+    assert "Traceback" not in err[0]

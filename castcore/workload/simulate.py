@@ -221,6 +221,11 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
             break
     finished = [f for r in results for f in r.finished]
     never = [{"index": n.index, "why": n.why} for r in results for n in r.never_fit]
+    if not finished:
+        if results[-1].partial:
+            raise KeyboardInterrupt  # interrupted before any request finished: no figures to print
+        raise ModelError(f"no request can be served: all {len(never)} never fit; request {never[0]['index']}: "
+                         f"{never[0]['why']}")
     summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
                         None if plan.slo_tpot is None else plan.slo_tpot * 1e3)
     iterations = sum(r.iterations for r in results)
