@@ -81,8 +81,10 @@ def test_every_point_has_a_plan_or_says_why_not():
     serve = [p for p in points if p["category"] == "serve" and p["id"] not in refused]
     assert len(op_level) >= 40 and len(serve) >= 12
     assert {p["device"] for p in serve} == {"a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm"}
-    mlperf = [i for i in plans if "mlperf" in i]
-    assert len(mlperf) == 4 and all("vary per request" in refused[i] for i in mlperf)
+    # Scheduler-run measurements are simulated (castcore.simulate), each once: none is also a static serve point.
+    mlperf = [p for p in points if "mlcommons" in p["id"]]
+    assert len(mlperf) == 4 and all(p["category"] == "simulate" and p["id"] not in refused for p in mlperf)
+    assert not [p for p in points if p["category"] == "serve" and p["workload"].get("batch") is None]
     assert "h100-gemm-tf32-4096" not in refused and "h100-gemm-fp32-4096" not in refused
     for p in points:
         assert p["source"]["document"] and "date" in p and p["framework"]
@@ -107,7 +109,20 @@ def test_serve_points_become_serve_calls_with_the_stated_deployment():
     nim = plan_serve(point("h100x2-nim18-llama-3.3-70b-tpot-5000-500"))
     assert nim["deployment"]["dtype"] == "bf16" and "kv_cache" not in nim["deployment"]
     assert any("KV cache dtype not stated" in n for n in nim["notes"])
-    assert "no fixed batch" in plan_serve(point("h100-trtllm10-llama-3.1-8b-1000-1000-tp1")).reason
+
+
+
+def test_continuous_batching_points_are_simulated_as_they_ran():
+    from fidelity.simulated import plan_simulate
+
+    trtllm = plan_simulate(point("cb-h100-trtllm10-llama-3.1-8b-tp1-1000-1000"))
+    options = trtllm["options"]
+    assert (options["engine"], options["weights"], options["activations"]) == ("trtllm", "fp8", "fp8")
+    assert (options["input_lengths"], options["output_lengths"]) == ("1000", "1000")
+    assert "rate" not in options and "concurrency" not in options  # offline: every request at once
+    mlperf = plan_simulate(point("cb-h100x8-mlcommons-inf40-llama2-70b-server"))
+    assert mlperf["options"]["input_lengths"].startswith("normal:") and mlperf["options"]["rate"] > 0
+    assert "no --weights fp4" in plan_simulate(point("cb-b200-trtllm10-llama-3.3-70b-fp4-tp1-1000-1000")).reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +272,7 @@ def test_local_run_estimates_and_times_each_op_and_leaves_unscored_ones_out():
 def test_run_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     import fidelity.run as run
 
-    out, only = tmp_path / "fidelity.json", "h100-trtllm10-llama-3.1-8b-1000-1000-tp1"  # no fixed batch
+    out, only = tmp_path / "fidelity.json", "cb-b200-trtllm10-llama-3.3-70b-fp4-tp1-1000-1000"  # no fp4 weights
     monkeypatch.setattr(sys, "argv", ["run.py", "--no-local", "--only", only, "--out", str(out)])
     run.main()
     data = json.loads(out.read_text())

@@ -68,8 +68,6 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     w = point["workload"]
     if w.get("not_expressible"):
         return NotExpressible(w["not_expressible"])
-    if w.get("pp", 1) > 1:
-        return NotExpressible(f"pipeline parallelism (pp {w['pp']}): castcore simulate refuses --pp above 1 for now")
     if w["model"] not in MODEL_FILES:
         return NotExpressible(f"no config shipped under bench/fidelity/models/ for {w['model']}")
     if w.get("metric") not in METRICS:
@@ -83,7 +81,8 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     config = json.loads(path.read_text(encoding="utf-8"))
     dp = w.get("dp", 1)
     options: dict[str, Any] = {"model": os.path.relpath(path), "dtype": w.get("dtype") or SHORT_DTYPE[config["torch_dtype"]],
-                               "tp": w.get("tp", 1), "dp": dp, "engine": w["engine"], "seed": SEED}
+                               "tp": w.get("tp", 1), "pp": w.get("pp", 1), "dp": dp, "engine": w["engine"],
+                               "seed": SEED}
     notes = []
     if _quantized(w.get("weights_dtype")):
         if "fp8" not in WEIGHT_DTYPES:
@@ -109,7 +108,7 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     arrivals = (f"rate {w['rate']}/s" if w.get("rate") is not None else
                 f"concurrency {w['concurrency']}" if w.get("concurrency") is not None else "offline")
     deploy = ", ".join(f"{k} {v}" for k, v in options.items()
-                       if k in ("tp", "dp", "weights", "kv_cache") and v not in (1, None))
+                       if k in ("tp", "pp", "dp", "weights", "kv_cache") and v not in (1, None))
     describe = (f"simulate {path.stem} {w['engine']}, {requests} requests {inputs} in + {outputs} out, {arrivals}"
                 + (f", {deploy}" if deploy else "")
                 + "".join(f", {k} {'on' if v is True else 'off' if v is False else v}" for k, v in limits.items()))
