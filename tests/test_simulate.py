@@ -76,6 +76,10 @@ def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, ca
     figures = json.loads(capsys.readouterr().out)
     assert figures["completed"] == 40 and figures["preemptions"] > 0 and figures["never_fit"] == []
     assert figures["kv_blocks"] * 16 < 40 * 200  # the cache cannot hold every request at once
+    assert main([*argv, "--kv-policy", "reserve"]) == 0  # TensorRT-LLM's default: wait for room, never preempt
+    reserved = json.loads(capsys.readouterr().out)
+    assert reserved["completed"] == 40 and reserved["preemptions"] == 0
+    assert reserved["engine_limits"]["kv_policy"] == "reserve"
 
 
 @pytest.mark.parametrize("argv, said", [

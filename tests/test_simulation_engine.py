@@ -76,6 +76,21 @@ def test_blocks_exhausted_preempts_the_latest_and_it_still_finishes():
     assert (5, 0) in [pair for batch in batches for pair in batch]
 
 
+def test_the_reserve_policy_admits_only_what_fits_whole_and_never_preempts():
+    # The same two requests and 4 blocks: each reserves its 3 blocks at admission, so the second waits.
+    import dataclasses
+
+    batches, step = recorder()
+    reserving = dataclasses.replace(engine(block=2), kv_policy="reserve")
+    result = simulate([Req(0, 2, 4), Req(1, 2, 4)], reserving, 4, step)
+    assert result.preemptions == 0 and len(result.finished) == 2
+    assert batches[:4] == [[(2, 0)], [(1, 2)], [(1, 3)], [(1, 4)]]  # request 1 starts when request 0 has left
+    assert batches[4] == [(2, 0)]
+    assert PRESETS["trtllm"].kv_policy == "reserve" and PRESETS["vllm"].kv_policy == "preempt"
+    with pytest.raises(ModelError, match="kv_policy takes preempt or reserve, not 'never'"):
+        limits("vllm", kv_policy="never")
+
+
 def test_request_too_big_for_the_cache_is_reported_and_others_finish():
     _, step = recorder()
     result = simulate([Req(0, 4, 2), Req(1, 100, 2), Req(2, 4, 2)], engine(block=4), 10, step)

@@ -305,6 +305,9 @@ SIMULATE = CommandOptions("simulate", (
         _int("block_size", None, "KV cache tokens per block", ENGINE, optional=True),
         Option("kv_memory_fraction", "the share of memory the engine takes (vllm, sglang: of the device; trtllm: "
                "of what the weights leave free)", ENGINE, kind="number", optional=True, metavar="F"),
+        Option("kv_policy", "preempt: take KV blocks as tokens come and preempt a request when they run out (vllm, "
+               "sglang); reserve: admit a request only when its whole prompt and output fit, never preempting "
+               "(trtllm's GUARANTEED_NO_EVICT)", ENGINE, choices=("preempt", "reserve"), optional=True),
         Option("slo_ttft", "goodput counts requests whose time to first token is at most TIME", TRAFFIC, kind="time",
                optional=True, metavar="TIME"),
         Option("slo_tpot", "goodput counts requests whose time per output token is at most TIME", TRAFFIC,
@@ -322,7 +325,8 @@ SIMULATE = CommandOptions("simulate", (
 
 COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, SIMULATE, AUDIT, PACKS, DEVICES, NEW_PACK, PARTITION, MEASURE, CALIBRATE,
                                 SWEEP, PLAN, CACHE)}
-ENGINE_OPTIONS = ("max_running_requests", "max_batched_tokens", "chunked_prefill", "block_size", "kv_memory_fraction")
+ENGINE_OPTIONS = ("max_running_requests", "max_batched_tokens", "chunked_prefill", "block_size", "kv_memory_fraction",
+                  "kv_policy")
 
 
 def _spellings() -> dict[str, Option]:

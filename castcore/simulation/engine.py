@@ -15,6 +15,9 @@ The scheduler follows vLLM's V1 scheduler. Each iteration:
    generated tokens produces one output token, timestamped at the end of the iteration (so a prefill's last
    chunk gives the first token), and finishes after its last output token, freeing its blocks.
 
+Under the "reserve" KV policy (TensorRT-LLM's default, GUARANTEED_NO_EVICT) a waiting request is admitted only
+when the blocks of its whole prompt and output are free, and holds them to its end, so nobody is preempted.
+
 A request holds ``ceil(kv_tokens / block_size)`` blocks; its KV peaks at prompt + output - 1 tokens (the last
 token is produced, never read back). A request that needs more blocks than the cache has, or whose prompt can
 never be scheduled under the limits, is reported in ``never_fit`` with why, never simulated. An iteration that
@@ -111,6 +114,7 @@ def simulate(
         raise ModelError(f"{say('concurrency', concurrency)}: must be a whole number of at least 1")
     block_size, budget_max = limits.block_size, limits.max_batched_tokens
     max_running, chunked = limits.max_running_requests, limits.chunked_prefill
+    reserve = limits.kv_policy == "reserve"
 
     n = len(requests)
     prompt = [r.input_tokens for r in requests]
@@ -170,7 +174,7 @@ def simulate(
             while k < len(running) and budget > 0:
                 i = running[k]
                 new = min(prompt[i] + generated[i] - computed[i], budget)
-                need = _blocks(computed[i] + new, block_size) - held[i]
+                need = max(0, _blocks(computed[i] + new, block_size) - held[i])  # none under "reserve"
                 victim = -1
                 while need > free and victim != i:
                     victim = running.pop()
@@ -196,7 +200,8 @@ def simulate(
                     if new > budget and not chunked:
                         break
                     new = min(new, budget)
-                    need = _blocks(computed[i] + new, block_size) - held[i]
+                    # Under "reserve" the blocks of its whole prompt and output, held to the end.
+                    need = _blocks((prompt[i] + output[i] - 1) if reserve else computed[i] + new, block_size) - held[i]
                     if need > free:
                         break
                     waiting.popleft()

@@ -23,7 +23,9 @@ class EngineLimits:
     ``block_size``: KV tokens per block (page). ``kv_memory_fraction``: the share of memory the engine takes for
     weights, KV cache and activations, read as ``memory_share_of`` says: ``"device"``, a share of the whole
     device memory (weights included); ``"free"``, a share of what is free after the weights and buffers, all of it
-    for the KV cache. ``sources``: where each number comes from.
+    for the KV cache. ``kv_policy``: "preempt" takes KV blocks as a request's tokens come and preempts when they run
+    out; "reserve" admits a request only when blocks for its whole prompt and output are free, and holds them until
+    it finishes, so none is ever preempted. ``sources``: where each number comes from.
     """
 
     max_running_requests: int
@@ -32,6 +34,7 @@ class EngineLimits:
     block_size: int
     kv_memory_fraction: float
     memory_share_of: Literal["device", "free"]
+    kv_policy: Literal["preempt", "reserve"] = "preempt"
     sources: tuple[str, ...] = ()
 
 
@@ -40,6 +43,8 @@ _VLLM_CACHE = "docs.vllm.ai/en/stable/api/vllm/config/cache/ (CacheConfig.DEFAUL
 _SGLANG_ARGS = "sgl-project/sglang python/sglang/srt/server_args.py, ServerArgs._handle_gpu_memory_settings (v0.5 line, 2025-2026)"
 _SGLANG_RUNNER = "sgl-project/sglang python/sglang/srt/model_executor/model_runner.py, max_running_requests (v0.5 line)"
 _TRTLLM_ARGS = "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (version 1.0.0rc4, 2025-07)"
+_TRTLLM_RUNTIME = ("nvidia.github.io/TensorRT-LLM/performance/performance-tuning-guide/useful-runtime-flags.html "
+                   "'Useful Runtime Options', Capacity Scheduler Policy, read 2026-11")
 _TRTLLM_KV = "nvidia.github.io/TensorRT-LLM/examples/kvcacheconfig.html 'How to Change KV Cache Behavior', read 2026-11"
 
 PRESETS: dict[str, EngineLimits] = {
@@ -82,8 +87,10 @@ PRESETS: dict[str, EngineLimits] = {
         block_size=32,  # KvCacheConfig.tokens_per_block Field(default=32) (the TensorRT engine path used 64).
         kv_memory_fraction=0.9,  # KvCacheConfig.free_gpu_memory_fraction 0.9: a share of the memory free after weights.
         memory_share_of="free",
+        kv_policy="reserve",  # CapacitySchedulerPolicy GUARANTEED_NO_EVICT, the default.
         sources=(
             f"max_batch_size 2048, enable_chunked_prefill False, tokens_per_block 32: {_TRTLLM_ARGS}",
+            f"capacity scheduler policy GUARANTEED_NO_EVICT (default; a started request is never paused): {_TRTLLM_RUNTIME}",
             "max_num_tokens 8192: mintlify.com/NVIDIA/TensorRT-LLM/deployment/llm-api (LLM class arguments), read 2026-11",
             f"free_gpu_memory_fraction 0.9 of the free memory: {_TRTLLM_KV}",
         ),
@@ -93,7 +100,7 @@ PRESETS: dict[str, EngineLimits] = {
 _WHOLE = ("max_running_requests", "max_batched_tokens", "block_size")
 
 
-_KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill")
+_KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill", "kv_policy")
 
 
 def limits(engine: str, **overrides: object) -> EngineLimits:
@@ -111,6 +118,9 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         elif name == "chunked_prefill":
             if not isinstance(value, bool):
                 raise ModelError(f"{option} takes true or false, not {value!r}")
+        elif name == "kv_policy":
+            if value not in ("preempt", "reserve"):
+                raise ModelError(f"{option} takes preempt or reserve, not {value!r}")
         else:
             known = ", ".join(say(n) for n in _KNOWN)
             raise ModelError(f"{option} is not an engine option; known: {known}")
