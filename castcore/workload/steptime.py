@@ -122,7 +122,8 @@ class StepTimes:
                 template = _attention_kind(record.invoke)
                 kinds.setdefault(template.key, [[0] * base.pp, template])[0][stage] += 1
         self.attention = [(counts, template) for counts, template in kinds.values()]
-        self._times: dict[tuple[int, int], list[float]] = {}
+        self._body: dict[int, list[float]] = {}  # per token count, each stage's body
+        self._head: dict[int, list[float]] = {}  # per count of sampling sequences, each stage's LM head
 
     def _report(self, tokens: int) -> Report:
         """The ladder's capture at ``tokens``: one prompt chunk and single tokens, min(tokens, max_sampled) of
@@ -157,14 +158,16 @@ class StepTimes:
         chunks = [c if isinstance(c, Chunk) else Chunk(*c) for c in chunks]
         tokens = sum(c.new for c in chunks)
         sampled = sum(1 for c in chunks if c.samples)
-        times = self._times.get((tokens, sampled))
-        if times is None:
-            times = self._times[(tokens, sampled)] = [
-                self._at("body", tokens, stage) + (self._at("head", sampled, stage) if sampled else 0.0)
-                for stage in range(self.base.pp)]
+        body = self._body.get(tokens)
+        if body is None:
+            body = self._body[tokens] = [self._at("body", tokens, stage) for stage in range(self.base.pp)]
+        head = self._head.get(sampled)
+        if head is None:
+            head = self._head[sampled] = [self._at("head", sampled, stage) if sampled else 0.0
+                                          for stage in range(self.base.pp)]
         kernels = self.attention_kernels(chunks)
-        return [t + sum(counts[stage] * k for (counts, _), k in zip(self.attention, kernels))
-                for stage, t in enumerate(times)]
+        return [b + h + sum(counts[stage] * k for (counts, _), k in zip(self.attention, kernels))
+                for stage, (b, h) in enumerate(zip(body, head))]
 
     def __call__(self, chunks: Sequence[Chunk | tuple]) -> float:
         """The iteration's seconds; under ``--pp`` the period of one micro-batch among ``pp`` in flight (Stages)."""
