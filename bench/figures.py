@@ -26,3 +26,20 @@ def write(out: str | Path, figures: dict[str, Any], markdown: Callable[[dict[str
     out.with_suffix(".md").write_text(table)
     print(table)
     print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+def peer_versions(peers: dict[str, str], script: str, session: str) -> dict[str, str]:
+    """The installed version of each peer (exits naming ``session`` when one is missing), with a warning when it
+    is not the version the sources cite."""
+    import sys
+    from importlib import metadata
+
+    versions = {}
+    for name, wanted in peers.items():
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            sys.exit(f"{script} needs {name}=={wanted} installed beside castcore (nox -s {session} installs it)")
+        if versions[name] != wanted:
+            print(f"warning: {name} {versions[name]} installed; the sources cite {wanted}", file=sys.stderr)
+    return versions

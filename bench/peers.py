@@ -281,14 +281,7 @@ def main() -> None:
                         "bench/results/peers.json, or the temp directory with --quick")
     args = parser.parse_args()
     out = args.out or (Path(tempfile.gettempdir()) / "peers-quick.json" if args.quick else "bench/results/peers.json")
-    versions = {}
-    for name, wanted in PEERS.items():
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            sys.exit(f"bench/peers.py needs {name}=={wanted} installed beside castcore (nox -s peers installs it)")
-        if versions[name] != wanted:
-            print(f"warning: {name} {versions[name]} installed; the sources cite {wanted}", file=sys.stderr)
+    versions = figures.peer_versions(PEERS, "bench/peers.py", "peers")
     logging.getLogger("__name__").setLevel(logging.ERROR)  # llm-analysis logs every figure at INFO on that logger
 
     import castcore

@@ -562,14 +562,7 @@ def main() -> None:
         model, _, names = given.partition("=")
         compute, _, network = names.partition(",")
         datasets[(model, "h100-sxm5-80gb")] = (compute, network or VIDUR_DATASETS[("llama-3-8b", "h100-sxm5-80gb")][1])
-    versions = {}
-    for name, wanted in PEERS.items():
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            sys.exit(f"bench/peers_serving.py needs {name}=={wanted} beside castcore (nox -s peers_serving)")
-        if versions[name] != wanted:
-            print(f"warning: {name} {versions[name]} installed; the sources cite {wanted}", file=sys.stderr)
+    versions = figures.peer_versions(PEERS, "bench/peers_serving.py", "peers_serving")
     versions["castcore"] = metadata.version("castcore")
     os.environ.setdefault("WANDB_MODE", "disabled")  # Vidur imports wandb; nothing is logged anywhere
     castcore = Castcore()

@@ -31,7 +31,7 @@ METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s")
 
 
 def _quantized(text: str | None) -> bool:
-    return str(text or "").startswith("float8")
+    return str(text or "").startswith(("float8", "fp8"))
 
 
 def _per_head_generation_attention(framework: str | None) -> bool:
@@ -40,6 +40,25 @@ def _per_head_generation_attention(framework: str | None) -> bool:
     '0.7.0 / 0.7.1' lists 'MMHA optimization for MQA and GQA' and the XQA kernel."""
     found = re.match(r"TensorRT-LLM (\d+)\.(\d+)", framework or "")
     return bool(found) and (int(found.group(1)), int(found.group(2))) < (0, 7)
+
+
+def quantized_dtypes(w: dict[str, Any], options: dict[str, Any], notes: list[str]) -> NotExpressible | None:
+    """A workload's fp8 weights (TensorRT-LLM's FP8: fp8 GEMM inputs too) and fp8 KV cache into ``options``; a
+    KV dtype the source does not state is left at ``options["dtype"]`` and said in ``notes``."""
+    from castcore.workload.spec import KV_CACHE_DTYPES, WEIGHT_DTYPES
+
+    if _quantized(w.get("weights_dtype")):
+        if "fp8" not in WEIGHT_DTYPES:
+            return NotExpressible("fp8 weights: castcore has no --weights fp8")
+        options.update(weights="fp8", activations="fp8")
+    kv = str(w.get("kv_cache_dtype") or "")
+    if _quantized(kv):
+        if "fp8" not in KV_CACHE_DTYPES:
+            return NotExpressible("an fp8 KV cache: castcore has no --kv-cache fp8")
+        options["kv_cache"] = "fp8"
+    elif kv.split()[0:1] not in (["float16"], ["bfloat16"]):
+        notes.append(f"KV cache dtype {kv or 'not given'}: left at the model dtype ({options['dtype']})")
+    return None
 
 
 def plan_serve(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
@@ -55,24 +74,15 @@ def plan_serve(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
         return NotExpressible(f"no config shipped under bench/fidelity/models/ for {w['model']}")
     if w.get("metric") not in METRICS:
         return NotExpressible(f"metric {w.get('metric')!r} is none of {', '.join(METRICS)}")
-    from castcore.workload.spec import KV_CACHE_DTYPES, WEIGHT_DTYPES
 
     path = MODELS / MODEL_FILES[w["model"]]
     config = json.loads(path.read_text(encoding="utf-8"))
     deployment: dict[str, Any] = {"dtype": SHORT_DTYPE[config["torch_dtype"]], "tp": w.get("tp", 1),
                                   "pp": w.get("pp", 1)}
-    notes = []
-    if _quantized(w.get("weights_dtype")):
-        if "fp8" not in WEIGHT_DTYPES:
-            return NotExpressible("fp8 weights: castcore has no --weights fp8 yet")
-        deployment.update(weights="fp8", activations="fp8")
-    kv = str(w.get("kv_cache_dtype") or "")
-    if _quantized(kv):
-        if "fp8" not in KV_CACHE_DTYPES:
-            return NotExpressible("an fp8 KV cache: castcore has no --kv-cache fp8 yet")
-        deployment["kv_cache"] = "fp8"
-    elif kv.split()[0:1] not in (["float16"], ["bfloat16"]):
-        notes.append(f"KV cache dtype {kv or 'not given'}: left at the model dtype ({deployment['dtype']})")
+    notes: list[str] = []
+    refused = quantized_dtypes(w, deployment, notes)
+    if refused is not None:
+        return refused
     if _per_head_generation_attention(w.get("framework") or point.get("framework")):
         deployment["kv_reads"] = "head"
         notes.append("TensorRT-LLM before 0.7 generates with its masked MHA kernel, one block per query head reading "

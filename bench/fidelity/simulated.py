@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fidelity.ops import NotExpressible
+from fidelity.serving import quantized_dtypes
 
 MODELS = Path(__file__).parent / "models"
 MODEL_FILES = {
@@ -54,10 +55,6 @@ def family(metric: str) -> str:
     return METRICS[metric][1]
 
 
-def _quantized(text: str | None) -> bool:
-    return str(text or "").startswith(("float8", "fp8"))
-
-
 def _lengths(w: dict[str, Any], name: str) -> str | None:
     fixed = w.get(f"{name}_tokens")
     return str(fixed) if fixed is not None else w.get(f"{name}_lengths")
@@ -75,26 +72,16 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     inputs, outputs = _lengths(w, "input"), _lengths(w, "output")
     if inputs is None or outputs is None:
         return NotExpressible("the source gives neither fixed lengths nor a length distribution")
-    from castcore.workload.spec import KV_CACHE_DTYPES, WEIGHT_DTYPES
-
     path = MODELS / MODEL_FILES[w["model"]]
     config = json.loads(path.read_text(encoding="utf-8"))
     dp = w.get("dp", 1)
     options: dict[str, Any] = {"model": os.path.relpath(path), "dtype": w.get("dtype") or SHORT_DTYPE[config["torch_dtype"]],
                                "tp": w.get("tp", 1), "pp": w.get("pp", 1), "dp": dp, "engine": w["engine"],
                                "seed": SEED}
-    notes = []
-    if _quantized(w.get("weights_dtype")):
-        if "fp8" not in WEIGHT_DTYPES:
-            return NotExpressible("fp8 weights: castcore has no --weights fp8")
-        options.update(weights="fp8", activations="fp8")
-    kv = str(w.get("kv_cache_dtype") or "")
-    if _quantized(kv):
-        if "fp8" not in KV_CACHE_DTYPES:
-            return NotExpressible("an fp8 KV cache: castcore has no --kv-cache fp8")
-        options["kv_cache"] = "fp8"
-    elif kv.split()[0:1] not in (["float16"], ["bfloat16"]):
-        notes.append(f"KV cache dtype {kv or 'not given'}: left at the model dtype ({options['dtype']})")
+    notes: list[str] = []
+    refused = quantized_dtypes(w, options, notes)
+    if refused is not None:
+        return refused
     requests = min(w["requests"], MAX_REQUESTS * dp)
     if requests < w["requests"]:
         notes.append(f"{requests:,} of the source's {w['requests']:,} requests simulated")
