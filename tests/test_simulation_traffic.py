@@ -222,12 +222,13 @@ def test_summary_of_three_requests_worked_by_hand():
         "duration": 2.0, "completed": 3, "total_input_tokens": 60, "total_output_tokens": 8,
         "request_throughput": 1.5, "output_throughput": 4.0, "total_token_throughput": 34.0,
         "mean_ttft_ms": 1550 / 3, "median_ttft_ms": 500, "std_ttft_ms": math.sqrt(455000 / 9),
-        "p90_ttft_ms": 740, "p99_ttft_ms": 794,
-        "mean_tpot_ms": 200, "median_tpot_ms": 200, "std_tpot_ms": 50, "p90_tpot_ms": 240, "p99_tpot_ms": 249,
+        "p90_ttft_ms": 740, "p95_ttft_ms": 770, "p99_ttft_ms": 794,
+        "mean_tpot_ms": 200, "median_tpot_ms": 200, "std_tpot_ms": 50, "p90_tpot_ms": 240, "p95_tpot_ms": 245,
+        "p99_tpot_ms": 249,
         "mean_itl_ms": 210, "median_itl_ms": 250, "std_itl_ms": math.sqrt(3400), "p90_itl_ms": 250,
-        "p99_itl_ms": 250,
+        "p95_itl_ms": 250, "p99_itl_ms": 250,
         "mean_e2el_ms": 2600 / 3, "median_e2el_ms": 800, "std_e2el_ms": math.sqrt(80000 / 9),
-        "p90_e2el_ms": 960, "p99_e2el_ms": 996,
+        "p90_e2el_ms": 960, "p95_e2el_ms": 980, "p99_e2el_ms": 996,
         "preemptions": 1,
     }
     assert s.keys() == expected.keys() | {"request_goodput"}
