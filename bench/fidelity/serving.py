@@ -24,7 +24,13 @@ MODEL_FILES = {
     "meta-llama/Llama-2-7b-hf": "llama-2-7b.json",
     "meta-llama/Llama-2-13b-hf": "llama-2-13b.json",
     "meta-llama/Llama-2-70b-hf": "llama-2-70b.json",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b-instruct.json",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b-instruct.json",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b-instruct.json",
     "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b-instruct.json",
+    "nvidia/Llama-3.3-70B-Instruct-FP8": "llama-3.3-70b-instruct.json",
+    "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1.json",
+    "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b-v0.1.json",
 }
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s")
