@@ -65,6 +65,10 @@ def test_simulate_reports_vllm_bench_serve_figures_reproducibly(capsys):
     assert _simulate(capsys, "--rate", "40", "--seed", "3", "--slo-ttft", "1s") == first
     offline = _simulate(capsys)
     assert offline["duration"] < first["duration"] and offline["mean_ttft_ms"] > 0
+    # Multi-step scheduling: arrivals wait for the next of the decisions made every 8 iterations.
+    multi = _simulate(capsys, "--rate", "40", "--seed", "3", "--scheduler-steps", "8")
+    assert multi["engine_limits"]["scheduler_steps"] == 8 and multi["completed"] == 60
+    assert multi["mean_ttft_ms"] > first["mean_ttft_ms"]
 
 
 def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, capsys):
@@ -88,6 +92,7 @@ def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, ca
     (["--input", "normal:100:-5"], "--input normal:100:-5: "),
     (["--input", "300"], "beyond the model's position limit of 256"),
     (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
+    (["--scheduler-steps", "0"], "--scheduler-steps 0: must be a whole number of at least 1"),
     (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):

@@ -3,6 +3,8 @@ the presets."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from castcore.errors import ModelError
@@ -78,7 +80,6 @@ def test_blocks_exhausted_preempts_the_latest_and_it_still_finishes():
 
 def test_the_reserve_policy_admits_only_what_fits_whole_and_never_preempts():
     # The same two requests and 4 blocks: each reserves its 3 blocks at admission, so the second waits.
-    import dataclasses
 
     batches, step = recorder()
     reserving = dataclasses.replace(engine(block=2), kv_policy="reserve")
@@ -89,6 +90,23 @@ def test_the_reserve_policy_admits_only_what_fits_whole_and_never_preempts():
     assert PRESETS["trtllm"].kv_policy == "reserve" and PRESETS["vllm"].kv_policy == "preempt"
     with pytest.raises(ModelError, match="kv_policy takes preempt or reserve, not 'never'"):
         limits("vllm", kv_policy="never")
+
+
+def test_multi_step_scheduling_admits_only_at_a_decision():
+    # Three steps per decision, one second each. Request 0 arrives at 0 and runs iterations 1-3 (its prefill, then
+    # two decodes); request 1 arrives at 0.5 and waits for the decision at t=3, though budget and blocks are free.
+    batches, step = recorder()
+    multi = dataclasses.replace(engine(), scheduler_steps=3)
+    result = simulate([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5)], multi, 100, step)
+    assert batches[:4] == [[(4, 0)], [(1, 4)], [(1, 5)], [(1, 6), (2, 0)]]
+    by_index = {f.index: f for f in result.finished}
+    assert by_index[1].first_token_s == 4.0  # one step at a time, it would have been admitted at t=1: 2.0
+    single = simulate([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5)], engine(), 100, recorder()[1])
+    assert {f.index: f for f in single.finished}[1].first_token_s == 2.0
+    # Request 1 leaves at t=5 and request 0 at t=5 too (its fifth token): nothing runs, so the next decision is at
+    # once for a request arriving later.
+    late = simulate([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5), Req(2, 3, 1, 10.0)], multi, 100, step)
+    assert {f.index: f for f in late.finished}[2].first_token_s == 11.0
 
 
 def test_request_too_big_for_the_cache_is_reported_and_others_finish():

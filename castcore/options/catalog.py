@@ -308,6 +308,8 @@ SIMULATE = CommandOptions("simulate", (
         Option("kv_policy", "preempt: take KV blocks as tokens come and preempt a request when they run out (vllm, "
                "sglang); reserve: admit a request only when its whole prompt and output fit, never preempting "
                "(trtllm's GUARANTEED_NO_EVICT)", ENGINE, choices=("preempt", "reserve"), optional=True),
+        _int("scheduler_steps", None, "iterations per scheduling decision, as vLLM 0.6's --num-scheduler-steps: a "
+             "request that arrives meanwhile waits for the next decision (default 1)", ENGINE, optional=True),
         Option("slo_ttft", "goodput counts requests whose time to first token is at most TIME", TRAFFIC, kind="time",
                optional=True, metavar="TIME"),
         Option("slo_tpot", "goodput counts requests whose time per output token is at most TIME", TRAFFIC,
@@ -326,7 +328,7 @@ SIMULATE = CommandOptions("simulate", (
 COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, SIMULATE, AUDIT, PACKS, DEVICES, NEW_PACK, PARTITION, MEASURE, CALIBRATE,
                                 SWEEP, PLAN, CACHE)}
 ENGINE_OPTIONS = ("max_running_requests", "max_batched_tokens", "chunked_prefill", "block_size", "kv_memory_fraction",
-                  "kv_policy")
+                  "kv_policy", "scheduler_steps")
 
 
 def _spellings() -> dict[str, Option]:

@@ -15,6 +15,11 @@ The scheduler follows vLLM's V1 scheduler. Each iteration:
    generated tokens produces one output token, timestamped at the end of the iteration (so a prefill's last
    chunk gives the first token), and finishes after its last output token, freeing its blocks.
 
+With ``scheduler_steps`` n > 1 (vLLM 0.6's multi-step scheduling: RFC vllm-project/vllm#6854, PR #7000) the
+scheduler decides once every n iterations: the requests it scheduled run the next n - 1 iterations too (a prompt
+scheduled whole then decodes), and no waiting request is admitted until the next decision, which comes early only
+when nothing is left running. Tokens are timestamped at the iteration that makes them, as if streamed at once.
+
 Under the "reserve" KV policy (TensorRT-LLM's default, GUARANTEED_NO_EVICT) a waiting request is admitted only
 when the blocks of its whole prompt and output are free, and holds them to its end, so nobody is preempted.
 
@@ -115,6 +120,7 @@ def simulate(
     block_size, budget_max = limits.block_size, limits.max_batched_tokens
     max_running, chunked = limits.max_running_requests, limits.chunked_prefill
     reserve = limits.kv_policy == "reserve"
+    steps_left = 0  # iterations left before the next scheduling decision (multi-step scheduling)
 
     n = len(requests)
     prompt = [r.input_tokens for r in requests]
@@ -193,7 +199,9 @@ def simulate(
                 batch.append((new, computed[i], computed[i] + new == prompt[i] + generated[i]))
                 scheduled.append((i, new))
                 k += 1
-            if not stopped:
+            steps_left = steps_left - 1 if running and steps_left > 0 else limits.scheduler_steps - 1
+            deciding = steps_left == limits.scheduler_steps - 1
+            if not stopped and deciding:
                 while waiting and len(running) < max_running and budget > 0:
                     i = waiting[0]
                     new = prompt[i] + generated[i] - computed[i]

@@ -25,7 +25,9 @@ class EngineLimits:
     device memory (weights included); ``"free"``, a share of what is free after the weights and buffers, all of it
     for the KV cache. ``kv_policy``: "preempt" takes KV blocks as a request's tokens come and preempts when they run
     out; "reserve" admits a request only when blocks for its whole prompt and output are free, and holds them until
-    it finishes, so none is ever preempted. ``sources``: where each number comes from.
+    it finishes, so none is ever preempted. ``scheduler_steps``: iterations run per scheduling decision (vLLM
+    0.6's multi-step scheduling, ``--num-scheduler-steps``); requests are admitted only at a decision. ``sources``:
+    where each number comes from.
     """
 
     max_running_requests: int
@@ -35,6 +37,7 @@ class EngineLimits:
     kv_memory_fraction: float
     memory_share_of: Literal["device", "free"]
     kv_policy: Literal["preempt", "reserve"] = "preempt"
+    scheduler_steps: int = 1
     sources: tuple[str, ...] = ()
 
 
@@ -97,7 +100,7 @@ PRESETS: dict[str, EngineLimits] = {
     ),
 }
 
-_WHOLE = ("max_running_requests", "max_batched_tokens", "block_size")
+_WHOLE = ("max_running_requests", "max_batched_tokens", "block_size", "scheduler_steps")
 
 
 _KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill", "kv_policy")
