@@ -72,8 +72,6 @@ def test_devices_json_lists_the_device_file(h100_file):
     (["--model", "gpt-9"], "unknown model 'gpt-9'; use a preset (llama-3-70b, llama-3-8b, mistral-7b"),
     (["--device", "tpu-v9"], "unknown device 'tpu-v9'"),
     (["--custom-op-dir", "/no/such/dir"], "custom-op directory /no/such/dir does not exist"),
-    (["--model", os.path.join(os.path.dirname(__file__), "data", "tiny-deepseek-v3.json"), "--phase", "decode",
-      "--kv-len", "8"], "--phase decode does not support this model yet: use --phase prefill"),
 ])
 def test_bad_input_is_one_line_naming_the_culprit(h100_file, args, message):
     done = castcore_cli("estimate", "--no-packs", "--device-file", str(h100_file), *args)

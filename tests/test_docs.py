@@ -86,7 +86,7 @@ def test_the_readme_starts_with_the_two_set_up_commands_and_links_into_docs():
 
 
 def test_every_repository_path_the_pages_name_exists():
-    """A file or folder a page names (`castcore/hf.py`, `bench/results/peers.md`) is there: a move must move the
+    """A file or folder a page names (`castcore/hf/`, `bench/results/peers.md`) is there: a move must move the
     page's words too."""
     prefixes = ("castcore/", "packs/", "bench/", "tests/", "examples/", "docs/", ".ci/")
     named = set()

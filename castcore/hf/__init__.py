@@ -4,7 +4,8 @@ castcore builds causal LMs on the meta device, puts them on its own attention pa
 for a decode step, and recognises and swaps parts of transformers' modules. Each function that relies on what
 transformers does not promise says what, and the releases it was checked on ("checked 5.5.0-5.24.0": ``nox -s
 tests`` runs the newest, ``nox -s oldest`` the lowest bound pyproject admits). When a release moves something,
-this is the file to change: the rest of castcore imports no transformers module (tests/test_hf.py checks).
+this package is what to change (the KV cache of a decode step is in ``castcore.hf.cache``): the rest of castcore
+imports no transformers module (tests/test_hf.py checks).
 transformers is imported inside the functions, so a model that is not a transformers model never pays for it.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from castcore.errors import ModelError
-from castcore.options.catalog import say
+from castcore.hf.cache import cache_argument, cache_layers, cast_on_write, decode_inputs, kv_written  # noqa: F401
 
 # The releases the test suite runs on: from the lowest pyproject admits to the newest checked, any patch release.
 TESTED = {"transformers": ("5.5.0", "5.24"), "torch": ("2.13.0", "2.13")}
@@ -78,7 +79,8 @@ def raised_inside(exc: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     where = Path(tb.tb_frame.f_code.co_filename) if tb is not None else None
-    return where is not None and (where.is_relative_to(Path(module.__file__).parent) or where == Path(__file__))
+    return where is not None and (where.is_relative_to(Path(module.__file__).parent)
+                                  or where.is_relative_to(Path(__file__).parent))
 
 
 def internals_error(exc: BaseException, model_class: str) -> ModelError:
@@ -310,80 +312,6 @@ def rotary_swapped(originals: dict[Any, Callable], replacement: Callable[[Callab
     finally:
         for home, original in originals.items():
             home.apply_rotary_pos_emb = original
-
-
-# --- the KV cache of a decode step ------------------------------------------------------------------------------
-
-def cache_argument(model: torch.nn.Module) -> str:
-    """The name the model's forward takes its KV cache by: ``cache`` from transformers 5.24.0 (which deprecates
-    ``past_key_values`` with a FutureWarning), ``past_key_values`` before."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def cache_layers(value: Any) -> list | None:
-    """``value.layers`` when value is a transformers Cache (one object per model layer), else None. Looked up in
-    ``sys.modules`` so that a model that is not a transformers model never imports it. Relies on
-    ``cache_utils.Cache.layers`` (checked 5.5.0-5.24.0)."""
-    cache = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
-    layers = getattr(value, "layers", None) if cache is not None and isinstance(value, cache) else None
-    return layers if isinstance(layers, list) else None
-
-
-def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype, tp: int = 1,
-                  cache_dtype: torch.dtype | None = None):
-    """Inputs of one decode step, as a function run inside the fake mode (so nothing is allocated): one new token
-    over a static KV cache already holding ``kv_len`` tokens, written in place as serving engines do. With ``tp``
-    > 1 the cache is one device's (num_key_value_heads / tp heads; ``per_device(n)`` makes that one); it holds
-    ``cache_dtype`` (``with_cache_dtype(d)``; the step casts as it writes); ``with_kv_len(n)`` makes the same
-    inputs over ``n`` cached tokens. Relies on ``StaticCache(config=, max_cache_len=)``,
-    ``early_initialization(batch, heads, head_dim, dtype, device)`` and each layer's ``cumulative_length``
-    tensor (checked 5.5.0-5.24.0)."""
-    from transformers import StaticCache
-
-    config = model.config
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if tp > 1 and kv_heads % tp:
-        raise ModelError(f"{say('tp', tp)}: num_key_value_heads = {kv_heads} does not divide by {tp}; each device "
-                         f"holds num_key_value_heads / {tp} heads of the decode step's KV cache (choose a "
-                         f"{say('tp')} that divides it)")
-    kv_heads //= tp
-    argument = cache_argument(model)
-
-    def make():
-        cache = StaticCache(config=config, max_cache_len=kv_len + 1)
-        cache.early_initialization(batch, kv_heads, head_dim, cache_dtype or dtype, torch.device("cpu"))
-        for layer in cache.layers:
-            layer.cumulative_length.fill_(kv_len)
-            if cache_dtype not in (None, dtype):
-                layer.__class__ = cast_on_write(type(layer))
-        input_ids = torch.zeros((batch, 1), dtype=torch.long)
-        return (), {"input_ids": input_ids, argument: cache, "use_cache": True}
-
-    make.per_device = lambda n: decode_inputs(model, batch, kv_len, dtype, tp=n, cache_dtype=cache_dtype)
-    make.with_cache_dtype = lambda d: decode_inputs(model, batch, kv_len, dtype, tp=tp, cache_dtype=d)
-    make.with_kv_len = lambda n: decode_inputs(model, batch, n, dtype, tp=tp, cache_dtype=cache_dtype)
-    return make
-
-
-_CASTING: dict[type, type] = {}
-
-
-def cast_on_write(layer_class: type) -> type:
-    """A static cache layer class whose ``update`` casts new keys and values to the cache's dtype as it writes
-    them, as vLLM's reshape_and_cache does (a per-tensor scale folds into the attention). The dtype is the
-    ``keys`` tensor's: layers have no ``dtype`` attribute from 5.24.0 (checked 5.5.0-5.24.0)."""
-    if layer_class in _CASTING.values():
-        return layer_class
-    if layer_class not in _CASTING:
-        def update(self, key_states, value_states, *args, **kwargs):
-            if key_states.dtype != self.keys.dtype:
-                key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.keys.dtype)
-            return layer_class.update(self, key_states, value_states, *args, **kwargs)
-
-        _CASTING[layer_class] = type(f"Casting{layer_class.__name__}", (layer_class,), {"update": update})
-    return _CASTING[layer_class]
 
 
 # --- mixture of experts and GPT-2's linear layers -------------------------------------------------------------

@@ -163,12 +163,22 @@ def language_config(config: Any) -> Any:
 
 
 def kv_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dtype | str) -> int:
-    """Bytes of a full K and V cache for a transformers config (built, or a config.json dict):
-    2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize. ValueError names a missing field."""
+    """Bytes of a full K and V cache for a transformers config (built, or a config.json dict), as an engine holds
+    it: 2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize; one latent entry of
+    kv_lora_rank + qk_rope_head_dim per token and layer for multi-head latent attention (DeepSeek-V3), whole on
+    every tensor-parallel device; one KV head for Falcon's multi-query attention. ValueError names a missing
+    field."""
     config = language_config(config)
     dtype = torch_dtype(dtype)
     layers, heads, hidden = (config_field(config, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    rank, rope = config_field(config, "kv_lora_rank"), config_field(config, "qk_rope_head_dim")
+    if isinstance(rank, int) and isinstance(rope, int) and isinstance(layers, int):
+        return layers * batch * kv_len * (rank + rope) * dtype.itemsize
     kv_heads = config_field(config, "num_key_value_heads") or heads
+    if config_field(config, "multi_query") and not config_field(config, "new_decoder_architecture"):
+        kv_heads = 1
+    elif config_field(config, "new_decoder_architecture"):
+        kv_heads = config_field(config, "num_kv_heads") or kv_heads
     head_dim = config_field(config, "head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
     missing = [k for k, v in (("num_hidden_layers", layers), ("num_attention_heads", heads), ("head_dim", head_dim))
                if not isinstance(v, int)]

@@ -1,0 +1,108 @@
+"""The KV cache of a decode step as castcore pre-fills it, through transformers' cache classes (see castcore.hf
+for how the package tracks the releases it relies on)."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+import torch
+
+from castcore.errors import ModelError
+from castcore.options.catalog import say
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name the model's forward takes its KV cache by: ``cache`` from transformers 5.24.0 (which deprecates
+    ``past_key_values`` with a FutureWarning), ``past_key_values`` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_layers(value: Any) -> list | None:
+    """``value.layers`` when value is a transformers Cache (one object per model layer), else None. Looked up in
+    ``sys.modules`` so that a model that is not a transformers model never imports it. Relies on
+    ``cache_utils.Cache.layers`` (checked 5.5.0-5.24.0)."""
+    cache = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    layers = getattr(value, "layers", None) if cache is not None and isinstance(value, cache) else None
+    return layers if isinstance(layers, list) else None
+
+
+def kv_written(attention: torch.nn.Module, tp: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(heads, dim) of the keys and of the values one attention module writes to its cache layer on one device,
+    where they are not num_key_value_heads x head_dim; None where they are. Relies on the attention classes'
+    attributes and on DeepSeek-V3's ``expand_kv``, whose presence means transformers caches the latent
+    (checked 5.5.0-5.24.0)."""
+    config = getattr(attention, "config", None)
+    if getattr(attention, "castcore_latent", False):  # castcore.workload.latent: one entry, held in the keys
+        return (1, config.kv_lora_rank + config.qk_rope_head_dim), (1, 0)
+    if hasattr(attention, "kv_a_proj_with_mqa") and config is not None:  # multi-head latent attention, eager
+        if hasattr(type(attention), "expand_kv"):
+            return (1, config.kv_lora_rank), (1, config.qk_rope_head_dim)
+        heads = config.num_attention_heads // tp
+        return (heads, config.qk_nope_head_dim + config.qk_rope_head_dim), (heads, config.v_head_dim)
+    if hasattr(attention, "new_decoder_architecture"):  # Falcon: multi-query, or grouped and then expanded
+        heads = attention.num_heads if attention.new_decoder_architecture else attention.num_kv_heads
+        return (heads, attention.head_dim), (heads, attention.head_dim)
+    return None
+
+
+def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype, tp: int = 1,
+                  cache_dtype: torch.dtype | None = None):
+    """Inputs of one decode step, as a function run inside the fake mode (so nothing is allocated): one new token
+    over a static KV cache already holding ``kv_len`` tokens, written in place as serving engines do. With ``tp``
+    > 1 the cache is one device's (num_key_value_heads / tp heads; ``per_device(n)`` makes that one); it holds
+    ``cache_dtype`` (``with_cache_dtype(d)``; the step casts as it writes); ``with_kv_len(n)`` makes the same
+    inputs over ``n`` cached tokens. A layer whose attention writes another shape (``kv_written``: multi-query,
+    latent) gets that shape, read from the model as it is captured (fused and sharded). Relies on
+    ``StaticCache(config=, max_cache_len=)``, each layer's ``lazy_initialization(keys, values)``, which sizes it,
+    and its ``cumulative_length`` tensor (checked 5.5.0-5.24.0)."""
+    from transformers import StaticCache
+
+    config = model.config
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if tp > 1 and kv_heads % tp and not getattr(config, "kv_lora_rank", None):
+        raise ModelError(f"{say('tp', tp)}: num_key_value_heads = {kv_heads} does not divide by {tp}; each device "
+                         f"holds num_key_value_heads / {tp} heads of the decode step's KV cache (choose a "
+                         f"{say('tp')} that divides it)")
+    standard = ((kv_heads // tp, head_dim),) * 2
+    argument = cache_argument(model)
+
+    def make():
+        written = {getattr(m, "layer_idx", None): kv_written(m, tp) for m in model.modules()
+                   if type(m).__name__.endswith("Attention")}
+        cache = StaticCache(config=config, max_cache_len=kv_len + 1)
+        for index, layer in enumerate(cache.layers):
+            (k_heads, k_dim), (v_heads, v_dim) = written.get(index) or standard
+            layer.lazy_initialization(torch.empty((batch, k_heads, 1, k_dim), dtype=cache_dtype or dtype),
+                                      torch.empty((batch, v_heads, 1, v_dim), dtype=cache_dtype or dtype))
+            layer.cumulative_length.fill_(kv_len)
+            if cache_dtype not in (None, dtype):
+                layer.__class__ = cast_on_write(type(layer))
+        input_ids = torch.zeros((batch, 1), dtype=torch.long)
+        return (), {"input_ids": input_ids, argument: cache, "use_cache": True}
+
+    make.per_device = lambda n: decode_inputs(model, batch, kv_len, dtype, tp=n, cache_dtype=cache_dtype)
+    make.with_cache_dtype = lambda d: decode_inputs(model, batch, kv_len, dtype, tp=tp, cache_dtype=d)
+    make.with_kv_len = lambda n: decode_inputs(model, batch, n, dtype, tp=tp, cache_dtype=cache_dtype)
+    return make
+
+
+_CASTING: dict[type, type] = {}
+
+
+def cast_on_write(layer_class: type) -> type:
+    """A static cache layer class whose ``update`` casts new keys and values to the cache's dtype as it writes
+    them, as vLLM's reshape_and_cache does (a per-tensor scale folds into the attention). The dtype is the
+    ``keys`` tensor's: layers have no ``dtype`` attribute from 5.24.0 (checked 5.5.0-5.24.0)."""
+    if layer_class in _CASTING.values():
+        return layer_class
+    if layer_class not in _CASTING:
+        def update(self, key_states, value_states, *args, **kwargs):
+            if key_states.dtype != self.keys.dtype:
+                key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.keys.dtype)
+            return layer_class.update(self, key_states, value_states, *args, **kwargs)
+
+        _CASTING[layer_class] = type(f"Casting{layer_class.__name__}", (layer_class,), {"update": update})
+    return _CASTING[layer_class]
