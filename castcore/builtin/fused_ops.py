@@ -53,16 +53,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("castcore::rotary_embedding", mutates_args=())
-def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of queries and keys [batch, heads, seq, dim] by cos/sin [batch, seq, dim]
-    (halves rotated, the Llama/NeoX layout), both in one kernel."""
+    (halves rotated, the Llama/NeoX layout), both in one kernel. ``interleaved``: the dimensions come in rotated
+    pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) and leave in the halves layout, as transformers'
+    apply_rotary_pos_emb_interleave returns them."""
+    if interleaved:
+        q, k = (x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2) for x in (q, k))
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return ((q * cos + _rotate_half(q) * sin).to(q.dtype), (k * cos + _rotate_half(k) * sin).to(k.dtype))
 
 
 @rotary_embedding.register_fake
-def _(q, k, cos, sin):
+def _(q, k, cos, sin, interleaved=False):
     return torch.empty_like(q), torch.empty_like(k)
 
 
@@ -132,6 +136,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, c
 @attention.register_fake
 def _(q, k, v, scale, causal, window, softcap, kv_per_query_head=False):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1]))
+
+
+@torch.library.custom_op("castcore::latent_attention", mutates_args=())
+def latent_attention(q: torch.Tensor, latent: torch.Tensor, rank: int, scale: float, causal: bool) -> torch.Tensor:
+    """Multi-head latent attention in its absorbed form, as FlashMLA runs a decode: q [batch, heads, q_len,
+    rank + rope] (the no-position part already multiplied into the latent space) against the cache's one latent
+    entry per token, latent [batch, 1, kv_len, rank + rope], whose first ``rank`` columns are also the values ->
+    [batch, q_len, heads, rank]. The cache is read once for every head."""
+    return attention(q, latent, latent[..., :rank], scale, causal, 0, 0.0)
+
+
+@latent_attention.register_fake
+def _(q, latent, rank, scale, causal):
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1], rank))
 
 
 @torch.library.custom_op("castcore::varlen_attention", mutates_args=())
@@ -223,6 +241,9 @@ _REPLACES = {
                                    "aten::_scaled_dot_product_efficient_attention",
                                    "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax",
                                    "aten::repeat_interleave.self_int", "aten::expand"),
+    "castcore::latent_attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                                   "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax",
+                                   "aten::expand"),
     "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
     "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
     "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
@@ -233,4 +254,4 @@ for _fused, _eager in _REPLACES.items():
 
 OPS = {name: getattr(torch.ops.castcore, name).default
        for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
-                    "varlen_attention", "topk_softmax", "moe_permute", "moe_unpermute")}
+                    "varlen_attention", "latent_attention", "topk_softmax", "moe_permute", "moe_unpermute")}

@@ -12,6 +12,8 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
   one ``aten::gelu`` with the tanh approximation;
 - the rotary embedding of queries and keys -> ``castcore::rotary_embedding`` (the model's own
   ``apply_rotary_pos_emb`` is swapped for the capture only);
+- multi-head latent attention (DeepSeek-V3, Kimi K2) -> decompressed heads and ``castcore::attention`` for
+  prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.workload.latent);
 - attention -> ``castcore::attention``: causal and sliding-window masks as arguments, grouped KV heads read
   once, no repeated keys and values, the output written in the layout the next projection reads; a model with
   its own causal ``_attn`` (GPT-J) has that method swapped for the same op;
@@ -37,6 +39,8 @@ from torch import nn
 from castcore import hf
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.workload.experts import _grouped
+from castcore.workload.latent import is_latent_attention
+from castcore.workload.latent import rewrite as rewrite_latent
 from castcore.workload.parallel import _expert_weights
 from castcore.workload.packing import packed_attention, packing_on
 from castcore.workload.models import BuiltModel
@@ -96,8 +100,14 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         elif type(module).__name__.endswith("RMSNorm") or (type(module).__name__.endswith("MLP") and not any(
                 type(child).__name__ in _TANH_GELUS for child in module.children())):
             eager[type(module).__name__] += 1
-    attention_modules = [m for m in model.modules()
-                         if hf.is_transformers_module(m) and type(m).__name__.endswith("Attention")]
+    latent = [m for m in model.modules() if hf.is_transformers_module(m) and is_latent_attention(m)]
+    for module in latent:
+        rewrite_latent(module)
+    if latent:
+        done["multi-head latent attention -> castcore::attention over decompressed heads (prompts), "
+             "castcore::latent_attention over the latent cache (decode)"] += len(latent)
+    attention_modules = [m for m in model.modules() if hf.is_transformers_module(m)
+                         and type(m).__name__.endswith("Attention") and not getattr(m, "castcore_latent", False)]
     for module in attention_modules:  # read by both fused paths below
         module.castcore_kv_per_query_head = kv_reads == "head"
     reads = " (K/V read once per query head)" if kv_reads == "head" else ""
@@ -116,7 +126,8 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
             len(attention_modules)
     rotary = hf.standard_rotary(model)
     if rotary:
-        done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
+        if attention_modules:
+            done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
         outer = built.while_capturing
         built.while_capturing = lambda: _both(outer(), hf.rotary_swapped(rotary, _fused_rotary))
     return [f"{count} {kind}" for kind, count in done.items()], [f"{count} {kind}" for kind, count in eager.items()]

@@ -50,7 +50,8 @@ from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import ModelError
 
-COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "gate_up_proj", "dense_h_to_4h")
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "gate_up_proj", "dense_h_to_4h",
+           "q_b_proj", "kv_b_proj")  # MLA's per-head projections; its latent ones stay whole, as in vLLM
 ROWWISE = ("o_proj", "down_proj", "dense_4h_to_h")
 FUSED_QKV = ("query_key_value",)  # its sibling ``dense`` is the attention's output projection
 EXPERT_WEIGHTS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")  # 3-D Parameters of an experts module

@@ -189,6 +189,9 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
     if "chunked_prefill" in overrides:
         overrides["chunked_prefill"] = overrides["chunked_prefill"] == "on"
     base = build_workload(model, **options)
+    if not is_factory(model) and config_field(language_config(load_model_config(model)), "kv_lora_rank"):
+        raise ModelError(f"{model}: castcore simulate does not price latent attention (MLA) in a mixed batch yet: "
+                         "use castcore serve or estimate for this model")
     arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
     return Simulation(model=model, base=base, engine=given["engine"], limits=limits(given["engine"], **overrides),
                       requests=requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"],

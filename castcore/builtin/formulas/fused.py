@@ -78,6 +78,19 @@ def _varlen_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     return props
 
 
+@register_op_properties(OPS["latent_attention"])
+def _latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
+    """Scores over rank + rope columns and values over rank columns for every kept (query, key) pair of every
+    head; the latent cache read once for all heads (its values are its first columns, not a second tensor)."""
+    q, latent = invoke.args[:2]
+    batch, heads, q_len, dim = q.shape
+    pairs = batch * heads * kept_keys(q_len, latent.shape[2], invoke.argument("causal"), 0)
+    props = invoke.memory_access_properties()
+    props.kernel = "attention"
+    props.add(product_dtype(invoke, q.dtype), mma=2 * pairs * (dim + invoke.argument("rank")))
+    return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=SOFTMAX_OPS_PER_SCORE * pairs)
+
+
 def _attention_properties(invoke: OpInvoke, pairs: int) -> PerformanceProperties:
     q, k, v = invoke.args[:3]
     heads, dim = q.shape[1], q.shape[-1]

@@ -1,0 +1,98 @@
+"""Multi-head latent attention (MLA: DeepSeek-V3/R1, Kimi K2) as serving engines run it.
+
+MLA caches one latent entry per token and layer, ``kv_lora_rank + qk_rope_head_dim`` wide (576 for DeepSeek-V3),
+shared by every head and replicated on every tensor-parallel rank. Engines (vLLM's MLA backends, SGLang with
+FlashMLA) run it two ways:
+
+- a prompt decompresses the latent entries into per-head keys and values (``kv_b_proj`` over every key) and
+  runs ordinary flash attention (``castcore::attention``, query/key head dim 192, value head dim 128);
+- a decode step keeps the cache compressed: each head's no-position query is multiplied into the latent space
+  (a per-head batched product with ``kv_b_proj``'s key half), attention runs over the latent entries
+  (``castcore::latent_attention``, one read of the cache for all heads), and the result is multiplied out by
+  ``kv_b_proj``'s value half. That is far cheaper per step than decompressing the whole cache.
+
+``rewrite`` gives transformers' DeepSeek-V3 attention modules this forward. The numbers are the module's: a tiny
+model with real weights gives the same logits rewritten and eager (tests/test_latent.py).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+from castcore.errors import ModelError
+from castcore.workload.packing import packing_on
+
+ops = torch.ops.castcore
+PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+DECODE_QUERIES = 1  # a sequence with this many new tokens is a decode step: the absorbed form
+
+
+def is_latent_attention(module: nn.Module) -> bool:
+    """transformers' MLA attention with cos/sin rotary tables (DeepSeek-V3's; DeepSeek-V2 rotates with complex
+    frequencies and keeps its own forward)."""
+    config = getattr(module, "config", None)
+    return (all(hasattr(module, name) for name in PARTS) and isinstance(getattr(config, "kv_lora_rank", None), int)
+            and hasattr(config, "rope_interleave"))
+
+
+def latent_width(config) -> int:
+    """Elements of one token's cache entry in one layer: the compressed keys and values, and the rotary key."""
+    return config.kv_lora_rank + config.qk_rope_head_dim
+
+
+def rewrite(module: nn.Module) -> None:
+    module.forward = types.MethodType(_forward, module)
+    module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.kv_written)
+
+
+def _absorbed(kv_b_proj: nn.Module, heads: int, rows: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """``kv_b_proj``'s weight as [heads, nope + v_dim, rank] for the absorbed products: one device's shard of a
+    tensor-parallel weight. A quantized projection's is held in the model dtype beside it, as vLLM dequantizes
+    it once at load for these products (allocating it here is free: no kernel runs)."""
+    weight = getattr(kv_b_proj, "weight", None)
+    if weight is None:
+        return torch.empty((heads, rows, rank), dtype=dtype)
+    return (weight.to_local() if hasattr(weight, "to_local") else weight).view(heads, rows, rank)
+
+
+def _forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, past_key_values=None,
+             **kwargs):
+    if packing_on():
+        raise ModelError("castcore simulate does not price latent attention (MLA) in a mixed batch yet: "
+                         "use castcore serve or estimate for this model")
+    config = self.config
+    nope, rope, v_dim, rank = (config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim,
+                               config.kv_lora_rank)
+    batch, seq = hidden_states.shape[:2]
+    q = (self.q_proj(hidden_states) if getattr(self, "q_proj", None) is not None
+         else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states))))
+    q = q.view(batch, seq, -1, nope + rope).transpose(1, 2)  # [batch, local heads, seq, 192]
+    heads = q.shape[1]
+    q_nope, q_rot = q.split([nope, rope], dim=-1)
+    compressed, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
+    compressed = self.kv_a_layernorm(compressed)
+    cos, sin = position_embeddings
+    q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot.view(batch, 1, seq, rope), cos, sin,
+                                        bool(config.rope_interleave))
+    latent = torch.cat([compressed.view(batch, 1, seq, rank), k_rot], dim=-1)  # the cache entry, written once
+    cache = cache if cache is not None else past_key_values
+    if cache is not None:  # the values slot holds nothing: the entry is the keys
+        latent, _ = cache.update(latent, latent[..., :0], self.layer_idx)
+    scale = getattr(self, "scaling", (nope + rope) ** -0.5)
+    if seq <= DECODE_QUERIES and cache is not None:
+        kv_b = _absorbed(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
+        absorbed = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
+        query = torch.cat([absorbed.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
+        out = ops.latent_attention(query, latent, rank, float(scale), True)  # [batch, seq, heads, rank]
+        out = torch.bmm(out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2))
+        out = out.view(heads, batch, seq, v_dim).permute(1, 2, 0, 3)
+    else:
+        keys = latent.shape[2]
+        k_nope, values = self.kv_b_proj(latent[:, 0, :, :rank].to(hidden_states.dtype)).view(batch, keys, heads, nope + v_dim).transpose(
+            1, 2).split([nope, v_dim], dim=-1)
+        key = torch.cat([k_nope, latent[:, :, :, rank:].expand(batch, heads, keys, rope)], dim=-1)
+        out = ops.attention(torch.cat([q_nope, q_rot], dim=-1), key, values, float(scale), True, 0, 0.0, False)
+    return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
