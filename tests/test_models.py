@@ -10,17 +10,23 @@ from castcore.workload.models import build_preset
 from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
 from castcore.workload.pipeline import build
 
-PRESET_PARAMS = {  # published parameter counts (billions), to one decimal
-    "llama-3-8b": 8.0, "llama-3-70b": 70.6, "qwen2.5-7b": 7.6, "mistral-7b": 7.2, "mixtral-8x7b": 46.7,
+PRESET_PARAMS = {  # published parameter counts (billions), and half the last digit they are published to
+    "llama-3-8b": (8.0, 0.05), "llama-3-70b": (70.6, 0.05), "qwen2.5-7b": (7.6, 0.05), "mistral-7b": (7.2, 0.05),
+    "mixtral-8x7b": (46.7, 0.05), "mixtral-8x22b": (141, 0.5), "llama-3.1-405b": (405, 1),  # "405B" (406 on the hub)
+    "qwen3-30b-a3b": (30.5, 0.05), "qwen3-235b-a22b": (235, 0.5),
+    "deepseek-v3": (671, 0.5),  # without its multi-token-prediction module, which serving does not run by default
+    "kimi-k2": (1000, 50),  # "1 trillion total parameters"
 }
 
 
 def test_presets_are_the_published_models():
     assert set(preset_names()) == set(PRESET_PARAMS)
-    for name, billions in PRESET_PARAMS.items():
+    for name, (billions, within) in PRESET_PARAMS.items():
         model = build(build_workload(name, seq=8)).model
         count = sum(p.numel() for p in model.parameters())
-        assert count / 1e9 == pytest.approx(billions, abs=0.05), name
+        assert count / 1e9 == pytest.approx(billions, abs=within), name
+        assert load_model_config(name)["_source"].startswith(("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/",
+                                                              "Qwen/")), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
 
 
