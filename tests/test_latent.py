@@ -1,5 +1,6 @@
-"""Multi-head latent attention (DeepSeek-V3) as engines run it: decompressed heads for prompts, the absorbed form
-over a latent cache for decode steps; the cache's size; tensor parallelism; and the multi-query cache of Falcon.
+"""DeepSeek-V3 as engines run it: multi-head latent attention (decompressed heads for prompts, the absorbed form
+over a latent cache for decode steps; the cache's size; tensor parallelism) and its grouped top-k router; and the
+multi-query cache of Falcon.
 Worked by hand on the tiny configs in tests/data (4 heads, kv_lora_rank 16, qk_rope_head_dim 8, 4 layers)."""
 
 from __future__ import annotations
@@ -121,3 +122,38 @@ def test_quantized_weights_keep_the_absorbed_products_in_the_model_dtype(session
                               device="h100-sxm")
     products = [r for r in report.records if r.invoke.name == "aten::bmm" and "self_attn" in r.invoke.module]
     assert len(products) == 2 * LAYERS and all(r.invoke.args[1].dtype == torch.bfloat16 for r in products)
+
+
+def test_grouped_routing_is_one_kernel_that_chooses_what_transformers_chooses(tmp_path):
+    from transformers import DynamicCache
+
+    # 4 experts in 2 groups, the best group kept: each token's 2 experts come from one group, chosen with the bias.
+    fields = json.loads((DATA / "tiny-deepseek-v3.json").read_text()) | {"n_group": 2, "topk_group": 1}
+    (DATA / "_grouped.json").write_text(json.dumps(fields))
+    try:
+        model = real_model("_grouped.json")
+    finally:
+        (DATA / "_grouped.json").unlink()
+    torch.manual_seed(1)
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.uniform_(0, 0.5)  # positive, so both transformers releases' masks choose alike
+    prompt = torch.randint(3, 200, (2, 12))
+
+    def run():
+        with torch.no_grad():
+            return model(prompt, **{hf.cache_argument(model): DynamicCache(config=model.config)}).logits
+
+    eager = run()
+    built = BuiltModel(model=model)
+    done, _ = rewrite(built)
+    assert any("castcore::grouped_topk" in line for line in done)
+    with built.while_capturing():
+        torch.testing.assert_close(run(), eager, rtol=1e-4, atol=1e-4)
+
+
+def test_the_grouped_router_is_priced_as_one_call(session):
+    report = session.estimate(castcore.build_workload(DEEPSEEK, seq=64), device="h100-sxm")
+    routers = [r for r in report.records if r.invoke.name == "castcore::grouped_topk"]
+    assert len(routers) == LAYERS - 1  # the first layer is dense (first_k_dense_replace 1)
+    assert not any(r.invoke.name in ("aten::scatter_.value", "aten::masked_fill.Scalar") for r in report.records)

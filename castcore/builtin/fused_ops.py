@@ -188,6 +188,32 @@ def _(logits, k, renormalize):
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int64)
 
 
+@torch.library.custom_op("castcore::grouped_topk", mutates_args=())
+def grouped_topk(logits: torch.Tensor, bias: torch.Tensor, groups: int, top_groups: int, k: int, renormalize: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's router in one kernel (vLLM's grouped_topk): sigmoid scores, the correction ``bias`` added to
+    choose by; the ``top_groups`` of ``groups`` expert groups with the best sum of their two best; the top k
+    experts among those; their scores (renormalised to sum to 1) times ``scale`` -> (weights fp32 [tokens, k],
+    expert indices int64 [tokens, k])."""
+    scores = logits.float().sigmoid()
+    choice = scores + bias
+    experts = logits.shape[-1]
+    by_group = choice.view(-1, groups, experts // groups)
+    best = by_group.topk(2, dim=-1)[0].sum(-1).topk(top_groups, dim=-1, sorted=False)[1]
+    kept = torch.zeros_like(by_group[..., 0]).scatter_(1, best, 1).bool().unsqueeze(-1).expand_as(by_group)
+    indices = choice.masked_fill(~kept.reshape(-1, experts), -math.inf).topk(k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, indices)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scale, indices
+
+
+@grouped_topk.register_fake
+def _(logits, bias, groups, top_groups, k, renormalize, scale):
+    shape = (*logits.shape[:-1], k)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int64)
+
+
 @torch.library.custom_op("castcore::moe_permute", mutates_args=())
 def moe_permute(hidden: torch.Tensor, expert_ids: torch.Tensor,
                 experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -245,6 +271,8 @@ _REPLACES = {
                                    "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax",
                                    "aten::expand"),
     "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
+    "castcore::grouped_topk": ("aten::sigmoid", "aten::topk", "aten::scatter_.value", "aten::masked_fill.Scalar",
+                               "aten::gather", "aten::sum.dim_IntList", "aten::div.Tensor", "aten::add.Tensor"),
     "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
     "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
 }
@@ -254,4 +282,4 @@ for _fused, _eager in _REPLACES.items():
 
 OPS = {name: getattr(torch.ops.castcore, name).default
        for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
-                    "varlen_attention", "latent_attention", "topk_softmax", "moe_permute", "moe_unpermute")}
+                    "varlen_attention", "latent_attention", "topk_softmax", "grouped_topk", "moe_permute", "moe_unpermute")}

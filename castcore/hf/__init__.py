@@ -340,6 +340,21 @@ def experts_grouped_forward(module: torch.nn.Module) -> Callable | None:
     return getattr(moe, "grouped_mm_experts_forward", None)
 
 
+def grouped_router_kind(module: torch.nn.Module) -> str | None:
+    """Where DeepSeek-V3's grouped top-k routing runs: "router" when the router module chooses the experts and
+    returns (logits, weights, indices), "moe" when the MoE block's ``route_tokens_to_experts(logits)`` does and
+    returns (indices, weights); None for other modules. Relies on those names and on the attributes num_group,
+    topk_group (router) or n_group (MoE block) and e_score_correction_bias (checked 5.5.0: "moe"; 5.24.0:
+    "router")."""
+    if type(module).__name__.endswith("TopkRouter"):
+        found = all(hasattr(module, a) for a in ("num_group", "topk_group", "e_score_correction_bias"))
+        return "router" if found else None
+    if (callable(getattr(module, "route_tokens_to_experts", None)) and hasattr(module, "n_group")
+            and hasattr(getattr(module, "gate", None), "e_score_correction_bias")):
+        return "moe"
+    return None
+
+
 def is_conv1d(module: torch.nn.Module) -> bool:
     """transformers' Conv1D (GPT-2's linears): weight [in, out], ``nf`` outputs (checked 5.5.0-5.24.0)."""
     weight = getattr(module, "weight", None)

@@ -17,7 +17,8 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
 - attention -> ``castcore::attention``: causal and sliding-window masks as arguments, grouped KV heads read
   once, no repeated keys and values, the output written in the layout the next projection reads; a model with
   its own causal ``_attn`` (GPT-J) has that method swapped for the same op;
-- a mixture-of-experts top-k router -> ``castcore::topk_softmax``; its experts -> ``castcore::moe_permute``, the
+- a mixture-of-experts top-k router -> ``castcore::topk_softmax`` (DeepSeek-V3's grouped sigmoid routing ->
+  ``castcore::grouped_topk``); its experts -> ``castcore::moe_permute``, the
   two grouped GEMMs with ``castcore::silu_and_mul`` between them, and ``castcore::moe_unpermute``.
 
 Only modules of transformers' own classes are rewritten, so what a pack swapped in stays as the pack made it.
@@ -90,6 +91,9 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         elif _is_top_k_router(module):
             module.forward = types.MethodType(_fused_router_forward, module)
             done["MoE router softmax + top-k -> castcore::topk_softmax"] += 1
+        elif hf.grouped_router_kind(module):
+            _fuse_grouped_router(module)
+            done["MoE grouped top-k router (sigmoid, groups, top-k) -> castcore::grouped_topk"] += 1
         elif _is_fusable_experts(module):
             module.forward = types.MethodType(_fused_experts_forward, module)
             done["MoE experts -> castcore::moe_permute + grouped GEMMs + castcore::silu_and_mul + "
@@ -251,6 +255,27 @@ def _fused_router_forward(self, hidden_states):
     logits = nn.functional.linear(hidden_states, self.weight)
     weights, indices = ops.topk_softmax(logits, self.top_k, bool(getattr(self, "norm_topk_prob", True)))
     return logits, weights, indices
+
+
+def _fuse_grouped_router(module: nn.Module) -> None:
+    if hf.grouped_router_kind(module) == "router":
+        module.forward = types.MethodType(_grouped_router_forward, module)
+    else:
+        module.route_tokens_to_experts = types.MethodType(_grouped_routing, module)
+
+
+def _grouped_router_forward(self, hidden_states):
+    logits = nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim).float(), self.weight.float())
+    weights, indices = ops.grouped_topk(logits, self.e_score_correction_bias, self.num_group, self.topk_group,
+                                        self.top_k, bool(self.norm_topk_prob), float(self.routed_scaling_factor))
+    return logits, weights, indices
+
+
+def _grouped_routing(self, router_logits):
+    weights, indices = ops.grouped_topk(router_logits, self.gate.e_score_correction_bias, self.n_group,
+                                        self.topk_group, self.top_k, bool(self.norm_topk_prob),
+                                        float(self.routed_scaling_factor))
+    return indices, weights
 
 
 def _is_fusable_experts(module: nn.Module) -> bool:

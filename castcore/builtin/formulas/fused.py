@@ -112,6 +112,15 @@ def _topk_softmax(invoke: OpInvoke, device) -> PerformanceProperties:
     return _vector(invoke, logits, per_element * logits.numel())
 
 
+@register_op_properties(OPS["grouped_topk"])
+def _grouped_topk(invoke: OpInvoke, device) -> PerformanceProperties:
+    logits = invoke.args[0]
+    # sigmoid and the bias per score, each group's two best and their sum, a pick of groups, then a k-step
+    # selection over the experts and the renormalising divisions
+    per_element = SIGMOID + 1 + 2 + math.log2(max(invoke.argument("k"), 2))
+    return _vector(invoke, logits, per_element * logits.numel())
+
+
 @register_op_properties(OPS["moe_permute"])
 def _moe_permute(invoke: OpInvoke, device) -> PerformanceProperties:
     """Reads each token once and the expert ids, sorts the ids (n log2 n compares), writes k copies of each row."""
