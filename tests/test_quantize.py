@@ -146,6 +146,35 @@ def test_w8a8_products_count_in_the_quantized_dtype_at_its_rate(session, h100_fi
     assert compute[1] < compute[0] == compute[2]
 
 
+def test_fp8_block_quantizes_activations_per_group_and_scales_products_per_block(session, h100_file):
+    base = _estimate(session)
+    report = _estimate(session, weights="fp8-block")
+    products, groups = _records(report, "aten::_scaled_mm"), _records(report, "castcore::quantize_per_token_group")
+    assert len(products) == len(groups) == LAYERS * 6 and not _records(report, "castcore::quantize_per_token")
+    for product in products:  # codes [16, in] by [in, out], scales per 1 x 128 group and per 128 x 128 block
+        a, b, scale_a, scale_b = product.invoke.args[:4]
+        assert tuple(scale_a.shape) == (SEQ, math.ceil(a.shape[1] / 128))
+        assert tuple(scale_b.shape) == (math.ceil(b.shape[0] / 128), math.ceil(b.shape[1] / 128))
+    assert _ops(report, "mma")[torch.float8_e4m3fn] == 2 * SEQ * ELEMENTS
+    blocks = LAYERS * (4 * 1 + 3 * 1 + 1 * 2)  # q k v o (64 x 64 or less), merged gate/up (320 x 64), down (64 x 160)
+    fp8_block = report.memory.weight_bytes - base.memory.weight_bytes
+    assert fp8_block == ELEMENTS - 2 * ELEMENTS + blocks * 4  # one byte a weight instead of two, fp32 block scales
+    with pytest.raises(ModelError, match=r"activations='int8' multiplies int8 activations by int8 weights"):
+        _estimate(session, weights="fp8-block", activations="int8")
+    a100 = castcore.load_device_file(A100)
+    with pytest.raises(ModelError, match=r"a100-sxm-80gb has no float8_e4m3fn matrix rate"):
+        _estimate(session, device=a100, weights="fp8-block")
+
+
+def test_per_token_group_quantization_round_trips():
+    x = torch.randn(3, 200) * torch.tensor([1.0] * 128 + [100.0] * 72)  # each group has its own range
+    codes, scales = ops.quantize_per_token_group(x, 128, torch.float8_e4m3fn)
+    assert codes.shape == x.shape and scales.shape == (3, 2)
+    back = codes.float() * scales.repeat_interleave(128, dim=1)[:, :200]
+    torch.testing.assert_close(back, x, rtol=0.07, atol=0.07 * 100)
+    assert torch.all(scales[:, 1] > 50 * scales[:, 0])
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -9,7 +9,9 @@ Weight layouts (``qweight`` [out, in'] for a linear layer, [experts, out, in'] f
 - int8: int8 [out, in], code q in -127..127;
 - int4: packed two per byte, uint8 [out, in / 2], input column 2j in the low nibble and 2j + 1 in the high
   one, each stored as q + 8 for q in -8..7 (symmetric, no zero points, as GPTQ-for-Marlin);
-- fp8: float8_e4m3fn [out, in].
+- fp8: float8_e4m3fn [out, in]; fp8-block the same, with one scale per 128 x 128 block ([ceil(out / 128),
+  ceil(in / 128)]), its activations quantized per 1 x 128 group (``quantize_per_token_group``) for
+  torch._scaled_mm's block-wise scaling.
 
 ``scales`` [out, groups] (or [experts, out, groups]) hold one scale per ``group_size`` input columns; one
 group per row is a per-channel scale. The weight is ``q * scale``.
@@ -103,6 +105,25 @@ def _(x, dtype):
     return x.new_empty(x.shape, dtype=dtype), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
 
 
+@torch.library.custom_op("castcore::quantize_per_token_group", mutates_args=())
+def quantize_per_token_group(x: torch.Tensor, group: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic quantization of activations x [rows, in] with one scale per ``group`` columns of each row (the
+    1 x 128 groups of DeepSeek-V3's fp8 checkpoints, vLLM's per_token_group_quant_fp8) -> (codes [rows, in],
+    fp32 scales [rows, ceil(in / group)]), in one kernel."""
+    rows, columns = x.shape
+    padded = F.pad(x.float(), (0, -columns % group)).view(rows, -1, group)
+    scale = padded.abs().amax(-1, keepdim=True).clamp(min=1e-12) / _code_max(dtype)
+    codes = (padded / scale).view(rows, -1)[:, :columns]
+    if dtype == torch.int8:
+        codes = codes.round().clamp(-128, 127)
+    return codes.to(dtype), scale.squeeze(-1)
+
+
+@quantize_per_token_group.register_fake
+def _(x, group, dtype):
+    return x.new_empty(x.shape, dtype=dtype), x.new_empty((x.shape[0], -(-x.shape[1] // group)), dtype=torch.float32)
+
+
 @torch.library.custom_op("castcore::int8_scaled_mm", mutates_args=())
 def int8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                    bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -156,5 +177,5 @@ def _(a, b, scale_a, scale_b, offs, out_dtype):
 
 
 OPS = {name: getattr(torch.ops.castcore, name).default
-       for name in ("weight_only_linear", "weight_only_grouped_mm", "quantize_per_token", "int8_scaled_mm",
-                    "dequantize_int_mm", "int8_scaled_grouped_mm")}
+       for name in ("weight_only_linear", "weight_only_grouped_mm", "quantize_per_token", "quantize_per_token_group",
+                    "int8_scaled_mm", "dequantize_int_mm", "int8_scaled_grouped_mm")}

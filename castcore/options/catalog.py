@@ -12,7 +12,8 @@ from castcore.options.option import Option, Placeholder
 
 DEFAULT_MODEL = "llama-3-8b"
 PHASES = ("prefill", "decode")
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+BLOCK_FP8 = "fp8-block"  # fp8 weights in 128 x 128 blocks, W8A8 by itself: its activations fp8 in 1 x 128 groups
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", BLOCK_FP8, "int8", "int4")
 ACTIVATION_DTYPES = ("int8", "fp8")  # W8A8 with weights of the same kind
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")
 KV_READS = ("group", "head")  # a fused attention kernel reads each grouped K/V head once, or once per query head
@@ -58,7 +59,8 @@ DEPLOYMENT = (
             "runs (fused attention, RMSNorm, add+RMSNorm, rotary, SwiGLU, MoE)", KERNELS, default=True,
             flag="--eager", negated=True),
     Option("weights", "quantized weights; alone, weight-only quantization (dequantized in the matmul, activations "
-           "stay in --dtype)", KERNELS, choices=WEIGHT_DTYPES, optional=True, metavar="DTYPE",
+           "stay in --dtype); fp8-block: fp8 with a scale per 128x128 block, its activations quantized per 1x128 "
+           "group (DeepSeek-V3's checkpoints); a checkpoint's own quantization_config is the default", KERNELS, choices=WEIGHT_DTYPES, optional=True, metavar="DTYPE",
            shown_default="--dtype"),
     Option("activations", "with --weights of the same dtype: W8A8 / FP8 matmuls (activations quantized per token)",
            KERNELS, choices=ACTIVATION_DTYPES, optional=True, metavar="DTYPE", shown_default="--dtype"),

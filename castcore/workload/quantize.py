@@ -43,7 +43,7 @@ from castcore.builtin import quantized_ops  # noqa: F401  (defines the torch.ops
 from castcore.devices.dtypes import dtype_name, torch_dtype
 from castcore.recording.dtensor import dtensor_type
 from castcore.hf import cast_on_write, experts_grouped_forward, is_conv1d
-from castcore.options.catalog import any_value, say
+from castcore.options.catalog import BLOCK_FP8, any_value, say
 from castcore.workload.models import BuiltModel
 from castcore.workload.parallel import EXPERT_WEIGHTS, _expert_weights
 from castcore.workload.spec import ModelError, Workload
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
 
 ops = torch.ops.castcore
-STORED = {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn}  # how --weights codes are held
-GROUP_SIZE = 128  # int4: input columns per scale (GPTQ's and AWQ's usual group)
+STORED = {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn, BLOCK_FP8: torch.float8_e4m3fn}
+GROUP_SIZE = 128  # int4: input columns per scale (GPTQ's and AWQ's usual group); fp8-block: the block's side
 ROUTERS = ("gate", "router", "shared_expert_gate")  # MoE routing linears, kept in the model dtype
 WEIGHT_ONLY, W8A8 = "weight-only", "w8a8"
 
@@ -73,7 +73,7 @@ def quantize(built: BuiltModel, workload: Workload, device: DeviceProfile | None
                          f"drop them with {say('train', True)}")
     if weights is not None:
         _check_device(workload, device)
-        _quantize_weights(built, weights, workload.activations is not None, workload.fuse)
+        _quantize_weights(built, weights, workload.activations is not None or weights == BLOCK_FP8, workload.fuse)
     if cache is not None:
         _quantize_cache(built, workload, cache)
 
@@ -92,9 +92,10 @@ def _weights(workload: Workload, model_dtype: torch.dtype) -> str | None:
 
 def _check_device(workload: Workload, device: DeviceProfile | None) -> None:
     """W8A8 runs its products in the quantized dtype: the device's matrix unit must have a rate for it."""
-    if workload.activations is None or device is None:
+    activations = "fp8" if workload.weights == BLOCK_FP8 else workload.activations
+    if activations is None or device is None:
         return
-    name = dtype_name(workload.activations)
+    name = dtype_name(activations)
     if name not in device.mma_flops:
         raise ModelError(f"{say('activations', workload.activations)}: {device.name} has no {name} matrix rate (its "
                          f"matrix unit lists {', '.join(device.mma_flops) or 'none'}); drop {say('activations')} for "
@@ -128,6 +129,7 @@ def _quantize_weights(built: BuiltModel, kind: str, w8a8: bool, fused: bool) -> 
 
 def _weights_note(kind: str, w8a8: bool, fused: bool, linears: int, experts: int, model_dtype: str) -> str:
     layout = {"int8": "int8 with per-channel scales", "fp8": "fp8 (e4m3) with per-channel scales",
+              BLOCK_FP8: f"fp8 (e4m3) with a scale per {GROUP_SIZE}x{GROUP_SIZE} block",
               "int4": f"int4, two per byte, with a scale per {GROUP_SIZE} input columns"}[kind]
     held = f"{linears} linear layers" + (f" and {experts} mixture-of-experts weight sets" if experts else "")
     if not w8a8:
@@ -138,10 +140,15 @@ def _weights_note(kind: str, w8a8: bool, fused: bool, linears: int, experts: int
                + ("castcore::int8_scaled_mm, scaled in its epilogue" if fused else
                   "torch._int_mm, whose int32 result castcore::dequantize_int_mm scales (--eager)")
                + (", experts by castcore::int8_scaled_grouped_mm" if experts else ""))
+    elif kind == BLOCK_FP8:
+        how = (f"activations quantized per 1x{GROUP_SIZE} group (castcore::quantize_per_token_group), fp8 products "
+               "with block-wise scales by torch._scaled_mm" + (", the experts' by torch._scaled_grouped_mm with "
+                                                               "per-token and per-channel scales" if experts else ""))
     else:
         how = ("activations quantized per token (castcore::quantize_per_token), fp8 products by torch._scaled_mm"
                + (" and torch._scaled_grouped_mm" if experts else ""))
-    return (f"--weights {kind}{' --activations ' + kind if w8a8 else ''}: {held} hold {layout}; {how}; the "
+    activations = f" --activations {kind}" if w8a8 and kind != BLOCK_FP8 else ""
+    return (f"--weights {kind}{activations}: {held} hold {layout}; {how}; the "
             f"embedding, LM head and MoE routers stay {model_dtype}, as vLLM keeps them")
 
 
@@ -182,6 +189,10 @@ def _codes(out_features: int, in_features: int, kind: str, w8a8: bool, dtype: to
     else:
         codes = torch.empty((*lead, out_features, in_features), dtype=STORED[kind], device=device)
         group = in_features  # one scale per output channel
+    if kind == BLOCK_FP8 and experts is None:  # fp32, one per 128 x 128 block of the [out, in] weight
+        scales = torch.empty((-(-out_features // GROUP_SIZE), -(-in_features // GROUP_SIZE)), dtype=torch.float32,
+                             device=device)
+        return nn.Parameter(codes, requires_grad=False), nn.Parameter(scales, requires_grad=False), GROUP_SIZE
     if w8a8:  # fp32 per-channel scales, [1, out] as torch._scaled_mm takes them ([experts, out] for experts)
         scales = torch.empty((*lead, out_features) if experts else (1, out_features), dtype=torch.float32,
                              device=device)
@@ -221,6 +232,7 @@ def _quantize_linear(module: nn.Module, kind: str, w8a8: bool, fused: bool) -> N
         module.bias = nn.Parameter(torch.empty(bias.shape, dtype=bias.dtype, device=bias.device),
                                    requires_grad=False)
     module.quantization = W8A8 if w8a8 else WEIGHT_ONLY
+    module.block_scaled = kind == BLOCK_FP8
     module.fused_epilogue = fused
     module.tp_layout = None if placements is None else (weight.device_mesh, placements)
     module.forward = types.MethodType(_linear_forward, module)
@@ -242,6 +254,10 @@ def _linear_product(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if self.quantization == WEIGHT_ONLY:
         return ops.weight_only_linear(x, self.qweight, self.weight_scale, self.group_size, self.bias)
     rows = x.reshape(-1, x.shape[-1])
+    if self.block_scaled:  # fp8-block: activations in 1 x 128 groups, a block-wise scaled product
+        codes, scale = ops.quantize_per_token_group(rows, self.group_size, self.qweight.dtype)
+        out = torch._scaled_mm(codes, self.qweight.t(), scale, self.weight_scale.t(), bias=self.bias, out_dtype=x.dtype)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
     codes, scale = ops.quantize_per_token(rows, self.qweight.dtype)
     if self.qweight.dtype == torch.int8 and self.fused_epilogue:
         out = ops.int8_scaled_mm(codes, self.qweight.t(), scale, self.weight_scale, self.bias, x.dtype)

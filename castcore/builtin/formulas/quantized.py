@@ -50,7 +50,9 @@ def _weight_only_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
 
 
 @register_op_properties(OPS["quantize_per_token"])
+@register_op_properties(OPS["quantize_per_token_group"])
 def _quantize_per_token(invoke: OpInvoke, device) -> PerformanceProperties:
+    """The same vector work per element whether a row has one scale or one per group of columns."""
     x = invoke.args[0]
     return invoke.memory_access_properties().add(x.dtype, gp=QUANTIZE * x.numel())
 
