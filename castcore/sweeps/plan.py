@@ -27,6 +27,7 @@ from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
+from castcore.workload import checkpoint
 from castcore.workload.spec import ModelError, is_factory, load_model_config
 
 PLAN_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights")
@@ -215,6 +216,10 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
         if len(given_together) > 1:
             raise ModelError(f"{say(given_together[0])} and {say(given_together[1])} cannot be given together")
     check_request(model, input_tokens, output_tokens, 1, dtype=dtype)  # the model and the request, as serve does
+    if list(values["weights"]) == list(PLAN["weights"].default) and not is_factory(model):
+        found = checkpoint.shipped(model, load_model_config(model))  # a quantized checkpoint is planned as it ships
+        if found is not None:
+            values["weights"] = [found[0]["weights"]]
     request = PlanRequest(model=model, input_tokens=input_tokens, output_tokens=output_tokens, ttft=values["ttft"],
                           tpot=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp, dtype=dtype,
                           weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import (ACTIVATION_DTYPES, DEFAULT_MODEL, DEPLOYMENT_NAMES, KV_CACHE_DTYPES, KV_READS,
-                                      PHASES, WEIGHT_DTYPES, WORKLOAD_OPTIONS, any_value, say)
+from castcore.options.catalog import (ACTIVATION_DTYPES, BLOCK_FP8, DEFAULT_MODEL, DEPLOYMENT_NAMES, KV_CACHE_DTYPES,
+                                      KV_READS, PHASES, WEIGHT_DTYPES, WORKLOAD_OPTIONS, any_value, say)
+from castcore.workload import checkpoint
 
 __all__ = ["ACTIVATION_DTYPES", "DEFAULT_MODEL", "DEPLOYMENT", "KV_CACHE_DTYPES", "KV_READS", "PHASES",
            "WEIGHT_DTYPES", "ModelError", "Workload", "build_workload"]
@@ -104,6 +105,8 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, kwargs: dict[str, Any
                                                                            else "")
                          + f"; its options: {', '.join(_OPTIONS)}")
     values = {name: option.check(options.get(name, option.default)) for name, option in _OPTIONS.items()}
+    if isinstance(model, str) and not is_factory(model):  # a checkpoint that ships quantized is priced so
+        checkpoint.apply(model, load_model_config(model), options, values)
     work = Workload(model=model, args=tuple(args), kwargs=dict(kwargs or {}), **values)
     _check_together(work)
     return work
@@ -113,7 +116,8 @@ def _check_together(work: Workload) -> None:
     """The checks of options given together (each value alone passed its option's own check)."""
     if work.phase == "decode" and work.train:
         raise ModelError(f"{say('train', True)} goes with {say('phase', 'prefill')}: training has no decode step")
-    if work.activations is not None and work.weights != work.activations:
+    if work.activations is not None and work.weights != work.activations and (work.weights, work.activations) != (
+            BLOCK_FP8, "fp8"):
         kind = work.activations
         raise ModelError(f"{say('activations', kind)} multiplies {kind} activations by {kind} weights: add "
                          f"{say('weights', kind)} (W8A8), or drop {say('activations')} for weight-only quantization")

@@ -1,0 +1,77 @@
+"""A checkpoint's own quantization: a model is priced as it ships, with no flags.
+
+A config.json that carries ``quantization_config`` (transformers' field), or NVIDIA ModelOpt's
+``hf_quant_config.json`` beside it, says how its weights (and activations, and KV cache) are stored. ``shipped``
+turns that into castcore's options; ``apply`` makes them the workload's defaults and refuses an option given
+against them, naming both. Torch-free, like castcore.workload.spec.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from castcore.errors import ModelError
+from castcore.options.catalog import BLOCK_FP8, say
+
+PRICED = "fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), and ModelOpt's FP8"
+
+
+def shipped(model: str, config: dict[str, Any]) -> tuple[dict[str, str], str] | None:
+    """The options the checkpoint's quantization stands for and where they were read; None when it has none."""
+    found = config.get("quantization_config")
+    if isinstance(found, dict):
+        return _from_quantization_config(model, found), "its quantization_config"
+    beside = Path(model).with_name("hf_quant_config.json") if model.endswith(".json") else None
+    if beside is not None and beside.is_file():
+        return _from_modelopt(model, json.loads(beside.read_text(encoding="utf-8"))), str(beside)
+    return None
+
+
+def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, str]:
+    method = str(found.get("quant_method", "")).lower()
+    if method == "fp8":
+        block = found.get("weight_block_size")
+        if block is not None and list(block) != [128, 128]:
+            raise ModelError(f"{model}: its quantization_config's fp8 weight_block_size {list(block)} is not one "
+                             "castcore prices (128x128 blocks, or per-tensor and per-channel scales)")
+        if block is not None:
+            return {"weights": BLOCK_FP8}
+        # A dynamic activation scheme quantizes activations as they come (W8A8); a static one was calibrated.
+        return {"weights": "fp8", "activations": "fp8"}
+    if method in ("gptq", "awq"):
+        bits = found.get("bits", found.get("w_bit"))
+        if bits in (4, 8):
+            return {"weights": f"int{bits}"}
+        raise ModelError(f"{model}: its quantization_config's {method} with {bits} bits is not one castcore prices "
+                         "(4 or 8 bits)")
+    raise ModelError(f"{model}: its quantization_config's quant_method {method or '(none)'!r} is not one castcore "
+                     f"prices; castcore prices {PRICED}")
+
+
+def _from_modelopt(model: str, found: dict[str, Any]) -> dict[str, str]:
+    quantization = found.get("quantization", {})
+    algo = str(quantization.get("quant_algo", "")).upper()
+    if algo != "FP8":
+        raise ModelError(f"{model}: its hf_quant_config.json's quant_algo {algo or '(none)'!r} is not one castcore "
+                         f"prices; castcore prices {PRICED}")
+    options = {"weights": "fp8", "activations": "fp8"}
+    if str(quantization.get("kv_cache_quant_algo", "")).upper() == "FP8":
+        options["kv_cache"] = "fp8"
+    return options
+
+
+def apply(model: str, config: dict[str, Any], given: dict[str, Any], values: dict[str, Any]) -> None:
+    """Make the checkpoint's quantization the default of ``values`` (the workload's options, in place); an
+    option in ``given`` (what the caller passed) that says otherwise is refused."""
+    found = shipped(model, config)
+    if found is None:
+        return
+    options, where = found
+    for name, value in options.items():
+        if given.get(name) not in (None, value):
+            stands = ", ".join(say(n, v) for n, v in options.items())
+            raise ModelError(f"{say(name, given[name])} contradicts {model}'s own quantization ({where}: "
+                             f"{stands}); drop {say(name)} to price the checkpoint as it ships")
+        values[name] = value
