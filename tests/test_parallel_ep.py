@@ -76,6 +76,30 @@ def test_ep_over_tp_runs_attention_on_a_share_of_the_batch(session):
     assert "2 of 4 sequences" in split.description
 
 
+def test_attention_dp_is_expert_parallelism_wider_than_tensor_parallelism(session):
+    # --attention-dp 2 of --tp 2 spreads the experts over 4 devices: the same deployment as --ep 4 --tp 2.
+    sugar = castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, attention_dp=2)
+    plain = castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=4)
+    assert sugar == plain and (plain.ep, plain.attention_dp) == (4, 2)
+    assert castcore.build_workload(MIXTRAL, seq=16, tp=2, ep=2).attention_dp == 1
+    with pytest.raises(castcore.ModelError, match=r"attention_dp=2 groups of tp=2 spread the experts over 4 devices: "
+                                                  r"use ep=4, or leave ep out"):
+        castcore.build_workload(MIXTRAL, seq=16, tp=2, ep=2, attention_dp=2)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_batch_that_does_not_divide_over_the_attention_groups_is_priced_as_the_busiest(session, phase):
+    # 3 sequences on 2 groups: the busiest holds 2, as with 4; 1 sequence leaves one group idle, as with 2.
+    def run(batch):
+        return session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=batch, attention_dp=2, phase=phase))
+
+    three, four, one, two = run(3), run(4), run(1), run(2)
+    assert three.time_s == four.time_s and one.time_s == two.time_s
+    assert any("priced as the busiest, with 2 sequences" in n for n in three.notes)
+    assert any("priced as the busiest, with 1 sequence; 1 group idle" in n for n in one.notes)
+    assert not any("busiest" in n for n in four.notes)
+
+
 def test_ep_replays_layers_as_a_full_capture_does(session):
     reused, full = (session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2, reuse=r))
                     for r in (True, False))

@@ -74,7 +74,9 @@ DEPLOYMENT = (
     _switch("sp", "sequence parallelism with --tp: norms and elementwise ops on 1/N of the tokens, reduce-scatter "
             "and all-gather instead of all-reduce", PARALLEL),
     _int("ep", 1, "expert parallel over N devices (MoE models): experts split across them, tokens dispatched and "
-         "combined by all-to-all", PARALLEL),
+         "combined by all-to-all; above --tp, attention runs data-parallel over ep/tp groups", PARALLEL),
+    _int("attention_dp", 1, "attention data parallel over N groups of --tp devices, the experts split over all "
+         "N x tp of them (--ep N x tp), as TensorRT-LLM's and SGLang's DP attention run DeepSeek", PARALLEL),
     _int("pp", 1, "pipeline parallel over N stages: layers split into stages, activations sent between them",
          PARALLEL),
     _int("micro_batches", 1, "with --pp: the batch goes through the stages in M micro-batches", PARALLEL,

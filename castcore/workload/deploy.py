@@ -122,9 +122,15 @@ def _notes(workload: Workload, layout: Layout) -> list[str]:
                      "tensor parallelism")
     if workload.ep > workload.tp:
         groups = workload.ep // workload.tp
-        notes.append(f"--ep {workload.ep} over --tp {workload.tp}: attention runs data-parallel on {groups} groups of "
+        notes.append(f"--ep {workload.ep} over --tp {workload.tp} (--attention-dp {groups}): attention runs "
+                     f"data-parallel on {groups} groups of "
                      f"{workload.tp} device{'s' if workload.tp > 1 else ''}; this device's group holds "
                      f"{layout.kv_batch} of the {workload.batch} sequences")
+        if workload.batch % groups:  # priced as the busiest group, which every step waits for
+            idle = groups - workload.batch if workload.batch < groups else 0
+            notes.append(f"the batch of {workload.batch} does not divide over {groups} attention groups: priced as the "
+                         f"busiest, with {layout.kv_batch} sequence{'s' if layout.kv_batch > 1 else ''}"
+                         + (f"; {idle} group{'s' if idle > 1 else ''} idle" if idle else ""))
     if workload.pp > 1 and workload.phase == "decode":
         notes.append(f"--pp {workload.pp}: a decode step runs micro-batches of {layout.batch} sequences, "
                      f"{workload.pp} in flight so the stages overlap"

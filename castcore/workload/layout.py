@@ -46,15 +46,14 @@ def plan_layout(workload: Workload) -> Layout:
     docstring)."""
     tp, ep, pp, m = workload.tp, workload.ep, workload.pp, workload.micro_batches
     groups = ep // tp if ep > tp else 1  # attention data-parallel groups
-    batch = workload.batch
+    kv_batch = -(-workload.batch // groups)  # the busiest group's sequences: the step waits for it
     if workload.phase == "decode":
-        kv_batch = -(-batch // groups)
         local = -(-kv_batch // pp)
     else:
-        if batch % (m * groups):
+        if kv_batch % m:
             raise ModelError(f"{say('micro_batches', m)} with {say('ep', ep)} over {say('tp', tp)}: each of {groups} "
-                             f"attention groups runs {m} micro-batches, so the batch must divide by {m * groups}: use "
-                             f"such a {say('batch')}")
-        kv_batch, local = batch // groups, batch // groups // m
+                             f"attention groups runs {m} micro-batches of its {kv_batch} sequences, which must divide "
+                             f"by {m}: use such a {say('batch')}")
+        local = kv_batch // m
     sp = workload.sp and workload.phase == "prefill"
     return Layout(tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=m, dp=workload.dp, batch=local, kv_batch=kv_batch)

@@ -50,6 +50,7 @@ class Workload:
     tp: int = 1  # tensor parallel devices
     sp: bool = False  # sequence parallelism for norms and elementwise ops, over the tp devices
     ep: int = 1  # expert parallel devices (MoE): experts split across them
+    attention_dp: int = 1  # attention data-parallel groups of tp devices: ep // tp whenever ep > tp
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # a pipelined prefill's micro-batches
     dp: int = 1  # data-parallel replicas
@@ -107,9 +108,23 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, kwargs: dict[str, Any
     values = {name: option.check(options.get(name, option.default)) for name, option in _OPTIONS.items()}
     if isinstance(model, str) and not is_factory(model):  # a checkpoint that ships quantized is priced so
         checkpoint.apply(model, load_model_config(model), options, values)
+    _attention_groups(values, given_ep=options.get("ep"))
     work = Workload(model=model, args=tuple(args), kwargs=dict(kwargs or {}), **values)
     _check_together(work)
     return work
+
+
+def _attention_groups(values: dict[str, Any], given_ep: Any) -> None:
+    """Attention data parallelism is expert parallelism wider than tensor parallelism: ``attention_dp`` groups of
+    ``tp`` devices make ``ep`` = attention_dp x tp, and an ``ep`` above ``tp`` makes ep / tp groups."""
+    groups, tp, ep = values["attention_dp"], values["tp"], values["ep"]
+    if groups > 1:
+        if given_ep not in (None, 1, groups * tp):
+            raise ModelError(f"{say('attention_dp', groups)} groups of {say('tp', tp)} spread the experts over "
+                             f"{groups * tp} devices: use {say('ep', groups * tp)}, or leave {say('ep')} out")
+        values["ep"] = groups * tp
+    elif ep > tp and ep % tp == 0:
+        values["attention_dp"] = ep // tp
 
 
 def _check_together(work: Workload) -> None:
@@ -148,9 +163,6 @@ def _check_parallel(work: Workload) -> None:
         raise ModelError(f"{say('ep', ep)} and {say('tp', tp)}: one must divide the other (experts are split over "
                          "the tensor-parallel devices, or attention runs data-parallel across the expert-parallel "
                          "ones)")
-    if ep > tp and batch % (ep // tp):
-        raise ModelError(f"{say('ep', ep)} over {say('tp', tp)} runs attention on {ep // tp} data-parallel groups, "
-                         f"each a share of the batch: use a {say('batch')} that divides by {ep // tp}")
     if work.micro_batches > 1 and work.pp == 1:
         raise ModelError(f"{say('micro_batches')} splits a batch through pipeline stages: add {say('pp', n)} "
                          "(N > 1), or drop it")
