@@ -316,6 +316,13 @@ def rotary_swapped(originals: dict[Any, Callable], replacement: Callable[[Callab
 
 # --- mixture of experts and GPT-2's linear layers -------------------------------------------------------------
 
+def is_experts_module(module: torch.nn.Module) -> bool:
+    """One of transformers 5's ``@use_experts_implementation`` experts modules, whose 3-D weights castcore splits
+    and quantizes (``_apply_gate`` and ``act_fn``; checked 5.5.0-5.24.0). Llama 4's and gpt-oss's own experts
+    classes are not."""
+    return all(hasattr(module, name) for name in ("_apply_gate", "act_fn"))
+
+
 def is_default_gated_experts(module: torch.nn.Module) -> bool:
     """A ``@use_experts_implementation`` experts module with a gate applied by transformers' default
     (``has_gate``, ``has_bias``, ``is_transposed``, ``_apply_gate`` named ``_default_apply_gate``; checked

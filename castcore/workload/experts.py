@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from castcore.hf import is_experts_module
 from castcore.options.catalog import say
 from castcore.workload.parallel import _expert_weights, _replace, split_experts
 from castcore.workload.spec import ModelError
@@ -64,11 +65,9 @@ def shard_experts(model: torch.nn.Module, groups: ExpertGroups) -> int:
                          "(no experts module with 3-D gate_up_proj/down_proj weights) to split; drop "
                          f"{say('ep')}")
     for path, experts in found:
-        missing = [a for a in ("_apply_gate", "act_fn") if not hasattr(experts, a)]
-        if missing:
+        if not is_experts_module(experts):
             raise ModelError(f"{say('ep', groups.ep_size)}: {path} ({type(experts).__name__}) is not a transformers "
-                             f"experts module (no {', '.join(missing)}); castcore splits transformers 5's experts; "
-                             f"drop {say('ep')}")
+                             f"experts module castcore can split; drop {say('ep')}")
         for name in _expert_weights(experts):
             shape = tuple(getattr(experts, name).shape)
             if shape[0] % groups.ep_size:

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from castcore.hf import is_conv1d
+from castcore.hf import is_conv1d, is_experts_module
 from castcore.options.catalog import say
 from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel
@@ -200,8 +200,7 @@ def _replace(module: torch.nn.Module, name: str, shape: tuple[int, ...]) -> None
 
 
 def _shard_dim(module: torch.nn.Module, name: str, dim: int, n: int, path: str, option: str = "tp") -> None:
-    """Keep 1/n of ``name`` along ``dim``; ModelError naming ``option`` (its Python name, e.g. "tp") when it does
-    not divide."""
+    """Keep 1/n of ``name`` along ``dim``; ModelError naming ``option`` (its Python name) when it does not divide."""
     shape = list(getattr(module, name).shape)
     if shape[dim] % n:
         raise ModelError(f"{say(option, n)}: {path}.{name} has {shape[dim]} rows along the dimension it splits "
@@ -286,16 +285,17 @@ def _shard_conv1d(model: torch.nn.Module, path: str, mesh: Any, n: int, column: 
 
 
 def _shard_experts(model: torch.nn.Module, path: str, mesh: Any, n: int) -> None:
-    """Every expert's matrices split along the intermediate dimension (gate/up by column, down by row), and
-    an all_reduce of the experts' output, which each device holds a partial sum of."""
+    """split_experts, and an all_reduce of the experts' output, which each device holds a partial sum of."""
     experts = model.get_submodule(path)
     split_experts(experts, path, n)
     experts.register_forward_hook(_all_reduce(mesh))
 
 
 def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "tp") -> None:
-    """Every expert's matrices of an experts module split n ways along the intermediate dimension; ``option`` is
-    the option (its Python name) a refusal names."""
+    """Every expert's matrices split n ways along the intermediate dimension (gate/up by column, down by row)."""
+    if not is_experts_module(experts):
+        raise ModelError(f"{say(option, n)}: {path} ({type(experts).__name__}) is not a transformers experts module "
+                         f"castcore can split; drop {say(option)}")
     transposed = bool(getattr(experts, "is_transposed", False))  # [experts, in, out] rather than [experts, out, in]
     for name in _expert_weights(experts):
         column = name != "down_proj"
