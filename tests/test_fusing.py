@@ -39,7 +39,7 @@ def real_model(name: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama.json", "tiny-mixtral.json", "tiny-gemma2.json", "tiny-gemma3.json",
-                                  "tiny-gptj.json", "tiny-deepseek-v3.json"])
+                                  "tiny-gptj.json", "tiny-deepseek-v3.json", "tiny-llama4.json"])
 def test_the_fused_model_computes_what_the_eager_one_does(name):
     from transformers import DynamicCache
 

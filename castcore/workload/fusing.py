@@ -94,6 +94,10 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         elif hf.grouped_router_kind(module):
             _fuse_grouped_router(module)
             done["MoE grouped top-k router (sigmoid, groups, top-k) -> castcore::grouped_topk"] += 1
+        elif _is_dense_routed_moe(module):
+            module.forward = types.MethodType(_fused_dense_routed_moe_forward, module)
+            done["MoE block run through every expert (Llama 4) -> top-k routing, castcore::moe_permute + grouped "
+                 "GEMMs + castcore::silu_and_mul + castcore::moe_unpermute, and its shared expert"] += 1
         elif _is_fusable_experts(module):
             module.forward = types.MethodType(_fused_experts_forward, module)
             done["MoE experts -> castcore::moe_permute + grouped GEMMs + castcore::silu_and_mul + "
@@ -207,11 +211,12 @@ def _gated_activation(module: nn.Module) -> tuple[str, str] | None:
     parts = [getattr(module, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
     if not all(isinstance(p, nn.Linear) and p.bias is None for p in parts):
         return None
-    if {name for name, _ in module.named_children()} - {"gate_proj", "up_proj", "down_proj", "act_fn"}:
+    if {name for name, _ in module.named_children()} - {"gate_proj", "up_proj", "down_proj", "act_fn",
+                                                        "activation_fn"}:
         return None
     if parts[0].weight.shape != parts[1].weight.shape:
         return None
-    act = getattr(module, "act_fn", None)
+    act = getattr(module, "act_fn", getattr(module, "activation_fn", None))  # Llama 4 names it activation_fn
     name = type(act).__name__
     if isinstance(act, nn.SiLU) or name in ("SiLUActivation", "SiLU"):
         return "silu_and_mul", ""
@@ -276,6 +281,32 @@ def _grouped_routing(self, router_logits):
                                         self.topk_group, self.top_k, bool(self.norm_topk_prob),
                                         float(self.routed_scaling_factor))
     return indices, weights
+
+
+def _is_dense_routed_moe(module: nn.Module) -> bool:
+    """transformers' Llama 4 MoE block, which runs every token through every expert, the unchosen ones with a
+    router score of sigmoid(-inf) = 0: experts with [experts, in, out] weights, a linear router, a shared expert."""
+    experts = getattr(module, "experts", None)
+    return (type(module).__name__ == "Llama4TextMoe" and isinstance(getattr(module, "router", None), nn.Linear)
+            and all(getattr(experts, n, None) is not None and getattr(experts, n).dim() == 3
+                    for n in ("gate_up_proj", "down_proj")))
+
+
+def _fused_dense_routed_moe_forward(self, hidden_states):
+    """As vLLM runs Llama 4's MoE: top-k of the router's logits, their sigmoid as weights applied to the expert's
+    input (apply_router_weight_on_input), only the chosen experts' rows through the grouped GEMMs, plus the shared
+    expert. Returns what transformers' block returns: (output, router logits)."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = self.router(hidden_states) if type(self.router).forward is nn.Linear.forward else \
+        nn.functional.linear(hidden_states, self.router.weight)
+    values, indices = torch.topk(logits, self.top_k, dim=1)
+    weights = torch.sigmoid(values.float())
+    rows, order, offsets = ops.moe_permute(hidden_states, indices, self.num_experts)
+    rows = rows * weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
+    experts = self.experts
+    out = ops.silu_and_mul(_grouped(rows, experts.gate_up_proj, offsets, True))
+    routed = ops.moe_unpermute(_grouped(out, experts.down_proj, offsets, True), order, torch.ones_like(weights))
+    return self.shared_expert(hidden_states) + routed, logits
 
 
 def _is_fusable_experts(module: nn.Module) -> bool:
