@@ -106,7 +106,8 @@ def _us(seconds: float) -> str:
 
 def markdown(lines: list[dict], results: list[dict], metric: str, eager: bool) -> str:
     out = ["# castcore against measured kernels", "",
-           f"Measured: `{metric}` ({'CUDA graph replay' if 'graph' in metric else 'CUDA events'}{', inputs cycled past L2' if metric.startswith('cold') else ''}, median). "
+           f"Measured: `{metric}` ({'CUDA graph replay' if 'graph' in metric else 'CUDA events'}"
+           f"{', inputs cycled past L2' if metric.startswith('cold') else ''}, median). "
            f"Error: castcore / measured - 1; bias: the median error. castcore priced each call "
            f"{'eagerly (fuse=False)' if eager else 'in its default view (F.rms_norm as one kernel)'}.", ""]
     for gpu, profile in dict.fromkeys((line["gpu"], line["profile"]) for line in lines):

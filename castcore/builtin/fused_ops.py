@@ -282,4 +282,5 @@ for _fused, _eager in _REPLACES.items():
 
 OPS = {name: getattr(torch.ops.castcore, name).default
        for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
-                    "varlen_attention", "latent_attention", "topk_softmax", "grouped_topk", "moe_permute", "moe_unpermute")}
+                    "varlen_attention", "latent_attention", "topk_softmax", "grouped_topk", "moe_permute",
+                    "moe_unpermute")}

@@ -89,10 +89,10 @@ def _forward(self, hidden_states, position_embeddings=None, attention_mask=None,
         out = ops.latent_attention(query, latent, rank, float(scale), True)  # [batch, seq, heads, rank]
         out = torch.bmm(out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2))
         out = out.view(heads, batch, seq, v_dim).permute(1, 2, 0, 3)
-    else:
-        keys = latent.shape[2]
-        k_nope, values = self.kv_b_proj(latent[:, 0, :, :rank].to(hidden_states.dtype)).view(batch, keys, heads, nope + v_dim).transpose(
+    else:  # decompressed: every key's latent entry through kv_b_proj (an fp8 cache dequantized first)
+        keys, whole = latent.shape[2], latent.to(hidden_states.dtype)
+        k_nope, values = self.kv_b_proj(whole[:, 0, :, :rank]).view(batch, keys, heads, nope + v_dim).transpose(
             1, 2).split([nope, v_dim], dim=-1)
-        key = torch.cat([k_nope, latent[:, :, :, rank:].expand(batch, heads, keys, rope)], dim=-1)
+        key = torch.cat([k_nope, whole[:, :, :, rank:].expand(batch, heads, keys, rope)], dim=-1)
         out = ops.attention(torch.cat([q_nope, q_rot], dim=-1), key, values, float(scale), True, 0, 0.0, False)
     return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
