@@ -12,6 +12,7 @@ import torch
 from castcore.errors import ModelError
 from castcore.options.catalog import say
 
+
 def cache_argument(model: torch.nn.Module) -> str:
     """The name the model's forward takes its KV cache by: ``cache`` from transformers 5.24.0 (which deprecates
     ``past_key_values`` with a FutureWarning), ``past_key_values`` before."""

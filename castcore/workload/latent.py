@@ -28,6 +28,9 @@ from castcore.workload.packing import packing_on
 ops = torch.ops.castcore
 PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 DECODE_QUERIES = 1  # a sequence with this many new tokens is a decode step: the absorbed form
+# castcore simulate checks for a latent model before it captures; a mixed batch captured directly meets it here.
+NOT_IN_MIXED_BATCHES = ("castcore simulate does not price latent attention (MLA) in a mixed batch yet: use castcore "
+                        "serve or estimate for this model")
 
 
 def is_latent_attention(module: nn.Module) -> bool:
@@ -61,8 +64,7 @@ def _absorbed(kv_b_proj: nn.Module, heads: int, rows: int, rank: int, dtype: tor
 def _forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, past_key_values=None,
              **kwargs):
     if packing_on():
-        raise ModelError("castcore simulate does not price latent attention (MLA) in a mixed batch yet: "
-                         "use castcore serve or estimate for this model")
+        raise ModelError(NOT_IN_MIXED_BATCHES)
     config = self.config
     nope, rope, v_dim, rank = (config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim,
                                config.kv_lora_rank)

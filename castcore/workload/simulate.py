@@ -25,6 +25,7 @@ from castcore.simulation.metrics import format_table, summarize
 from castcore.simulation.presets import EngineLimits, limits
 from castcore.simulation.requests import check_lengths, make_requests, read_dataset
 from castcore.simulation.trace import chrome_trace
+from castcore.workload.latent import NOT_IN_MIXED_BATCHES
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
 from castcore.workload.steptime import StepTimes
 
@@ -190,8 +191,7 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
         overrides["chunked_prefill"] = overrides["chunked_prefill"] == "on"
     base = build_workload(model, **options)
     if not is_factory(model) and config_field(language_config(load_model_config(model)), "kv_lora_rank"):
-        raise ModelError(f"{model}: castcore simulate does not price latent attention (MLA) in a mixed batch yet: "
-                         "use castcore serve or estimate for this model")
+        raise ModelError(f"{model}: {NOT_IN_MIXED_BATCHES}")
     arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
     return Simulation(model=model, base=base, engine=given["engine"], limits=limits(given["engine"], **overrides),
                       requests=requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"],
