@@ -33,6 +33,8 @@ def _config(tmp_path: Path, quantization: dict | None = None, name: str = "confi
     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, {"weights": "fp8", "activations": "fp8"}),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128}, {"weights": "int4", "activations": None}),
     ({"quant_method": "awq", "bits": 8}, {"weights": "int8", "activations": None}),
+    ({"quant_method": "mxfp4"}, {"weights": "mxfp4", "activations": None}),
+    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, {"weights": "int4", "activations": "fp8"}),
 ])
 def test_a_quantized_checkpoint_is_priced_as_it_ships(tmp_path, session, quantization, options):
     model = _config(tmp_path, quantization)
@@ -56,8 +58,8 @@ def test_modelopts_file_beside_the_config_says_fp8_weights_activations_and_cache
 @pytest.mark.parametrize("quantization, argv, said", [
     (BLOCK, ["--weights", "int8"], "--weights int8 contradicts {model}'s own quantization (its quantization_config: "
                                    "--weights fp8-block); drop --weights to price the checkpoint as it ships"),
-    ({"quant_method": "mxfp4"}, [], "{model}: its quantization_config's quant_method 'mxfp4' is not one castcore "
-                                    "prices; castcore prices fp8"),
+    ({"quant_method": "bitsandbytes"}, [], "{model}: its quantization_config's quant_method 'bitsandbytes' is not "
+                                           "one castcore prices; castcore prices fp8"),
     ({"quant_method": "fp8", "weight_block_size": [64, 64]}, [], "weight_block_size [64, 64] is not one castcore "
                                                                  "prices"),
     ({"quant_method": "gptq", "bits": 3}, [], "gptq with 3 bits is not one castcore prices (4 or 8 bits)"),

@@ -13,8 +13,8 @@ from castcore.options.option import Option, Placeholder
 DEFAULT_MODEL = "llama-3-8b"
 PHASES = ("prefill", "decode")
 BLOCK_FP8 = "fp8-block"  # fp8 weights in 128 x 128 blocks, W8A8 by itself: its activations fp8 in 1 x 128 groups
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", BLOCK_FP8, "int8", "int4")
-ACTIVATION_DTYPES = ("int8", "fp8")  # W8A8 with weights of the same kind
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", BLOCK_FP8, "int8", "int4", "nvfp4", "mxfp4")
+ACTIVATION_DTYPES = ("int8", "fp8")  # W8A8 with weights of the same kind; fp8 with int4 weights is W4A8
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")
 KV_READS = ("group", "head")  # a fused attention kernel reads each grouped K/V head once, or once per query head
 
@@ -60,9 +60,13 @@ DEPLOYMENT = (
             flag="--eager", negated=True),
     Option("weights", "quantized weights; alone, weight-only quantization (dequantized in the matmul, activations "
            "stay in --dtype); fp8-block: fp8 with a scale per 128x128 block, its activations quantized per 1x128 "
-           "group (DeepSeek-V3's checkpoints); a checkpoint's own quantization_config is the default", KERNELS, choices=WEIGHT_DTYPES, optional=True, metavar="DTYPE",
+           "group (DeepSeek-V3's checkpoints); nvfp4: fp4 with an fp8 scale per 16, its activations NVFP4 too (W4A4 "
+           "at the device's fp4 rate, which it must have); mxfp4: fp4 with a power-of-two scale per 32 (gpt-oss's "
+           "experts), MXFP8 activations where the device has an fp4 rate, else weight-only; a checkpoint's own "
+           "quantization_config is the default", KERNELS, choices=WEIGHT_DTYPES, optional=True, metavar="DTYPE",
            shown_default="--dtype"),
-    Option("activations", "with --weights of the same dtype: W8A8 / FP8 matmuls (activations quantized per token)",
+    Option("activations", "with --weights of the same dtype: W8A8 / FP8 matmuls (activations quantized per token); "
+           "fp8 with --weights int4: W4A8, products at the fp8 rate",
            KERNELS, choices=ACTIVATION_DTYPES, optional=True, metavar="DTYPE", shown_default="--dtype"),
     Option("kv_cache", "KV cache dtype", KERNELS, choices=KV_CACHE_DTYPES, optional=True, metavar="DTYPE",
            shown_default="--dtype"),

@@ -217,8 +217,8 @@ class CaptureCache:
         """What of ``device`` the capture depends on (see the module docstring)."""
         signature: dict[str, Any] = {"whole_ops": sorted((str(op), sorted(map(str, outranking)))
                                                          for op, outranking in host.outranking(device).items())}
-        if workload.activations is not None:
-            signature["mma_dtypes"] = sorted(device.mma_flops)
+        if workload.activations is not None or workload.weights in ("fp8-block", "nvfp4", "mxfp4"):
+            signature["mma_dtypes"] = sorted(device.mma_flops)  # which products run, and which are refused
         if workload.fuse and not workload.train and host.plugins.pm.hook.fuse_model.get_hookimpls():
             signature["fused"] = self._fuse_fingerprint(host, workload, device)
         return signature

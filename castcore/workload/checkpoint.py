@@ -3,19 +3,31 @@
 A config.json that carries ``quantization_config`` (transformers' field), or NVIDIA ModelOpt's
 ``hf_quant_config.json`` beside it, says how its weights (and activations, and KV cache) are stored. ``shipped``
 turns that into castcore's options; ``apply`` makes them the workload's defaults and refuses an option given
-against them, naming both. Torch-free, like castcore.workload.spec.
+against them, naming both; ``unquantized`` names the modules the checkpoint leaves unquantized. Torch-free, like
+castcore.workload.spec.
+
+gpt-oss's config.json says ``"quant_method": "mxfp4"`` with ``modules_to_not_convert`` listing attention, the
+routers, the embedding and the LM head: its experts alone are MXFP4 (openai/gpt-oss-120b config.json on the
+Hugging Face hub, https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json, read 2026-11-28). ModelOpt's
+``quant_algo`` "NVFP4" stores NVFP4 weights and activations (W4A4) and "W4A8_AWQ" int4 AWQ weights with fp8
+activations (TensorRT-LLM's quantization modes, https://nvidia.github.io/TensorRT-LLM/features/quantization.html,
+read 2026-11-28).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import BLOCK_FP8, say
 
-PRICED = "fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), and ModelOpt's FP8"
+PRICED = ("fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, and "
+          "ModelOpt's FP8, NVFP4 and W4A8_AWQ")
+MODELOPT = {"FP8": {"weights": "fp8", "activations": "fp8"}, "NVFP4": {"weights": "nvfp4"},
+            "W4A8_AWQ": {"weights": "int4", "activations": "fp8"}}
 
 
 def shipped(model: str, config: dict[str, Any]) -> tuple[dict[str, str], str] | None:
@@ -46,6 +58,10 @@ def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, st
             return {"weights": f"int{bits}"}
         raise ModelError(f"{model}: its quantization_config's {method} with {bits} bits is not one castcore prices "
                          "(4 or 8 bits)")
+    if method == "mxfp4":
+        return {"weights": "mxfp4"}
+    if method == "modelopt":  # ModelOpt's hf_quant_config.json fields, in config.json
+        return _from_modelopt(model, {"quantization": found})
     raise ModelError(f"{model}: its quantization_config's quant_method {method or '(none)'!r} is not one castcore "
                      f"prices; castcore prices {PRICED}")
 
@@ -53,10 +69,10 @@ def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, st
 def _from_modelopt(model: str, found: dict[str, Any]) -> dict[str, str]:
     quantization = found.get("quantization", {})
     algo = str(quantization.get("quant_algo", "")).upper()
-    if algo != "FP8":
+    if algo not in MODELOPT:
         raise ModelError(f"{model}: its hf_quant_config.json's quant_algo {algo or '(none)'!r} is not one castcore "
                          f"prices; castcore prices {PRICED}")
-    options = {"weights": "fp8", "activations": "fp8"}
+    options = dict(MODELOPT[algo])
     if str(quantization.get("kv_cache_quant_algo", "")).upper() == "FP8":
         options["kv_cache"] = "fp8"
     return options
@@ -75,3 +91,21 @@ def apply(model: str, config: dict[str, Any], given: dict[str, Any], values: dic
             raise ModelError(f"{say(name, given[name])} contradicts {model}'s own quantization ({where}: "
                              f"{stands}); drop {say(name)} to price the checkpoint as it ships")
         values[name] = value
+
+
+def unquantized(model: str, config: dict[str, Any]) -> tuple[str, ...]:
+    """The module names a quantized checkpoint leaves in the model dtype: its quantization_config's
+    ``modules_to_not_convert``, or the ``exclude_modules`` of ModelOpt's file; () when it names none."""
+    found = config.get("quantization_config")
+    if not isinstance(found, dict):
+        beside = Path(model).with_name("hf_quant_config.json") if model.endswith(".json") else None
+        found = json.loads(beside.read_text(encoding="utf-8")).get("quantization", {}) if (
+            beside is not None and beside.is_file()) else {}
+    names = found.get("modules_to_not_convert") or found.get("exclude_modules") or ()
+    return tuple(str(name) for name in names)
+
+
+def listed(path: str, names: tuple[str, ...]) -> bool:
+    """Whether module ``path`` is one of ``names`` as transformers reads modules_to_not_convert: a name (a regular
+    expression, "model.layers.*.self_attn") matching from the start up to a module boundary, or ending the path."""
+    return any(re.match(rf"(?:{name})(?:(?<=\.)|(?=\.|$))", path) or path.endswith(name) for name in names)

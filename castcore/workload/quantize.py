@@ -15,13 +15,17 @@ device's shard. It deploys the model as vLLM deploys a quantized checkpoint:
   int32 accumulators in its epilogue). Under ``--eager`` the int8 product is torch's own ``torch._int_mm``, its
   int32 result written out and scaled by ``castcore::dequantize_int_mm``, as torch runs it without a compiler.
   The products run at the device's int8 or fp8 matrix rate, which the device must have.
+- ``--weights nvfp4|mxfp4`` and ``--weights int4 --activations fp8`` (W4A4, W4A8, and mxfp4's weight-only path
+  where the device has no FP4 rate): castcore.workload.fp4 says how, and why.
 - mixture-of-experts weights stored as 3-D Parameters (transformers' grouped-GEMM ``experts`` modules) the same
   way, through ``castcore::weight_only_grouped_mm``, ``torch._scaled_grouped_mm`` (fp8) or
   ``castcore::int8_scaled_grouped_mm`` (torch has no int8 grouped product); the rest of the experts' forward is
   transformers' grouped-GEMM one, whatever experts implementation the model was built with.
 - The token embedding, the LM head and MoE routers keep the model dtype, as vLLM keeps them: its quantization
   methods cover linear and fused-MoE layers, the LM head only when a GPTQ/AWQ checkpoint sets lm_head_quantized,
-  and routers are built unquantized. (GenZ instead applies one bit width to every operator.)
+  and routers are built unquantized. (GenZ instead applies one bit width to every operator.) A checkpoint that
+  names the modules it leaves unquantized (``modules_to_not_convert``, ModelOpt's ``exclude_modules``; gpt-oss
+  quantizes its experts only) keeps those in the model dtype too (castcore.workload.checkpoint.unquantized).
 - ``--kv-cache``: a decode step's static cache holds keys and values in that dtype, the new token's cast to it as
   they are written (castcore.hf.decode_inputs); a prefill's cache is counted in it. The fused
   ``castcore::attention`` reads the cache as it is; the eager path (``--eager``) dequantizes it first.
@@ -44,15 +48,17 @@ from castcore.devices.dtypes import dtype_name, torch_dtype
 from castcore.recording.dtensor import dtensor_type
 from castcore.hf import cast_on_write, experts_grouped_forward, is_conv1d
 from castcore.options.catalog import BLOCK_FP8, any_value, say
+from castcore.workload import checkpoint, fp4
 from castcore.workload.models import BuiltModel
 from castcore.workload.parallel import EXPERT_WEIGHTS, _expert_weights
-from castcore.workload.spec import ModelError, Workload
+from castcore.workload.spec import ModelError, Workload, is_factory, load_model_config
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
 
 ops = torch.ops.castcore
-STORED = {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn, BLOCK_FP8: torch.float8_e4m3fn}
+STORED = {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn, BLOCK_FP8: torch.float8_e4m3fn,
+          "nvfp4": fp4.FP4, "mxfp4": fp4.FP4}
 GROUP_SIZE = 128  # int4: input columns per scale (GPTQ's and AWQ's usual group); fp8-block: the block's side
 ROUTERS = ("gate", "router", "shared_expert_gate")  # MoE routing linears, kept in the model dtype
 WEIGHT_ONLY, W8A8 = "weight-only", "w8a8"
@@ -73,7 +79,11 @@ def quantize(built: BuiltModel, workload: Workload, device: DeviceProfile | None
                          f"drop them with {say('train', True)}")
     if weights is not None:
         _check_device(workload, device)
-        _quantize_weights(built, weights, workload.activations is not None or weights == BLOCK_FP8, workload.fuse)
+        paired = fp4.pairing(weights, workload.activations, device)
+        w8a8 = paired is None and (workload.activations is not None or weights == BLOCK_FP8)
+        left = checkpoint.unquantized(workload.model, load_model_config(workload.model)) if (
+            workload.named and not is_factory(workload.model)) else ()
+        _quantize_weights(built, weights, paired or (W8A8 if w8a8 else WEIGHT_ONLY), workload.fuse, left)
     if cache is not None:
         _quantize_cache(built, workload, cache)
 
@@ -105,33 +115,43 @@ def _check_device(workload: Workload, device: DeviceProfile | None) -> None:
 
 # --- weights ---------------------------------------------------------------------------------------------
 
-def _quantize_weights(built: BuiltModel, kind: str, w8a8: bool, fused: bool) -> None:
+def _quantize_weights(built: BuiltModel, kind: str, quantization: str, fused: bool, left: tuple[str, ...]) -> None:
     model = built.model
     if not isinstance(model, nn.Module):
         raise ModelError(f"{say('weights', kind)}: the workload is a function, not an nn.Module; castcore quantizes "
                          f"a module's linear layers (pass the module, or drop {say('weights')})")
     kept, model_dtype = _kept_whole(model), _float_dtype(model)
-    linears = experts = 0
+    linears = experts = unlisted = 0
     for path, module in list(model.named_modules()):
         if id(module) in kept:
             continue
-        if _expert_weights(module):
-            _quantize_experts(module, path, kind, w8a8)
+        if checkpoint.listed(path, left):
+            unlisted += _is_linear(module)
+        elif _expert_weights(module):
+            _quantize_experts(module, path, kind, quantization)
             experts += 1
         elif _is_linear(module) and path.rpartition(".")[2] not in ROUTERS:
-            _quantize_linear(module, kind, w8a8, fused)
+            _quantize_linear(module, kind, quantization, fused)
             linears += 1
     if not linears and not experts:
         raise ModelError(f"{say('weights', kind)}: {type(model).__name__} has no linear layers (nn.Linear) or "
                          f"mixture-of-experts weights to quantize; drop {say('weights')}")
-    built.notes.append(_weights_note(kind, w8a8, fused, linears, experts, model_dtype))
+    note = _weights_note(kind, quantization, fused, linears, experts, model_dtype)
+    built.notes.append(note + (f"; {unlisted} more linear layers stay {model_dtype}, as the checkpoint's "
+                               "modules_to_not_convert says" if unlisted else ""))
 
 
-def _weights_note(kind: str, w8a8: bool, fused: bool, linears: int, experts: int, model_dtype: str) -> str:
+def _weights_note(kind: str, quantization: str, fused: bool, linears: int, experts: int, model_dtype: str) -> str:
+    held = f"{linears} linear layers" + (f" and {experts} mixture-of-experts weight sets" if experts else "")
+    tail = f"the embedding, LM head and MoE routers stay {model_dtype}, as vLLM keeps them"
+    if kind in fp4.FORMATS or quantization == fp4.BLOCK_SCALED:
+        layout, how, said = fp4.describe(kind, quantization if quantization == fp4.BLOCK_SCALED else None, experts,
+                                         model_dtype)
+        return f"--weights {kind}{said}: {held} hold {layout}; {how}; {tail}"
+    w8a8 = quantization == W8A8
     layout = {"int8": "int8 with per-channel scales", "fp8": "fp8 (e4m3) with per-channel scales",
               BLOCK_FP8: f"fp8 (e4m3) with a scale per {GROUP_SIZE}x{GROUP_SIZE} block",
               "int4": f"int4, two per byte, with a scale per {GROUP_SIZE} input columns"}[kind]
-    held = f"{linears} linear layers" + (f" and {experts} mixture-of-experts weight sets" if experts else "")
     if not w8a8:
         how = (f"castcore::weight_only_linear{', castcore::weight_only_grouped_mm' if experts else ''} dequantize in "
                f"registers, products in {model_dtype}")
@@ -148,8 +168,7 @@ def _weights_note(kind: str, w8a8: bool, fused: bool, linears: int, experts: int
         how = ("activations quantized per token (castcore::quantize_per_token), fp8 products by torch._scaled_mm"
                + (" and torch._scaled_grouped_mm" if experts else ""))
     activations = f" --activations {kind}" if w8a8 and kind != BLOCK_FP8 else ""
-    return (f"--weights {kind}{activations}: {held} hold {layout}; {how}; the "
-            f"embedding, LM head and MoE routers stay {model_dtype}, as vLLM keeps them")
+    return f"--weights {kind}{activations}: {held} hold {layout}; {how}; {tail}"
 
 
 def _float_dtype(model: nn.Module) -> str:
@@ -179,6 +198,8 @@ def _is_linear(module: nn.Module) -> bool:
 def _codes(out_features: int, in_features: int, kind: str, w8a8: bool, dtype: torch.dtype, device: Any,
            experts: int | None = None) -> tuple[nn.Parameter, nn.Parameter, int]:
     """(quantized weight, its scales, input columns per scale) for an [out, in] weight, or [experts, out, in]."""
+    if kind in fp4.FORMATS:
+        return fp4.codes(out_features, in_features, kind, dtype, device, experts)
     lead = () if experts is None else (experts,)
     if kind == "int4":
         if in_features % 2:
@@ -217,21 +238,22 @@ def _output_placements(weight: torch.Tensor) -> tuple | None:
     return tuple(Shard(-1) if p.is_shard(0) else Partial() if p.is_shard(1) else p for p in weight.placements)
 
 
-def _quantize_linear(module: nn.Module, kind: str, w8a8: bool, fused: bool) -> None:
+def _quantize_linear(module: nn.Module, kind: str, quantization: str, fused: bool) -> None:
     """Swap the layer's weight for its quantized codes and scales, and its forward for the quantized product.
     The module itself stays, so hooks on it (parallelize_module's input and output layouts) keep working."""
     weight = module.weight
     local = _local(weight)
     out_features, in_features = local.shape if isinstance(module, nn.Linear) else local.shape[::-1]
     placements = _output_placements(weight)
-    module.qweight, module.weight_scale, module.group_size = _codes(out_features, in_features, kind, w8a8,
-                                                                    local.dtype, local.device)
+    module.qweight, module.weight_scale, module.group_size = _codes(out_features, in_features, kind,
+                                                                    quantization == W8A8, local.dtype, local.device)
+    fp4.per_tensor_scales(module, "", kind, local.device)
     del module.weight
     if module.bias is not None and module.bias is not _local(module.bias):  # one device's bias, a plain tensor
         bias = _local(module.bias)
         module.bias = nn.Parameter(torch.empty(bias.shape, dtype=bias.dtype, device=bias.device),
                                    requires_grad=False)
-    module.quantization = W8A8 if w8a8 else WEIGHT_ONLY
+    module.quantization = quantization
     module.block_scaled = kind == BLOCK_FP8
     module.fused_epilogue = fused
     module.tp_layout = None if placements is None else (weight.device_mesh, placements)
@@ -253,6 +275,8 @@ def _linear_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _linear_product(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if self.quantization == WEIGHT_ONLY:
         return ops.weight_only_linear(x, self.qweight, self.weight_scale, self.group_size, self.bias)
+    if self.quantization == fp4.BLOCK_SCALED:  # W4A4, W4A8
+        return fp4.linear_product(self, x)
     rows = x.reshape(-1, x.shape[-1])
     if self.block_scaled:  # fp8-block: activations in 1 x 128 groups, a block-wise scaled product
         codes, scale = ops.quantize_per_token_group(rows, self.group_size, self.qweight.dtype)
@@ -285,7 +309,7 @@ def _experts_base_forward(module: nn.Module) -> Any:
     return experts_grouped_forward(module)
 
 
-def _quantize_experts(module: nn.Module, path: str, kind: str, w8a8: bool) -> None:
+def _quantize_experts(module: nn.Module, path: str, kind: str, quantization: str) -> None:
     """Each 3-D expert weight held quantized as [experts, out, in'] (however transformers laid it out), with its
     scales as ``<name>_scale``; the forward is the module's grouped-GEMM one with the quantized products."""
     base = _experts_base_forward(module)
@@ -297,11 +321,13 @@ def _quantize_experts(module: nn.Module, path: str, kind: str, w8a8: bool) -> No
         param = getattr(module, name)
         experts, rows, columns = param.shape
         out_features, in_features = (columns, rows) if transposed else (rows, columns)
-        codes, scales, group = _codes(out_features, in_features, kind, w8a8, param.dtype, param.device, experts)
+        codes, scales, group = _codes(out_features, in_features, kind, quantization == W8A8, param.dtype,
+                                      param.device, experts)
+        fp4.per_tensor_scales(module, f"{name}_", kind, param.device, experts)
         setattr(module, name, codes)
         setattr(module, f"{name}_scale", scales)
         setattr(module, f"{name}_group_size", group)
-    module.quantization = W8A8 if w8a8 else WEIGHT_ONLY
+    module.quantization = quantization
     product = functools.partial(_grouped_linear, module)
     scope = {**base.__globals__, "_grouped_linear": product,
              "_grouped": lambda x, weight, offsets, transposed: product(x, weight, offsets)}
@@ -317,6 +343,8 @@ def _grouped_linear(self: nn.Module, input: torch.Tensor, weight: torch.Tensor, 
     scales = getattr(self, f"{name}_scale")
     if self.quantization == WEIGHT_ONLY:
         out = ops.weight_only_grouped_mm(input, weight, scales, offs, getattr(self, f"{name}_group_size"))
+    elif self.quantization == fp4.BLOCK_SCALED:
+        out = fp4.grouped_product(self, input, weight, name, offs)
     else:
         codes, scale = ops.quantize_per_token(input, weight.dtype)
         if weight.dtype == torch.int8:

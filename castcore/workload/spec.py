@@ -131,11 +131,15 @@ def _check_together(work: Workload) -> None:
     """The checks of options given together (each value alone passed its option's own check)."""
     if work.phase == "decode" and work.train:
         raise ModelError(f"{say('train', True)} goes with {say('phase', 'prefill')}: training has no decode step")
-    if work.activations is not None and work.weights != work.activations and (work.weights, work.activations) != (
-            BLOCK_FP8, "fp8"):
+    if work.activations is not None and work.weights in ("nvfp4", "mxfp4"):
+        raise ModelError(f"{say('weights', work.weights)} quantizes its activations as engines pair them (NVFP4, or "
+                         f"MXFP8 where the device has an fp4 rate): drop {say('activations')}")
+    if work.activations is not None and work.weights != work.activations and (work.weights, work.activations) not in (
+            (BLOCK_FP8, "fp8"), ("int4", "fp8")):
         kind = work.activations
-        raise ModelError(f"{say('activations', kind)} multiplies {kind} activations by {kind} weights: add "
-                         f"{say('weights', kind)} (W8A8), or drop {say('activations')} for weight-only quantization")
+        raise ModelError(f"{say('activations', kind)} multiplies {kind} activations by {kind} weights"
+                         + (" (or int4 ones: W4A8)" if kind == "fp8" else "") + f": add {say('weights', kind)} "
+                         f"(W8A8), or drop {say('activations')} for weight-only quantization")
     if work.kv_reads == "head" and not work.fuse:
         raise ModelError(f"{say('kv_reads', 'head')} describes castcore's fused attention kernel: drop "
                          f"{say('fuse', False)} (the eager graph repeats K/V for every query head itself)")

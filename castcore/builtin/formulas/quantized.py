@@ -11,7 +11,7 @@ from castcore.builtin.formulas.matmul import (
     scaled_mm_properties,
     touched_experts,
 )
-from castcore.builtin.quantized_ops import OPS
+from castcore.builtin.quantized_ops import OPS, in_features
 from castcore.devices.costs import PerformanceProperties
 from castcore.plugins.claims import register_op_properties
 from castcore.recording.invoke import OpInvoke
@@ -51,6 +51,7 @@ def _weight_only_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
 
 @register_op_properties(OPS["quantize_per_token"])
 @register_op_properties(OPS["quantize_per_token_group"])
+@register_op_properties(OPS["quantize_blocks"])
 def _quantize_per_token(invoke: OpInvoke, device) -> PerformanceProperties:
     """The same vector work per element whether a row has one scale or one per group of columns."""
     x = invoke.args[0]
@@ -75,3 +76,36 @@ def _dequantize_int_mm(invoke: OpInvoke, device) -> PerformanceProperties:
 def _int8_scaled_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
     """As torch._scaled_grouped_mm: int8 products on the matrix unit, the scales applied to the accumulators."""
     return grouped_mm_properties(invoke, (invoke.argument("scale_b"),))
+
+
+def _block_scaled_work(props: PerformanceProperties, invoke: OpInvoke, b, rows: int, weights: float):
+    """The product at the matrix unit's rate for the activations' format, a's dtype: fp4 by fp4 at the fp4 rate;
+    fp8 activations by fp4 weights at the fp8 one (Blackwell's kind::mxf8f6f4 MMA runs at the FP8 rate, its
+    kind::mxf4 and mxf4nvf4 at twice that: "Blackwell SM100 GEMMs", CUTLASS documentation,
+    https://docs.nvidia.com/cutlass/media/docs/cpp/blackwell_functionality.html, read 2026-11-28). The block
+    scales apply inside the MMA; int4 weights are converted to fp8 in registers (DEQUANTIZE per element of the
+    ``weights`` read); the epilogue scales each fp32 accumulator (and alpha, and the bias)."""
+    a, out = invoke.args[0], invoke.outputs()[0]
+    extra = 1 + (invoke.argument("alpha") is not None) + (invoke.argument("bias") is not None)
+    props.add(a.dtype, mma=2 * rows * b.shape[-2] * in_features(b))
+    if b.dtype == torch.uint8:
+        props.add(out.dtype, gp=DEQUANTIZE * weights)
+    return props.add(torch.float32, gp=extra * out.numel())
+
+
+@register_op_properties(OPS["block_scaled_mm"])
+def _block_scaled_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    a, b = invoke.args[:2]
+    props = invoke.memory_access_properties()
+    props.matmuls.append((1, a.shape[0], b.shape[0], in_features(b)))
+    return _block_scaled_work(props, invoke, b, a.shape[0], b.shape[0] * in_features(b))
+
+
+@register_op_properties(OPS["block_scaled_grouped_mm"])
+def _block_scaled_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
+    """As block_scaled_mm per expert, over the experts the rows are expected to touch (see matmul.touched_experts)."""
+    a, b, _, scale_b = invoke.args[:4]
+    touched = touched_experts(b.shape[0], a.shape[0])
+    props = invoke.memory_access_properties()
+    props.memory_read_bytes -= (b.nbytes + scale_b.nbytes) * (1 - touched / max(1, b.shape[0]))
+    return _block_scaled_work(props, invoke, b, a.shape[0], touched * b.shape[1] * in_features(b))
