@@ -7,11 +7,11 @@ against them, naming both; ``unquantized`` names the modules the checkpoint leav
 castcore.workload.spec.
 
 gpt-oss's config.json says ``"quant_method": "mxfp4"`` with ``modules_to_not_convert`` listing attention, the
-routers, the embedding and the LM head: its experts alone are MXFP4 (openai/gpt-oss-120b config.json on the
-Hugging Face hub, https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json, read 2026-11-28). ModelOpt's
-``quant_algo`` "NVFP4" stores NVFP4 weights and activations (W4A4) and "W4A8_AWQ" int4 AWQ weights with fp8
-activations (TensorRT-LLM's quantization modes, https://nvidia.github.io/TensorRT-LLM/features/quantization.html,
-read 2026-11-28).
+routers, the embedding and the LM head: its experts alone are MXFP4 (the quantization_config transformers'
+converter writes, src/transformers/models/gpt_oss/convert_gpt_oss_weights_to_hf.py,
+https://github.com/huggingface/transformers, read 2026-11-28). ModelOpt's ``quant_algo`` "NVFP4" stores NVFP4
+weights and activations (W4A4) and "W4A8_AWQ" int4 AWQ weights with fp8 activations (TensorRT-LLM's QuantAlgo,
+tensorrt_llm/quantization/mode.py, https://github.com/NVIDIA/TensorRT-LLM, read 2026-11-28).
 """
 
 from __future__ import annotations

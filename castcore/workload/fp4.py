@@ -7,9 +7,10 @@ castcore.workload.quantize calls this module for these formats; their layouts ar
   (``castcore::quantize_blocks``), and the W4A4 product (``castcore::block_scaled_mm``) at the device's FP4 matrix
   rate (``mma_flops.float4_e2m1fn_x2``), as TensorRT-LLM and vLLM (FlashInfer's and CUTLASS's FP4 GEMMs) run
   ModelOpt's NVFP4 checkpoints on Blackwell. A device without an FP4 rate is refused: engines have no NVFP4 path
-  there worth pricing. Layout: "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference", NVIDIA
-  technical blog, https://developer.nvidia.com/blog/introducing-nvfp4-for-efficient-and-accurate-low-precision-inference/,
-  read 2026-11-28 (16-value blocks, E4M3 block scales, an FP32 per-tensor scale).
+  there worth pricing. Layout: "NVBlock: NVIDIA NVFP4 Block Format for GPU Inference",
+  https://stillwater-sc.github.io/universal/number-systems/nvblock, read 2026-11-28 (16-element blocks, an E4M3
+  scale each, an FP32 per-tensor scale), as NVIDIA's "Introducing NVFP4 for Efficient and Accurate Low-Precision
+  Inference" (developer.nvidia.com technical blog, 2025-06) describes it.
 - ``--weights mxfp4``: E2M1 codes two per byte, one float8_e8m0fnu (power of two) scale per 32 input columns
   (OCP Microscaling Formats (MX) Specification v1.0, 2023-09). gpt-oss ships its experts so. What it pairs with
   depends on the device, as engines decide:
@@ -21,13 +22,19 @@ castcore.workload.quantize calls this module for these formats; their layouts ar
     columns) and the MXFP8 x MXFP4 product at the FP8 rate (Blackwell's kind::mxf8f6f4 MMA). TensorRT-LLM's gpt-oss
     guide recommends exactly this pairing on Blackwell ("mxfp8 activation x mxfp4 weight", CUTLASS and TRTLLM MoE
     backends; bf16 activations on Hopper): TensorRT-LLM examples/models/core/gpt_oss/README.md, MoE support
-    matrix, https://github.com/NVIDIA/TensorRT-LLM/tree/main/examples/models/core/gpt_oss, read 2026-11-28. vLLM's
-    FlashInfer MXFP4 MoE on B200 runs the same MXFP4 x MXFP8 pairing (its bf16-activation variant is the
-    alternative): "vLLM Now Supports gpt-oss", vLLM blog, https://blog.vllm.ai/2025/08/05/gpt-oss.html, read
-    2026-11-28. W4A8 is chosen over W4A16 because both engines make it their Blackwell default for gpt-oss.
+    matrix, https://github.com/NVIDIA/TensorRT-LLM/tree/main/examples/models/core/gpt_oss, read 2026-11-28. vLLM
+    picks FlashInfer's MXFP4 MoE on B200 with bf16 activations unless VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8 is set
+    (get_mxfp4_backend, vllm/model_executor/layers/quantization/mxfp4.py, https://github.com/vllm-project/vllm,
+    read 2026-11-28), and its gpt-oss recipe for Blackwell sets it ("Blackwell (B200) with FlashInfer
+    MXFP4+MXFP8 MoE", vLLM Recipes, openai/gpt-oss-20b, read 2026-11-28). W4A8 is priced because it is what both
+    engines' Blackwell guides deploy; the product at the FP8 rate, not the FP4 one (both operands must be fp4 for
+    that).
 - ``--weights int4 --activations fp8`` (W4A8): int4 weights as ``--weights int4`` stores them (a scale per 128
   input columns), activations quantized per token to fp8, the int4 codes converted to fp8 in registers and the
-  product at the FP8 rate, as TensorRT-LLM's W4A8 AWQ and vLLM's CUTLASS W4A8 kernels run on Hopper.
+  product at the FP8 rate, as TensorRT-LLM's W4A8 AWQ and vLLM's CUTLASS W4A8 kernels run on Hopper: "[kernel]
+  Support W4A8 on Hopper", https://github.com/vllm-project/vllm/pull/23198 (int4 weights with fp8 scales per 128,
+  activations fp8 per token, per-token and per-channel scales in the epilogue, "approach peak FP8 throughput"),
+  and its grouped twin for experts, https://github.com/vllm-project/vllm/pull/29691, both read 2026-11-28.
 """
 
 from __future__ import annotations
