@@ -34,7 +34,8 @@ COLUMNS = {  # the capability: (how it runs, its options)
     "ep 2": ("estimate", {"ep": 2}), "attention-dp 2": ("estimate", {"attention_dp": 2, "batch": 2}),
     "int8": ("estimate", {"weights": "int8"}), "int4": ("estimate", {"weights": "int4"}),
     "fp8 W8A8": ("estimate", {"weights": "fp8", "activations": "fp8"}),
-    "fp8-block": ("estimate", {"weights": "fp8-block"}), "fp8 KV cache": ("estimate", {**DECODE, "kv_cache": "fp8"}),
+    "fp8-block": ("estimate", {"weights": "fp8-block"}), "nvfp4": ("estimate", {"weights": "nvfp4"}),
+    "mxfp4": ("estimate", {"weights": "mxfp4"}), "fp8 KV cache": ("estimate", {**DECODE, "kv_cache": "fp8"}),
 }
 
 
