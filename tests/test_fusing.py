@@ -39,12 +39,13 @@ def real_model(name: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama.json", "tiny-mixtral.json", "tiny-gemma2.json", "tiny-gemma3.json",
-                                  "tiny-gptj.json", "tiny-deepseek-v3.json", "tiny-llama4.json"])
+                                  "tiny-gptj.json", "tiny-deepseek-v3.json", "tiny-llama4.json", "tiny-gpt-oss.json",
+                                  "tiny-qwen3-moe.json"])
 def test_the_fused_model_computes_what_the_eager_one_does(name):
     from transformers import DynamicCache
 
     model = real_model(name)
-    prompt, step = torch.randint(3, 200, (2, 12)), torch.randint(3, 200, (2, 1))
+    prompt, step = torch.randint(3, 200, (2, 20)), torch.randint(3, 200, (2, 1))  # past gpt-oss's 16-token window
 
     def run():
         cache = {hf.cache_argument(model): DynamicCache(config=model.config)}

@@ -109,12 +109,13 @@ def kept_keys(q_len: int, kv_len: int, causal: bool, window: int) -> int:
 
 @torch.library.custom_op("castcore::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window: int,
-              softcap: float, kv_per_query_head: bool = False) -> torch.Tensor:
+              softcap: float, kv_per_query_head: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Flash attention with grouped KV heads: q [batch, heads, q_len, dim], k/v [batch, kv_heads, kv_len, dim]
     (in the cache's dtype, which may differ from q's) -> [batch, q_len, heads, v_dim]. ``causal`` aligns the
     last query with the last key; ``window`` > 0 keeps only that many most recent keys; ``softcap`` > 0 caps the
     scores with softcap * tanh(score / softcap). ``kv_per_query_head`` changes no result, only the cost: the
-    kernel reads each K/V head once per query head of its group, not once for the group."""
+    kernel reads each K/V head once per query head of its group, not once for the group. ``sinks`` [heads]
+    (gpt-oss): one learned logit per head that joins every row's softmax and attends to nothing."""
     group = q.shape[1] // k.shape[1]
     k = k.to(q.dtype).repeat_interleave(group, dim=1)
     v = v.to(q.dtype).repeat_interleave(group, dim=1)
@@ -129,12 +130,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, c
         keep &= key_pos <= query_pos
     if window:
         keep &= key_pos > query_pos - window
-    scores = scores.masked_fill(~keep, -math.inf).softmax(-1)
+    scores = scores.masked_fill(~keep, -math.inf)
+    if sinks is not None:
+        sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        scores = scores.softmax(-1)
     return (scores.to(q.dtype) @ v).transpose(1, 2).contiguous()
 
 
 @attention.register_fake
-def _(q, k, v, scale, causal, window, softcap, kv_per_query_head=False):
+def _(q, k, v, scale, causal, window, softcap, kv_per_query_head=False, sinks=None):
+    if sinks is not None and sinks.shape != (q.shape[1],):
+        raise ValueError(f"attention sinks {tuple(sinks.shape)} do not match the {q.shape[1]} query heads")
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1]))
 
 
@@ -155,20 +163,20 @@ def _(q, latent, rank, scale, causal):
 @torch.library.custom_op("castcore::varlen_attention", mutates_args=())
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new: list[int], cached: list[int],
                      scale: float, causal: bool, window: int, softcap: float,
-                     kv_per_query_head: bool = False) -> torch.Tensor:
+                     kv_per_query_head: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over sequences packed in one row, as an engine's iteration runs it in one kernel: sequence i has
     ``new[i]`` queries in q [1, heads, sum(new), dim] and ``cached[i] + new[i]`` keys and values in k/v
     [1, kv_heads, sum(cached + new), dim], its queries the last of its keys -> [1, sum(new), heads, v_dim]."""
     outputs, q_at, kv_at = [], 0, 0
     for n, c in zip(new, cached):
         outputs.append(attention(q[:, :, q_at:q_at + n], k[:, :, kv_at:kv_at + c + n], v[:, :, kv_at:kv_at + c + n],
-                                 scale, causal, window, softcap, kv_per_query_head))
+                                 scale, causal, window, softcap, kv_per_query_head, sinks))
         q_at, kv_at = q_at + n, kv_at + c + n
     return torch.cat(outputs, dim=1)
 
 
 @varlen_attention.register_fake
-def _(q, k, v, new, cached, scale, causal, window, softcap, kv_per_query_head=False):
+def _(q, k, v, new, cached, scale, causal, window, softcap, kv_per_query_head=False, sinks=None):
     return q.new_empty((1, q.shape[2], q.shape[1], v.shape[-1]))
 
 
@@ -235,18 +243,45 @@ def _(hidden, expert_ids, experts):
 
 
 @torch.library.custom_op("castcore::moe_unpermute", mutates_args=())
-def moe_unpermute(rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The combine of moe_permute's rows in one kernel: each token's k expert outputs weighted by the router
-    and summed -> [tokens, hidden] in the rows' dtype."""
+def moe_unpermute(rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None,
+                  offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """The combine of moe_permute's rows in one kernel: each token's k expert outputs (plus its expert's ``bias``
+    [experts, hidden], the rows grouped by ``offsets``) weighted by the router and summed -> [tokens, hidden] in
+    the rows' dtype."""
     tokens, top_k = weights.shape
+    if bias is not None:
+        rows = rows + bias[_row_experts(offsets, rows.shape[0])]
     out = torch.zeros(tokens * top_k, rows.shape[-1], dtype=torch.float32, device=rows.device)
     out[order] = rows.float() * weights.reshape(-1)[order].unsqueeze(-1).float()
     return out.view(tokens, top_k, -1).sum(1).to(rows.dtype)
 
 
 @moe_unpermute.register_fake
-def _(rows, order, weights):
+def _(rows, order, weights, bias=None, offsets=None):
     return rows.new_empty((weights.shape[0], rows.shape[-1]))
+
+
+def _row_experts(offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    """The expert of each row of rows grouped by expert, from the groups' cumulative end rows."""
+    counts = torch.diff(offsets.long(), prepend=offsets.new_zeros(1).long())
+    return torch.repeat_interleave(torch.arange(len(offsets), device=offsets.device), counts, output_size=rows)
+
+
+@torch.library.custom_op("castcore::clamped_swiglu", mutates_args=())
+def clamped_swiglu(gate_up: torch.Tensor, bias: torch.Tensor, offsets: torch.Tensor, alpha: float,
+                   limit: float) -> torch.Tensor:
+    """gpt-oss's expert activation in one kernel (vLLM's swigluoai_and_mul, with the first grouped GEMM's bias,
+    which engines add in that GEMM's epilogue): rows grouped by expert (``offsets``) plus their expert's bias
+    [experts, 2 x inter], gate and up interleaved along the last dimension; gate clamped above at ``limit``, up
+    to [-limit, limit]; (up + 1) * gate * sigmoid(alpha * gate) -> [rows, inter]."""
+    x = gate_up + bias[_row_experts(offsets, gate_up.shape[0])]
+    gate, up = x[..., ::2].clamp(max=limit), x[..., 1::2].clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+@clamped_swiglu.register_fake
+def _(gate_up, bias, offsets, alpha, limit):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
 # The eager ops each fused op stands in for: a plugin's claim on one of these that the deployed view no longer
@@ -275,6 +310,7 @@ _REPLACES = {
                                "aten::gather", "aten::sum.dim_IntList", "aten::div.Tensor", "aten::add.Tensor"),
     "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
     "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
+    "castcore::clamped_swiglu": ("aten::clamp", "aten::sigmoid", "aten::mul.Tensor", "aten::add.Tensor"),
 }
 
 for _fused, _eager in _REPLACES.items():
@@ -283,4 +319,4 @@ for _fused, _eager in _REPLACES.items():
 OPS = {name: getattr(torch.ops.castcore, name).default
        for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
                     "varlen_attention", "latent_attention", "topk_softmax", "grouped_topk", "moe_permute",
-                    "moe_unpermute")}
+                    "moe_unpermute", "clamped_swiglu")}

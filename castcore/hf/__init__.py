@@ -199,21 +199,23 @@ def castcore_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, atte
 
 
 def castcore_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-                       **kwargs):
-    """transformers' SDPA attention; with a logit soft-cap (Gemma 2), which SDPA cannot apply, the ops an eager
-    soft-capped attention runs: scores, tanh cap, mask, softmax, weighted sum. Relies on
-    ``integrations.sdpa_attention.sdpa_attention_forward`` (checked 5.5.0-5.24.0)."""
+                       s_aux=None, **kwargs):
+    """transformers' SDPA attention; with a logit soft-cap (Gemma 2) or attention sinks (gpt-oss's ``s_aux``),
+    which SDPA cannot apply, the ops an eager attention runs: scores, tanh cap, mask, softmax (with the sink
+    column), weighted sum. Relies on ``integrations.sdpa_attention.sdpa_attention_forward`` (checked
+    5.5.0-5.24.0)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if key.dtype != query.dtype:  # a KV cache in another dtype (--kv-cache): an eager kernel dequantizes it first
         key, value = key.to(query.dtype), value.to(query.dtype)
-    if softcap is None:
+    if softcap is None and s_aux is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     q_len, kv_len = query.shape[2], key.shape[2]
     if attention_mask is None and q_len > 1:  # castcore_mask left causality to the kernel: apply it here
         attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
@@ -221,7 +223,12 @@ def castcore_attention(module, query, key, value, attention_mask, dropout=0.0, s
         attention_mask = attention_mask[..., :kv_len]
         scores = (scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool
                   else scores + attention_mask)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if s_aux is not None:
+        sinks = s_aux.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
+        probs = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    probs = probs.to(query.dtype)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
@@ -294,12 +301,20 @@ def standard_rotary(model: torch.nn.Module) -> dict[Any, Callable]:
             continue
         home = sys.modules[type(module).__module__]
         original = getattr(home, "apply_rotary_pos_emb", None)
-        if original is None or not hasattr(home, "rotate_half"):
+        if original is None or not (hasattr(home, "rotate_half") or half_angle_rotary(original)):
             continue
         params = list(inspect.signature(original).parameters)
         if params[:4] == ["q", "k", "cos", "sin"] and "unsqueeze_dim" in params:
             found[home] = original
     return found
+
+
+def half_angle_rotary(original: Callable) -> bool:
+    """gpt-oss's ``apply_rotary_pos_emb``: cos and sin hold each angle once (half the head), the two halves rotated
+    by ``_apply_rotary_emb`` as rotate_half rotates them, so the same rotation as with the angles written twice
+    (checked 5.5.0-5.24.0)."""
+    home = sys.modules.get(getattr(original, "__module__", ""))
+    return home is not None and hasattr(home, "_apply_rotary_emb") and not hasattr(home, "rotate_half")
 
 
 @contextmanager
@@ -318,9 +333,9 @@ def rotary_swapped(originals: dict[Any, Callable], replacement: Callable[[Callab
 
 def is_experts_module(module: torch.nn.Module) -> bool:
     """One of transformers 5's ``@use_experts_implementation`` experts modules, whose 3-D weights castcore splits
-    and quantizes (``_apply_gate`` and ``act_fn``; checked 5.5.0-5.24.0). Llama 4's and gpt-oss's own experts
-    classes are not."""
-    return all(hasattr(module, name) for name in ("_apply_gate", "act_fn"))
+    and quantizes (the decorator's ``has_gate``, and ``_apply_gate``; checked 5.5.0-5.24.0), or Llama 4's experts
+    once castcore.workload.moe_fusing has given them those attributes (``castcore_gate``)."""
+    return hasattr(module, "has_gate") and (hasattr(module, "_apply_gate") or hasattr(module, "castcore_gate"))
 
 
 def is_default_gated_experts(module: torch.nn.Module) -> bool:

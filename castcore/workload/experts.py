@@ -104,6 +104,9 @@ def _expert_parallel_forward(groups: ExpertGroups):
         # Dispatch: the routed copies sorted by expert, then sent to the devices holding their experts.
         order = torch.sort(top_k_index.reshape(-1)).indices
         routed = hidden_states[order // top_k]
+        if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the input
+            routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
+            top_k_weights = torch.ones_like(top_k_weights)
         splits = _splits(rows, groups.ep_size)
         received = funcol.all_to_all_single(routed, splits, splits, groups.ep)
         if groups.etp_size > 1:
@@ -116,9 +119,12 @@ def _expert_parallel_forward(groups: ExpertGroups):
         transposed = bool(getattr(self, "is_transposed", False))
         gate_up = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
         out = _grouped(received, gate_up, offsets, transposed)
-        if bias:
-            out.add_((self.gate_up_proj_bias if getattr(self, "has_gate", True) else self.up_proj_bias)[ids])
-        out = self._apply_gate(out) if getattr(self, "has_gate", True) else self.act_fn(out)
+        if hasattr(self, "castcore_gate"):  # the fused activation (castcore.workload.moe_fusing), first bias in it
+            out = self.castcore_gate(out, offsets)
+        else:
+            if bias:
+                out.add_((self.gate_up_proj_bias if getattr(self, "has_gate", True) else self.up_proj_bias)[ids])
+            out = self._apply_gate(out) if getattr(self, "has_gate", True) else self.act_fn(out)
         out = _grouped(out, self.down_proj, offsets, transposed)
         if bias:
             out.add_(self.down_proj_bias[ids])

@@ -17,9 +17,9 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
 - attention -> ``castcore::attention``: causal and sliding-window masks as arguments, grouped KV heads read
   once, no repeated keys and values, the output written in the layout the next projection reads; a model with
   its own causal ``_attn`` (GPT-J) has that method swapped for the same op;
-- a mixture-of-experts top-k router -> ``castcore::topk_softmax`` (DeepSeek-V3's grouped sigmoid routing ->
-  ``castcore::grouped_topk``); its experts -> ``castcore::moe_permute``, the
-  two grouped GEMMs with ``castcore::silu_and_mul`` between them, and ``castcore::moe_unpermute``.
+- mixture-of-experts routers and experts -> ``castcore::topk_softmax`` or ``castcore::grouped_topk``,
+  ``castcore::moe_permute``, the two grouped GEMMs with the fused activation between them, and
+  ``castcore::moe_unpermute`` (castcore.workload.moe_fusing).
 
 Only modules of transformers' own classes are rewritten, so what a pack swapped in stays as the pack made it.
 What stays eager is said in the notes. ``--eager`` skips all of this.
@@ -39,12 +39,11 @@ from torch import nn
 
 from castcore import hf
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
-from castcore.workload.experts import _grouped
 from castcore.workload.latent import is_latent_attention
 from castcore.workload.latent import rewrite as rewrite_latent
-from castcore.workload.parallel import _expert_weights
 from castcore.workload.packing import packed_attention, packing_on
 from castcore.workload.models import BuiltModel
+from castcore.workload.moe_fusing import rewrite_moe
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
@@ -77,6 +76,7 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for layer in [m for m in model.modules() if _is_fusable_layer(m)]:
         layer.forward = types.MethodType(_fused_layer_forward, layer)
         done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
+    moe_parts, blocks = set(), []  # a block whose router and experts were rewritten runs no eager kernel itself
     for name, module in list(model.named_modules()):
         if not name or not hf.is_transformers_module(module):
             continue
@@ -88,25 +88,17 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         elif _gated_activation(module) is not None:
             setattr(parent, attr, FusedGatedMLP(module))
             done[f"gated MLP -> merged gate/up projection + castcore::{_gated_activation(module)[0]}"] += 1
-        elif _is_top_k_router(module):
-            module.forward = types.MethodType(_fused_router_forward, module)
-            done["MoE router softmax + top-k -> castcore::topk_softmax"] += 1
-        elif hf.grouped_router_kind(module):
-            _fuse_grouped_router(module)
-            done["MoE grouped top-k router (sigmoid, groups, top-k) -> castcore::grouped_topk"] += 1
-        elif _is_dense_routed_moe(module):
-            module.forward = types.MethodType(_fused_dense_routed_moe_forward, module)
-            done["MoE block run through every expert (Llama 4) -> top-k routing, castcore::moe_permute + grouped "
-                 "GEMMs + castcore::silu_and_mul + castcore::moe_unpermute, and its shared expert"] += 1
-        elif _is_fusable_experts(module):
-            module.forward = types.MethodType(_fused_experts_forward, module)
-            done["MoE experts -> castcore::moe_permute + grouped GEMMs + castcore::silu_and_mul + "
-                 "castcore::moe_unpermute"] += 1
+        elif (moe := rewrite_moe(module)) is not None:
+            done[moe] += 1
+            moe_parts.add(id(module))
         elif type(module).__name__ in _TANH_GELUS:
             setattr(parent, attr, TanhGelu())
             done["GELU written out op by op (gelu_new) -> one aten::gelu kernel, tanh approximation"] += 1
         elif type(module).__name__.endswith("RMSNorm") or (type(module).__name__.endswith("MLP") and not any(
                 type(child).__name__ in _TANH_GELUS for child in module.children())):
+            blocks.append(module)
+    for module in blocks:
+        if not any(id(child) in moe_parts for child in module.children()):
             eager[type(module).__name__] += 1
     latent = [m for m in model.modules() if hf.is_transformers_module(m) and is_latent_attention(m)]
     for module in latent:
@@ -246,84 +238,6 @@ class FusedGatedMLP(nn.Module):
         return self.down_proj(act)
 
 
-# --- mixture-of-experts routers ------------------------------------------------------------------------
-
-def _is_top_k_router(module: nn.Module) -> bool:
-    """transformers' plain top-k routers (Mixtral, Qwen-MoE): a weight, top_k, softmax then top-k."""
-    own = {name for name, _ in module.named_parameters(recurse=False)}
-    return (type(module).__name__.endswith("TopKRouter") and own == {"weight"} and isinstance(module.top_k, int)
-            and not list(module.children()))
-
-
-def _fused_router_forward(self, hidden_states):
-    hidden_states = hidden_states.reshape(-1, self.weight.shape[-1])
-    logits = nn.functional.linear(hidden_states, self.weight)
-    weights, indices = ops.topk_softmax(logits, self.top_k, bool(getattr(self, "norm_topk_prob", True)))
-    return logits, weights, indices
-
-
-def _fuse_grouped_router(module: nn.Module) -> None:
-    if hf.grouped_router_kind(module) == "router":
-        module.forward = types.MethodType(_grouped_router_forward, module)
-    else:
-        module.route_tokens_to_experts = types.MethodType(_grouped_routing, module)
-
-
-def _grouped_router_forward(self, hidden_states):
-    logits = nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim).float(), self.weight.float())
-    weights, indices = ops.grouped_topk(logits, self.e_score_correction_bias, self.num_group, self.topk_group,
-                                        self.top_k, bool(self.norm_topk_prob), float(self.routed_scaling_factor))
-    return logits, weights, indices
-
-
-def _grouped_routing(self, router_logits):
-    weights, indices = ops.grouped_topk(router_logits, self.gate.e_score_correction_bias, self.n_group,
-                                        self.topk_group, self.top_k, bool(self.norm_topk_prob),
-                                        float(self.routed_scaling_factor))
-    return indices, weights
-
-
-def _is_dense_routed_moe(module: nn.Module) -> bool:
-    """transformers' Llama 4 MoE block, which runs every token through every expert, the unchosen ones with a
-    router score of sigmoid(-inf) = 0: experts with [experts, in, out] weights, a linear router, a shared expert."""
-    experts = getattr(module, "experts", None)
-    return (type(module).__name__ == "Llama4TextMoe" and isinstance(getattr(module, "router", None), nn.Linear)
-            and all(getattr(experts, n, None) is not None and getattr(experts, n).dim() == 3
-                    for n in ("gate_up_proj", "down_proj")))
-
-
-def _fused_dense_routed_moe_forward(self, hidden_states):
-    """As vLLM runs Llama 4's MoE: top-k of the router's logits, their sigmoid as weights applied to the expert's
-    input (apply_router_weight_on_input), only the chosen experts' rows through the grouped GEMMs, plus the shared
-    expert. Returns what transformers' block returns: (output, router logits)."""
-    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    logits = self.router(hidden_states) if type(self.router).forward is nn.Linear.forward else \
-        nn.functional.linear(hidden_states, self.router.weight)
-    values, indices = torch.topk(logits, self.top_k, dim=1)
-    weights = torch.sigmoid(values.float())
-    rows, order, offsets = ops.moe_permute(hidden_states, indices, self.num_experts)
-    rows = rows * weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
-    experts = self.experts
-    out = ops.silu_and_mul(_grouped(rows, experts.gate_up_proj, offsets, True))
-    routed = ops.moe_unpermute(_grouped(out, experts.down_proj, offsets, True), order, torch.ones_like(weights))
-    return self.shared_expert(hidden_states) + routed, logits
-
-
-def _is_fusable_experts(module: nn.Module) -> bool:
-    """transformers' grouped-GEMM experts (3-D gate_up_proj / down_proj) with SiLU gating and no biases."""
-    return (len(_expert_weights(module)) == 2 and hf.is_default_gated_experts(module)
-            and type(getattr(module, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
-
-
-def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """As vLLM's fused MoE runs: dispatch (gather + sort) in one kernel, the two grouped GEMMs with the gated
-    activation between them, and the weighted combine in one kernel. ``_grouped`` is looked up by name, so a
-    quantized deployment swaps in its own product (castcore.workload.quantize)."""
-    rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
-    out = ops.silu_and_mul(_grouped(rows, self.gate_up_proj, offsets, False))
-    return ops.moe_unpermute(_grouped(out, self.down_proj, offsets, False), order, top_k_weights)
-
-
 # --- attention and rotary ----------------------------------------------------------------------------------
 
 def _fused_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
@@ -334,13 +248,13 @@ def _fused_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attent
 
 
 def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-                     sliding_window=None, **kwargs):
+                     sliding_window=None, s_aux=None, **kwargs):
     if attention_mask is not None or dropout:  # padding or dropout: the eager path prices them
         return hf.castcore_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                     softcap=softcap, sliding_window=sliding_window, **kwargs)
+                                     softcap=softcap, sliding_window=sliding_window, s_aux=s_aux, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     options = (float(scale), bool(getattr(module, "is_causal", True)), int(sliding_window or 0),
-               float(softcap or 0.0), bool(getattr(module, "castcore_kv_per_query_head", False)))
+               float(softcap or 0.0), bool(getattr(module, "castcore_kv_per_query_head", False)), s_aux)
     out = packed_attention(query, key, value, *options)  # a mixed batch's sequences, each at its own KV length
     return (ops.attention(query, key, value, *options) if out is None else out), None
 
@@ -360,11 +274,14 @@ def _use_fused_attention(model: nn.Module) -> bool:
 
 def _fused_rotary(original):
     signature = inspect.signature(original)
+    half = hf.half_angle_rotary(original)
 
     def apply_rotary_pos_emb(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         q, k, cos, sin = (bound.arguments[n] for n in ("q", "k", "cos", "sin"))
+        if half and cos.dim() == 3:  # each angle once: written twice, the standard rotation is the same
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         if (bound.arguments["unsqueeze_dim"] != 1 or cos.dim() != 3 or q.dim() != 4 or cos.shape[-1] != q.shape[-1]
                 or bound.arguments.get("position_ids") is not None):
             return original(*args, **kwargs)  # a partial or differently laid out rotary: priced as it runs

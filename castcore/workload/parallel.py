@@ -13,25 +13,21 @@ with ``torch.distributed.tensor.parallel``:
   as vLLM's VocabParallelEmbedding and ParallelLMHead do. Either stays replicated when the vocab
   does not divide by ``n``; ``TensorParallel.replicated`` says which.
 
-Models with other structures are sharded by hand (their parameters replaced by one device's shard,
-meta tensors of the local shape), the way vLLM's and Megatron's layers hold them:
+Other structures are sharded by hand (parameters replaced by one device's shard, meta tensors of the local
+shape), the way vLLM's and Megatron's layers hold them:
 
-- separate k/v projections with fewer KV heads than devices (8 KV heads, --tp 16) are replicated as vLLM does:
-  each device holds one KV head (n must be a multiple of the KV heads);
-- GPT-2's ``Conv1D`` layers (weight [in, out]): ``c_attn`` (fused QKV) and ``c_fc`` split by output column,
-  both ``c_proj`` by input row with an all_reduce (a reduce_scatter under sequence parallelism) after them;
-- a fused QKV projection (Falcon's and GPT-NeoX's ``query_key_value``) keeps heads/n query heads and
-  kv_heads/n key/value heads; when there are fewer KV heads than devices (Falcon's multi-query attention)
-  each device holds one replicated KV head, as vLLM's QKVParallelLinear does (n must be a multiple of them).
-  Its output projection (``dense``) is ``RowwiseParallel``; the attention module's head counts become local.
-- mixture-of-experts weights stored as 3-D Parameters (transformers 5's ``experts`` modules with
-  ``gate_up_proj`` / ``down_proj`` of shape [experts, ...]) are split along the intermediate dimension:
-  every device holds 1/n of every expert (Megatron's TP-MoE), and an all_reduce sums the experts' output.
-  Shared experts are nn.Linear MLPs and split like one.
+- with fewer KV heads than devices (8, --tp 16) each device holds one replicated KV head, as vLLM does;
+- GPT-2's ``Conv1D`` layers ([in, out]): ``c_attn``, ``c_fc`` split by column, ``c_proj`` by row (an all_reduce);
+- a fused QKV projection (Falcon's, GPT-NeoX's ``query_key_value``) keeps heads/n query heads and kv_heads/n
+  KV heads, or one replicated KV head when there are fewer than n (vLLM's QKVParallelLinear); its output
+  projection (``dense``) is ``RowwiseParallel``; the attention module's head counts become local.
+- 3-D expert weights (transformers 5's ``experts`` modules) are split along the intermediate dimension: every
+  device holds 1/n of every expert (Megatron's TP-MoE), an all_reduce sums their output; shared experts are
+  nn.Linear MLPs and split like one. gpt-oss's attention sinks (one per head) are split with the heads.
 
-Everything else (norms, rotary tables, MoE routers) is replicated. The capture then records one device's work:
-local shard shapes and the collectives (see castcore.capture). The process group is destroyed on exit.
-``castcore.workload.deploy.parallelize`` applies this with sequence and expert parallelism for a Workload.
+Everything else (norms, rotary tables, MoE routers) is replicated. The capture records one device's work: local
+shard shapes and the collectives. ``castcore.workload.deploy.parallelize`` applies this with sequence and expert
+parallelism for a Workload; the process group is destroyed on exit.
 """
 
 from __future__ import annotations
@@ -116,6 +112,8 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
             info.plan[path] = "experts"
         if is_conv1d(module) and leaf in CONV1D:
             info.plan[path] = CONV1D[leaf]
+        if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):  # gpt-oss: one attention sink per head
+            info.plan[path] = "sinks"
         if not isinstance(module, torch.nn.Linear):
             continue
         if kv_replicated and leaf in KV_PROJECTIONS:
@@ -319,6 +317,8 @@ def shard_by_hand(model: torch.nn.Module, mesh: Any, info: TensorParallel, sp: b
             _shard_conv1d(model, path, mesh, info.size, kind == "conv1d_colwise", sp)
         elif kind == "experts":
             _shard_experts(model, path, mesh, info.size)
+        elif kind == "sinks":
+            _shard_dim(model.get_submodule(path), "sinks", 0, info.size, path)
         elif kind == "local_heads":
             config = _config(model)
             heads = config_field(config, "num_attention_heads")

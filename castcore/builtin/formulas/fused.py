@@ -48,6 +48,12 @@ def _silu_and_mul(invoke: OpInvoke, device) -> PerformanceProperties:
     return _vector(invoke, invoke.args[0], SILU_AND_MUL * invoke.outputs()[0].numel())
 
 
+@register_op_properties(OPS["clamped_swiglu"])
+def _clamped_swiglu(invoke: OpInvoke, device) -> PerformanceProperties:
+    # per output element: two bias adds, two clamps, alpha * gate, its sigmoid, gate times that, up + 1, the product
+    return _vector(invoke, invoke.args[0], (SIGMOID + 7) * invoke.outputs()[0].numel())
+
+
 @register_op_properties(OPS["gelu_and_mul"])
 def _gelu_and_mul(invoke: OpInvoke, device) -> PerformanceProperties:
     per_element = GELU.get(invoke.argument("approximate"), GELU["none"]) + 1
