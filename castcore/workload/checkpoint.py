@@ -9,9 +9,9 @@ castcore.workload.spec.
 gpt-oss's config.json says ``"quant_method": "mxfp4"`` with ``modules_to_not_convert`` listing attention, the
 routers, the embedding and the LM head: its experts alone are MXFP4 (the quantization_config transformers'
 converter writes, src/transformers/models/gpt_oss/convert_gpt_oss_weights_to_hf.py,
-https://github.com/huggingface/transformers, read 2026-11-28). ModelOpt's ``quant_algo`` "NVFP4" stores NVFP4
+https://github.com/huggingface/transformers, read 2026-11-27). ModelOpt's ``quant_algo`` "NVFP4" stores NVFP4
 weights and activations (W4A4) and "W4A8_AWQ" int4 AWQ weights with fp8 activations (TensorRT-LLM's QuantAlgo,
-tensorrt_llm/quantization/mode.py, https://github.com/NVIDIA/TensorRT-LLM, read 2026-11-28).
+tensorrt_llm/quantization/mode.py, https://github.com/NVIDIA/TensorRT-LLM, read 2026-11-27).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ castcore.workload.quantize calls this module for these formats; their layouts ar
   rate (``mma_flops.float4_e2m1fn_x2``), as TensorRT-LLM and vLLM (FlashInfer's and CUTLASS's FP4 GEMMs) run
   ModelOpt's NVFP4 checkpoints on Blackwell. A device without an FP4 rate is refused: engines have no NVFP4 path
   there worth pricing. Layout: "NVBlock: NVIDIA NVFP4 Block Format for GPU Inference",
-  https://stillwater-sc.github.io/universal/number-systems/nvblock, read 2026-11-28 (16-element blocks, an E4M3
+  https://stillwater-sc.github.io/universal/number-systems/nvblock, read 2026-11-27 (16-element blocks, an E4M3
   scale each, an FP32 per-tensor scale), as NVIDIA's "Introducing NVFP4 for Efficient and Accurate Low-Precision
   Inference" (developer.nvidia.com technical blog, 2025-06) describes it.
 - ``--weights mxfp4``: E2M1 codes two per byte, one float8_e8m0fnu (power of two) scale per 32 input columns
@@ -22,11 +22,11 @@ castcore.workload.quantize calls this module for these formats; their layouts ar
     columns) and the MXFP8 x MXFP4 product at the FP8 rate (Blackwell's kind::mxf8f6f4 MMA). TensorRT-LLM's gpt-oss
     guide recommends exactly this pairing on Blackwell ("mxfp8 activation x mxfp4 weight", CUTLASS and TRTLLM MoE
     backends; bf16 activations on Hopper): TensorRT-LLM examples/models/core/gpt_oss/README.md, MoE support
-    matrix, https://github.com/NVIDIA/TensorRT-LLM/tree/main/examples/models/core/gpt_oss, read 2026-11-28. vLLM
+    matrix, https://github.com/NVIDIA/TensorRT-LLM/tree/main/examples/models/core/gpt_oss, read 2026-11-27. vLLM
     picks FlashInfer's MXFP4 MoE on B200 with bf16 activations unless VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8 is set
     (get_mxfp4_backend, vllm/model_executor/layers/quantization/mxfp4.py, https://github.com/vllm-project/vllm,
-    read 2026-11-28), and its gpt-oss recipe for Blackwell sets it ("Blackwell (B200) with FlashInfer
-    MXFP4+MXFP8 MoE", vLLM Recipes, openai/gpt-oss-20b, read 2026-11-28). W4A8 is priced because it is what both
+    read 2026-11-27), and its gpt-oss recipe for Blackwell sets it ("Blackwell (B200) with FlashInfer
+    MXFP4+MXFP8 MoE", vLLM Recipes, openai/gpt-oss-20b, read 2026-11-27). W4A8 is priced because it is what both
     engines' Blackwell guides deploy; the product at the FP8 rate, not the FP4 one (both operands must be fp4 for
     that).
 - ``--weights int4 --activations fp8`` (W4A8): int4 weights as ``--weights int4`` stores them (a scale per 128
@@ -34,7 +34,7 @@ castcore.workload.quantize calls this module for these formats; their layouts ar
   product at the FP8 rate, as TensorRT-LLM's W4A8 AWQ and vLLM's CUTLASS W4A8 kernels run on Hopper: "[kernel]
   Support W4A8 on Hopper", https://github.com/vllm-project/vllm/pull/23198 (int4 weights with fp8 scales per 128,
   activations fp8 per token, per-token and per-channel scales in the epilogue, "approach peak FP8 throughput"),
-  and its grouped twin for experts, https://github.com/vllm-project/vllm/pull/29691, both read 2026-11-28.
+  and its grouped twin for experts, https://github.com/vllm-project/vllm/pull/29691, both read 2026-11-27.
 """
 
 from __future__ import annotations

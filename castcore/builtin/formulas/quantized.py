@@ -82,7 +82,7 @@ def _block_scaled_work(props: PerformanceProperties, invoke: OpInvoke, b, rows: 
     """The product at the matrix unit's rate for the activations' format, a's dtype: fp4 by fp4 at the fp4 rate;
     fp8 activations by fp4 weights at the fp8 one (Blackwell's kind::mxf8f6f4 MMA runs at the FP8 rate, its
     kind::mxf4 and mxf4nvf4 at twice that: "Blackwell SM100 GEMMs", CUTLASS documentation,
-    https://docs.nvidia.com/cutlass/media/docs/cpp/blackwell_functionality.html, read 2026-11-28). The block
+    https://docs.nvidia.com/cutlass/media/docs/cpp/blackwell_functionality.html, read 2026-11-27). The block
     scales apply inside the MMA; int4 weights are converted to fp8 in registers (DEQUANTIZE per element of the
     ``weights`` read); the epilogue scales each fp32 accumulator (and alpha, and the bias)."""
     a, out = invoke.args[0], invoke.outputs()[0]
