@@ -102,6 +102,38 @@ def test_kept_keys_counts_the_mask(q_len, kv_len, window):
     assert kept_keys(q_len, kv_len, True, window) == int(keep.sum())
 
 
+@pytest.mark.parametrize("q_len,kv_len,chunk", [(100, 100, 64), (1, 100, 64), (30, 100, 8), (64, 64, 64), (5, 9, 16)])
+def test_kept_keys_counts_a_chunked_mask(q_len, kv_len, chunk):
+    rows = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)
+    cols = torch.arange(kv_len).unsqueeze(0)
+    keep = (cols <= rows) & (cols // chunk == rows // chunk)
+    assert kept_keys(q_len, kv_len, True, 0, chunk) == int(keep.sum())
+
+
+def test_llama4_chunked_layers_attend_within_their_chunk():
+    """A 100-token prompt over 64-token chunks: the fused prefill gives transformers' own eager logits, and the
+    chunked layer's attention is priced on the pairs its mask keeps (64 x 65 / 2 + 36 x 37 / 2 per head)."""
+    model = real_model("tiny-llama4.json")
+    prompt = torch.randint(3, 200, (1, 100))
+    for config in hf.configs(model):
+        config._attn_implementation = "eager"
+    with torch.no_grad():
+        want = model(prompt).logits
+    for config in hf.configs(model):
+        config._attn_implementation = hf.ATTENTION
+    built = BuiltModel(model=model)
+    rewrite(built)
+    with built.while_capturing(), torch.no_grad():
+        got = model(prompt).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    session = castcore.Session(load_packs=[], device_files=[DATA / "h100-sxm.toml"])
+    report = session.estimate(castcore.build_workload(str(DATA / "tiny-llama4.json"), seq=100))
+    attention = [r for r in report.records if r.invoke.name == "castcore::attention"]
+    assert [r.invoke.argument("chunk") for r in attention] == [64, 0]  # no_rope_layers: [1, 0]
+    flops = [sum(o.mma_ops for o in r.properties.compute_ops.values()) for r in attention]
+    assert flops[0] / flops[1] == pytest.approx((64 * 65 / 2 + 36 * 37 / 2) / (100 * 101 / 2))
+
+
 def test_eager_flag_prices_the_hugging_face_graph(tiny_llama, h100_file, capsys):
     argv = ["estimate", "--model", str(tiny_llama), "--seq", "16", "--no-packs", "--device-file", str(h100_file),
             "--json"]

@@ -232,6 +232,17 @@ def castcore_attention(module, query, key, value, attention_mask, dropout=0.0, s
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
+def attention_chunk(module: torch.nn.Module) -> int:
+    """The chunk of a chunked-attention layer (Llama 4: ``layer_types[layer_idx]`` "chunked_attention", its size
+    ``attention_chunk_size``), which transformers applies through the mask alone; 0 for any other layer (checked
+    5.5.0-5.24.0)."""
+    config, index = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None) or ()
+    if isinstance(index, int) and index < len(types) and types[index] == "chunked_attention":
+        return int(getattr(config, "attention_chunk_size", 0) or 0)
+    return 0
+
+
 def configs(model: torch.nn.Module) -> list[Any]:
     """The configs of the model and its sub-models, and their sub-configs (a vision or text config). Relies on
     ``PreTrainedConfig.sub_configs`` (checked 5.5.0-5.24.0)."""

@@ -14,9 +14,11 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
   ``apply_rotary_pos_emb`` is swapped for the capture only);
 - multi-head latent attention (DeepSeek-V3, Kimi K2) -> decompressed heads and ``castcore::attention`` for
   prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.workload.latent);
-- attention -> ``castcore::attention``: causal and sliding-window masks as arguments, grouped KV heads read
-  once, no repeated keys and values, the output written in the layout the next projection reads; a model with
-  its own causal ``_attn`` (GPT-J) has that method swapped for the same op;
+- attention -> ``castcore::attention``: causal, sliding-window and chunked (Llama 4) masks and attention
+  sinks (gpt-oss) as arguments, grouped KV heads read once, no repeated keys and values, the output written in
+  the layout the next projection reads; a model with its own causal ``_attn`` (GPT-J) has that method swapped
+  for the same op. A decode step of a chunked layer reads the keys transformers' cache keeps for it (up to one
+  chunk), an upper bound on the keys of the current chunk;
 - mixture-of-experts routers and experts -> ``castcore::topk_softmax`` or ``castcore::grouped_topk``,
   ``castcore::moe_permute``, the two grouped GEMMs with the fused activation between them, and
   ``castcore::moe_unpermute`` (castcore.workload.moe_fusing).
@@ -254,7 +256,8 @@ def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                                      softcap=softcap, sliding_window=sliding_window, s_aux=s_aux, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     options = (float(scale), bool(getattr(module, "is_causal", True)), int(sliding_window or 0),
-               float(softcap or 0.0), bool(getattr(module, "castcore_kv_per_query_head", False)), s_aux)
+               float(softcap or 0.0), bool(getattr(module, "castcore_kv_per_query_head", False)), s_aux,
+               hf.attention_chunk(module))
     out = packed_attention(query, key, value, *options)  # a mixed batch's sequences, each at its own KV length
     return (ops.attention(query, key, value, *options) if out is None else out), None
 

@@ -50,7 +50,7 @@ def packed(chunks: Sequence[Chunk], kv_dtype: torch.dtype) -> Iterator[None]:
 
 def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, causal: bool,
                      window: int, softcap: float, kv_per_query_head: bool,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor | None:
+                     sinks: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor | None:
     """Under ``packed``: the packed row's attention as one ``castcore::varlen_attention`` kernel, each chunk's
     queries against its cached keys and values (in the cache's dtype) plus its own; None outside ``packed``.
     ``query`` is [1, heads, tokens, dim] of the packed row."""
@@ -64,4 +64,4 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     k = key.new_empty((1, key.shape[1], keys, key.shape[-1]), dtype=plan.kv_dtype)
     v = value.new_empty((1, value.shape[1], keys, value.shape[-1]), dtype=plan.kv_dtype)
     return ops.varlen_attention(query, k, v, [c.new for c in plan.chunks], [c.cached for c in plan.chunks], scale,
-                                causal, window, softcap, kv_per_query_head, sinks)
+                                causal, window, softcap, kv_per_query_head, sinks, chunk)

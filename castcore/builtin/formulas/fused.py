@@ -68,17 +68,17 @@ def _attention(invoke: OpInvoke, device) -> PerformanceProperties:
     q, k = invoke.args[:2]
     batch, heads, q_len, _ = q.shape
     return _attention_properties(invoke, batch * heads * kept_keys(q_len, k.shape[2], invoke.argument("causal"),
-                                                                   invoke.argument("window")))
+                                                                   invoke.argument("window"), invoke.argument("chunk")))
 
 
 @register_op_properties(OPS["varlen_attention"])
 def _varlen_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     """``attention``'s work summed over the packed sequences, each its queries against its own keys, in one kernel;
     and the new tokens' keys and values written to the cache (an engine's cache write, vLLM's reshape_and_cache)."""
-    causal, window = invoke.argument("causal"), invoke.argument("window")
+    causal, window, chunk = invoke.argument("causal"), invoke.argument("window"), invoke.argument("chunk")
     q, k, v = invoke.args[:3]
     new = invoke.argument("new")
-    props = _attention_properties(invoke, q.shape[1] * sum(kept_keys(n, c + n, causal, window) for n, c in
+    props = _attention_properties(invoke, q.shape[1] * sum(kept_keys(n, c + n, causal, window, chunk) for n, c in
                                                            zip(new, invoke.argument("cached"))))
     props.memory_write_bytes += sum(new) * k.shape[1] * (k.shape[-1] + v.shape[-1]) * k.dtype.itemsize
     return props
