@@ -16,6 +16,8 @@ PRESET_PARAMS = {  # published parameter counts (billions), and half the last di
     "qwen3-30b-a3b": (30.5, 0.05), "qwen3-235b-a22b": (235, 0.5),
     "deepseek-v3": (671, 0.5),  # without its multi-token-prediction module, which serving does not run by default
     "kimi-k2": (1000, 50),  # "1 trillion total parameters"
+    "gpt-oss-20b": (20.9, 0.05), "gpt-oss-120b": (116.8, 0.05),  # the model card's totals
+    "llama-4-scout": (109, 1.5),  # "109B total" counts its vision tower, which the preset (the language model) leaves out
 }
 
 
@@ -26,7 +28,7 @@ def test_presets_are_the_published_models():
         count = sum(p.numel() for p in model.parameters())
         assert count / 1e9 == pytest.approx(billions, abs=within), name
         assert load_model_config(name)["_source"].startswith(("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/",
-                                                              "Qwen/")), name
+                                                              "Qwen/", "openai/")), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
 
 

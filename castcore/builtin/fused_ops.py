@@ -56,11 +56,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of queries and keys [batch, heads, seq, dim] by cos/sin [batch, seq, dim]
-    (halves rotated, the Llama/NeoX layout), both in one kernel. ``interleaved``: the dimensions come in rotated
-    pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) and leave in the halves layout, as transformers'
+    (halves rotated, the Llama/NeoX layout), both in one kernel. cos/sin may hold each angle once, [batch, seq,
+    dim / 2], as vLLM's cos/sin cache and gpt-oss do. ``interleaved``: the dimensions come in rotated pairs (x0,
+    x1), (x2, x3), ... (DeepSeek's layout) and leave in the halves layout, as transformers'
     apply_rotary_pos_emb_interleave returns them."""
     if interleaved:
         q, k = (x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2) for x in (q, k))
+    if 2 * cos.shape[-1] == q.shape[-1]:
+        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return ((q * cos + _rotate_half(q) * sin).to(q.dtype), (k * cos + _rotate_half(k) * sin).to(k.dtype))
 

@@ -302,21 +302,25 @@ def replace_own_attn(module: torch.nn.Module, attn: Callable) -> None:
 
 # --- rotary embeddings --------------------------------------------------------------------------------------------
 
-def standard_rotary(model: torch.nn.Module) -> dict[Any, Callable]:
-    """Each modeling module whose ``apply_rotary_pos_emb`` an attention with ``q_proj`` calls, with that function,
-    when it is the standard one (q, k, cos, sin, unsqueeze_dim; ``rotate_half``). Relies on the attention looking
-    it up in its module's globals (checked 5.5.0-5.24.0)."""
+def standard_rotary(model: torch.nn.Module) -> dict[tuple[Any, str], Callable]:
+    """The rotary functions an attention with ``q_proj`` calls, by (modeling module, name), when castcore knows
+    them: ``apply_rotary_pos_emb`` (q, k, cos, sin, unsqueeze_dim; ``rotate_half``, or gpt-oss's half angles) and
+    Llama 4's ``apply_rotary_emb`` (xq, xk, freqs_cis: complex angles, pairs interleaved). Relies on the attention
+    looking them up in its module's globals (checked 5.5.0-5.24.0)."""
     found = {}
     for module in model.modules():
         if not (is_transformers_module(module) and hasattr(module, "q_proj")):
             continue
         home = sys.modules[type(module).__module__]
         original = getattr(home, "apply_rotary_pos_emb", None)
-        if original is None or not (hasattr(home, "rotate_half") or half_angle_rotary(original)):
-            continue
-        params = list(inspect.signature(original).parameters)
-        if params[:4] == ["q", "k", "cos", "sin"] and "unsqueeze_dim" in params:
-            found[home] = original
+        if original is not None and (hasattr(home, "rotate_half") or half_angle_rotary(original)):
+            params = list(inspect.signature(original).parameters)
+            if params[:4] == ["q", "k", "cos", "sin"] and "unsqueeze_dim" in params:
+                found[home, "apply_rotary_pos_emb"] = original
+        complex_angles = getattr(home, "apply_rotary_emb", None)
+        if complex_angles is not None and list(inspect.signature(complex_angles).parameters) == ["xq", "xk",
+                                                                                                 "freqs_cis"]:
+            found[home, "apply_rotary_emb"] = complex_angles
     return found
 
 
@@ -329,15 +333,16 @@ def half_angle_rotary(original: Callable) -> bool:
 
 
 @contextmanager
-def rotary_swapped(originals: dict[Any, Callable], replacement: Callable[[Callable], Callable]) -> Iterator[None]:
-    """Each module's ``apply_rotary_pos_emb`` replaced by ``replacement(original)``, then put back."""
+def rotary_swapped(originals: dict[tuple[Any, str], Callable],
+                   replacement: Callable[[Callable], Callable]) -> Iterator[None]:
+    """Each module's rotary function (``standard_rotary``) replaced by ``replacement(original)``, then put back."""
     try:
-        for home, original in originals.items():
-            home.apply_rotary_pos_emb = replacement(original)
+        for (home, name), original in originals.items():
+            setattr(home, name, replacement(original))
         yield
     finally:
-        for home, original in originals.items():
-            home.apply_rotary_pos_emb = original
+        for (home, name), original in originals.items():
+            setattr(home, name, original)
 
 
 # --- mixture of experts and GPT-2's linear layers -------------------------------------------------------------

@@ -87,6 +87,9 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         if _is_rms_norm(module):
             setattr(parent, attr, FusedRMSNorm(module))
             done["RMSNorm -> castcore::rms_norm"] += 1
+        elif _is_weightless_head_norm(module, parent):
+            setattr(parent, attr, FusedRMSNorm(module, parent))
+            done["weightless RMS norm of q and k heads (Llama 4's L2Norm) -> castcore::rms_norm"] += 1
         elif _gated_activation(module) is not None:
             setattr(parent, attr, FusedGatedMLP(module))
             done[f"gated MLP -> merged gate/up projection + castcore::{_gated_activation(module)[0]}"] += 1
@@ -161,10 +164,21 @@ class TanhGelu(nn.Module):
         return nn.functional.gelu(x, approximate="tanh")
 
 
+def _is_weightless_head_norm(module: nn.Module, parent: nn.Module) -> bool:
+    """Llama 4's qk norm: x / rms(x) over each head, no weight (vLLM runs it as an RMSNorm without one)."""
+    return (type(module).__name__.endswith("L2Norm") and isinstance(getattr(module, "eps", None), float)
+            and not list(module.parameters()) and isinstance(getattr(parent, "head_dim", None), int)
+            and isinstance(getattr(parent, "q_proj", None), nn.Linear))
+
+
 class FusedRMSNorm(nn.Module):
-    def __init__(self, norm: nn.Module):
+    def __init__(self, norm: nn.Module, attention: nn.Module | None = None):
         super().__init__()
-        self.weight, self.eps, self.offset = _norm_parts(norm)
+        if attention is None:
+            self.weight, self.eps, self.offset = _norm_parts(norm)
+        else:  # weightless: x / rms(x) * (1 + 0)
+            zeros = torch.zeros(attention.head_dim, device=attention.q_proj.weight.device)
+            self.weight, self.eps, self.offset = zeros, norm.eps, 1.0
 
     def forward(self, hidden_states):
         return ops.rms_norm(hidden_states, self.weight, self.eps, self.offset)
@@ -173,14 +187,18 @@ class FusedRMSNorm(nn.Module):
 # --- decoder layers: the residual add fused into the second norm ---------------------------------------
 
 _LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+# Llama 4's layer names its MLP feed_forward and returns a tensor under a tuple annotation (5.5.0-5.24.0).
+_LLAMA4_LAYER = ("Llama4TextDecoderLayer", {"input_layernorm", "self_attn", "post_attention_layernorm",
+                                            "feed_forward"})
 
 
 def _is_fusable_layer(module: nn.Module) -> bool:
     children = {name for name, _ in module.named_children()}
-    if children != _LAYER_PARTS or not hf.is_transformers_module(module):
+    llama4 = (type(module).__name__, children) == _LLAMA4_LAYER
+    if (children != _LAYER_PARTS and not llama4) or not hf.is_transformers_module(module):
         return False
     returns = inspect.signature(type(module).forward).return_annotation
-    return (returns in (torch.Tensor, "torch.Tensor") and _is_rms_norm(module.post_attention_layernorm)
+    return ((llama4 or returns in (torch.Tensor, "torch.Tensor")) and _is_rms_norm(module.post_attention_layernorm)
             and hf.is_transformers_module(module.input_layernorm)
             and hf.is_transformers_module(module.post_attention_layernorm))
 
@@ -194,8 +212,8 @@ def _fused_layer_forward(self, hidden_states, *args, **kwargs):
     norm = self.post_attention_layernorm
     weight, eps, offset = (norm.weight, norm.eps, norm.offset) if isinstance(norm, FusedRMSNorm) else _norm_parts(norm)
     normed, residual = ops.add_rms_norm(attended, hidden_states, weight, eps, offset)
-    out = self.mlp(normed)
-    return residual + (out[0] if isinstance(out, tuple) else out)
+    out = self.mlp(normed) if hasattr(self, "mlp") else self.feed_forward(normed)
+    return residual + (out[0] if isinstance(out, tuple) else out).view(residual.shape)
 
 
 # --- gated MLPs --------------------------------------------------------------------------------------------
@@ -276,6 +294,8 @@ def _use_fused_attention(model: nn.Module) -> bool:
 
 
 def _fused_rotary(original):
+    if original.__name__ == "apply_rotary_emb":
+        return _fused_complex_rotary(original)
     signature = inspect.signature(original)
     half = hf.half_angle_rotary(original)
 
@@ -283,13 +303,23 @@ def _fused_rotary(original):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         q, k, cos, sin = (bound.arguments[n] for n in ("q", "k", "cos", "sin"))
-        if half and cos.dim() == 3:  # each angle once: written twice, the standard rotation is the same
-            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-        if (bound.arguments["unsqueeze_dim"] != 1 or cos.dim() != 3 or q.dim() != 4 or cos.shape[-1] != q.shape[-1]
+        width = cos.shape[-1] * (2 if half else 1)  # gpt-oss holds each angle once, as the op may take them
+        if (bound.arguments["unsqueeze_dim"] != 1 or cos.dim() != 3 or q.dim() != 4 or width != q.shape[-1]
                 or bound.arguments.get("position_ids") is not None):
             return original(*args, **kwargs)  # a partial or differently laid out rotary: priced as it runs
         return ops.rotary_embedding(q, k, cos, sin)
     return apply_rotary_pos_emb
+
+
+def _fused_complex_rotary(original):
+    """Llama 4's rotary: q and k [batch, seq, heads, dim] in rotated pairs times complex angles [batch, seq,
+    dim / 2]. The op returns them in the halves layout, the same permutation of both, which changes no score."""
+    def apply_rotary_emb(xq, xk, freqs_cis):
+        if xq.dim() != 4 or freqs_cis.dim() != 3 or 2 * freqs_cis.shape[-1] != xq.shape[-1]:
+            return original(xq, xk, freqs_cis)
+        q, k = ops.rotary_embedding(xq.transpose(1, 2), xk.transpose(1, 2), freqs_cis.real, freqs_cis.imag, True)
+        return q.transpose(1, 2), k.transpose(1, 2)
+    return apply_rotary_emb
 
 
 @contextmanager
