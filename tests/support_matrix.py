@@ -34,12 +34,18 @@ COLUMNS = {  # the capability: (how it runs, its options)
     "ep 2": ("estimate", {"ep": 2}), "attention-dp 2": ("estimate", {"attention_dp": 2, "batch": 2}),
     "int8": ("estimate", {"weights": "int8"}), "int4": ("estimate", {"weights": "int4"}),
     "fp8 W8A8": ("estimate", {"weights": "fp8", "activations": "fp8"}),
-    "fp8-block": ("estimate", {"weights": "fp8-block"}), "nvfp4": ("estimate", {"weights": "nvfp4"}),
+    "fp8-block": ("estimate", {"weights": "fp8-block"}), "nvfp4 (B200)": ("estimate", {"weights": "nvfp4"}),
     "mxfp4": ("estimate", {"weights": "mxfp4"}), "fp8 KV cache": ("estimate", {**DECODE, "kv_cache": "fp8"}),
 }
 
 
-def _cell(session: castcore.Session, config: str, how: str, options: dict) -> tuple[str, list[str]]:
+# NVFP4 needs an FP4 matrix rate, which H100s lack: that column runs on castpack-nvidia's B200 profile.
+B200 = ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles" / "b200.toml"
+ON_B200 = {"nvfp4 (B200)"}
+
+
+def _cell(session: castcore.Session, config: str, how: str, options: dict,
+          device: str | None = None) -> tuple[str, list[str]]:
     """``yes`` or ``no: why``, and the run's notes."""
     try:
         if how == "serve":
@@ -47,7 +53,7 @@ def _cell(session: castcore.Session, config: str, how: str, options: dict) -> tu
         elif how == "simulate":
             notes = session.simulate(config, **options).notes
         else:
-            notes = session.estimate(castcore.build_workload(config, seq=16, **options)).notes
+            notes = session.estimate(castcore.build_workload(config, seq=16, **options), device=device).notes
     except castcore.CastcoreError as exc:
         return "no: " + _short(str(exc)), []
     except Exception as exc:  # castcore failed where it should have said why: a defect, shown as one
@@ -70,10 +76,11 @@ def _eager(notes: list[str]) -> str:
 
 
 def matrix() -> dict[str, dict[str, str]]:
-    session = castcore.Session(load_packs=[], device_files=[DATA / "h100-sxm.toml"])
+    session = castcore.Session(load_packs=[], device_files=[DATA / "h100-sxm.toml", B200])
     table = {}
     for family, name in FAMILIES.items():
-        cells = {column: _cell(session, str(DATA / name), how, options) for column, (how, options) in COLUMNS.items()}
+        cells = {column: _cell(session, str(DATA / name), how, options, "b200" if column in ON_B200 else "h100-sxm")
+                 for column, (how, options) in COLUMNS.items()}
         table[family] = {"deployed kernels": _eager(cells["prefill"][1]),
                          **{column: answer for column, (answer, _) in cells.items()}}
     return table
@@ -91,7 +98,8 @@ def markdown(table: dict[str, dict[str, str]]) -> str:
     shipped = presets()
     lines = ["# What runs", "",
              "Every capability tried on a tiny model of each family castcore recognises (transformers' own classes "
-             "built from config on meta tensors, the H100 test profile, no packs): `yes`, or `no: ` and the gist "
+             "built from config on meta tensors, the H100 test profile (castpack-nvidia's B200 profile for NVFP4, "
+             "which needs an FP4 matrix rate), no packs): `yes`, or `no: ` and the gist "
              "of castcore's one-line reason. *Deployed kernels* says which blocks keep their eager graph instead of "
              "the kernels a serving engine runs (`all`: none). With the newest transformers castcore is tested on "
              f"({'.'.join(TESTED['transformers'][1].split('.')[:2])}); made by `python -m tests.support_matrix > docs/support.md`; "
