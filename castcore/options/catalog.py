@@ -17,6 +17,7 @@ WEIGHT_DTYPES = ("bf16", "fp16", "fp8", BLOCK_FP8, "int8", "int4", "nvfp4", "mxf
 ACTIVATION_DTYPES = ("int8", "fp8")  # W8A8 with weights of the same kind; fp8 with int4 weights is W4A8
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")
 KV_READS = ("group", "head")  # a fused attention kernel reads each grouped K/V head once, or once per query head
+EP_KERNELS = ("normal", "low-latency", "auto")  # expert-parallel dispatch and combine, as DeepEP's two kernel sets
 
 # Scopes: an "axis" is a point's parameter (a sweep varies it); a "session" option sets up plugins and devices
 # (one setting for a whole sweep); an "output" option says how a command prints (no meaning in a sweep).
@@ -81,6 +82,11 @@ DEPLOYMENT = (
          "combined by all-to-all; above --tp, attention runs data-parallel over ep/tp groups", PARALLEL),
     _int("attention_dp", 1, "attention data parallel over N groups of --tp devices, the experts split over all "
          "N x tp of them (--ep N x tp), as TensorRT-LLM's and SGLang's DP attention run DeepSeek", PARALLEL),
+    Option("ep_kernels", "how --ep dispatches and combines: 'normal' the fastest all-to-all, hierarchical across "
+           "the fast domain and the network when the group spans nodes (DeepEP's normal kernels forward so); "
+           "'low-latency' every rank sending straight to every other in one step, the network latency paid once "
+           "(DeepEP's low-latency kernels); 'auto' low-latency for decode steps, normal for prompts (SGLang's "
+           "DeepEP mode auto)", PARALLEL, default="normal", choices=EP_KERNELS),
     _int("pp", 1, "pipeline parallel over N stages: layers split into stages, activations sent between them",
          PARALLEL),
     _int("micro_batches", 1, "with --pp: the batch goes through the stages in M micro-batches", PARALLEL,

@@ -1,8 +1,7 @@
 """Running a model or function on fake tensors and recording every operator call as an OpInvoke.
 
-Weights are never allocated: parameters and buffers are replaced by fake CPU tensors of the
-same shape for the duration of the call (through functional_call, so the user's module is
-left untouched), whether the module lives on the meta device or on a real one.
+Weights are never allocated: parameters and buffers are replaced by fake CPU tensors of the same shape for the
+duration of the call (through functional_call, so the user's module is left untouched), on meta or a real device.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 from castcore.errors import CastcoreError
 from castcore.options.catalog import say
+from castcore.recording import hints
 from castcore.recording.dtensor import dtensor_shadow, dtensor_type, local_shards
 from castcore.recording.fakes import fake_in_any_dtype
 from castcore.recording.invoke import OpInvoke, tensors_in, to_meta
@@ -200,8 +200,8 @@ def _group_name_position(func) -> int | None:
 
 
 def _attrs(func, args, kwargs) -> dict:
-    """Facts the arguments do not carry: the size of a collective's process group, and torch's float32 matmul
-    precision when it allows TF32 ("high" or "medium": torch.set_float32_matmul_precision, allow_tf32)."""
+    """Facts the arguments do not carry: a collective's process group size and algorithm hints (castcore.recording.
+    hints), torch's float32 matmul precision when it allows TF32 ("high", "medium": allow_tf32)."""
     precision = torch.get_float32_matmul_precision()
     if precision != "highest":
         return {"float32_matmul_precision": precision, **_group_attrs(func, args, kwargs)}
@@ -216,9 +216,9 @@ def _group_attrs(func, args, kwargs) -> dict:
     try:
         from torch.distributed.distributed_c10d import _resolve_process_group
 
-        return {"group_size": _resolve_process_group(name).size(), "group_name": name}
+        return {"group_size": _resolve_process_group(name).size(), "group_name": name, **hints.recorded()}
     except Exception:  # no such group in this process: estimators fall back to the op's own arguments
-        return {"group_name": name}
+        return {"group_name": name, **hints.recorded()}
 
 
 class _FakeWeights:

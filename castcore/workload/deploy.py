@@ -18,6 +18,7 @@ cache a device holds.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -84,11 +85,16 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
         if tp > 1:
             layout.tensor = apply_tensor_parallel(built, tp_mesh, tp, sp=layout.sp, experts=ep == 1)
         if ep > 1:
+            low_latency = workload.ep_kernels == "low-latency" or (workload.ep_kernels == "auto"
+                                                                  and workload.phase == "decode")
+            groups = dataclasses.replace(groups, algorithms=("low_latency",) if low_latency else ())
             count = shard_experts(built.model, groups)
             built.description += f", expert parallel {ep}" + ("" if tp > 1 else " (per device)")
             notes.append(f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "
                          "taken as balanced (tokens x top_k / ep rows per device, split evenly over its experts), "
                          "dispatched and combined by all_to_all"
+                         + (" as low-latency kernels run it (every rank sends straight to every other, one step)"
+                            if low_latency else "")
                          + (f" after each of the {tp} tensor-parallel ranks takes 1/{tp} of the tokens, all-gathered "
                             "after the combine" if tp > 1 else ""))
         if layout.sp:

@@ -9,7 +9,7 @@ parameters sliced along dim 0) and runs, on one device:
    as Megatron-LM's all-to-all token dispatcher does with sequence-parallel tokens; rank 0 takes the larger
    share when they do not divide;
 2. dispatch: the routed copies (tokens x top_k) sorted by expert and sent with one all_to_all over the
-   expert-parallel group. Routing is taken as balanced (every expert gets as many rows): a device receives as
+   expert-parallel group (recorded as a low-latency all-to-all under ``--ep-kernels``, castcore.recording.hints). Routing is taken as balanced (every expert gets as many rows): a device receives as
    many rows as it sends, split evenly across its local experts;
 3. with ep < tp every expert is also split over tp/ep devices along its intermediate dimension: the received
    rows are all-gathered over those devices first and the partial outputs reduce-scattered after;
@@ -31,6 +31,7 @@ import torch
 
 from castcore.hf import is_experts_module
 from castcore.options.catalog import say
+from castcore.recording.hints import collective_algorithms
 from castcore.workload.parallel import _expert_weights, _replace, split_experts
 from castcore.workload.spec import ModelError
 
@@ -45,6 +46,7 @@ class ExpertGroups:
     ep_size: int
     etp_size: int
     token_share: int  # ranks the block's tokens are replicated over: each routes 1/token_share of them
+    algorithms: tuple[str, ...] = ()  # how dispatch and combine run, when the deployment says (castcore.recording.hints)
 
 
 def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -108,7 +110,8 @@ def _expert_parallel_forward(groups: ExpertGroups):
             routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
             top_k_weights = torch.ones_like(top_k_weights)
         splits = _splits(rows, groups.ep_size)
-        received = funcol.all_to_all_single(routed, splits, splits, groups.ep)
+        with collective_algorithms(*groups.algorithms):
+            received = funcol.all_to_all_single(routed, splits, splits, groups.ep)
         if groups.etp_size > 1:
             received = funcol.all_gather_single(received, 0, groups.etp)
         # Balanced routing: the received rows split evenly across the local experts.
@@ -131,7 +134,8 @@ def _expert_parallel_forward(groups: ExpertGroups):
         if groups.etp_size > 1:
             out = funcol.reduce_scatter_single(out, "sum", 0, groups.etp)
         # Combine: back to the tokens' devices, weighted by the router and summed over each token's top_k.
-        back = funcol.all_to_all_single(out, splits, splits, groups.ep)
+        with collective_algorithms(*groups.algorithms):
+            back = funcol.all_to_all_single(out, splits, splits, groups.ep)
         weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(back.dtype)
         restore = torch.empty_like(order)
         restore[order] = torch.arange(rows, device=order.device)

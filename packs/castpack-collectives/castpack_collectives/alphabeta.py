@@ -12,6 +12,12 @@ gets ``B / (devices - 1)`` and a device sending to k peers at once gets ``k`` su
 on a ``ring`` only neighbours are linked, so only the ring algorithm is offered there. A switch
 with ``reduction_efficiency`` sums in the network (NVLink SHARP, NCCL's NVLS): an all-reduce
 then sends and receives its buffer once per rank, ``in_switch``.
+
+``low_latency`` is an all-to-all as DeepEP's low-latency kernels run an MoE dispatch or combine: every rank
+writes each peer's share straight into it, all peers at once (GPU-initiated RDMA), so one latency of the level
+spanning the group is paid, and the peers inside the innermost domain are reached over it while the others are
+reached over the network, concurrently. It is offered only when the caller asks for it (``algorithms``): NCCL
+does not run it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from dataclasses import dataclass, field
 from castcore.pack import Interconnect
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical")
+ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "low_latency")
+NCCL = ALGORITHMS[:-1]  # what a collective library picks from by default
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -159,12 +166,26 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
         phases = _hierarchical(collective, nbytes, n, levels, unit, allowed)
         if phases is not None:
             options["hierarchical"] = phases
+    if "low_latency" in allowed and collective == "all_to_all":
+        options["low_latency"] = (_low_latency(nbytes, n, levels, unit),)
     if not options:
         raise ValueError(f"none of {', '.join(allowed)} can run {collective} on level {level.name!r} "
                          f"(topology {level.topology})")
     times = {name: sum(p.time_s for p in phases) for name, phases in options.items()}
     chosen = min(times, key=times.__getitem__)  # on a tie the earlier (simpler) algorithm wins
     return chosen, options[chosen], fits, times
+
+
+def _low_latency(nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase:
+    """One step: each rank's share for the peers in its innermost domain over that level, the rest over the level
+    spanning the group, at the same time; the slower of the two, plus the spanning level's latency once."""
+    outer, _ = pick_level(levels, n * unit)
+    inner = levels[0]
+    local = min(n, max(1, inner.devices // unit))  # ranks sharing this rank's innermost domain (ranks packed)
+    s = float(nbytes)
+    near, far = s * (local - 1) / n, s * (n - local) / n
+    time = outer.latency_s + max(near / _bandwidths(inner, local)[1], far / _bandwidths(outer, n)[1] if far else 0.0)
+    return Phase("all_to_all", "low_latency", outer, n, s, 1, near + far, time)
 
 
 def _hierarchical(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect], unit: int,
@@ -179,7 +200,8 @@ def _hierarchical(collective: str, nbytes: float, n: int, levels: Sequence[Inter
     q = n // p
 
     def inner(c: str, size: float) -> tuple[Phase, ...]:
-        return _best(c, size, p, [inner_level], unit, [a for a in allowed if a != "hierarchical"])[1]
+        return _best(c, size, p, [inner_level], unit, [a for a in allowed if a not in ("hierarchical",
+                                                                                        "low_latency")])[1]
 
     def outer(c: str, size: float) -> tuple[Phase, ...]:
         return _best(c, size, q, levels[1:], unit * p, allowed)[1]
@@ -196,7 +218,7 @@ def _hierarchical(collective: str, nbytes: float, n: int, levels: Sequence[Inter
 
 
 def collective_cost(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect],
-                    op_cost_s: float = 0.0, algorithms: Sequence[str] = ALGORITHMS) -> CollectiveCost:
+                    op_cost_s: float = 0.0, algorithms: Sequence[str] = NCCL) -> CollectiveCost:
     """The fastest of ``algorithms`` for one collective of ``nbytes`` over ``n`` ranks, plus ``op_cost_s``.
 
     The group's ranks are taken as packed: a group of n spans the innermost level with
