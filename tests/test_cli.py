@@ -69,7 +69,7 @@ def test_devices_json_lists_the_device_file(h100_file):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "gpt-9"], "unknown model 'gpt-9'; use a preset (deepseek-v3, kimi-k2, llama-3-70b, llama-3-8b"),
+    (["--model", "gpt-9"], "unknown model 'gpt-9'; use a preset (deepseek-v3, gpt-oss-120b, gpt-oss-20b, kimi-k2, llama-3-70b"),
     (["--device", "tpu-v9"], "unknown device 'tpu-v9'"),
     (["--custom-op-dir", "/no/such/dir"], "custom-op directory /no/such/dir does not exist"),
 ])
