@@ -198,6 +198,17 @@ def fidelity(session: nox.Session) -> None:
 
 
 @nox.session
+def kernels(session: nox.Session) -> None:
+    """castcore's kernel-level estimates against measured kernel tables (not a test): the engine all-reduce against
+    vLLM's and SGLang's custom all-reduce latencies in the aiconfigurator-core wheel, fitted and held-out points
+    apart. Writes bench/results/engine_allreduce.md; under a minute after the installs. Not a default session.
+    The wheel is read here, never shipped or needed by castcore; its TensorRT-LLM and NCCL tables are not read."""
+    _install_core(session)
+    session.install("packs/castpack-nvidia", "packs/castpack-collectives", "aiconfigurator-core==0.12.0")
+    session.run("python", "bench/kernels/engine_allreduce.py", *session.posargs)
+
+
+@nox.session
 def peers_serving(session: nox.Session) -> None:
     """castcore simulate against two peer serving simulators, Vidur (vidur) and AIConfigurator (aiconfigurator with
     its data wheel aiconfigurator-core), on the same traffic scenarios: writes bench/results/peers_serving.json and

@@ -17,12 +17,12 @@ from castcore.plugins.claims import register_op_estimator, register_op_propertie
 from castcore.plugins.hookspecs import hookimpl
 from castcore.plugins.replacements import declare_replaces
 from castcore.plugins.rfc import OpInvokeInfo, PerformanceModel
-from castcore.recording.hints import collective_algorithms
+from castcore.recording.hints import collective_kernels
 from castcore.recording.invoke import OpInvoke, TensorMeta, op_name, tensors_in
 
 __all__ = [
     "ComputeOps", "DeviceProfile", "Estimate", "Interconnect", "OpInvoke", "OpInvokeInfo", "PerformanceModel",
-    "collective_algorithms",
+    "collective_kernels",
     "PerformanceProperties", "Source", "TensorMeta", "declare_replaces", "device_from_dict", "dtype_name", "formulas",
     "hookimpl",
     "op_name", "package_profiles", "register_measured_table", "register_op", "register_op_estimator",

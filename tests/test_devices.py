@@ -61,6 +61,9 @@ def test_a_good_file_loads(tmp_path):
     (("devices = 4", 'devices = 4\ntopology = "ring"\nreduction_efficiency = 0.5'),
      "'interconnect[0].reduction_efficiency' needs topology 'switch'"),
     (("devices = 4", "devices = 4\nreduction_latency_s = -1"), "'interconnect[0].reduction_latency_s' = -1"),
+    (("devices = 4", "devices = 4\none_shot_latency_s = 5e-6"),
+     "'interconnect[0]' gives part of the engine all-reduce; give all of engine_allreduce_max_bytes"),
+    (("devices = 4", "devices = 4\none_shot_bandwidth = -1"), "'interconnect[0].one_shot_bandwidth' = -1"),
     (("vendor", "[vendor"), "not valid TOML"),
 ])
 def test_mistakes_name_the_file_and_field(tmp_path, change, message):

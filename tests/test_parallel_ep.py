@@ -66,20 +66,28 @@ def test_rows_are_balanced_across_the_expert_parallel_devices(session):
     assert any(n.startswith("--ep 2: ") and "balanced" in n for n in report.notes)
 
 
-@pytest.mark.parametrize("kernels, prefill, decode", [("normal", None, None),
-                                                       ("low-latency", ("low_latency",), ("low_latency",)),
-                                                       ("auto", None, ("low_latency",))])
+@pytest.mark.parametrize("kernels, prefill, decode", [("normal", "engine", "engine"),
+                                                       ("low-latency", "low-latency", "low-latency"),
+                                                       ("auto", "engine", "low-latency")])
 def test_ep_kernels_say_how_dispatch_and_combine_run(session, kernels, prefill, decode):
-    """The capture records on each dispatch and combine the algorithm the deployment's kernels run, for the
-    collectives' estimator (castpack-collectives prices low_latency as DeepEP's low-latency kernels)."""
+    """The capture records on each dispatch and combine which kernels run it, for the collectives' estimator
+    (castpack-collectives prices "low-latency" as DeepEP's low-latency kernels); every other collective of an
+    inference step is a serving engine's."""
     for phase, want in ((PHASES[0], prefill), (PHASES[1], decode)):
-        report = session.estimate(castcore.build_workload(MIXTRAL, ep=2, ep_kernels=kernels, **phase))
+        report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, ep=2, ep_kernels=kernels, **phase))
         a2a = [r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"]
-        assert len(a2a) == 2 * LAYERS and {tuple(i.attrs.get("algorithms", ())) or None for i in a2a} == {want}
+        assert len(a2a) == 2 * LAYERS and {i.attrs.get("kernels") for i in a2a} == {want}
         others = [r.invoke for r in report.records if r.invoke.name.startswith("_c10d_functional::")
-                  and r.invoke not in a2a]
-        assert not any("algorithms" in i.attrs for i in others)
-        assert any("low-latency kernels" in n for n in report.notes) == (want is not None)
+                  and r.invoke.name != "_c10d_functional::wait_tensor" and r.invoke not in a2a]
+        assert others and all(i.attrs.get("kernels") == "engine" for i in others)
+        assert any("low-latency kernels" in n for n in report.notes) == (want == "low-latency")
+
+
+def test_a_training_step_leaves_its_collectives_to_the_library(session):
+    report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, train=True, seq=16, batch=4))
+    collectives = [r.invoke for r in report.records if r.invoke.name.startswith("_c10d_functional::")
+                   and r.invoke.name != "_c10d_functional::wait_tensor"]
+    assert collectives and not any("kernels" in i.attrs for i in collectives)
 
 
 def test_ep_over_tp_runs_attention_on_a_share_of_the_batch(session):

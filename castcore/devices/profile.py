@@ -14,6 +14,8 @@ from castcore.errors import CastcoreError
 from castcore.tomlfiles import read_toml, tomllib
 
 TOPOLOGIES = ("full-mesh", "ring", "switch", "clos")
+ENGINE_ALLREDUCE = ("engine_allreduce_max_bytes", "one_shot_latency_s", "one_shot_bandwidth", "two_shot_latency_s",
+                    "two_shot_bandwidth")
 
 
 class DeviceError(CastcoreError, ValueError):
@@ -34,6 +36,14 @@ class Interconnect:
     # once, at reduction_efficiency of bandwidth, after a start-up of reduction_latency_s. 0: it cannot.
     reduction_efficiency: float = 0.0
     reduction_latency_s: float = 0.0
+    # A serving engine's own all-reduce on this level, for buffers up to engine_allreduce_max_bytes (vLLM's and
+    # SGLang's custom all-reduce, TensorRT-LLM's kernels): one shot, each rank reading every peer's buffer at
+    # one_shot_bandwidth after one_shot_latency_s; two shots, a reduce-scatter then an all-gather. 0: none.
+    engine_allreduce_max_bytes: float = 0.0
+    one_shot_latency_s: float = 0.0
+    one_shot_bandwidth: float = 0.0
+    two_shot_latency_s: float = 0.0
+    two_shot_bandwidth: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +205,16 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     if reduction and topology != "switch":
         raise fail(f"'{where}.reduction_efficiency' needs topology 'switch' (only a switch can reduce in the "
                    f"network), not {topology!r}")
+    engine = {key: _number(raw.get(key, 0.0), f"{where}.{key}", fail) for key in ENGINE_ALLREDUCE}
+    if any(engine.values()) and not all(engine.values()):
+        raise fail(f"'{where}' gives part of the engine all-reduce; give all of {', '.join(ENGINE_ALLREDUCE)}, "
+                   "or none")
     return Interconnect(name=str(raw["name"]), devices=raw["devices"], topology=topology, efficiency=efficiency,
                         bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
                         latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
                         reduction_efficiency=reduction,
                         reduction_latency_s=_number(raw.get("reduction_latency_s", 0.0),
-                                                    f"{where}.reduction_latency_s", fail))
+                                                    f"{where}.reduction_latency_s", fail), **engine)
 
 
 def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:

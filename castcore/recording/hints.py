@@ -1,9 +1,15 @@
-"""What calling code knows of how a collective will run, recorded with it for the estimators.
+"""What calling code knows of which kernels will run a collective, recorded with it for the estimators.
 
-``with collective_algorithms("low_latency"):`` around collectives records ``attrs["algorithms"]`` on each of them:
-the algorithms the communication library the deployment uses runs (castcore.workload.experts: DeepEP's
-low-latency dispatch and combine). An estimator that models algorithms prices only those; one that does not
-ignores the hint.
+``with collective_kernels(name):`` around collectives records ``attrs["kernels"]`` on each of them:
+
+- ``"engine"``: a serving engine runs it (castcore.workload.pipeline, every inference capture), whose own
+  small-message all-reduce (vLLM's and SGLang's custom all-reduce, TensorRT-LLM's one-shot and two-shot kernels)
+  takes an all-reduce where it is faster than the collective library;
+- ``"low-latency"``: DeepEP's low-latency dispatch and combine (castcore.workload.experts under
+  ``--ep-kernels``).
+
+An estimator that models kernels prices the call as those run it; one that does not ignores the hint. The
+innermost ``with`` wins.
 """
 
 from __future__ import annotations
@@ -12,19 +18,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-ALGORITHMS: ContextVar[tuple[str, ...]] = ContextVar("castcore_collective_algorithms", default=())
+KERNELS = ("engine", "low-latency")
+_kernels: ContextVar[str | None] = ContextVar("castcore_collective_kernels", default=None)
 
 
 @contextmanager
-def collective_algorithms(*names: str) -> Iterator[None]:
-    token = ALGORITHMS.set(names)
+def collective_kernels(name: str | None) -> Iterator[None]:
+    """Record ``name`` (one of KERNELS) on the collectives captured inside; None leaves the hint as it is."""
+    if name is None:
+        yield
+        return
+    if name not in KERNELS:
+        raise ValueError(f"unknown collective kernels {name!r}; known: {', '.join(KERNELS)}")
+    token = _kernels.set(name)
     try:
         yield
     finally:
-        ALGORITHMS.reset(token)
+        _kernels.reset(token)
 
 
 def recorded() -> dict:
-    """The attrs a collective captured now carries: ``{"algorithms": (...)}`` under a hint, else nothing."""
-    names = ALGORITHMS.get()
-    return {"algorithms": names} if names else {}
+    """The attrs a collective captured now carries: ``{"kernels": name}`` under a hint, else nothing."""
+    name = _kernels.get()
+    return {"kernels": name} if name else {}

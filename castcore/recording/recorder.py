@@ -200,8 +200,8 @@ def _group_name_position(func) -> int | None:
 
 
 def _attrs(func, args, kwargs) -> dict:
-    """Facts the arguments do not carry: a collective's process group size and algorithm hints (castcore.recording.
-    hints), torch's float32 matmul precision when it allows TF32 ("high", "medium": allow_tf32)."""
+    """Facts the arguments do not carry: a collective's process group size and kernels (castcore.recording.hints),
+    torch's float32 matmul precision when it allows TF32 ("high", "medium": allow_tf32)."""
     precision = torch.get_float32_matmul_precision()
     if precision != "highest":
         return {"float32_matmul_precision": precision, **_group_attrs(func, args, kwargs)}

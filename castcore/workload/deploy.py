@@ -87,7 +87,7 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
         if ep > 1:
             low_latency = workload.ep_kernels == "low-latency" or (workload.ep_kernels == "auto"
                                                                   and workload.phase == "decode")
-            groups = dataclasses.replace(groups, algorithms=("low_latency",) if low_latency else ())
+            groups = dataclasses.replace(groups, kernels="low-latency" if low_latency else None)
             count = shard_experts(built.model, groups)
             built.description += f", expert parallel {ep}" + ("" if tp > 1 else " (per device)")
             notes.append(f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "

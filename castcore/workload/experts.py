@@ -31,7 +31,7 @@ import torch
 
 from castcore.hf import is_experts_module
 from castcore.options.catalog import say
-from castcore.recording.hints import collective_algorithms
+from castcore.recording.hints import collective_kernels
 from castcore.workload.parallel import _expert_weights, _replace, split_experts
 from castcore.workload.spec import ModelError
 
@@ -46,7 +46,7 @@ class ExpertGroups:
     ep_size: int
     etp_size: int
     token_share: int  # ranks the block's tokens are replicated over: each routes 1/token_share of them
-    algorithms: tuple[str, ...] = ()  # how dispatch and combine run, when the deployment says (castcore.recording.hints)
+    kernels: str | None = None  # "low-latency": dispatch and combine as DeepEP's low-latency kernels run them
 
 
 def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -110,7 +110,7 @@ def _expert_parallel_forward(groups: ExpertGroups):
             routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
             top_k_weights = torch.ones_like(top_k_weights)
         splits = _splits(rows, groups.ep_size)
-        with collective_algorithms(*groups.algorithms):
+        with collective_kernels(groups.kernels):
             received = funcol.all_to_all_single(routed, splits, splits, groups.ep)
         if groups.etp_size > 1:
             received = funcol.all_gather_single(received, 0, groups.etp)
@@ -134,7 +134,7 @@ def _expert_parallel_forward(groups: ExpertGroups):
         if groups.etp_size > 1:
             out = funcol.reduce_scatter_single(out, "sum", 0, groups.etp)
         # Combine: back to the tokens' devices, weighted by the router and summed over each token's top_k.
-        with collective_algorithms(*groups.algorithms):
+        with collective_kernels(groups.kernels):
             back = funcol.all_to_all_single(out, splits, splits, groups.ep)
         weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(back.dtype)
         restore = torch.empty_like(order)

@@ -14,10 +14,10 @@ import torch
 from castcore import pack
 
 from . import ops
-from .alphabeta import (ALGORITHMS, COLLECTIVES, NCCL, CollectiveCost, Phase, bus_bandwidth, bus_factor,
+from .alphabeta import (ALGORITHMS, COLLECTIVES, ENGINE, KERNELS, NCCL, CollectiveCost, Phase, bus_bandwidth, bus_factor,
                         collective_cost, flat, pick_level)
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "NCCL", "CollectiveCost", "Phase", "bus_bandwidth", "bus_factor",
+__all__ = ["ALGORITHMS", "COLLECTIVES", "ENGINE", "KERNELS", "NCCL", "CollectiveCost", "Phase", "bus_bandwidth", "bus_factor",
            "collective_cost", "estimate_collective", "flat", "group_size", "ops", "pick_level"]
 
 _c10d = torch.ops._c10d_functional
@@ -62,9 +62,9 @@ def estimate_collective(collective: str, nbytes: float, invoke: pack.OpInvoke,
     if n > 1 and not device.interconnect:
         raise ValueError(f"device {device.name!r} has no interconnect levels, so {invoke.name} cannot be timed; "
                          f"add [[interconnect]] to its profile ({device.origin or 'no file'})")
-    # The algorithms the calling code's library runs, when the capture recorded them (castcore.recording.hints).
-    hinted = tuple(a for a in invoke.attrs.get("algorithms", ()) if a in ALGORITHMS)
-    cost = collective_cost(collective, nbytes, n, device.interconnect, device.comm_op_cost_s, hinted or NCCL)
+    # The kernels that run the call, when the capture recorded them (castcore.recording.hints); else a library's.
+    algorithms = KERNELS.get(invoke.attrs.get("kernels"), NCCL)
+    cost = collective_cost(collective, nbytes, n, device.interconnect, device.comm_op_cost_s, algorithms)
     detail = describe(cost)
     return pack.Estimate(time_s=cost.time_s, comm_s=cost.comm_s, overhead_s=cost.overhead_s,
                              bound="comm" if n > 1 else "none", detail=detail)

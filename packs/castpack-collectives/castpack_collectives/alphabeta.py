@@ -18,6 +18,13 @@ writes each peer's share straight into it, all peers at once (GPU-initiated RDMA
 spanning the group is paid, and the peers inside the innermost domain are reached over it while the others are
 reached over the network, concurrently. It is offered only when the caller asks for it (``algorithms``): NCCL
 does not run it.
+
+``one_shot`` and ``two_shot`` are a serving engine's own all-reduce on a level whose profile gives their
+constants (``engine_allreduce_max_bytes`` and the rest): one shot, every rank reads each peer's buffer and sums,
+``one_shot_latency_s + (n - 1) S / one_shot_bandwidth``; two shots, a reduce-scatter then an all-gather,
+``two_shot_latency_s + 2 (n - 1) / n S / two_shot_bandwidth``. The constants are per kernel call, launch
+included, so ``comm_op_cost_s`` (a collective library's host-side cost) is not added to them. Offered only when
+the caller says an engine runs the call (``ENGINE``).
 """
 
 from __future__ import annotations
@@ -29,8 +36,12 @@ from dataclasses import dataclass, field
 from castcore.pack import Interconnect
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "low_latency")
-NCCL = ALGORITHMS[:-1]  # what a collective library picks from by default
+ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "low_latency", "one_shot",
+              "two_shot")
+NCCL = ALGORITHMS[:5]  # what a collective library picks from by default
+ENGINE_KERNELS = ("one_shot", "two_shot")  # a serving engine's own all-reduce, launched inside its CUDA graph
+ENGINE = NCCL + ENGINE_KERNELS  # what a serving engine picks from
+KERNELS = {"engine": ENGINE, "low-latency": ("low_latency",)}  # castcore.recording.hints' names
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -142,6 +153,14 @@ def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Intercon
             steps, rate = rounds, fan
         else:  # one port: the n-1 transfers (per round) go one after another
             steps, rate = rounds * (n - 1), link
+    elif algorithm in ENGINE_KERNELS:
+        if collective != "all_reduce" or not level.engine_allreduce_max_bytes or s > level.engine_allreduce_max_bytes:
+            return None
+        if algorithm == "one_shot":
+            return Phase(collective, algorithm, level, n, s, 1, (n - 1) * s,
+                         level.one_shot_latency_s + (n - 1) * s / level.one_shot_bandwidth)
+        return Phase(collective, algorithm, level, n, s, 2, 2 * share,
+                     level.two_shot_latency_s + 2 * share / level.two_shot_bandwidth)
     elif algorithm == "in_switch":  # each rank pushes its buffer into the switch once and reads the sum back
         if collective != "all_reduce" or not level.reduction_efficiency:
             return None
@@ -153,11 +172,12 @@ def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Intercon
 
 
 def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect], unit: int,
-          allowed: Sequence[str]) -> tuple[str, tuple[Phase, ...], bool, dict[str, float]]:
-    """The fastest allowed algorithm for ``n`` ranks spaced ``unit`` devices apart."""
+          allowed: Sequence[str], op_cost_s: float = 0.0) -> tuple[str, tuple[Phase, ...], bool, dict[str, float]]:
+    """The fastest allowed algorithm for ``n`` ranks spaced ``unit`` devices apart, counting ``op_cost_s`` for all
+    but the engine's kernels; with every candidate's communication time."""
     level, fits = pick_level(levels, n * unit)
     options: dict[str, tuple[Phase, ...]] = {}
-    for algorithm in ("ring", "recursive_doubling", "direct", "in_switch"):
+    for algorithm in ("ring", "recursive_doubling", "direct", "in_switch", *ENGINE_KERNELS):
         if algorithm in allowed:
             phase = flat(collective, algorithm, nbytes, n, level)
             if phase is not None:
@@ -172,7 +192,8 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
         raise ValueError(f"none of {', '.join(allowed)} can run {collective} on level {level.name!r} "
                          f"(topology {level.topology})")
     times = {name: sum(p.time_s for p in phases) for name, phases in options.items()}
-    chosen = min(times, key=times.__getitem__)  # on a tie the earlier (simpler) algorithm wins
+    # on a tie the earlier (simpler) algorithm wins
+    chosen = min(times, key=lambda name: times[name] + (0.0 if name in ENGINE_KERNELS else op_cost_s))
     return chosen, options[chosen], fits, times
 
 
@@ -200,8 +221,7 @@ def _hierarchical(collective: str, nbytes: float, n: int, levels: Sequence[Inter
     q = n // p
 
     def inner(c: str, size: float) -> tuple[Phase, ...]:
-        return _best(c, size, p, [inner_level], unit, [a for a in allowed if a not in ("hierarchical",
-                                                                                        "low_latency")])[1]
+        return _best(c, size, p, [inner_level], unit, [a for a in allowed if a in NCCL and a != "hierarchical"])[1]
 
     def outer(c: str, size: float) -> tuple[Phase, ...]:
         return _best(c, size, q, levels[1:], unit * p, allowed)[1]
@@ -235,7 +255,8 @@ def collective_cost(collective: str, nbytes: float, n: int, levels: Sequence[Int
         return CollectiveCost(collective, nbytes, 1, "none", 0.0, 0.0, 0.0, 0, 0.0)
     if not levels:
         raise ValueError("no interconnect levels to choose from")
-    algorithm, phases, fits, times = _best(collective, nbytes, n, levels, 1, algorithms)
+    algorithm, phases, fits, times = _best(collective, nbytes, n, levels, 1, algorithms, op_cost_s)
     comm_s = sum(p.time_s for p in phases)
+    op_cost_s = 0.0 if algorithm in ENGINE_KERNELS else op_cost_s
     return CollectiveCost(collective, nbytes, n, algorithm, comm_s + op_cost_s, comm_s, op_cost_s,
                           sum(p.steps for p in phases), sum(p.bytes_moved for p in phases), phases, fits, times)

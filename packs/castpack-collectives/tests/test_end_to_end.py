@@ -255,12 +255,12 @@ def test_tensor_parallel_llama_collectives_are_timed(session, tmp_path):
 
 def test_a_recorded_algorithm_hint_is_the_one_priced(world, session):
     def step(t):
-        with castcore.pack.collective_algorithms("low_latency"):
+        with castcore.pack.collective_kernels("low-latency"):
             return fc.all_to_all_single(t, None, None, world) + 1
 
     captured = castcore.capture(step, torch.empty(2000, 1000, device="meta"))
     (row,) = rows(session.estimate_capture(captured, device=DEVICE), "_c10d_functional::all_to_all_single")
-    assert row.invoke.attrs["algorithms"] == ("low_latency",)
+    assert row.invoke.attrs["kernels"] == "low-latency"
     # 8 ranks on one board: one step, 1 us + (7/8) * 8e6 B / 5e10 B/s, plus the 10 us launch
     assert row.estimate.detail["algorithm"] == "low_latency"
     assert row.estimate.time_s == pytest.approx(1e-6 + 7e6 / 5e10 + 1e-5)
