@@ -201,11 +201,11 @@ def fidelity(session: nox.Session) -> None:
 def kernels(session: nox.Session) -> None:
     """castcore's kernel-level estimates against measured kernel tables (not a test): the engine all-reduce against
     vLLM's and SGLang's custom all-reduce latencies in the aiconfigurator-core wheel, fitted and held-out points
-    apart. Writes bench/results/engine_allreduce.md; under a minute after the installs. Not a default session.
+    apart. Writes bench/results/aic_tables.md; under a minute after the installs. Not a default session.
     The wheel is read here, never shipped or needed by castcore; its TensorRT-LLM and NCCL tables are not read."""
     _install_core(session)
     session.install("packs/castpack-nvidia", "packs/castpack-collectives", "aiconfigurator-core==0.12.0")
-    session.run("python", "bench/kernels/engine_allreduce.py", *session.posargs)
+    session.run("python", "bench/kernels/aic_tables.py", *session.posargs)
 
 
 @nox.session

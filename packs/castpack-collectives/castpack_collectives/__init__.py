@@ -63,8 +63,11 @@ def estimate_collective(collective: str, nbytes: float, invoke: pack.OpInvoke,
         raise ValueError(f"device {device.name!r} has no interconnect levels, so {invoke.name} cannot be timed; "
                          f"add [[interconnect]] to its profile ({device.origin or 'no file'})")
     # The kernels that run the call, when the capture recorded them (castcore.recording.hints); else a library's.
-    algorithms = KERNELS.get(invoke.attrs.get("kernels"), NCCL)
-    cost = collective_cost(collective, nbytes, n, device.interconnect, device.comm_op_cost_s, algorithms)
+    kernels = invoke.attrs.get("kernels")
+    algorithms = KERNELS.get(kernels, NCCL)
+    # DeepEP's low-latency kernels are not a library's calls: their own fixed cost, where the profile gives one.
+    op_cost_s = device.low_latency_a2a_cost_s if kernels == "low-latency" else device.comm_op_cost_s
+    cost = collective_cost(collective, nbytes, n, device.interconnect, op_cost_s, algorithms)
     detail = describe(cost)
     return pack.Estimate(time_s=cost.time_s, comm_s=cost.comm_s, overhead_s=cost.overhead_s,
                              bound="comm" if n > 1 else "none", detail=detail)
