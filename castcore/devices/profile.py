@@ -14,6 +14,8 @@ from castcore.errors import CastcoreError
 from castcore.tomlfiles import read_toml, tomllib
 
 TOPOLOGIES = ("full-mesh", "ring", "switch", "clos")
+BAND_FAMILIES = ("gemm_bf16", "gemm_fp8", "attention_prefill", "attention_decode", "engine_allreduce",
+                 "low_latency_a2a")  # the kernel families castcore.report.bands sorts op calls into
 ENGINE_ALLREDUCE = ("engine_allreduce_max_bytes", "one_shot_latency_s", "one_shot_bandwidth", "two_shot_latency_s",
                     "two_shot_bandwidth")
 
@@ -73,6 +75,8 @@ class DeviceProfile:
     l2_bytes: float = 0.0
     clock_hz: float = 0.0
     memory_latency_s: float = 0.0  # one load from device memory; a tiled product's wave waits for it to fill and drain
+    # Held-out median |error| of castcore's estimate per kernel family on this device (castcore.report.bands).
+    error_bands: Mapping[str, float] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
     default: bool = False
     origin: str = ""  # the file or plugin it came from, for messages
@@ -162,7 +166,13 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     sources = data.get("sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) and v for v in sources.values()):
         raise fail("'sources' must be a table of field = \"where the number came from\"")
-    missing = [p for p in _number_paths(numbers, rates, links, tiling) if not _sourced(p, sources)]
+    bands = data.get("error_bands", {})
+    if not isinstance(bands, dict) or set(bands) - set(BAND_FAMILIES):
+        raise fail(f"'error_bands' must be a table of family = held-out median |error|; families: "
+                   f"{', '.join(BAND_FAMILIES)}")
+    bands = {key: _number(value, f"error_bands.{key}", fail) for key, value in bands.items()}
+    paths = [*_number_paths(numbers, rates, links, tiling), *(f"error_bands.{key}" for key in bands)]
+    missing = [p for p in paths if not _sourced(p, sources)]
     if missing:
         raise fail(f"no source for {', '.join(missing)}: add them under [sources] (datasheet and page, or measurement, and date)")
     default = data.get("default", False)
@@ -171,6 +181,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     # Read-only tables: a plugin must not be able to change the device for every op after it.
     return DeviceProfile(name=data["name"], vendor=data["vendor"], interconnect=links,
                          sources=MappingProxyType(dict(sources)), default=default, origin=origin,
+                         error_bands=MappingProxyType(bands),
                          mma_flops=MappingProxyType(rates["mma_flops"]), gp_flops=MappingProxyType(rates["gp_flops"]),
                          **tiling, **numbers)
 

@@ -13,6 +13,7 @@ from typing import Any
 from castcore.errors import CastcoreError
 from castcore.devices.costs import Estimate, PerformanceProperties
 from castcore.devices.profile import DeviceProfile
+from castcore.report.bands import op_band
 from castcore.recording.invoke import OpInvoke
 
 
@@ -45,6 +46,7 @@ class OpSummary:
     flops: float
     bytes: float
     fallback: bool
+    error_band: dict[str, Any] | None = None  # castcore.report.bands: the family's held-out error on this device
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -114,7 +116,7 @@ class Report:
                 op=name, calls=len(records), time_s=time_s, share=time_s / total,
                 bound=max(bound_time, key=bound_time.__getitem__), source=", ".join(sources),
                 flops=sum(r.flops for r in records), bytes=sum(r.bytes for r in records),
-                fallback=any(r.estimate.fallback for r in records),
+                fallback=any(r.estimate.fallback for r in records), error_band=op_band(records, self.device),
             ))
         summaries.sort(key=lambda s: (-s.time_s, s.op))
         return summaries
@@ -186,8 +188,11 @@ class Report:
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
-        for row in rows:
-            writer.writerow(row.to_dict())
+        for row in rows:  # a table cell holds the band's number; its family is the op's, as in the JSON
+            cells = row.to_dict()
+            if cells.get("error_band"):
+                cells["error_band"] = cells["error_band"]["held_out_median_abs_error"]
+            writer.writerow(cells)
         total = {fields[0]: "TOTAL", "calls": len(self.records), "time_s": self.time_s, "share": 1.0,
                  "flops": self.flops, "bytes": self.bytes}
         writer.writerow({k: v for k, v in total.items() if k in fields})

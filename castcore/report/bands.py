@@ -1,0 +1,52 @@
+"""Error bands: how far castcore's estimate of a kernel family has been off on a device, on held-out points.
+
+A profile's ``[error_bands]`` table gives, for each family below, the held-out median |error| a fidelity report
+measured on that device, with its source under ``[sources]``. ``op_band`` finds the family of an op row's calls
+and its band; ``castcore estimate --json`` prints it on the row (``error_band``), ``null`` where the profile has
+none.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from castcore.devices.profile import BAND_FAMILIES
+
+if TYPE_CHECKING:
+    from castcore.devices.profile import DeviceProfile
+
+FAMILIES = BAND_FAMILIES
+_ATTENTION = ("castcore::attention", "castcore::latent_attention", "castcore::varlen_attention")
+_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
+_ENGINE_KERNELS = ("one_shot", "two_shot")
+
+
+def family(record: Any) -> str | None:
+    """The kernel family one call (an OpRecord: its invoke and estimate) belongs to, as the fidelity reports group them; None for any other."""
+    invoke, name = record.invoke, record.invoke.name
+    if name in _ATTENTION:
+        queries = max(invoke.argument("new")) if name == "castcore::varlen_attention" else invoke.args[0].shape[-2]
+        return "attention_decode" if queries == 1 else "attention_prefill"
+    if name in _GEMMS:
+        return "gemm_fp8" if invoke.args[-2 if name == "aten::addmm" else 0].dtype.itemsize == 1 else "gemm_bf16"
+    algorithm = (record.estimate.detail or {}).get("algorithm")
+    if name == "_c10d_functional::all_reduce" and algorithm in _ENGINE_KERNELS:
+        return "engine_allreduce"
+    if name == "_c10d_functional::all_to_all_single" and algorithm == "low_latency":
+        return "low_latency_a2a"
+    return None
+
+
+def op_band(records: list[Any], device: DeviceProfile) -> dict[str, Any] | None:
+    """The band of the family that takes most of these calls' time, when the device has one."""
+    time_by_family: dict[str, float] = defaultdict(float)
+    for record in records:
+        found = family(record)
+        if found is not None:
+            time_by_family[found] += record.estimate.time_s
+    if not time_by_family:
+        return None
+    chosen = max(time_by_family, key=time_by_family.__getitem__)
+    band = device.error_bands.get(chosen)
+    return None if band is None else {"family": chosen, "held_out_median_abs_error": band}
