@@ -1,9 +1,9 @@
 """Error bands: how far castcore's estimate of a kernel family has been off on a device, on held-out points.
 
-A profile's ``[error_bands]`` table gives, for each family below, the held-out median |error| a fidelity report
-measured on that device, with its source under ``[sources]``. ``op_band`` finds the family of an op row's calls
-and its band; ``castcore estimate --json`` prints it on the row (``error_band``), ``null`` where the profile has
-none.
+A profile's ``[error_bands]`` table gives, for each of castcore.devices.profile.BAND_FAMILIES, the held-out
+median |error| a fidelity report measured on that device, with its source under ``[sources]``. ``op_band`` finds
+the family of an op row's calls and its band; ``castcore estimate --json`` prints it on the row
+(``error_band``), ``null`` where the profile has none.
 """
 
 from __future__ import annotations
@@ -11,19 +11,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from castcore.devices.profile import BAND_FAMILIES
-
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
 
-FAMILIES = BAND_FAMILIES
 _ATTENTION = ("castcore::attention", "castcore::latent_attention", "castcore::varlen_attention")
 _GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
 _ENGINE_KERNELS = ("one_shot", "two_shot")
 
 
 def family(record: Any) -> str | None:
-    """The kernel family one call (an OpRecord: its invoke and estimate) belongs to, as the fidelity reports group them; None for any other."""
+    """The kernel family of one call (an OpRecord: its invoke and estimate), as the fidelity reports group them;
+    None for any other."""
     invoke, name = record.invoke, record.invoke.name
     if name in _ATTENTION:
         queries = max(invoke.argument("new")) if name == "castcore::varlen_attention" else invoke.args[0].shape[-2]

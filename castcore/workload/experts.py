@@ -9,8 +9,9 @@ parameters sliced along dim 0) and runs, on one device:
    as Megatron-LM's all-to-all token dispatcher does with sequence-parallel tokens; rank 0 takes the larger
    share when they do not divide;
 2. dispatch: the routed copies (tokens x top_k) sorted by expert and sent with one all_to_all over the
-   expert-parallel group (recorded as a low-latency all-to-all under ``--ep-kernels``, castcore.recording.hints). Routing is taken as balanced (every expert gets as many rows): a device receives as
-   many rows as it sends, split evenly across its local experts;
+   expert-parallel group (recorded as a low-latency all-to-all under ``--ep-kernels``, castcore.recording.hints).
+   Routing is taken as balanced (every expert gets as many rows): a device receives as many rows as it sends,
+   split evenly across its local experts;
 3. with ep < tp every expert is also split over tp/ep devices along its intermediate dimension: the received
    rows are all-gathered over those devices first and the partial outputs reduce-scattered after;
 4. the grouped matmuls of its local experts (``aten::_grouped_mm``, the activation the module applies);

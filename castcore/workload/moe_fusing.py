@@ -34,8 +34,9 @@ def rewrite_moe(module: nn.Module) -> str | None:
     if _is_top_k_router(module):
         module.forward = types.MethodType(_fused_router_forward, module)
         return "MoE router softmax + top-k -> castcore::topk_softmax"
-    if hf.grouped_router_kind(module):
-        if hf.grouped_router_kind(module) == "router":
+    kind = hf.grouped_router_kind(module)
+    if kind:
+        if kind == "router":
             module.forward = types.MethodType(_grouped_router_forward, module)
         else:
             module.route_tokens_to_experts = types.MethodType(_grouped_routing, module)
