@@ -40,3 +40,13 @@ def test_llama4_experts_split_across_devices(session, options, experts, gate_up)
 def test_llama4_experts_take_quantized_weights(session, weights, product):
     names = [r.invoke.name for r in _records(session, seq=16, weights=weights)]
     assert names.count(product) == 4 and "aten::_grouped_mm" not in names  # two products in each of 2 layers
+
+
+def test_transformers_rope_warnings_are_castcore_notes_not_stderr(capsys):
+    """Meta's own Scout config sets high_freq_factor = low_freq_factor, which transformers warns of: castcore
+    keeps that as a note of its own instead of a library line on stderr."""
+    from castcore.workload.pipeline import build
+
+    built = build(castcore.build_workload("llama-4-scout", seq=8))
+    assert any("transformers warns: `rope_parameters`'s high_freq_factor" in note for note in built.notes)
+    assert "rope_parameters" not in capsys.readouterr().err

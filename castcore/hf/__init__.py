@@ -12,6 +12,7 @@ transformers is imported inside the functions, so a model that is not a transfor
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -114,12 +115,12 @@ def is_causal_lm(model: Any) -> bool:
 
 
 def build_causal_lm(config: dict[str, Any], dtype: torch.dtype,
-                    origin: str = "the model config") -> tuple[torch.nn.Module, str | None]:
-    """An AutoModelForCausalLM from a config.json dict, on the meta device (no weights allocated), and a note
-    when the model cannot take castcore's attention path. ModelError names ``origin``, the field at fault and
-    what castcore supports. Relies on ``CONFIG_MAPPING``, ``MODEL_FOR_CAUSAL_LM_MAPPING``, ``from_config(dtype=,
-    attn_implementation=)`` and the class flags ``_supports_attention_backend`` / ``_supports_sdpa`` (checked
-    5.5.0-5.24.0). The mappings import the one modeling module the config names."""
+                    origin: str = "the model config") -> tuple[torch.nn.Module, list[str]]:
+    """An AutoModelForCausalLM from a config.json dict on the meta device (no weights), and notes: that the model
+    cannot take castcore's attention path, what transformers warns of its RoPE values. ModelError names ``origin``,
+    the field at fault and what castcore supports. Relies on ``CONFIG_MAPPING``, ``MODEL_FOR_CAUSAL_LM_MAPPING``,
+    ``from_config(dtype=, attn_implementation=)``, the class flags ``_supports_attention_backend`` / ``_supports_sdpa``
+    (checked 5.5.0-5.24.0). The mappings import the one modeling module the config names."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -130,8 +131,10 @@ def build_causal_lm(config: dict[str, Any], dtype: torch.dtype,
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ModelError(f"{origin}: 'model_type' = {model_type!r} is not a transformers model type; castcore "
                          "builds causal language models from a transformers config.json (llama, qwen2, gpt2, ...)")
+    said: list[str] = []
     try:
-        hf_config = AutoConfig.for_model(model_type, **fields)
+        with _rope_warnings(said):
+            hf_config = AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # transformers' validation errors have no common base: any is the config's fault
         raise ModelError(f"{origin}: transformers refuses this {model_type} config: {_one_line(exc)}") from None
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
@@ -145,11 +148,28 @@ def build_causal_lm(config: dict[str, Any], dtype: torch.dtype,
         note = no_attention_backend_note(model_class.__name__, attention)
     hf_config._attn_implementation = attention
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _rope_warnings(said):
             model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
         raise ModelError(f"{origin}: transformers cannot build this {model_type} model: {_one_line(exc)}") from None
-    return model.eval(), note
+    return model.eval(), [*([note] if note else []),
+                          *(f"{origin}: transformers warns: {line}" for line in dict.fromkeys(said))]
+
+
+@contextmanager
+def _rope_warnings(said: list[str]) -> Iterator[None]:
+    """transformers' warnings about a config's RoPE values (``modeling_rope_utils``' logger; checked 5.5.0-5.24.0)
+    kept in ``said``, for castcore's notes, instead of printed on stderr beside castcore's own lines."""
+    logger = logging.getLogger("transformers.modeling_rope_utils")
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 # --- the attention interface --------------------------------------------------------------------------------------

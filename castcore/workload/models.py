@@ -53,9 +53,8 @@ def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len
 
     A prefill computes the LM head for the last position only (``logits_to_keep``), as inference servers do;
     ``all_logits`` computes it for every position (scoring). Training always needs every position."""
-    module, note = build_causal_lm(load_model_config(spec), parse_dtype(dtype), origin=spec)
+    module, notes = build_causal_lm(load_model_config(spec), parse_dtype(dtype), origin=spec)
     config = module.config
-    notes = [note] if note else []
     if phase == "decode":
         return BuiltModel(model=module, inputs_fn=decode_inputs(module, batch, kv_len, parse_dtype(dtype)),
                           description=f"{spec} decode, batch {batch}, 1 token over {kv_len} cached, {dtype}",
