@@ -92,6 +92,21 @@ def test_attention_runs_at_the_kernels_own_efficiency():
     assert fa.compute_s - record.estimate.compute_s == pytest.approx(mma / PEAK * (1 / 0.4 - 1 / 0.8))
 
 
+def test_a_dtype_with_its_own_matrix_efficiency_runs_at_it_and_others_keep_compute_efficiency():
+    session = castcore.Session(load_packs=[], device_files=[])
+    a, b = torch.empty(4096, 4096, dtype=torch.bfloat16), torch.empty(4096, 4096, dtype=torch.bfloat16)
+    x = torch.empty(4096, 4096)
+    base = session.estimate(torch.mm, a, b, device=profile()).records[0].estimate
+    own = session.estimate(torch.mm, a, b, device=profile(mma_efficiency={"bfloat16": 0.4})).records[0].estimate
+    assert own.compute_s == pytest.approx(base.compute_s * 0.8 / 0.4)
+    # Another dtype's entry leaves bf16 products and vector work at compute_efficiency.
+    other = profile(mma_efficiency={"float8_e4m3fn": 0.4})
+    assert session.estimate(torch.mm, a, b, device=other).records[0].estimate.compute_s == pytest.approx(base.compute_s)
+    assert other.efficiency("gp", "bfloat16") == 0.8 and other.efficiency("mma", "float8_e4m3fn") == 0.4
+    assert session.estimate(torch.neg, x, device=other).records[0].estimate.time_s == pytest.approx(
+        session.estimate(torch.neg, x, device=profile()).records[0].estimate.time_s)
+
+
 def test_small_transfers_pay_the_bandwidth_ramp():
     session = castcore.Session(load_packs=[], device_files=[])
     x = torch.empty(1024, dtype=torch.bfloat16)
@@ -109,6 +124,9 @@ def test_small_transfers_pay_the_bandwidth_ramp():
     ({"compute_units": 0}, "'compute_units' = 0"),
     ({"mma_tile": {"bfloat16": [128, 128]}}, "must be [m, n, k]"),
     ({"attention_efficiency": 1.5}, "'attention_efficiency' = 1.5 must be in (0, 1]"),
+    ({"mma_efficiency": {"bfloat16": 1.2}}, "'mma_efficiency.bfloat16' must name a torch dtype and be in (0, 1]"),
+    ({"mma_efficiency": {"fp9": 0.5}}, "'mma_efficiency.fp9' must name a torch dtype"),
+    ({"mma_efficiency": 0.5}, "'mma_efficiency' must be a table of dtype"),
 ])
 def test_bad_tiling_fields_are_refused_by_name(change, message):
     with pytest.raises(DeviceError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):

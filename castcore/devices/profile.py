@@ -18,6 +18,7 @@ BAND_FAMILIES = ("gemm_bf16", "gemm_fp8", "attention_prefill", "attention_decode
                  "low_latency_a2a")  # the kernel families castcore.report.bands sorts op calls into
 ENGINE_ALLREDUCE = ("engine_allreduce_max_bytes", "one_shot_latency_s", "one_shot_bandwidth", "two_shot_latency_s",
                     "two_shot_bandwidth")
+PROTOCOLS = ("LL", "LL128", "Simple")  # a collective library's protocols, as Interconnect.protocol_latency_s orders them
 
 
 class DeviceError(CastcoreError, ValueError):
@@ -46,6 +47,10 @@ class Interconnect:
     one_shot_bandwidth: float = 0.0
     two_shot_latency_s: float = 0.0
     two_shot_bandwidth: float = 0.0
+    # A collective library's protocols on this level (NCCL's LL, LL128, Simple, in that order): the latency of one
+    # step of each, which replaces latency_s for that library's algorithms; 0 for a protocol the library does not
+    # run on this level. Empty: one protocol, latency_s a step.
+    protocol_latency_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,9 @@ class DeviceProfile:
     memory_bandwidth: float
     compute_efficiency: float = 1.0
     memory_efficiency: float = 1.0
+    # dtype -> the fraction of that dtype's matrix peak a tuned GEMM sustains, where it differs from
+    # compute_efficiency (fp8 kernels reach a smaller share of their doubled peak than bf16 ones do)
+    mma_efficiency: Mapping[str, float] = field(default_factory=dict)
     mma_op_cost_s: float = 0.0
     gp_op_cost_s: float = 0.0
     comm_op_cost_s: float = 0.0
@@ -100,6 +108,10 @@ class DeviceProfile:
             raise DeviceError(f"device {self.name!r} lists no {unit}_flops; add [{unit}_flops] to its profile")
         slowest = min(table, key=table.__getitem__)
         return table[slowest], f"{slowest} (no {name} rate)"
+
+    def efficiency(self, unit: str, dtype_name: str) -> float:
+        """The sustained fraction of ``unit``'s peak for a dtype named as ``rate`` names it."""
+        return self.mma_efficiency.get(dtype_name, self.compute_efficiency) if unit == "mma" else self.compute_efficiency
 
 
 _NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
@@ -151,6 +163,13 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
         if key in numbers and not 0 < numbers[key] <= 1:
             raise fail(f"'{key}' = {numbers[key]} must be in (0, 1]")
     rates = {}
+    mma_efficiency = data.get("mma_efficiency", {})
+    if not isinstance(mma_efficiency, dict):
+        raise fail("'mma_efficiency' must be a table of dtype = fraction of that dtype's matrix peak")
+    for dtype, value in mma_efficiency.items():
+        mma_efficiency[dtype] = _number(value, f"mma_efficiency.{dtype}", fail, positive=True)
+        if not is_dtype_name(dtype) or mma_efficiency[dtype] > 1:
+            raise fail(f"'mma_efficiency.{dtype}' must name a torch dtype and be in (0, 1]")
     for unit in ("mma_flops", "gp_flops"):
         table = data[unit]
         if not isinstance(table, dict):
@@ -171,7 +190,8 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
         raise fail(f"'error_bands' must be a table of family = held-out median |error|; families: "
                    f"{', '.join(BAND_FAMILIES)}")
     bands = {key: _number(value, f"error_bands.{key}", fail) for key, value in bands.items()}
-    paths = [*_number_paths(numbers, rates, links, tiling), *(f"error_bands.{key}" for key in bands)]
+    paths = [*_number_paths(numbers, rates, links, tiling), *(f"error_bands.{key}" for key in bands),
+             *(f"mma_efficiency.{dtype}" for dtype in mma_efficiency)]
     missing = [p for p in paths if not _sourced(p, sources)]
     if missing:
         raise fail(f"no source for {', '.join(missing)}: add them under [sources] (datasheet and page, or measurement, and date)")
@@ -181,7 +201,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     # Read-only tables: a plugin must not be able to change the device for every op after it.
     return DeviceProfile(name=data["name"], vendor=data["vendor"], interconnect=links,
                          sources=MappingProxyType(dict(sources)), default=default, origin=origin,
-                         error_bands=MappingProxyType(bands),
+                         error_bands=MappingProxyType(bands), mma_efficiency=MappingProxyType(mma_efficiency),
                          mma_flops=MappingProxyType(rates["mma_flops"]), gp_flops=MappingProxyType(rates["gp_flops"]),
                          **tiling, **numbers)
 
@@ -222,12 +242,20 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     if any(engine.values()) and not all(engine.values()):
         raise fail(f"'{where}' gives part of the engine all-reduce; give all of {', '.join(ENGINE_ALLREDUCE)}, "
                    "or none")
+    protocols = raw.get("protocol_latency_s", [])
+    if not isinstance(protocols, list) or len(protocols) not in (0, len(PROTOCOLS)):
+        raise fail(f"'{where}.protocol_latency_s' must be [{', '.join(PROTOCOLS)}]: seconds a step of each protocol "
+                   "(0 where the library does not run it)")
+    protocols = tuple(_number(v, f"{where}.protocol_latency_s[{k}]", fail) for k, v in enumerate(protocols))
+    if protocols and not any(protocols):
+        raise fail(f"'{where}.protocol_latency_s' offers no protocol; give at least one step latency above 0")
     return Interconnect(name=str(raw["name"]), devices=raw["devices"], topology=topology, efficiency=efficiency,
                         bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
                         latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
                         reduction_efficiency=reduction,
                         reduction_latency_s=_number(raw.get("reduction_latency_s", 0.0),
-                                                    f"{where}.reduction_latency_s", fail), **engine)
+                                                    f"{where}.reduction_latency_s", fail),
+                        protocol_latency_s=protocols, **engine)
 
 
 def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
                 continue
             rate, used = device.rate(unit, dtype)
             rates[f"{unit}:{dtype}"] = used
-            efficiency = device.compute_efficiency
+            efficiency = device.efficiency(unit, used)
             if unit == "mma":
                 uses_mma = True
                 if props.kernel == "attention" and device.attention_efficiency:
