@@ -51,6 +51,9 @@ class Interconnect:
     # step of each, which replaces latency_s for that library's algorithms; 0 for a protocol the library does not
     # run on this level. Empty: one protocol, latency_s a step.
     protocol_latency_s: tuple[float, ...] = ()
+    # The most ranks the engine's own all-reduce runs for on this level (vLLM turns its custom all-reduce off above
+    # two GPUs that are not all NVLink-connected); 0: no limit.
+    engine_allreduce_max_ranks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,13 +252,16 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     protocols = tuple(_number(v, f"{where}.protocol_latency_s[{k}]", fail) for k, v in enumerate(protocols))
     if protocols and not any(protocols):
         raise fail(f"'{where}.protocol_latency_s' offers no protocol; give at least one step latency above 0")
+    max_ranks = raw.get("engine_allreduce_max_ranks", 0)
+    if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 0:
+        raise fail(f"'{where}.engine_allreduce_max_ranks' must be a whole number >= 0 (0: no limit)")
     return Interconnect(name=str(raw["name"]), devices=raw["devices"], topology=topology, efficiency=efficiency,
                         bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
                         latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
                         reduction_efficiency=reduction,
                         reduction_latency_s=_number(raw.get("reduction_latency_s", 0.0),
                                                     f"{where}.reduction_latency_s", fail),
-                        protocol_latency_s=protocols, **engine)
+                        protocol_latency_s=protocols, engine_allreduce_max_ranks=max_ranks, **engine)
 
 
 def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:

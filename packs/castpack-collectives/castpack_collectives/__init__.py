@@ -4,7 +4,8 @@ A torch.distributed program under a fake process group (and tensor parallelism t
 ``parallelize_module``) emits ``_c10d_functional`` ops; the core would time them as memory
 copies, which says nothing about the fabric. Each call here gets the fastest of ring,
 recursive doubling (a binomial tree for broadcast), direct and hierarchical over the device
-profile's interconnect levels; ``Estimate.detail`` records the choice and the alternatives.
+profile's interconnect levels, in NCCL's protocols (LL, LL128, Simple) where a level gives their
+step latencies; ``Estimate.detail`` records the choice and the alternatives.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import torch
 
 from castcore import pack
 
-from . import ops
+from . import ops, protocols
 from .alphabeta import (ALGORITHMS, COLLECTIVES, ENGINE, KERNELS, NCCL, CollectiveCost, Phase, bus_bandwidth, bus_factor,
                         collective_cost, flat, pick_level)
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "ENGINE", "KERNELS", "NCCL", "CollectiveCost", "Phase", "bus_bandwidth", "bus_factor",
-           "collective_cost", "estimate_collective", "flat", "group_size", "ops", "pick_level"]
+           "collective_cost", "estimate_collective", "flat", "group_size", "ops", "pick_level", "protocols"]
 
 _c10d = torch.ops._c10d_functional
 _c10d_pg = torch.ops.c10d
@@ -76,6 +77,7 @@ def estimate_collective(collective: str, nbytes: float, invoke: pack.OpInvoke,
 def describe(cost: CollectiveCost) -> dict:
     """The Estimate detail: chosen algorithm, level(s), traffic, bus bandwidth and every candidate's time."""
     detail = {"collective": cost.collective, "algorithm": cost.algorithm, "level": "+".join(cost.levels) or None,
+              "protocol": "+".join(cost.protocols) or None,
               "group_size": cost.ranks, "bytes": cost.nbytes, "bytes_moved": cost.bytes_moved, "steps": cost.steps}
     if cost.ranks > 1:
         detail["bus_bandwidth"] = bus_bandwidth(cost.collective, cost.nbytes, cost.ranks, cost.comm_s)

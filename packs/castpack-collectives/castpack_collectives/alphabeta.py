@@ -25,6 +25,12 @@ constants (``engine_allreduce_max_bytes`` and the rest): one shot, every rank re
 ``two_shot_latency_s + 2 (n - 1) / n S / two_shot_bandwidth``. The constants are per kernel call, launch
 included, so ``comm_op_cost_s`` (a collective library's host-side cost) is not added to them. Offered only when
 the caller says an engine runs the call (``ENGINE``).
+
+A level that gives ``protocol_latency_s`` prices a collective library's algorithms in NCCL's protocols (LL,
+LL128, Simple: castpack_collectives.protocols): each step costs that protocol's step latency instead of
+``latency_s``, the bytes go at that protocol's share of the bandwidth, and the library's base latency for the
+protocol is paid once a call; the cheapest protocol wins, as NCCL's tuner picks it. Small messages then pay a few
+microseconds, not a fixed per-call cost, and recursive doubling, which NCCL does not run, is not offered there.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from dataclasses import dataclass, field
 
 from castcore.pack import Interconnect
 
+from . import protocols
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "low_latency", "one_shot",
               "two_shot")
@@ -42,6 +50,10 @@ NCCL = ALGORITHMS[:5]  # what a collective library picks from by default
 ENGINE_KERNELS = ("one_shot", "two_shot")  # a serving engine's own all-reduce, launched inside its CUDA graph
 ENGINE = NCCL + ENGINE_KERNELS  # what a serving engine picks from
 KERNELS = {"engine": ENGINE, "low-latency": ("low_latency",)}  # castcore.recording.hints' names
+# NCCL selects NVLS for an all-reduce only above this many GPUs: measured on 8x H200 (nccl-tests, 8 GiB, Ring at 4
+# GPUs and NVLS from 5; github.com/stas00/ml-engineering network/README.md 'SHARP', commit 744d01e); NVIDIA's GB200
+# NVL Partition User Guide: partitions of four GPUs or fewer 'will not benefit from multicast'; read 2026-11-27.
+NVLS_MIN_RANKS = 4
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -71,7 +83,9 @@ class Phase:
     nbytes: float
     steps: int
     bytes_moved: float  # per rank
-    time_s: float
+    time_s: float  # without base_s
+    protocol: str = ""  # the library's protocol (LL, LL128, Simple) where the level gives protocol latencies
+    base_s: float = 0.0  # the library's fixed latency for that protocol, paid once a call
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,11 @@ class CollectiveCost:
     @property
     def levels(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p.level.name for p in self.phases))
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        """The library protocols the phases ran in (none where the levels give no protocol latencies)."""
+        return tuple(dict.fromkeys(p.protocol for p in self.phases if p.protocol))
 
 
 def pick_level(levels: Sequence[Interconnect], devices: int) -> tuple[Interconnect, bool]:
@@ -123,8 +142,14 @@ def _bandwidths(level: Interconnect, n: int) -> tuple[float, float, bool]:
 
 
 def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Interconnect) -> Phase | None:
-    """One algorithm on one level for ``n`` ranks, or None where the topology does not offer it."""
+    """One algorithm on one level for ``n`` ranks, or None where the topology does not offer it.
+
+    On a level with ``protocol_latency_s`` the library's algorithms run as NCCL runs them: the ring (and direct,
+    which on a switch is the ring's cost) in the cheapest protocol (castpack_collectives.protocols), no recursive
+    doubling (NCCL has none), and the in-switch reduction in Simple with no base latency."""
     _check(collective, n)
+    if level.protocol_latency_s and algorithm == "recursive_doubling":
+        return None
     alpha = level.latency_s
     link, fan, concurrent = _bandwidths(level, n)
     s = float(nbytes)
@@ -156,6 +181,8 @@ def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Intercon
     elif algorithm in ENGINE_KERNELS:
         if collective != "all_reduce" or not level.engine_allreduce_max_bytes or s > level.engine_allreduce_max_bytes:
             return None
+        if level.engine_allreduce_max_ranks and n > level.engine_allreduce_max_ranks:
+            return None  # the engine hands the call to the collective library (vLLM above two PCIe-only GPUs)
         if algorithm == "one_shot":
             return Phase(collective, algorithm, level, n, s, 1, (n - 1) * s,
                          level.one_shot_latency_s + (n - 1) * s / level.one_shot_bandwidth)
@@ -164,11 +191,24 @@ def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Intercon
     elif algorithm == "in_switch":  # each rank pushes its buffer into the switch once and reads the sum back
         if collective != "all_reduce" or not level.reduction_efficiency:
             return None
+        if level.protocol_latency_s and n <= NVLS_MIN_RANKS:
+            return None  # NCCL runs NVLS only above 4 GPUs: at 4 and fewer, the switch's multicast gains nothing
         return Phase(collective, algorithm, level, n, s, 2, s,
-                     level.reduction_latency_s + s / (level.bandwidth * level.reduction_efficiency))
+                     level.reduction_latency_s + s / (level.bandwidth * level.reduction_efficiency),
+                     "Simple" if level.protocol_latency_s else "")
     else:
         raise ValueError(f"unknown flat algorithm {algorithm!r}; known: ring, recursive_doubling, direct, in_switch")
+    if level.protocol_latency_s:
+        chosen = protocols.cheapest(level, collective, steps, moved, rate)
+        if chosen is None:
+            return None
+        return Phase(collective, algorithm, level, n, s, steps, moved, chosen[1], chosen[0], chosen[2])
     return Phase(collective, algorithm, level, n, s, steps, moved, steps * alpha + moved / rate)
+
+
+def phases_time(phases: Sequence[Phase]) -> float:
+    """Seconds for phases run one after another: their times plus the library's base latency once."""
+    return sum(p.time_s for p in phases) + max((p.base_s for p in phases), default=0.0)
 
 
 def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect], unit: int,
@@ -191,7 +231,7 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
     if not options:
         raise ValueError(f"none of {', '.join(allowed)} can run {collective} on level {level.name!r} "
                          f"(topology {level.topology})")
-    times = {name: sum(p.time_s for p in phases) for name, phases in options.items()}
+    times = {name: phases_time(phases) for name, phases in options.items()}
     # on a tie the earlier (simpler) algorithm wins
     chosen = min(times, key=lambda name: times[name] + (0.0 if name in ENGINE_KERNELS else op_cost_s))
     return chosen, options[chosen], fits, times
@@ -256,7 +296,7 @@ def collective_cost(collective: str, nbytes: float, n: int, levels: Sequence[Int
     if not levels:
         raise ValueError("no interconnect levels to choose from")
     algorithm, phases, fits, times = _best(collective, nbytes, n, levels, 1, algorithms, op_cost_s)
-    comm_s = sum(p.time_s for p in phases)
+    comm_s = phases_time(phases)
     op_cost_s = 0.0 if algorithm in ENGINE_KERNELS else op_cost_s
     return CollectiveCost(collective, nbytes, n, algorithm, comm_s + op_cost_s, comm_s, op_cost_s,
                           sum(p.steps for p in phases), sum(p.bytes_moved for p in phases), phases, fits, times)

@@ -1,0 +1,67 @@
+"""A collective library's protocols, as NCCL picks among them: LL, LL128 and Simple.
+
+NCCL moves data in one of three protocols (Hu et al., "Demystifying NCCL: An In-depth Analysis of GPU
+Communication Protocols and Algorithms", arXiv 2507.04786, 2025, section 3; NVIDIA/nccl src/graph/tuning.cc):
+
+- LL (low latency): 8-byte stores of 4 bytes of data and a 4-byte flag, so a receiver polls its own memory and
+  needs no fence; the cheapest step, but at most half the wire, and NCCL's tuning model counts it at a quarter of
+  the bus bandwidth for an all-reduce and a third for the others, capped at 87.7 GB/s on one node.
+- LL128: 128-byte lines with an 8-byte flag (120/128 of the wire), counted at 0.92 of the bus bandwidth; NCCL runs
+  it by default only where GPUs talk over NVLink.
+- Simple: plain copies with memory fences between chunks: the whole bandwidth, the dearest step.
+
+For each call NCCL's tuner takes the (algorithm, protocol) with the least ``base latency + steps x step latency +
+bytes / bandwidth``. Here the step latencies belong to the hardware, so they sit on the level
+(``Interconnect.protocol_latency_s``, LL, LL128, Simple; 0 where the library does not run that protocol there),
+and the base latencies and bandwidth fractions belong to the library, so they sit here. The base latency is paid
+once a call (a hierarchical collective's phases share one), so it is kept apart from each phase's time.
+
+Constants: NVIDIA/nccl src/graph/tuning.cc at commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2 (NCCL 2.19-2.20),
+read 2026-11-27: ``baseLat`` Ring row {LL 6.6, LL128 14.0, Simple 8.4} us; the model refinements ``busBw * 1/4``
+(LL, all-reduce or more than one node), ``* 1/3`` (LL, other collectives), ``* 0.92`` (LL128) and ``llMaxBws``
+87.7 GB/s (one node, Ampere and Hopper); NVLS has no base latency (``latencies = intraLat``). All-to-all is NCCL's
+grouped point-to-point send and receive, which runs LL below NCCL_P2P_LL_THRESHOLD (16 KiB) and Simple above, never
+LL128 (NCCL environment-variable documentation, docs.nvidia.com/deeplearning/nccl, read 2026-11-27).
+"""
+
+from __future__ import annotations
+
+from castcore.pack import Interconnect
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+BASE_LATENCY_S = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}  # tuning.cc baseLat, Ring row
+LL_MAX_BUS_BANDWIDTH = 87.7e9  # tuning.cc llMaxBws, one node, Ampere and Hopper (B/s)
+LL128_FRACTION = 0.92
+
+
+def fraction(protocol: str, collective: str) -> float:
+    """The share of the level's bus bandwidth (``bandwidth x efficiency``, what Simple reaches) a protocol gets."""
+    if protocol == "LL":
+        return 1 / 4 if collective == "all_reduce" else 1 / 3
+    if protocol == "LL128":
+        return LL128_FRACTION
+    return 1.0
+
+
+def offered(level: Interconnect, collective: str) -> tuple[str, ...]:
+    """The protocols the library runs for ``collective`` on ``level``: those with a step latency, less LL128 for
+    all-to-all (point-to-point sends run LL or Simple)."""
+    names = tuple(p for p, step in zip(PROTOCOLS, level.protocol_latency_s) if step > 0)
+    return tuple(p for p in names if not (collective == "all_to_all" and p == "LL128"))
+
+
+def cheapest(level: Interconnect, collective: str, steps: int, moved: float,
+             rate: float) -> tuple[str, float, float] | None:
+    """(protocol, time without the base latency, base latency) of the protocol with the least total time for
+    ``steps`` steps moving ``moved`` bytes a rank at ``rate`` B/s (what Simple gets); None if none is offered."""
+    best = None
+    for protocol in offered(level, collective):
+        bandwidth = rate * fraction(protocol, collective)
+        if protocol == "LL":
+            bandwidth = min(bandwidth, LL_MAX_BUS_BANDWIDTH)
+        step = level.protocol_latency_s[PROTOCOLS.index(protocol)]
+        time = steps * step + moved / bandwidth
+        base = BASE_LATENCY_S[protocol]
+        if best is None or time + base < best[1] + best[2]:
+            best = (protocol, time, base)
+    return best
