@@ -107,6 +107,25 @@ def test_a_dtype_with_its_own_matrix_efficiency_runs_at_it_and_others_keep_compu
         session.estimate(torch.neg, x, device=profile()).records[0].estimate.time_s)
 
 
+def test_grouped_products_run_at_the_grouped_efficiency_in_work_and_weight_streaming():
+    session = castcore.Session(load_packs=[], device_files=[])
+    rows, weights = torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(8, 1024, 2048, dtype=torch.bfloat16)
+    offsets = torch.arange(64, 513, 64, dtype=torch.int32)
+
+    def grouped(x, w, offs):
+        return torch._grouped_mm(x, w, offs=offs)
+
+    plain = session.estimate(grouped, rows, weights, offsets, device=profile()).records[0].estimate
+    slower = session.estimate(grouped, rows, weights, offsets,
+                              device=profile(grouped_mm_efficiency=0.5)).records[0].estimate
+    assert (slower.compute_s, slower.memory_s) == pytest.approx((2 * plain.compute_s, 2 * plain.memory_s))
+    assert slower.overhead_s == plain.overhead_s
+    # A plain product on the same device is untouched.
+    a, b = torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(1024, 2048, dtype=torch.bfloat16)
+    assert session.estimate(torch.mm, a, b, device=profile(grouped_mm_efficiency=0.5)).time_s == pytest.approx(
+        session.estimate(torch.mm, a, b, device=profile()).time_s)
+
+
 def test_small_transfers_pay_the_bandwidth_ramp():
     session = castcore.Session(load_packs=[], device_files=[])
     x = torch.empty(1024, dtype=torch.bfloat16)
@@ -127,6 +146,7 @@ def test_small_transfers_pay_the_bandwidth_ramp():
     ({"mma_efficiency": {"bfloat16": 1.2}}, "'mma_efficiency.bfloat16' must name a torch dtype and be in (0, 1]"),
     ({"mma_efficiency": {"fp9": 0.5}}, "'mma_efficiency.fp9' must name a torch dtype"),
     ({"mma_efficiency": 0.5}, "'mma_efficiency' must be a table of dtype"),
+    ({"grouped_mm_efficiency": 2.0}, "'grouped_mm_efficiency' = 2.0 must be in (0, 1]"),
 ])
 def test_bad_tiling_fields_are_refused_by_name(change, message):
     with pytest.raises(DeviceError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):

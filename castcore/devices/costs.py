@@ -27,7 +27,7 @@ class PerformanceProperties:
     memory_read_bytes: float = 0
     memory_write_bytes: float = 0
     # Optional shape hints for shape-aware timing (castcore.devices.tiles): the matrix products behind the
-    # mma_ops as (batch, m, n, k), and the kernel family ("attention") whose own efficiency applies.
+    # mma_ops as (batch, m, n, k), and the kernel family ("attention", "grouped_mm") whose own efficiency applies.
     matmuls: list[tuple[int, int, int, int]] = field(default_factory=list)
     kernel: str = ""
 

@@ -82,6 +82,9 @@ class DeviceProfile:
     mma_tile: Mapping[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)  # dtype -> kernel tiles
     mma_unit: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # dtype -> one MMA instruction
     attention_efficiency: float = 0.0  # fraction of the matrix peak a fused attention kernel reaches (0: compute_efficiency)
+    # A grouped (mixture-of-experts) GEMM's speed against a plain GEMM's, in its matrix work and its weight
+    # streaming alike: its tiles index experts' weights (0: the same speed)
+    grouped_mm_efficiency: float = 0.0
     memory_half_bytes: float = 0.0  # bytes at which a streaming kernel reaches half its bandwidth (Hockney n_1/2)
     l2_bytes: float = 0.0
     clock_hz: float = 0.0
@@ -114,12 +117,15 @@ class DeviceProfile:
 
     def efficiency(self, unit: str, dtype_name: str) -> float:
         """The sustained fraction of ``unit``'s peak for a dtype named as ``rate`` names it."""
-        return self.mma_efficiency.get(dtype_name, self.compute_efficiency) if unit == "mma" else self.compute_efficiency
+        if unit == "mma":
+            return self.mma_efficiency.get(dtype_name, self.compute_efficiency)
+        return self.compute_efficiency
 
 
 _NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
             "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s", "attention_op_cost_s", "low_latency_a2a_cost_s",
-            "attention_efficiency", "memory_half_bytes", "l2_bytes", "clock_hz", "memory_latency_s")
+            "attention_efficiency", "grouped_mm_efficiency", "memory_half_bytes", "l2_bytes", "clock_hz",
+            "memory_latency_s")
 _KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}
 
 
@@ -162,7 +168,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     for key in _NUMBERS:
         if key in data:
             numbers[key] = _number(data[key], key, fail, positive=key in ("memory_bytes", "memory_bandwidth"))
-    for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency"):
+    for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "grouped_mm_efficiency"):
         if key in numbers and not 0 < numbers[key] <= 1:
             raise fail(f"'{key}' = {numbers[key]} must be in (0, 1]")
     rates = {}

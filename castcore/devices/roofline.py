@@ -43,6 +43,8 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     # their additive launch cost.
     ramp = device.memory_half_bytes if not uses_mma else 0.0
     memory_s = (props.memory_bytes + ramp) / bandwidth if props.memory_bytes else 0.0
+    if props.kernel == "grouped_mm" and device.grouped_mm_efficiency:  # expert-indexed tiles, as measured
+        compute_s, memory_s = compute_s / device.grouped_mm_efficiency, memory_s / device.grouped_mm_efficiency
     if compute_s == 0 and memory_s == 0:
         return Estimate(time_s=0.0, bound="none", source=source)
     overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s

@@ -99,7 +99,11 @@ def grouped_mm_properties(invoke: OpInvoke, weights: tuple = ()) -> PerformanceP
         untouched = 1 - touched_experts(b.shape[0], a.shape[0]) / max(1, b.shape[0])
         props.memory_read_bytes -= sum(w.nbytes for w in (b, *weights)) * untouched
     props.add(product_dtype(invoke, a.dtype), mma=2 * outputs * a.shape[-1])
+    props.kernel = GROUPED
     return props.add(torch.float32 if scaled else a.dtype, gp=(has_bias + scaled) * out.numel())
+
+
+GROUPED = "grouped_mm"  # the kernel family of every grouped (mixture-of-experts) product: grouped_mm_efficiency
 
 
 def touched_experts(experts: int, rows: int) -> float:

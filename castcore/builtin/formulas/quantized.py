@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from castcore.builtin.formulas.matmul import (
+    GROUPED,
     grouped_mm_properties,
     matmul_properties,
     scaled_mm_properties,
@@ -45,6 +46,7 @@ def _weight_only_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
     touched = touched_experts(experts, rows)
     props = invoke.memory_access_properties()
     props.memory_read_bytes -= (qweight.nbytes + scales.nbytes) * (1 - touched / max(1, experts))
+    props.kernel = GROUPED
     return props.add(x.dtype, mma=2 * rows * out_features * columns,
                      gp=DEQUANTIZE * touched * out_features * columns)
 
@@ -108,4 +110,5 @@ def _block_scaled_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
     touched = touched_experts(b.shape[0], a.shape[0])
     props = invoke.memory_access_properties()
     props.memory_read_bytes -= (b.nbytes + scale_b.nbytes) * (1 - touched / max(1, b.shape[0]))
+    props.kernel = GROUPED
     return _block_scaled_work(props, invoke, b, a.shape[0], touched * b.shape[1] * in_features(b))
