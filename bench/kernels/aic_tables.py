@@ -27,8 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # score.py sits beside this file
 from score import WITHIN, quantile  # noqa: E402
 
-PROFILES = {"h100_sxm": "h100-sxm5-80gb", "h200_sxm": "h200-sxm", "a100_sxm": "a100-sxm4-80gb", "b200_sxm": "b200"}
-FITTED = {("h100_sxm", "vllm"), ("a100_sxm", "vllm"), ("b200_sxm", "vllm")}  # where the profile constants came from
+PROFILES = {"h100_sxm": "h100-sxm5-80gb", "h200_sxm": "h200-sxm", "a100_sxm": "a100-sxm4-80gb", "b200_sxm": "b200",
+            "l40s": "l40s"}
+FITTED = {("h100_sxm", "vllm"), ("a100_sxm", "vllm"), ("b200_sxm", "vllm"), ("l40s", "vllm")}  # where the profile constants came from
 
 
 def table(system: str, family: str, engine: str, name: str) -> list[dict]:
