@@ -19,12 +19,11 @@ from castcore.plugins.replacements import declare_replaces
 from castcore.plugins.rfc import OpInvokeInfo, PerformanceModel
 from castcore.recording.hints import collective_kernels
 from castcore.recording.invoke import OpInvoke, TensorMeta, op_name, tensors_in
+from castcore.recording.routing import expert_routing
 
 __all__ = [
     "ComputeOps", "DeviceProfile", "Estimate", "Interconnect", "OpInvoke", "OpInvokeInfo", "PerformanceModel",
-    "collective_kernels",
-    "PerformanceProperties", "Source", "TensorMeta", "declare_replaces", "device_from_dict", "dtype_name", "formulas",
-    "hookimpl",
-    "op_name", "package_profiles", "register_measured_table", "register_op", "register_op_estimator",
-    "register_op_properties", "roofline", "tensors_in", "tiled_matmul",
+    "PerformanceProperties", "Source", "TensorMeta", "collective_kernels", "declare_replaces", "device_from_dict",
+    "dtype_name", "expert_routing", "formulas", "hookimpl", "op_name", "package_profiles", "register_measured_table",
+    "register_op", "register_op_estimator", "register_op_properties", "roofline", "tensors_in", "tiled_matmul",
 ]

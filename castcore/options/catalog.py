@@ -87,6 +87,10 @@ DEPLOYMENT = (
            "'low-latency' every rank sending straight to every other in one step, the network latency paid once "
            "(DeepEP's low-latency kernels); 'auto' low-latency for decode steps, normal for prompts (SGLang's "
            "DeepEP mode auto)", PARALLEL, default="normal", choices=EP_KERNELS),
+    Option("expert_skew", "MoE routing as uneven as real traffic: expert loads follow a power law of exponent "
+           "ALPHA (as NVIDIA's AIConfigurator draws them; it fits 1.01 to DeepSeek-V3 and 1.2 to Qwen3-235B), so "
+           "fewer experts' weights are read and, with --ep, the busiest device receives more rows. Not given: "
+           "balanced routing", PARALLEL, kind="number", optional=True, metavar="ALPHA"),
     _int("pp", 1, "pipeline parallel over N stages: layers split into stages, activations sent between them",
          PARALLEL),
     _int("micro_batches", 1, "with --pp: the batch goes through the stages in M micro-batches", PARALLEL,

@@ -29,7 +29,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 from castcore.errors import CastcoreError
 from castcore.options.catalog import say
-from castcore.recording import hints
+from castcore.recording import hints, routing
 from castcore.recording.dtensor import dtensor_shadow, dtensor_type, local_shards
 from castcore.recording.fakes import fake_in_any_dtype
 from castcore.recording.invoke import OpInvoke, tensors_in, to_meta
@@ -201,11 +201,11 @@ def _group_name_position(func) -> int | None:
 
 def _attrs(func, args, kwargs) -> dict:
     """Facts the arguments do not carry: a collective's process group size and kernels (castcore.recording.hints),
-    torch's float32 matmul precision when it allows TF32 ("high", "medium": allow_tf32)."""
+    an experts block's routing skew (castcore.recording.routing), torch's float32 matmul precision when it allows
+    TF32 ("high", "medium": allow_tf32)."""
     precision = torch.get_float32_matmul_precision()
-    if precision != "highest":
-        return {"float32_matmul_precision": precision, **_group_attrs(func, args, kwargs)}
-    return _group_attrs(func, args, kwargs)
+    found = {"float32_matmul_precision": precision} if precision != "highest" else {}
+    return {**found, **routing.recorded(), **_group_attrs(func, args, kwargs)}
 
 
 def _group_attrs(func, args, kwargs) -> dict:

@@ -90,9 +90,10 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
             groups = dataclasses.replace(groups, kernels="low-latency" if low_latency else None)
             count = shard_experts(built.model, groups)
             built.description += f", expert parallel {ep}" + ("" if tp > 1 else " (per device)")
+            routed = ("taken as balanced (tokens x top_k / ep rows per device" if not workload.expert_skew else
+                      f"skewed ({say('expert_skew', workload.expert_skew)}: the busiest device's rows")
             notes.append(f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "
-                         "taken as balanced (tokens x top_k / ep rows per device, split evenly over its experts), "
-                         "dispatched and combined by all_to_all"
+                         f"{routed}, split evenly over its experts), dispatched and combined by all_to_all"
                          + (" as low-latency kernels run it (every rank sends straight to every other, one step)"
                             if low_latency else "")
                          + (f" after each of the {tp} tensor-parallel ranks takes 1/{tp} of the tokens, all-gathered "

@@ -32,6 +32,7 @@ import torch
 
 from castcore.hf import is_experts_module
 from castcore.options.catalog import say
+from castcore.recording import routing
 from castcore.recording.hints import collective_kernels
 from castcore.workload.parallel import _expert_weights, _replace, split_experts
 from castcore.workload.spec import ModelError
@@ -92,11 +93,27 @@ def _grouped(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, trans
     return torch._grouped_mm(x, weight if transposed else weight.transpose(-2, -1), offs=offsets)
 
 
+def _busiest_rows(local_experts: int, ranks: int, tokens: int, top_k: int) -> int:
+    """Rows the busiest of ``ranks`` expert-parallel ranks receives when each sends ``tokens`` x ``top_k``:
+    its even share, or more under the routing skew of the capture (castcore.recording.routing)."""
+    skew = routing.recorded().get("expert_skew")
+    rows = tokens * top_k
+    if not skew:
+        return rows
+    share = routing.busiest_share(local_experts * ranks, ranks, tokens * ranks, top_k, skew)
+    return max(rows, round(share * rows * ranks))
+
+
 def _expert_parallel_forward(groups: ExpertGroups):
     import torch.distributed._functional_collectives as funcol
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        with routing.expert_routing(top_k=top_k_index.shape[-1]):
+            return routed(self, hidden_states, top_k_index, top_k_weights)
+
+    def routed(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+               top_k_weights: torch.Tensor) -> torch.Tensor:
         tokens, hidden = hidden_states.shape
         top_k = top_k_index.shape[-1]
         share = -(-tokens // groups.token_share)  # this rank's tokens (the larger share)
@@ -111,8 +128,10 @@ def _expert_parallel_forward(groups: ExpertGroups):
             routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
             top_k_weights = torch.ones_like(top_k_weights)
         splits = _splits(rows, groups.ep_size)
+        # The busiest rank sets the pace: under a routing skew it receives more than its even share.
+        busiest = _splits(_busiest_rows(self.num_experts, groups.ep_size, share, top_k), groups.ep_size)
         with collective_kernels(groups.kernels):
-            received = funcol.all_to_all_single(routed, splits, splits, groups.ep)
+            received = funcol.all_to_all_single(routed, busiest, splits, groups.ep)
         if groups.etp_size > 1:
             received = funcol.all_gather_single(received, 0, groups.etp)
         # Balanced routing: the received rows split evenly across the local experts.
@@ -136,7 +155,7 @@ def _expert_parallel_forward(groups: ExpertGroups):
             out = funcol.reduce_scatter_single(out, "sum", 0, groups.etp)
         # Combine: back to the tokens' devices, weighted by the router and summed over each token's top_k.
         with collective_kernels(groups.kernels):
-            back = funcol.all_to_all_single(out, splits, splits, groups.ep)
+            back = funcol.all_to_all_single(out, splits, busiest, groups.ep)
         weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(back.dtype)
         restore = torch.empty_like(order)
         restore[order] = torch.arange(rows, device=order.device)

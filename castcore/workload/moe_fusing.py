@@ -23,6 +23,7 @@ from torch import nn
 
 from castcore import hf
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
+from castcore.recording.routing import expert_routing
 from castcore.workload.experts import _grouped
 from castcore.workload.parallel import _expert_weights
 
@@ -119,7 +120,13 @@ def _fuse_experts(module: nn.Module, gate) -> None:
 def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """As vLLM's fused MoE runs: dispatch (gather + sort) in one kernel, the two grouped GEMMs with the gated
     activation between them, and the weighted combine in one kernel. ``_grouped`` is looked up by name, so a
-    quantized deployment swaps in its own product (castcore.workload.quantize)."""
+    quantized deployment swaps in its own product (castcore.workload.quantize). Its ops carry the top-k for a
+    routing skew (castcore.recording.routing)."""
+    with expert_routing(top_k=top_k_index.shape[-1]):
+        return _fused_experts(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _fused_experts(self, hidden_states, top_k_index, top_k_weights):
     rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
     if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the expert's input
         rows = rows * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)

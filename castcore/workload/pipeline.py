@@ -27,6 +27,7 @@ from castcore.report.records import OpRecord, Report
 from castcore.workload.deploy import check_interconnect, parallelize
 from castcore.workload.layout import plan_layout
 from castcore.recording.hints import collective_kernels
+from castcore.recording.routing import expert_routing
 from castcore.workload.fusing import fuse
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
 from castcore.workload.quantize import quantize
@@ -126,7 +127,8 @@ def _fuse_shard_capture(host: PluginHost, workload: Workload, device: DeviceProf
 def _capture(host: PluginHost, workload: Workload, device: DeviceProfile, built: BuiltModel,
              progress: Callable[[int], None] | None) -> Capture:
     try:
-        with _tf32(workload.dtype == "tf32"), collective_kernels(None if workload.train else "engine"):
+        with (_tf32(workload.dtype == "tf32"), collective_kernels(None if workload.train else "engine"),
+              expert_routing(skew=workload.expert_skew)):
             whole = host.outranking(device)
             if workload.fuse and not workload.train:
                 whole = {**dict.fromkeys(DEPLOYED_WHOLE_OPS, frozenset()), **whole}

@@ -52,6 +52,7 @@ class Workload:
     ep: int = 1  # expert parallel devices (MoE): experts split across them
     attention_dp: int = 1  # attention data-parallel groups of tp devices: ep // tp whenever ep > tp
     ep_kernels: str = "normal"  # expert dispatch and combine: "normal", "low-latency" or "auto" (decode: low-latency)
+    expert_skew: float | None = None  # MoE routing skew, a power-law exponent (castcore.recording.routing); None: even
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # a pipelined prefill's micro-batches
     dp: int = 1  # data-parallel replicas

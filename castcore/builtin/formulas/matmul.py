@@ -9,6 +9,7 @@ import torch
 from castcore.builtin.formulas.pointwise import SIGMOID, TANH
 from castcore.devices.costs import PerformanceProperties
 from castcore.plugins.claims import register_op_properties
+from castcore.recording import routing
 from castcore.recording.invoke import OpInvoke
 
 aten = torch.ops.aten
@@ -96,7 +97,7 @@ def grouped_mm_properties(invoke: OpInvoke, weights: tuple = ()) -> PerformanceP
     has_bias, scaled = invoke.argument("bias") is not None, invoke.argument("scale_a") is not None
     props = invoke.memory_access_properties()
     if a.dim() == 2 and b.dim() == 3:  # rows grouped by expert against [experts, K, N] weights
-        untouched = 1 - touched_experts(b.shape[0], a.shape[0]) / max(1, b.shape[0])
+        untouched = 1 - routed_experts(invoke, b.shape[0], a.shape[0]) / max(1, b.shape[0])
         props.memory_read_bytes -= sum(w.nbytes for w in (b, *weights)) * untouched
     props.add(product_dtype(invoke, a.dtype), mma=2 * outputs * a.shape[-1])
     props.kernel = GROUPED
@@ -104,6 +105,16 @@ def grouped_mm_properties(invoke: OpInvoke, weights: tuple = ()) -> PerformanceP
 
 
 GROUPED = "grouped_mm"  # the kernel family of every grouped (mixture-of-experts) product: grouped_mm_efficiency
+
+
+def routed_experts(invoke: OpInvoke, experts: int, rows: int) -> float:
+    """How many experts' weights a grouped product over ``rows`` routed rows reads: under a routing skew the
+    experts block recorded (castcore.recording.routing) those its loads reach, else ``touched_experts``. With no
+    more rows than experts the skew changes little (the rows still mostly land on distinct experts, as measured)."""
+    skew, top_k = invoke.attrs.get("expert_skew"), invoke.attrs.get("top_k")
+    if skew and top_k and rows > experts:
+        return min(experts, routing.touched(experts, rows / top_k, top_k, skew))
+    return touched_experts(experts, rows)
 
 
 def touched_experts(experts: int, rows: int) -> float:

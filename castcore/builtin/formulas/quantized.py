@@ -9,8 +9,8 @@ from castcore.builtin.formulas.matmul import (
     GROUPED,
     grouped_mm_properties,
     matmul_properties,
+    routed_experts,
     scaled_mm_properties,
-    touched_experts,
 )
 from castcore.builtin.quantized_ops import OPS, in_features
 from castcore.devices.costs import PerformanceProperties
@@ -39,11 +39,11 @@ def _weight_only_linear(invoke: OpInvoke, device) -> PerformanceProperties:
 @register_op_properties(OPS["weight_only_grouped_mm"])
 def _weight_only_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
     """As weight_only_linear per expert, over the experts the rows are expected to touch (their weights and
-    scales are all that is read and dequantized; see matmul.touched_experts)."""
+    scales are all that is read and dequantized; see matmul.routed_experts)."""
     x, qweight, scales = invoke.args[:3]
     rows, columns = x.shape
     experts, out_features = qweight.shape[:2]
-    touched = touched_experts(experts, rows)
+    touched = routed_experts(invoke, experts, rows)
     props = invoke.memory_access_properties()
     props.memory_read_bytes -= (qweight.nbytes + scales.nbytes) * (1 - touched / max(1, experts))
     props.kernel = GROUPED
@@ -105,9 +105,9 @@ def _block_scaled_mm(invoke: OpInvoke, device) -> PerformanceProperties:
 
 @register_op_properties(OPS["block_scaled_grouped_mm"])
 def _block_scaled_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
-    """As block_scaled_mm per expert, over the experts the rows are expected to touch (see matmul.touched_experts)."""
+    """As block_scaled_mm per expert, over the experts the rows are expected to touch (see matmul.routed_experts)."""
     a, b, _, scale_b = invoke.args[:4]
-    touched = touched_experts(b.shape[0], a.shape[0])
+    touched = routed_experts(invoke, b.shape[0], a.shape[0])
     props = invoke.memory_access_properties()
     props.memory_read_bytes -= (b.nbytes + scale_b.nbytes) * (1 - touched / max(1, b.shape[0]))
     props.kernel = GROUPED
