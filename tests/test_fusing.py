@@ -110,6 +110,29 @@ def test_kept_keys_counts_a_chunked_mask(q_len, kv_len, chunk):
     assert kept_keys(q_len, kv_len, True, 0, chunk) == int(keep.sum())
 
 
+@pytest.mark.parametrize("q_len,kv_len,window,chunk", [(1, 1000, 100, 0), (4, 1000, 100, 0), (1, 1000, 0, 256),
+                                                       (1, 50, 100, 0), (1000, 1000, 100, 0), (1, 1000, 0, 0)])
+def test_attention_reads_only_the_keys_its_queries_can_see(session, q_len, kv_len, window, chunk):
+    """A decode step over a long cache with a sliding window (or Llama 4's chunks) reads the keys its queries
+    reach, not the whole cache; a prompt's queries reach every key."""
+    q = torch.empty(2, 8, q_len, 64, dtype=torch.bfloat16)
+    k = torch.empty(2, 2, kv_len, 64, dtype=torch.bfloat16)
+
+    def attend(q, k, v):
+        return torch.ops.castcore.attention(q, k, v, 0.125, True, window, 0.0, chunk=chunk)
+
+    (record,) = session.estimate(attend, q, k, k).records
+    first = kv_len - q_len
+    start = max(0, first - window + 1) if window else (first // chunk * chunk if chunk else 0)
+    reached = kv_len - start
+    out = 2 * q_len * 8 * 64 * 2
+    assert record.properties.memory_read_bytes == pytest.approx(q.nbytes + 2 * k.nbytes * reached / kv_len)
+    assert record.properties.memory_write_bytes == out
+    assert reached == {(1, 1000, 100, 0): 100, (4, 1000, 100, 0): 103, (1, 1000, 0, 256): 1000 - 768,
+                       (1, 50, 100, 0): 50, (1000, 1000, 100, 0): 1000, (1, 1000, 0, 0): 1000}[
+        (q_len, kv_len, window, chunk)]
+
+
 def test_llama4_chunked_layers_attend_within_their_chunk():
     """A 100-token prompt over 64-token chunks: the fused prefill gives transformers' own eager logits, and the
     chunked layer's attention is priced on the pairs its mask keeps (64 x 65 / 2 + 36 x 37 / 2 per head)."""

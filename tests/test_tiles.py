@@ -103,6 +103,19 @@ def test_a_dtype_with_its_own_matrix_efficiency_runs_at_it_and_others_keep_compu
     other = profile(mma_efficiency={"float8_e4m3fn": 0.4})
     assert session.estimate(torch.mm, a, b, device=other).records[0].estimate.compute_s == pytest.approx(base.compute_s)
     assert other.efficiency("gp", "bfloat16") == 0.8 and other.efficiency("mma", "float8_e4m3fn") == 0.4
+    # Fused attention in that dtype keeps the same ratio to its GEMMs: 0.6 x 0.4 / 0.8.
+    fp8 = {"mma_flops": {"bfloat16": PEAK, "float8_e4m3fn": 2 * PEAK}, "mma_unit": {"bfloat16": [16, 8, 16]},
+           "attention_efficiency": 0.6}
+    q = torch.empty(1, 8, 1024, 128, dtype=torch.float8_e4m3fn)
+
+    def attend(q):
+        return torch.ops.castcore.attention(q, q, q, 0.1, True, 0, 0.0)
+
+    plain, slower = (session.estimate(attend, q, device=profile(**fp8, **more)).records[0]
+                     for more in ({}, {"mma_efficiency": {"float8_e4m3fn": 0.4}}))
+    mma = plain.properties.compute_ops[torch.float8_e4m3fn].mma_ops
+    assert slower.estimate.compute_s - plain.estimate.compute_s == pytest.approx(
+        mma / (2 * PEAK) * (1 / (0.6 * 0.4 / 0.8) - 1 / 0.6))
     assert session.estimate(torch.neg, x, device=other).records[0].estimate.time_s == pytest.approx(
         session.estimate(torch.neg, x, device=profile()).records[0].estimate.time_s)
 

@@ -28,7 +28,8 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
             if unit == "mma":
                 uses_mma = True
                 if props.kernel == "attention" and device.attention_efficiency:
-                    efficiency = device.attention_efficiency
+                    # measured in bf16; a dtype whose GEMMs sustain less of their peak (fp8) loses as much here
+                    efficiency = device.attention_efficiency * efficiency / device.compute_efficiency
                 elif props.matmuls and sum(1 for o in props.compute_ops.values() if o.mma_ops) == 1:
                     tiled = _tiled(props, device, dtype, rate * efficiency)
                     if tiled is not None:

@@ -109,61 +109,58 @@ def _expert_parallel_forward(groups: ExpertGroups):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        with routing.expert_routing(top_k=top_k_index.shape[-1]):
-            return routed(self, hidden_states, top_k_index, top_k_weights)
-
-    def routed(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-               top_k_weights: torch.Tensor) -> torch.Tensor:
-        tokens, hidden = hidden_states.shape
-        top_k = top_k_index.shape[-1]
-        share = -(-tokens // groups.token_share)  # this rank's tokens (the larger share)
-        if share < tokens:
-            hidden_states, top_k_index, top_k_weights = (t.narrow(0, 0, share)
-                                                         for t in (hidden_states, top_k_index, top_k_weights))
-        rows = share * top_k
-        # Dispatch: the routed copies sorted by expert, then sent to the devices holding their experts.
-        order = torch.sort(top_k_index.reshape(-1)).indices
-        routed = hidden_states[order // top_k]
-        if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the input
-            routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
-            top_k_weights = torch.ones_like(top_k_weights)
-        splits = _splits(rows, groups.ep_size)
-        # The busiest rank sets the pace: under a routing skew it receives more than its even share.
-        busiest = _splits(_busiest_rows(self.num_experts, groups.ep_size, share, top_k), groups.ep_size)
-        with collective_kernels(groups.kernels):
-            received = funcol.all_to_all_single(routed, busiest, splits, groups.ep)
-        if groups.etp_size > 1:
-            received = funcol.all_gather_single(received, 0, groups.etp)
-        # Balanced routing: the received rows split evenly across the local experts.
-        local, count = self.num_experts, received.shape[0]
-        offsets = torch.arange(1, local + 1, dtype=torch.int32, device=received.device) * (count // local)
-        bias = getattr(self, "has_bias", False)
-        ids = torch.arange(count, device=received.device) * local // max(count, 1) if bias else None  # rows' experts
-        transposed = bool(getattr(self, "is_transposed", False))
-        gate_up = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
-        out = _grouped(received, gate_up, offsets, transposed)
-        if hasattr(self, "castcore_gate"):  # the fused activation (castcore.workload.moe_fusing), first bias in it
-            out = self.castcore_gate(out, offsets)
-        else:
+        with routing.expert_routing(top_k=top_k_index.shape[-1]):  # the body stays here: quantize swaps _grouped
+            tokens, hidden = hidden_states.shape
+            top_k = top_k_index.shape[-1]
+            share = -(-tokens // groups.token_share)  # this rank's tokens (the larger share)
+            if share < tokens:
+                hidden_states, top_k_index, top_k_weights = (t.narrow(0, 0, share)
+                                                             for t in (hidden_states, top_k_index, top_k_weights))
+            rows = share * top_k
+            # Dispatch: the routed copies sorted by expert, then sent to the devices holding their experts.
+            order = torch.sort(top_k_index.reshape(-1)).indices
+            routed = hidden_states[order // top_k]
+            if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the input
+                routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
+                top_k_weights = torch.ones_like(top_k_weights)
+            splits = _splits(rows, groups.ep_size)
+            # The busiest rank sets the pace: under a routing skew it receives more than its even share.
+            busiest = _splits(_busiest_rows(self.num_experts, groups.ep_size, share, top_k), groups.ep_size)
+            with collective_kernels(groups.kernels):
+                received = funcol.all_to_all_single(routed, busiest, splits, groups.ep)
+            if groups.etp_size > 1:
+                received = funcol.all_gather_single(received, 0, groups.etp)
+            # Balanced routing: the received rows split evenly across the local experts.
+            local, count = self.num_experts, received.shape[0]
+            offsets = torch.arange(1, local + 1, dtype=torch.int32, device=received.device) * (count // local)
+            bias = getattr(self, "has_bias", False)
+            # each row's expert, for the biases
+            ids = torch.arange(count, device=received.device) * local // max(count, 1) if bias else None
+            transposed = bool(getattr(self, "is_transposed", False))
+            gate_up = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
+            out = _grouped(received, gate_up, offsets, transposed)
+            if hasattr(self, "castcore_gate"):  # the fused activation (castcore.workload.moe_fusing), first bias in it
+                out = self.castcore_gate(out, offsets)
+            else:
+                if bias:
+                    out.add_((self.gate_up_proj_bias if getattr(self, "has_gate", True) else self.up_proj_bias)[ids])
+                out = self._apply_gate(out) if getattr(self, "has_gate", True) else self.act_fn(out)
+            out = _grouped(out, self.down_proj, offsets, transposed)
             if bias:
-                out.add_((self.gate_up_proj_bias if getattr(self, "has_gate", True) else self.up_proj_bias)[ids])
-            out = self._apply_gate(out) if getattr(self, "has_gate", True) else self.act_fn(out)
-        out = _grouped(out, self.down_proj, offsets, transposed)
-        if bias:
-            out.add_(self.down_proj_bias[ids])
-        if groups.etp_size > 1:
-            out = funcol.reduce_scatter_single(out, "sum", 0, groups.etp)
-        # Combine: back to the tokens' devices, weighted by the router and summed over each token's top_k.
-        with collective_kernels(groups.kernels):
-            back = funcol.all_to_all_single(out, splits, busiest, groups.ep)
-        weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(back.dtype)
-        restore = torch.empty_like(order)
-        restore[order] = torch.arange(rows, device=order.device)
-        combined = weighted[restore].view(share, top_k, hidden).sum(dim=1).to(hidden_states.dtype)
-        if groups.token_share > 1:
-            combined = funcol.all_gather_single(combined, 0, groups.tp)
-            if combined.shape[0] != tokens:
-                combined = combined.narrow(0, 0, tokens)
-        return combined
+                out.add_(self.down_proj_bias[ids])
+            if groups.etp_size > 1:
+                out = funcol.reduce_scatter_single(out, "sum", 0, groups.etp)
+            # Combine: back to the tokens' devices, weighted by the router and summed over each token's top_k.
+            with collective_kernels(groups.kernels):
+                back = funcol.all_to_all_single(out, splits, busiest, groups.ep)
+            weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(back.dtype)
+            restore = torch.empty_like(order)
+            restore[order] = torch.arange(rows, device=order.device)
+            combined = weighted[restore].view(share, top_k, hidden).sum(dim=1).to(hidden_states.dtype)
+            if groups.token_share > 1:
+                combined = funcol.all_gather_single(combined, 0, groups.tp)
+                if combined.shape[0] != tokens:
+                    combined = combined.narrow(0, 0, tokens)
+            return combined
 
     return forward

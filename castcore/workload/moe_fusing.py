@@ -120,22 +120,18 @@ def _fuse_experts(module: nn.Module, gate) -> None:
 def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """As vLLM's fused MoE runs: dispatch (gather + sort) in one kernel, the two grouped GEMMs with the gated
     activation between them, and the weighted combine in one kernel. ``_grouped`` is looked up by name, so a
-    quantized deployment swaps in its own product (castcore.workload.quantize). Its ops carry the top-k for a
-    routing skew (castcore.recording.routing)."""
+    quantized deployment swaps in its own product (castcore.workload.quantize): the body stays in this one
+    function. Its ops carry the top-k for a routing skew (castcore.recording.routing)."""
     with expert_routing(top_k=top_k_index.shape[-1]):
-        return _fused_experts(self, hidden_states, top_k_index, top_k_weights)
-
-
-def _fused_experts(self, hidden_states, top_k_index, top_k_weights):
-    rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
-    if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the expert's input
-        rows = rows * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
-        top_k_weights = torch.ones_like(top_k_weights)
-    transposed = bool(getattr(self, "is_transposed", False))
-    out = self.castcore_gate(_grouped(rows, self.gate_up_proj, offsets, transposed), offsets)
-    bias = getattr(self, "down_proj_bias", None) if getattr(self, "has_bias", False) else None
-    return ops.moe_unpermute(_grouped(out, self.down_proj, offsets, transposed), order, top_k_weights, bias,
-                             offsets if bias is not None else None)
+        rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
+        if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the expert's input
+            rows = rows * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
+            top_k_weights = torch.ones_like(top_k_weights)
+        transposed = bool(getattr(self, "is_transposed", False))
+        out = self.castcore_gate(_grouped(rows, self.gate_up_proj, offsets, transposed), offsets)
+        bias = getattr(self, "down_proj_bias", None) if getattr(self, "has_bias", False) else None
+        return ops.moe_unpermute(_grouped(out, self.down_proj, offsets, transposed), order, top_k_weights, bias,
+                                 offsets if bias is not None else None)
 
 
 # --- Llama 4 ---------------------------------------------------------------------------------------------------

@@ -64,11 +64,20 @@ def _gelu_and_mul(invoke: OpInvoke, device) -> PerformanceProperties:
 def _attention(invoke: OpInvoke, device) -> PerformanceProperties:
     """Two products over the kept (query, key) pairs, softmax per kept score (and a tanh for a soft cap);
     q, k and v read once at their own dtype (a cache in fp8 is read as fp8), the output written once. A kernel
-    without grouped-KV sharing (``kv_per_query_head``) reads k and v once per query head instead."""
-    q, k = invoke.args[:2]
+    without grouped-KV sharing (``kv_per_query_head``) reads k and v once per query head instead. Keys no query
+    of a causal call can see (before a sliding window or the queries' chunk) are not read: a decode step over a
+    long cache reads only its window."""
+    q, k, v = invoke.args[:3]
     batch, heads, q_len, _ = q.shape
-    return _attention_properties(invoke, batch * heads * kept_keys(q_len, k.shape[2], invoke.argument("causal"),
-                                                                   invoke.argument("window"), invoke.argument("chunk")))
+    causal, window, chunk = invoke.argument("causal"), invoke.argument("window"), invoke.argument("chunk")
+    props = _attention_properties(invoke, batch * heads * kept_keys(q_len, k.shape[2], causal, window, chunk))
+    kv_len = k.shape[2]
+    first = kv_len - q_len  # the first query's position, bottom-right aligned
+    start = max(0, first - window + 1) if window else (first // chunk * chunk if chunk else 0)
+    if causal and start > 0:
+        per_group = heads // k.shape[1] if invoke.argument("kv_per_query_head") else 1
+        props.memory_read_bytes -= per_group * (k.nbytes + v.nbytes) * min(start, kv_len) / kv_len
+    return props
 
 
 @register_op_properties(OPS["varlen_attention"])
