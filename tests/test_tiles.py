@@ -139,6 +139,24 @@ def test_grouped_products_run_at_the_grouped_efficiency_in_work_and_weight_strea
         session.estimate(torch.mm, a, b, device=profile()).time_s)
 
 
+def test_attention_pays_a_fixed_cost_per_wave_of_its_blocks():
+    session = castcore.Session(load_packs=[], device_files=[])
+
+    def attend(q, k):
+        return torch.ops.castcore.attention(q, k, k, 0.1, True, 0, 0.0)
+
+    # Decode: one block per (sequence, KV head) with 8 query heads a group, on 4 units. 9 x 2 blocks -> 5 waves.
+    q, k = torch.empty(9, 16, 1, 64, dtype=torch.bfloat16), torch.empty(9, 2, 100, 64, dtype=torch.bfloat16)
+    costs = {"attention_op_cost_s": 3e-6, "attention_efficiency": 0.5}
+    plain = session.estimate(attend, q, k, device=profile(**costs)).records[0]
+    waved = session.estimate(attend, q, k, device=profile(**costs, attention_wave_s=2e-6)).records[0]
+    assert plain.properties.blocks == 18
+    assert waved.estimate.overhead_s == pytest.approx(3e-6 + 5 * 2e-6) and plain.estimate.overhead_s == 3e-6
+    # A prompt: one block per 128 of a KV head's query rows (300 x 8 rows -> 19 blocks a KV head).
+    q, k = torch.empty(1, 16, 300, 64, dtype=torch.bfloat16), torch.empty(1, 2, 300, 64, dtype=torch.bfloat16)
+    assert session.estimate(attend, q, k, device=profile(**costs)).records[0].properties.blocks == 2 * 19
+
+
 def test_small_transfers_pay_the_bandwidth_ramp():
     session = castcore.Session(load_packs=[], device_files=[])
     x = torch.empty(1024, dtype=torch.bfloat16)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from castcore.devices.costs import Estimate, PerformanceProperties, Source
 from castcore.devices.profile import DeviceProfile
 from castcore.devices.tiles import tiled_matmul
@@ -51,6 +53,9 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s
     if props.kernel == "attention" and device.attention_op_cost_s:  # its scheduling and prologue, measured per call
         overhead_s = device.attention_op_cost_s
+    if props.kernel == "attention" and device.attention_wave_s and props.blocks and device.compute_units:
+        # each wave of blocks loads its queries and writes its rows: a large decode batch pays it many times
+        overhead_s += math.ceil(props.blocks / device.compute_units) * device.attention_wave_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")
     if ramp:  # the measured ramp already holds the launch: it is a floor, not an addition
