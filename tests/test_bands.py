@@ -50,6 +50,31 @@ def test_the_cli_prints_bands_in_json_and_csv(tmp_path, capsys):
     assert next(line for line in lines if line.startswith("aten::mm,")).endswith(",0.09")
 
 
+def test_block_scaled_products_and_experts_have_their_own_families(tmp_path):
+    import torch
+
+    bands = "\n[error_bands]\ngemm_fp8 = 0.2\ngemm_fp8_block = 0.15\nmoe = 0.12\n"
+    session = castcore.Session(load_packs=[], device_files=[_profile(tmp_path, bands)])
+    fp8 = torch.float8_e4m3fn
+    x, w = torch.empty(64, 256, dtype=fp8), torch.empty(512, 256, dtype=fp8)
+
+    def product(x, w, scale_a, scale_b):
+        return torch._scaled_mm(x, w.t(), scale_a, scale_b, out_dtype=torch.bfloat16)
+
+    def band(report):
+        (row,) = [row for row in report.to_dict()["ops"] if row["op"] == "aten::_scaled_mm"]
+        return row["error_band"]
+
+    # Per token and channel: one scale a row; block-scaled: one per 128 columns of a row, one per 128 x 128 block.
+    per_token = session.estimate(product, x, w, torch.empty(64, 1), torch.empty(1, 512), device="banded")
+    blocks = session.estimate(product, x, w, torch.empty(64, 2), torch.empty(4, 2).t(), device="banded")
+    assert band(per_token) == {"family": "gemm_fp8", "held_out_median_abs_error": 0.2}
+    assert band(blocks) == {"family": "gemm_fp8_block", "held_out_median_abs_error": 0.15}
+    experts = session.estimate(castcore.build_workload(str(DATA / "tiny-mixtral.json"), seq=16), device="banded")
+    rows = {row["op"]: row["error_band"] for row in experts.to_dict()["ops"]}
+    assert rows["aten::_grouped_mm"] == {"family": "moe", "held_out_median_abs_error": 0.12}
+
+
 def test_a_profile_without_bands_gives_none(session, tiny_llama):
     report = session.estimate(castcore.build_workload(str(tiny_llama), seq=16))
     assert all(row["error_band"] is None for row in report.to_dict()["ops"])

@@ -14,8 +14,8 @@ from castcore.errors import CastcoreError
 from castcore.tomlfiles import read_toml, tomllib
 
 TOPOLOGIES = ("full-mesh", "ring", "switch", "clos")
-BAND_FAMILIES = ("gemm_bf16", "gemm_fp8", "attention_prefill", "attention_decode", "engine_allreduce",
-                 "low_latency_a2a")  # the kernel families castcore.report.bands sorts op calls into
+BAND_FAMILIES = ("gemm_bf16", "gemm_fp8", "gemm_fp8_block", "moe", "attention_prefill", "attention_decode",
+                 "engine_allreduce", "low_latency_a2a")  # the kernel families castcore.report.bands sorts calls into
 ENGINE_ALLREDUCE = ("engine_allreduce_max_bytes", "one_shot_latency_s", "one_shot_bandwidth", "two_shot_latency_s",
                     "two_shot_bandwidth")
 PROTOCOLS = ("LL", "LL128", "Simple")  # a collective library's protocols, as Interconnect.protocol_latency_s orders them
