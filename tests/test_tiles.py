@@ -99,6 +99,11 @@ def test_a_dtype_with_its_own_matrix_efficiency_runs_at_it_and_others_keep_compu
     base = session.estimate(torch.mm, a, b, device=profile()).records[0].estimate
     own = session.estimate(torch.mm, a, b, device=profile(mma_efficiency={"bfloat16": 0.4})).records[0].estimate
     assert own.compute_s == pytest.approx(base.compute_s * 0.8 / 0.4)
+    # Its kernels stream their operands at the same ratio: a skinny (memory-bound) product takes twice as long.
+    skinny = torch.empty(4, 4096, dtype=torch.bfloat16)
+    lean, slow = (session.estimate(torch.mm, skinny, b, device=d).records[0].estimate
+                  for d in (profile(), profile(mma_efficiency={"bfloat16": 0.4})))
+    assert slow.memory_s == pytest.approx(2 * lean.memory_s) and slow.bound == lean.bound == "memory"
     # Another dtype's entry leaves bf16 products and vector work at compute_efficiency.
     other = profile(mma_efficiency={"float8_e4m3fn": 0.4})
     assert session.estimate(torch.mm, a, b, device=other).records[0].estimate.compute_s == pytest.approx(base.compute_s)
@@ -137,24 +142,6 @@ def test_grouped_products_run_at_the_grouped_efficiency_in_work_and_weight_strea
     a, b = torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(1024, 2048, dtype=torch.bfloat16)
     assert session.estimate(torch.mm, a, b, device=profile(grouped_mm_efficiency=0.5)).time_s == pytest.approx(
         session.estimate(torch.mm, a, b, device=profile()).time_s)
-
-
-def test_attention_pays_a_fixed_cost_per_wave_of_its_blocks():
-    session = castcore.Session(load_packs=[], device_files=[])
-
-    def attend(q, k):
-        return torch.ops.castcore.attention(q, k, k, 0.1, True, 0, 0.0)
-
-    # Decode: one block per (sequence, KV head) with 8 query heads a group, on 4 units. 9 x 2 blocks -> 5 waves.
-    q, k = torch.empty(9, 16, 1, 64, dtype=torch.bfloat16), torch.empty(9, 2, 100, 64, dtype=torch.bfloat16)
-    costs = {"attention_op_cost_s": 3e-6, "attention_efficiency": 0.5}
-    plain = session.estimate(attend, q, k, device=profile(**costs)).records[0]
-    waved = session.estimate(attend, q, k, device=profile(**costs, attention_wave_s=2e-6)).records[0]
-    assert plain.properties.blocks == 18
-    assert waved.estimate.overhead_s == pytest.approx(3e-6 + 5 * 2e-6) and plain.estimate.overhead_s == 3e-6
-    # A prompt: one block per 128 of a KV head's query rows (300 x 8 rows -> 19 blocks a KV head).
-    q, k = torch.empty(1, 16, 300, 64, dtype=torch.bfloat16), torch.empty(1, 2, 300, 64, dtype=torch.bfloat16)
-    assert session.estimate(attend, q, k, device=profile(**costs)).records[0].properties.blocks == 2 * 19
 
 
 def test_small_transfers_pay_the_bandwidth_ramp():

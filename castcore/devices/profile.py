@@ -75,7 +75,6 @@ class DeviceProfile:
     gp_op_cost_s: float = 0.0
     comm_op_cost_s: float = 0.0
     attention_op_cost_s: float = 0.0  # a fused attention kernel's fixed cost per call, for mma_op_cost_s (0: that)
-    attention_wave_s: float = 0.0  # and per wave of its thread blocks over compute_units (prologue, epilogue)
     low_latency_a2a_cost_s: float = 0.0  # DeepEP's low-latency dispatch or combine: the kernel's own time per call
     interconnect: tuple[Interconnect, ...] = ()
     # Shape-aware pricing (castcore.devices.tiles), all optional: without them the plain roofline applies.
@@ -124,8 +123,7 @@ class DeviceProfile:
 
 
 _NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
-            "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s", "attention_op_cost_s", "attention_wave_s",
-            "low_latency_a2a_cost_s",
+            "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s", "attention_op_cost_s", "low_latency_a2a_cost_s",
             "attention_efficiency", "grouped_mm_efficiency", "memory_half_bytes", "l2_bytes", "clock_hz",
             "memory_latency_s")
 _KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from castcore.devices.costs import Estimate, PerformanceProperties, Source
 from castcore.devices.profile import DeviceProfile
 from castcore.devices.tiles import tiled_matmul
@@ -20,6 +18,7 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     rates: dict[str, str] = {}
     detail: dict = {}
     uses_mma = False
+    streaming = 1.0  # a matrix kernel of a dtype with its own efficiency streams its operands at the same ratio
     for dtype, ops in props.compute_ops.items():
         for unit, count in (("mma", ops.mma_ops), ("gp", ops.gp_ops)):
             if not count:
@@ -29,6 +28,7 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
             efficiency = device.efficiency(unit, used)
             if unit == "mma":
                 uses_mma = True
+                streaming = min(streaming, efficiency / device.compute_efficiency)
                 if props.kernel == "attention" and device.attention_efficiency:
                     # measured in bf16; a dtype whose GEMMs sustain less of their peak (fp8) loses as much here
                     efficiency = device.attention_efficiency * efficiency / device.compute_efficiency
@@ -45,7 +45,7 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     # The bandwidth ramp is a streaming kernel's (measured end to end, launch included); matrix kernels keep
     # their additive launch cost.
     ramp = device.memory_half_bytes if not uses_mma else 0.0
-    memory_s = (props.memory_bytes + ramp) / bandwidth if props.memory_bytes else 0.0
+    memory_s = (props.memory_bytes + ramp) / bandwidth / streaming if props.memory_bytes else 0.0
     if props.kernel == "grouped_mm" and device.grouped_mm_efficiency:  # expert-indexed tiles, as measured
         compute_s, memory_s = compute_s / device.grouped_mm_efficiency, memory_s / device.grouped_mm_efficiency
     if compute_s == 0 and memory_s == 0:
@@ -53,9 +53,6 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s
     if props.kernel == "attention" and device.attention_op_cost_s:  # its scheduling and prologue, measured per call
         overhead_s = device.attention_op_cost_s
-    if props.kernel == "attention" and device.attention_wave_s and props.blocks and device.compute_units:
-        # each wave of blocks loads its queries and writes its rows: a large decode batch pays it many times
-        overhead_s += math.ceil(props.blocks / device.compute_units) * device.attention_wave_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")
     if ramp:  # the measured ramp already holds the launch: it is a floor, not an addition

@@ -106,11 +106,7 @@ def _latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=SOFTMAX_OPS_PER_SCORE * pairs)
 
 
-ATTENTION_QUERY_TILE = 128  # the query rows one thread block of a flash-attention kernel takes (grouped heads packed)
-
-
 def _attention_properties(invoke: OpInvoke, pairs: int) -> PerformanceProperties:
-    """The work and bytes of the kept pairs; blocks: one per (sequence, KV head, 128 of its queries x group)."""
     q, k, v = invoke.args[:3]
     heads, dim = q.shape[1], q.shape[-1]
     capped = TANH + 2 if invoke.argument("softcap") else 0
@@ -118,8 +114,6 @@ def _attention_properties(invoke: OpInvoke, pairs: int) -> PerformanceProperties
     if invoke.argument("kv_per_query_head"):
         props.memory_read_bytes += (heads // k.shape[1] - 1) * (k.nbytes + v.nbytes)
     props.kernel = "attention"
-    group_rows = q.shape[2] * heads // k.shape[1]
-    props.blocks = q.shape[0] * k.shape[1] * -(-group_rows // ATTENTION_QUERY_TILE)
     props.add(product_dtype(invoke, q.dtype), mma=2 * pairs * (dim + v.shape[-1]))
     # The online softmax runs on the fp32 scores whatever the inputs' dtype (fp8 has no vector arithmetic).
     return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=(SOFTMAX_OPS_PER_SCORE + capped) * pairs)
