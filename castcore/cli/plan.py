@@ -12,6 +12,8 @@ from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, PLAN
 from castcore.plugins.selection import PluginOptions
 
+ENERGY_AND_COST = ("energy_j", "output_tokens_per_joule", "joules_per_output_token", "power_w_per_device",
+                   "usd_per_hour", "usd_per_million_input_tokens", "usd_per_million_output_tokens")
 NONE_MEETS = 3  # the exit status when no layout fits and meets the objectives (plan --help says so)
 
 
@@ -30,6 +32,20 @@ def _table(header: tuple[str, ...], cells: list[tuple[str, ...]], left: tuple[in
     widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
     return ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
             for row in [header, *cells]]
+
+
+# The column an --objective other than throughput adds: its header, the row's figure and how it is written.
+OBJECTIVE_COLUMNS = {"cost": ("$/M out tok", "usd_per_million_output_tokens", "{:,.4g}"),
+                     "energy": ("out tok/J", "output_tokens_per_joule", "{:,.3g}")}
+OBJECTIVE_WORDS = {"cost": "the fewest $ per million output tokens", "energy": "the most output tokens per joule"}
+
+
+def _objective_column(request: Any, rows: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The header and each row's cell of the objective's column; none for throughput."""
+    if request.objective not in OBJECTIVE_COLUMNS:
+        return (), [() for _ in rows]
+    header, key, form = OBJECTIVE_COLUMNS[request.objective]
+    return (header,), [("-" if r.get(key) is None else form.format(r[key]),) for r in rows]
 
 
 def _rate(value: float) -> str:
@@ -60,15 +76,17 @@ def format_traffic_plan(result: Any) -> str:
     shown = {"ttft": request.ttft.statistic if request.ttft else "p99",
              "tpot": request.tpot.statistic if request.tpot else "p99"}
     if result.best:
+        extra, more = _objective_column(request, result.best)
         header = ("#", "device", "devices", "layout", *(f"{m.upper()} {shown[m]}" for m in ("ttft", "tpot")),
-                  "tok/s/device", *(("max req/s", "req/s/device") if request.max_rate else ()))
+                  "tok/s/device", *(("max req/s", "req/s/device") if request.max_rate else ()), *extra)
         cells = [(str(n), r["device"], str(r["devices"]), _layout(r, request.dtype),
                   *(_seconds(r[f"{shown[m]}_{m}_ms"] / 1e3) for m in ("ttft", "tpot")),
                   f"{r['output_tokens_per_s_per_device']:,.1f}",
-                  *((_rate(r["max_rate"]), _rate(r["max_rate"] / r["devices"])) if request.max_rate else ()))
-                 for n, r in enumerate(result.best, 1)]
-        lines.append(f"best {len(result.best)} by " + ("the highest request rate per device" if request.max_rate
-                                                       else "output tokens/s per device") + " within the objectives")
+                  *((_rate(r["max_rate"]), _rate(r["max_rate"] / r["devices"])) if request.max_rate else ()), *cell)
+                 for n, (r, cell) in enumerate(zip(result.best, more), 1)]
+        lines.append(f"best {len(result.best)} by " + OBJECTIVE_WORDS.get(
+            request.objective, "the highest request rate per device" if request.max_rate
+            else "output tokens/s per device") + " within the objectives")
         lines += _table(header, cells)
     else:
         lines.append("no layout meets the objectives under this traffic: relax --ttft/--tpot, lower the rate, raise "
@@ -111,11 +129,14 @@ def format_plan(result: Any) -> str:
              f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} serve points, "
              f"{len(result.refused)} layouts refused or not fitting at batch 1) in {result.seconds:.1f} s", ""]
     if result.best:
-        header = ("#", "device", "devices", "layout", "batch", "TTFT", "TPOT", "tok/s/device", "peak/device")
+        extra, more = _objective_column(request, result.best)
+        header = ("#", "device", "devices", "layout", "batch", "TTFT", "TPOT", "tok/s/device", *extra,
+                  "peak/device")
         cells = [(str(n), r["device"], str(r["devices"]), _layout(r, request.dtype), str(r["served_batch"]),
                   _seconds(r["ttft_s"]), _seconds(r["tpot_s"]), f"{r['output_tokens_per_s_per_device']:,.1f}",
-                  format_bytes(r["peak_bytes"])) for n, r in enumerate(result.best, 1)]
-        lines.append(f"best {len(result.best)} by output tokens/s per device (fit in memory"
+                  *cell, format_bytes(r["peak_bytes"])) for n, (r, cell) in enumerate(zip(result.best, more), 1)]
+        lines.append(f"best {len(result.best)} by "
+                     + OBJECTIVE_WORDS.get(request.objective, "output tokens/s per device") + " (fit in memory"
                      + (", meet the objectives)" if slos else ")"))
         lines += _table(header, cells)
     else:
@@ -143,20 +164,23 @@ def plan_json(result: Any) -> dict[str, Any]:
     else:
         keep = ("device", "devices", "tp", "pp", "ep", "weights", "served_batch", "ttft_s", "tpot_s", "latency_s",
                 "output_tokens_per_s", "output_tokens_per_s_per_device", "peak_bytes", "device_memory_bytes")
+    keep = (*keep, *(k for k in ENERGY_AND_COST if any(k in r for r in (*result.best, *result.fewest))))
     objectives = {name: None if objective is None else {"statistic": objective.statistic, "s": objective.seconds}
                   for name, objective in (("ttft", request.ttft), ("tpot", request.tpot))}
     traffic = {"rate": request.rate, "concurrency": request.concurrency, "max_rate": request.max_rate,
                "requests": request.requests, "engine": request.engine} if request.traffic else {}
     return {"model": request.model, "input_tokens": request.input_tokens, "output_tokens": request.output_tokens,
+            "objective": request.objective, "price_per_device_hour": request.price_per_device_hour,
             "ttft_s": request.ttft_s, "tpot_s": request.tpot_s, "objectives": objectives, **traffic,
             "devices": request.devices, "layouts": result.layouts, "points": len(result.rows),
-            "best": [{k: r[k] for k in keep} for r in result.best],
-            "fewest": [{k: r[k] for k in keep} for r in result.fewest],
+            "best": [{k: r.get(k) for k in keep} for r in result.best],
+            "fewest": [{k: r.get(k) for k in keep} for r in result.fewest],
             **({"missed": [{**{k: r[k] for k in keep if k in r}, "why": r["missed"]} for r in result.missed]}
                if request.traffic else {})}
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_emit(args)
     if args.rate is not None or args.concurrency is not None or args.max_rate:
         note(f"planning {args.model}: each layout simulated under the traffic ({args.requests} requests, "
              f"{args.engine} engine), " + ("bisecting each one's rate ..." if args.max_rate else
@@ -168,11 +192,49 @@ def run(args: argparse.Namespace) -> int:
 
     options = {k: v for k, v in values(args, PLAN, AXIS).items() if k != "model"}
     result = plan(args.model, **options, plugins=PluginOptions.of(args), progress=None)
+    emitted = _emit(args, result) if args.emit else None  # before anything is printed: all of it, or an error
     if args.json:
-        print(json.dumps(plan_json(result), indent=2))
+        print(json.dumps({**plan_json(result), **({"emit": emitted.to_dict()} if emitted else {})}, indent=2))
     else:
         print(format_plan(result))
+        if emitted:
+            best = result.best[0]
+            print(f"\nlaunch files for #1 ({best['device']}, {_layout(best, result.request.dtype)}) on {args.emit}\n"
+                  + "\n".join(emitted.lines()))
     return 0 if result.best else NONE_MEETS
+
+
+def _check_emit(args: argparse.Namespace) -> None:
+    from castcore.errors import ModelError
+    from castcore.options.catalog import say
+
+    traffic = args.rate is not None or args.concurrency is not None or args.max_rate
+    if args.emit and traffic and args.emit != args.engine:
+        raise ModelError(f"{say('emit', args.emit)} with {say('engine', args.engine)}: the plan simulates "
+                         f"{args.engine}'s scheduler; give {say('engine', args.emit)} to plan for {args.emit}")
+
+
+def _emit(args: argparse.Namespace, result: Any) -> Any:
+    """The launch files of the best deployment (castcore.sweeps.launch)."""
+    from castcore.errors import ModelError
+    from castcore.options.catalog import say
+    from castcore.sweeps.launch import Deployment, Traffic, launch_files
+
+    request = result.request
+    if not result.best:
+        raise ModelError(f"{say('emit', args.emit)}: no deployment meets the objectives, so there is none to launch "
+                         "(run the plan without it to see what to relax)")
+    row = result.best[0]
+    if request.traffic:
+        rate = row["max_rate"] if request.max_rate else request.rate
+        traffic = Traffic(request.input_tokens, request.output_tokens, request.requests, rate, request.concurrency)
+    else:  # a static batch: its requests sent at once
+        traffic = Traffic(request.input_tokens, request.output_tokens, row["served_batch"])
+    plugins = [f for d in args.custom_op_dir or () for f in ("--custom-op-dir", d)]
+    plugins += [f for d in args.device_file or () for f in ("--device-file", d)]
+    plugins += ["--no-default-custom-op-dirs"] * args.no_default_custom_op_dirs + ["--no-packs"] * args.no_packs
+    return launch_files(args.emit, Deployment.of({**row, "model": request.model}, request.dtype), traffic,
+                        castcore_options=plugins)
 
 
 def add_parser(subparsers) -> None:
@@ -180,7 +242,8 @@ def add_parser(subparsers) -> None:
         "plan", help="which device, parallel layout, weights and batch serve a model best, and the fewest devices",
         description="Search the installed devices (or --device), tensor/pipeline/expert parallel layouts, weight "
                     "dtypes and batches for serving --model with requests of --input + --output tokens: print the "
-                    "best by output tokens/s per device that fit in memory and meet --ttft/--tpot, and the fewest "
+                    "best by output tokens/s per device (or by --objective cost or energy) that fit in memory and "
+                    "meet --ttft/--tpot, and the fewest "
                     "devices that fit at all. Runs castcore serve points through the sweep machinery (and its "
                     "capture cache). With --rate or --concurrency each layout is simulated under that traffic "
                     "instead (castcore simulate), replicas added until --ttft/--tpot (percentiles such as p99:500ms) "

@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
     # Bad options fail before any plugin or model loads.
     deployment = {name: getattr(args, name) for name in DEPLOYMENT}
     check_request(args.model, args.input_tokens, args.output_tokens, batch, **deployment)
+    SERVE["price_per_device_hour"].check(args.price_per_device_hour)
     cache = capture_cache_from(args)
     session = make_session(args, capture_step=cache)
     note(f"capturing {args.model}: a prefill and decode steps at KV lengths "
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
          + (", at the batches the --max-batch search needs" if args.max_batch else "") + " ...")
     started = time.perf_counter()
     report = session.serve(args.model, input_tokens=args.input_tokens, output_tokens=args.output_tokens, batch=batch,
-                           device=args.device, **deployment)
+                           device=args.device, price_per_device_hour=args.price_per_device_hour, **deployment)
     note(f"estimated in {time.perf_counter() - started:.1f} s")
     report_capture_cache(cache)
     for line in dict.fromkeys(line for step in report.reports() for line in step.warnings):

@@ -44,11 +44,24 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote the TTFT/TPOT distributions and throughput over time to {plot}")
     elif plot:
         warn(f"no request finished, so nothing was drawn to {plot}")
-    print(report.to_json() if args.json else report.format_text())
+    _print(report, args)
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")
         return 130
     return 0
+
+
+def _print(report, args: argparse.Namespace) -> None:
+    """The report, with its cost at --price-per-device-hour (every device for the run's duration)."""
+    from castcore.report.energy import format_lines, simulation_cost
+
+    deployment = report.deployment
+    devices = max(deployment["tp"], deployment["ep"]) * deployment["pp"] * deployment["dp"]
+    cost = simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace)
+    if args.json:
+        print(json.dumps({**report.to_dict(), **cost}, indent=2) if cost else report.to_json())
+    else:
+        print("\n".join([report.format_text(), *format_lines(cost)]))
 
 
 def add_parser(subparsers) -> None:

@@ -91,6 +91,10 @@ class DeviceProfile:
     memory_latency_s: float = 0.0  # one load from device memory; a tiled product's wave waits for it to fill and drain
     # Held-out median |error| of castcore's estimate per kernel family on this device (castcore.report.bands).
     error_bands: Mapping[str, float] = field(default_factory=dict)
+    # Board power (castcore.report.energy): the most the board draws (tdp_w, its power limit) and what it draws
+    # holding a deployment between kernels (idle_w); 0: not given, so no energy figures.
+    tdp_w: float = 0.0
+    idle_w: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
     default: bool = False
     origin: str = ""  # the file or plugin it came from, for messages
@@ -125,7 +129,7 @@ class DeviceProfile:
 _NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
             "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s", "attention_op_cost_s", "low_latency_a2a_cost_s",
             "attention_efficiency", "grouped_mm_efficiency", "memory_half_bytes", "l2_bytes", "clock_hz",
-            "memory_latency_s")
+            "memory_latency_s", "tdp_w", "idle_w")
 _KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}
 
 
@@ -171,6 +175,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "grouped_mm_efficiency"):
         if key in numbers and not 0 < numbers[key] <= 1:
             raise fail(f"'{key}' = {numbers[key]} must be in (0, 1]")
+    _check_power(numbers, fail)
     rates = {}
     mma_efficiency = data.get("mma_efficiency", {})
     if not isinstance(mma_efficiency, dict):
@@ -213,6 +218,16 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
                          error_bands=MappingProxyType(bands), mma_efficiency=MappingProxyType(mma_efficiency),
                          mma_flops=MappingProxyType(rates["mma_flops"]), gp_flops=MappingProxyType(rates["gp_flops"]),
                          **tiling, **numbers)
+
+
+def _check_power(numbers: dict[str, float], fail) -> None:
+    """tdp_w and idle_w go together: a board limit above zero and an idle draw below it."""
+    given = [key for key in ("tdp_w", "idle_w") if key in numbers]
+    if len(given) == 1:
+        raise fail(f"'{given[0]}' needs {'idle_w' if given[0] == 'tdp_w' else 'tdp_w'} too: the power model "
+                   "(docs/devices.md) runs between the idle draw and the board limit")
+    if given and not 0 <= numbers["idle_w"] < numbers["tdp_w"]:
+        raise fail(f"'idle_w' = {numbers['idle_w']:g} must be below 'tdp_w' = {numbers['tdp_w']:g} (watts)")
 
 
 def _number(value: Any, key: str, fail, positive: bool = False) -> float:

@@ -124,6 +124,10 @@ SERVE_BATCH = (
     _switch("max_batch", "use the largest batch whose memory fits the device (bisection over peak memory per batch, "
             "confirmed by capture)", REQUEST, python='batch="max"'),
 )
+COST = "cost"
+PRICE = Option("price_per_device_hour", "dollars one device costs an hour: adds $ per million input tokens (the "
+               "prefill's device time), $ per million output tokens (the decode's) and the deployment's $/hour",
+               COST, kind="number", optional=True, metavar="USD")
 WORKERS = (
     _int("workers", None, "local worker processes (default: the CPU count)", RUNNING, optional=True),
     Option("backend", "local processes, or Ray tasks (needs castcore[ray])", RUNNING, default="local",
@@ -180,7 +184,7 @@ ESTIMATE = CommandOptions("estimate", (
 ), exclusive=(("json", "csv"),))
 
 SERVE = CommandOptions("serve", (
-    *_scoped(AXIS, (MODEL_OPTION, *REQUEST_TOKENS, *SERVE_BATCH, DTYPE, *DEPLOYMENT, DEVICE)),
+    *_scoped(AXIS, (MODEL_OPTION, *REQUEST_TOKENS, *SERVE_BATCH, DTYPE, *DEPLOYMENT, DEVICE, PRICE)),
     *_scoped(OUTPUT, (_with(JSON, help="print the figures as JSON (ttft_s, tpot_s, latency_s, output_tokens_per_s, "
                             "memory, ...)"),)),
     *_scoped(SESSION, (NO_CACHE, *PLUGIN_OPTIONS)),
@@ -194,6 +198,10 @@ CONCURRENCY = _int("concurrency", None, "a closed loop of C requests in flight: 
                    optional=True, metavar="C")
 ENGINE_PRESET = Option("engine", "the serving engine whose documented scheduler and memory defaults are simulated",
                        ENGINE, default="vllm", choices=("vllm", "sglang", "trtllm"))
+EMIT = Option("emit", "after the plan, print the best deployment's launch command for ENGINE (parallel sizes, "
+              "quantization, the engine limits simulated), a benchmark of the same traffic with the engine's own "
+              "client, and the castcore simulate --json command whose figures diff against its result file",
+              PRINTING, choices=("vllm", "sglang", "trtllm"), optional=True, metavar="ENGINE")
 OBJECTIVE = ("at most TIME (500ms, 1s); under traffic (--rate, --concurrency, --max-rate) a statistic of the "
              "simulated requests, STATISTIC:TIME with mean, median, p90, p95 or p99 (a plain TIME is p99)")
 
@@ -224,8 +232,13 @@ PLAN = CommandOptions("plan", (
         Option("weights", "weight dtypes", SEARCH, default=("bf16", "int8"), choices=WEIGHT_DTYPES, many=True,
                metavar="DTYPE"),
         _int("top", 5, "deployments to print", SEARCH, metavar="K"),
+        Option("objective", "what the best maximise: throughput, output tokens/s per device (under --max-rate, "
+               "requests/s per device); cost, the fewest $ per million output tokens (needs "
+               "--price-per-device-hour); energy, the most output tokens per joule (needs devices with power "
+               "numbers)", SEARCH, default="throughput", choices=("throughput", "cost", "energy")),
+        PRICE,
         *WORKERS)),
-    *_scoped(OUTPUT, (_with(JSON, help="print the best and the fewest as JSON"),)),
+    *_scoped(OUTPUT, (_with(JSON, help="print the best and the fewest as JSON"), EMIT)),
     *_scoped(SESSION, PLUGIN_OPTIONS),
 ), exclusive=(("rate", "concurrency", "max_rate"),))
 
@@ -332,7 +345,9 @@ SIMULATE = CommandOptions("simulate", (
                optional=True, metavar="TIME"),
         Option("slo_tpot", "goodput counts requests whose time per output token is at most TIME", TRAFFIC,
                kind="time", optional=True, metavar="TIME"),
-        DTYPE, *DEPLOYMENT, DEVICE)),
+        DTYPE, *DEPLOYMENT, DEVICE, _with(PRICE, help="dollars one device costs an hour: adds $ per million input "
+                                          "and output tokens (each iteration's time split between its prompt and "
+                                          "decode tokens) and the deployment's $/hour"))),
     *_scoped(OUTPUT, (_with(JSON, help="print the figures as JSON, under vllm bench serve --save-result's names, "
                             "with the engine's (iterations, mean running batch, KV usage over time)"),
                       Option("trace", "write a Chrome trace (JSON) that Perfetto opens: the engine's iterations, the KV "

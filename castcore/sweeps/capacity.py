@@ -28,7 +28,22 @@ if TYPE_CHECKING:
 
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 
-LAYOUT_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights", "requests", "engine")
+LAYOUT_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights", "requests", "engine",
+               "price_per_device_hour")
+# What --objective ranks by: a row's figure, and whether more of it is better.
+OBJECTIVES = {"cost": ("usd_per_million_output_tokens", False), "energy": ("output_tokens_per_joule", True)}
+
+
+def objective_key(request: PlanRequest, row: dict[str, Any], throughput: float) -> float:
+    """A row's place under the request's objective, lowest first: ``throughput`` negated (the most first), the
+    fewest dollars per million output tokens, or the most output tokens per joule."""
+    if request.objective == "throughput":
+        return -throughput
+    name, more_is_better = OBJECTIVES[request.objective]
+    value = row.get(name)
+    if value is None:
+        return float("inf")
+    return -value if more_is_better else value
 PRECISION = 0.05  # the bisection stops when the rate it has not settled is within 5% of the lowest that misses
 MOST_ROUNDS = 8
 
@@ -62,10 +77,11 @@ def search(request: PlanRequest, command: Command, chosen: list[dict[str, Any]],
 
     if request.max_rate:
         first, met, missed = _max_rates(request, chosen, round_of)
-        met.sort(key=lambda r: (-r["max_rate"] / r["devices"], r["devices"]))
+        met.sort(key=lambda r: (objective_key(request, r, r["max_rate"] / r["devices"]), r["devices"]))
     else:
         first, met, missed = _replicas(request, chosen, round_of)
-        met.sort(key=lambda r: (-r["output_tokens_per_s_per_device"], r["devices"], r["median_e2el_s"]))
+        met.sort(key=lambda r: (objective_key(request, r, r["output_tokens_per_s_per_device"]), r["devices"],
+                                r["median_e2el_s"]))
     fewest = [min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
               for name in request.devices if (mine := [r for r in met if r["device"] == name])]
     return {"rows": everything, "best": met[:request.top], "fewest": fewest, "layouts": len(chosen),
@@ -125,6 +141,10 @@ def check(request: PlanRequest) -> None:
     """What a traffic plan needs beyond the options' own checks."""
     from castcore.errors import ModelError
 
+    if request.objective == "energy" and request.traffic:
+        raise ModelError(f"{say('objective', 'energy')} ranks by output tokens per joule, which the traffic "
+                         f"simulation does not give yet: plan without {say('rate')}/{say('concurrency')}/"
+                         f"{say('max_rate')} (static batches), or rank by throughput or cost")
     if request.max_rate and request.ttft is None and request.tpot is None:
         raise ModelError(f"{say('max_rate', True)} finds the highest rate that meets the objectives: give "
                          f"{say('ttft')} or {say('tpot')}")

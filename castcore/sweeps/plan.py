@@ -25,12 +25,13 @@ from typing import Any
 from castcore.options.catalog import PLAN, say
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
+from castcore.sweeps.capacity import objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
 from castcore.workload import checkpoint
 from castcore.workload.spec import ModelError, is_factory, load_model_config
 
-PLAN_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights")
+PLAN_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights", "price_per_device_hour")
 
 
 @dataclass
@@ -53,6 +54,9 @@ class PlanRequest:
     max_rate: bool = False
     requests: int = 500
     engine: str = "vllm"
+    # What the best maximise (castcore.sweeps.capacity.objective_key), and the price the cost objective needs.
+    objective: str = "throughput"
+    price_per_device_hour: float | None = None
 
     @property
     def traffic(self) -> bool:
@@ -156,7 +160,7 @@ def search(request: PlanRequest, command: Command, devices: dict[str, Any],
     import time
 
     started = time.perf_counter()
-    chosen = choices(request, devices, {"max_batch": True})
+    chosen = choices(request, devices, {"max_batch": True, "price_per_device_hour": request.price_per_device_hour})
     everything: list[dict[str, Any]] = []
     rows = _round(command, chosen, run, everything)
     first = rows
@@ -170,7 +174,8 @@ def search(request: PlanRequest, command: Command, devices: dict[str, Any],
             break
         rows = _round(command, again, run, everything)
     ranked = sorted((r for r in everything if request.meets(r)),
-                    key=lambda r: (-r["output_tokens_per_s_per_device"], r["devices"], r["latency_s"]))
+                    key=lambda r: (objective_key(request, r, r["output_tokens_per_s_per_device"]), r["devices"],
+                                   r["latency_s"]))
     fitting = [r for r in first if not r.get("error")]
     fewest = [min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
               for name in request.devices if (mine := [r for r in fitting if r["device"] == name])]
@@ -191,7 +196,8 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
          rate: float | None = None, concurrency: int | None = None, max_rate: bool = False, requests: int = 500,
          engine: str = "vllm", devices: list[str] | None = None, max_devices: int = 8, top: int = 5,
          tp: list[int] | None = None, pp: list[int] | None = None,
-         weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16", workers: int | None = None,
+         weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16", objective: str = "throughput",
+         price_per_device_hour: float | None = None, workers: int | None = None,
          backend: str = "local", ray_address: str | None = None, plugins: PluginOptions | None = None,
          progress: bool | None = False, **old: Any) -> PlanResult:
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
@@ -209,7 +215,8 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     given = {"input_tokens": input_tokens, "output_tokens": output_tokens, "ttft": ttft, "tpot": tpot, "rate": rate,
              "concurrency": concurrency, "max_rate": max_rate, "requests": requests, "engine": engine,
              "devices": devices, "max_devices": max_devices, "top": top, "tp": tp, "pp": pp, "weights": weights,
-             "dtype": dtype, "workers": workers, "backend": backend, "ray_address": ray_address}
+             "dtype": dtype, "objective": objective, "price_per_device_hour": price_per_device_hour,
+             "workers": workers, "backend": backend, "ray_address": ray_address}
     values = {name: PLAN[name].check(value) for name, value in given.items()}
     for group in PLAN.exclusive:
         given_together = [name for name in group if values[name] not in (None, False)]
@@ -224,14 +231,21 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
                           tpot=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp, dtype=dtype,
                           weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
                           rate=values["rate"], concurrency=concurrency, max_rate=max_rate, requests=requests,
-                          engine=engine)
+                          engine=engine, objective=objective, price_per_device_hour=values["price_per_device_hour"])
     capacity.check(request)
+    if objective == "cost" and request.price_per_device_hour is None:
+        raise ModelError(f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
+                         f"{say('price_per_device_hour')}")
     session = open_session(plugins)
     for name in devices or ():
         session.device(name)  # an unknown device fails here, naming the installed ones
     request.devices = list(devices or session.devices)
     if not request.devices:
         session.device(None)  # none installed: says how to install one
+    unpowered = [name for name in request.devices if not session.devices[name].tdp_w]
+    if objective == "energy" and unpowered:
+        raise ModelError(f"{say('objective', 'energy')} needs each device's power (tdp_w and idle_w in its "
+                         f"profile), which {', '.join(unpowered)} lack: name others with {say('devices')}")
     settings = Settings(session=plugins.session_kwargs(), cwd=os.getcwd())
     command = commands()["simulate" if request.traffic else "serve"]
     with backend_for(backend, workers, settings, ray_address) as runner:
@@ -239,7 +253,8 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
             return run_points(points, command.axes(), settings, runner=runner, progress=progress)
 
         if request.traffic:
-            chosen = choices(request, session.devices, {"requests": requests, "engine": engine})
+            chosen = choices(request, session.devices, {"requests": requests, "engine": engine,
+                                                        "price_per_device_hour": request.price_per_device_hour})
             return PlanResult(request=request, **capacity.search(request, command, chosen, run))
         return search(request, command, session.devices, run)
 

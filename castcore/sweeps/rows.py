@@ -29,7 +29,8 @@ ESTIMATE = ("time_s", "step_s", "tokens_per_s", "tokens_per_s_per_device", "devi
             "fallback_calls", "ops", "fallback_ops", "fallback_time_share", "weight_bytes", "input_bytes",
             "kv_cache_bytes", "activation_peak_bytes", "peak_bytes", "device_memory_bytes", "fits")
 # ServeReport.to_dict()'s keys that are parameters, not figures (the row has them as its axes).
-_SERVE_PARAMETERS = {"model", "device", "input_tokens", "output_tokens", "batch", "max_batch", *DEPLOYMENT}
+_SERVE_PARAMETERS = {"model", "device", "input_tokens", "output_tokens", "batch", "max_batch",
+                     "price_per_device_hour", *DEPLOYMENT}
 
 
 def estimate_figures(report: Report, workload: Workload) -> dict[str, Any]:
@@ -66,16 +67,20 @@ def serve_figures(report: ServeReport) -> dict[str, Any]:
             "fallback_ops": " ".join(fallback)}
 
 
-def simulate_figures(report: SimulationReport) -> dict[str, Any]:
-    """vllm bench serve's figures and the engine's, and per device the output throughput and the median latency in
-    seconds (what a plot reads)."""
+def simulate_figures(report: SimulationReport, price: float | None = None) -> dict[str, Any]:
+    """vllm bench serve's figures and the engine's, per device the output throughput and the median latency in
+    seconds (what a plot reads), and with a price per device-hour the cost (castcore.report.energy)."""
+    from castcore.report.energy import simulation_cost
+
     data = report.to_dict()
     figures = {k: v for k, v in data.items() if k not in ("model", "device", "deployment", "engine_limits", "notes",
                                                          "kv_usage", "never_fit", "engine")}
     devices = max(data["deployment"]["tp"], data["deployment"]["ep"]) * data["deployment"]["pp"]
-    return {**figures, "never_fit": len(report.never_fit), "devices": devices * data["deployment"]["dp"],
+    every = devices * data["deployment"]["dp"]
+    return {**figures, "never_fit": len(report.never_fit), "devices": every,
             "median_e2el_s": data["median_e2el_ms"] / 1e3,
-            "output_tokens_per_s_per_device": data["output_throughput"] / (devices * data["deployment"]["dp"])}
+            "output_tokens_per_s_per_device": data["output_throughput"] / every,
+            **simulation_cost(price, every, report.summary, report.iterations_trace)}
 
 
 def columns(rows: list[dict[str, Any]], parameters: list[str]) -> list[str]:

@@ -38,6 +38,7 @@ def _serve_job(values: dict[str, Any]) -> Job:
     check_request(values["model"], values["input_tokens"], values["output_tokens"], batch, **deployment)
     return Job("serve", values["device"], serve={"model": values["model"], "input_tokens": values["input_tokens"],
                                                  "output_tokens": values["output_tokens"], "batch": batch,
+                                                 "price_per_device_hour": values["price_per_device_hour"],
                                                  **deployment})
 
 

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from castcore.options.catalog import say
+from castcore.options.catalog import SERVE, say
 from castcore.options.option import current_terms
+from castcore.report.energy import PhaseTime, busy_s, cost_figures, energy_figures, fitted_sum, format_lines
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.report.records import Report, format_seconds
 from castcore.workload.deploy import check_interconnect
@@ -53,6 +54,19 @@ class ServeReport:
     fit: tuple[float, float]
     notes: list[str] = field(default_factory=list)
     max_batch: str = ""  # how the batch was found, when it was asked for as "max"
+    price_per_device_hour: float | None = None  # dollars a device-hour, for the cost figures
+
+    def energy_and_cost(self) -> dict[str, Any]:
+        """Energy (when the profile gives power numbers) and cost (with a price) of one batch on every replica
+        (castcore.report.energy): the prefill's device time is the input tokens', the decode's the output's."""
+        tokens = self.deployment["dp"] * self.batch
+        decode_busy = fitted_sum({kv: busy_s(r) for kv, r in self.decode.items()}, self.input_tokens,
+                                 self.output_tokens)
+        return {**energy_figures(self.device, self.devices,
+                                 PhaseTime(self.ttft_s, busy_s(self.prefill), tokens * self.input_tokens),
+                                 PhaseTime(self.decode_s, decode_busy, tokens * self.output_tokens)),
+                **cost_figures(self.price_per_device_hour, self.devices, self.ttft_s, self.decode_s,
+                               tokens * self.input_tokens, tokens * self.output_tokens)}
 
     @property
     def dtype(self) -> str:
@@ -124,7 +138,7 @@ class ServeReport:
             "middle_tpot_s": self.tpot_at(points[len(points) // 2]), "last_tpot_s": self.tpot_at(points[-1]),
             "decode_s": self.decode_s, "latency_s": self.latency_s, "output_tokens_per_s": self.output_tokens_per_s,
             "output_tokens_per_s_per_device": self.output_tokens_per_s / self.devices,
-            **self.memory(),
+            **self.memory(), **self.energy_and_cost(),
             "decode_points": [{"kv_len": kv, "time_s": self.tpot_at(kv)} for kv in points],
             "tpot_fit": {"a_s": self.fit[0], "b_s_per_token": self.fit[1]},
             "max_batch": self.max_batch or None, **self._pipeline(), "notes": self.notes,
@@ -187,7 +201,8 @@ class ServeReport:
         ]
         if self.max_batch:
             lines.append(f"max batch    {self.max_batch}")
-        return "\n".join(lines)
+        more = format_lines(self.energy_and_cost())
+        return "\n".join(lines + ([""] + more if more else []))
 
 
 def step_time(report: Report) -> float:
@@ -259,9 +274,11 @@ def fit_line(points: dict[int, float]) -> tuple[float, float]:
 
 
 def serve(pipeline: Pipeline, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
-          batch: int | str = 1, device: str | DeviceProfile | None = None, **deployment: Any) -> ServeReport:
+          batch: int | str = 1, device: str | DeviceProfile | None = None, price_per_device_hour: float | None = None,
+          **deployment: Any) -> ServeReport:
     """Serving figures for ``batch`` requests of ``input_tokens`` + ``output_tokens``; ``batch="max"`` takes the
-    largest batch whose memory fits the device (see ``largest_batch``)."""
+    largest batch whose memory fits the device (see ``largest_batch``); ``price_per_device_hour`` adds the cost."""
+    price = SERVE["price_per_device_hour"].check(price_per_device_hour)
     config = check_request(model, input_tokens, output_tokens, batch, **deployment)
     profile = pipeline.host.device(device)
     check_interconnect(profile, build_workload(model, seq=input_tokens, batch=1 if batch == "max" else batch,
@@ -300,7 +317,8 @@ def serve(pipeline: Pipeline, model: str = DEFAULT_MODEL, *, input_tokens: int =
     decode = {kv: step(batch, kv) for kv in points}
     report = ServeReport(model=model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
                          deployment={k: prefill.workload[k] for k in DEPLOYMENT}, prefill=prefill, decode=decode,
-                         fit=fit_line({kv: step_time(r) for kv, r in decode.items()}), max_batch=found)
+                         fit=fit_line({kv: step_time(r) for kv, r in decode.items()}), max_batch=found,
+                         price_per_device_hour=price)
     report.notes = _notes(report, config)
     return report
 

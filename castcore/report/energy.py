@@ -1,0 +1,145 @@
+"""What a deployment's device time costs: energy from a power model of each device, money from a price per
+device-hour.
+
+Power. A device draws ``idle_w`` holding a deployment between kernels and up to ``tdp_w`` (its board power
+limit) while a kernel keeps its compute or memory units busy:
+
+    power = idle_w + (tdp_w - idle_w) x utilization
+
+where utilization is the share of the step's time that some op keeps the device busy: per op, its time less its
+launch overhead and its communication (for a roofline estimate that is max(compute, memory): the busier of the
+op's compute-bound and memory-bound times, the unit that runs flat out while the other waits on it). Launch gaps,
+collectives and pipeline bubbles count as idle. A step's energy is then
+
+    energy = idle_w x step time + (tdp_w - idle_w) x busy time
+
+so nothing needs averaging: the busy seconds of every step add up. The model takes a busy device at its board
+limit; memory-bound kernels draw less than compute-bound ones in practice, so decode-heavy energy is an upper
+estimate within the idle..TDP range.
+
+Money. At ``price`` dollars per device-hour, a phase's device-seconds (every device of the deployment, for the
+phase's time) are charged to that phase's tokens: the prefill's to the input tokens, the decode steps' to the
+output tokens, as serving prices quote input and output tokens apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from castcore.report.records import Report
+
+HOUR_S = 3600.0
+MILLION = 1e6
+
+
+def has_power(device: Any) -> bool:
+    """Whether a profile gives the power model's two numbers."""
+    return bool(getattr(device, "tdp_w", 0.0))
+
+
+def busy_s(report: Report) -> float:
+    """Seconds one device's units are busy in a step: per op, its time less launch overhead and communication;
+    under ``--pp`` the average device's (every stage runs its share of the layers for each micro-batch)."""
+    busy = sum(max(0.0, r.estimate.time_s - r.estimate.overhead_s - r.estimate.comm_s) for r in report.records)
+    staged = getattr(report, "pipeline", None)
+    if staged is not None:
+        busy = min(busy * staged.micro_batches / staged.stages, staged.step_s)
+    return busy
+
+
+def energy_j(device: Any, time_s: float, busy: float) -> float:
+    """Joules one device draws over ``time_s`` seconds of which ``busy`` are busy (see the module docstring)."""
+    busy = min(max(busy, 0.0), time_s)
+    return device.idle_w * time_s + (device.tdp_w - device.idle_w) * busy
+
+
+def fitted_sum(points: dict[int, float], first: int, count: int) -> float:
+    """The least-squares line through ``points`` (kv -> value) summed over kv = first .. first + count - 1."""
+    n = len(points)
+    mean_x, mean_y = sum(points) / n, sum(points.values()) / n
+    spread = sum((x - mean_x) ** 2 for x in points)
+    b = sum((x - mean_x) * (y - mean_y) for x, y in points.items()) / spread if spread else 0.0
+    a = mean_y - b * mean_x
+    return count * a + b * (count * first + count * (count - 1) / 2)
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """One phase of serving on one device: its seconds, its busy seconds and the tokens it makes."""
+
+    seconds: float
+    busy_s: float
+    tokens: int
+
+
+def energy_figures(device: Any, devices: int, prefill: PhaseTime, decode: PhaseTime) -> dict[str, Any]:
+    """Energy of a request batch on ``devices`` devices (each drawing as ``device``), its prefill giving the input
+    tokens and its decode the output tokens; empty when the profile has no power numbers."""
+    if not has_power(device):
+        return {}
+    prefill_j = devices * energy_j(device, prefill.seconds, prefill.busy_s)
+    decode_j = devices * energy_j(device, decode.seconds, decode.busy_s)
+    total = prefill_j + decode_j
+    seconds = prefill.seconds + decode.seconds
+    return {"energy_j": total, "prefill_energy_j": prefill_j, "decode_energy_j": decode_j,
+            "power_w_per_device": total / devices / seconds if seconds else None,
+            "utilization": (prefill.busy_s + decode.busy_s) / seconds if seconds else None,
+            "joules_per_input_token": prefill_j / prefill.tokens, "joules_per_output_token": total / decode.tokens,
+            "output_tokens_per_joule": decode.tokens / total if total else None}
+
+
+def cost_figures(price: float | None, devices: int, prefill_s: float, decode_s: float, input_tokens: int,
+                 output_tokens: int) -> dict[str, Any]:
+    """Dollars at ``price`` per device-hour: per million input tokens (the prefill's device time), per million
+    output tokens (the decode's) and per hour of the whole deployment; empty without a price."""
+    if price is None:
+        return {}
+    per_second = price * devices / HOUR_S
+    return {"price_per_device_hour": price, "usd_per_hour": price * devices,
+            "usd_per_million_input_tokens": per_second * prefill_s / input_tokens * MILLION if input_tokens else None,
+            "usd_per_million_output_tokens": per_second * decode_s / output_tokens * MILLION
+            if output_tokens else None}
+
+
+def prefill_share(prefill_tokens: Sequence[float], decode_tokens: Sequence[float],
+                  durations: Sequence[float]) -> float | None:
+    """The share of an engine's iteration time that went to prompts: each iteration's time split between its
+    prefill and decode tokens by their counts (a mixed iteration's linear layers, most of its time, cost each
+    token alike); None without iterations."""
+    prompt = total = 0.0
+    for p, d, t in zip(prefill_tokens, decode_tokens, durations):
+        if p + d:
+            prompt += t * p / (p + d)
+            total += t
+    return prompt / total if total else None
+
+
+def simulation_cost(price: float | None, devices: int, summary: dict[str, Any], trace: Any) -> dict[str, Any]:
+    """Dollars of a simulated run at ``price`` per device-hour: every device for the run's duration (idle gaps
+    between arrivals included: the deployment is held), split between the input and output tokens by the
+    iterations' prefill share (``prefill_share``, from the first replica's iterations)."""
+    if price is None:
+        return {}
+    share = None if trace is None else prefill_share(trace.prefill_tokens, trace.decode_tokens, trace.duration)
+    if share is None:
+        share = 0.0
+    duration = summary["duration"]
+    return {**cost_figures(price, devices, share * duration, (1 - share) * duration,
+                           summary["total_input_tokens"], summary["total_output_tokens"]),
+            "prefill_time_share": share}
+
+
+def format_lines(figures: dict[str, Any]) -> list[str]:
+    """The energy and cost lines a report prints, from its figures (those present)."""
+    lines = []
+    if figures.get("energy_j") is not None:
+        lines.append(f"energy       {figures['energy_j']:,.1f} J ({figures['power_w_per_device']:,.0f} W per device "
+                     f"at {figures['utilization']:.0%} busy): {figures['output_tokens_per_joule']:.3g} output "
+                     f"tokens/J, {figures['joules_per_output_token']:.3g} J per output token")
+    if figures.get("usd_per_hour") is not None:
+        lines.append(f"cost         ${figures['usd_per_million_input_tokens']:,.4g} per million input tokens, "
+                     f"${figures['usd_per_million_output_tokens']:,.4g} per million output tokens, "
+                     f"${figures['usd_per_hour']:,.2f}/hour (${figures['price_per_device_hour']:g} per device-hour)")
+    return lines
