@@ -11,7 +11,8 @@ The search is a sweep of ``castcore serve`` points, run by the sweep machinery (
    at the next lower power of two, round after round, until it meets them or batch 1 does not.
 
 Every point that fits and meets the objectives is a candidate; the best are those with the most output tokens/s
-per device. The fewest devices that fit at all, per device, come from step 1.
+per device, or under ``objective`` the fewest dollars per million output tokens or the most output tokens per
+joule. The fewest devices that fit at all, per device, come from step 1.
 """
 
 from __future__ import annotations
@@ -203,8 +204,10 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
     output tokens/s per device that fit and meet ``ttft``/``tpot`` (seconds, "50ms", or under traffic a statistic
     such as "p99:500ms"), ``fewest`` devices that fit (under traffic: that meet them) per device. With ``rate``,
-    ``concurrency`` or ``max_rate`` the deployments are simulated under traffic (castcore.sweeps.capacity). The
-    options are ``castcore plan``'s (see its --help); ``plugins`` the plugin options."""
+    ``concurrency`` or ``max_rate`` the deployments are simulated under traffic (castcore.sweeps.capacity).
+    ``objective`` "cost" ranks the best by dollars per million output tokens at ``price_per_device_hour``, "energy"
+    by output tokens per joule (castcore.report.energy). The options are ``castcore plan``'s (see its --help);
+    ``plugins`` the plugin options."""
     from castcore.sweeps import capacity
     from castcore.sweeps.run import backend_for, run_points
     from castcore.sweeps.sweep import commands, open_session
