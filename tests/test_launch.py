@@ -154,7 +154,8 @@ def test_plan_emit_as_text_follows_the_plan(tmp_path):
     plan, emitted = done.stdout.split("\nlaunch files for #1 (h100-sxm, 1 device, bf16 weights) on sglang\n")
     assert plan.startswith(f"{LLAMA}: requests of 32 input + 8 output tokens")
     lines = emitted.splitlines()
-    assert lines[lines.index("# start the server") + 1].startswith(f"python -m sglang.launch_server --model-path {DATA}")
+    server = lines[lines.index("# start the server") + 1]
+    assert server.startswith(f"python -m sglang.launch_server --model-path {DATA}")
     assert lines[-1].startswith(f"castcore simulate --model {LLAMA} --device h100-sxm --input 32 --output 8 ")
 
 
@@ -175,3 +176,36 @@ def test_an_unknown_engine_is_refused_by_the_parser(capsys):
         build_parser().parse_args(PLAN[:3] + ["--emit", "tgi"])
     assert stopped.value.code == 2
     assert "invalid choice: 'tgi'" in capsys.readouterr().err
+
+
+def test_simulate_emit_prints_the_same_runs_commands(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "castcore", "simulate", "--model", LLAMA, "--input", "32", "--output",
+                           "8", "--requests", "20", "--concurrency", "4", "--engine", "trtllm", "--block-size", "64",
+                           "--tp", "2", "--device-file", str(DATA / "h100-sxm.toml"), "--no-packs", "--emit", "trtllm",
+                           "--json"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    emit = found["emit"]
+    assert emit["launch"].startswith(f"trtllm-serve {DATA} --tp_size 2 --pp_size 1 --max_batch_size 2048 ")
+    assert "  tokens_per_block: 64" in emit["options_yaml"].splitlines()
+    assert emit["simulate"] == (
+        f"castcore simulate --model {LLAMA} --input 32 --output 8 --requests 20 --concurrency 4 --seed 0 "
+        f"--engine trtllm --block-size 64 --tp 2 --device-file {DATA / 'h100-sxm.toml'} --no-packs --json")
+    assert "--max-concurrency 4 " in emit["bench"] and found["completed"] == 20
+
+
+@pytest.mark.parametrize("more, said", [
+    (["--engine", "vllm", "--emit", "sglang"], "--emit sglang with --engine vllm: the simulation runs vllm's"),
+    (["--input", "uniform:8:32", "--emit", "vllm"], "--emit vllm prints a benchmark of random prompts of fixed "
+                                                    "lengths"),
+])
+def test_simulate_emit_refuses_in_one_line(capsys, more, said):
+    from castcore.cli.main import main
+
+    argv = ["simulate", "--model", LLAMA, "--input", "32", "--output", "8", "--device-file",
+            str(DATA / "h100-sxm.toml"), "--no-packs"]
+    assert main(argv + more) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("castcore: error: ") and said in lines[0]

@@ -230,11 +230,15 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
         traffic = Traffic(request.input_tokens, request.output_tokens, request.requests, rate, request.concurrency)
     else:  # a static batch: its requests sent at once
         traffic = Traffic(request.input_tokens, request.output_tokens, row["served_batch"])
-    plugins = [f for d in args.custom_op_dir or () for f in ("--custom-op-dir", d)]
-    plugins += [f for d in args.device_file or () for f in ("--device-file", d)]
-    plugins += ["--no-default-custom-op-dirs"] * args.no_default_custom_op_dirs + ["--no-packs"] * args.no_packs
     return launch_files(args.emit, Deployment.of({**row, "model": request.model}, request.dtype), traffic,
-                        castcore_options=plugins)
+                        castcore_options=plugin_flags(args))
+
+
+def plugin_flags(args: argparse.Namespace) -> list[str]:
+    """The plugin options given, as flags: a castcore command printed for this run loads the same devices."""
+    flags = [f for d in args.custom_op_dir or () for f in ("--custom-op-dir", d)]
+    flags += [f for d in args.device_file or () for f in ("--device-file", d)]
+    return flags + ["--no-default-custom-op-dirs"] * args.no_default_custom_op_dirs + ["--no-packs"] * args.no_packs
 
 
 def add_parser(subparsers) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 from castcore.cli.common import capture_cache_from, make_session, note, report_capture_cache, warn
 from castcore.cli.options import add_options, values
@@ -17,6 +18,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
     plan = check(args.model, **options)  # bad options, lengths or datasets fail before any plugin or model loads
+    emitted = _emit(args, plan) if args.emit else None
     trace = check_output(args.trace, "trace") if args.trace else None
     plot = check_output(args.plot, "plot") if args.plot else None
     if plot:
@@ -44,24 +46,49 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote the TTFT/TPOT distributions and throughput over time to {plot}")
     elif plot:
         warn(f"no request finished, so nothing was drawn to {plot}")
-    _print(report, args)
+    _print(report, args, emitted)
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")
         return 130
     return 0
 
 
-def _print(report, args: argparse.Namespace) -> None:
-    """The report, with its cost at --price-per-device-hour (every device for the run's duration)."""
+def _print(report, args: argparse.Namespace, emitted=None) -> None:
+    """The report, with its cost at --price-per-device-hour (every device for the run's duration), and the launch
+    files of --emit."""
     from castcore.report.energy import format_lines, simulation_cost
 
     deployment = report.deployment
     devices = max(deployment["tp"], deployment["ep"]) * deployment["pp"] * deployment["dp"]
     cost = simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace)
-    if args.json:
+    if args.json and emitted:
+        print(json.dumps({**report.to_dict(), **cost, "emit": emitted.to_dict()}, indent=2))
+    elif args.json:
         print(json.dumps({**report.to_dict(), **cost}, indent=2) if cost else report.to_json())
     else:
         print("\n".join([report.format_text(), *format_lines(cost)]))
+        if emitted:
+            print(f"\nlaunch files on {args.emit}\n" + "\n".join(emitted.lines()))
+
+
+def _emit(args: argparse.Namespace, checked) -> Any:
+    """--emit's launch files (castcore.sweeps.launch) for this deployment and these requests."""
+    from castcore.cli.plan import plugin_flags
+    from castcore.errors import ModelError
+    from castcore.options.catalog import say
+    from castcore.sweeps.launch import Deployment, Traffic, launch_files
+
+    if args.emit != args.engine:
+        raise ModelError(f"{say('emit', args.emit)} with {say('engine', args.engine)}: the simulation runs "
+                         f"{args.engine}'s scheduler; give {say('engine', args.emit)} too")
+    if args.dataset or not (args.input_lengths.isdigit() and args.output_lengths.isdigit()):
+        raise ModelError(f"{say('emit', args.emit)} prints a benchmark of random prompts of fixed lengths: give "
+                         f"{say('input_lengths')} and {say('output_lengths')} as numbers, without {say('dataset')}")
+    deployment = Deployment(args.model, args.device, args.tp, args.pp, args.ep, args.attention_dp, args.dp,
+                            args.dtype, args.weights, args.activations, args.kv_cache)
+    traffic = Traffic(int(args.input_lengths), int(args.output_lengths), len(checked.requests), args.rate,
+                      args.concurrency, args.burstiness, args.seed)
+    return launch_files(args.emit, deployment, traffic, checked.limits, plugin_flags(args))
 
 
 def add_parser(subparsers) -> None:

@@ -354,7 +354,10 @@ SIMULATE = CommandOptions("simulate", (
                              "cache's use, and each request from arrival to its last token", PRINTING, kind="path",
                              optional=True, metavar="FILE"),
                       Option("plot", "draw the TTFT and TPOT distributions and output tokens/s over time (needs "
-                             "matplotlib: castcore[plot])", PRINTING, kind="path", optional=True, metavar="PNG"))),
+                             "matplotlib: castcore[plot])", PRINTING, kind="path", optional=True, metavar="PNG"),
+                      _with(EMIT, help="after the figures, print this deployment's launch command for ENGINE (the "
+                            "--engine simulated) and a benchmark of the same requests with the engine's own client, "
+                            "whose result file diffs against --json (fixed --input and --output lengths)"))),
     *_scoped(SESSION, (NO_CACHE, *PLUGIN_OPTIONS)),
 ), exclusive=(("rate", "concurrency"),))
 
