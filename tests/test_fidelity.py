@@ -125,7 +125,8 @@ def test_continuous_batching_points_are_simulated_as_they_ran():
     assert "rate" not in options and "concurrency" not in options  # offline: every request at once
     mlperf = plan_simulate(point("cb-h100x8-mlcommons-inf40-llama2-70b-server"))
     assert mlperf["options"]["input_lengths"].startswith("normal:") and mlperf["options"]["rate"] > 0
-    assert "no --weights fp4" in plan_simulate(point("cb-b200-trtllm10-llama-3.3-70b-fp4-tp1-1000-1000")).reason
+    fp4 = plan_simulate(point("cb-b200-trtllm10-llama-3.3-70b-fp4-tp1-1000-1000"))
+    assert fp4["options"]["weights"] == "nvfp4" and "activations" not in fp4["options"]  # ModelOpt FP4: W4A4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ def test_local_run_estimates_and_times_each_op_and_leaves_unscored_ones_out():
 def test_run_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     import fidelity.run as run
 
-    out, only = tmp_path / "fidelity.json", "cb-b200-trtllm10-llama-3.3-70b-fp4-tp1-1000-1000"  # no fp4 weights
+    out, only = tmp_path / "fidelity.json", "cb-a100-vllm060-llama-3.1-8b-sharegpt-rps4-itl"  # not expressible
     monkeypatch.setattr(sys, "argv", ["run.py", "--no-local", "--only", only, "--out", str(out)])
     run.main()
     data = json.loads(out.read_text())

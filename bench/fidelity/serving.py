@@ -29,6 +29,7 @@ MODEL_FILES = {
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b-instruct.json",
     "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b-instruct.json",
     "nvidia/Llama-3.3-70B-Instruct-FP8": "llama-3.3-70b-instruct.json",
+    "nvidia/Llama-3.3-70B-Instruct-FP4": "llama-3.3-70b-instruct.json",
     "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1.json",
     "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b-v0.1.json",
 }
@@ -49,14 +50,16 @@ def _per_head_generation_attention(framework: str | None) -> bool:
 
 
 def quantized_dtypes(w: dict[str, Any], options: dict[str, Any], notes: list[str]) -> NotExpressible | None:
-    """A workload's fp8 weights (TensorRT-LLM's FP8: fp8 GEMM inputs too) and fp8 KV cache into ``options``; a
-    KV dtype the source does not state is left at ``options["dtype"]`` and said in ``notes``."""
+    """A workload's fp8 weights (TensorRT-LLM's FP8: fp8 GEMM inputs too), FP4 (NVFP4) weights and fp8 KV cache
+    into ``options``; a KV dtype the source does not state is left at ``options["dtype"]`` and said in ``notes``."""
     from castcore.workload.spec import KV_CACHE_DTYPES, WEIGHT_DTYPES
 
     if _quantized(w.get("weights_dtype")):
         if "fp8" not in WEIGHT_DTYPES:
             return NotExpressible("fp8 weights: castcore has no --weights fp8")
         options.update(weights="fp8", activations="fp8")
+    elif str(w.get("weights_dtype") or "").startswith("fp4"):  # ModelOpt's FP4 checkpoints: NVFP4, W4A4
+        options["weights"] = "nvfp4"
     kv = str(w.get("kv_cache_dtype") or "")
     if _quantized(kv):
         if "fp8" not in KV_CACHE_DTYPES:

@@ -18,7 +18,6 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     rates: dict[str, str] = {}
     detail: dict = {}
     uses_mma = False
-    streaming = 1.0  # a matrix kernel of a dtype with its own efficiency streams its operands at the same ratio
     for dtype, ops in props.compute_ops.items():
         for unit, count in (("mma", ops.mma_ops), ("gp", ops.gp_ops)):
             if not count:
@@ -28,7 +27,6 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
             efficiency = device.efficiency(unit, used)
             if unit == "mma":
                 uses_mma = True
-                streaming = min(streaming, efficiency / device.compute_efficiency)
                 if props.kernel == "attention" and device.attention_efficiency:
                     # measured in bf16; a dtype whose GEMMs sustain less of their peak (fp8) loses as much here
                     efficiency = device.attention_efficiency * efficiency / device.compute_efficiency
@@ -45,7 +43,7 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     # The bandwidth ramp is a streaming kernel's (measured end to end, launch included); matrix kernels keep
     # their additive launch cost.
     ramp = device.memory_half_bytes if not uses_mma else 0.0
-    memory_s = (props.memory_bytes + ramp) / bandwidth / streaming if props.memory_bytes else 0.0
+    memory_s = (props.memory_bytes + ramp) / bandwidth if props.memory_bytes else 0.0
     if props.kernel == "grouped_mm" and device.grouped_mm_efficiency:  # expert-indexed tiles, as measured
         compute_s, memory_s = compute_s / device.grouped_mm_efficiency, memory_s / device.grouped_mm_efficiency
     if compute_s == 0 and memory_s == 0:
