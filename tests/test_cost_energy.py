@@ -14,11 +14,12 @@ from castcore.cli.main import main
 from castcore.devices.profile import DeviceError, device_from_dict, load_device_file, package_profiles
 from castcore.options.option import Objective
 from castcore.report.energy import (PhaseTime, busy_s, cost_figures, energy_figures, energy_j, fitted_sum,
-                                    prefill_share, simulation_cost)
+                                    prefill_share, simulation_cost, simulation_energy)
 from castcore.sweeps import capacity
 from castcore.sweeps.plan import PlanRequest, PlanResult, search
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.sweep import check, commands
+from castcore.workload.metering import Metered
 
 DATA = Path(__file__).parent / "data"
 LLAMA = str(DATA / "tiny-llama.json")
@@ -113,6 +114,40 @@ def test_a_simulated_runs_time_is_split_by_each_iterations_prompt_and_decode_tok
     assert found["usd_per_million_output_tokens"] == pytest.approx(0.02 * 0.375 / 500 * 1e6)
 
 
+def test_a_simulated_runs_energy_holds_every_device_for_the_run():
+    # tp 2 x pp 2 x dp 2: 2 replicas of 4 devices held 10 s, 20 s per device position over the replicas; the
+    # iterations were busy 24 s of whole-model time and a device runs half the layers (pp 2) of each: 12 s.
+    # Per position 140 W x 20 s + 560 W x 12 s = 9,520 J, for each of a replica's 4 positions.
+    found = simulation_energy(POWER, {"tp": 2, "ep": 1, "pp": 2, "dp": 2}, {"duration": 10.0,
+                                                                          "total_output_tokens": 1000}, 24.0)
+    assert found["energy_j"] == pytest.approx(4 * (140 * 20 + 560 * 12))
+    assert found["utilization"] == pytest.approx(0.6) and found["power_w_per_device"] == pytest.approx(476.0)
+    assert found["output_tokens_per_joule"] == pytest.approx(1000 / 38080)
+
+
+class _Ladder:
+    """A step-time model of two ladder captures: 1 token busy 20% of its time, 64 tokens 80%; an iteration takes
+    1 ms a token."""
+
+    points = [1, 64]
+
+    def _report(self, tokens):
+        share = {1: 0.2, 64: 0.8}[tokens]
+        return SimpleNamespace(records=[_op(1.0, memory_s=share, overhead_s=1 - share)], time_s=1.0)
+
+    def __call__(self, batch):
+        return 1e-3 * sum(c[0] for c in batch)
+
+
+def test_an_iterations_busy_time_comes_from_the_ladder_captures_around_it():
+    metered = Metered(_Ladder())
+    assert metered.share(1) == pytest.approx(0.2) and metered.share(64) == pytest.approx(0.8)
+    assert metered.share(32) == pytest.approx(0.2 + 0.6 * 31 / 63)  # on the line between them
+    assert metered.share(500) == pytest.approx(0.8)  # not past the last capture
+    assert metered([(16, 0, True), (16, 100, True)]) == pytest.approx(0.032)  # the engine's time, unchanged
+    assert metered.busy_s == pytest.approx(0.032 * (0.2 + 0.6 * 31 / 63))
+
+
 def _without_overheads(tmp_path: Path) -> Path:
     """The H100 test profile with no launch costs: every op keeps the device busy, so it draws its 700 W."""
     text = (DATA / "h100-sxm.toml").read_text()
@@ -134,6 +169,14 @@ def test_serve_draws_the_limit_when_every_op_is_busy_and_prices_each_phase(tmp_p
     assert found["usd_per_million_input_tokens"] == pytest.approx(1e-3 * report.ttft_s / 64 * 1e6)
     assert found["usd_per_million_output_tokens"] == pytest.approx(1e-3 * report.decode_s / 16 * 1e6)
     assert "energy " in report.format_text() and "per million output tokens" in report.format_text()
+
+
+def test_a_simulation_without_launch_costs_is_busy_throughout(tmp_path):
+    session = castcore.Session(load_packs=[], device_files=[_without_overheads(tmp_path)])
+    report = session.simulate(LLAMA, requests=20, input_lengths="32", output_lengths="8")  # all at once: no gaps
+    found = simulation_energy(session.device(None), report.deployment, report.summary, report.busy_s)
+    assert found["utilization"] == pytest.approx(1.0)
+    assert found["energy_j"] == pytest.approx(700 * report.summary["duration"])
 
 
 def test_serve_with_launch_costs_is_between_idle_and_the_limit():
@@ -162,8 +205,6 @@ def test_serve_cli_prints_energy_and_cost_as_json(capsys):
     (["plan", "--price-per-device-hour", "-1"], "--price-per-device-hour -1.0: must be a number above zero"),
     (["plan", "--objective", "cost"], "--objective cost ranks by dollars per million output tokens: give "
                                       "--price-per-device-hour"),
-    (["plan", "--objective", "energy", "--rate", "4"], "--objective energy ranks by output tokens per joule, "
-                                                       "which the traffic simulation does not give yet"),
 ])
 def test_bad_cost_input_is_one_line_exit_2_and_nothing_written(capsys, argv, said):
     assert main([*argv, "--model", LLAMA, "--input", "32", "--output", "8", "--device-file",
@@ -180,6 +221,14 @@ def test_an_unknown_objective_is_refused(capsys):
     assert "argument --objective: invalid choice: 'speed'" in capsys.readouterr().err
     with pytest.raises(castcore.ModelError, match="objective='speed': is not supported; use one of throughput, cost"):
         castcore.plan(LLAMA, objective="speed")
+
+
+def test_simulate_cli_prints_energy_and_cost_as_json(capsys):
+    assert main(["simulate", "--model", LLAMA, "--input", "32", "--output", "8", "--requests", "20", "--device-file",
+                 str(DATA / "h100-sxm.toml"), "--no-packs", "--price-per-device-hour", "2", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert 0 <= found["utilization"] <= 1 and found["energy_j"] >= 140 * found["duration"]
+    assert found["usd_per_hour"] == 2.0 and 0 < found["prefill_time_share"] < 1
 
 
 def test_the_energy_objective_needs_every_device_to_give_its_power(capsys):
@@ -223,17 +272,18 @@ def test_the_objective_changes_which_static_deployment_is_best(objective, order)
     assert all(r["price_per_device_hour"] == 2.0 for r in result.rows)  # every point was priced
 
 
-def test_the_cost_objective_ranks_a_traffic_plan_too():
+def test_the_cost_and_energy_objectives_rank_a_traffic_plan_too():
     def run(points):
         rows = [{**p.params, "error": None, "never_fit": 0, "devices": p.params["tp"], "p99_ttft_ms": 10.0,
                  "median_e2el_s": 0.1, "output_tokens_per_s_per_device": FIGURES[p.params["tp"]][0],
-                 "usd_per_million_output_tokens": FIGURES[p.params["tp"]][1]} for p in points]
+                 "usd_per_million_output_tokens": FIGURES[p.params["tp"]][1],
+                 "output_tokens_per_joule": FIGURES[p.params["tp"]][2]} for p in points]
         return SweepResult(rows=rows, columns=list(rows[0]))
 
     chosen = [{"model": LLAMA, "input": "32", "output": "8", "dtype": "bf16", "device": "h100-sxm", "weights": None,
                "requests": 50, "engine": "vllm", "tp": tp, "pp": 1, "ep": 1, "price_per_device_hour": 2.0}
               for tp in (1, 2, 4)]
-    for objective, order in (("throughput", [1, 4, 2]), ("cost", [2, 4, 1])):
+    for objective, order in (("throughput", [1, 4, 2]), ("cost", [2, 4, 1]), ("energy", [2, 1, 4])):
         request = PlanRequest(model=LLAMA, devices=["h100-sxm"], weights=[None], ttft=Objective("p99", 0.1), rate=5.0,
                               max_devices=4, objective=objective, price_per_device_hour=2.0)
         result = PlanResult(request, **capacity.search(request, commands()["simulate"], chosen, run))
@@ -252,3 +302,14 @@ def test_plan_prints_the_objectives_column(tmp_path, capsys, monkeypatch):
     found = json.loads(capsys.readouterr().out)
     assert found["objective"] == "cost" and found["price_per_device_hour"] == 2.0
     assert found["best"][0]["usd_per_million_output_tokens"] > 0 and found["best"][0]["output_tokens_per_joule"] > 0
+
+
+def test_a_sweep_prices_every_point_at_each_price(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rows = castcore.sweep({"command": "serve", "model": LLAMA, "input": 32, "output": 8, "batch": 2,
+                           "price_per_device_hour": [1.0, 3.0], "device_file": str(DATA / "h100-sxm.toml"),
+                           "no_packs": True}, workers=1)
+    assert [r["price_per_device_hour"] for r in rows] == [1.0, 3.0] and not any(r["error"] for r in rows)
+    cheap, dear = rows
+    assert dear["usd_per_million_output_tokens"] == pytest.approx(3 * cheap["usd_per_million_output_tokens"])
+    assert dear["energy_j"] == cheap["energy_j"] > 0  # the price changes the money, not the joules

@@ -46,21 +46,22 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote the TTFT/TPOT distributions and throughput over time to {plot}")
     elif plot:
         warn(f"no request finished, so nothing was drawn to {plot}")
-    _print(report, args, emitted)
+    _print(report, args, emitted, session.pipeline.host.device(report.device))
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")
         return 130
     return 0
 
 
-def _print(report, args: argparse.Namespace, emitted=None) -> None:
-    """The report, with its cost at --price-per-device-hour (every device for the run's duration), and the launch
-    files of --emit."""
-    from castcore.report.energy import format_lines, simulation_cost
+def _print(report, args: argparse.Namespace, emitted=None, device=None) -> None:
+    """The report, with its energy (when ``device``'s profile gives its power) and its cost at
+    --price-per-device-hour (every device for the run's duration), and the launch files of --emit."""
+    from castcore.report.energy import format_lines, simulation_cost, simulation_energy
 
     deployment = report.deployment
     devices = max(deployment["tp"], deployment["ep"]) * deployment["pp"] * deployment["dp"]
-    cost = simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace)
+    cost = {**simulation_energy(device, deployment, report.summary, report.busy_s),
+            **simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace)}
     if args.json and emitted:
         print(json.dumps({**report.to_dict(), **cost, "emit": emitted.to_dict()}, indent=2))
     elif args.json:

@@ -131,6 +131,22 @@ def simulation_cost(price: float | None, devices: int, summary: dict[str, Any], 
             "prefill_time_share": share}
 
 
+def simulation_energy(device: Any, deployment: dict[str, Any], summary: dict[str, Any], busy: float) -> dict[str, Any]:
+    """Energy of a simulated run: every device held for the run's duration, busy for ``busy`` seconds of every
+    scheduler's iterations (castcore.workload.metering; under ``--pp`` a device runs 1/pp of each iteration's
+    layers); empty when the profile has no power numbers."""
+    if not has_power(device):
+        return {}
+    replica = max(deployment["tp"], deployment["ep"]) * deployment["pp"]
+    held = deployment["dp"] * summary["duration"]  # each replica's devices, for the whole run
+    per_device = min(busy / deployment["pp"], held)
+    total = replica * (device.idle_w * held + (device.tdp_w - device.idle_w) * per_device)
+    output = summary["total_output_tokens"]
+    return {"energy_j": total, "power_w_per_device": total / (replica * held), "utilization": per_device / held,
+            "joules_per_output_token": total / output if output else None,
+            "output_tokens_per_joule": output / total if total else None}
+
+
 def format_lines(figures: dict[str, Any]) -> list[str]:
     """The energy and cost lines a report prints, from its figures (those present)."""
     lines = []

@@ -141,10 +141,6 @@ def check(request: PlanRequest) -> None:
     """What a traffic plan needs beyond the options' own checks."""
     from castcore.errors import ModelError
 
-    if request.objective == "energy" and request.traffic:
-        raise ModelError(f"{say('objective', 'energy')} ranks by output tokens per joule, which the traffic "
-                         f"simulation does not give yet: plan without {say('rate')}/{say('concurrency')}/"
-                         f"{say('max_rate')} (static batches), or rank by throughput or cost")
     if request.max_rate and request.ttft is None and request.tpot is None:
         raise ModelError(f"{say('max_rate', True)} finds the highest rate that meets the objectives: give "
                          f"{say('ttft')} or {say('tpot')}")

@@ -71,8 +71,9 @@ def figures(session: Any, job: Job) -> dict[str, Any]:
     if job.command == "estimate":
         return estimate_figures(session.estimate(job.workload, device=job.device), job.workload)
     if job.command == "simulate":
-        return simulate_figures(session.simulate(device=job.device, **job.simulate),
-                                job.simulate.get("price_per_device_hour"))
+        report = session.simulate(device=job.device, **job.simulate)
+        return simulate_figures(report, job.simulate.get("price_per_device_hour"),
+                                session.pipeline.host.device(report.device))
     return serve_figures(session.serve(device=job.device, **job.serve))
 
 

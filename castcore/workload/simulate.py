@@ -26,6 +26,7 @@ from castcore.simulation.presets import EngineLimits, limits
 from castcore.simulation.requests import check_lengths, make_requests, read_dataset
 from castcore.simulation.trace import chrome_trace
 from castcore.workload.latent import NOT_IN_MIXED_BATCHES
+from castcore.workload.metering import Metered
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
 from castcore.workload.steptime import StepTimes
 
@@ -60,6 +61,7 @@ class SimulationReport:
     iterations_trace: Any = field(default=None, repr=False)  # the first replica's iterations (engine.Trace)
     slo_ttft_s: float | None = None  # the goodput objectives, drawn by ``plot``
     slo_tpot_s: float | None = None
+    busy_s: float = 0.0  # every scheduler's iterations' busy seconds (castcore.workload.metering), for the energy
 
     def to_trace(self) -> dict[str, Any]:
         """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""
@@ -215,9 +217,9 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     if blocks // base.pp < 1:
         raise ModelError(f"the KV cache's {blocks} blocks do not go round {say('pp', base.pp)} micro-batches in "
                          f"flight: use a smaller {say('pp')} or a larger {say('tp')}")
-    results = []
+    results, metered = [], Metered(steps)
     for n in range(schedulers):
-        results.append(engine_model.simulate(plan.requests[n::schedulers], mine, blocks // base.pp, steps,
+        results.append(engine_model.simulate(plan.requests[n::schedulers], mine, blocks // base.pp, metered,
                                              None if plan.concurrency is None else max(1, plan.concurrency //
                                                                                        schedulers)))
         if results[-1].partial:  # Ctrl-C: no further scheduler runs
@@ -248,4 +250,5 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
                             kv_blocks=blocks, kv_bytes_per_token=per_token, summary=summary, never_fit=never,
                             iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
                             deployment=base.options(), notes=notes, partial=results[-1].partial, finished=finished,
-                            iterations_trace=results[0].trace, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot)
+                            iterations_trace=results[0].trace, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot,
+                            busy_s=metered.busy_s)

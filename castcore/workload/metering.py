@@ -1,0 +1,49 @@
+"""The busy seconds of a simulated run, for its energy (castcore.report.energy): the engine's step-time model,
+also adding up how long each iteration keeps the device busy.
+
+An iteration's busy time is its time x the busy share of the step-time model's ladder capture at its token count
+(castcore.workload.steptime: the mixed batches captured at powers of four up to the token budget), interpolated
+linearly between the two captures around it; a capture's busy share is its ops' busy seconds (each op's time less
+its launch overhead and communication) over its time. A decode iteration at long KV lengths spends more of its
+time in attention than the ladder's captures (whose chunks have no cache) do, and its attention is busy too, so
+the share is carried over to it in proportion.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any
+
+from castcore.report.energy import busy_s
+
+
+class Metered:
+    """``steps`` (a StepTimes) as the engine calls it, adding each iteration's busy seconds to ``busy_s``."""
+
+    def __init__(self, steps: Any):
+        self.steps = steps
+        self.busy_s = 0.0
+        self._shares: dict[int, float] = {}  # ladder point -> its capture's busy share
+
+    def __call__(self, batch: Sequence[Any]) -> float:
+        seconds = self.steps(batch)
+        tokens = sum(c[0] if isinstance(c, tuple) else c.new for c in batch)
+        self.busy_s += seconds * self.share(tokens)
+        return seconds
+
+    def _share_at(self, point: int) -> float:
+        if point not in self._shares:
+            report = self.steps._report(point)  # the ladder's capture, made already for this iteration's time
+            self._shares[point] = busy_s(report) / report.time_s if report.time_s else 0.0
+        return self._shares[point]
+
+    def share(self, tokens: int) -> float:
+        """The busy share at ``tokens``: between the two ladder captures around it, within 0..1."""
+        points = self.steps.points
+        if len(points) == 1 or tokens <= points[0]:
+            return self._share_at(points[0])
+        i = min(bisect.bisect_left(points, tokens), len(points) - 1)
+        low, high = points[i - 1], points[i]
+        w = min(max((tokens - low) / (high - low), 0.0), 1.0)
+        return min(max((1 - w) * self._share_at(low) + w * self._share_at(high), 0.0), 1.0)
