@@ -204,7 +204,10 @@ def test_serve_cli_prints_energy_and_cost_as_json(capsys):
     (["simulate", "--price-per-device-hour", "0"], "--price-per-device-hour 0.0: must be a number above zero"),
     (["plan", "--price-per-device-hour", "-1"], "--price-per-device-hour -1.0: must be a number above zero"),
     (["plan", "--objective", "cost"], "--objective cost ranks by dollars per million output tokens: give "
-                                      "--price-per-device-hour"),
+                                      "--price-per-device-hour (or --device-price per device)"),
+    (["plan", "--device-price", "h100-sxm"], "--device-price h100-sxm: give NAME=USD with a price above zero"),
+    (["plan", "--device-price", "h100-sxm=-3"], "--device-price h100-sxm=-3: give NAME=USD with a price above zero"),
+    (["plan", "--device-price", "b300=9"], "--device-price b300=...: no such device; installed: h100-sxm"),
 ])
 def test_bad_cost_input_is_one_line_exit_2_and_nothing_written(capsys, argv, said):
     assert main([*argv, "--model", LLAMA, "--input", "32", "--output", "8", "--device-file",
@@ -313,3 +316,30 @@ def test_a_sweep_prices_every_point_at_each_price(tmp_path, monkeypatch):
     cheap, dear = rows
     assert dear["usd_per_million_output_tokens"] == pytest.approx(3 * cheap["usd_per_million_output_tokens"])
     assert dear["energy_j"] == cheap["energy_j"] > 0  # the price changes the money, not the joules
+
+
+def test_a_device_price_of_its_own_prices_that_devices_points():
+    h100, a100 = load_device_file(DATA / "h100-sxm.toml"), load_device_file(DATA / "a100-sxm-80gb.toml")
+    seen = {}
+
+    def run(points):
+        for p in points:
+            seen[p.params["device"]] = p.params["price_per_device_hour"]
+        return _fake_serve(points)
+
+    request = PlanRequest(model=LLAMA, input_tokens=32, output_tokens=8, devices=["h100-sxm", "a100-sxm-80gb"],
+                          tp=[1], pp=[1], weights=[None], objective="cost", price_per_device_hour=2.0,
+                          device_prices={"a100-sxm-80gb": 1.2})
+    search(request, commands()["serve"], {"h100-sxm": h100, "a100-sxm-80gb": a100}, run)
+    assert seen == {"h100-sxm": 2.0, "a100-sxm-80gb": 1.2}
+
+
+def test_the_cost_objective_needs_a_price_for_every_device_searched(capsys):
+    assert main(["plan", "--model", LLAMA, "--input", "32", "--output", "8", "--objective", "cost", "--device-file",
+                 str(DATA / "h100-sxm.toml"), "--device-file", str(DATA / "a100-sxm-80gb.toml"), "--no-packs",
+                 "--device-price",
+                 "h100-sxm=2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines()[-1] == (
+        "castcore: error: --objective cost ranks by dollars per million output tokens: give --price-per-device-hour, "
+        "or --device-price for a100-sxm-80gb")

@@ -171,6 +171,7 @@ def plan_json(result: Any) -> dict[str, Any]:
                "requests": request.requests, "engine": request.engine} if request.traffic else {}
     return {"model": request.model, "input_tokens": request.input_tokens, "output_tokens": request.output_tokens,
             "objective": request.objective, "price_per_device_hour": request.price_per_device_hour,
+            "device_prices": request.device_prices,
             "ttft_s": request.ttft_s, "tpot_s": request.tpot_s, "objectives": objectives, **traffic,
             "devices": request.devices, "layouts": result.layouts, "points": len(result.rows),
             "best": [{k: r.get(k) for k in keep} for r in result.best],

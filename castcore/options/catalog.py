@@ -237,6 +237,9 @@ PLAN = CommandOptions("plan", (
                "--price-per-device-hour); energy, the most output tokens per joule (needs devices with power "
                "numbers)", SEARCH, default="throughput", choices=("throughput", "cost", "energy")),
         PRICE,
+        Option("device_prices", "a price per device-hour of its own for a named device, NAME=USD (repeatable "
+               "in one list: --device-price b200=6 h100-sxm5-80gb=2.5); the others take --price-per-device-hour",
+               COST, flag="--device-price", many=True, optional=True, metavar="NAME=USD"),
         *WORKERS)),
     *_scoped(OUTPUT, (_with(JSON, help="print the best and the fewest as JSON"), EMIT)),
     *_scoped(SESSION, PLUGIN_OPTIONS),

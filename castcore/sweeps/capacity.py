@@ -137,10 +137,45 @@ def _max_rates(request: PlanRequest, chosen: list[dict[str, Any]],
     return first, met, missed
 
 
+def device_prices(given: list[str] | None) -> dict[str, float]:
+    """``--device-price NAME=USD ...`` as {name: dollars a device-hour}; ModelError naming a malformed one."""
+    from castcore.errors import ModelError
+
+    found: dict[str, float] = {}
+    for text in given or ():
+        name, _, price = text.rpartition("=")
+        try:
+            value = float(price)
+        except ValueError:
+            value = float("nan")
+        if not name or not 0 < value < float("inf"):
+            raise ModelError(f"{say('device_prices', [text])}: give NAME=USD with a price above zero, such as "
+                             "b200=6")
+        found[name] = value
+    return found
+
+
+def check_prices(request: PlanRequest, devices: dict[str, Any]) -> None:
+    """Every --device-price names an installed device, and the cost objective has a price for each one searched."""
+    from castcore.errors import ModelError
+
+    unknown = [name for name in request.device_prices if name not in devices]
+    if unknown:
+        raise ModelError(f"{say('device_prices', [f'{unknown[0]}=...'])}: no such device; installed: "
+                         f"{', '.join(devices)}")
+    unpriced = [name for name in request.devices if request.price(name) is None]
+    if request.objective == "cost" and unpriced:
+        raise ModelError(f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
+                         f"{say('price_per_device_hour')}, or {say('device_prices')} for {', '.join(unpriced)}")
+
+
 def check(request: PlanRequest) -> None:
     """What a traffic plan needs beyond the options' own checks."""
     from castcore.errors import ModelError
 
+    if request.objective == "cost" and request.price_per_device_hour is None and not request.device_prices:
+        raise ModelError(f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
+                         f"{say('price_per_device_hour')} (or {say('device_prices')} per device)")
     if request.max_rate and request.ttft is None and request.tpot is None:
         raise ModelError(f"{say('max_rate', True)} finds the highest rate that meets the objectives: give "
                          f"{say('ttft')} or {say('tpot')}")

@@ -58,6 +58,10 @@ class PlanRequest:
     # What the best maximise (castcore.sweeps.capacity.objective_key), and the price the cost objective needs.
     objective: str = "throughput"
     price_per_device_hour: float | None = None
+    device_prices: dict[str, float] = field(default_factory=dict)  # a device's own price, over the one above
+
+    def price(self, device: str) -> float | None:
+        return self.device_prices.get(device, self.price_per_device_hour)
 
     @property
     def traffic(self) -> bool:
@@ -144,7 +148,7 @@ def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any])
     lengths = [str(request.input_tokens), str(request.output_tokens)] if request.traffic else [
         request.input_tokens, request.output_tokens]  # simulate's lengths are text: a length or a distribution
     chosen = [{"model": request.model, "input": lengths[0], "output": lengths[1], "dtype": request.dtype,
-               "device": name, "weights": weights, **more, **layout}
+               "device": name, "weights": weights, "price_per_device_hour": request.price(name), **more, **layout}
               for name in request.devices for layout in layouts(config, devices[name], request)
               for weights in request.weights]
     if not chosen:
@@ -161,7 +165,7 @@ def search(request: PlanRequest, command: Command, devices: dict[str, Any],
     import time
 
     started = time.perf_counter()
-    chosen = choices(request, devices, {"max_batch": True, "price_per_device_hour": request.price_per_device_hour})
+    chosen = choices(request, devices, {"max_batch": True})
     everything: list[dict[str, Any]] = []
     rows = _round(command, chosen, run, everything)
     first = rows
@@ -198,7 +202,8 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
          engine: str = "vllm", devices: list[str] | None = None, max_devices: int = 8, top: int = 5,
          tp: list[int] | None = None, pp: list[int] | None = None,
          weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16", objective: str = "throughput",
-         price_per_device_hour: float | None = None, workers: int | None = None,
+         price_per_device_hour: float | None = None, device_prices: list[str] | None = None,
+         workers: int | None = None,
          backend: str = "local", ray_address: str | None = None, plugins: PluginOptions | None = None,
          progress: bool | None = False, **old: Any) -> PlanResult:
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
@@ -219,6 +224,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
              "concurrency": concurrency, "max_rate": max_rate, "requests": requests, "engine": engine,
              "devices": devices, "max_devices": max_devices, "top": top, "tp": tp, "pp": pp, "weights": weights,
              "dtype": dtype, "objective": objective, "price_per_device_hour": price_per_device_hour,
+             "device_prices": device_prices,
              "workers": workers, "backend": backend, "ray_address": ray_address}
     values = {name: PLAN[name].check(value) for name, value in given.items()}
     for group in PLAN.exclusive:
@@ -234,17 +240,16 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
                           tpot=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp, dtype=dtype,
                           weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
                           rate=values["rate"], concurrency=concurrency, max_rate=max_rate, requests=requests,
-                          engine=engine, objective=objective, price_per_device_hour=values["price_per_device_hour"])
+                          engine=engine, objective=objective, price_per_device_hour=values["price_per_device_hour"],
+                          device_prices=capacity.device_prices(values["device_prices"]))
     capacity.check(request)
-    if objective == "cost" and request.price_per_device_hour is None:
-        raise ModelError(f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
-                         f"{say('price_per_device_hour')}")
     session = open_session(plugins)
     for name in devices or ():
         session.device(name)  # an unknown device fails here, naming the installed ones
     request.devices = list(devices or session.devices)
     if not request.devices:
         session.device(None)  # none installed: says how to install one
+    capacity.check_prices(request, session.devices)
     unpowered = [name for name in request.devices if not session.devices[name].tdp_w]
     if objective == "energy" and unpowered:
         raise ModelError(f"{say('objective', 'energy')} needs each device's power (tdp_w and idle_w in its "
@@ -256,8 +261,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
             return run_points(points, command.axes(), settings, runner=runner, progress=progress)
 
         if request.traffic:
-            chosen = choices(request, session.devices, {"requests": requests, "engine": engine,
-                                                        "price_per_device_hour": request.price_per_device_hour})
+            chosen = choices(request, session.devices, {"requests": requests, "engine": engine})
             return PlanResult(request=request, **capacity.search(request, command, chosen, run))
         return search(request, command, session.devices, run)
 
