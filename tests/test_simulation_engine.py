@@ -191,3 +191,33 @@ def test_ctrl_c_ends_the_run_with_the_requests_finished_so_far():
     result = simulate([Req(0, 4, 2), Req(1, 4, 3), Req(2, 4, 50)], engine(), 100, step)
     assert result.partial and result.iterations == 5
     assert sorted(f.index for f in result.finished) == [0, 1]
+
+
+def test_a_cached_prefix_is_skipped_and_its_blocks_held_once():
+    # Both prompts start with the same 40-token prefix; blocks of 16: its 2 whole blocks (32 tokens) are cached
+    # once the first request has computed its prompt, so the second (arriving later) prefills 50 - 32 tokens.
+    batches, step = recorder()
+    first = Req(0, 50, 2, 0.0, prefix_id=7, prefix_tokens=40)
+    second = Req(1, 50, 2, 5.0, prefix_id=7, prefix_tokens=40)
+    result = simulate([first, second], engine(block=16), 10, step)
+    assert batches[0] == [(50, 0)] and batches[2] == [(18, 32)]
+    assert (result.prefix_hits, result.cached_tokens) == (1, 32)
+    # While the second runs it holds its own 2 blocks (tokens 32-51) beside the 2 cached ones: 4 of 10 in use.
+    assert result.trace.kv_used[2] == pytest.approx(0.4)
+    # A request whose prefix is the whole prompt still computes its last token.
+    batches, step = recorder()
+    simulate([Req(0, 32, 1, 0.0, prefix_id=1, prefix_tokens=32), Req(1, 32, 1, 5.0, prefix_id=1, prefix_tokens=32)],
+             engine(block=16), 10, step)
+    assert batches[1] == [(16, 16)]
+
+
+def test_speculative_decoding_verifies_k_drafts_and_keeps_the_accepted_tokens():
+    # k = 2 drafts, 2.5 tokens kept a step on average: after the prompt's token, steps keep 2, 3 (1 + the carried
+    # half, capped at what is left) ...; each verification pass runs 3 new tokens.
+    batches, step = recorder()
+    result = simulate([Req(0, 10, 6)], engine(), 100, step, speculation=(2, 2.5))
+    assert batches == [[(10, 0)], [(3, 10)], [(3, 12)]]
+    (done,) = result.finished
+    assert done.token_times == [1.0, 2.0, 2.0, 3.0, 3.0, 3.0]
+    # Without it, one token a step.
+    assert simulate([Req(0, 10, 6)], engine(), 100, recorder()[1]).iterations == 6

@@ -191,6 +191,7 @@ SERVE = CommandOptions("serve", (
 ), exclusive=(("batch", "max_batch"),))
 
 TRAFFIC, ENGINE = "traffic", "engine (each defaults to the --engine preset's)"
+SPECULATION = "speculative decoding and prefix caching"
 REQUESTS = _int("requests", 1000, "requests to simulate (with --dataset: its lines)", TRAFFIC)
 RATE = Option("rate", "requests per second, arriving as a Poisson process (default: all at once, the offline maximum "
               "throughput)", TRAFFIC, kind="number", optional=True, metavar="QPS")
@@ -344,6 +345,18 @@ SIMULATE = CommandOptions("simulate", (
                "(trtllm's GUARANTEED_NO_EVICT)", ENGINE, choices=("preempt", "reserve"), optional=True),
         _int("scheduler_steps", None, "iterations per scheduling decision, as vLLM 0.6's --num-scheduler-steps: a "
              "request that arrives meanwhile waits for the next decision (default 1)", ENGINE, optional=True),
+        _int("prefix_len", None, "prompts start with a shared prefix of N tokens (a system prompt): a request whose "
+             "prefix is cached skips its whole KV blocks, and they are held once", SPECULATION, optional=True),
+        Option("prefix_hit_rate", "with --prefix-len: the share of requests that start with it (default 1)",
+               SPECULATION, kind="number", optional=True, metavar="SHARE"),
+        _int("spec_tokens", None, "speculative decoding: each decode step verifies K draft tokens (from "
+             "--draft-model) in one pass and keeps the accepted ones", SPECULATION, optional=True, metavar="K"),
+        Option("acceptance", "with --spec-tokens: how often a draft token is accepted, a rate (0.7: position i "
+               "kept with 0.7^i) or one per position as engines report them (0.9,0.7,0.5)", SPECULATION,
+               optional=True, metavar="RATE|LIST"),
+        Option("draft_model", "with --spec-tokens: the draft model proposing the tokens (a preset or config.json), "
+               "priced on the same devices; it must share the model's vocabulary", SPECULATION, optional=True,
+               metavar="MODEL"),
         Option("slo_ttft", "goodput counts requests whose time to first token is at most TIME", TRAFFIC, kind="time",
                optional=True, metavar="TIME"),
         Option("slo_tpot", "goodput counts requests whose time per output token is at most TIME", TRAFFIC,

@@ -29,6 +29,16 @@ never be scheduled under the limits, is reported in ``never_fit`` with why, neve
 schedules nothing and preempts nothing while requests wait means the head can never run: it goes to
 ``never_fit`` too, so every iteration makes progress and the loop ends.
 
+Prefix caching: a request that starts with a shared prefix (``Request.prefix_id``) whose KV is cached skips the
+prefix's whole blocks (vLLM caches full blocks, and recomputes the last prompt token when all of it is cached): it
+is admitted with them computed, and holds only its own blocks; the first request to compute a prefix leaves its
+blocks cached, held once for every later request, for the rest of the run.
+
+Speculative decoding (``speculation`` (k, tokens per step)): a decoding request runs a verification pass of its
+last token and k draft tokens (k + 1 new tokens in the batch, within the token budget) and keeps the accepted ones:
+``tokens per step`` on average (1 plus the expected accepted draft tokens), counted out whole as they accrue, all
+timestamped at the end of that iteration; the draft's own cost is in ``step_time``.
+
 Arrivals: ``arrival_s`` None means 0 (offline); otherwise requests arrive at their time and idle time jumps to
 the next arrival. With ``concurrency`` C (a closed loop) the first C requests enter at 0 and each later one
 enters, its arrival time being that moment, when a request leaves the system; ``arrival_s`` is then not read.
@@ -85,6 +95,8 @@ class EngineResult:
     kv_usage: list[tuple[float, float]]
     trace: Trace
     partial: bool = False  # interrupted (Ctrl-C): the figures are of the requests finished by then
+    prefix_hits: int = 0  # admissions that found their prefix cached
+    cached_tokens: int = 0  # prompt tokens those admissions did not compute
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -109,10 +121,11 @@ def simulate(
     kv_blocks: int,
     step_time: Callable[[list[tuple[int, int, bool]]], float],
     concurrency: int | None = None,
+    speculation: tuple[int, float] | None = None,
 ) -> EngineResult:
     """Serve ``requests`` on an engine with ``limits`` and ``kv_blocks`` KV blocks; ``step_time`` gives an
     iteration's seconds from its batch, per request (new tokens, KV tokens before, whether it samples a token:
-    a decode, or the chunk that ends a prompt)."""
+    a decode, or the chunk that ends a prompt). ``speculation``: (draft tokens k, tokens a decode step keeps)."""
     if kv_blocks < 1:
         raise ModelError(f"the KV cache has {kv_blocks} blocks; the deployment leaves no memory for it")
     if concurrency is not None and concurrency < 1:
@@ -130,6 +143,11 @@ def simulate(
     held = [0] * n  # KV blocks held
     preempted = [0] * n
     decoding = [False] * n  # prefilled since its last admission: each iteration it runs is one decode
+    shared = [0] * n  # cached prefix blocks it uses, held once for all (not in ``held``)
+    cached_prefix: dict[int, int] = {}  # prefix id -> its whole blocks, cached
+    credit = [0.0] * n  # speculative tokens accrued, not yet whole
+    draft, per_step = speculation or (0, 1.0)
+    prefix_hits = cached_tokens = 0
     entered = [0.0] * n
     times: list[list[float]] = [[] for _ in range(n)]
 
@@ -179,13 +197,14 @@ def simulate(
             k = 0
             while k < len(running) and budget > 0:
                 i = running[k]
-                new = min(prompt[i] + generated[i] - computed[i], budget)
-                need = max(0, _blocks(computed[i] + new, block_size) - held[i])  # none under "reserve"
+                left = prompt[i] + generated[i] - computed[i]
+                new = min(left + draft if decoding[i] else left, budget)  # a verification pass: k drafts too
+                need = max(0, _blocks(computed[i] + new, block_size) - shared[i] - held[i])  # none under "reserve"
                 victim = -1
                 while need > free and victim != i:
                     victim = running.pop()
                     free += held[victim]
-                    held[victim] = computed[victim] = 0
+                    held[victim] = computed[victim] = shared[victim] = 0
                     decoding[victim] = False
                     preempted[victim] += 1
                     total_preemptions += 1
@@ -196,7 +215,7 @@ def simulate(
                 free -= need
                 held[i] += need
                 budget -= new
-                batch.append((new, computed[i], computed[i] + new == prompt[i] + generated[i]))
+                batch.append((new, computed[i], computed[i] + new >= prompt[i] + generated[i]))
                 scheduled.append((i, new))
                 k += 1
             steps_left = steps_left - 1 if running and steps_left > 0 else limits.scheduler_steps - 1
@@ -204,15 +223,21 @@ def simulate(
             if not stopped and deciding:
                 while waiting and len(running) < max_running and budget > 0:
                     i = waiting[0]
-                    new = prompt[i] + generated[i] - computed[i]
+                    hit = _cached(requests[i], cached_prefix, block_size) if computed[i] == 0 else (0, 0)
+                    new = prompt[i] + generated[i] - computed[i] - hit[1]
                     if new > budget and not chunked:
                         break
                     new = min(new, budget)
                     # Under "reserve" the blocks of its whole prompt and output, held to the end.
-                    need = _blocks((prompt[i] + output[i] - 1) if reserve else computed[i] + new, block_size) - held[i]
+                    need = (_blocks((prompt[i] + output[i] - 1) if reserve else computed[i] + hit[1] + new, block_size)
+                            - hit[0] - held[i])
                     if need > free:
                         break
                     waiting.popleft()
+                    if hit[0]:
+                        shared[i], computed[i] = hit
+                        prefix_hits += 1
+                        cached_tokens += hit[1]
                     running.append(i)
                     free -= need
                     held[i] += need
@@ -235,15 +260,22 @@ def simulate(
             prefill = decode = 0
             leaving = []
             for i, new in scheduled:
+                made = 0
                 if decoding[i]:
                     decode += 1
+                    credit[i] += per_step if new > 1 else 1.0  # a full verification pass, or a plain decode
+                    made = min(max(1, int(credit[i])), output[i] - generated[i])
+                    credit[i] -= made
+                    computed[i] = prompt[i] + generated[i] + made - 1  # the accepted tokens' KV is kept
                 else:
                     prefill += new
-                computed[i] += new
-                if computed[i] == prompt[i] + generated[i]:
-                    decoding[i] = True
-                    generated[i] += 1
-                    times[i].append(clock)
+                    computed[i] += new
+                    if computed[i] == prompt[i] + generated[i]:
+                        decoding[i], made = True, 1
+                        _cache_prefix(requests[i], computed[i], cached_prefix, block_size, shared, held, i)
+                if made:
+                    generated[i] += made
+                    times[i].extend([clock] * made)
                     if generated[i] == output[i]:
                         leaving.append(i)
             for i in leaving:
@@ -268,4 +300,27 @@ def simulate(
     stride = max(1, -(-iterations // MAX_KV_SAMPLES))
     kv_usage = [(trace.time[j] + trace.duration[j], trace.kv_used[j]) for j in range(0, iterations, stride)]
     mean_running = sum(trace.running) / iterations if iterations else 0.0
-    return EngineResult(finished, never_fit, iterations, total_preemptions, mean_running, kv_usage, trace, partial)
+    return EngineResult(finished, never_fit, iterations, total_preemptions, mean_running, kv_usage, trace, partial,
+                        prefix_hits, cached_tokens)
+
+
+def _cached(request: Request, cached: dict[int, int], block_size: int) -> tuple[int, int]:
+    """(blocks, tokens) of ``request``'s prefix found cached: its whole blocks, never the whole prompt (the last
+    prompt token is computed again for its logits)."""
+    if request.prefix_id is None or request.prefix_id not in cached:
+        return 0, 0
+    blocks = min(cached[request.prefix_id], (request.input_tokens - 1) // block_size)
+    return blocks, blocks * block_size
+
+
+def _cache_prefix(request: Request, computed: int, cached: dict[int, int], block_size: int, shared: list[int],
+                  held: list[int], i: int) -> None:
+    """Once a request has computed its prompt, its prefix's whole blocks stay cached for the rest of the run: they
+    leave the request's own blocks and are held once, for every later request with that prefix."""
+    if request.prefix_id is None or request.prefix_id in cached or shared[i]:
+        return
+    blocks = min(request.prefix_tokens, computed) // block_size
+    if blocks:
+        cached[request.prefix_id] = blocks
+        shared[i] = blocks
+        held[i] -= blocks

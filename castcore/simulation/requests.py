@@ -3,7 +3,8 @@
 A trace has one JSON object per line, the shape of a vLLM or ShareGPT-derived trace: the input and output token
 counts as ``input_tokens``/``output_tokens`` (or ``prompt_len``/``output_len``, as vLLM's benchmark datasets name
 them), and optionally when the request arrives, in seconds from the start of the run, as ``arrival_s`` (or
-``timestamp``). Blank lines are skipped.
+``timestamp``), and the shared prefix its prompt starts with, as ``prefix_id`` (any string or number naming it)
+and ``prefix_tokens`` (its length). Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ INPUT_KEYS = ("input_tokens", "prompt_len")
 OUTPUT_KEYS = ("output_tokens", "output_len")
 ARRIVAL_KEYS = ("arrival_s", "timestamp")
 NEEDS = ('one JSON object per line such as {"input_tokens": 512, "output_tokens": 128, "arrival_s": 0.5} '
-         "(or prompt_len/output_len, and timestamp), counts whole numbers of at least 1, arrival_s optional")
+         "(or prompt_len/output_len, and timestamp), counts whole numbers of at least 1, arrival_s optional, and "
+         "optionally prefix_id with prefix_tokens below input_tokens")
 
 
 @dataclass
@@ -34,6 +36,8 @@ class Request:
     input_tokens: int
     output_tokens: int
     arrival_s: float | None = None
+    prefix_id: int | None = None  # the shared prompt prefix it starts with (a system prompt), if any
+    prefix_tokens: int = 0  # that prefix's length, within input_tokens
 
 
 def make_requests(count: int, input: Lengths, output: Lengths, seed: int | None) -> list[Request]:
@@ -67,6 +71,7 @@ def read_dataset(path: str | os.PathLike) -> list[Request]:
         raise ModelError(f"{say('dataset', os.fspath(path))}: cannot read it ({reason}); give a JSONL file of "
                          "requests.") from None
     requests: list[Request] = []
+    prefixes: dict[Any, int] = {}  # the dataset's prefix names, numbered
     timed_line = untimed_line = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -91,10 +96,32 @@ def read_dataset(path: str | os.PathLike) -> list[Request]:
         if timed_line and untimed_line:
             raise ModelError(f"{say('dataset', os.fspath(path))}: line {timed_line} has an arrival time and line "
                              f"{untimed_line} has none; give every request an arrival time, or none.")
-        requests.append(Request(len(requests), n_in, n_out, None if arrival is None else float(arrival)))
+        prefix, prefix_tokens = record.get("prefix_id"), record.get("prefix_tokens")
+        if (prefix is None) != (prefix_tokens is None) or prefix_tokens is not None and (
+                not _count(prefix_tokens) or prefix_tokens >= n_in or not isinstance(prefix, (str, int))):
+            raise ModelError(f"{where}: prefix_id {prefix!r}, prefix_tokens {prefix_tokens!r}; give both or neither, "
+                             f"prefix_tokens below the {n_in} input tokens.")
+        requests.append(Request(len(requests), n_in, n_out, None if arrival is None else float(arrival),
+                                None if prefix is None else prefixes.setdefault(prefix, len(prefixes)),
+                                prefix_tokens or 0))
     if not requests:
         raise ModelError(f"{say('dataset', os.fspath(path))} has no requests; give {NEEDS}.")
     return requests
+
+
+def share_prefix(requests: list[Request], length: int, share: float | None, seed: int | None) -> None:
+    """Give ``share`` of the requests (all by default; chosen with ``seed``) one shared prefix of ``length`` tokens;
+    ModelError when a prompt that carries it is not longer than it."""
+    share = 1.0 if share is None else share
+    if share > 1:
+        raise ModelError(f"{say('prefix_hit_rate', share)}: a share of the requests, at most 1")
+    rng = random.Random(seed)
+    for request in requests:
+        if rng.random() < share:
+            if request.input_tokens <= length:
+                raise ModelError(f"{say('prefix_len', length)}: request {request.index} has a {request.input_tokens}"
+                                 f"-token prompt, not longer than the prefix; give a shorter {say('prefix_len')}")
+            request.prefix_id, request.prefix_tokens = 0, length
 
 
 def check_lengths(requests: list[Request], context: int | None) -> None:

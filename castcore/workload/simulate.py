@@ -23,11 +23,12 @@ from castcore.simulation.arrivals import Arrivals
 from castcore.simulation.lengths import Lengths
 from castcore.simulation.metrics import format_table, summarize
 from castcore.simulation.presets import EngineLimits, limits
-from castcore.simulation.requests import check_lengths, make_requests, read_dataset
+from castcore.simulation.requests import check_lengths, make_requests, read_dataset, share_prefix
 from castcore.simulation.trace import chrome_trace
 from castcore.workload.latent import NOT_IN_MIXED_BATCHES
 from castcore.workload.metering import Metered
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
+from castcore.workload import speculation
 from castcore.workload.steptime import StepTimes
 
 if TYPE_CHECKING:
@@ -93,6 +94,12 @@ class SimulationReport:
                   format_table(self.summary),
                   f"iterations {self.iterations:,}, mean running batch {self.mean_running:.1f}, preemptions "
                   f"{self.summary['preemptions']}, peak KV use {max((u for _, u in self.kv_usage), default=0):.0%}"]
+        if "prefix_cache_hits" in self.summary:
+            lines.append(f"prefix cache: {self.summary['prefix_cache_hits']:,} hits, "
+                         f"{self.summary['cached_prompt_tokens']:,} prompt tokens not computed")
+        if "spec_tokens" in self.summary:
+            lines.append(f"speculative decoding: {self.summary['spec_tokens']} draft tokens a step, "
+                         f"{self.summary['spec_tokens_per_step']:.2f} tokens kept a step on average")
         if self.never_fit:
             lines.append(f"{len(self.never_fit)} request(s) never fit: request {self.never_fit[0]['index']}: "
                          f"{self.never_fit[0]['why']}")
@@ -147,6 +154,19 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, devi
     return blocks, per_token
 
 
+def _with_draft(pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_token: int, block_size: int) -> int:
+    """The KV blocks left when a draft model's weights and its own cache share the memory: the model's cache bytes
+    less the draft's weights, over both caches' bytes per token."""
+    probe = pipeline.run(replace(draft, phase="decode", batch=1, kv_len=KV_PROBE), device)
+    draft_per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
+    left = blocks * block_size * per_token - probe.memory.weight_bytes
+    found = int(left // (block_size * (per_token + draft_per_token)))
+    if found < 1:
+        raise ModelError(f"the draft model's weights ({format_bytes(probe.memory.weight_bytes)}) leave no memory for a "
+                         f"KV cache; give a smaller {say('draft_model')} or a larger {say('tp')}")
+    return found
+
+
 KEPT_STEP_TIMES = 8
 
 
@@ -177,6 +197,8 @@ class Simulation:
     concurrency: int | None
     slo_ttft: float | None
     slo_tpot: float | None
+    speculation: tuple[int, float] | None = None  # (draft tokens, tokens a decode step keeps)
+    draft: Any = None  # the draft model's Workload, on the same deployment
 
 
 def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
@@ -195,10 +217,35 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
     if not is_factory(model) and config_field(language_config(load_model_config(model)), "kv_lora_rank"):
         raise ModelError(f"{model}: {NOT_IN_MIXED_BATCHES}")
     arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
+    spec, draft = _speculation(model, given, options)
+    found = requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"], given["dataset"],
+                         arrivals, given["seed"])
+    if given["prefix_len"] is not None:
+        share_prefix(found, given["prefix_len"], given["prefix_hit_rate"], given["seed"])
+    elif given["prefix_hit_rate"] is not None:
+        raise ModelError(f"{say('prefix_hit_rate', given['prefix_hit_rate'])} needs {say('prefix_len')}: how long "
+                         "the shared prefix is")
     return Simulation(model=model, base=base, engine=given["engine"], limits=limits(given["engine"], **overrides),
-                      requests=requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"],
-                                            given["dataset"], arrivals, given["seed"]),
-                      concurrency=given["concurrency"], slo_ttft=given["slo_ttft"], slo_tpot=given["slo_tpot"])
+                      requests=found, concurrency=given["concurrency"], slo_ttft=given["slo_ttft"],
+                      slo_tpot=given["slo_tpot"], speculation=spec, draft=draft)
+
+
+def _speculation(model: str, given: dict[str, Any], options: dict[str, Any]) -> tuple[Any, Any]:
+    """(draft tokens, tokens a step keeps) and the draft's Workload, or (None, None) without ``--spec-tokens``."""
+    drafts, rates, draft = given["spec_tokens"], given["acceptance"], given["draft_model"]
+    if drafts is None:
+        if rates is not None or draft is not None:
+            raise ModelError(f"{say('acceptance' if rates is not None else 'draft_model')} needs {say('spec_tokens')}:"
+                             " how many draft tokens each decode step verifies")
+        return None, None
+    if rates is None or draft is None:
+        raise ModelError(f"{say('spec_tokens', drafts)} needs {say('draft_model')} (the model proposing the tokens) "
+                         f"and {say('acceptance')} (how often they are accepted)")
+    kept = speculation.tokens_per_step(speculation.acceptance_rates(rates, drafts))
+    if not is_factory(model) and not is_factory(draft):
+        vocab = (config_field(language_config(load_model_config(name)), "vocab_size") for name in (model, draft))
+        speculation.check_vocabulary(next(vocab), draft, next(vocab))
+    return (drafts, kept), build_workload(draft, **options)
 
 
 def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, device: Any = None,
@@ -218,10 +265,15 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
         raise ModelError(f"the KV cache's {blocks} blocks do not go round {say('pp', base.pp)} micro-batches in "
                          f"flight: use a smaller {say('pp')} or a larger {say('tp')}")
     results, metered = [], Metered(steps)
+    step = metered
+    if plan.speculation:  # the draft's weights and cache share the devices' memory; its steps add to each iteration
+        draft_steps = step_times(pipeline, plan.draft, device, engine_limits)
+        blocks = _with_draft(pipeline, plan.draft, device, blocks, per_token, engine_limits.block_size)
+        step = speculation.speculative_step(metered, draft_steps, plan.speculation[0])
     for n in range(schedulers):
-        results.append(engine_model.simulate(plan.requests[n::schedulers], mine, blocks // base.pp, metered,
+        results.append(engine_model.simulate(plan.requests[n::schedulers], mine, blocks // base.pp, step,
                                              None if plan.concurrency is None else max(1, plan.concurrency //
-                                                                                       schedulers)))
+                                                                                       schedulers), plan.speculation))
         if results[-1].partial:  # Ctrl-C: no further scheduler runs
             break
     finished = [f for r in results for f in r.finished]
@@ -233,6 +285,11 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
                          f"{never[0]['why']}")
     summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
                         None if plan.slo_tpot is None else plan.slo_tpot * 1e3)
+    if any(r.prefix_id is not None for r in plan.requests):
+        summary.update(prefix_cache_hits=sum(r.prefix_hits for r in results),
+                       cached_prompt_tokens=sum(r.cached_tokens for r in results))
+    if plan.speculation:
+        summary.update(spec_tokens=plan.speculation[0], spec_tokens_per_step=round(plan.speculation[1], 4))
     iterations = sum(r.iterations for r in results)
     mean = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
     notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
