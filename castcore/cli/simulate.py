@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote the TTFT/TPOT distributions and throughput over time to {plot}")
     elif plot:
         warn(f"no request finished, so nothing was drawn to {plot}")
-    _print(report, args, emitted, session.pipeline.host.device(report.device))
+    disaggregated = "prefill_instances" in report.deployment  # two pools, two devices: no single power profile
+    _print(report, args, emitted, None if disaggregated else session.pipeline.host.device(report.device))
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")
         return 130
@@ -59,8 +60,9 @@ def _print(report, args: argparse.Namespace, emitted=None, device=None) -> None:
     from castcore.report.energy import format_lines, simulation_cost, simulation_energy
 
     deployment = report.deployment
-    devices = max(deployment["tp"], deployment["ep"]) * deployment["pp"] * deployment["dp"]
-    cost = {**simulation_energy(device, deployment, report.summary, report.busy_s),
+    devices = (report.summary["devices"] if "prefill_instances" in deployment
+               else max(deployment["tp"], deployment["ep"]) * deployment["pp"] * deployment["dp"])
+    cost = {**(simulation_energy(device, deployment, report.summary, report.busy_s) if device else {}),
             **simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace)}
     if args.json and emitted:
         print(json.dumps({**report.to_dict(), **cost, "emit": emitted.to_dict()}, indent=2))

@@ -191,7 +191,7 @@ SERVE = CommandOptions("serve", (
 ), exclusive=(("batch", "max_batch"),))
 
 TRAFFIC, ENGINE = "traffic", "engine (each defaults to the --engine preset's)"
-SPECULATION = "speculative decoding and prefix caching"
+SPECULATION, DISAGGREGATION = "speculative decoding and prefix caching", "disaggregated prefill and decode"
 REQUESTS = _int("requests", 1000, "requests to simulate (with --dataset: its lines)", TRAFFIC)
 RATE = Option("rate", "requests per second, arriving as a Poisson process (default: all at once, the offline maximum "
               "throughput)", TRAFFIC, kind="number", optional=True, metavar="QPS")
@@ -345,12 +345,19 @@ SIMULATE = CommandOptions("simulate", (
                "(trtllm's GUARANTEED_NO_EVICT)", ENGINE, choices=("preempt", "reserve"), optional=True),
         _int("scheduler_steps", None, "iterations per scheduling decision, as vLLM 0.6's --num-scheduler-steps: a "
              "request that arrives meanwhile waits for the next decision (default 1)", ENGINE, optional=True),
+        _int("prefill_instances", None, "X prefill instances run the prompts, each prompt's KV cache then sent to "
+             "--decode-instances", DISAGGREGATION, optional=True, metavar="X"),
+        _int("decode_instances", None, "Y decode instances generate the tokens after the first", DISAGGREGATION,
+             optional=True, metavar="Y"),
+        Option("prefill_deployment", "where a prefill instance differs: deployment OPTION=VALUE pairs and device "
+               "('tp=4 weights=fp8 device=h200-sxm')", DISAGGREGATION, optional=True, metavar="PAIRS"),
+        Option("decode_deployment", "as --prefill-deployment, a decode instance", DISAGGREGATION, optional=True),
         _int("prefix_len", None, "prompts start with a shared prefix of N tokens (a system prompt): a request whose "
              "prefix is cached skips its whole KV blocks, and they are held once", SPECULATION, optional=True),
-        Option("prefix_hit_rate", "with --prefix-len: the share of requests that start with it (default 1)",
-               SPECULATION, kind="number", optional=True, metavar="SHARE"),
-        _int("spec_tokens", None, "speculative decoding: each decode step verifies K draft tokens (from "
-             "--draft-model) in one pass and keeps the accepted ones", SPECULATION, optional=True, metavar="K"),
+        Option("prefix_hit_rate", "with --prefix-len: the share of requests starting with it (default 1)", SPECULATION,
+               kind="number", optional=True, metavar="SHARE"),
+        _int("spec_tokens", None, "each decode step verifies K draft tokens of --draft-model in one pass, keeping the "
+             "accepted ones", SPECULATION, optional=True, metavar="K"),
         Option("acceptance", "with --spec-tokens: how often a draft token is accepted, a rate (0.7: position i "
                "kept with 0.7^i) or one per position as engines report them (0.9,0.7,0.5)", SPECULATION,
                optional=True, metavar="RATE|LIST"),

@@ -39,6 +39,10 @@ last token and k draft tokens (k + 1 new tokens in the batch, within the token b
 ``tokens per step`` on average (1 plus the expected accepted draft tokens), counted out whole as they accrue, all
 timestamped at the end of that iteration; the draft's own cost is in ``step_time``.
 
+A ``prefilled`` request (a disaggregated decode instance's) arrives with its prompt's KV and first token: it is
+admitted with them computed, holding their blocks, and its first iteration decodes; its own token times start
+with its second token.
+
 Arrivals: ``arrival_s`` None means 0 (offline); otherwise requests arrive at their time and idle time jumps to
 the next arrival. With ``concurrency`` C (a closed loop) the first C requests enter at 0 and each later one
 enters, its arrival time being that moment, when a request leaves the system; ``arrival_s`` is then not read.
@@ -110,7 +114,7 @@ def _why_never(request: Request, limits: EngineLimits, kv_blocks: int) -> str | 
     need = _blocks(prompt + output - 1, limits.block_size)
     if need > kv_blocks:
         return f"it needs {need} KV blocks of {limits.block_size} tokens and the cache has {kv_blocks}"
-    if not limits.chunked_prefill and prompt > limits.max_batched_tokens:
+    if not limits.chunked_prefill and prompt > limits.max_batched_tokens and not request.prefilled:
         return f"its {prompt}-token prompt exceeds the {limits.max_batched_tokens}-token budget without chunked prefill"
     return None
 
@@ -223,6 +227,8 @@ def simulate(
             if not stopped and deciding:
                 while waiting and len(running) < max_running and budget > 0:
                     i = waiting[0]
+                    if requests[i].prefilled and generated[i] == 0:  # its KV and first token came with it
+                        computed[i], generated[i], decoding[i] = prompt[i], 1, True
                     hit = _cached(requests[i], cached_prefix, block_size) if computed[i] == 0 else (0, 0)
                     new = prompt[i] + generated[i] - computed[i] - hit[1]
                     if new > budget and not chunked:

@@ -38,6 +38,7 @@ class Request:
     arrival_s: float | None = None
     prefix_id: int | None = None  # the shared prompt prefix it starts with (a system prompt), if any
     prefix_tokens: int = 0  # that prefix's length, within input_tokens
+    prefilled: bool = False  # its prompt's KV and first token come with it (a disaggregated decode instance)
 
 
 def make_requests(count: int, input: Lengths, output: Lengths, seed: int | None) -> list[Request]:

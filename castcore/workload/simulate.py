@@ -28,7 +28,7 @@ from castcore.simulation.trace import chrome_trace
 from castcore.workload.latent import NOT_IN_MIXED_BATCHES
 from castcore.workload.metering import Metered
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
-from castcore.workload import speculation
+from castcore.workload import disaggregated, speculation
 from castcore.workload.steptime import StepTimes
 
 if TYPE_CHECKING:
@@ -199,6 +199,7 @@ class Simulation:
     slo_tpot: float | None
     speculation: tuple[int, float] | None = None  # (draft tokens, tokens a decode step keeps)
     draft: Any = None  # the draft model's Workload, on the same deployment
+    pools: Any = None  # disaggregated prefill and decode (castcore.workload.disaggregated.Pools)
 
 
 def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
@@ -217,7 +218,11 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
     if not is_factory(model) and config_field(language_config(load_model_config(model)), "kv_lora_rank"):
         raise ModelError(f"{model}: {NOT_IN_MIXED_BATCHES}")
     arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
+    engine_limits = limits(given["engine"], **overrides)  # its refusals before the requests'
     spec, draft = _speculation(model, given, options)
+    pools = disaggregated.pools_of(given, {**options, "model": model})
+    if pools and spec:
+        raise ModelError(f"{say('spec_tokens')} with disaggregated pools is not simulated yet; give one of them")
     found = requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"], given["dataset"],
                          arrivals, given["seed"])
     if given["prefix_len"] is not None:
@@ -225,9 +230,9 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
     elif given["prefix_hit_rate"] is not None:
         raise ModelError(f"{say('prefix_hit_rate', given['prefix_hit_rate'])} needs {say('prefix_len')}: how long "
                          "the shared prefix is")
-    return Simulation(model=model, base=base, engine=given["engine"], limits=limits(given["engine"], **overrides),
-                      requests=found, concurrency=given["concurrency"], slo_ttft=given["slo_ttft"],
-                      slo_tpot=given["slo_tpot"], speculation=spec, draft=draft)
+    return Simulation(model=model, base=base, engine=given["engine"], limits=engine_limits, requests=found,
+                      concurrency=given["concurrency"], slo_ttft=given["slo_ttft"], slo_tpot=given["slo_tpot"],
+                      speculation=spec, draft=draft, pools=pools)
 
 
 def _speculation(model: str, given: dict[str, Any], options: dict[str, Any]) -> tuple[Any, Any]:
@@ -254,6 +259,10 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     (castcore.options.catalog.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
     ``check`` made."""
     plan = model if isinstance(model, Simulation) else check(model, **options)
+    if plan.pools:
+        return disaggregated.run(pipeline, plan, device, step_times, kv_capacity, lambda **figures: SimulationReport(
+            model=plan.model, engine=plan.engine, limits=plan.limits, slo_ttft_s=plan.slo_ttft,
+            slo_tpot_s=plan.slo_tpot, **figures))
     base, engine_limits = plan.base, plan.limits
     steps = step_times(pipeline, base, device, engine_limits)
     blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)

@@ -1,0 +1,150 @@
+"""Disaggregated prefill and decode under traffic: prompts run on a pool of prefill instances, their KV cache moves
+to a pool of decode instances, which generate the rest.
+
+Each pool is its own deployment: the simulated one, changed by ``--prefill-deployment`` / ``--decode-deployment``
+("tp=4 weights=fp8 device=h200-sxm": any deployment option, and the device), with its own step-time model and KV
+capacity. A request arrives at a prefill instance (every X-th request goes to the same one), which runs its prompt
+and produces its first token, as engines' disaggregated prefill does (vLLM's and SGLang's P/D, NVIDIA Dynamo). Its
+prompt's keys and values then go to a decode instance over the interconnect: each prefill device sends its share
+(its ``kv_bytes_per_token``), all at once, in one transfer at the level of the device's interconnect that spans a
+prefill and a decode instance together (NVLink inside a node, the network across nodes, or when the pools are
+different devices): the level's latency plus the bytes at its bandwidth and efficiency. The request then queues at
+a decode instance (every Y-th in order of the KV's arrival), admitted with its prompt's KV and first token
+(``Request.prefilled``), and its later tokens come from there. TTFT is the prefill's; TPOT and ITL the decode's,
+the transfer included in the gap between the first and second tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from castcore.errors import ModelError
+from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
+from castcore.simulation import engine as engine_model
+from castcore.simulation.metrics import Finished, summarize
+from castcore.simulation.requests import Request
+
+
+@dataclass(frozen=True)
+class Pools:
+    prefill_instances: int
+    decode_instances: int
+    prefill: Any  # the Workload of a prefill instance
+    decode: Any  # and of a decode instance
+    prefill_device: Any
+    decode_device: Any
+
+
+def pools_of(given: dict[str, Any], options: dict[str, Any], device: Any = None) -> Pools | None:
+    """The two pools from ``--prefill-instances``, ``--decode-instances`` and their deployments, or None."""
+    from castcore.workload.spec import build_workload
+
+    x, y = given["prefill_instances"], given["decode_instances"]
+    if x is None and y is None:
+        for name in ("prefill_deployment", "decode_deployment"):
+            if given[name] is not None:
+                raise ModelError(f"{say(name)} needs {say('prefill_instances')} and {say('decode_instances')}")
+        return None
+    if x is None or y is None:
+        raise ModelError(f"disaggregated serving needs both {say('prefill_instances')} and {say('decode_instances')}")
+    if given["concurrency"] is not None:
+        raise ModelError(f"{say('concurrency')} with disaggregated pools is not simulated; give {say('rate')}")
+    workloads, devices = [], []
+    for name in ("prefill_deployment", "decode_deployment"):
+        changed, pool_device = _deployment(name, given[name], device)
+        workloads.append(build_workload(options.get("model"), **{**_without_model(options), **changed}))
+        devices.append(pool_device)
+    return Pools(x, y, workloads[0], workloads[1], devices[0], devices[1])
+
+
+def _without_model(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k != "model"}
+
+
+def _deployment(name: str, text: str | None, device: Any) -> tuple[dict[str, Any], Any]:
+    """``key=value`` pairs of deployment options (and ``device``), checked as their options check them."""
+    found: dict[str, Any] = {}
+    for pair in (text or "").replace(",", " ").split():
+        key, _, value = pair.partition("=")
+        key = key.replace("-", "_")
+        if key != "device" and key not in DEPLOYMENT_NAMES or not value:
+            raise ModelError(f"{say(name, text)}: {pair!r} is not OPTION=VALUE of a deployment option "
+                             f"({', '.join(('device', *DEPLOYMENT_NAMES))})")
+        if key == "device":
+            device = value
+            continue
+        option = SIMULATE[key]
+        found[key] = option.check(int(value) if option.kind == "int" and value.isdigit() else value)
+    return found, device
+
+
+def transfer_seconds(profile: Any, devices_together: int, same_device: bool, nbytes: float) -> tuple[float, str]:
+    """One device's share of a prompt's KV sent to its decode peer: the interconnect level spanning both instances
+    (the outermost when they are different devices), its latency plus the bytes at its bandwidth."""
+    levels = profile.interconnect
+    if not levels:
+        raise ModelError(f"device {profile.name!r} has no interconnect to move a prompt's KV cache over; give its "
+                         "profile [[interconnect]] levels")
+    level = next((lv for lv in levels if lv.devices >= devices_together), levels[-1]) if same_device else levels[-1]
+    return level.latency_s + nbytes / (level.bandwidth * level.efficiency), level.name
+
+
+def run(pipeline: Any, plan: Any, device: Any, step_times: Callable, kv_capacity: Callable, report: Callable) -> Any:
+    """Simulate ``plan`` (a checked Simulation with ``pools``) and return its SimulationReport via ``report``;
+    a pool without a device of its own runs on ``device``."""
+    pools, limits = plan.pools, plan.limits
+    pre_steps = step_times(pipeline, pools.prefill, pools.prefill_device or device, limits)
+    dec_steps = step_times(pipeline, pools.decode, pools.decode_device or device, limits)
+    pre_blocks, pre_token = kv_capacity(pipeline, pre_steps, limits, pre_steps.profile)
+    dec_blocks, dec_token = kv_capacity(pipeline, dec_steps, limits, dec_steps.profile)
+    longest = max(plan.requests, key=lambda r: r.input_tokens)
+    if -(-longest.input_tokens // limits.block_size) > pre_blocks:
+        raise ModelError(f"a prefill instance's KV cache ({pre_blocks} blocks of {limits.block_size} tokens) cannot "
+                         f"hold request {longest.index}'s {longest.input_tokens}-token prompt: give the prefill pool "
+                         f"a larger {say('tp')} in {say('prefill_deployment')}")
+    x, y = pools.prefill_instances, pools.decode_instances
+    prompts = [replace(r, output_tokens=1) for r in plan.requests]
+    prefilled = [engine_model.simulate(prompts[n::x], limits, pre_blocks, pre_steps) for n in range(x)]
+    first = {f.index: f for result in prefilled for f in result.finished}
+    same = pre_steps.profile.name == dec_steps.profile.name
+    together = pools.prefill.devices + pools.decode.devices
+    by_index = {r.index: r for r in plan.requests}
+    moved, level = {}, ""
+    for index, done in first.items():
+        moved[index], level = transfer_seconds(pre_steps.profile, together, same,
+                                               by_index[index].input_tokens * pre_token)
+    decode_requests = sorted((Request(i, by_index[i].input_tokens, by_index[i].output_tokens,
+                                      first[i].first_token_s + moved[i], prefilled=True)
+                              for i in first if by_index[i].output_tokens > 1), key=lambda r: r.arrival_s)
+    decoded = [engine_model.simulate(decode_requests[n::y], limits, dec_blocks, dec_steps) for n in range(y)]
+    later = {f.index: f for result in decoded for f in result.finished}
+    finished = []
+    for index, head in first.items():
+        arrival = by_index[index].arrival_s or 0.0
+        tail = later.get(index)
+        times = [head.first_token_s] + (tail.token_times if tail else [])
+        finished.append(Finished(index, head.input_tokens, by_index[index].output_tokens, arrival, head.first_token_s,
+                                 times[-1], times, head.preemptions + (tail.preemptions if tail else 0)))
+    never = [{"index": n.index, "why": n.why} for result in (*prefilled, *decoded) for n in result.never_fit]
+    if not finished:
+        raise ModelError(f"no request can be served: all {len(never)} never fit; request {never[0]['index']}: "
+                         f"{never[0]['why']}")
+    summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
+                        None if plan.slo_tpot is None else plan.slo_tpot * 1e3)
+    mean_moved = sum(moved.values()) / len(moved) if moved else 0.0
+    summary.update(prefill_instances=x, decode_instances=y, mean_kv_transfer_ms=round(mean_moved * 1e3, 4),
+                   devices=x * pools.prefill.devices + y * pools.decode.devices)
+    notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_steps.profile.name} device(s), "
+             f"{y} decode instance(s) of {pools.decode.devices} {dec_steps.profile.name} device(s); each prompt's KV "
+             f"cache moves over {level} (mean {mean_moved * 1e3:.3f} ms), its first token from the prefill instance"]
+    results = [*prefilled, *decoded]
+    iterations = sum(r.iterations for r in results)
+    return report(device=f"{pre_steps.profile.name} (prefill) + {dec_steps.profile.name} (decode)",
+                  kv_blocks=dec_blocks, kv_bytes_per_token=dec_token, summary=summary, never_fit=never,
+                  iterations=iterations, mean_running=decoded[0].mean_running if decoded else 0.0,
+                  kv_usage=decoded[0].kv_usage if decoded else [],
+                  deployment={"prefill": pools.prefill.options(), "decode": pools.decode.options(),
+                              "prefill_instances": x, "decode_instances": y},
+                  notes=notes, finished=finished, iterations_trace=(decoded or prefilled)[0].trace)
