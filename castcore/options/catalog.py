@@ -82,19 +82,19 @@ DEPLOYMENT = (
          "combined by all-to-all; above --tp, attention runs data-parallel over ep/tp groups", PARALLEL),
     _int("attention_dp", 1, "attention data parallel over N groups of --tp devices, the experts split over all "
          "N x tp of them (--ep N x tp), as TensorRT-LLM's and SGLang's DP attention run DeepSeek", PARALLEL),
-    Option("ep_kernels", "how --ep dispatches and combines: 'normal' the fastest all-to-all, hierarchical across "
-           "the fast domain and the network when the group spans nodes (DeepEP's normal kernels forward so); "
-           "'low-latency' every rank sending straight to every other in one step, the network latency paid once "
-           "(DeepEP's low-latency kernels); 'auto' low-latency for decode steps, normal for prompts (SGLang's "
-           "DeepEP mode auto)", PARALLEL, default="normal", choices=EP_KERNELS),
-    Option("expert_skew", "MoE routing as uneven as real traffic: expert loads follow a power law of exponent "
-           "ALPHA (as NVIDIA's AIConfigurator draws them; it fits 1.01 to DeepSeek-V3 and 1.2 to Qwen3-235B), so "
-           "fewer experts' weights are read and, with --ep, the busiest device receives more rows. Not given: "
-           "balanced routing", PARALLEL, kind="number", optional=True, metavar="ALPHA"),
-    _int("pp", 1, "pipeline parallel over N stages: layers split into stages, activations sent between them",
-         PARALLEL),
-    _int("micro_batches", 1, "with --pp: the batch goes through the stages in M micro-batches", PARALLEL,
-         metavar="M"),
+    Option("ep_kernels", "how --ep dispatches and combines: 'normal' the fastest all-to-all, hierarchical across the "
+           "fast domain and the network across nodes (DeepEP's normal kernels); 'low-latency' every rank sending "
+           "straight to every other in one step, one network latency (DeepEP's low-latency kernels); 'auto' "
+           "low-latency for decode steps (SGLang's DeepEP mode auto)", PARALLEL, default="normal", choices=EP_KERNELS),
+    Option("expert_skew", "MoE routing as uneven as real traffic: expert loads a power law of exponent ALPHA (1.01 "
+           "fits DeepSeek-V3, 1.2 Qwen3-235B, as NVIDIA's AIConfigurator draws them): fewer experts' weights read, "
+           "with --ep the busiest device takes more rows (default: balanced)", PARALLEL, kind="number",
+           optional=True, metavar="ALPHA"),
+    _int("pp", 1, "pipeline parallel over N stages: layers split into stages, activations sent between them", PARALLEL),
+    _int("micro_batches", 1, "with --pp: the batch goes through the stages in M micro-batches", PARALLEL, metavar="M"),
+    _int("lora_rank", None, "multi-LoRA: adapters of rank R on every attention and MLP projection, each token's "
+         "applied by grouped GEMMs (with --adapters)", KERNELS, optional=True, metavar="R"),
+    _int("adapters", None, "multi-LoRA: N adapters resident, requests spread over them", KERNELS, optional=True),
     _int("dp", 1, "data-parallel replicas of the whole deployment, for throughput", PARALLEL),
 )
 DEVICE = Option("device", "device profile name (castcore devices lists them; default: the configured default_device, "

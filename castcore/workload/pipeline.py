@@ -30,6 +30,8 @@ from castcore.recording.hints import collective_kernels
 from castcore.recording.routing import expert_routing
 from castcore.workload.fusing import fuse
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
+from castcore.devices.dtypes import torch_dtype
+from castcore.workload import lora
 from castcore.workload.quantize import quantize
 from castcore.workload.spec import ModelError, Workload, is_factory
 from castcore.workload.stages import pipeline_report
@@ -112,6 +114,8 @@ def _fuse_shard_capture(host: PluginHost, workload: Workload, device: DeviceProf
                            "models it builds (presets, config.json, factories) to the deployed kernels")
     with built.while_capturing(), parallelize(built, workload), warnings.catch_warnings():
         quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
+        built.notes += lora.attach(built.model, workload.lora_rank, workload.adapters, workload.tp,
+                                   torch_dtype(workload.dtype))  # around the (quantized) projections
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
         captures = {workload.cached_tokens: _capture(host, workload, device, built, progress)}

@@ -55,6 +55,8 @@ class Workload:
     expert_skew: float | None = None  # MoE routing skew, a power-law exponent (castcore.recording.routing); None: even
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # a pipelined prefill's micro-batches
+    lora_rank: int | None = None  # multi-LoRA adapters' rank (castcore.workload.lora)
+    adapters: int | None = None  # and how many are resident
     dp: int = 1  # data-parallel replicas
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)

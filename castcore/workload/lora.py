@@ -1,0 +1,71 @@
+"""Multi-LoRA serving: ``--lora-rank R --adapters N`` adds N low-rank adapters to the model's projections, each
+request using one of them, as vLLM's and S-LoRA's multi-LoRA batching runs them.
+
+Every attention and MLP projection (q, k, v, o, gate, up, down and their merged forms) keeps its weight and adds
+``x A B`` for the adapter of each token: A [d_in, R] and B [R, d_out] per adapter. Engines run the two products as
+gathered GEMMs over the batch's adapters (Punica's SGMV and BGMV kernels, S-LoRA's MBGMV: Chen et al., "Punica:
+Multi-Tenant LoRA Serving", MLSys 2024; Sheng et al., "S-LoRA", MLSys 2024): castcore prices them as grouped GEMMs,
+rows grouped by adapter (``torch._grouped_mm``), so the work is per token and the adapters' weights read are those
+the batch's tokens are expected to touch (castcore.builtin.formulas.matmul.touched_experts, requests spread evenly
+over the adapters): the batching cost of mixing adapters grows with how many a batch holds. All N adapters stay in
+device memory (their weights count with the model's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from castcore.errors import ModelError
+from castcore.options.catalog import say
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj")
+
+
+class LoRAProjection(nn.Module):
+    """A projection and its adapters: ``base(x) + (x A[adapter]) B[adapter]``."""
+
+    def __init__(self, base: nn.Module, rank: int, adapters: int, dtype: torch.dtype):
+        super().__init__()
+        self.base = base
+        d_in, d_out = base.in_features, base.out_features
+        self.lora_a = nn.Parameter(torch.empty(adapters, d_in, rank, dtype=dtype), requires_grad=False)
+        self.lora_b = nn.Parameter(torch.empty(adapters, rank, d_out, dtype=dtype), requires_grad=False)
+        self.in_features, self.out_features = d_in, d_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        rows = x.reshape(-1, x.shape[-1])
+        # Rows grouped by adapter: the engine computes each token's adapter once a step, not per projection, and
+        # on castcore's fake tensors only the groups' count shapes the cost (touched_experts), not their ends.
+        offsets = torch.empty(self.lora_a.shape[0], dtype=torch.int32, device=rows.device)
+        shrunk = torch._grouped_mm(rows, self.lora_a, offs=offsets)
+        expanded = torch._grouped_mm(shrunk, self.lora_b, offs=offsets)
+        return out + expanded.reshape(out.shape)
+
+
+def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dtype: torch.dtype) -> list[str]:
+    """Wrap every target projection of ``model`` in place; notes saying what was added. ModelError names what does
+    not fit."""
+    if rank is None and adapters is None:
+        return []
+    if rank is None or adapters is None:
+        raise ModelError(f"multi-LoRA needs both {say('lora_rank')} and {say('adapters')}")
+    if tp > 1:
+        raise ModelError(f"{say('lora_rank', rank)} with {say('tp', tp)}: adapters on tensor-parallel projections are "
+                         f"not priced yet; use {say('tp', 1)} (with {say('pp')} or {say('dp')} to spread the model)")
+    if rank % 8:
+        raise ModelError(f"{say('lora_rank', rank)}: give a multiple of 8 (engines' LoRA kernels take 8, 16, 32, 64 "
+                         "...)")
+    found = [(name, module) for name, module in model.named_modules()
+             if name.rsplit(".", 1)[-1] in TARGETS and hasattr(module, "in_features")]
+    if not found:
+        raise ModelError(f"{say('lora_rank', rank)}: the model has none of the projections adapters attach to "
+                         f"({', '.join(TARGETS)})")
+    for name, module in found:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, LoRAProjection(module, rank, adapters, dtype))
+    return [f"multi-LoRA: {adapters} adapters of rank {rank} on {len(found)} projections, each token's adapter "
+            "applied by two grouped GEMMs (shrink to the rank, expand back), reading the adapters a batch's tokens "
+            "are expected to touch; every adapter resident in memory"]

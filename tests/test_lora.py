@@ -1,0 +1,61 @@
+"""Multi-LoRA serving (--lora-rank R --adapters N): the adapters' grouped GEMMs per token, their memory, and the
+weights a batch reads growing with how many adapters it mixes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import castcore
+from castcore.builtin.formulas.matmul import touched_experts
+from castcore.cli.main import main
+
+DATA = Path(__file__).parent / "data"
+LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
+# tiny-llama's projections (in + out features) per layer, 2 layers: q 64+64, k 64+32, v 64+32, o 64+64, the merged
+# gate/up 64+320, down 160+64.
+FEATURES = 2 * (128 + 96 + 96 + 128 + 384 + 224)
+
+
+@pytest.fixture(scope="module")
+def session():
+    return castcore.Session(load_packs=[], device_files=[H100])
+
+
+def decode(session, **lora):
+    return session.estimate(castcore.build_workload(LLAMA, phase="decode", batch=32, kv_len=64, **lora))
+
+
+def grouped(report) -> list:
+    return [r for r in report.records if r.invoke.name == "aten::_grouped_mm"]
+
+
+def test_each_token_runs_its_adapters_shrink_and_expand(session):
+    plain, adapted = decode(session), decode(session, lora_rank=16, adapters=4)
+    assert not grouped(plain) and len(grouped(adapted)) == 2 * 12  # shrink and expand on 12 projections
+    flops = sum(sum(c.mma_ops for c in r.properties.compute_ops.values()) for r in grouped(adapted))
+    assert flops == 2 * 32 * 16 * FEATURES  # 32 tokens, rank 16
+    # Every adapter is resident: 4 x rank x (in + out) bf16 weights more.
+    assert adapted.memory.weight_bytes - plain.memory.weight_bytes == 4 * 16 * FEATURES * 2
+    assert any(n.startswith("multi-LoRA: 4 adapters of rank 16 on 12 projections") for n in adapted.notes)
+
+
+def test_mixing_more_adapters_reads_more_adapter_weights(session):
+    few, many = (decode(session, lora_rank=16, adapters=n) for n in (4, 64))
+    shrink = [grouped(report)[0] for report in (few, many)]  # layer 0's q projection: A is [adapters, 64, 16]
+    read = [r.properties.memory_read_bytes - r.invoke.args[0].nbytes - r.invoke.args[2].nbytes for r in shrink]
+    assert read[0] == pytest.approx(64 * 16 * 2 * touched_experts(4, 32))
+    assert read[1] == pytest.approx(64 * 16 * 2 * touched_experts(64, 32))
+    assert read[1] > read[0]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--lora-rank", "16"], "multi-LoRA needs both --lora-rank and --adapters"),
+    (["--lora-rank", "12", "--adapters", "4"], "--lora-rank 12: give a multiple of 8"),
+    (["--lora-rank", "16", "--adapters", "4", "--tp", "2"], "not priced yet"),
+])
+def test_bad_lora_options_are_one_line(capsys, argv, said):
+    assert main(["estimate", "--model", LLAMA, "--device-file", H100, "--no-packs", *argv]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("castcore: error:")]
+    assert len(errors) == 1 and said in errors[0]
