@@ -11,7 +11,7 @@ import pytest
 
 import castcore
 from castcore.cli.main import main
-from castcore.devices.profile import DeviceError, device_from_dict, load_device_file, package_profiles
+from castcore.devices.profile import DeviceError, device_from_dict, load_device_file
 from castcore.options.option import Objective
 from castcore.report.energy import (PhaseTime, busy_s, cost_figures, energy_figures, energy_j, fitted_sum,
                                     prefill_share, simulation_cost, simulation_energy)
@@ -44,16 +44,6 @@ def test_a_profile_gives_its_power_as_a_sourced_pair_with_idle_below_the_limit()
     del unsourced["sources"]["idle_w"]
     with pytest.raises(DeviceError, match="no source for idle_w"):
         device_from_dict(unsourced)
-
-
-def test_the_packs_gpus_and_910b_npus_carry_sourced_board_power():
-    powered = {p.name: (p.tdp_w, p.idle_w) for p in [*package_profiles("castpack_nvidia"),
-                                                      *package_profiles("castpack_ascend")] if p.tdp_w}
-    assert {name: tdp for name, (tdp, _) in powered.items() if not name.startswith("ascend")} == {
-        "a100-sxm4-80gb": 400, "h100-sxm5-80gb": 700, "h100-pcie-80gb": 350, "h200-sxm": 700, "b200": 1000,
-        "l40s": 350}
-    assert {"ascend-910b1", "ascend-910b2", "ascend-910b3", "ascend-910b4"} <= set(powered)
-    assert powered["h100-sxm5-80gb"][1] == 140 and powered["b200"][1] == 137  # the two idle readings found
 
 
 def _op(time_s, compute_s=0.0, memory_s=0.0, overhead_s=0.0, comm_s=0.0):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import castcore
+import castcore.pack
 
 # name: (AI cores, vector cores, cube clock Hz, memory bytes) from the CANN platform files (see README)
 EXPECTED = {
@@ -104,3 +105,9 @@ def test_910c_die_is_half_a_package_with_its_twin_die_innermost(devices):
     assert levels["sio"].bandwidth == pytest.approx(270e9)  # 540 GB/s both ways between the two dies
     assert levels["ub"].bandwidth == pytest.approx(196e9)  # 392 GB/s per package
     assert levels["roce"].bandwidth == pytest.approx(25e9)  # 200 Gb/s per die, 400 Gb/s per package
+
+
+def test_every_910b_carries_its_board_power():
+    powered = {p.name: (p.tdp_w, p.idle_w) for p in castcore.pack.package_profiles("castpack_ascend") if p.tdp_w}
+    assert {"ascend-910b1", "ascend-910b2", "ascend-910b3", "ascend-910b4"} <= set(powered)
+    assert all(idle < tdp for tdp, idle in powered.values())

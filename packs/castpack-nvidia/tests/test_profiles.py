@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import castcore
+import castcore.pack
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -156,3 +157,11 @@ def test_castcore_devices_lists_the_pack_profiles():
         assert rows[name]["origin"] == f"castpack-nvidia:profiles/{file}"
         assert rows[name]["default"] is False
     assert rows["h100-pcie-80gb"]["interconnect"] == ["nvlink", "pcie", "infiniband"]
+
+
+def test_every_gpu_carries_its_sourced_board_power():
+    powered = {p.name: (p.tdp_w, p.idle_w) for p in castcore.pack.package_profiles("castpack_nvidia") if p.tdp_w}
+    assert {name: tdp for name, (tdp, _) in powered.items()} == {
+        "a100-sxm4-80gb": 400, "h100-sxm5-80gb": 700, "h100-pcie-80gb": 350, "h200-sxm": 700, "b200": 1000,
+        "l40s": 350}
+    assert powered["h100-sxm5-80gb"][1] == 140 and powered["b200"][1] == 137  # the two idle readings found
