@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import BLOCK_FP8, say
+from castcore.options.catalog import say
+from castcore.options.parts import BLOCK_FP8
 
 PRICED = ("fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, and "
           "ModelOpt's FP8, NVFP4 and W4A8_AWQ")

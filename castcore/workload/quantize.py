@@ -47,7 +47,8 @@ from castcore.builtin import quantized_ops  # noqa: F401  (defines the torch.ops
 from castcore.devices.dtypes import dtype_name, torch_dtype
 from castcore.recording.dtensor import dtensor_type
 from castcore.hf import cast_on_write, experts_grouped_forward, is_conv1d
-from castcore.options.catalog import BLOCK_FP8, any_value, say
+from castcore.options.catalog import any_value, say
+from castcore.options.parts import BLOCK_FP8
 from castcore.workload import checkpoint, fp4
 from castcore.workload.models import BuiltModel
 from castcore.workload.parallel import EXPERT_WEIGHTS, _expert_weights

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import (ACTIVATION_DTYPES, BLOCK_FP8, DEFAULT_MODEL, DEPLOYMENT_NAMES, KV_CACHE_DTYPES,
-                                      KV_READS, PHASES, WEIGHT_DTYPES, WORKLOAD_OPTIONS, any_value, say)
+from castcore.options.catalog import DEPLOYMENT_NAMES, WORKLOAD_OPTIONS, any_value, say
+from castcore.options.parts import (ACTIVATION_DTYPES, BLOCK_FP8, DEFAULT_MODEL, KV_CACHE_DTYPES, KV_READS, PHASES,
+                                    WEIGHT_DTYPES)
 from castcore.workload import checkpoint
 
 __all__ = ["ACTIVATION_DTYPES", "DEFAULT_MODEL", "DEPLOYMENT", "KV_CACHE_DTYPES", "KV_READS", "PHASES",
