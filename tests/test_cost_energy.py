@@ -14,12 +14,13 @@ from castcore.cli.main import main
 from castcore.devices.profile import DeviceError, device_from_dict, load_device_file
 from castcore.options.option import Objective
 from castcore.report.energy import (PhaseTime, busy_s, cost_figures, energy_figures, energy_j, fitted_sum,
-                                    prefill_share, simulation_cost, simulation_energy)
+                                    PoolUse, prefill_share, simulation_cost,
+                                    simulation_energy)
 from castcore.sweeps import capacity
 from castcore.sweeps.plan import PlanRequest, PlanResult, search
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.sweep import check, commands
-from castcore.workload.metering import Metered
+from castcore.workload.metering import Metered, pool_use
 
 DATA = Path(__file__).parent / "data"
 LLAMA = str(DATA / "tiny-llama.json")
@@ -108,11 +109,25 @@ def test_a_simulated_runs_energy_holds_every_device_for_the_run():
     # tp 2 x pp 2 x dp 2: 2 replicas of 4 devices held 10 s, 20 s per device position over the replicas; the
     # iterations were busy 24 s of whole-model time and a device runs half the layers (pp 2) of each: 12 s.
     # Per position 140 W x 20 s + 560 W x 12 s = 9,520 J, for each of a replica's 4 positions.
-    found = simulation_energy(POWER, {"tp": 2, "ep": 1, "pp": 2, "dp": 2}, {"duration": 10.0,
-                                                                          "total_output_tokens": 1000}, 24.0)
+    replica = SimpleNamespace(devices=4, pp=2)
+    use = pool_use("gpu", replica, 2, [SimpleNamespace(busy_s=20.0), SimpleNamespace(busy_s=4.0)])  # model + draft
+    assert (use.devices, use.busy_device_s) == (8, 48.0)
+    found = simulation_energy([(POWER, use)], {"duration": 10.0, "total_output_tokens": 1000})
     assert found["energy_j"] == pytest.approx(4 * (140 * 20 + 560 * 12))
     assert found["utilization"] == pytest.approx(0.6) and found["power_w_per_device"] == pytest.approx(476.0)
     assert found["output_tokens_per_joule"] == pytest.approx(1000 / 38080)
+
+
+def test_two_pools_of_two_devices_each_draw_their_own_power():
+    # A prefill pool of 2 devices (700 W limit, 140 W idle) busy 5 of their 20 device-seconds, and a decode pool of
+    # 4 others (1000 W, 200 W) busy 30 of their 40: 140 x 20 + 560 x 5 + 200 x 40 + 800 x 30 = 37,600 J.
+    other = SimpleNamespace(tdp_w=1000.0, idle_w=200.0)
+    pools = [(POWER, PoolUse("a", 2, 5.0)), (other, PoolUse("b", 4, 30.0))]
+    found = simulation_energy(pools, {"duration": 10.0, "total_output_tokens": 376})
+    assert found["energy_j"] == pytest.approx(37600.0)
+    assert found["utilization"] == pytest.approx(35 / 60) and found["output_tokens_per_joule"] == pytest.approx(0.01)
+    assert simulation_energy([(POWER, PoolUse("a", 2, 5.0)), (SimpleNamespace(tdp_w=0.0), PoolUse("b", 4, 1.0))],
+                             {"duration": 10.0, "total_output_tokens": 1}) == {}  # a pool without power numbers
 
 
 class _Ladder:
@@ -164,7 +179,7 @@ def test_serve_draws_the_limit_when_every_op_is_busy_and_prices_each_phase(tmp_p
 def test_a_simulation_without_launch_costs_is_busy_throughout(tmp_path):
     session = castcore.Session(load_packs=[], device_files=[_without_overheads(tmp_path)])
     report = session.simulate(LLAMA, requests=20, input_lengths="32", output_lengths="8")  # all at once: no gaps
-    found = simulation_energy(session.device(None), report.deployment, report.summary, report.busy_s)
+    found = simulation_energy([(session.device(None), use) for use in report.pool_use], report.summary)
     assert found["utilization"] == pytest.approx(1.0)
     assert found["energy_j"] == pytest.approx(700 * report.summary["duration"])
 

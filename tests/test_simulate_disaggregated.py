@@ -66,3 +66,43 @@ def test_bad_pools_are_one_line_and_exit_2(capsys, argv, said):
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if line.startswith("castcore: error:")]
     assert captured.out == "" and len(errors) == 1 and said in errors[0]  # after any progress line
+
+
+def test_speculative_decoding_runs_on_the_decode_pool_and_its_draft_prefills_with_the_prompt(tmp_path, capsys):
+    config = json.loads((DATA / "tiny-llama.json").read_text())
+    config["num_hidden_layers"] = 1  # a draft of the same family, half the depth
+    small = tmp_path / "draft.json"
+    small.write_text(json.dumps(config))
+    pools = ["--prefill-instances", "1", "--decode-instances", "1"]
+    assert main([*BASE, *pools, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*BASE, *pools, "--spec-tokens", "3", "--acceptance", "0.9", "--draft-model", str(small),
+                 "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["spec_tokens_per_step"] == pytest.approx(1 + 0.9 + 0.81 + 0.729) and spec["completed"] == 40
+    # The decode pool keeps ~3.4 tokens a pass: far fewer decode iterations for the same 15 tokens a request.
+    assert spec["iterations"] < plain["iterations"] * 0.75
+    # The draft's cache (half the model's layers) moves with the model's: the transfer carries 1.5 times the bytes.
+    assert spec["mean_kv_transfer_ms"] > plain["mean_kv_transfer_ms"]
+    assert spec["kv_bytes_per_token"] == pytest.approx(plain["kv_bytes_per_token"] * 1.5, rel=0.01)
+
+
+def test_a_sweep_prices_disaggregated_points_with_each_pools_power(tmp_path):
+    other = tmp_path / "other.toml"  # the same device under another name, drawing twice the power
+    other.write_text(Path(H100).read_text().replace('name = "h100-sxm"', 'name = "other"')
+                     .replace("tdp_w = 700.0", "tdp_w = 1400.0").replace("idle_w = 140.0", "idle_w = 280.0"))
+    session = castcore.Session(load_packs=[], device_files=[H100, other])
+    options = dict(device="h100-sxm", input_lengths="200", output_lengths="16", requests=40, rate=40,
+                   prefill_instances=2, decode_instances=1)
+    same = session.simulate(LLAMA, **options)
+    mixed = session.simulate(LLAMA, **options, decode_deployment="device=other")
+    assert [(u.device, u.devices) for u in mixed.pool_use] == [("h100-sxm", 2), ("other", 1)]
+    from castcore.sweeps.rows import simulate_figures
+
+    rows = [simulate_figures(r, None, session.pipeline.host) for r in (same, mixed)]
+    assert rows[0]["devices"] == rows[1]["devices"] == 3
+    # Each pool at its own device's power: 140 W idle + 560 W busy on the prefill pool, 280 + 1120 on the decode.
+    held, (prefill, decode) = mixed.summary["duration"], mixed.pool_use
+    assert rows[1]["energy_j"] == pytest.approx(140 * 2 * held + 560 * prefill.busy_device_s
+                                                + 280 * 1 * held + 1120 * decode.busy_device_s)
+    assert rows[1]["energy_j"] > rows[0]["energy_j"] * 1.2

@@ -46,23 +46,21 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote the TTFT/TPOT distributions and throughput over time to {plot}")
     elif plot:
         warn(f"no request finished, so nothing was drawn to {plot}")
-    disaggregated = "prefill_instances" in report.deployment  # two pools, two devices: no single power profile
-    _print(report, args, emitted, None if disaggregated else session.pipeline.host.device(report.device))
+    _print(report, args, emitted, session.pipeline.host)
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")
         return 130
     return 0
 
 
-def _print(report, args: argparse.Namespace, emitted=None, device=None) -> None:
-    """The report, with its energy (when ``device``'s profile gives its power) and its cost at
+def _print(report, args: argparse.Namespace, emitted=None, host=None) -> None:
+    """The report, with its energy (when every pool's device profile gives its power) and its cost at
     --price-per-device-hour (every device for the run's duration), and the launch files of --emit."""
     from castcore.report.energy import format_lines, simulation_cost, simulation_energy
 
-    deployment = report.deployment
-    devices = (report.summary["devices"] if "prefill_instances" in deployment
-               else max(deployment["tp"], deployment["ep"]) * deployment["pp"] * deployment["dp"])
-    cost = {**(simulation_energy(device, deployment, report.summary, report.busy_s) if device else {}),
+    devices = sum(use.devices for use in report.pool_use)
+    cost = {**(simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
+               if host else {}),
             **simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace)}
     if args.json and emitted:
         print(json.dumps({**report.to_dict(), **cost, "emit": emitted.to_dict()}, indent=2))

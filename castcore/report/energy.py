@@ -131,18 +131,30 @@ def simulation_cost(price: float | None, devices: int, summary: dict[str, Any], 
             "prefill_time_share": share}
 
 
-def simulation_energy(device: Any, deployment: dict[str, Any], summary: dict[str, Any], busy: float) -> dict[str, Any]:
-    """Energy of a simulated run: every device held for the run's duration, busy for ``busy`` seconds of every
-    scheduler's iterations (castcore.workload.metering; under ``--pp`` a device runs 1/pp of each iteration's
-    layers); empty when the profile has no power numbers."""
-    if not has_power(device):
+@dataclass(frozen=True)
+class PoolUse:
+    """One pool of a simulated deployment (all of it, or a disaggregated deployment's prefill or decode pool): its
+    device, how many of them, and the device-seconds they were busy, summed over them (castcore.workload.metering:
+    each scheduler's iterations' busy seconds, times the devices running each iteration, over its pipeline
+    stages, as a device runs 1/pp of an iteration's layers)."""
+
+    device: str
+    devices: int
+    busy_device_s: float
+
+
+def simulation_energy(pools: Sequence[tuple[Any, PoolUse]], summary: dict[str, Any]) -> dict[str, Any]:
+    """Energy of a simulated run: every device of every pool (``(profile, use)`` pairs) held for the run's duration
+    and busy for its pool's share of the busy device-seconds; empty when a pool's profile has no power numbers."""
+    if not pools or not all(has_power(device) for device, _ in pools):
         return {}
-    replica = max(deployment["tp"], deployment["ep"]) * deployment["pp"]
-    held = deployment["dp"] * summary["duration"]  # each replica's devices, for the whole run
-    per_device = min(busy / deployment["pp"], held)
-    total = replica * (device.idle_w * held + (device.tdp_w - device.idle_w) * per_device)
+    duration = summary["duration"]
+    total = sum(energy_j(device, use.devices * duration, use.busy_device_s) for device, use in pools)
+    held = sum(use.devices for _, use in pools) * duration
+    busy = sum(min(use.busy_device_s, use.devices * duration) for _, use in pools)
     output = summary["total_output_tokens"]
-    return {"energy_j": total, "power_w_per_device": total / (replica * held), "utilization": per_device / held,
+    return {"energy_j": total, "power_w_per_device": total / held if held else None,
+            "utilization": busy / held if held else None,
             "joules_per_output_token": total / output if output else None,
             "output_tokens_per_joule": output / total if total else None}
 

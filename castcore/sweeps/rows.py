@@ -67,21 +67,22 @@ def serve_figures(report: ServeReport) -> dict[str, Any]:
             "fallback_ops": " ".join(fallback)}
 
 
-def simulate_figures(report: SimulationReport, price: float | None = None, device: Any = None) -> dict[str, Any]:
+def simulate_figures(report: SimulationReport, price: float | None = None, host: Any = None) -> dict[str, Any]:
     """vllm bench serve's figures and the engine's, per device the output throughput and the median latency in
-    seconds (what a plot reads), the energy when ``device`` (the profile) gives its power, and with a price per
-    device-hour the cost (castcore.report.energy)."""
+    seconds (what a plot reads), the energy when every pool's device profile (from ``host``) gives its power, and
+    with a price per device-hour the cost (castcore.report.energy)."""
     from castcore.report.energy import simulation_cost, simulation_energy
 
     data = report.to_dict()
     figures = {k: v for k, v in data.items() if k not in ("model", "device", "deployment", "engine_limits", "notes",
                                                          "kv_usage", "never_fit", "engine")}
-    devices = max(data["deployment"]["tp"], data["deployment"]["ep"]) * data["deployment"]["pp"]
-    every = devices * data["deployment"]["dp"]
+    every = sum(use.devices for use in report.pool_use)
+    energy = simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary) if host \
+        else {}
     return {**figures, "never_fit": len(report.never_fit), "devices": every,
             "median_e2el_s": data["median_e2el_ms"] / 1e3,
             "output_tokens_per_s_per_device": data["output_throughput"] / every,
-            **simulation_energy(device, data["deployment"], report.summary, report.busy_s),
+            **energy,
             **simulation_cost(price, every, report.summary, report.iterations_trace)}
 
 

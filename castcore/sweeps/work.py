@@ -72,8 +72,7 @@ def figures(session: Any, job: Job) -> dict[str, Any]:
         return estimate_figures(session.estimate(job.workload, device=job.device), job.workload)
     if job.command == "simulate":
         report = session.simulate(device=job.device, **job.simulate)
-        return simulate_figures(report, job.simulate.get("price_per_device_hour"),
-                                session.pipeline.host.device(report.device))
+        return simulate_figures(report, job.simulate.get("price_per_device_hour"), session.pipeline.host)
     return serve_figures(session.serve(device=job.device, **job.serve))
 
 

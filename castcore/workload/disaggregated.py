@@ -25,6 +25,10 @@ from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
 from castcore.simulation import engine as engine_model
 from castcore.simulation.metrics import Finished, summarize
 from castcore.simulation.requests import Request
+from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
+from castcore.workload.metering import Metered, pool_use
+from castcore.workload.speculation import speculative_step
+from castcore.workload.spec import build_workload
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,6 @@ class Pools:
 
 def pools_of(given: dict[str, Any], options: dict[str, Any], device: Any = None) -> Pools | None:
     """The two pools from ``--prefill-instances``, ``--decode-instances`` and their deployments, or None."""
-    from castcore.workload.spec import build_workload
-
     x, y = given["prefill_instances"], given["decode_instances"]
     if x is None and y is None:
         for name in ("prefill_deployment", "decode_deployment"):
@@ -91,14 +93,41 @@ def transfer_seconds(profile: Any, devices_together: int, same_device: bool, nby
     return level.latency_s + nbytes / (level.bandwidth * level.efficiency), level.name
 
 
-def run(pipeline: Any, plan: Any, device: Any, step_times: Callable, kv_capacity: Callable, report: Callable) -> Any:
+@dataclass
+class Pool:
+    """One pool's step-time model as its engines call it (metered, the draft's steps added under speculative
+    decoding), its meters and its KV capacity."""
+
+    steps: Any
+    step: Callable
+    meters: list[Metered]
+    blocks: int
+    per_token: int  # bytes of a token's KV, the draft's cache's included
+
+
+def _pool(pipeline: Any, plan: Any, workload: Any, device: Any) -> Pool:
+    steps = step_times(pipeline, workload, device, plan.limits)
+    blocks, per_token = kv_capacity(pipeline, steps, plan.limits, steps.profile)
+    meters = [Metered(steps)]
+    if not plan.speculation:
+        return Pool(steps, meters[0], meters, blocks, per_token)
+    # The draft runs on each pool with the pool's deployment: it prefills the prompts on the prefill pool (its cache
+    # moves with the model's) and drafts on the decode pool.
+    draft = build_workload(plan.draft.model, **{k: v for k, v in workload.options().items() if k in DEPLOYMENT_NAMES})
+    meters.append(Metered(step_times(pipeline, draft, device, plan.limits)))
+    blocks, draft_token = with_draft(pipeline, draft, device, blocks, per_token, plan.limits.block_size)
+    return Pool(steps, speculative_step(meters[0], meters[1], plan.speculation[0]), meters, blocks,
+                per_token + draft_token)
+
+
+def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     """Simulate ``plan`` (a checked Simulation with ``pools``) and return its SimulationReport via ``report``;
     a pool without a device of its own runs on ``device``."""
     pools, limits = plan.pools, plan.limits
-    pre_steps = step_times(pipeline, pools.prefill, pools.prefill_device or device, limits)
-    dec_steps = step_times(pipeline, pools.decode, pools.decode_device or device, limits)
-    pre_blocks, pre_token = kv_capacity(pipeline, pre_steps, limits, pre_steps.profile)
-    dec_blocks, dec_token = kv_capacity(pipeline, dec_steps, limits, dec_steps.profile)
+    pre = _pool(pipeline, plan, pools.prefill, pools.prefill_device or device)
+    dec = _pool(pipeline, plan, pools.decode, pools.decode_device or device)
+    pre_steps, dec_steps = pre.steps, dec.steps
+    pre_blocks, pre_token, dec_blocks = pre.blocks, pre.per_token, dec.blocks
     longest = max(plan.requests, key=lambda r: r.input_tokens)
     if -(-longest.input_tokens // limits.block_size) > pre_blocks:
         raise ModelError(f"a prefill instance's KV cache ({pre_blocks} blocks of {limits.block_size} tokens) cannot "
@@ -106,7 +135,7 @@ def run(pipeline: Any, plan: Any, device: Any, step_times: Callable, kv_capacity
                          f"a larger {say('tp')} in {say('prefill_deployment')}")
     x, y = pools.prefill_instances, pools.decode_instances
     prompts = [replace(r, output_tokens=1) for r in plan.requests]
-    prefilled = [engine_model.simulate(prompts[n::x], limits, pre_blocks, pre_steps) for n in range(x)]
+    prefilled = [engine_model.simulate(prompts[n::x], limits, pre_blocks, pre.step) for n in range(x)]
     first = {f.index: f for result in prefilled for f in result.finished}
     same = pre_steps.profile.name == dec_steps.profile.name
     together = pools.prefill.devices + pools.decode.devices
@@ -118,7 +147,8 @@ def run(pipeline: Any, plan: Any, device: Any, step_times: Callable, kv_capacity
     decode_requests = sorted((Request(i, by_index[i].input_tokens, by_index[i].output_tokens,
                                       first[i].first_token_s + moved[i], prefilled=True)
                               for i in first if by_index[i].output_tokens > 1), key=lambda r: r.arrival_s)
-    decoded = [engine_model.simulate(decode_requests[n::y], limits, dec_blocks, dec_steps) for n in range(y)]
+    decoded = [engine_model.simulate(decode_requests[n::y], limits, dec_blocks, dec.step, None, plan.speculation)
+               for n in range(y)]
     later = {f.index: f for result in decoded for f in result.finished}
     finished = []
     for index, head in first.items():
@@ -141,10 +171,14 @@ def run(pipeline: Any, plan: Any, device: Any, step_times: Callable, kv_capacity
              f"cache moves over {level} (mean {mean_moved * 1e3:.3f} ms), its first token from the prefill instance"]
     results = [*prefilled, *decoded]
     iterations = sum(r.iterations for r in results)
+    if plan.speculation:
+        summary.update(spec_tokens=plan.speculation[0], spec_tokens_per_step=round(plan.speculation[1], 4))
     return report(device=f"{pre_steps.profile.name} (prefill) + {dec_steps.profile.name} (decode)",
-                  kv_blocks=dec_blocks, kv_bytes_per_token=dec_token, summary=summary, never_fit=never,
+                  kv_blocks=dec_blocks, kv_bytes_per_token=dec.per_token, summary=summary, never_fit=never,
                   iterations=iterations, mean_running=decoded[0].mean_running if decoded else 0.0,
                   kv_usage=decoded[0].kv_usage if decoded else [],
                   deployment={"prefill": pools.prefill.options(), "decode": pools.decode.options(),
                               "prefill_instances": x, "decode_instances": y},
-                  notes=notes, finished=finished, iterations_trace=(decoded or prefilled)[0].trace)
+                  notes=notes, finished=finished, iterations_trace=(decoded or prefilled)[0].trace,
+                  pool_use=[pool_use(pre_steps.profile.name, pools.prefill, x, pre.meters),
+                            pool_use(dec_steps.profile.name, pools.decode, y, dec.meters)])

@@ -15,7 +15,7 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from castcore.report.energy import busy_s
+from castcore.report.energy import PoolUse, busy_s
 
 
 class Metered:
@@ -47,3 +47,10 @@ class Metered:
         low, high = points[i - 1], points[i]
         w = min(max((tokens - low) / (high - low), 0.0), 1.0)
         return min(max((1 - w) * self._share_at(low) + w * self._share_at(high), 0.0), 1.0)
+
+
+def pool_use(device: str, workload: Any, instances: int, metered: list[Metered]) -> PoolUse:
+    """A pool of ``instances`` of ``workload`` on ``device``, busy as its schedulers' meters say: every device of
+    an instance runs each iteration, 1/pp of its layers."""
+    busy = sum(m.busy_s for m in metered)
+    return PoolUse(device, workload.devices * instances, workload.devices * busy / workload.pp)

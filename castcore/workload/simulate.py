@@ -26,10 +26,11 @@ from castcore.simulation.presets import EngineLimits, limits
 from castcore.simulation.requests import check_lengths, make_requests, read_dataset, share_prefix
 from castcore.simulation.trace import chrome_trace
 from castcore.workload.latent import NOT_IN_MIXED_BATCHES
-from castcore.workload.metering import Metered
+from castcore.workload.metering import Metered, pool_use
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
 from castcore.workload import disaggregated, speculation
-from castcore.workload.steptime import StepTimes
+from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
+from castcore.workload.steptime import StepTimes  # noqa: F401  (the step-time model, as benchmarks reach it)
 
 if TYPE_CHECKING:
     from castcore.workload.pipeline import Pipeline
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 # The traffic and objective options; the engine's limits are ENGINE_OPTIONS, the rest the deployment's.
 TRAFFIC_NAMES = tuple(o.name for o in SIMULATE.scoped(AXIS)
                       if o.name not in (*ENGINE_OPTIONS, *DEPLOYMENT_NAMES, "model", "device"))
-KV_PROBE = 256  # the KV length of the decode step whose cache gives the bytes a token's keys and values take
 
 
 @dataclass
@@ -62,7 +62,8 @@ class SimulationReport:
     iterations_trace: Any = field(default=None, repr=False)  # the first replica's iterations (engine.Trace)
     slo_ttft_s: float | None = None  # the goodput objectives, drawn by ``plot``
     slo_tpot_s: float | None = None
-    busy_s: float = 0.0  # every scheduler's iterations' busy seconds (castcore.workload.metering), for the energy
+    pool_use: list = field(default_factory=list, repr=False)  # each pool's busy device-seconds, for the energy
+    # (castcore.report.energy.PoolUse)
 
     def to_trace(self) -> dict[str, Any]:
         """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""
@@ -133,58 +134,6 @@ def arrivals_of(rate: float | None, burstiness: float, concurrency: int | None) 
     return Arrivals.at_rate(rate, burstiness) if rate is not None else Arrivals.offline()
 
 
-def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, device: Any) -> tuple[int, int]:
-    """KV blocks the engine's memory share leaves per device, and the bytes one token's keys and values take."""
-    probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), device)
-    per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
-    # The weights one device holds (under --pp its heaviest stage's) from the probe, the activations of a full
-    # token budget from the step-time model's largest capture.
-    memory = replace(steps.memory, weight_bytes=probe.memory.weight_bytes)
-    capacity = steps.profile.memory_bytes
-    taken = memory.weight_bytes + memory.activation_peak_bytes
-    usable = (engine.kv_memory_fraction * capacity - taken if engine.memory_share_of == "device"
-              else engine.kv_memory_fraction * (capacity - taken))
-    blocks = int(usable // (engine.block_size * per_token))
-    if blocks < 1:
-        raise ModelError(f"the deployment leaves no memory for a KV cache: weights {format_bytes(memory.weight_bytes)}"
-                         f" and activations {format_bytes(memory.activation_peak_bytes)} of "
-                         f"{format_bytes(capacity)} per device under the engine's {engine.kv_memory_fraction:g} "
-                         f"share; use a larger {say('tp')}, {say('weights', 'int8')} or a smaller "
-                         f"{say('max_batched_tokens')}")
-    return blocks, per_token
-
-
-def _with_draft(pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_token: int, block_size: int) -> int:
-    """The KV blocks left when a draft model's weights and its own cache share the memory: the model's cache bytes
-    less the draft's weights, over both caches' bytes per token."""
-    probe = pipeline.run(replace(draft, phase="decode", batch=1, kv_len=KV_PROBE), device)
-    draft_per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
-    left = blocks * block_size * per_token - probe.memory.weight_bytes
-    found = int(left // (block_size * (per_token + draft_per_token)))
-    if found < 1:
-        raise ModelError(f"the draft model's weights ({format_bytes(probe.memory.weight_bytes)}) leave no memory for a "
-                         f"KV cache; give a smaller {say('draft_model')} or a larger {say('tp')}")
-    return found
-
-
-KEPT_STEP_TIMES = 8
-
-
-def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits) -> StepTimes:
-    """The step-time model of ``base``'s deployment under the engine's limits, kept on the pipeline for the next
-    simulation of that deployment (a plan's rounds: other rates, more replicas), whose captures and step times it
-    has already made; replicas share one."""
-    profile = pipeline.host.device(device)
-    key = ("step_times", json.dumps(replace(base, dp=1).options(), sort_keys=True, default=repr), profile.name,
-           engine.max_batched_tokens, min(engine.max_running_requests, engine.max_batched_tokens))
-    kept = pipeline.derived
-    if key not in kept:
-        kept[key] = StepTimes(pipeline, base, profile, *key[3:])
-        while len(kept) > KEPT_STEP_TIMES:
-            del kept[next(iter(kept))]  # the oldest goes
-    return kept[key]
-
-
 @dataclass
 class Simulation:
     """A checked simulation, before anything is captured: the deployment, the engine, the requests."""
@@ -221,8 +170,6 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
     engine_limits = limits(given["engine"], **overrides)  # its refusals before the requests'
     spec, draft = _speculation(model, given, options)
     pools = disaggregated.pools_of(given, {**options, "model": model})
-    if pools and spec:
-        raise ModelError(f"{say('spec_tokens')} with disaggregated pools is not simulated yet; give one of them")
     found = requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"], given["dataset"],
                          arrivals, given["seed"])
     if given["prefix_len"] is not None:
@@ -260,7 +207,7 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     ``check`` made."""
     plan = model if isinstance(model, Simulation) else check(model, **options)
     if plan.pools:
-        return disaggregated.run(pipeline, plan, device, step_times, kv_capacity, lambda **figures: SimulationReport(
+        return disaggregated.run(pipeline, plan, device, lambda **figures: SimulationReport(
             model=plan.model, engine=plan.engine, limits=plan.limits, slo_ttft_s=plan.slo_ttft,
             slo_tpot_s=plan.slo_tpot, **figures))
     base, engine_limits = plan.base, plan.limits
@@ -273,12 +220,12 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     if blocks // base.pp < 1:
         raise ModelError(f"the KV cache's {blocks} blocks do not go round {say('pp', base.pp)} micro-batches in "
                          f"flight: use a smaller {say('pp')} or a larger {say('tp')}")
-    results, metered = [], Metered(steps)
-    step = metered
+    results, metered = [], [Metered(steps)]
+    step = metered[0]
     if plan.speculation:  # the draft's weights and cache share the devices' memory; its steps add to each iteration
-        draft_steps = step_times(pipeline, plan.draft, device, engine_limits)
-        blocks = _with_draft(pipeline, plan.draft, device, blocks, per_token, engine_limits.block_size)
-        step = speculation.speculative_step(metered, draft_steps, plan.speculation[0])
+        metered.append(Metered(step_times(pipeline, plan.draft, device, engine_limits)))
+        blocks, _ = with_draft(pipeline, plan.draft, device, blocks, per_token, engine_limits.block_size)
+        step = speculation.speculative_step(metered[0], metered[1], plan.speculation[0])
     for n in range(schedulers):
         results.append(engine_model.simulate(plan.requests[n::schedulers], mine, blocks // base.pp, step,
                                              None if plan.concurrency is None else max(1, plan.concurrency //
@@ -317,4 +264,4 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
                             iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
                             deployment=base.options(), notes=notes, partial=results[-1].partial, finished=finished,
                             iterations_trace=results[0].trace, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot,
-                            busy_s=metered.busy_s)
+                            pool_use=[pool_use(steps.profile.name, base, base.dp, metered)])

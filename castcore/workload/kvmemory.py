@@ -1,0 +1,72 @@
+"""The memory a simulated deployment leaves for its KV cache, and the step-time model of a deployment, kept for the
+next simulation of it (castcore.workload.simulate and castcore.workload.disaggregated both need them)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from castcore.errors import ModelError
+from castcore.options.catalog import say
+from castcore.report.memory import format_bytes
+from castcore.simulation.presets import EngineLimits
+from castcore.workload.steptime import StepTimes
+
+if TYPE_CHECKING:
+    from castcore.workload.pipeline import Pipeline
+
+KV_PROBE = 256  # the KV length of the decode step whose cache gives the bytes a token's keys and values take
+
+
+def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, device: Any) -> tuple[int, int]:
+    """KV blocks the engine's memory share leaves per device, and the bytes one token's keys and values take."""
+    probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), device)
+    per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
+    # The weights one device holds (under --pp its heaviest stage's) from the probe, the activations of a full
+    # token budget from the step-time model's largest capture.
+    memory = replace(steps.memory, weight_bytes=probe.memory.weight_bytes)
+    capacity = steps.profile.memory_bytes
+    taken = memory.weight_bytes + memory.activation_peak_bytes
+    usable = (engine.kv_memory_fraction * capacity - taken if engine.memory_share_of == "device"
+              else engine.kv_memory_fraction * (capacity - taken))
+    blocks = int(usable // (engine.block_size * per_token))
+    if blocks < 1:
+        raise ModelError(f"the deployment leaves no memory for a KV cache: weights {format_bytes(memory.weight_bytes)}"
+                         f" and activations {format_bytes(memory.activation_peak_bytes)} of "
+                         f"{format_bytes(capacity)} per device under the engine's {engine.kv_memory_fraction:g} "
+                         f"share; use a larger {say('tp')}, {say('weights', 'int8')} or a smaller "
+                         f"{say('max_batched_tokens')}")
+    return blocks, per_token
+
+
+def with_draft(pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_token: int,
+               block_size: int) -> tuple[int, int]:
+    """The KV blocks left when a draft model's weights and its own cache share the memory (the model's cache bytes
+    less the draft's weights, over both caches' bytes per token), and the bytes a token takes in the draft's cache."""
+    probe = pipeline.run(replace(draft, phase="decode", batch=1, kv_len=KV_PROBE), device)
+    draft_per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
+    left = blocks * block_size * per_token - probe.memory.weight_bytes
+    found = int(left // (block_size * (per_token + draft_per_token)))
+    if found < 1:
+        raise ModelError(f"the draft model's weights ({format_bytes(probe.memory.weight_bytes)}) leave no memory for a "
+                         f"KV cache; give a smaller {say('draft_model')} or a larger {say('tp')}")
+    return found, draft_per_token
+
+
+KEPT_STEP_TIMES = 8
+
+
+def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits) -> StepTimes:
+    """The step-time model of ``base``'s deployment under the engine's limits, kept on the pipeline for the next
+    simulation of that deployment (a plan's rounds: other rates, more replicas), whose captures and step times it
+    has already made; replicas share one."""
+    profile = pipeline.host.device(device)
+    key = ("step_times", json.dumps(replace(base, dp=1).options(), sort_keys=True, default=repr), profile.name,
+           engine.max_batched_tokens, min(engine.max_running_requests, engine.max_batched_tokens))
+    kept = pipeline.derived
+    if key not in kept:
+        kept[key] = StepTimes(pipeline, base, profile, *key[3:])
+        while len(kept) > KEPT_STEP_TIMES:
+            del kept[next(iter(kept))]  # the oldest goes
+    return kept[key]
