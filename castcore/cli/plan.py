@@ -24,7 +24,11 @@ def _seconds(value: float) -> str:
 
 
 def _layout(row: dict[str, Any], dtype: str) -> str:
-    parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep", "dp") if row.get(k, 1) > 1] or ["1 device"]
+    if row.get("prefill_instances"):
+        from castcore.sweeps.disaggregation import describe
+
+        return f"{describe(row)}, {row['weights'] or dtype} weights"
+    parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep", "dp") if (row.get(k) or 1) > 1] or ["1 device"]
     return " x ".join(parts) + f", {row['weights'] or dtype} weights"
 
 
@@ -95,6 +99,9 @@ def format_traffic_plan(result: Any) -> str:
         lines += ["", "missed the objectives (layout at its last try: why)"]
         lines += [f"  {r['device']} {_layout(r, request.dtype)}: {r['missed']}" for r in result.missed]
     _refused(lines, result)
+    if result.verdict:
+        winner = result.verdict["winner"]
+        lines += ["", f"{winner} wins: {result.verdict['why']}" if winner else result.verdict["why"]]
     lines.append("")
     if result.fewest:
         lines.append("fewest devices that meet the objectives")
@@ -156,7 +163,8 @@ def plan_json(result: Any) -> dict[str, Any]:
     """The request, the best and the fewest, each row with the figures a script compares."""
     request = result.request
     if request.traffic:
-        keep = ("device", "devices", "tp", "pp", "ep", "dp", "weights", "rate", "concurrency", "completed",
+        keep = ("device", "devices", "tp", "pp", "ep", "dp", "weights", "prefill_instances", "decode_instances",
+                "mean_kv_transfer_ms", "rate", "concurrency", "completed",
                 "request_throughput", "output_throughput", "output_tokens_per_s_per_device", "preemptions",
                 *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot") for stat in ("mean", "median", "p90", "p95",
                                                                                    "p99")),
@@ -177,7 +185,11 @@ def plan_json(result: Any) -> dict[str, Any]:
             "best": [{k: r.get(k) for k in keep} for r in result.best],
             "fewest": [{k: r.get(k) for k in keep} for r in result.fewest],
             **({"missed": [{**{k: r[k] for k in keep if k in r}, "why": r["missed"]} for r in result.missed]}
-               if request.traffic else {})}
+               if request.traffic else {}),
+            **({"verdict": {"winner": result.verdict["winner"], "why": result.verdict["why"],
+                            **{kind: None if result.verdict[kind] is None else
+                               {k: result.verdict[kind].get(k) for k in keep}
+                               for kind in ("aggregated", "disaggregated")}}} if result.verdict else {})}
 
 
 def run(args: argparse.Namespace) -> int:

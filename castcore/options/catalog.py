@@ -69,6 +69,9 @@ PLAN = CommandOptions("plan", (
         changed(CONCURRENCY, help="plan for a closed loop of C requests in flight, simulated as --rate is"),
         switch("max_rate", "find each deployment's highest request rate that meets --ttft/--tpot (a bisection of "
                 "simulations up to its offline throughput), and rank by that rate per device", TRAFFIC),
+        switch("disaggregated", "also search disaggregated layouts: each layout as X prefill and Y decode instances "
+               "(1 to 4 each, within --max-devices), simulated as castcore simulate --prefill-instances X "
+               "--decode-instances Y; the plan says which kind wins and why (with --rate or --max-rate)", TRAFFIC),
         changed(REQUESTS, default=500, help="requests each simulation serves (with --rate, --concurrency, --max-rate)"),
         changed(ENGINE_PRESET, help="the serving engine simulated (with --rate, --concurrency, --max-rate)"),
         DTYPE,

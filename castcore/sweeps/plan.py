@@ -26,6 +26,7 @@ from typing import Any
 from castcore.options.catalog import PLAN, say
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
+from castcore.sweeps import disaggregation
 from castcore.sweeps.capacity import objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
@@ -59,6 +60,7 @@ class PlanRequest:
     objective: str = "throughput"
     price_per_device_hour: float | None = None
     device_prices: dict[str, float] = field(default_factory=dict)  # a device's own price, over the one above
+    disaggregated: bool = False  # also search disaggregated prefill/decode layouts (castcore.sweeps.disaggregation)
 
     def price(self, device: str) -> float | None:
         return self.device_prices.get(device, self.price_per_device_hour)
@@ -94,6 +96,7 @@ class PlanResult:
     seconds: float = 0.0
     missed: list[dict[str, Any]] = field(default_factory=list)  # under traffic: layouts that ran but never met,
     # each at its last try, with why under "missed"
+    verdict: dict[str, Any] | None = None  # with disaggregated layouts: which kind wins and why
 
 
 def divisors(n: int) -> list[int]:
@@ -203,7 +206,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
          tp: list[int] | None = None, pp: list[int] | None = None,
          weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16", objective: str = "throughput",
          price_per_device_hour: float | None = None, device_prices: list[str] | None = None,
-         workers: int | None = None,
+         disaggregated: bool = False, workers: int | None = None,
          backend: str = "local", ray_address: str | None = None, plugins: PluginOptions | None = None,
          progress: bool | None = False, **old: Any) -> PlanResult:
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
@@ -224,7 +227,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
              "concurrency": concurrency, "max_rate": max_rate, "requests": requests, "engine": engine,
              "devices": devices, "max_devices": max_devices, "top": top, "tp": tp, "pp": pp, "weights": weights,
              "dtype": dtype, "objective": objective, "price_per_device_hour": price_per_device_hour,
-             "device_prices": device_prices,
+             "device_prices": device_prices, "disaggregated": disaggregated,
              "workers": workers, "backend": backend, "ray_address": ray_address}
     values = {name: PLAN[name].check(value) for name, value in given.items()}
     for group in PLAN.exclusive:
@@ -241,7 +244,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
                           weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
                           rate=values["rate"], concurrency=concurrency, max_rate=max_rate, requests=requests,
                           engine=engine, objective=objective, price_per_device_hour=values["price_per_device_hour"],
-                          device_prices=capacity.device_prices(values["device_prices"]))
+                          device_prices=capacity.device_prices(values["device_prices"]), disaggregated=disaggregated)
     capacity.check(request)
     session = open_session(plugins)
     for name in devices or ():
@@ -262,6 +265,8 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
 
         if request.traffic:
             chosen = choices(request, session.devices, {"requests": requests, "engine": engine})
+            if request.disaggregated:
+                chosen += disaggregation.candidates(chosen, request.max_devices)
             return PlanResult(request=request, **capacity.search(request, command, chosen, run))
         return search(request, command, session.devices, run)
 
