@@ -237,3 +237,21 @@ def peers_serving(session: nox.Session) -> None:
     session.install("--no-deps", "vidur==0.0.26")
     session.install("-c", str(constraints), "scikit-learn", "wandb", "plotly_express", "ddsketch", "fasteners")
     session.run("python", "bench/peers_serving.py", *(session.posargs or ["--out", "bench/results/peers_serving.json"]))
+
+
+@nox.session
+def peers_disagg_spec(session: nox.Session) -> None:
+    """castcore simulate's disaggregated prefill/decode, speculative decoding and prefix caching against
+    AIConfigurator (aiconfigurator with its data wheel aiconfigurator-core, vLLM backend) on the same scenarios:
+    writes bench/results/peers_disagg_spec.json and .md. About a minute on 2 cores; not a default session and not
+    part of bench. ``nox -s peers_disagg_spec -- --quick`` runs a smoke test instead and writes to the temp
+    directory. AIConfigurator goes in under a constraints file pinning torch to TORCH, as in peers_serving."""
+    from pathlib import Path
+
+    _install_core(session)
+    session.install("packs/castpack-nvidia", "packs/castpack-collectives")
+    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraints.write_text(f"{TORCH}\n")
+    session.install("-c", str(constraints), "aiconfigurator==0.12.0", "aiconfigurator-core==0.12.0")
+    session.run("python", "bench/peers_disagg_spec.py",
+                *(session.posargs or ["--out", "bench/results/peers_disagg_spec.json"]))
