@@ -11,7 +11,8 @@ import pytest
 from castcore.cli.main import main
 from castcore.errors import ModelError
 from castcore.simulation.requests import read_dataset
-from castcore.workload import speculation
+from castcore.workload import draft_heads, speculation
+from castcore.workload.spec import load_model_config
 
 DATA = Path(__file__).parent / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
@@ -113,3 +114,48 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path, capsys):
     assert main([*BASE, "--spec-tokens", "2", "--acceptance", "0.8", "--draft-model", str(other)]) == 2
     err = capsys.readouterr().err
     assert "a draft must propose the model's own tokens" in err and err.count("\n") == 1
+
+
+def test_a_draft_head_is_the_model_cut_to_its_layers():
+    deepseek = load_model_config("deepseek-v3")
+    mtp = draft_heads.head_config(deepseek, "mtp", "deepseek-v3")
+    # One multi-token-prediction layer, a mixture-of-experts one like the model's own after its 3 dense layers.
+    assert (mtp["num_hidden_layers"], mtp["first_k_dense_replace"]) == (1, 0)
+    assert "num_nextn_predict_layers" not in mtp and deepseek["num_hidden_layers"] == 61  # the model is untouched
+    gpt_oss = load_model_config("gpt-oss-20b")
+    eagle = draft_heads.head_config(gpt_oss, "eagle", "gpt-oss-20b")
+    assert eagle["num_hidden_layers"] == 1 and eagle["layer_types"] == gpt_oss["layer_types"][:1]
+    with pytest.raises(ModelError, match="llama-3-8b ships no multi-token-prediction layers"):
+        draft_heads.head_config(load_model_config("llama-3-8b"), "mtp", "llama-3-8b")
+    # The embedding and the LM head a device holds: two 500 x 64 bf16 matrices, halved over tp 2.
+    assert draft_heads.shared_weight_bytes(json.loads(Path(LLAMA).read_text()), 2, 2) == 500 * 64 * 2
+
+
+def test_an_eagle_head_drafts_with_the_models_own_embedding_and_head(tmp_path, capsys):
+    config = json.loads((DATA / "tiny-llama.json").read_text())
+    config["num_hidden_layers"] = 1  # the same layer as a draft model of its own, which holds its embedding and head
+    own = tmp_path / "draft.json"
+    own.write_text(json.dumps(config))
+    head = run(capsys, "--spec-tokens", "2", "--acceptance", "0.8", "--draft-model", "eagle")
+    separate = run(capsys, "--spec-tokens", "2", "--acceptance", "0.8", "--draft-model", str(own))
+    assert head["spec_tokens_per_step"] == pytest.approx(1 + 0.8 + 0.64) and head["completed"] == 40
+    # The same steps; the head shares the model's embedding and LM head, so more memory is left for the KV cache.
+    assert head["iterations"] == separate["iterations"]
+    assert head["kv_blocks"] > separate["kv_blocks"]
+
+
+def test_mtp_needs_a_model_that_ships_it(capsys):
+    assert main([*BASE, "--spec-tokens", "1", "--acceptance", "0.8", "--draft-model", "mtp"]) == 2
+    err = capsys.readouterr().err
+    assert "ships no multi-token-prediction layers" in err and "--draft-model eagle" in err and err.count("\n") == 1
+
+
+def test_an_mtp_head_drafts_with_the_layers_the_config_declares(tmp_path, capsys):
+    config = json.loads((DATA / "tiny-llama.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    model = tmp_path / "with-mtp.json"
+    model.write_text(json.dumps(config))
+    assert main([*BASE[:2], str(model), *BASE[3:], "--spec-tokens", "2", "--acceptance", "0.9,0.6",
+                 "--draft-model", "mtp"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["spec_tokens_per_step"] == pytest.approx(2.5) and found["completed"] == 40

@@ -215,8 +215,9 @@ SIMULATE = CommandOptions("simulate", (
         Option("acceptance", "with --spec-tokens: how often a draft token is accepted, a rate (0.7: position i "
                "kept with 0.7^i) or one per position as engines report them (0.9,0.7,0.5)", SPECULATION,
                optional=True, metavar="RATE|LIST"),
-        Option("draft_model", "with --spec-tokens: the draft model proposing the tokens (a preset or config.json), "
-               "priced on the same devices; it must share the model's vocabulary", SPECULATION, optional=True,
+        Option("draft_model", "with --spec-tokens: the draft model proposing the tokens (a preset or config.json of "
+               "the model's vocabulary), or a head of the model's own: mtp (its multi-token-prediction layers) or "
+               "eagle (one layer of its shape); priced on the same devices", SPECULATION, optional=True,
                metavar="MODEL"),
         Option("slo_ttft", "goodput counts requests whose time to first token is at most TIME", TRAFFIC, kind="time",
                optional=True, metavar="TIME"),

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from castcore.devices.dtypes import torch_dtype
 from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.report.memory import format_bytes
@@ -46,7 +47,7 @@ def with_draft(pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_tok
     less the draft's weights, over both caches' bytes per token), and the bytes a token takes in the draft's cache."""
     probe = pipeline.run(replace(draft, phase="decode", batch=1, kv_len=KV_PROBE), device)
     draft_per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
-    left = blocks * block_size * per_token - probe.memory.weight_bytes
+    left = blocks * block_size * per_token - max(0, probe.memory.weight_bytes - shared_bytes(draft))
     found = int(left // (block_size * (per_token + draft_per_token)))
     if found < 1:
         raise ModelError(f"the draft model's weights ({format_bytes(probe.memory.weight_bytes)}) leave no memory for a "
@@ -55,6 +56,18 @@ def with_draft(pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_tok
 
 
 KEPT_STEP_TIMES = 8
+
+
+def shared_bytes(draft: Any) -> int:
+    """The weights a draft shares with the model: a built-in head's embedding and LM head (castcore.workload.
+    draft_heads), none for a draft model of its own."""
+    from castcore.workload import draft_heads
+    from castcore.workload.spec import load_model_config
+
+    if not draft_heads.is_head(draft.model):
+        return 0
+    return draft_heads.shared_weight_bytes(load_model_config(draft.model), torch_dtype(draft.dtype).itemsize,
+                                           draft.tp)
 
 
 def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits) -> StepTimes:

@@ -28,7 +28,7 @@ from castcore.simulation.trace import chrome_trace
 from castcore.workload.latent import NOT_IN_MIXED_BATCHES
 from castcore.workload.metering import Metered, pool_use
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
-from castcore.workload import disaggregated, speculation
+from castcore.workload import disaggregated, draft_heads, speculation
 from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
 from castcore.workload.steptime import StepTimes  # noqa: F401  (the step-time model, as benchmarks reach it)
 
@@ -194,7 +194,12 @@ def _speculation(model: str, given: dict[str, Any], options: dict[str, Any]) -> 
         raise ModelError(f"{say('spec_tokens', drafts)} needs {say('draft_model')} (the model proposing the tokens) "
                          f"and {say('acceptance')} (how often they are accepted)")
     kept = speculation.tokens_per_step(speculation.acceptance_rates(rates, drafts))
-    if not is_factory(model) and not is_factory(draft):
+    if draft in draft_heads.HEADS:  # the model's own layers: its vocabulary, its embedding and head shared
+        if is_factory(model):
+            raise ModelError(f"{say('draft_model', draft)} cuts the model's own layers: name the model by a preset or "
+                             "a config.json")
+        draft = draft_heads.draft_source(model, load_model_config(model), draft)
+    elif not is_factory(model) and not is_factory(draft):
         vocab = (config_field(language_config(load_model_config(name)), "vocab_size") for name in (model, draft))
         speculation.check_vocabulary(next(vocab), draft, next(vocab))
     return (drafts, kept), build_workload(draft, **options)
