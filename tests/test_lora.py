@@ -50,10 +50,21 @@ def test_mixing_more_adapters_reads_more_adapter_weights(session):
     assert read[1] > read[0]
 
 
+def test_under_tensor_parallelism_each_device_holds_its_share_and_adds_no_communication(session):
+    plain, adapted = decode(session, tp=2), decode(session, tp=2, lora_rank=16, adapters=4)
+    # Column-parallel q, k, v, gate/up keep A whole and split B's outputs; row-parallel o and down split A's inputs.
+    local = 2 * ((64 + 32) + (64 + 16) + (64 + 16) + (32 + 64) + (64 + 160) + (80 + 64))
+    assert adapted.memory.weight_bytes - plain.memory.weight_bytes == 4 * 16 * local * 2
+    flops = sum(sum(c.mma_ops for c in r.properties.compute_ops.values()) for r in grouped(adapted))
+    assert flops == 2 * 32 * 16 * local
+    collectives = [[r.invoke.name for r in report.records if r.invoke.name.startswith("_c10d_functional::")]
+                   for report in (plain, adapted)]
+    assert collectives[0] and collectives[1] == collectives[0]  # the row-parallel all-reduce carries the adapters'
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--lora-rank", "16"], "multi-LoRA needs both --lora-rank and --adapters"),
     (["--lora-rank", "12", "--adapters", "4"], "--lora-rank 12: give a multiple of 8"),
-    (["--lora-rank", "16", "--adapters", "4", "--tp", "2"], "not priced yet"),
 ])
 def test_bad_lora_options_are_one_line(capsys, argv, said):
     assert main(["estimate", "--model", LLAMA, "--device-file", H100, "--no-packs", *argv]) == 2

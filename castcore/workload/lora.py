@@ -9,6 +9,11 @@ rows grouped by adapter (``torch._grouped_mm``), so the work is per token and th
 the batch's tokens are expected to touch (castcore.builtin.formulas.matmul.touched_experts, requests spread evenly
 over the adapters): the batching cost of mixing adapters grows with how many a batch holds. All N adapters stay in
 device memory (their weights count with the model's).
+
+Under ``--tp`` each device holds its share as vLLM shards them: a column-parallel projection (q, k, v, gate, up)
+keeps A whole and splits B's outputs; a row-parallel one (o, down) splits A's inputs, as its input is split, and
+keeps B whole, its partial sums added to the projection's own before the all-reduce the projection runs anyway, so
+the adapters add no communication.
 """
 
 from __future__ import annotations
@@ -20,17 +25,21 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")  # the rest are column-parallel under --tp
 
 
 class LoRAProjection(nn.Module):
-    """A projection and its adapters: ``base(x) + (x A[adapter]) B[adapter]``."""
+    """A projection and its adapters: ``base(x) + (x A[adapter]) B[adapter]``, A and B one device's share of them
+    under tensor parallelism ``tp`` (see the module docstring)."""
 
-    def __init__(self, base: nn.Module, rank: int, adapters: int, dtype: torch.dtype):
+    def __init__(self, base: nn.Module, rank: int, adapters: int, dtype: torch.dtype, tp: int = 1,
+                 row_parallel: bool = False):
         super().__init__()
         self.base = base
         d_in, d_out = base.in_features, base.out_features
-        self.lora_a = nn.Parameter(torch.empty(adapters, d_in, rank, dtype=dtype), requires_grad=False)
-        self.lora_b = nn.Parameter(torch.empty(adapters, rank, d_out, dtype=dtype), requires_grad=False)
+        local_in, local_out = (d_in // tp, d_out) if row_parallel else (d_in, d_out // tp)
+        self.lora_a = nn.Parameter(torch.empty(adapters, local_in, rank, dtype=dtype), requires_grad=False)
+        self.lora_b = nn.Parameter(torch.empty(adapters, rank, local_out, dtype=dtype), requires_grad=False)
         self.in_features, self.out_features = d_in, d_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,9 +48,19 @@ class LoRAProjection(nn.Module):
         # Rows grouped by adapter: the engine computes each token's adapter once a step, not per projection, and
         # on castcore's fake tensors only the groups' count shapes the cost (touched_experts), not their ends.
         offsets = torch.empty(self.lora_a.shape[0], dtype=torch.int32, device=rows.device)
-        shrunk = torch._grouped_mm(rows, self.lora_a, offs=offsets)
-        expanded = torch._grouped_mm(shrunk, self.lora_b, offs=offsets)
+        shrunk = torch._grouped_mm(rows, _fitted(self.lora_a, 1, rows.shape[-1]), offs=offsets)
+        expanded = torch._grouped_mm(shrunk, _fitted(self.lora_b, 2, out.shape[-1]), offs=offsets)
         return out + expanded.reshape(out.shape)
+
+
+def _fitted(weights: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``weights`` as wide as the activation they meet along ``dim``: a projection sharded by hand (a KV head
+    replicated over more devices than there are heads) has a local width the split by name does not give."""
+    if weights.shape[dim] == size:
+        return weights
+    shape = list(weights.shape)
+    shape[dim] = size
+    return weights.new_empty(shape)
 
 
 def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dtype: torch.dtype) -> list[str]:
@@ -51,9 +70,6 @@ def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dt
         return []
     if rank is None or adapters is None:
         raise ModelError(f"multi-LoRA needs both {say('lora_rank')} and {say('adapters')}")
-    if tp > 1:
-        raise ModelError(f"{say('lora_rank', rank)} with {say('tp', tp)}: adapters on tensor-parallel projections are "
-                         f"not priced yet; use {say('tp', 1)} (with {say('pp')} or {say('dp')} to spread the model)")
     if rank % 8:
         raise ModelError(f"{say('lora_rank', rank)}: give a multiple of 8 (engines' LoRA kernels take 8, 16, 32, 64 "
                          "...)")
@@ -65,7 +81,7 @@ def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dt
     for name, module in found:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRAProjection(module, rank, adapters, dtype))
+        setattr(parent, child, LoRAProjection(module, rank, adapters, dtype, tp, child in ROW_PARALLEL))
     return [f"multi-LoRA: {adapters} adapters of rank {rank} on {len(found)} projections, each token's adapter "
             "applied by two grouped GEMMs (shrink to the rank, expand back), reading the adapters a batch's tokens "
             "are expected to touch; every adapter resident in memory"]
