@@ -8,7 +8,8 @@ and produces its first token, as engines' disaggregated prefill does (vLLM's and
 prompt's keys and values then go to a decode instance over the interconnect: each prefill device sends its share
 (its ``kv_bytes_per_token``), all at once, in one transfer at the level of the device's interconnect that spans a
 prefill and a decode instance together (NVLink inside a node, the network across nodes, or when the pools are
-different devices): the level's latency plus the bytes at its bandwidth and efficiency. The request then queues at
+different devices): the level's latency, the bytes at its bandwidth and efficiency, and the call's cost, as a
+pipeline stage's send (castcore.workload.stages.transfer_time). The request then queues at
 a decode instance (every Y-th in order of the KV's arrival), admitted with its prompt's KV and first token
 (``Request.prefilled``), and its later tokens come from there. TTFT is the prefill's; TPOT and ITL the decode's,
 the transfer included in the gap between the first and second tokens.
@@ -28,6 +29,7 @@ from castcore.simulation.requests import Request
 from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
 from castcore.workload.metering import Metered, pool_use
 from castcore.workload.speculation import speculative_step
+from castcore.workload.stages import transfer_time
 from castcore.workload.spec import build_workload
 
 
@@ -83,14 +85,12 @@ def _deployment(name: str, text: str | None, device: Any) -> tuple[dict[str, Any
 
 
 def transfer_seconds(profile: Any, devices_together: int, same_device: bool, nbytes: float) -> tuple[float, str]:
-    """One device's share of a prompt's KV sent to its decode peer: the interconnect level spanning both instances
-    (the outermost when they are different devices), its latency plus the bytes at its bandwidth."""
-    levels = profile.interconnect
-    if not levels:
-        raise ModelError(f"device {profile.name!r} has no interconnect to move a prompt's KV cache over; give its "
-                         "profile [[interconnect]] levels")
-    level = next((lv for lv in levels if lv.devices >= devices_together), levels[-1]) if same_device else levels[-1]
-    return level.latency_s + nbytes / (level.bandwidth * level.efficiency), level.name
+    """One device's share of a prompt's KV sent to its decode peer: a point-to-point send (as a pipeline stage's,
+    castcore.workload.stages.transfer_time) over the level spanning both instances, the outermost when they are
+    different devices."""
+    return transfer_time(nbytes, profile, devices_together, outermost=not same_device,
+                         what="device {name!r} has no interconnect to move a prompt's KV cache over; give its profile "
+                              "[[interconnect]] levels")
 
 
 @dataclass

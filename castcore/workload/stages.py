@@ -125,13 +125,15 @@ class PipelineReport(Report):
         return {**super().to_dict(), "pipeline": self.pipeline.to_dict()}
 
 
-def transfer_time(nbytes: int, profile: DeviceProfile, devices: int) -> tuple[float, str]:
-    """A point-to-point send of ``nbytes`` between two of a replica's ``devices`` (see the module docstring)."""
+def transfer_time(nbytes: float, profile: DeviceProfile, devices: int, outermost: bool = False,
+                  what: str = f"{say('pp')}: device {{name!r}} has no [[interconnect]] levels to send activations "
+                              "over") -> tuple[float, str]:
+    """A point-to-point send of ``nbytes`` between two of ``devices`` together (see the module docstring), over
+    the innermost interconnect level spanning them, or the ``outermost``; ModelError ``what`` without levels."""
     levels = profile.interconnect
     if not levels:
-        raise ModelError(f"{say('pp')}: device {profile.name!r} has no [[interconnect]] levels to send activations "
-                         "over")
-    level = next((lv for lv in levels if lv.devices >= devices), levels[-1])
+        raise ModelError(what.format(name=profile.name))
+    level = levels[-1] if outermost else next((lv for lv in levels if lv.devices >= devices), levels[-1])
     bandwidth = level.bandwidth * level.efficiency
     if level.topology == "full-mesh" and level.devices > 1:
         bandwidth /= level.devices - 1
