@@ -122,3 +122,28 @@ def test_disaggregated_plans_need_a_rate(capsys, argv):
     errors = [line for line in captured.err.splitlines() if line.startswith("castcore: error:")]
     assert captured.out == "" and len(errors) == 1
     assert "--disaggregated simulates two pools under traffic: give --rate or --max-rate" in errors[0]
+
+
+def test_launch_files_are_the_best_aggregated_deployments(capsys):
+    from castcore.cli.plan import _launched
+    from castcore.errors import ModelError
+
+    pooled = {"tp": 1, "prefill_instances": 1, "decode_instances": 2}
+    aggregated = {"tp": 2, "prefill_instances": None, "decode_instances": None}
+    assert _launched(PlanResult(PlanRequest(model=LLAMA), [], [pooled, aggregated], [])) is aggregated
+    with pytest.raises(ModelError, match="only disaggregated layouts meet the objectives"):
+        _launched(PlanResult(PlanRequest(model=LLAMA), [], [pooled], []))
+
+
+@pytest.mark.parametrize("argv, unwritten", [
+    (["--prefill-instances", "1", "--decode-instances", "1"], "--prefill-instances"),
+    (["--spec-tokens", "2", "--acceptance", "0.8", "--draft-model", "eagle"], "--spec-tokens"),
+    (["--prefix-len", "16"], "--prefix-len"),
+])
+def test_simulate_writes_no_launch_files_it_cannot_write_whole(capsys, argv, unwritten):
+    assert main(["simulate", "--model", LLAMA, "--input", "32", "--output", "8", "--requests", "4", "--rate", "4",
+                 "--device-file", str(DATA / "h100-sxm.toml"), "--no-packs", "--emit", "vllm", *argv]) == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("castcore: error:")]
+    assert captured.out == "" and len(errors) == 1
+    assert f"without {unwritten} yet: drop {unwritten} to write them" in errors[0]

@@ -211,9 +211,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(result))
         if emitted:
-            best = result.best[0]
-            print(f"\nlaunch files for #1 ({best['device']}, {_layout(best, result.request.dtype)}) on {args.emit}\n"
-                  + "\n".join(emitted.lines()))
+            best = _launched(result)
+            number = result.best.index(best) + 1
+            print(f"\nlaunch files for #{number} ({best['device']}, {_layout(best, result.request.dtype)}) on "
+                  f"{args.emit}" + (", the best aggregated deployment (disaggregated pools have none yet)"
+                                    if number > 1 else "") + "\n" + "\n".join(emitted.lines()))
     return 0 if result.best else NONE_MEETS
 
 
@@ -237,7 +239,7 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
     if not result.best:
         raise ModelError(f"{say('emit', args.emit)}: no deployment meets the objectives, so there is none to launch "
                          "(run the plan without it to see what to relax)")
-    row = result.best[0]
+    row = _launched(result)
     if request.traffic:
         rate = row["max_rate"] if request.max_rate else request.rate
         traffic = Traffic(request.input_tokens, request.output_tokens, request.requests, rate, request.concurrency)
@@ -245,6 +247,19 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
         traffic = Traffic(request.input_tokens, request.output_tokens, row["served_batch"])
     return launch_files(args.emit, Deployment.of({**row, "model": request.model}, request.dtype), traffic,
                         castcore_options=plugin_flags(args))
+
+
+def _launched(result: Any) -> dict[str, Any]:
+    """The best deployment launch files are written for: the best aggregated one (disaggregated pools have none
+    yet); ModelError when no aggregated one meets the objectives."""
+    from castcore.errors import ModelError
+    from castcore.options.catalog import say
+
+    row = next((r for r in result.best if not r.get("prefill_instances")), None)
+    if row is None:
+        raise ModelError(f"{say('emit')} writes an aggregated deployment's launch files, and only disaggregated "
+                         f"layouts meet the objectives: run the plan without {say('disaggregated', True)} to emit one")
+    return row
 
 
 def plugin_flags(args: argparse.Namespace) -> list[str]:

@@ -82,6 +82,12 @@ def _emit(args: argparse.Namespace, checked) -> Any:
     if args.emit != args.engine:
         raise ModelError(f"{say('emit', args.emit)} with {say('engine', args.engine)}: the simulation runs "
                          f"{args.engine}'s scheduler; give {say('engine', args.emit)} too")
+    unwritten = [say(name) for name, given in (("prefill_instances", checked.pools), ("spec_tokens", checked.speculation),
+                                                ("prefix_len", args.prefix_len), ("lora_rank", args.lora_rank))
+                 if given]
+    if unwritten:
+        raise ModelError(f"{say('emit', args.emit)} writes an aggregated deployment's launch files, without "
+                         f"{', '.join(unwritten)} yet: drop {' and '.join(unwritten)} to write them")
     if args.dataset or not (args.input_lengths.isdigit() and args.output_lengths.isdigit()):
         raise ModelError(f"{say('emit', args.emit)} prints a benchmark of random prompts of fixed lengths: give "
                          f"{say('input_lengths')} and {say('output_lengths')} as numbers, without {say('dataset')}")
