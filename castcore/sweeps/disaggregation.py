@@ -86,9 +86,8 @@ def verdict(request: Any, best: list[dict[str, Any]], figure: str, words: str) -
     latencies = ", ".join(f"{statistic} {metric.upper()} {_ms(won, statistic, metric)} against "
                           f"{_ms(lost, statistic, metric)}" for metric in ("tpot", "ttft")
                           for statistic in [_statistic(request, metric)])
-    why = (f"{describe(won)} ({won['devices']} devices) gives {_value(won, figure)} {words} against "
-           f"{_value(lost, figure)} for the best {loser} layout, {describe(lost)} ({lost['devices']} devices); "
-           f"{latencies}. ")
+    why = (f"{_counted(won)} gives {_value(won, figure)} {words} against {_value(lost, figure)} for the best "
+           f"{loser} layout, {_counted(lost)}; {latencies}. ")
     moved = f"{mine['disaggregated']['mean_kv_transfer_ms']:.2f} ms"
     if winner == "disaggregated":
         why += ("Its decode iterations carry no prompt chunks, so tokens come at the decode pool's own pace and "
@@ -97,6 +96,12 @@ def verdict(request: Any, best: list[dict[str, Any]], figure: str, words: str) -
         why += ("Every device serves both phases, while a disaggregated layout holds its devices in whole instances "
                 f"per phase, one pool waiting on the other, and moves each prompt's KV ({moved} on average).")
     return {"winner": winner, "why": why, **mine}
+
+
+def _counted(row: dict[str, Any]) -> str:
+    """A layout and, where its words do not say it, its devices."""
+    words, devices = describe(row), row["devices"]
+    return words if words == "1 device" else f"{words} ({devices} device{'s' if devices > 1 else ''})"
 
 
 def _statistic(request: Any, metric: str) -> str:
