@@ -53,6 +53,7 @@ _EXPORTS = {
     "SweepResult": "castcore.sweeps.run",
     "plan": "castcore.sweeps.plan",
     "PlanResult": "castcore.sweeps.plan",
+    "write_html": "castcore.report.html.write",
     "PluginOptions": "castcore.plugins.selection",
     "StrictFailure": "castcore.errors",
     # the error types
@@ -83,7 +84,7 @@ __all__ = [
     "__version__", "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate",
     "hookimpl", "load_config", "load_device_file", "measure", "measure_table", "partition", "plan",
     "register_measured_table", "register_op", "register_op_estimator", "register_op_properties", "serve", "simulate",
-    "sweep",
+    "sweep", "write_html",
 ]
 
 
@@ -126,6 +127,7 @@ if TYPE_CHECKING:
     from castcore.plugins.selection import PluginOptions
     from castcore.recording.recorder import Capture, CaptureError, capture
     from castcore.report.memory import MemoryReport
+    from castcore.report.html.write import write_html
     from castcore.report.records import OpRecord, Report
     from castcore.sweeps.plan import PlanResult, plan
     from castcore.sweeps.run import SweepResult

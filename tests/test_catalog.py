@@ -10,13 +10,14 @@ import pytest
 import castcore
 from castcore.cli.main import command_parsers
 from castcore.cli.reference import flags, markdown
-from castcore.options.catalog import AXIS, COMMANDS, WORKLOAD_OPTIONS, say
+from castcore.options.catalog import AXIS, WORKLOAD_OPTIONS, say
+from castcore.report.html.options import COMMANDS  # the catalog's commands, --html and castcore report
 from castcore.options.option import terms
 from castcore.sweeps.sweep import commands
 
 
 REQUIRED = {"sweep": ["x.toml"], "plan": ["--model", "m"], "partition": ["m:f", "--ways", "2"], "measure": ["m:f"],
-            "new-pack": ["castpack-x"], "cache": ["info"]}
+            "new-pack": ["castpack-x"], "cache": ["info"], "report": ["r.json", "--html", "r.html"]}
 
 
 def test_every_command_is_in_the_catalog():

@@ -10,7 +10,9 @@ import time
 from castcore.cli.common import (StrictFailure, capture_cache_from, fail_on_fallback, make_session, note,
                                  progress_printer, report_capture_cache, warn)
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS, ESTIMATE
+from castcore.options.catalog import AXIS
+from castcore.cli.page import page_path, write_page
+from castcore.report.html.options import ESTIMATE
 from castcore.report.files import check_output, write_whole
 from castcore.workload.spec import build_workload
 
@@ -20,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     workload = build_workload(args.model, **options)  # bad options and unwritable files fail before anything loads
     trace = check_output(args.trace, "trace") if args.trace else None
     plot = check_output(args.plot, "plot") if args.plot else None
+    html = page_path(args)
     cache = capture_cache_from(args)
     session = make_session(args, on_error=args.on_error, capture_step=cache)
     device = session.device(args.device)
@@ -47,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
         write_whole(plot, "plot", lambda path: plot_roofline(report, path))
         note(f"wrote roofline chart {plot}")
+    if html:
+        from castcore.report.html.estimate import estimate_data
+
+        write_page(html, "estimate", estimate_data(report, session))
     if args.json:
         print(report.to_json())
     elif args.csv:

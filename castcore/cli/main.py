@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition, serve
-from castcore.cli import cache, plan, simulate, sweep
+from castcore.cli import cache, plan, report, simulate, sweep
 from castcore.errors import CastcoreError, StrictFailure
 from castcore.options.option import terms
 
@@ -53,6 +53,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     sweep.add_parser(sub)
     plan.add_parser(sub)
     cache.add_parser(sub)
+    report.add_parser(sub)
     return parser, dict(sub.choices)
 
 

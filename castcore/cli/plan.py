@@ -9,7 +9,9 @@ from typing import Any
 
 from castcore.cli.common import note
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS, PLAN
+from castcore.options.catalog import AXIS
+from castcore.cli.page import page_path, write_page
+from castcore.report.html.options import PLAN
 from castcore.plugins.selection import PluginOptions
 
 ENERGY_AND_COST = ("energy_j", "output_tokens_per_joule", "joules_per_output_token", "power_w_per_device",
@@ -194,6 +196,7 @@ def plan_json(result: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     _check_emit(args)
+    html = page_path(args)
     if args.rate is not None or args.concurrency is not None or args.max_rate:
         note(f"planning {args.model}: each layout simulated under the traffic ({args.requests} requests, "
              f"{args.engine} engine), " + ("bisecting each one's rate ..." if args.max_rate else
@@ -206,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in values(args, PLAN, AXIS).items() if k != "model"}
     result = plan(args.model, **options, plugins=PluginOptions.of(args), progress=None)
     emitted = _emit(args, result) if args.emit else None  # before anything is printed: all of it, or an error
+    if html:
+        from castcore.report.html.search import plan_data
+
+        write_page(html, "plan", plan_data(result, plan_json(result)))
     if args.json:
         print(json.dumps({**plan_json(result), **({"emit": emitted.to_dict()} if emitted else {})}, indent=2))
     else:

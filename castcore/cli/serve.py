@@ -8,7 +8,8 @@ import time
 from castcore.cli.common import (capture_cache_from, fail_on_fallback, make_session, note, report_capture_cache,
                                  warn)
 from castcore.cli.options import add_options
-from castcore.options.catalog import SERVE
+from castcore.cli.page import page_path, write_page
+from castcore.report.html.options import SERVE
 from castcore.workload.spec import DEPLOYMENT
 
 
@@ -21,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     deployment = {name: getattr(args, name) for name in DEPLOYMENT}
     check_request(args.model, args.input_tokens, args.output_tokens, batch, **deployment)
     SERVE["price_per_device_hour"].check(args.price_per_device_hour)
+    html = page_path(args)
     cache = capture_cache_from(args)
     session = make_session(args, capture_step=cache)
     note(f"capturing {args.model}: a prefill and decode steps at KV lengths "
@@ -40,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         warn(f"does not fit: needs {format_bytes(memory['peak_bytes'])} of "
              f"{format_bytes(memory['device_memory_bytes'])} per device; try a larger --tp, a smaller --batch, "
              "more devices, or --max-batch")
+    if html:
+        from castcore.report.html.serving import serve_data
+
+        write_page(html, "serve", serve_data(report))
     print(report.to_json() if args.json else report.format_text())
     fail_on_fallback(session, sorted({op for step in report.reports() for op in step.coverage()["fallback_ops"]}))
     return 0

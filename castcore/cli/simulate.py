@@ -9,7 +9,9 @@ from typing import Any
 
 from castcore.cli.common import capture_cache_from, make_session, note, report_capture_cache, warn
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS, SIMULATE
+from castcore.options.catalog import AXIS
+from castcore.cli.page import page_path, simulation_figures, write_page
+from castcore.report.html.options import SIMULATE
 from castcore.report.files import check_output, write_whole
 
 
@@ -21,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     emitted = _emit(args, plan) if args.emit else None
     trace = check_output(args.trace, "trace") if args.trace else None
     plot = check_output(args.plot, "plot") if args.plot else None
+    html = page_path(args)
     if plot:
         from castcore.report.plot import pyplot
 
@@ -46,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote the TTFT/TPOT distributions and throughput over time to {plot}")
     elif plot:
         warn(f"no request finished, so nothing was drawn to {plot}")
+    if html:
+        from castcore.report.html.serving import simulate_data
+
+        write_page(html, "simulate", simulate_data(report, simulation_figures(report, args, session.pipeline.host)))
     _print(report, args, emitted, session.pipeline.host)
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from castcore.cli.common import note, warn
 from castcore.cli.options import add_options
-from castcore.options.catalog import SWEEP
+from castcore.cli.page import page_path, write_page
+from castcore.report.html.options import SWEEP
 from castcore.plugins.selection import PluginOptions
 
 
@@ -16,6 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from castcore.sweeps.files import write_rows
     from castcore.sweeps.sweep import sweep
 
+    html = page_path(args)
     result = sweep(args.spec, out=args.out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
                    resume=args.resume, yes=args.yes, plot=args.plot, plugins=PluginOptions.of(args), log=note)
     for line in result.warnings:  # workers that died; what the workers' capture caches said
@@ -35,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
             table = Path(folder) / "rows.csv"
             write_rows(table, result.rows, result.columns)
             sys.stdout.write(table.read_text(encoding="utf-8"))
+    if html:
+        from castcore.report.html.search import sweep_data
+
+        write_page(html, "sweep", sweep_data(result.rows, result.columns, result.command))
     if result.plot is not None:
         note(f"wrote the Pareto picture to {args.plot} ({result.plot})")
     return 0

@@ -57,6 +57,9 @@ class MemoryReport:
     peak_op: str = ""
     peak_module: str = ""
     top_live: list[LiveStorage] = field(default_factory=list)  # largest activations live at the peak
+    # Live activation bytes after each op, for a chart of memory over the capture (the HTML page); not in
+    # to_dict, so the JSON stays the size it was.
+    timeline: list[int] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -128,8 +131,10 @@ def analyze_memory(captured: Capture, kv_cache_bytes: int = 0, top: int = 5) -> 
         delta[born] += size[s]
         delta[end + 1 if s in captured.output_storages else last[s] + 1] -= size[s]
     peak_index, peak, live = -1, 0, 0
+    timeline = [0] * len(invokes)
     for i in range(len(invokes)):
         live += delta[i]
+        timeline[i] = live
         if peak_index < 0 or live > peak:
             peak_index, peak = i, live
 
@@ -147,6 +152,7 @@ def analyze_memory(captured: Capture, kv_cache_bytes: int = 0, top: int = 5) -> 
         weight_bytes=sum(weights.values()), input_bytes=sum(inputs.values()), kv_cache_bytes=int(kv_cache_bytes) + sum(state.values()),
         activation_peak_bytes=peak, peak_index=peak_index,
         peak_op=at_peak.name if at_peak else "", peak_module=at_peak.module if at_peak else "", top_live=top_live,
+        timeline=timeline,
     )
 
 

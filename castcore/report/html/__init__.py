@@ -1,0 +1,8 @@
+"""One self-contained HTML page of a castcore result (``--html FILE``, ``castcore report``): the figures in words
+and tables, and interactive charts drawn by Plotly, whose JavaScript is inlined so the page opens offline.
+
+- charts: Plotly (the optional extra castcore[html]) and a figure as a page's part;
+- document: the page around the sections, its tables and facts; assets: its style and the table's script;
+- estimate, serving, search: the sections of estimate; serve and simulate; sweep and plan;
+- results: a saved results file read back and checked; write: the page of a result, written whole.
+"""

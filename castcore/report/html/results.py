@@ -1,0 +1,114 @@
+"""A saved results file read back for ``castcore report``: which command wrote it, told by its fields, and whether
+this castcore's pages can read it. Anything else (another program's file, another castcore's, an empty sweep) is
+one line saying what the file is not and how to write one that is."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from castcore.report.html.charts import PageError
+from castcore.report.html.search import sweep_data
+
+SWEEP_FORMATS = (".jsonl", ".csv", ".parquet")
+# A command's --json object: the fields that say which command wrote it, then every field its page reads.
+SIGNS = {
+    "estimate": (("ops", "modules", "coverage"), ("description", "device", "totals", "notes")),
+    "serve": (("ttft_s", "tpot_fit", "decode_points"), ("model", "device", "batch", "input_tokens", "output_tokens",
+                                                         "latency_s", "output_tokens_per_s", "devices", "peak_bytes",
+                                                         "weight_bytes", "kv_cache_bytes", "activation_bytes",
+                                                         "free_bytes", "device_memory_bytes", "fits")),
+    "simulate": (("engine", "kv_usage", "completed"), ("model", "device", "duration", "request_throughput",
+                                                       "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+                                                       "median_tpot_ms", "iterations", "mean_running_batch",
+                                                       "kv_blocks", "preemptions")),
+    "plan": (("best", "fewest", "layouts"), ("model", "input_tokens", "output_tokens", "devices")),
+}
+WRITERS = ("castcore estimate/serve/simulate/plan --json > FILE.json, or castcore sweep --out FILE "
+           "(.jsonl, .csv, .parquet)")
+
+
+def _fail(path: Path, why: str) -> PageError:
+    return PageError(f"{path}: {why}")
+
+
+def read_results(path: str | Path) -> dict[str, Any]:
+    """The page data of a results file: {"kind", "results", "source"}."""
+    path = Path(path)
+    if not path.is_file():
+        raise _fail(path, "no such file" if not path.exists() else "not a file")
+    if path.suffix in SWEEP_FORMATS:
+        rows = _rows(path)
+        if not rows:
+            raise _fail(path, "an empty sweep: the file has no rows")
+        if not all(isinstance(row, dict) for row in rows):
+            raise _fail(path, f"not rows of castcore sweep: each line must be an object (write one with {WRITERS})")
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        try:
+            data = sweep_data(rows, columns)
+        except PageError as exc:
+            raise _fail(path, f"not rows of castcore sweep: {exc}") from None
+        return {**data, "source": f"the results file {path.name}"}
+    if path.suffix != ".json":
+        raise _fail(path, f"castcore report reads .json, .jsonl, .csv and .parquet files ({WRITERS})")
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _fail(path, f"cannot read it as JSON ({type(exc).__name__}: {exc})") from None
+    kind = _kind(path, found)
+    return {"kind": kind, "results": found, "source": f"the results file {path.name} (castcore {kind} --json)"}
+
+
+def _kind(path: Path, found: Any) -> str:
+    """The command that wrote ``found``; another program's file, or one another castcore wrote, is refused."""
+    if not isinstance(found, dict):
+        raise _fail(path, f"not a castcore results file: a JSON {type(found).__name__}, not an object (write one with "
+                    f"{WRITERS})")
+    for kind, (signs, needed) in SIGNS.items():
+        if all(key in found for key in signs):
+            missing = [key for key in needed if key not in found]
+            if missing:
+                raise _fail(path, f"castcore {kind} --json of another version: it lacks {', '.join(missing)}; write "
+                            "it again with this castcore")
+            return kind
+        if sum(key in found for key in signs) >= 2:
+            lacking = [key for key in signs if key not in found]
+            raise _fail(path, f"castcore {kind} --json of another version: it lacks {', '.join(lacking)}; write it "
+                        "again with this castcore")
+    raise _fail(path, f"not a castcore results file: it has none of the fields of estimate, serve, simulate or plan "
+                f"--json (write one with {WRITERS})")
+
+
+def _rows(path: Path) -> list[Any]:
+    try:
+        if path.suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                raise _fail(path, "reading Parquet needs pyarrow: pip install 'castcore[sweep]'") from None
+            return pq.read_table(path).to_pylist()
+        if path.suffix == ".csv":
+            with path.open(newline="", encoding="utf-8") as handle:
+                return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except PageError:
+        raise
+    except Exception as exc:  # pyarrow's, csv's and json's own errors alike
+        raise _fail(path, f"cannot read its rows ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                    ) from None
+
+
+def _cell(text: str | None) -> Any:
+    """A CSV cell as the value castcore sweep wrote it from (castcore.sweeps.files reads --resume's the same way)."""
+    if text is None or text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
