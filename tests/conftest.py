@@ -16,8 +16,8 @@ MODEL_TESTS = {"test_bands", "test_capture_cache", "test_checkpoint", "test_cli"
                "test_model_configs", "test_models", "test_moe", "test_options", "test_outputs", "test_parallel",
                "test_parallel_deploy", "test_parallel_ep", "test_parallel_pp", "test_parallel_sp", "test_pipeline",
                "test_quantize", "test_report", "test_reuse", "test_routing", "test_serve", "test_simulate",
-               "test_simulate_disaggregated", "test_simulate_prefix_spec", "test_stock_models", "test_threads",
-               "test_unreached", "test_whole_ops"}
+               "test_simulate_disaggregated", "test_simulate_prefix_spec", "test_simulate_attention_dp",
+               "test_plan_disaggregated", "test_stock_models", "test_threads", "test_unreached", "test_whole_ops"}
 
 
 def pytest_configure(config):

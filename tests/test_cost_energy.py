@@ -109,7 +109,7 @@ def test_a_simulated_runs_energy_holds_every_device_for_the_run():
     # tp 2 x pp 2 x dp 2: 2 replicas of 4 devices held 10 s, 20 s per device position over the replicas; the
     # iterations were busy 24 s of whole-model time and a device runs half the layers (pp 2) of each: 12 s.
     # Per position 140 W x 20 s + 560 W x 12 s = 9,520 J, for each of a replica's 4 positions.
-    replica = SimpleNamespace(devices=4, pp=2)
+    replica = SimpleNamespace(devices=4, pp=2, attention_dp=1)
     use = pool_use("gpu", replica, 2, [SimpleNamespace(busy_s=20.0), SimpleNamespace(busy_s=4.0)])  # model + draft
     assert (use.devices, use.busy_device_s) == (8, 48.0)
     found = simulation_energy([(POWER, use)], {"duration": 10.0, "total_output_tokens": 1000})

@@ -135,7 +135,8 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
                          f"a larger {say('tp')} in {say('prefill_deployment')}")
     x, y = pools.prefill_instances, pools.decode_instances
     prompts = [replace(r, output_tokens=1) for r in plan.requests]
-    prefilled = [engine_model.simulate(prompts[n::x], limits, pre_blocks, pre.step) for n in range(x)]
+    px, dy = x * pools.prefill.attention_dp, y * pools.decode.attention_dp  # schedulers: one per attention group
+    prefilled = [engine_model.simulate(prompts[n::px], limits, pre_blocks, pre.step) for n in range(px)]
     first = {f.index: f for result in prefilled for f in result.finished}
     same = pre_steps.profile.name == dec_steps.profile.name
     together = pools.prefill.devices + pools.decode.devices
@@ -147,8 +148,8 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     decode_requests = sorted((Request(i, by_index[i].input_tokens, by_index[i].output_tokens,
                                       first[i].first_token_s + moved[i], prefilled=True)
                               for i in first if by_index[i].output_tokens > 1), key=lambda r: r.arrival_s)
-    decoded = [engine_model.simulate(decode_requests[n::y], limits, dec_blocks, dec.step, None, plan.speculation)
-               for n in range(y)]
+    decoded = [engine_model.simulate(decode_requests[n::dy], limits, dec_blocks, dec.step, None, plan.speculation)
+               for n in range(dy)]
     later = {f.index: f for result in decoded for f in result.finished}
     finished = []
     for index, head in first.items():

@@ -50,7 +50,9 @@ class Metered:
 
 
 def pool_use(device: str, workload: Any, instances: int, metered: list[Metered]) -> PoolUse:
-    """A pool of ``instances`` of ``workload`` on ``device``, busy as its schedulers' meters say: every device of
-    an instance runs each iteration, 1/pp of its layers."""
+    """A pool of ``instances`` of ``workload`` on ``device``, busy as its schedulers' meters say: each iteration
+    runs on its scheduler's devices (an instance's, or one attention data-parallel group's), 1/pp of its layers
+    each."""
     busy = sum(m.busy_s for m in metered)
-    return PoolUse(device, workload.devices * instances, workload.devices * busy / workload.pp)
+    per_iteration = workload.devices // workload.attention_dp
+    return PoolUse(device, workload.devices * instances, per_iteration * busy / workload.pp)

@@ -37,9 +37,9 @@ def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
     """The Workload whose prefill runs the packed row: batch 1, the chunks' tokens; the deployment is ``base``'s."""
     if not base.fuse:
         raise ModelError(f"a mixed batch splits castcore's fused attention per sequence: drop {say('fuse', False)}")
-    if base.ep > base.tp or base.micro_batches > 1:
-        raise ModelError(f"a mixed batch of one packed row does not split into attention groups or prefill "
-                         f"micro-batches: drop {say('micro_batches')}, and an {say('ep')} above {say('tp')}")
+    if base.micro_batches > 1:
+        raise ModelError(f"a mixed batch of one packed row does not split into prefill micro-batches: drop "
+                         f"{say('micro_batches')}")
     if not chunks or any(c.new < 1 or c.cached < 0 for c in chunks):
         raise ModelError("a mixed batch needs at least one sequence, each with at least one new token")
     # Pipeline stages are split from the whole model's ops afterwards (castcore.workload.steptime.Stages).

@@ -219,8 +219,9 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     steps = step_times(pipeline, base, device, engine_limits)
     blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)
     # Each replica's pp micro-batches in flight are schedulers of their own (vLLM's virtual engines), each with
-    # 1/pp of its KV blocks and running requests; every scheduler serves every n-th request.
-    schedulers = base.dp * base.pp
+    # 1/pp of its KV blocks and running requests, and so is each attention data-parallel group (an engine core
+    # of its own, as vLLM's data-parallel ranks are); every scheduler serves every n-th request.
+    schedulers = base.dp * base.pp * base.attention_dp
     mine = replace(engine_limits, max_running_requests=max(1, engine_limits.max_running_requests // base.pp))
     if blocks // base.pp < 1:
         raise ModelError(f"the KV cache's {blocks} blocks do not go round {say('pp', base.pp)} micro-batches in "
@@ -254,6 +255,11 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     iterations = sum(r.iterations for r in results)
     mean = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
     notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
+    if base.attention_dp > 1:
+        notes.append(f"attention data-parallel: {base.attention_dp} groups of {base.tp} device(s), each scheduling its "
+                     f"own requests with the KV blocks of its devices; an iteration's MoE layers take as many tokens "
+                     "from every group as from its own (the groups run in step, balanced by taking every "
+                     f"{base.attention_dp}th request)")
     if base.pp > 1:
         notes.append(f"pipeline-parallel: {base.pp} micro-batches in flight per replica, each scheduled on its own "
                      f"with 1/{base.pp} of the KV blocks and running requests; an iteration's period is {base.pp} "
