@@ -41,7 +41,9 @@ def test_layouts_put_tensor_parallelism_in_a_node_and_stages_beyond_it(h100):
     asked = layouts(llama, h100, PlanRequest(model="llama-3-8b", tp=[2, 16], pp=[1, 2]))
     assert asked == [{"tp": 2, "pp": 1, "ep": 1}, {"tp": 2, "pp": 2, "ep": 1}]  # tp 16 is over max_devices 8
     moe = layouts(load_model_config("mixtral-8x7b"), h100, PlanRequest(model="mixtral-8x7b", tp=[1, 2], pp=[1]))
-    assert moe == [{"tp": 1, "pp": 1, "ep": 1}, {"tp": 2, "pp": 1, "ep": 1}, {"tp": 2, "pp": 1, "ep": 2}]
+    # Expert parallel equal to tp, and wider: attention data parallel over 2, 4 or 8 groups within 8 devices.
+    assert moe == [{"tp": 1, "pp": 1, "ep": ep} for ep in (1, 2, 4, 8)] + [
+        {"tp": 2, "pp": 1, "ep": ep} for ep in (1, 2, 4, 8)]
 
 
 def test_durations():

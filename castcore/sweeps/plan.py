@@ -5,8 +5,9 @@ The search is a sweep of ``castcore serve`` points, run by the sweep machinery (
 1. every layout on every device, each at ``--max-batch`` (serve's largest batch that fits in memory, found by
    bisection over captured peaks): the layouts are tensor parallel over the divisors of the attention heads up to
    the device's innermost interconnect level (a node), pipeline stages beyond that (as deployments put tensor
-   parallelism inside a node and pipeline stages across nodes), expert parallel equal to the tensor parallel for a
-   mixture-of-experts model, each with every weight dtype asked; at most ``max_devices`` devices a replica;
+   parallelism inside a node and pipeline stages across nodes), for a mixture-of-experts model expert parallel
+   equal to the tensor parallel and wider (attention data parallel over 2, 4, ... groups of the tensor-parallel
+   devices, without stages), each with every weight dtype asked; at most ``max_devices`` devices a replica;
 2. a layout whose largest batch misses a latency objective (TTFT, TPOT: both grow with the batch) is tried again
    at the next lower power of two, round after round, until it meets them or batch 1 does not.
 
@@ -131,7 +132,12 @@ def layouts(config: dict[str, Any] | None, device: Any, request: PlanRequest) ->
                 pps.append(stages)
                 stages *= 2
         eps = [1] + ([tp] if isinstance(experts, int) and tp > 1 and experts % tp == 0 else [])
-        found += [{"tp": tp, "pp": pp, "ep": ep} for pp in pps for ep in eps if max(tp, ep) * pp <= limit]
+        groups = 2  # attention data parallel: the experts over 2, 4, ... groups of tp devices (wide EP)
+        while isinstance(experts, int) and tp * groups <= limit:
+            eps += [tp * groups] if experts % (tp * groups) == 0 else []
+            groups *= 2
+        found += [{"tp": tp, "pp": pp, "ep": ep} for pp in pps for ep in eps
+                  if max(tp, ep) * pp <= limit and (ep <= tp or pp == 1)]
     return found
 
 
