@@ -10,6 +10,7 @@ import pytest
 import castcore
 from castcore.builtin.formulas.matmul import touched_experts
 from castcore.cli.main import main
+from castcore.recording import routing
 
 DATA = Path(__file__).parent / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
@@ -50,6 +51,23 @@ def test_mixing_more_adapters_reads_more_adapter_weights(session):
     assert read[1] > read[0]
 
 
+def test_popular_adapters_cut_the_adapter_weights_a_batch_reads(session):
+    def shrink(**more):
+        report = session.estimate(castcore.build_workload(LLAMA, phase="decode", batch=32, kv_len=64, lora_rank=16,
+                                                          adapters=64, **more))
+        first = grouped(report)[0]  # layer 0's q projection: A is [64, 64, 16]
+        return first.properties.memory_read_bytes - first.invoke.args[0].nbytes - first.invoke.args[2].nbytes
+
+    even, skewed = shrink(), shrink(adapter_skew=1.2)
+    assert even == pytest.approx(64 * 16 * 2 * touched_experts(64, 32))  # 32 requests reach 25.3 of 64 evenly
+    # Zipf odds i^-1.2: the most popular of 16 adapters is picked 37% of the time, the least 1.3%; 256 picks miss
+    # the least popular 3.4% of the time, so 15.9 are touched. 32 requests over 64 such adapters touch 15.2.
+    assert routing.popular_touched(16, 256, 1.2) == pytest.approx(15.89, abs=0.01)
+    assert routing.popular_touched(4, 1, 1.2) == pytest.approx(1.0) and routing.popular_touched(4, 2, 0) == 1.75
+    assert skewed == pytest.approx(64 * 16 * 2 * routing.popular_touched(64, 32, 1.2))
+    assert skewed < 0.65 * even
+
+
 def test_under_tensor_parallelism_each_device_holds_its_share_and_adds_no_communication(session):
     plain, adapted = decode(session, tp=2), decode(session, tp=2, lora_rank=16, adapters=4)
     # Column-parallel q, k, v, gate/up keep A whole and split B's outputs; row-parallel o and down split A's inputs.
@@ -65,6 +83,7 @@ def test_under_tensor_parallelism_each_device_holds_its_share_and_adds_no_commun
 @pytest.mark.parametrize("argv, said", [
     (["--lora-rank", "16"], "multi-LoRA needs both --lora-rank and --adapters"),
     (["--lora-rank", "12", "--adapters", "4"], "--lora-rank 12: give a multiple of 8"),
+    (["--adapter-skew", "1.2"], "--adapter-skew 1.2 needs --lora-rank and --adapters"),
 ])
 def test_bad_lora_options_are_one_line(capsys, argv, said):
     assert main(["estimate", "--model", LLAMA, "--device-file", H100, "--no-packs", *argv]) == 2

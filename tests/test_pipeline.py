@@ -44,7 +44,8 @@ def test_cli_and_api_agree_on_every_preset(preset, phase, tp, session, h100_file
     assert api.workload == {"model": preset, "dtype": "bf16", "train": False, "all_logits": False, "fuse": True,
                             "weights": shipped, "activations": None, "kv_cache": None, "kv_reads": "group", "sp": False,
                             "ep": 1, "attention_dp": 1, "ep_kernels": "normal", "expert_skew": None, "pp": 1,
-                            "micro_batches": 1, "lora_rank": None, "adapters": None, "dp": 1, "reuse": True,
+                            "micro_batches": 1, "lora_rank": None, "adapters": None, "adapter_skew": None,
+                            "dp": 1, "reuse": True,
                             **options}
 
 

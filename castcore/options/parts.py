@@ -98,6 +98,9 @@ DEPLOYMENT = (
     int_option("lora_rank", None, "multi-LoRA: adapters of rank R on every attention and MLP projection, each token's "
          "applied by grouped GEMMs (with --adapters)", KERNELS, optional=True, metavar="R"),
     int_option("adapters", None, "multi-LoRA: N adapters resident, requests spread over them", KERNELS, optional=True),
+    Option("adapter_skew", "multi-LoRA: the adapters' popularity a power law of exponent ALPHA, as --expert-skew "
+           "draws expert loads (S-LoRA serves power-law adapter traffic): a batch touches fewer adapters' weights "
+           "(default: even)", KERNELS, kind="number", optional=True, metavar="ALPHA"),
     int_option("dp", 1, "data-parallel replicas of the whole deployment, for throughput", PARALLEL),
 )
 DEVICE = Option("device", "device profile name (castcore devices lists them; default: the configured default_device, "

@@ -37,9 +37,34 @@ def expert_routing(skew: float | None = None, top_k: int | None = None) -> Itera
 
 
 def recorded() -> dict:
-    """The attrs an op captured now carries: the skew and top-k where both are known and the skew is not 0."""
+    """The attrs an op captured now carries: the skew and top-k where both are known and the skew is not 0, and
+    the adapters' popularity inside ``adapter_popularity``."""
     skew, top_k = _routing.get()
-    return {"expert_skew": skew, "top_k": top_k} if skew and top_k else {}
+    popularity = _popularity.get()
+    return {**({"expert_skew": skew, "top_k": top_k} if skew and top_k else {}),
+            **({"adapter_skew": popularity} if popularity else {})}
+
+
+# Multi-LoRA (castcore.workload.lora): how unevenly requests pick their adapters, a Zipf exponent.
+_popularity: ContextVar[float] = ContextVar("castcore_adapter_popularity", default=0.0)
+
+
+@contextmanager
+def adapter_popularity(skew: float) -> Iterator[None]:
+    """Ops captured inside group their rows by adapters whose popularity falls off as rank^-skew (0: even)."""
+    token = _popularity.set(skew)
+    try:
+        yield
+    finally:
+        _popularity.reset(token)
+
+
+def popular_touched(items: int, draws: float, skew: float) -> float:
+    """The expected number of distinct items ``draws`` independent picks reach when item i (from 1) is picked with
+    probability proportional to i^-skew (Zipf): the sum over items of 1 - (1 - p_i)^draws."""
+    weights = [i ** -skew for i in range(1, items + 1)]
+    total = sum(weights)
+    return sum(1 - (1 - w / total) ** draws for w in weights)
 
 
 def expert_loads(experts: int, tokens: float, top_k: int, skew: float) -> list[float]:

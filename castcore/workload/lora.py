@@ -7,8 +7,11 @@ gathered GEMMs over the batch's adapters (Punica's SGMV and BGMV kernels, S-LoRA
 Multi-Tenant LoRA Serving", MLSys 2024; Sheng et al., "S-LoRA", MLSys 2024): castcore prices them as grouped GEMMs,
 rows grouped by adapter (``torch._grouped_mm``), so the work is per token and the adapters' weights read are those
 the batch's tokens are expected to touch (castcore.builtin.formulas.matmul.touched_experts, requests spread evenly
-over the adapters): the batching cost of mixing adapters grows with how many a batch holds. All N adapters stay in
-device memory (their weights count with the model's).
+over the adapters, or under ``--adapter-skew ALPHA`` the i-th most popular picked with odds i^-ALPHA, Zipf's law,
+as S-LoRA's evaluation draws them: castcore.recording.routing.popular_touched): the batching cost of mixing
+adapters grows with how many a batch holds. A prompt's tokens count as picks of their own, so a prefill's count
+is an upper bound. All N adapters stay in device memory (their weights count with
+the model's).
 
 Under ``--tp`` each device holds its share as vLLM shards them: a column-parallel projection (q, k, v, gate, up)
 keeps A whole and splits B's outputs; a row-parallel one (o, down) splits A's inputs, as its input is split, and
@@ -23,6 +26,7 @@ from torch import nn
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
+from castcore.recording.routing import adapter_popularity
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")  # the rest are column-parallel under --tp
@@ -33,9 +37,9 @@ class LoRAProjection(nn.Module):
     under tensor parallelism ``tp`` (see the module docstring)."""
 
     def __init__(self, base: nn.Module, rank: int, adapters: int, dtype: torch.dtype, tp: int = 1,
-                 row_parallel: bool = False):
+                 row_parallel: bool = False, skew: float | None = None):
         super().__init__()
-        self.base = base
+        self.base, self.skew = base, skew or 0.0
         d_in, d_out = base.in_features, base.out_features
         local_in, local_out = (d_in // tp, d_out) if row_parallel else (d_in, d_out // tp)
         self.lora_a = nn.Parameter(torch.empty(adapters, local_in, rank, dtype=dtype), requires_grad=False)
@@ -48,8 +52,9 @@ class LoRAProjection(nn.Module):
         # Rows grouped by adapter: the engine computes each token's adapter once a step, not per projection, and
         # on castcore's fake tensors only the groups' count shapes the cost (touched_experts), not their ends.
         offsets = torch.empty(self.lora_a.shape[0], dtype=torch.int32, device=rows.device)
-        shrunk = torch._grouped_mm(rows, _fitted(self.lora_a, 1, rows.shape[-1]), offs=offsets)
-        expanded = torch._grouped_mm(shrunk, _fitted(self.lora_b, 2, out.shape[-1]), offs=offsets)
+        with adapter_popularity(self.skew):
+            shrunk = torch._grouped_mm(rows, _fitted(self.lora_a, 1, rows.shape[-1]), offs=offsets)
+            expanded = torch._grouped_mm(shrunk, _fitted(self.lora_b, 2, out.shape[-1]), offs=offsets)
         return out + expanded.reshape(out.shape)
 
 
@@ -63,10 +68,13 @@ def _fitted(weights: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return weights.new_empty(shape)
 
 
-def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dtype: torch.dtype) -> list[str]:
+def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dtype: torch.dtype,
+           skew: float | None = None) -> list[str]:
     """Wrap every target projection of ``model`` in place; notes saying what was added. ModelError names what does
     not fit."""
     if rank is None and adapters is None:
+        if skew is not None:
+            raise ModelError(f"{say('adapter_skew', skew)} needs {say('lora_rank')} and {say('adapters')}")
         return []
     if rank is None or adapters is None:
         raise ModelError(f"multi-LoRA needs both {say('lora_rank')} and {say('adapters')}")
@@ -81,7 +89,7 @@ def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dt
     for name, module in found:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRAProjection(module, rank, adapters, dtype, tp, child in ROW_PARALLEL))
+        setattr(parent, child, LoRAProjection(module, rank, adapters, dtype, tp, child in ROW_PARALLEL, skew))
     return [f"multi-LoRA: {adapters} adapters of rank {rank} on {len(found)} projections, each token's adapter "
             "applied by two grouped GEMMs (shrink to the rank, expand back), reading the adapters a batch's tokens "
             "are expected to touch; every adapter resident in memory"]

@@ -115,7 +115,7 @@ def _fuse_shard_capture(host: PluginHost, workload: Workload, device: DeviceProf
     with built.while_capturing(), parallelize(built, workload), warnings.catch_warnings():
         quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
         built.notes += lora.attach(built.model, workload.lora_rank, workload.adapters, workload.tp,
-                                   torch_dtype(workload.dtype))  # around the (quantized) projections
+                                   torch_dtype(workload.dtype), workload.adapter_skew)  # around the projections
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
         captures = {workload.cached_tokens: _capture(host, workload, device, built, progress)}

@@ -58,6 +58,7 @@ class Workload:
     micro_batches: int = 1  # a pipelined prefill's micro-batches
     lora_rank: int | None = None  # multi-LoRA adapters' rank (castcore.workload.lora)
     adapters: int | None = None  # and how many are resident
+    adapter_skew: float | None = None  # how unevenly requests spread over them, a power-law exponent; None: even
     dp: int = 1  # data-parallel replicas
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
