@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "oldest", "ascend", "collectives", "nvidia", "template", "docs", "kernels"]
+nox.options.sessions = ["lint", "tests", "oldest", "ascend", "collectives", "nvidia", "template", "docs", "kernels",
+                         "browser"]
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"
@@ -144,6 +145,22 @@ def docs(session: nox.Session) -> None:
     session.install(".[docs]")
     site = Path(session.create_tmp()) / "site"
     session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """The HTML pages (--html, castcore report) opened in a real headless Chromium with the network cut off
+    (tests_browser/): charts drawn, tables sorted and filtered, no console error, no request; the screenshots go to
+    docs/images/. The browser is the system's (Debian's chromium, installed here when missing), driven by
+    Playwright's Python package through its executable path: Playwright's own browser downloads are never used."""
+    import os
+
+    if not os.path.exists("/usr/bin/chromium"):
+        session.run("apt-get", "update", external=True)
+        session.run("apt-get", "install", "-y", "chromium", external=True)
+    session.install(TORCH)
+    session.install(".[html,test]", "playwright")
+    session.run("pytest", "-p", "no:cacheprovider", "tests_browser", *session.posargs)
 
 
 @nox.session
