@@ -1,4 +1,4 @@
-"""The core's own plugin: aten formulas, the roofline estimator and the memory-only fallback.
+"""The core's own plugin: aten formulas, the roofline estimator, the point-to-point send and the memory-only fallback.
 
 Both hook implementations are ``trylast``: every pack and user file is asked first.
 """
@@ -10,7 +10,7 @@ import torch
 from castcore.builtin import formulas
 from castcore.devices.costs import STEP_FALLBACK, Source
 from castcore.devices.roofline import roofline
-from castcore.plugins.claims import ClaimTable, claims_of
+from castcore.plugins.claims import ESTIMATOR, ClaimTable, claims_of
 from castcore.plugins.hookspecs import hookimpl
 from castcore.plugins.loading import CORE_NAME
 
@@ -27,6 +27,9 @@ class CorePlugin(ClaimTable):
 
     @hookimpl(trylast=True)
     def estimate_op(self, invoke, device):
+        claim = self.find(ESTIMATOR, invoke.op, device.name)  # an op the core times outright (castcore::send)
+        if claim is not None:
+            return claim.answer(invoke, device)
         props, source = self.resolver.properties(invoke, device)
         if props is None:
             return roofline(invoke.memory_access_properties(), device, Source(CORE_NAME, STEP_FALLBACK))

@@ -8,8 +8,10 @@ and produces its first token, as engines' disaggregated prefill does (vLLM's and
 prompt's keys and values then go to a decode instance over the interconnect: each prefill device sends its share
 (its ``kv_bytes_per_token``), all at once, in one transfer at the level of the device's interconnect that spans a
 prefill and a decode instance together (NVLink inside a node, the network across nodes, or when the pools are
-different devices): the level's latency, the bytes at its bandwidth and efficiency, and the call's cost, as a
-pipeline stage's send (castcore.workload.stages.transfer_time). The request then queues at
+different devices), as a pipeline stage's send: a castcore::send call (castcore.builtin.comm_ops) asked of the
+plugins, which castpack-collectives answers where it is installed (NCCL's protocols on a level that gives their
+latencies) and the core's default otherwise (the level's latency, the bytes at its bandwidth and efficiency, and the
+call's cost; castcore.builtin.formulas.comm). The request then queues at
 a decode instance (every Y-th in order of the KV's arrival), admitted with its prompt's KV and first token
 (``Request.prefilled``), and its later tokens come from there. TTFT is the prefill's; TPOT and ITL the decode's,
 the transfer included in the gap between the first and second tokens.
@@ -29,7 +31,7 @@ from castcore.simulation.requests import Request
 from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
 from castcore.workload.metering import Metered, pool_use
 from castcore.workload.speculation import speculative_step
-from castcore.workload.stages import transfer_time
+from castcore.workload.stages import send_estimate, sent_over
 from castcore.workload.spec import build_workload
 
 
@@ -84,13 +86,20 @@ def _deployment(name: str, text: str | None, device: Any) -> tuple[dict[str, Any
     return found, device
 
 
-def transfer_seconds(profile: Any, devices_together: int, same_device: bool, nbytes: float) -> tuple[float, str]:
-    """One device's share of a prompt's KV sent to its decode peer: a point-to-point send (as a pipeline stage's,
-    castcore.workload.stages.transfer_time) over the level spanning both instances, the outermost when they are
-    different devices."""
-    return transfer_time(nbytes, profile, devices_together, outermost=not same_device,
+def kv_send(profile: Any, devices_together: int, same_device: bool, nbytes: float, resolver: Any = None) -> Any:
+    """The Estimate of one device's share of a prompt's KV sent to its decode peer: a castcore::send (as a pipeline
+    stage's, castcore.workload.stages.send_estimate) over the level spanning both instances, the outermost when
+    they are different devices, answered by ``resolver``'s plugins (None: the core's default)."""
+    return send_estimate(nbytes, profile, devices_together, outermost=not same_device,
                          what="device {name!r} has no interconnect to move a prompt's KV cache over; give its profile "
-                              "[[interconnect]] levels")
+                              "[[interconnect]] levels", resolver=resolver, module="KV transfer")
+
+
+def transfer_seconds(profile: Any, devices_together: int, same_device: bool, nbytes: float,
+                     resolver: Any = None) -> tuple[float, str]:
+    """(seconds, level) of ``kv_send``."""
+    estimate = kv_send(profile, devices_together, same_device, nbytes, resolver)
+    return estimate.time_s, sent_over(estimate, profile, devices_together, not same_device)
 
 
 @dataclass
@@ -141,10 +150,12 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     same = pre_steps.profile.name == dec_steps.profile.name
     together = pools.prefill.devices + pools.decode.devices
     by_index = {r.index: r for r in plan.requests}
-    moved, level = {}, ""
+    moved, level, answered = {}, "", ""
     for index, done in first.items():
-        moved[index], level = transfer_seconds(pre_steps.profile, together, same,
-                                               by_index[index].input_tokens * pre_token)
+        sent = kv_send(pre_steps.profile, together, same, by_index[index].input_tokens * pre_token,
+                       pipeline.host.resolver)
+        moved[index], answered = sent.time_s, str(sent.source)
+        level = sent_over(sent, pre_steps.profile, together, not same)
     decode_requests = sorted((Request(i, by_index[i].input_tokens, by_index[i].output_tokens,
                                       first[i].first_token_s + moved[i], prefilled=True)
                               for i in first if by_index[i].output_tokens > 1), key=lambda r: r.arrival_s)
@@ -169,7 +180,8 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
                    devices=x * pools.prefill.devices + y * pools.decode.devices)
     notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_steps.profile.name} device(s), "
              f"{y} decode instance(s) of {pools.decode.devices} {dec_steps.profile.name} device(s); each prompt's KV "
-             f"cache moves over {level} (mean {mean_moved * 1e3:.3f} ms), its first token from the prefill instance"]
+             f"cache moves over {level} (castcore::send, answered by {answered}; mean {mean_moved * 1e3:.3f} ms), "
+             "its first token from the prefill instance"]
     results = [*prefilled, *decoded]
     iterations = sum(r.iterations for r in results)
     if plan.speculation:

@@ -260,7 +260,7 @@ class Pipeline:
         report = self.estimate_capture(captured, profile, description=description, kv_cache_bytes=cache)
         if workload.pp > 1:  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
             report = pipeline_report(report, captured, built.model, plan_layout(workload), workload.phase, profile,
-                                     cache)
+                                     cache, self.host.resolver)
             notes += report.notes
         report.notes = notes + report.borrowed_rates()
         report.workload = workload.options()

@@ -9,9 +9,11 @@ exact for every op the model runs once; the rotary tables the first stage comput
 computed by every stage (a few small ops).
 
 Between stages the activation a layer outputs (one device's: [micro-batch, seq, hidden], 1/tp of the sequence
-under --sp) is sent point to point, timed as bytes / (bandwidth x efficiency) + latency + the profile's
-comm_op_cost_s on the innermost interconnect level that spans the replica's devices (a full mesh gives one
-peer 1/(devices - 1) of the bandwidth, as castpack-collectives models it).
+under --sp) is sent point to point over the innermost interconnect level that spans the replica's devices: a
+castcore::send call (castcore.builtin.comm_ops) asked of the plugins, so castpack-collectives answers where it is
+installed (NCCL's protocols on a level that gives their latencies) and the core's default otherwise, bytes /
+(bandwidth x efficiency) + latency + the profile's comm_op_cost_s (a full mesh gives one peer 1/(devices - 1) of
+the bandwidth, as castpack-collectives models it).
 
 - Prefill, GPipe-style: M micro-batches, TTFT = (M + N - 1) x the slowest stage's micro-batch time
   + (N - 1) transfers (the first micro-batch's way to the last stage); the bubble is (N - 1) stage times.
@@ -28,7 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from castcore.builtin.comm_ops import send_call
+from castcore.builtin.formulas.comm import send_estimate as core_send_estimate
+from castcore.builtin.formulas.comm import send_level
+from castcore.devices.costs import STEP_ESTIMATOR, Source
 from castcore.options.catalog import say
+from castcore.plugins.loading import CORE_NAME
 from castcore.recording.recorder import Capture
 from castcore.report.memory import MemoryReport, analyze_memory
 from castcore.report.records import Report, format_seconds
@@ -38,7 +45,9 @@ from castcore.workload.spec import ModelError
 if TYPE_CHECKING:
     import torch
 
+    from castcore.devices.costs import Estimate
     from castcore.devices.profile import DeviceProfile
+    from castcore.plugins.resolve import Resolver
     from castcore.workload.layout import Layout
 
 
@@ -108,6 +117,7 @@ class Pipeline:
     step_s: float = 0.0  # prefill: TTFT; decode: TPOT
     bubble_s: float = 0.0
     formula: str = ""
+    transfer_by: str = ""  # who answered the castcore::send between stages, e.g. "castpack-collectives (estimator)"
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -127,17 +137,34 @@ class PipelineReport(Report):
 
 def transfer_time(nbytes: float, profile: DeviceProfile, devices: int, outermost: bool = False,
                   what: str = f"{say('pp')}: device {{name!r}} has no [[interconnect]] levels to send activations "
-                              "over") -> tuple[float, str]:
-    """A point-to-point send of ``nbytes`` between two of ``devices`` together (see the module docstring), over
-    the innermost interconnect level spanning them, or the ``outermost``; ModelError ``what`` without levels."""
-    levels = profile.interconnect
-    if not levels:
+                              "over", resolver: Resolver | None = None, module: str = "pipeline stage send"
+                  ) -> tuple[float, str]:
+    """A point-to-point send of ``nbytes`` between two of ``devices`` together, over the innermost interconnect level
+    spanning them, or the ``outermost``; ModelError ``what`` without levels. The seconds and the level's name are
+    ``send_estimate``'s."""
+    estimate = send_estimate(nbytes, profile, devices, outermost, what, resolver, module)
+    return estimate.time_s, sent_over(estimate, profile, devices, outermost)
+
+
+def sent_over(estimate: Estimate, profile: DeviceProfile, devices: int, outermost: bool = False) -> str:
+    """The level a send's Estimate says it went over (``detail["level"]``), else the core's choice of level."""
+    return estimate.detail.get("level") or send_level(profile, devices, outermost).name
+
+
+def send_estimate(nbytes: float, profile: DeviceProfile, devices: int, outermost: bool = False,
+                  what: str = "device {name!r} has no [[interconnect]] levels to send over",
+                  resolver: Resolver | None = None, module: str = "") -> Estimate:
+    """The Estimate of a synthetic castcore::send call (castcore.builtin.comm_ops) of ``nbytes``, asked of
+    ``resolver`` (a plugin host's: a pack claiming the op answers before the core's default,
+    castcore.builtin.formulas.comm); None asks the core's default alone."""
+    if not profile.interconnect:
         raise ModelError(what.format(name=profile.name))
-    level = levels[-1] if outermost else next((lv for lv in levels if lv.devices >= devices), levels[-1])
-    bandwidth = level.bandwidth * level.efficiency
-    if level.topology == "full-mesh" and level.devices > 1:
-        bandwidth /= level.devices - 1
-    return nbytes / bandwidth + level.latency_s + profile.comm_op_cost_s, level.name
+    call = send_call(nbytes, devices, outermost, module)
+    if resolver is None:
+        estimate = core_send_estimate(call, profile)
+        estimate.source = Source(CORE_NAME, STEP_ESTIMATOR)
+        return estimate
+    return resolver.estimate(call, profile)
 
 
 def _touched(captured: Capture, indexes: list[int]) -> dict[int, int]:
@@ -181,9 +208,11 @@ def _boundary_bytes(report: Report, owner: list[int]) -> int:
 
 
 def pipeline_report(report: Report, captured: Capture, model: torch.nn.Module, layout: Layout, phase: str,
-                    profile: DeviceProfile, kv_cache_bytes: int = 0) -> PipelineReport:
+                    profile: DeviceProfile, kv_cache_bytes: int = 0, resolver: Resolver | None = None
+                    ) -> PipelineReport:
     """Split a whole-model Report (and its capture) into ``layout.pp`` stages: see the module docstring.
-    ``kv_cache_bytes`` is the prefill's KV cache of every layer, shared out by layers."""
+    ``kv_cache_bytes`` is the prefill's KV cache of every layer, shared out by layers; ``resolver`` (the plugin
+    host's) answers the sends between stages (None: the core's default)."""
     path, total_layers = check_stages(model, layout.pp)
     counts = stage_layers(total_layers, layout.pp)
     owner = assign([r.invoke.module for r in report.records], f"{type(model).__name__}.{path}", counts)
@@ -195,13 +224,17 @@ def pipeline_report(report: Report, captured: Capture, model: torch.nn.Module, l
     slowest = max(range(layout.pp), key=times.__getitem__)
     heaviest = max(range(layout.pp), key=lambda s: memories[s].peak_bytes)
     nbytes = _boundary_bytes(report, owner)
-    transfer, level = transfer_time(nbytes, profile, layout.devices)
+    sent = send_estimate(nbytes, profile, layout.devices, what=f"{say('pp')}: device {{name!r}} has no "
+                         "[[interconnect]] levels to send activations over", resolver=resolver,
+                         module="pipeline stage send")
+    transfer, level = sent.time_s, sent_over(sent, profile, layout.devices)
     n, t = layout.pp, times[slowest]
     pipeline = Pipeline(phase=phase, stages=n, micro_batches=layout.micro_batches, layers=counts,
                         stage_times_s=times, stage_flops=[sum(report.records[i].flops for i in ix) for ix in indexes],
                         stage_weight_bytes=[m.weight_bytes for m in memories],
                         stage_peak_bytes=[m.peak_bytes for m in memories],
-                        transfer_bytes=nbytes, transfer_s=transfer, level=level, slowest=slowest, heaviest=heaviest)
+                        transfer_bytes=nbytes, transfer_s=transfer, level=level, slowest=slowest, heaviest=heaviest,
+                        transfer_by=str(sent.source or ""))
     if phase == "decode":
         in_flight = -(-layout.kv_batch // layout.batch)
         pipeline.micro_batches = in_flight
@@ -224,6 +257,7 @@ def pipeline_report(report: Report, captured: Capture, model: torch.nn.Module, l
     staged.notes = [
         f"--pp {n}: layers per stage {counts} (vLLM's split); per-stage times of one micro-batch "
         + ", ".join(format_seconds(x) for x in times) + f"; {pipeline.formula}",
-        (f"--pp {n}: {nbytes:,} bytes sent between stages, {format_seconds(transfer)} each over {level}; memory is "
-         f"stage {heaviest + 1}'s (the heaviest)")]
+        (f"--pp {n}: {nbytes:,} bytes sent between stages, {format_seconds(transfer)} each over {level} "
+         f"(castcore::send, answered by {pipeline.transfer_by}); memory is stage {heaviest + 1}'s "
+         "(the heaviest)")]
     return staged

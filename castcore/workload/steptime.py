@@ -174,7 +174,8 @@ class StepTimes:
         times = self.stage_times(chunks)
         if self.stages is None:
             return times[0]
-        return self.stages.period(times, sum(c[0] if isinstance(c, tuple) else c.new for c in chunks), self.profile)
+        return self.stages.period(times, sum(c[0] if isinstance(c, tuple) else c.new for c in chunks), self.profile,
+                                  self.pipeline.host.resolver)
 
     def attention_kernels(self, chunks: Sequence[Chunk]) -> list[float]:
         """castcore's estimate of the iteration's attention kernel of each layer kind."""
@@ -217,10 +218,11 @@ class Stages:
 
         return assign([r.invoke.module for r in report.records], self.prefix, self.counts)
 
-    def period(self, times: list[float], tokens: int, profile: DeviceProfile) -> float:
+    def period(self, times: list[float], tokens: int, profile: DeviceProfile, resolver: Any = None) -> float:
+        """``resolver`` (the plugin host's) answers the sends between stages (castcore::send); None: the core."""
         from castcore.workload.stages import transfer_time
 
-        send, _ = transfer_time(tokens * self.activation_bytes, profile, self.devices)
+        send, _ = transfer_time(tokens * self.activation_bytes, profile, self.devices, resolver=resolver)
         return max(len(times) * max(times), sum(times) + (len(times) - 1) * send)
 
 

@@ -7,7 +7,8 @@ Memory is every input read once and every output written once unless a formula s
 (gathers and scatters count what they touch). Per-op vector costs are in ``pointwise.py``.
 
 Claims (``register_op_properties``) answer for single ops; ``by_tag`` answers for the families
-torch's own op metadata names: views, allocations, fills, pointwise and reduction ops.
+torch's own op metadata names: views, allocations, fills, pointwise and reduction ops. One op is timed outright
+(``register_op_estimator``): the point-to-point send (``comm.py``), whose cost is the interconnect's, not work.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from castcore.builtin.formulas import attention, matmul, memory, pointwise, reductions  # noqa: F401  (their decorators declare the claims)
 from castcore.builtin.formulas import fused  # noqa: F401  (the core's fused ops)
 from castcore.builtin.formulas import quantized  # noqa: F401  (the core's quantized ops)
+from castcore.builtin.formulas import comm  # noqa: F401  (the core's point-to-point send, an estimator)
 from castcore.builtin.formulas.attention import (
     SOFTMAX_OPS_PER_SCORE,
     attention_properties,
