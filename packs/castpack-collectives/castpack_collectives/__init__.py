@@ -5,7 +5,9 @@ A torch.distributed program under a fake process group (and tensor parallelism t
 copies, which says nothing about the fabric. Each call here gets the fastest of ring,
 recursive doubling (a binomial tree for broadcast), direct and hierarchical over the device
 profile's interconnect levels, in NCCL's protocols (LL, LL128, Simple) where a level gives their
-step latencies; ``Estimate.detail`` records the choice and the alternatives.
+step latencies; ``Estimate.detail`` records the choice and the alternatives. castcore's point-to-point send
+(``castcore::send``: a pipeline stage's activations, a prompt's KV cache moved from a prefill to a decode instance)
+is priced as NCCL sends (castpack_collectives.p2p).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import torch
 
 from castcore import pack
 
-from . import ops, protocols
+from . import ops, p2p, protocols
 from .alphabeta import (ALGORITHMS, COLLECTIVES, ENGINE, KERNELS, NCCL, CollectiveCost, Phase, bus_bandwidth, bus_factor,
-                        collective_cost, flat, pick_level)
+                        collective_cost, flat, phases_time, pick_level)
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "ENGINE", "KERNELS", "NCCL", "CollectiveCost", "Phase", "bus_bandwidth", "bus_factor",
-           "collective_cost", "estimate_collective", "flat", "group_size", "ops", "pick_level", "protocols"]
+           "collective_cost", "estimate_collective", "estimate_send", "flat", "group_size", "ops", "p2p", "pick_level",
+           "protocols"]
 
 _c10d = torch.ops._c10d_functional
 _c10d_pg = torch.ops.c10d
@@ -144,6 +147,23 @@ for _op, _collective, _size in (
     (_marked.broadcast.default, "broadcast", _inputs),
 ):
     _claim(_op, _collective, _size)
+
+
+# castcore's point-to-point send (defined by the core, so it exists once castcore.pack is imported).
+@pack.register_op_estimator(torch.ops.castcore.send.default)
+def estimate_send(invoke: pack.OpInvoke, device: pack.DeviceProfile) -> pack.Estimate:
+    """One send of the tensor's bytes between two of ``devices``, over the level p2p.send_cost picks."""
+    devices, outermost = invoke.argument("devices"), bool(invoke.argument("outermost", False))
+    if not device.interconnect:
+        raise ValueError(f"device {device.name!r} has no interconnect levels, so {invoke.name} cannot be timed; "
+                         f"add [[interconnect]] to its profile ({device.origin or 'no file'})")
+    nbytes = _inputs(invoke)
+    phase = p2p.send_cost(nbytes, device.interconnect, devices, outermost)
+    comm_s = phases_time([phase])
+    return pack.Estimate(time_s=comm_s + device.comm_op_cost_s, comm_s=comm_s, overhead_s=device.comm_op_cost_s,
+                         bound="comm", detail={"collective": "send", "algorithm": "direct", "level": phase.level.name,
+                                               "protocol": phase.protocol or None, "bytes": nbytes, "devices": devices,
+                                               "outermost": outermost, "base_s": phase.base_s})
 
 
 @pack.register_op_estimator(_c10d.wait_tensor.default)

@@ -21,7 +21,11 @@ read 2026-11-27: ``baseLat`` Ring row {LL 6.6, LL128 14.0, Simple 8.4} us; the m
 (LL, all-reduce or more than one node), ``* 1/3`` (LL, other collectives), ``* 0.92`` (LL128) and ``llMaxBws``
 87.7 GB/s (one node, Ampere and Hopper); NVLS has no base latency (``latencies = intraLat``). All-to-all is NCCL's
 grouped point-to-point send and receive, which runs LL below NCCL_P2P_LL_THRESHOLD (16 KiB) and Simple above, never
-LL128 (NCCL environment-variable documentation, docs.nvidia.com/deeplearning/nccl, read 2026-11-27).
+LL128 (NCCL environment-variable documentation, docs.nvidia.com/deeplearning/nccl, read 2026-11-27). A single send
+(castcore::send, ``p2p``) takes the protocol by that rule, not by the tuner: NVIDIA/nccl src/enqueue.cc
+``addP2pToPlan`` at commit 5d3ab08b69754cb863ab1bf6e3fb6f7612bb725b sets ``info.protocol = (LL buffers present &&
+bytes <= ncclParamP2pLLThreshold()) ? NCCL_PROTO_LL : NCCL_PROTO_SIMPLE`` with ``NCCL_PARAM(P2pLLThreshold,
+"P2P_LL_THRESHOLD", 16384)``, read 2026-11-28.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 BASE_LATENCY_S = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}  # tuning.cc baseLat, Ring row
 LL_MAX_BUS_BANDWIDTH = 87.7e9  # tuning.cc llMaxBws, one node, Ampere and Hopper (B/s)
 LL128_FRACTION = 0.92
+P2P_LL_THRESHOLD = 16384  # enqueue.cc NCCL_P2P_LL_THRESHOLD default: a send of at most this many bytes runs LL
+POINT_TO_POINT = ("all_to_all", "send")  # NCCL's send/receive: LL or Simple, never LL128
 
 
 def fraction(protocol: str, collective: str) -> float:
@@ -45,9 +51,9 @@ def fraction(protocol: str, collective: str) -> float:
 
 def offered(level: Interconnect, collective: str) -> tuple[str, ...]:
     """The protocols the library runs for ``collective`` on ``level``: those with a step latency, less LL128 for
-    all-to-all (point-to-point sends run LL or Simple)."""
+    all-to-all and a send (point-to-point sends run LL or Simple)."""
     names = tuple(p for p, step in zip(PROTOCOLS, level.protocol_latency_s) if step > 0)
-    return tuple(p for p in names if not (collective == "all_to_all" and p == "LL128"))
+    return tuple(p for p in names if not (collective in POINT_TO_POINT and p == "LL128"))
 
 
 def cheapest(level: Interconnect, collective: str, steps: int, moved: float,
@@ -65,3 +71,19 @@ def cheapest(level: Interconnect, collective: str, steps: int, moved: float,
         if best is None or time + base < best[1] + best[2]:
             best = (protocol, time, base)
     return best
+
+
+def p2p(level: Interconnect, nbytes: float, rate: float) -> tuple[str, float, float] | None:
+    """(protocol, time without the base latency, base latency) of one send of ``nbytes`` at ``rate`` B/s (what Simple
+    gets) on ``level``, in the protocol NCCL runs it in: LL up to ``P2P_LL_THRESHOLD`` bytes, Simple above (or the
+    one of the two the level offers); one step of that protocol's latency. None where the level gives no protocol
+    latencies."""
+    names = offered(level, "send")
+    if not names:
+        return None
+    protocol = "LL" if "LL" in names and (nbytes <= P2P_LL_THRESHOLD or "Simple" not in names) else "Simple"
+    bandwidth = rate * fraction(protocol, "send")
+    if protocol == "LL":
+        bandwidth = min(bandwidth, LL_MAX_BUS_BANDWIDTH)
+    step = level.protocol_latency_s[PROTOCOLS.index(protocol)]
+    return protocol, step + nbytes / bandwidth, BASE_LATENCY_S[protocol]
