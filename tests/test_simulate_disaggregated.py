@@ -107,3 +107,14 @@ def test_a_sweep_prices_disaggregated_points_with_each_pools_power(tmp_path):
     assert rows[1]["energy_j"] == pytest.approx(140 * 2 * held + 560 * prefill.busy_device_s
                                                 + 280 * 1 * held + 1120 * decode.busy_device_s)
     assert rows[1]["energy_j"] > rows[0]["energy_j"] * 1.2
+
+
+def test_the_prefill_pool_caches_shared_prefixes(capsys):
+    pools = ["--prefill-instances", "1", "--decode-instances", "1", "--json"]
+    assert main([*BASE, *pools]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*BASE, *pools, "--prefix-len", "160"]) == 0
+    cached = json.loads(capsys.readouterr().out)
+    # One prefill instance: the first request computes the prefix's 10 whole 16-token blocks, the other 39 hit them.
+    assert cached["prefix_cache_hits"] == 39 and cached["cached_prompt_tokens"] == 39 * 160
+    assert cached["mean_ttft_ms"] < plain["mean_ttft_ms"]

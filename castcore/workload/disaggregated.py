@@ -186,6 +186,9 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     iterations = sum(r.iterations for r in results)
     if plan.speculation:
         summary.update(spec_tokens=plan.speculation[0], spec_tokens_per_step=round(plan.speculation[1], 4))
+    if any(r.prefix_id is not None for r in plan.requests):  # prefixes are cached where prompts run
+        summary.update(prefix_cache_hits=sum(r.prefix_hits for r in prefilled),
+                       cached_prompt_tokens=sum(r.cached_tokens for r in prefilled))
     return report(device=f"{pre_steps.profile.name} (prefill) + {dec_steps.profile.name} (decode)",
                   kv_blocks=dec_blocks, kv_bytes_per_token=dec.per_token, summary=summary, never_fit=never,
                   iterations=iterations, mean_running=decoded[0].mean_running if decoded else 0.0,
