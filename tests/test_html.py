@@ -250,3 +250,15 @@ def test_an_empty_sweep_or_an_unknown_result_has_no_page(tmp_path):
     with pytest.raises(PageError, match="no page for a dict"):
         castcore.write_html({"ops": []}, tmp_path / "page.html")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_python_api_writes_serve_and_simulate_pages(tmp_path):
+    session = castcore.Session(load_packs=[], device_files=[H100])
+    served = session.serve(LLAMA, input_tokens=32, output_tokens=8, batch=2)
+    page = assert_self_contained(castcore.write_html(served, tmp_path / "serve.html"))
+    assert "castcore serve:" in page and 'id="chart-itl"' in page
+    simulated = session.simulate(LLAMA, requests=20, input_lengths="32", output_lengths=8, rate=10)
+    page = assert_self_contained(castcore.write_html(simulated, tmp_path / "simulate.html"))
+    assert 'id="chart-ttft"' in page and 'id="chart-batches"' in page
+    latency = {row[0]: row for row in tables(page)["latency-table"]}
+    assert latency["time per output token"][4] == f"{simulated.summary['p99_tpot_ms']:.4g} ms"
