@@ -11,13 +11,13 @@ DATA = Path(__file__).parent / "data"
 # The files whose tests build transformers models and run castcore's touches of transformers' internals:
 # ``nox -s oldest`` runs these (``pytest -m models``) against the oldest transformers and torch pyproject admits.
 MODEL_TESTS = {"test_bands", "test_capture_cache", "test_checkpoint", "test_cli", "test_cost_energy", "test_fp4",
-               "test_fusing", "test_gpt_oss", "test_hf", "test_html", "test_latent", "test_launch", "test_llama", "test_llama4",
-               "test_lora", "test_memory",
-               "test_model_configs", "test_models", "test_moe", "test_options", "test_outputs", "test_parallel",
-               "test_parallel_deploy", "test_parallel_ep", "test_parallel_pp", "test_parallel_sp", "test_pipeline",
-               "test_quantize", "test_report", "test_reuse", "test_routing", "test_serve", "test_simulate",
-               "test_simulate_disaggregated", "test_simulate_prefix_spec", "test_simulate_attention_dp",
-               "test_plan_disaggregated", "test_stock_models", "test_threads", "test_unreached", "test_whole_ops"}
+               "test_fusing", "test_gpt_oss", "test_hf", "test_html", "test_latent", "test_launch", "test_llama",
+               "test_llama4", "test_lora", "test_memory", "test_model_configs", "test_models", "test_moe",
+               "test_options", "test_outputs", "test_parallel", "test_parallel_deploy", "test_parallel_ep",
+               "test_parallel_pp", "test_parallel_sp", "test_pipeline", "test_plan_disaggregated",
+               "test_point_to_point", "test_quantize", "test_report", "test_reuse", "test_routing", "test_serve",
+               "test_simulate", "test_simulate_attention_dp", "test_simulate_disaggregated",
+               "test_simulate_prefix_spec", "test_stock_models", "test_threads", "test_unreached", "test_whole_ops"}
 
 
 def pytest_configure(config):

@@ -10,8 +10,7 @@ import pytest
 import castcore
 from castcore.cli.main import command_parsers
 from castcore.cli.reference import flags, markdown
-from castcore.options.catalog import AXIS, WORKLOAD_OPTIONS, say
-from castcore.report.html.options import COMMANDS  # the catalog's commands, --html and castcore report
+from castcore.options.catalog import AXIS, COMMANDS, WORKLOAD_OPTIONS, say
 from castcore.options.option import terms
 from castcore.sweeps.sweep import commands
 

@@ -10,9 +10,8 @@ import time
 from castcore.cli.common import (StrictFailure, capture_cache_from, fail_on_fallback, make_session, note,
                                  progress_printer, report_capture_cache, warn)
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS
+from castcore.options.catalog import AXIS, ESTIMATE
 from castcore.cli.page import page_path, write_page
-from castcore.report.html.options import ESTIMATE
 from castcore.report.files import check_output, write_whole
 from castcore.workload.spec import build_workload
 

@@ -9,9 +9,8 @@ from typing import Any
 
 from castcore.cli.common import note
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS
+from castcore.options.catalog import AXIS, PLAN
 from castcore.cli.page import page_path, write_page
-from castcore.report.html.options import PLAN
 from castcore.plugins.selection import PluginOptions
 
 ENERGY_AND_COST = ("energy_j", "output_tokens_per_joule", "joules_per_output_token", "power_w_per_device",

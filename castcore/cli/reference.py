@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from castcore.cli.main import command_parsers
 from castcore.cli.options import described
-from castcore.options.catalog import AXIS, OUTPUT, SESSION
-from castcore.report.html.options import COMMANDS
+from castcore.options.catalog import AXIS, COMMANDS, OUTPUT, SESSION
 from castcore.options.option import Option
 
 _WHERE = {AXIS: "a sweep axis", SESSION: "sweep-wide", OUTPUT: "command line only"}

@@ -6,7 +6,7 @@ import argparse
 
 from castcore.cli.common import note
 from castcore.cli.options import add_options
-from castcore.report.html.options import REPORT
+from castcore.options.catalog import REPORT
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from castcore.cli.common import (capture_cache_from, fail_on_fallback, make_sess
                                  warn)
 from castcore.cli.options import add_options
 from castcore.cli.page import page_path, write_page
-from castcore.report.html.options import SERVE
+from castcore.options.catalog import SERVE
 from castcore.workload.spec import DEPLOYMENT
 
 

@@ -9,9 +9,8 @@ from typing import Any
 
 from castcore.cli.common import capture_cache_from, make_session, note, report_capture_cache, warn
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS
+from castcore.options.catalog import AXIS, SIMULATE
 from castcore.cli.page import page_path, simulation_figures, write_page
-from castcore.report.html.options import SIMULATE
 from castcore.report.files import check_output, write_whole
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from castcore.cli.common import note, warn
 from castcore.cli.options import add_options
 from castcore.cli.page import page_path, write_page
-from castcore.report.html.options import SWEEP
+from castcore.options.catalog import SWEEP
 from castcore.plugins.selection import PluginOptions
 
 

@@ -4,6 +4,7 @@ several commands share are in castcore.options.parts)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from castcore.devices.dtypes import TENSOR_DTYPES
@@ -239,8 +240,29 @@ SIMULATE = CommandOptions("simulate", (
     *scoped(SESSION, (NO_CACHE, *PLUGIN_OPTIONS)),
 ), exclusive=(("rate", "concurrency"),))
 
+HTML = Option("html", "also write one self-contained HTML page of the result: interactive charts and sortable "
+              "tables, opened offline in any browser (needs plotly: castcore[html])", PRINTING, kind="path",
+              optional=True, metavar="FILE")
+
+
+def _paged(command: CommandOptions) -> CommandOptions:
+    """``command`` with --html last among its options."""
+    return replace(command, options=(*command.options, (HTML, OUTPUT)))
+
+
+ESTIMATE, SERVE, SIMULATE, SWEEP, PLAN = (_paged(c) for c in (ESTIMATE, SERVE, SIMULATE, SWEEP, PLAN))
+REPORT = CommandOptions("report", (
+    *scoped(OUTPUT, (
+        Option("results", "a results file castcore wrote: estimate, serve, simulate or plan --json (.json), or "
+               "sweep --out rows (.jsonl, .csv, .parquet)", ARGUMENTS, kind="path", positional=True,
+               metavar="RESULTS"),
+        changed(HTML, help="the HTML page to write: one self-contained file, opened offline (needs plotly: "
+                "castcore[html])", optional=False))),
+    *scoped(SESSION, PLUGIN_OPTIONS[-1:]),  # --debug
+))
+
 COMMANDS = {c.name: c for c in (ESTIMATE, SERVE, SIMULATE, AUDIT, PACKS, DEVICES, NEW_PACK, PARTITION, MEASURE,
-                                CALIBRATE, SWEEP, PLAN, CACHE)}
+                                CALIBRATE, SWEEP, PLAN, CACHE, REPORT)}
 ENGINE_OPTIONS = ("max_running_requests", "max_batched_tokens", "chunked_prefill", "block_size", "kv_memory_fraction",
                   "kv_policy", "scheduler_steps")
 

@@ -11,7 +11,7 @@ from typing import Any
 from castcore.report.files import check_output, write_whole
 from castcore.report.html.charts import PageError, graph_objects
 from castcore.report.html.document import render
-from castcore.report.html.options import HTML
+from castcore.options.catalog import HTML
 
 KINDS = ("estimate", "serve", "simulate", "sweep", "plan")
 
