@@ -6,23 +6,49 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from castcore.errors import CastcoreError
 from castcore.options.catalog import say
-from castcore.options.option import Option
 
 
 class OutputError(CastcoreError, OSError):
     """An output file that cannot be written; the message names the option, the path and the fix."""
 
 
-def _named(option: str | Option, path: str | Path) -> str:
-    """``option`` (its Python name: "out", "trace", "plot"; or an Option declared beside its feature, such as
-    --html's) given ``path``, in the caller's terms: ``out='x.csv'``, ``--out x.csv`` or ``out = "x.csv"``."""
-    return option.spelled(str(path)) if isinstance(option, Option) else say(option, str(path))
+def _named(option: str, path: str | Path) -> str:
+    """``option`` (its Python name: "out", "trace", "plot", "html") given ``path``, in the caller's terms:
+    ``out='x.csv'``, ``--out x.csv`` or ``out = "x.csv"``."""
+    return say(option, str(path))
 
 
-def check_output(path: str | Path, option: str | Option) -> Path:
+def csv_value(text: str | None) -> Any:
+    """A CSV cell as the value castcore wrote it from (a sweep's rows: --resume and castcore report read them)."""
+    if text is None or text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def pareto(points: list[tuple[float, float]]) -> list[int]:
+    """Indexes of the points no other point beats on both throughput (the first, higher) and latency (the second,
+    lower), by throughput: the front sweep --plot and the HTML page mark."""
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], points[i][1]))
+    front, best = [], float("inf")
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def check_output(path: str | Path, option: str) -> Path:
     """The path, if a file can be written there; else OutputError naming ``option`` (its Python name, e.g.
     "trace") and why, before any work is done."""
     target = Path(path)
@@ -36,7 +62,7 @@ def check_output(path: str | Path, option: str | Option) -> Path:
     return target
 
 
-def write_whole(path: Path, option: str | Option, write: Callable[[Path], None]) -> None:
+def write_whole(path: Path, option: str, write: Callable[[Path], None]) -> None:
     """Call ``write`` on a uniquely named temporary file beside ``path``, then move it into place: a failure (a
     full disk, say) leaves no partial file and an existing ``path`` as it was, and two writers at once never
     share a temporary. A ``path`` that is not a regular file (a device such as /dev/null, a FIFO, a terminal) is

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.options.catalog import say
-from castcore.report.files import OutputError, check_output, write_whole
+from castcore.report.files import OutputError, check_output, csv_value, write_whole
 
 FORMATS = (".parquet", ".csv", ".jsonl")
 
@@ -90,25 +90,12 @@ def _read(path: Path) -> list[dict[str, Any]]:
             return pq.read_table(path).to_pylist()
         if path.suffix == ".csv":
             with path.open(newline="", encoding="utf-8") as handle:
-                return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+                return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
         raise OutputError(f"{say('resume', True)}: cannot read {path} ({type(exc).__name__}: {exc}); move it away to "
                           "start afresh") from None
 
-
-def _cell(text: str) -> Any:
-    """A CSV cell as the value it was written from."""
-    if text == "":
-        return None
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _plain(value: Any) -> Any:

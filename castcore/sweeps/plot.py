@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.options.catalog import say
+from castcore.report.files import pareto
 from castcore.report.plot import PlotError, pyplot, save
 from castcore.sweeps.rows import LATENCY, THROUGHPUT
 
@@ -23,16 +24,6 @@ def _number(value: Any) -> float | None:
         return None
     return number if number > 0 else None
 
-
-def pareto(points: list[tuple[float, float]]) -> list[int]:
-    """Indexes of the points no other point beats on both throughput (higher) and latency (lower), by throughput."""
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], points[i][1]))
-    front, best = [], float("inf")
-    for i in order:
-        if points[i][1] < best:
-            front.append(i)
-            best = points[i][1]
-    return front
 
 
 def plot_pareto(rows: list[dict[str, Any]], command: str, path: str | Path, fmt: str = ".png") -> str:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from castcore.report.files import csv_value
 from castcore.report.html.charts import PageError
 from castcore.report.html.search import sweep_data
 
@@ -91,7 +92,7 @@ def _rows(path: Path) -> list[Any]:
             return pq.read_table(path).to_pylist()
         if path.suffix == ".csv":
             with path.open(newline="", encoding="utf-8") as handle:
-                return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+                return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except PageError:
         raise
@@ -99,16 +100,3 @@ def _rows(path: Path) -> list[Any]:
         raise _fail(path, f"cannot read its rows ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                     ) from None
 
-
-def _cell(text: str | None) -> Any:
-    """A CSV cell as the value castcore sweep wrote it from (castcore.sweeps.files reads --resume's the same way)."""
-    if text is None or text == "":
-        return None
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text

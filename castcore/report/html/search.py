@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from castcore.report.files import pareto
 from castcore.report.html.charts import COLOURS, PageError, figure, graph_objects, part
 from castcore.report.html.document import fact, facts, notes, number, paragraph, plain, section, table
 
@@ -19,17 +20,6 @@ FIRST_FIGURES = ("time_s", "devices", "duration")  # the first figure of an esti
 LAYOUT = ("device", "devices", "tp", "pp", "ep", "dp", "weights", "prefill_instances", "decode_instances",
           "served_batch", "rate", "max_rate")
 
-
-def pareto(points: list[tuple[float, float]]) -> list[int]:
-    """Indexes of the points no other point beats on both throughput (higher) and latency (lower), as castcore
-    sweep --plot marks them (castcore.sweeps.plot.pareto)."""
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], points[i][1]))
-    front, best = [], float("inf")
-    for i in order:
-        if points[i][1] < best:
-            front.append(i)
-            best = points[i][1]
-    return front
 
 
 def command_of(columns: list[str]) -> str:

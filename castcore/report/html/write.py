@@ -11,14 +11,13 @@ from typing import Any
 from castcore.report.files import check_output, write_whole
 from castcore.report.html.charts import PageError, graph_objects
 from castcore.report.html.document import render
-from castcore.options.catalog import HTML
 
 KINDS = ("estimate", "serve", "simulate", "sweep", "plan")
 
 
 def check_html(path: str | Path) -> Path:
     """The page's path, when it can be written and plotly is installed; else one line saying the fix."""
-    target = check_output(path, HTML)
+    target = check_output(path, "html")
     graph_objects()
     return target
 
@@ -40,7 +39,7 @@ def write_page(data: dict[str, Any], path: str | Path) -> Path:
     """Write the page of ``data`` to ``path`` whole (made in memory first, then a temporary file renamed)."""
     target = check_html(path)
     text = page_html(data)
-    write_whole(target, HTML, lambda p: p.write_text(text, encoding="utf-8"))
+    write_whole(target, "html", lambda p: p.write_text(text, encoding="utf-8"))
     return target
 
 
