@@ -135,31 +135,30 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     pools, limits = plan.pools, plan.limits
     pre = _pool(pipeline, plan, pools.prefill, pools.prefill_device or device)
     dec = _pool(pipeline, plan, pools.decode, pools.decode_device or device)
-    pre_steps, dec_steps = pre.steps, dec.steps
-    pre_blocks, pre_token, dec_blocks = pre.blocks, pre.per_token, dec.blocks
+    pre_profile, dec_profile = pre.steps.profile, dec.steps.profile
     longest = max(plan.requests, key=lambda r: r.input_tokens)
-    if -(-longest.input_tokens // limits.block_size) > pre_blocks:
-        raise ModelError(f"a prefill instance's KV cache ({pre_blocks} blocks of {limits.block_size} tokens) cannot "
+    if -(-longest.input_tokens // limits.block_size) > pre.blocks:
+        raise ModelError(f"a prefill instance's KV cache ({pre.blocks} blocks of {limits.block_size} tokens) cannot "
                          f"hold request {longest.index}'s {longest.input_tokens}-token prompt: give the prefill pool "
                          f"a larger {say('tp')} in {say('prefill_deployment')}")
     x, y = pools.prefill_instances, pools.decode_instances
     prompts = [replace(r, output_tokens=1) for r in plan.requests]
     px, dy = x * pools.prefill.attention_dp, y * pools.decode.attention_dp  # schedulers: one per attention group
-    prefilled = [engine_model.simulate(prompts[n::px], limits, pre_blocks, pre.step) for n in range(px)]
+    prefilled = [engine_model.simulate(prompts[n::px], limits, pre.blocks, pre.step) for n in range(px)]
     first = {f.index: f for result in prefilled for f in result.finished}
-    same = pre_steps.profile.name == dec_steps.profile.name
+    same = pre_profile.name == dec_profile.name
     together = pools.prefill.devices + pools.decode.devices
     by_index = {r.index: r for r in plan.requests}
     moved, level, answered = {}, "", ""
-    for index, done in first.items():
-        sent = kv_send(pre_steps.profile, together, same, by_index[index].input_tokens * pre_token,
+    for index in first:
+        sent = kv_send(pre_profile, together, same, by_index[index].input_tokens * pre.per_token,
                        pipeline.host.resolver)
         moved[index], answered = sent.time_s, str(sent.source)
-        level = sent_over(sent, pre_steps.profile, together, not same)
+        level = sent_over(sent, pre_profile, together, not same)
     decode_requests = sorted((Request(i, by_index[i].input_tokens, by_index[i].output_tokens,
                                       first[i].first_token_s + moved[i], prefilled=True)
                               for i in first if by_index[i].output_tokens > 1), key=lambda r: r.arrival_s)
-    decoded = [engine_model.simulate(decode_requests[n::dy], limits, dec_blocks, dec.step, None, plan.speculation)
+    decoded = [engine_model.simulate(decode_requests[n::dy], limits, dec.blocks, dec.step, None, plan.speculation)
                for n in range(dy)]
     later = {f.index: f for result in decoded for f in result.finished}
     finished = []
@@ -178,8 +177,8 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     mean_moved = sum(moved.values()) / len(moved) if moved else 0.0
     summary.update(prefill_instances=x, decode_instances=y, mean_kv_transfer_ms=round(mean_moved * 1e3, 4),
                    devices=x * pools.prefill.devices + y * pools.decode.devices)
-    notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_steps.profile.name} device(s), "
-             f"{y} decode instance(s) of {pools.decode.devices} {dec_steps.profile.name} device(s); each prompt's KV "
+    notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_profile.name} device(s), "
+             f"{y} decode instance(s) of {pools.decode.devices} {dec_profile.name} device(s); each prompt's KV "
              f"cache moves over {level} (castcore::send, answered by {answered}; mean {mean_moved * 1e3:.3f} ms), "
              "its first token from the prefill instance"]
     results = [*prefilled, *decoded]
@@ -189,12 +188,12 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     if any(r.prefix_id is not None for r in plan.requests):  # prefixes are cached where prompts run
         summary.update(prefix_cache_hits=sum(r.prefix_hits for r in prefilled),
                        cached_prompt_tokens=sum(r.cached_tokens for r in prefilled))
-    return report(device=f"{pre_steps.profile.name} (prefill) + {dec_steps.profile.name} (decode)",
-                  kv_blocks=dec_blocks, kv_bytes_per_token=dec.per_token, summary=summary, never_fit=never,
+    return report(device=f"{pre_profile.name} (prefill) + {dec_profile.name} (decode)",
+                  kv_blocks=dec.blocks, kv_bytes_per_token=dec.per_token, summary=summary, never_fit=never,
                   iterations=iterations, mean_running=decoded[0].mean_running if decoded else 0.0,
                   kv_usage=decoded[0].kv_usage if decoded else [],
                   deployment={"prefill": pools.prefill.options(), "decode": pools.decode.options(),
                               "prefill_instances": x, "decode_instances": y},
                   notes=notes, finished=finished, iterations_trace=(decoded or prefilled)[0].trace,
-                  pool_use=[pool_use(pre_steps.profile.name, pools.prefill, x, pre.meters),
-                            pool_use(dec_steps.profile.name, pools.decode, y, dec.meters)])
+                  pool_use=[pool_use(pre_profile.name, pools.prefill, x, pre.meters),
+                            pool_use(dec_profile.name, pools.decode, y, dec.meters)])

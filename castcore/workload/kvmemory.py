@@ -12,6 +12,8 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.report.memory import format_bytes
 from castcore.simulation.presets import EngineLimits
+from castcore.workload import draft_heads
+from castcore.workload.spec import load_model_config
 from castcore.workload.steptime import StepTimes
 
 if TYPE_CHECKING:
@@ -61,9 +63,6 @@ KEPT_STEP_TIMES = 8
 def shared_bytes(draft: Any) -> int:
     """The weights a draft shares with the model: a built-in head's embedding and LM head (castcore.workload.
     draft_heads), none for a draft model of its own."""
-    from castcore.workload import draft_heads
-    from castcore.workload.spec import load_model_config
-
     if not draft_heads.is_head(draft.model):
         return 0
     return draft_heads.shared_weight_bytes(load_model_config(draft.model), torch_dtype(draft.dtype).itemsize,
