@@ -149,12 +149,14 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     same = pre_profile.name == dec_profile.name
     together = pools.prefill.devices + pools.decode.devices
     by_index = {r.index: r for r in plan.requests}
-    moved, level, answered = {}, "", ""
+    moved, sent = {}, None
     for index in first:
         sent = kv_send(pre_profile, together, same, by_index[index].input_tokens * pre.per_token,
                        pipeline.host.resolver)
-        moved[index], answered = sent.time_s, str(sent.source)
-        level = sent_over(sent, pre_profile, together, not same)
+        moved[index] = sent.time_s
+    # Every prompt goes the same way, answered by the same plugin: the last send says which.
+    level = sent_over(sent, pre_profile, together, not same) if sent else ""
+    answered = str(sent.source) if sent else ""
     decode_requests = sorted((Request(i, by_index[i].input_tokens, by_index[i].output_tokens,
                                       first[i].first_token_s + moved[i], prefilled=True)
                               for i in first if by_index[i].output_tokens > 1), key=lambda r: r.arrival_s)
