@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import castcore
-from castcore.hf import TESTED
+from castcore.hf.versions import TESTED
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

@@ -12,7 +12,10 @@ import castcore
 from castcore.builtin.fused_ops import kept_keys
 from castcore.cli.main import main
 from castcore.workload.fusing import rewrite
-from castcore import hf
+from castcore.hf.attention import (ATTENTION, castcore_attention, castcore_mask, register_attention,
+                                   supports_attention_backend)
+from castcore.hf.cache import cache_argument
+from castcore.hf.configs import configs
 from castcore.workload.models import BuiltModel
 
 DATA = __import__("pathlib").Path(__file__).parent / "data"
@@ -22,16 +25,16 @@ def real_model(name: str) -> torch.nn.Module:
     """A tiny transformers model with random weights (norm weights too, so Gemma's 1 + weight matters)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf.register_attention(hf.ATTENTION, hf.castcore_attention, hf.castcore_mask)
+    register_attention(ATTENTION, castcore_attention, castcore_mask)
     fields = json.loads((DATA / name).read_text())
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     # A model written before transformers' attention interface (GPT-J) runs its own eager attention.
-    own = not hf.supports_attention_backend(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)])
+    own = not supports_attention_backend(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                             attn_implementation="eager" if own else hf.ATTENTION).eval()
+                                             attn_implementation="eager" if own else ATTENTION).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.2)
@@ -48,7 +51,7 @@ def test_the_fused_model_computes_what_the_eager_one_does(name):
     prompt, step = torch.randint(3, 200, (2, 20)), torch.randint(3, 200, (2, 1))  # past gpt-oss's 16-token window
 
     def run():
-        cache = {hf.cache_argument(model): DynamicCache(config=model.config)}
+        cache = {cache_argument(model): DynamicCache(config=model.config)}
         with torch.no_grad():
             first = model(prompt, **cache, use_cache=True).logits
             return first, model(step, **cache, use_cache=True).logits
@@ -138,12 +141,12 @@ def test_llama4_chunked_layers_attend_within_their_chunk():
     chunked layer's attention is priced on the pairs its mask keeps (64 x 65 / 2 + 36 x 37 / 2 per head)."""
     model = real_model("tiny-llama4.json")
     prompt = torch.randint(3, 200, (1, 100))
-    for config in hf.configs(model):
+    for config in configs(model):
         config._attn_implementation = "eager"
     with torch.no_grad():
         want = model(prompt).logits
-    for config in hf.configs(model):
-        config._attn_implementation = hf.ATTENTION
+    for config in configs(model):
+        config._attn_implementation = ATTENTION
     built = BuiltModel(model=model)
     rewrite(built)
     with built.while_capturing(), torch.no_grad():
@@ -220,7 +223,7 @@ def test_gptj_own_attention_and_gelu_new_run_as_single_kernels(session):
     # GPT-J calls transformers' attention interface from 5.24 on; before, its own _attn (then the note says so).
     from transformers import GPTJForCausalLM
 
-    own = not hf.supports_attention_backend(GPTJForCausalLM)
+    own = not supports_attention_backend(GPTJForCausalLM)
     assert any("cannot take castcore's attention path" in n for n in eager.notes) == own
     assert any("the model's own _attn" in n for n in fused.notes) == own
     assert fused.time_s < eager.time_s

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import castcore
-from castcore import hf
+from castcore.hf.attention import ATTENTION
+from castcore.hf.cache import cache_argument
+from castcore.hf.configs import configs
 from castcore.workload.fusing import rewrite
 from castcore.workload.models import BuiltModel
 from tests.test_fusing import real_model
@@ -21,13 +23,13 @@ GPT_OSS = str(Path(__file__).parent / "data" / "tiny-gpt-oss.json")  # 2 layers:
 def _logits(model, prompt, step):
     from transformers import DynamicCache
 
-    cache = {hf.cache_argument(model): DynamicCache(config=model.config)}
+    cache = {cache_argument(model): DynamicCache(config=model.config)}
     with torch.no_grad():
         return model(prompt, **cache, use_cache=True).logits, model(step, **cache, use_cache=True).logits
 
 
 def _set_attention(model, name: str) -> None:
-    for config in hf.configs(model):
+    for config in configs(model):
         config._attn_implementation = name
 
 
@@ -38,7 +40,7 @@ def test_fused_gpt_oss_gives_transformers_own_eager_logits():
     prompt, step = torch.randint(3, 200, (2, 24)), torch.randint(3, 200, (2, 1))  # past the 16-token window
     _set_attention(model, "eager")  # transformers' own attention, with its sink column
     want = _logits(model, prompt, step)
-    _set_attention(model, hf.ATTENTION)
+    _set_attention(model, ATTENTION)
     built = BuiltModel(model=model)
     done, stayed = rewrite(built)
     assert stayed == []

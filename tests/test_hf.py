@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from castcore import hf
+from castcore.hf import cache, versions
 from castcore.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_only_castcore_hf_touches_transformers():
              and (lines := _imports_transformers(path))}
     assert found == {}, "transformers is used outside castcore/hf/: move the touch there"
     # the scan does see imports where they are
-    assert _imports_transformers(hf / "__init__.py") and _imports_transformers(hf / "cache.py")
+    assert _imports_transformers(hf / "causal_lm.py") and _imports_transformers(hf / "cache.py")
 
 
 @pytest.mark.parametrize("package, found, warned", [
@@ -51,22 +51,22 @@ def test_only_castcore_hf_touches_transformers():
     ("torch", "2.13.0+cpu", False), ("torch", "2.12.1", True), ("torch", "2.14.0", True),
 ])
 def test_a_release_outside_the_tested_range_is_one_warning(monkeypatch, package, found, warned):
-    monkeypatch.setattr(hf, "installed", lambda name: found if name == package else None)
-    lines = hf.version_warnings()
+    monkeypatch.setattr(versions, "installed", lambda name: found if name == package else None)
+    lines = versions.version_warnings()
     assert len(lines) == int(warned)
     if warned:
-        low, high = hf.TESTED[package]
+        low, high = versions.TESTED[package]
         assert lines[0].startswith(f"{package} {found} is installed; castcore is tested on {package} {low} to {high}.x")
 
 
 def test_the_command_line_prints_the_version_warning_once(monkeypatch, capsys, tiny_llama, h100_file):
-    monkeypatch.setattr(hf, "installed", lambda name: "5.1.0" if name == "transformers" else None)
+    monkeypatch.setattr(versions, "installed", lambda name: "5.1.0" if name == "transformers" else None)
     assert main(["estimate", "--model", str(tiny_llama), "--seq", "8", "--no-packs", "--device-file",
                  str(h100_file)]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "5.1.0" in line]
     assert lines == [f"castcore: warning: transformers 5.1.0 is installed; castcore is tested on transformers "
-                     f"{hf.tested_range('transformers')}: its estimates may fail or differ (pip install "
-                     f"'transformers>={hf.TESTED['transformers'][0]},<5.25')"]
+                     f"{versions.tested_range('transformers')}: its estimates may fail or differ (pip install "
+                     f"'transformers>={versions.TESTED['transformers'][0]},<5.25')"]
 
 
 def test_a_failure_inside_transformers_is_one_line_naming_the_model_and_versions(monkeypatch, capsys, tiny_llama,
@@ -80,8 +80,8 @@ def test_a_failure_inside_transformers_is_one_line_naming_the_model_and_versions
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"castcore: error: LlamaForCausalLM failed inside transformers "
-                              f"{hf.installed('transformers')} (NameError: name 'rotate_half' is not defined); "
-                              f"castcore is tested on transformers {hf.tested_range('transformers')}")
+                              f"{versions.installed('transformers')} (NameError: name 'rotate_half' is not defined); "
+                              f"castcore is tested on transformers {versions.tested_range('transformers')}")
     assert not any("Traceback" in line for line in err)
     with pytest.raises(Exception) as raised:  # --debug: the traceback, with transformers' own error under it
         main([*argv, "--debug"])
@@ -122,7 +122,7 @@ def test_the_tested_range_starts_at_the_lowest_bound_pyproject_admits():
 
     with open(ROOT / "pyproject.toml", "rb") as file:
         requirements = {r.name: r for r in map(Requirement, tomllib.load(file)["project"]["dependencies"])}
-    for package, (low, high) in hf.TESTED.items():
+    for package, (low, high) in versions.TESTED.items():
         bound = next(s.version for s in requirements[package].specifier if s.operator == ">=")
         assert Version(bound) == Version(low), f"pyproject admits {package} from {bound}; castcore.hf says {low}"
 
@@ -148,8 +148,8 @@ def test_what_counts_as_a_failure_inside_transformers(tiny_llama):
     import transformers  # noqa: F401  (raised_inside looks for its package)
 
     with pytest.raises(AttributeError) as ours:  # castcore's own touch of transformers failing, as 5.24 made it
-        hf.cache_argument(object())
-    assert hf.raised_inside(ours.value)
+        cache.cache_argument(object())
+    assert versions.raised_inside(ours.value)
     with pytest.raises(RuntimeError) as torch_op:  # an operator torch refuses is torch's, whoever called it
         torch.mm(torch.zeros(2, 3), torch.zeros(2, 3))
-    assert not hf.raised_inside(torch_op.value)
+    assert not versions.raised_inside(torch_op.value)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import castcore
-from castcore import hf
+from castcore.hf.cache import cache_argument
 from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
 from castcore.cli.main import main
 from castcore.workload.fusing import rewrite
@@ -78,7 +78,7 @@ def test_the_rewrite_computes_what_transformers_does_with_both_rotary_layouts(tm
         prompt, step = torch.randint(3, 200, (2, 12)), torch.randint(3, 200, (2, 1))
 
         def run():
-            cache = {hf.cache_argument(model): DynamicCache(config=model.config)}
+            cache = {cache_argument(model): DynamicCache(config=model.config)}
             with torch.no_grad():
                 return model(prompt, **cache, use_cache=True).logits, model(step, **cache, use_cache=True).logits
 
@@ -142,7 +142,7 @@ def test_grouped_routing_is_one_kernel_that_chooses_what_transformers_chooses(tm
 
     def run():
         with torch.no_grad():
-            return model(prompt, **{hf.cache_argument(model): DynamicCache(config=model.config)}).logits
+            return model(prompt, **{cache_argument(model): DynamicCache(config=model.config)}).logits
 
     eager = run()
     built = BuiltModel(model=model)

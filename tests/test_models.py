@@ -106,7 +106,7 @@ def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch)
 def test_softcapped_attention_matches_transformers_eager_attention():
     from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
-    from castcore.hf import castcore_attention as _attention
+    from castcore.hf.attention import castcore_attention as _attention
 
     torch.manual_seed(0)
     module = torch.nn.Module()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import castcore
-from castcore import hf
+from castcore.hf.cache import cache_argument
 from castcore.workload.spec import build_workload
 from castcore.recording.reuse import repeated_layers
 from castcore.workload.pipeline import build
@@ -188,7 +188,7 @@ def _dynamic_cache_step(model, batch: int, cached: int, made: list):
             keys = torch.zeros(batch, config.num_key_value_heads, cached, head_dim, dtype=torch.bfloat16)
             cache.update(keys, keys.clone(), index)
         made.append(cache)
-        return (), {"input_ids": torch.zeros(batch, 1, dtype=torch.long), hf.cache_argument(model): cache,
+        return (), {"input_ids": torch.zeros(batch, 1, dtype=torch.long), cache_argument(model): cache,
                     "use_cache": True}
 
     return make

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from castcore import hf
+from castcore.hf.cache import cache_argument
 from castcore.recording.reuse import repeated_layers
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import build_workload
@@ -99,7 +99,7 @@ def test_the_attention_setting_is_restored_when_the_capture_fails(session, monke
 def test_the_callers_cache_choice_is_kept(kwargs):
     model = _stock(CONFIGS["llama"], meta=True)
     if "cache" in kwargs:  # the name the installed transformers takes its cache by
-        kwargs = {hf.cache_argument(model): None}
+        kwargs = {cache_argument(model): None}
     built = build(build_workload(model, _input_ids(), kwargs=kwargs))
     assert built.kwargs == kwargs
     assert built.config is None and built.kv_cache_shape is None  # the capture holds whatever cache is made

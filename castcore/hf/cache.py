@@ -1,5 +1,5 @@
-"""The KV cache of a decode step as castcore pre-fills it, through transformers' cache classes (see castcore.hf
-for how the package tracks the releases it relies on)."""
+"""The KV cache of a decode step as castcore pre-fills it, through transformers' cache classes: ``StaticCache``
+and its layers, ``cache_utils.Cache`` (checked 5.5.0-5.24.0, as each function says)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
+
+CACHE_ARGUMENTS = ("cache", "past_key_values")  # the names a forward takes its KV cache by (see cache_argument)
 
 
 def cache_argument(model: torch.nn.Module) -> str:

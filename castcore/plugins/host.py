@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from castcore import hf
+from castcore.hf.versions import version_warnings
 from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
 from castcore.options.catalog import say
 from castcore.plugins.claims import ClaimTable, declared_count
@@ -43,7 +43,7 @@ class PluginHost:
         self.warnings += [f"{info.label}: {warning}" for info in infos for warning in info.warnings]
         # Worth telling (a slow import), but no fault: --strict does not fail on these.
         self.notes: list[str] = [f"{info.label}: {note}" for info in infos for note in info.notes]
-        self.notes += hf.version_warnings()  # a torch or transformers release the test suite does not run on
+        self.notes += version_warnings()  # a torch or transformers release the test suite does not run on
         remember_hooks(self.plugins.infos)
         self.devices: dict[str, DeviceProfile] = self._collect_devices()
         # A claim on a device glob that matches no installed device: likely a typo, and never asked (no fault).

@@ -29,7 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from castcore.hf import cache_layers
+from castcore.hf.cache import cache_layers
 from castcore.recording.invoke import OpInvoke, TensorMeta
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from castcore.hf import is_experts_module
+from castcore.hf.layers import is_experts_module
 from castcore.options.catalog import say
 from castcore.recording import routing
 from castcore.recording.hints import collective_kernels

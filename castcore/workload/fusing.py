@@ -39,7 +39,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from castcore import hf
+from castcore.hf.attention import (ATTENTION, attention_chunk, castcore_attention, no_attention_backend_note,
+                                   own_causal_attn, register_attention, replace_own_attn, sdpa_mask)
+from castcore.hf.causal_lm import is_transformers_module
+from castcore.hf.configs import attention_of, set_attention
+from castcore.hf.rotary import half_angle_rotary, rotary_swapped, standard_rotary
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.workload.latent import is_latent_attention
 from castcore.workload.latent import rewrite as rewrite_latent
@@ -80,7 +84,7 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
     moe_parts, blocks = set(), []  # a block whose router and experts were rewritten runs no eager kernel itself
     for name, module in list(model.named_modules()):
-        if not name or not hf.is_transformers_module(module):
+        if not name or not is_transformers_module(module):
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -105,36 +109,36 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for module in blocks:
         if not any(id(child) in moe_parts for child in module.children()):
             eager[type(module).__name__] += 1
-    latent = [m for m in model.modules() if hf.is_transformers_module(m) and is_latent_attention(m)]
+    latent = [m for m in model.modules() if is_transformers_module(m) and is_latent_attention(m)]
     for module in latent:
         rewrite_latent(module)
     if latent:
         done["multi-head latent attention -> castcore::attention over decompressed heads (prompts), "
              "castcore::latent_attention over the latent cache (decode)"] += len(latent)
-    attention_modules = [m for m in model.modules() if hf.is_transformers_module(m)
+    attention_modules = [m for m in model.modules() if is_transformers_module(m)
                          and type(m).__name__.endswith("Attention") and not getattr(m, "castcore_latent", False)]
     for module in attention_modules:  # read by both fused paths below
         module.castcore_kv_per_query_head = kv_reads == "head"
     reads = " (K/V read once per query head)" if kv_reads == "head" else ""
     if attention_modules and _use_fused_attention(model):  # the interface path
         done[f"attention -> castcore::attention{reads}"] += len(attention_modules)
-    elif attention_modules and all(hf.own_causal_attn(m) for m in attention_modules):
+    elif attention_modules and all(own_causal_attn(m) for m in attention_modules):
         for module in attention_modules:
-            hf.replace_own_attn(module, _fused_own_attn)
+            replace_own_attn(module, _fused_own_attn)
         done[f"attention (the model's own _attn) -> castcore::attention{reads}"] += len(attention_modules)
         # Its eager attention no longer runs: the note that says so at build time is not true of this capture.
-        stale = hf.no_attention_backend_note(type(model).__name__, hf.attention_of(model))
+        stale = no_attention_backend_note(type(model).__name__, attention_of(model))
         if stale in built.notes:
             built.notes.remove(stale)
     elif attention_modules:
         eager[f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"] += \
             len(attention_modules)
-    rotary = hf.standard_rotary(model)
+    rotary = standard_rotary(model)
     if rotary:
         if attention_modules:
             done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
         outer = built.while_capturing
-        built.while_capturing = lambda: _both(outer(), hf.rotary_swapped(rotary, _fused_rotary))
+        built.while_capturing = lambda: _both(outer(), rotary_swapped(rotary, _fused_rotary))
     return [f"{count} {kind}" for kind, count in done.items()], [f"{count} {kind}" for kind, count in eager.items()]
 
 
@@ -195,12 +199,12 @@ _LLAMA4_LAYER = ("Llama4TextDecoderLayer", {"input_layernorm", "self_attn", "pos
 def _is_fusable_layer(module: nn.Module) -> bool:
     children = {name for name, _ in module.named_children()}
     llama4 = (type(module).__name__, children) == _LLAMA4_LAYER
-    if (children != _LAYER_PARTS and not llama4) or not hf.is_transformers_module(module):
+    if (children != _LAYER_PARTS and not llama4) or not is_transformers_module(module):
         return False
     returns = inspect.signature(type(module).forward).return_annotation
     return ((llama4 or returns in (torch.Tensor, "torch.Tensor")) and _is_rms_norm(module.post_attention_layernorm)
-            and hf.is_transformers_module(module.input_layernorm)
-            and hf.is_transformers_module(module.post_attention_layernorm))
+            and is_transformers_module(module.input_layernorm)
+            and is_transformers_module(module.post_attention_layernorm))
 
 
 def _fused_layer_forward(self, hidden_states, *args, **kwargs):
@@ -264,18 +268,18 @@ def _fused_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attent
     """No mask tensor without padding: the fused kernel applies causality and the sliding window itself."""
     if attention_mask is None:
         return None
-    return hf.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs)
 
 
 def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
                      sliding_window=None, s_aux=None, **kwargs):
     if attention_mask is not None or dropout:  # padding or dropout: the eager path prices them
-        return hf.castcore_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return castcore_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                      softcap=softcap, sliding_window=sliding_window, s_aux=s_aux, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     options = (float(scale), bool(getattr(module, "is_causal", True)), int(sliding_window or 0),
                float(softcap or 0.0), bool(getattr(module, "castcore_kv_per_query_head", False)), s_aux,
-               hf.attention_chunk(module))
+               attention_chunk(module))
     out = packed_attention(query, key, value, *options)  # a mixed batch's sequences, each at its own KV length
     return (ops.attention(query, key, value, *options) if out is None else out), None
 
@@ -289,15 +293,15 @@ def _fused_own_attn(self, query, key, value, attention_mask=None, *args, **kwarg
 
 def _use_fused_attention(model: nn.Module) -> bool:
     """Switch every config on castcore's attention path to the fused one; False when the model has its own."""
-    hf.register_attention(FUSED_ATTENTION, _fused_attention, _fused_mask)
-    return hf.set_attention(model, FUSED_ATTENTION, only_from=hf.ATTENTION)
+    register_attention(FUSED_ATTENTION, _fused_attention, _fused_mask)
+    return set_attention(model, FUSED_ATTENTION, only_from=ATTENTION)
 
 
 def _fused_rotary(original):
     if original.__name__ == "apply_rotary_emb":
         return _fused_complex_rotary(original)
     signature = inspect.signature(original)
-    half = hf.half_angle_rotary(original)
+    half = half_angle_rotary(original)
 
     def apply_rotary_pos_emb(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)

@@ -48,7 +48,7 @@ def latent_width(config) -> int:
 
 def rewrite(module: nn.Module) -> None:
     module.forward = types.MethodType(_forward, module)
-    module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.kv_written)
+    module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.cache.kv_written)
 
 
 def _absorbed(kv_b_proj: nn.Module, heads: int, rows: int, rank: int, dtype: torch.dtype) -> torch.Tensor:

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from castcore.devices.dtypes import MODEL_DTYPES, torch_dtype
-from castcore.hf import build_causal_lm, decode_inputs
+from castcore.hf.cache import decode_inputs
+from castcore.hf.causal_lm import build_causal_lm
 from castcore.workload.spec import ModelError, Workload, load_model_config
 
 

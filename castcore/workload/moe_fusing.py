@@ -21,7 +21,7 @@ import types
 import torch
 from torch import nn
 
-from castcore import hf
+from castcore.hf.layers import grouped_router_kind, is_default_gated_experts
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.recording.routing import expert_routing
 from castcore.workload.experts import _grouped
@@ -35,7 +35,7 @@ def rewrite_moe(module: nn.Module) -> str | None:
     if _is_top_k_router(module):
         module.forward = types.MethodType(_fused_router_forward, module)
         return "MoE router softmax + top-k -> castcore::topk_softmax"
-    kind = hf.grouped_router_kind(module)
+    kind = grouped_router_kind(module)
     if kind:
         if kind == "router":
             module.forward = types.MethodType(_grouped_router_forward, module)
@@ -92,7 +92,7 @@ def _grouped_routing(self, router_logits):
 
 def _is_silu_experts(module: nn.Module) -> bool:
     """transformers' grouped-GEMM experts (3-D gate_up_proj / down_proj) with SiLU gating and no biases."""
-    return (len(_expert_weights(module)) == 2 and hf.is_default_gated_experts(module)
+    return (len(_expert_weights(module)) == 2 and is_default_gated_experts(module)
             and type(getattr(module, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from castcore.hf import is_conv1d, is_experts_module
+from castcore.hf.layers import is_conv1d, is_experts_module
 from castcore.options.catalog import say
 from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel

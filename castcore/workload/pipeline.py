@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from castcore import hf
+from castcore.hf.versions import internals_error, raised_inside
 from castcore.builtin import DEPLOYED_WHOLE_OPS
 from castcore.options.catalog import say
 from castcore.plugins.audit import unreached_claims, unreached_lines
@@ -92,10 +92,10 @@ def _capture_workload(host: PluginHost, workload: Workload, device: DeviceProfil
     except CastcoreError:
         raise
     except Exception as exc:
-        if not hf.raised_inside(exc):
+        if not raised_inside(exc):
             raise
         model = built.model if built is not None else workload.model
-        raise hf.internals_error(exc, model if isinstance(model, str) else type(model).__name__) from exc
+        raise internals_error(exc, model if isinstance(model, str) else type(model).__name__) from exc
 
 
 def _fuse_shard_capture(host: PluginHost, workload: Workload, device: DeviceProfile, built: BuiltModel,

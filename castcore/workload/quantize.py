@@ -27,7 +27,7 @@ device's shard. It deploys the model as vLLM deploys a quantized checkpoint:
   names the modules it leaves unquantized (``modules_to_not_convert``, ModelOpt's ``exclude_modules``; gpt-oss
   quantizes its experts only) keeps those in the model dtype too (castcore.workload.checkpoint.unquantized).
 - ``--kv-cache``: a decode step's static cache holds keys and values in that dtype, the new token's cast to it as
-  they are written (castcore.hf.decode_inputs); a prefill's cache is counted in it. The fused
+  they are written (castcore.hf.cache.decode_inputs); a prefill's cache is counted in it. The fused
   ``castcore::attention`` reads the cache as it is; the eager path (``--eager``) dequantizes it first.
 
 Quantized weights are Parameters of their real dtype and shape, so memory counts their bytes.
@@ -46,7 +46,8 @@ from torch import nn
 from castcore.builtin import quantized_ops  # noqa: F401  (defines the torch.ops.castcore quantized ops)
 from castcore.devices.dtypes import dtype_name, torch_dtype
 from castcore.recording.dtensor import dtensor_type
-from castcore.hf import cast_on_write, experts_grouped_forward, is_conv1d
+from castcore.hf.cache import cast_on_write
+from castcore.hf.layers import experts_grouped_forward, is_conv1d
 from castcore.options.catalog import any_value, say
 from castcore.options.parts import BLOCK_FP8
 from castcore.workload import checkpoint, fp4

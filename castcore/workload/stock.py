@@ -16,7 +16,11 @@ from typing import Any
 
 import torch
 
-from castcore import hf
+from castcore.hf.attention import (ATTENTION, castcore_attention, castcore_mask, no_attention_backend_note,
+                                   register_attention, supports_attention_backend)
+from castcore.hf.cache import CACHE_ARGUMENTS
+from castcore.hf.causal_lm import is_causal_lm
+from castcore.hf.configs import attention_of, attention_set_to
 from castcore.workload.models import BuiltModel
 
 
@@ -24,19 +28,19 @@ def prepare(built: BuiltModel) -> BuiltModel:
     """``built`` with castcore's attention path and ``use_cache=False`` when its model is a
     transformers causal LM, each change said in ``built.notes``; any other model as it is."""
     model = built.model
-    if not hf.is_causal_lm(model):
+    if not is_causal_lm(model):
         return built
-    name, attention = type(model).__name__, hf.attention_of(model)
-    if not hf.supports_attention_backend(model):
-        built.notes.append(hf.no_attention_backend_note(name, attention))
-    elif attention != hf.ATTENTION:
-        hf.register_attention(hf.ATTENTION, hf.castcore_attention, hf.castcore_mask)
-        built.while_capturing = partial(hf.attention_set_to, model, hf.ATTENTION)
-        built.notes.append(f"castcore ran {name}'s attention as {hf.ATTENTION!r} (transformers' SDPA with the causal "
+    name, attention = type(model).__name__, attention_of(model)
+    if not supports_attention_backend(model):
+        built.notes.append(no_attention_backend_note(name, attention))
+    elif attention != ATTENTION:
+        register_attention(ATTENTION, castcore_attention, castcore_mask)
+        built.while_capturing = partial(attention_set_to, model, ATTENTION)
+        built.notes.append(f"castcore ran {name}'s attention as {ATTENTION!r} (transformers' SDPA with the causal "
                            f"flag, so attention counts the causal half of the query-key pairs) instead of your "
                            f"{attention!r}, for this estimate only")
     passed = _passed(model, built.args, built.kwargs)
-    if passed is None or "use_cache" in passed or any(name in passed for name in hf.CACHE_ARGUMENTS):
+    if passed is None or "use_cache" in passed or any(name in passed for name in CACHE_ARGUMENTS):
         return built  # the caller chose the cache: leave it, and the capture holds it
     built.kwargs["use_cache"] = False
     built.notes.append(f"castcore passed use_cache=False to {name}, as its presets do: a prefill then builds no "
