@@ -28,6 +28,8 @@ from pathlib import Path
 import castcore
 from castcore.simulation import engine
 from castcore.workload import simulate as simulation
+from castcore.workload.kvmemory import kv_capacity
+from castcore.workload.steptime import StepTimes
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE_FILE = str(ROOT / "tests" / "data" / "h100-sxm.toml")
@@ -43,9 +45,9 @@ def parts() -> dict[str, float]:
     started = time.perf_counter()
     plan = simulation.check("llama-3-70b", **ARGS)
     checked = time.perf_counter()
-    steps = simulation.StepTimes(session.pipeline, plan.base, "h100-sxm", plan.limits.max_batched_tokens,
-                                 min(plan.limits.max_running_requests, plan.limits.max_batched_tokens))
-    blocks, _ = simulation.kv_capacity(session.pipeline, steps, plan.limits, steps.profile)
+    steps = StepTimes(session.pipeline, plan.base, "h100-sxm", plan.limits.max_batched_tokens,
+                      min(plan.limits.max_running_requests, plan.limits.max_batched_tokens))
+    blocks, _ = kv_capacity(session.pipeline, steps, plan.limits, steps.profile)
     engine.simulate(plan.requests, plan.limits, blocks, steps)  # makes the ladder captures it needs
     first = time.perf_counter()
     engine.simulate(plan.requests, plan.limits, blocks, steps)  # every capture made: the loop and its step times

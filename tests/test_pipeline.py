@@ -82,14 +82,3 @@ def test_bad_options_fail_before_anything_is_built(options, culprit):
 def test_a_named_model_takes_no_inputs():
     with pytest.raises(castcore.ModelError, match="pass no inputs"):
         castcore.build_workload("llama-3-8b", 1, 2)
-
-
-def test_setting_a_sessions_capture_step_still_works_and_says_the_new_form():
-    session = castcore.Session(load_packs=[])
-
-    def step(host, workload, profile, progress):
-        raise AssertionError("not called here")
-
-    with pytest.warns(DeprecationWarning, match=r"Session\(capture_step=\.\.\.\)"):
-        session.capture_step = step
-    assert session.pipeline.capture_step is step and session.capture_step is step

@@ -19,7 +19,6 @@ joule. The fewest devices that fit at all, per device, come from step 1.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,7 +213,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
          price_per_device_hour: float | None = None, device_prices: list[str] | None = None,
          disaggregated: bool = False, workers: int | None = None,
          backend: str = "local", ray_address: str | None = None, plugins: PluginOptions | None = None,
-         progress: bool | None = False, **old: Any) -> PlanResult:
+         progress: bool | None = False) -> PlanResult:
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
     output tokens/s per device that fit and meet ``ttft``/``tpot`` (seconds, "50ms", or under traffic a statistic
     such as "p99:500ms"), ``fewest`` devices that fit (under traffic: that meet them) per device. With ``rate``,
@@ -228,7 +227,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     from castcore.sweeps.work import Settings
     from castcore.workload.serving import check_request
 
-    plugins = _old_plugin_keywords(plugins or PluginOptions(), old)
+    plugins = plugins or PluginOptions()
     given = {"input_tokens": input_tokens, "output_tokens": output_tokens, "ttft": ttft, "tpot": tpot, "rate": rate,
              "concurrency": concurrency, "max_rate": max_rate, "requests": requests, "engine": engine,
              "devices": devices, "max_devices": max_devices, "top": top, "tp": tp, "pp": pp, "weights": weights,
@@ -275,16 +274,3 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
                 chosen += disaggregation.candidates(chosen, request.max_devices)
             return PlanResult(request=request, **capacity.search(request, command, chosen, run))
         return search(request, command, session.devices, run)
-
-
-def _old_plugin_keywords(plugins: PluginOptions, old: dict[str, Any]) -> PluginOptions:
-    """``device_files=`` and ``packs=``, as castcore.plan took the plugin options before ``plugins=``."""
-    unknown = set(old) - {"device_files", "packs"}
-    if unknown:
-        raise TypeError(f"plan() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-    if not old:
-        return plugins
-    warnings.warn("castcore.plan(device_files=, packs=) is deprecated: pass plugins=castcore.PluginOptions("
-                  "device_file=[...], no_packs=True)", DeprecationWarning, stacklevel=3)
-    return plugins.merged(PluginOptions(device_file=list(old.get("device_files") or []),
-                                        no_packs=old.get("packs") is False))

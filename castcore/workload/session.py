@@ -4,7 +4,6 @@ module-level ``castcore.estimate`` and ``castcore.serve`` use."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,12 +39,6 @@ class Session(PluginHost):
     @property
     def capture_step(self) -> CaptureStep | None:
         return self.pipeline.capture_step
-
-    @capture_step.setter
-    def capture_step(self, step: CaptureStep | None) -> None:
-        warnings.warn("session.capture_step = ... is deprecated: give it when the session is made, "
-                      "Session(capture_step=...)", DeprecationWarning, stacklevel=2)
-        self.pipeline.capture_step = step
 
     def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
                          description: str = "", kv_cache_bytes: int = 0) -> Report:

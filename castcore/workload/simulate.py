@@ -30,7 +30,6 @@ from castcore.workload.metering import Metered, pool_use
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
 from castcore.workload import disaggregated, draft_heads, speculation
 from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
-from castcore.workload.steptime import StepTimes  # noqa: F401  (the step-time model, as benchmarks reach it)
 
 if TYPE_CHECKING:
     from castcore.workload.pipeline import Pipeline
