@@ -115,11 +115,6 @@ def overload_for(record: RegisteredOp, values: Sequence[Any]) -> Any:
         return _new_overload(record, tuple(value_type(v, p, record.qualname) for v, p in zip(values, record.params)))
 
 
-def registered_ops() -> dict[str, RegisteredOp]:
-    """Every registered op by qualified name ("ns::name")."""
-    return dict(_REGISTRY)
-
-
 def lookup(target: Any) -> RegisteredOp:
     """The record of a registered op from its function (as returned or as registered), OpOverload,
     OpOverloadPacket, record or "ns::name"."""

@@ -41,11 +41,6 @@ def is_latent_attention(module: nn.Module) -> bool:
             and hasattr(config, "rope_interleave"))
 
 
-def latent_width(config) -> int:
-    """Elements of one token's cache entry in one layer: the compressed keys and values, and the rotary key."""
-    return config.kv_lora_rank + config.qk_rope_head_dim
-
-
 def rewrite(module: nn.Module) -> None:
     module.forward = types.MethodType(_forward, module)
     module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.cache.kv_written)
