@@ -78,7 +78,3 @@ class RegisteredOp:
                         allow_replicated_outputs=True)
         except AnnotationError as exc:
             raise exc.for_op(self.qualname) from None
-
-    @property
-    def default_overload(self) -> Any | None:
-        return next(iter(self.overloads.values()), None)
