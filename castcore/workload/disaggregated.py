@@ -26,7 +26,7 @@ from typing import Any
 from castcore.errors import ModelError
 from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
 from castcore.simulation import engine as engine_model
-from castcore.simulation.metrics import Finished, summarize
+from castcore.simulation.metrics import Finished
 from castcore.simulation.requests import Request
 from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
 from castcore.workload.metering import Metered, pool_use
@@ -130,8 +130,9 @@ def _pool(pipeline: Any, plan: Any, workload: Any, device: Any) -> Pool:
 
 
 def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
-    """Simulate ``plan`` (a checked Simulation with ``pools``) and return its SimulationReport via ``report``;
-    a pool without a device of its own runs on ``device``."""
+    """Simulate ``plan`` (a checked Simulation with ``pools``) and return its SimulationReport, which
+    ``report(plan, results, finished, ...)`` assembles (castcore.workload.simulate.report_of); a pool without a
+    device of its own runs on ``device``."""
     pools, limits = plan.pools, plan.limits
     pre = _pool(pipeline, plan, pools.prefill, pools.prefill_device or device)
     dec = _pool(pipeline, plan, pools.decode, pools.decode_device or device)
@@ -170,32 +171,20 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
         times = [head.first_token_s] + (tail.token_times if tail else [])
         finished.append(Finished(index, head.input_tokens, by_index[index].output_tokens, arrival, head.first_token_s,
                                  times[-1], times, head.preemptions + (tail.preemptions if tail else 0)))
-    never = [{"index": n.index, "why": n.why} for result in (*prefilled, *decoded) for n in result.never_fit]
-    if not finished:
-        raise ModelError(f"no request can be served: all {len(never)} never fit; request {never[0]['index']}: "
-                         f"{never[0]['why']}")
-    summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
-                        None if plan.slo_tpot is None else plan.slo_tpot * 1e3)
     mean_moved = sum(moved.values()) / len(moved) if moved else 0.0
-    summary.update(prefill_instances=x, decode_instances=y, mean_kv_transfer_ms=round(mean_moved * 1e3, 4),
-                   devices=x * pools.prefill.devices + y * pools.decode.devices)
     notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_profile.name} device(s), "
              f"{y} decode instance(s) of {pools.decode.devices} {dec_profile.name} device(s); each prompt's KV "
              f"cache moves over {level} (castcore::send, answered by {answered}; mean {mean_moved * 1e3:.3f} ms), "
              "its first token from the prefill instance"]
-    results = [*prefilled, *decoded]
-    iterations = sum(r.iterations for r in results)
-    if plan.speculation:
-        summary.update(spec_tokens=plan.speculation[0], spec_tokens_per_step=round(plan.speculation[1], 4))
-    if any(r.prefix_id is not None for r in plan.requests):  # prefixes are cached where prompts run
-        summary.update(prefix_cache_hits=sum(r.prefix_hits for r in prefilled),
-                       cached_prompt_tokens=sum(r.cached_tokens for r in prefilled))
-    return report(device=f"{pre_profile.name} (prefill) + {dec_profile.name} (decode)",
-                  kv_blocks=dec.blocks, kv_bytes_per_token=dec.per_token, summary=summary, never_fit=never,
-                  iterations=iterations, mean_running=decoded[0].mean_running if decoded else 0.0,
+    figures = {"prefill_instances": x, "decode_instances": y, "mean_kv_transfer_ms": round(mean_moved * 1e3, 4),
+               "devices": x * pools.prefill.devices + y * pools.decode.devices}
+    return report(plan, [*prefilled, *decoded], finished, prefix_from=prefilled,  # prefixes: where prompts run
+                  figures=figures, mean_running=decoded[0].mean_running if decoded else 0.0,
+                  device=f"{pre_profile.name} (prefill) + {dec_profile.name} (decode)",
+                  kv_blocks=dec.blocks, kv_bytes_per_token=dec.per_token,
                   kv_usage=decoded[0].kv_usage if decoded else [],
                   deployment={"prefill": pools.prefill.options(), "decode": pools.decode.options(),
                               "prefill_instances": x, "decode_instances": y},
-                  notes=notes, finished=finished, iterations_trace=(decoded or prefilled)[0].trace,
+                  notes=notes, iterations_trace=(decoded or prefilled)[0].trace,
                   pool_use=[pool_use(pre_profile.name, pools.prefill, x, pre.meters),
                             pool_use(dec_profile.name, pools.decode, y, dec.meters)])

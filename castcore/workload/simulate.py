@@ -211,9 +211,7 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     ``check`` made."""
     plan = model if isinstance(model, Simulation) else check(model, **options)
     if plan.pools:
-        return disaggregated.run(pipeline, plan, device, lambda **figures: SimulationReport(
-            model=plan.model, engine=plan.engine, limits=plan.limits, slo_ttft_s=plan.slo_ttft,
-            slo_tpot_s=plan.slo_tpot, **figures))
+        return disaggregated.run(pipeline, plan, device, report_of)
     base, engine_limits = plan.base, plan.limits
     steps = step_times(pipeline, base, device, engine_limits)
     blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)
@@ -237,22 +235,6 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
                                                                                        schedulers), plan.speculation))
         if results[-1].partial:  # Ctrl-C: no further scheduler runs
             break
-    finished = [f for r in results for f in r.finished]
-    never = [{"index": n.index, "why": n.why} for r in results for n in r.never_fit]
-    if not finished:
-        if results[-1].partial:
-            raise KeyboardInterrupt  # interrupted before any request finished: no figures to print
-        raise ModelError(f"no request can be served: all {len(never)} never fit; request {never[0]['index']}: "
-                         f"{never[0]['why']}")
-    summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
-                        None if plan.slo_tpot is None else plan.slo_tpot * 1e3)
-    if any(r.prefix_id is not None for r in plan.requests):
-        summary.update(prefix_cache_hits=sum(r.prefix_hits for r in results),
-                       cached_prompt_tokens=sum(r.cached_tokens for r in results))
-    if plan.speculation:
-        summary.update(spec_tokens=plan.speculation[0], spec_tokens_per_step=round(plan.speculation[1], 4))
-    iterations = sum(r.iterations for r in results)
-    mean = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
     notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
     if base.attention_dp > 1:
         notes.append(f"attention data-parallel: {base.attention_dp} groups of {base.tp} device(s), each scheduling its "
@@ -269,9 +251,37 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
         notes.append(f"a mixed batch runs castcore's deployed kernels: the fused-kernel rewrites of "
                      f"{', '.join(rewriters)} are not applied in it yet (their estimators still price the ops they "
                      "claim)")
-    return SimulationReport(model=plan.model, device=steps.profile.name, engine=plan.engine, limits=engine_limits,
-                            kv_blocks=blocks, kv_bytes_per_token=per_token, summary=summary, never_fit=never,
-                            iterations=iterations, mean_running=mean, kv_usage=results[0].kv_usage,
-                            deployment=base.options(), notes=notes, partial=results[-1].partial, finished=finished,
-                            iterations_trace=results[0].trace, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot,
-                            pool_use=[pool_use(steps.profile.name, base, base.dp, metered)])
+    return report_of(plan, results, [f for r in results for f in r.finished], partial=results[-1].partial,
+                     device=steps.profile.name, kv_blocks=blocks, kv_bytes_per_token=per_token,
+                     kv_usage=results[0].kv_usage, deployment=base.options(), notes=notes,
+                     iterations_trace=results[0].trace, pool_use=[pool_use(steps.profile.name, base, base.dp, metered)])
+
+
+def report_of(plan: Simulation, results: list, finished: list, *, prefix_from: list | None = None,
+              figures: dict[str, Any] | None = None, mean_running: float | None = None, partial: bool = False,
+              **fields: Any) -> SimulationReport:
+    """The SimulationReport of a run from its schedulers' results (engine.Result) and the requests it finished: the
+    summary under the plan's objectives with ``figures`` (the run's own entries) and the prefix-cache and speculation
+    counts, the requests that never fit, the iterations and the mean running batch over them. ``prefix_from``: the
+    results whose prefix caches count (all of them by default); ``fields``: the report's other fields."""
+    never = [{"index": n.index, "why": n.why} for r in results for n in r.never_fit]
+    if not finished:
+        if partial:
+            raise KeyboardInterrupt  # interrupted before any request finished: no figures to print
+        raise ModelError(f"no request can be served: all {len(never)} never fit; request {never[0]['index']}: "
+                         f"{never[0]['why']}")
+    summary = summarize(finished, None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
+                        None if plan.slo_tpot is None else plan.slo_tpot * 1e3)
+    summary.update(figures or {})
+    if any(r.prefix_id is not None for r in plan.requests):
+        cached = results if prefix_from is None else prefix_from
+        summary.update(prefix_cache_hits=sum(r.prefix_hits for r in cached),
+                       cached_prompt_tokens=sum(r.cached_tokens for r in cached))
+    if plan.speculation:
+        summary.update(spec_tokens=plan.speculation[0], spec_tokens_per_step=round(plan.speculation[1], 4))
+    iterations = sum(r.iterations for r in results)
+    if mean_running is None:
+        mean_running = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
+    return SimulationReport(model=plan.model, engine=plan.engine, limits=plan.limits, summary=summary,
+                            never_fit=never, iterations=iterations, mean_running=mean_running, finished=finished,
+                            partial=partial, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot, **fields)
