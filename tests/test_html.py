@@ -136,7 +136,9 @@ def test_serve_and_simulate_pages_show_their_figures(tmp_path, capsys):
     for chart in ("chart-ttft", "chart-tpot", "chart-itl", "chart-throughput", "chart-kv", "chart-batches"):
         assert f'id="{chart}"' in page
     latency = {row[0]: row for row in tables(page)["latency-table"]}
-    assert latency["time to first token"][2] == f"{simulated['median_ttft_ms']:.4g} ms"
+    from castcore.report.html.document import millis
+
+    assert latency["time to first token"][2] == millis(simulated["median_ttft_ms"])
     # The same results saved and rendered later: the statistics, not the requests.
     saved = tmp_path / "simulate.json"
     saved.write_text(json.dumps(simulated))
@@ -261,4 +263,6 @@ def test_the_python_api_writes_serve_and_simulate_pages(tmp_path):
     page = assert_self_contained(castcore.write_html(simulated, tmp_path / "simulate.html"))
     assert 'id="chart-ttft"' in page and 'id="chart-batches"' in page
     latency = {row[0]: row for row in tables(page)["latency-table"]}
-    assert latency["time per output token"][4] == f"{simulated.summary['p99_tpot_ms']:.4g} ms"
+    from castcore.report.html.document import millis
+
+    assert latency["time per output token"][5] == millis(simulated.summary["p99_tpot_ms"])
