@@ -165,6 +165,7 @@ def test_sweep_and_plan_pages_mark_the_front_and_the_chosen(tmp_path, capsys):
     page = assert_self_contained(tmp_path / "plan.html")
     chosen = re.search(r'<tr class="chosen">(.*?)</tr>', page).group(1)
     assert f">{plan['best'][0]['served_batch']}<" in chosen
+    assert "TTFT p99 objective 1 ms" in page  # the objective drawn as a line on the front's TTFT axis
     assert len(tables(page)["candidates-table"]) > len(plan["best"])  # every point evaluated, not only the best
 
 

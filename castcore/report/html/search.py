@@ -3,6 +3,7 @@ device against latency, hover naming each point; the table of candidates, the ch
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from castcore.report.files import pareto
@@ -87,8 +88,10 @@ def front_chart(rows: list[dict[str, Any]], x_key: str, y_key: str, chosen: int 
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     if target is not None:
-        fig.add_hline(y=target[0], line_color="#d62728", line_width=2, annotation_text=target[1],
-                      annotation_position="top left", annotation_font_color="#d62728")
+        fig.add_hline(y=target[0], line_color="#d62728", line_width=2)
+        # an annotation on a log axis is placed by the log10 of its value
+        fig.add_annotation(x=0, xref="paper", y=math.log10(target[0]), yref="y", text=target[1], showarrow=False,
+                           xanchor="left", yanchor="bottom", font={"color": "#d62728"})
     return part(fig, "pareto"), front
 
 
