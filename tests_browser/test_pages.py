@@ -178,7 +178,7 @@ E_NOTATION = r"\d(\.\d+)?e[+-]?\d"
 
 
 def test_every_header_lines_up_with_its_column_and_no_figure_is_in_e_notation(browser, pages):
-    for kind in ("simulate", "estimate", "plan"):
+    for kind in PAGES:
         page = browser.new_page()
         page.goto(pages[kind].as_uri())
         for table in page.locator("table.cc-table").element_handles():
