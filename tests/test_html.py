@@ -136,7 +136,9 @@ def test_serve_and_simulate_pages_show_their_figures(tmp_path, capsys):
     for chart in ("chart-ttft", "chart-tpot", "chart-itl", "chart-throughput", "chart-kv", "chart-batches"):
         assert f'id="{chart}"' in page
     latency = {row[0]: row for row in tables(page)["latency-table"]}
-    assert latency["time to first token"][2] == f"{simulated['median_ttft_ms']:.4g} ms"
+    from castcore.report.html.document import millis
+
+    assert latency["time to first token"][2] == millis(simulated["median_ttft_ms"])
     # The same results saved and rendered later: the statistics, not the requests.
     saved = tmp_path / "simulate.json"
     saved.write_text(json.dumps(simulated))
@@ -163,6 +165,7 @@ def test_sweep_and_plan_pages_mark_the_front_and_the_chosen(tmp_path, capsys):
     page = assert_self_contained(tmp_path / "plan.html")
     chosen = re.search(r'<tr class="chosen">(.*?)</tr>', page).group(1)
     assert f">{plan['best'][0]['served_batch']}<" in chosen
+    assert "TTFT p99 objective 1 ms" in page  # the objective drawn as a line on the front's TTFT axis
     assert len(tables(page)["candidates-table"]) > len(plan["best"])  # every point evaluated, not only the best
 
 
@@ -261,4 +264,112 @@ def test_the_python_api_writes_serve_and_simulate_pages(tmp_path):
     page = assert_self_contained(castcore.write_html(simulated, tmp_path / "simulate.html"))
     assert 'id="chart-ttft"' in page and 'id="chart-batches"' in page
     latency = {row[0]: row for row in tables(page)["latency-table"]}
-    assert latency["time per output token"][4] == f"{simulated.summary['p99_tpot_ms']:.4g} ms"
+    from castcore.report.html.document import millis
+
+    assert latency["time per output token"][5] == millis(simulated.summary["p99_tpot_ms"])
+
+
+# What a person reads: number formats, bins, axes, groups (the pure-Python parts; tests_browser/ checks them drawn).
+
+@pytest.mark.parametrize("value, text", [(19150.3, "19,150"), (0.23906, "0.2391"), (12345678.9, "12,345,679"),
+                                         (2.0, "2"), (0.0, "0"), (-0.5, "-0.5"), (9.99996, "10"), (1e-6, "0.000001"),
+                                         (None, "-"), (float("nan"), "-")])
+def test_numbers_read_as_a_person_writes_them(value, text):
+    from castcore.report.html.document import decimal
+
+    assert decimal(value) == text
+
+
+@pytest.mark.parametrize("ms, text", [(19150.0, "19.15 s"), (1234567.0, "1,235 s"), (0.2391, "239.1 us"),
+                                      (2.5, "2.5 ms"), (0.0001234, "123.4 ns"), (None, "-")])
+def test_a_duration_in_ms_takes_the_unit_that_reads_best(ms, text):
+    from castcore.report.html.document import millis
+
+    assert millis(ms) == text and "e+" not in text and "e-" not in text
+
+
+def test_a_narrow_bulk_with_stragglers_gets_several_bars_and_says_what_it_left_out():
+    from castcore.report.html.charts import histogram
+
+    # ITL as a simulation gives it: nearly every gap the decode step's time, a few gaps a prefill long.
+    values = [0.2391 + 1e-6 * (i % 17) for i in range(900)] + [0.35, 0.41, 0.52]
+    found = histogram(values)
+    assert len(found["counts"]) >= 5 and sum(c > 0 for c in found["counts"]) >= 5
+    assert found["above"] == 3 and found["below"] == 0 and found["largest"] == 0.52
+    assert sum(found["counts"]) + found["above"] == len(values)
+    assert found["edges"] == sorted(found["edges"]) and not found["log"]
+    assert found["edges"][0] == min(values) and found["edges"][-1] < 0.35
+
+
+def test_a_wide_spread_is_binned_on_a_log_scale_and_one_value_is_one_bar():
+    from castcore.report.html.charts import histogram
+
+    found = histogram([1.0 * 1.1 ** i for i in range(100)])  # 1 to 12,527: about four decades
+    ratios = [b / a for a, b in zip(found["edges"], found["edges"][1:])]
+    assert found["log"] and max(ratios) == pytest.approx(min(ratios))  # equal bins in log10
+    assert sum(found["counts"]) + found["below"] + found["above"] == 100
+    single = histogram([2.0] * 10)
+    assert single["counts"] == [10] and single["edges"][0] < 2.0 < single["edges"][1]
+
+
+@pytest.mark.parametrize("high, top, step", [(0, 1, 1), (3, 3, 1), (9.2, 10, 2), (21.6, 25, 5), (64, 80, 20),
+                                             (1234, 1500, 500)])
+def test_a_count_axis_starts_at_zero_with_whole_number_ticks(high, top, step):
+    from castcore.report.html.charts import count_axis
+
+    axis = count_axis(high)
+    assert axis["range"] == [0, top] and axis["dtick"] == step and top >= high and axis["tickformat"] == ",d"
+
+
+def _modules(times: dict[str, float]) -> list[dict]:
+    total = sum(times.values())
+    return [{"module": m, "calls": 1, "time_s": t, "share": t / total, "flops": 1.0, "bytes": 2.0}
+            for m, t in times.items()]
+
+
+def test_layers_come_in_numeric_order_and_identical_runs_fold_into_one():
+    from castcore.report.html.estimate import layer_groups, module_kinds
+
+    times = {f"m.layers.{i}.{part}": (2e-3 if part == "mlp" and 4 <= i < 8 else 1e-3)
+             for i in range(12) for part in ("mlp", "attn")}
+    times.update({"m.layers.11": 5e-4, "m.lm_head": 3e-3})
+    groups = layer_groups(_modules(dict(sorted(times.items()))))  # text order: layers.0, 1, 10, 11, 2, ...
+    assert [(g["name"], g["layers"]) for g in groups] == [
+        ("m.layers.0-3 (x4)", 4), ("m.layers.4-7 (x4)", 4), ("m.layers.8-10 (x3)", 3), ("m.layers.11", 1),
+        ("m.lm_head", 1)]
+    assert [g["each_s"] for g in groups] == pytest.approx([2e-3, 3e-3, 2e-3, 2.5e-3, 3e-3])
+    kinds = {k["module"]: k for k in module_kinds(_modules(times))}
+    assert kinds["m.layers.N.mlp"]["count"] == 12 and kinds["m.layers.N.mlp"]["time_s"] == pytest.approx(16e-3)
+    assert kinds["m.layers.N"]["count"] == 1 and sum(k["share"] for k in kinds.values()) == pytest.approx(1.0)
+
+
+def test_a_figure_column_and_its_header_align_right_and_a_text_column_left():
+    from castcore.report.html.document import table
+
+    html = table("t", ["name", "time", "note"], [["a", ("1 ms", 1e-3), "x"], ["b", None, "-"], ["c", 3, None]])
+    assert re.findall(r"<th(?: [^>]*)?>", html) == ["<th>", '<th class="num">', "<th>"]
+    assert '<td class="num" data-v="">-</td>' in html and '<td class="num" data-v="3.0">3</td>' in html
+
+
+def test_the_estimate_page_groups_its_modules_with_the_flat_table_one_click_away(estimated):
+    page = estimated["page"].read_text(encoding="utf-8")
+    found = tables(page)
+    modules = estimated["json"]["modules"]
+    kinds = found["module-kinds-table"]
+    assert len(kinds) < len(modules) and sum(int(row[1]) for row in kinds) == len(modules)
+    assert re.search(r'<details><summary>every module, one row each \([\d,]+ rows\)</summary>.*?id="modules-table"',
+                     page, re.DOTALL)
+    assert "LlamaForCausalLM.model.layers.0-1 (x2)" in [row[0] for row in found["layers-table"]]  # two alike
+
+
+def test_the_simulate_page_states_the_dtypes_and_draws_the_slo_targets(tmp_path):
+    session = castcore.Session(load_packs=[], device_files=[H100])
+    simulated = session.simulate(LLAMA, requests=30, input_lengths="uniform:16:64", output_lengths=8, rate=20,
+                                 weights="fp8", activations="fp8", slo_ttft=0.3e-3, slo_tpot=1.0)
+    page = assert_self_contained(castcore.write_html(simulated, tmp_path / "simulate.html"))
+    assert "weights fp8, activations fp8, KV cache bf16" in page
+    assert "TTFT at most 300 us, TPOT at most 1 s" in page  # stated, and in the table's SLO column
+    latency = {row[0]: row for row in tables(page)["latency-table"]}
+    assert latency["time to first token"][-1] == "300 us" and latency["inter-token latency"][-1] == "-"
+    assert "SLO target 1 s beyond" in page  # TPOT's target far right of its bars: drawn at the edge, said
+    assert not re.search(r"\d\.\d+e[+-]\d+ ms", outside_plotly(page))

@@ -27,9 +27,12 @@ table.cc-table { border-collapse: collapse; width: 100%; font-size: 13px; }
                padding: 6px 8px; white-space: nowrap; border-bottom: 1px solid #d3d8df; }
 .cc-table th[aria-sort="ascending"]::after { content: " \\25B2"; }
 .cc-table th[aria-sort="descending"]::after { content: " \\25BC"; }
+.cc-table th.num { text-align: right; }
 .cc-table td { padding: 4px 8px; border-bottom: 1px solid #f0f2f5; vertical-align: top; }
 .cc-table td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .cc-table tr.chosen td { background: #fff3c4; font-weight: 600; }
+details { margin: 10px 0; }
+details > summary { cursor: pointer; color: #1f5f99; font-weight: 600; padding: 4px 0; }
 footer { color: #7b8593; font-size: 12px; margin-top: 24px; }
 """
 

@@ -25,14 +25,36 @@ def number(value: Any) -> float | None:
     return float(value)
 
 
+def decimal(value: Any, digits: int = 4) -> str:
+    """``value`` as a person reads it: ``digits`` significant figures, thousands separators, never e-notation,
+    no trailing zeros (19,150 and 0.2391, not 1.915e+04 and 2.391e-01)."""
+    found = number(value)
+    if found is None:
+        return "-"
+    if not found:
+        return "0"
+    places = max(0, digits - 1 - math.floor(math.log10(abs(found))))
+    text = f"{round(found, places):,.{places}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
 def seconds(value: Any) -> str:
+    """A duration in the largest unit that keeps it at or above 1: 19.15 s, 239.1 us, 1,234 s."""
     found = number(value)
     if found is None:
         return "-"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if abs(found) >= scale:
-            return f"{found / scale:.3f} {unit}"
-    return f"{found / 1e-9:.1f} ns" if found else "0 s"
+            return f"{decimal(found / scale)} {unit}"
+    return f"{decimal(found / 1e-9)} ns" if found else "0 s"
+
+
+def millis(value: Any) -> str:
+    """A figure given in milliseconds (simulate's ``*_ms``) in the unit that reads best."""
+    found = number(value)
+    return "-" if found is None else seconds(found / 1e3)
 
 
 def count(value: Any, unit: str = "") -> str:
@@ -41,8 +63,8 @@ def count(value: Any, unit: str = "") -> str:
         return "-"
     for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(found) >= scale:
-            return f"{found / scale:.3f} {prefix}{unit}"
-    return f"{found:.4g} {unit}".rstrip()
+            return f"{decimal(found / scale)} {prefix}{unit}"
+    return f"{decimal(found)} {unit}".rstrip()
 
 
 def binary(value: Any) -> str:
@@ -60,7 +82,7 @@ def plain(value: Any) -> str:
     if value is None or value == "":
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return decimal(value)
     if isinstance(value, (list, tuple)):
         return ", ".join(map(str, value)) or "-"
     if isinstance(value, dict):
@@ -89,26 +111,34 @@ def section(name: str, title: str, *parts: str) -> str:
     return f'<section id="{esc(name)}"><h2>{esc(title)}</h2>{"".join(parts)}</section>'
 
 
+def _kind(cell: Cell) -> bool | None:
+    """True for a figure, None for a blank (no figure), False for text."""
+    if isinstance(cell, tuple) or number(cell) is not None:
+        return True
+    return None if cell is None or cell == "" or cell == "-" else False
+
+
+def _cell(cell: Cell, figures: bool) -> str:
+    """The cell's ``<td>``: figures align right and sort by the number behind them (data-v)."""
+    text, value = cell if isinstance(cell, tuple) else (plain(cell), cell)
+    found = number(value)
+    if not figures:
+        return f"<td>{esc(text)}</td>"
+    return f'<td class="num" data-v="{"" if found is None else repr(found)}">{esc(text)}</td>'
+
+
 def table(name: str, headers: Sequence[str], rows: Iterable[Sequence[Cell]], chosen: Iterable[int] = ()) -> str:
     """A table the page's script sorts (click a header; again to reverse) and filters (the box above it). Rows whose
-    index is in ``chosen`` are highlighted."""
-    marked = set(chosen)
+    index is in ``chosen`` are highlighted. A column of figures (blanks aside) is right-aligned, its header too."""
+    marked, rows = set(chosen), [list(row) for row in rows]
+    kinds = [{_kind(row[n]) for row in rows if n < len(row)} for n in range(len(headers))]
+    figures = [True in found and False not in found for found in kinds]
     body = []
     for index, row in enumerate(rows):
-        cells = []
-        for cell in row:
-            if isinstance(cell, tuple):
-                text, value = cell
-                found = number(value)
-                data = f' data-v="{found!r}"' if found is not None else ' data-v=""'
-                cells.append(f'<td class="num"{data}>{esc(text)}</td>')
-            elif number(cell) is not None:
-                cells.append(f'<td class="num" data-v="{float(cell)!r}">{esc(plain(cell))}</td>')
-            else:
-                cells.append(f"<td>{esc(plain(cell))}</td>")
         mark = ' class="chosen"' if index in marked else ""
-        body.append(f'<tr{mark}>{"".join(cells)}</tr>')
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+        body.append(f'<tr{mark}>{"".join(_cell(cell, figures[n]) for n, cell in enumerate(row))}</tr>')
+    head = "".join(f'<th class="num">{esc(h)}</th>' if figures[n] else f"<th>{esc(h)}</th>"
+                   for n, h in enumerate(headers))
     return (f'<div class="table-tools"><input class="cc-filter" type="search" data-table="{esc(name)}" '
             f'placeholder="filter rows (every word must match)" aria-label="filter {esc(name)}">'
             f'<span class="note" id="{esc(name)}-count">{len(body)} rows</span></div>'

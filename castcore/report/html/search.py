@@ -3,11 +3,13 @@ device against latency, hover naming each point; the table of candidates, the ch
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from castcore.report.files import pareto
 from castcore.report.html.charts import COLOURS, PageError, figure, graph_objects, part
-from castcore.report.html.document import fact, facts, notes, number, paragraph, plain, section, table
+from castcore.report.html.document import (decimal, fact, facts, millis, notes, number, paragraph, plain, section,
+                                           table)
 
 # Throughput per device (higher is better) and latency (lower is better) of each command's rows, as castcore sweep
 # --plot draws them (castcore.sweeps.rows.THROUGHPUT and LATENCY, a layer above this one).
@@ -15,7 +17,8 @@ AXES = {"estimate": ("tokens_per_s_per_device", "step_s"), "serve": ("output_tok
         "simulate": ("output_tokens_per_s_per_device", "median_e2el_s")}
 LABELS = {"tokens_per_s_per_device": "tokens/s per device", "output_tokens_per_s_per_device":
           "output tokens/s per device", "step_s": "step time (s)", "latency_s": "request latency (s)",
-          "median_e2el_s": "median end-to-end latency (s)", "median_e2el_ms": "median end-to-end latency (ms)"}
+          "median_e2el_s": "median end-to-end latency (s)",
+          "ttft_s": "time to first token (s)", "tpot_s": "time per output token (s)", "median_e2el_ms": "median end-to-end latency (ms)"}
 FIRST_FIGURES = ("time_s", "devices", "duration")  # the first figure of an estimate's, a serve's, a simulate's row
 LAYOUT = ("device", "devices", "tp", "pp", "ep", "dp", "weights", "prefill_instances", "decode_instances",
           "served_batch", "rate", "max_rate")
@@ -48,9 +51,11 @@ def _hover(row: dict[str, Any], keys: list[str]) -> str:
 
 
 def front_chart(rows: list[dict[str, Any]], x_key: str, y_key: str, chosen: int | None, keys: list[str],
-                title: str, eligible: list[bool], left_out: str, y_label: str | None = None) -> tuple[str, set[int]]:
-    """The rows by device, the front of the ``eligible`` ones marked (the others hollow, named ``left_out``) and
-    ``chosen`` starred; the chart and the front's row indexes."""
+                title: str, eligible: list[bool], left_out: str, y_label: str | None = None,
+                target: tuple[float, str] | None = None) -> tuple[str, set[int]]:
+    """The rows by device, the front of the ``eligible`` ones marked (the others hollow, named ``left_out``),
+    ``chosen`` starred and the ``target`` (an objective on the y axis: its value and words) a red line; the chart and
+    the front's row indexes."""
     go = graph_objects()
     drawn = _drawn(rows, x_key, y_key)
     if not drawn:
@@ -82,6 +87,11 @@ def front_chart(rows: list[dict[str, Any]], x_key: str, y_key: str, chosen: int 
                  f"{y_label or LABELS.get(y_key, y_key)} (lower is better)", height=500)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
+    if target is not None:
+        fig.add_hline(y=target[0], line_color="#d62728", line_width=2)
+        # an annotation on a log axis is placed by the log10 of its value
+        fig.add_annotation(x=0, xref="paper", y=math.log10(target[0]), yref="y", text=target[1], showarrow=False,
+                           xanchor="left", yanchor="bottom", font={"color": "#d62728"})
     return part(fig, "pareto"), front
 
 
@@ -106,7 +116,7 @@ def sweep_sections(results: dict[str, Any], detail: Any = None) -> tuple[str, st
     items = [fact("points", f"{len(rows):,}", f"{len(failed)} with an error"),
              fact("on the Pareto front", str(len(front)), "fitting rows no other beats on both axes")]
     if chosen is not None:
-        items.append(fact("highest throughput per device", f"{rows[chosen][x_key]:,.4g}",
+        items.append(fact("highest throughput per device", decimal(rows[chosen][x_key]),
                           ", ".join(f"{k} {plain(rows[chosen].get(k))}" for k in keys[:-2])))
     shown = [*keys, *(c for c in ("fits", "error") if c in columns)]
     cells = [[*(_cell(r.get(k)) for k in shown), "yes" if i in front else "-"] for i, r in enumerate(rows)]
@@ -121,7 +131,7 @@ def sweep_sections(results: dict[str, Any], detail: Any = None) -> tuple[str, st
 
 
 def _cell(value: Any) -> Any:
-    return (f"{value:,.4g}", value) if isinstance(value, float) else value
+    return (decimal(value), value) if isinstance(value, float) else value
 
 
 def plan_data(result: Any, summary: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -161,12 +171,19 @@ def plan_sections(results: dict[str, Any], detail: Any = None) -> tuple[str, str
         wanted = [f"{o['statistic']}_{name}_ms" for name, o in (results.get("objectives") or {}).items() if o]
         y_key = next((k for k in (*wanted, "median_e2el_ms", "p99_ttft_ms") if any(k in c for c in candidates)),
                      "p99_ttft_ms")
+    else:  # a static batch: the first objective's own figure, where the rows have it
+        y_key = next((f"{name}_s" for name, o in (results.get("objectives") or {}).items()
+                      if o and any(f"{name}_s" in c for c in candidates)), y_key)
+    target = next(((o["s"] * (1e3 if y_key.endswith("_ms") else 1), f"{name.upper()} {o['statistic']} objective "
+                   f"{millis(o['s'] * 1e3)}") for name, o in (results.get("objectives") or {}).items()
+                   if o and y_key in (f"{o['statistic']}_{name}_ms", f"{name}_s")), None)
     chosen = next((i for i, c in enumerate(candidates) if best and _same(c, best[0])), None)
     keys = [k for k in (*LAYOUT, x_key, y_key, "meets") if any(k in c for c in candidates)]
     chart, front = front_chart(candidates, x_key, y_key, chosen, keys, "the candidates the plan evaluated",
                                [c.get("fits") is not False and c.get("meets") is not False for c in candidates],
-                               "misses an objective or does not fit", LABELS.get(y_key, y_key.replace("_", " ")))
-    objectives = [f"{name.upper()} {o['statistic']} at most {o['s'] * 1e3:.4g} ms"
+                               "misses an objective or does not fit", LABELS.get(y_key, y_key.replace("_", " ")),
+                               target)
+    objectives = [f"{name.upper()} {o['statistic']} at most {millis(o['s'] * 1e3)}"
                   for name, o in (results.get("objectives") or {}).items() if o]
     lede = (f"castcore plan for {results['model']}: requests of {results['input_tokens']} input + "
             f"{results['output_tokens']} output tokens, {', '.join(objectives) or 'no latency objective'}, "
@@ -177,7 +194,7 @@ def plan_sections(results: dict[str, Any], detail: Any = None) -> tuple[str, str
         top = best[0]
         items.append(fact("chosen", f"{top['device']}", ", ".join(f"{k} {plain(top[k])}" for k in LAYOUT[1:]
                                                                   if k in top and top[k] not in (None, 1))))
-        items.append(fact(LABELS[x_key], f"{top.get(x_key) or 0:,.4g}"))
+        items.append(fact(LABELS[x_key], decimal(top.get(x_key) or 0)))
     verdict = results.get("verdict") or {}
     parts = [section("summary", "What was planned", facts(items), notes([verdict.get("why", "")]))]
     parts.append(section("front", "Pareto front", chart, paragraph(
