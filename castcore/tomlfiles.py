@@ -4,6 +4,7 @@ fault, and no file is read past a bound, so a huge or endless one is refused bef
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,16 @@ def read_text(path: str | Path, error: type[CastcoreError], what: str, limit: in
     should hold ("TOML")."""
     path = Path(path)
     try:
-        with path.open("rb") as handle:
-            data = handle.read(limit + 1)
+        with path.open("rb") as handle:  # a file's size says it at once; a pipe or device, once read past it
+            data = None if os.fstat(handle.fileno()).st_size > limit else handle.read(limit + 1)
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
     except IsADirectoryError:
         raise error(f"{path}: is a directory; name the {what} itself") from None
     except OSError as exc:
         raise error(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise error(f"{path}: over {limit // 2**20} MiB, castcore's limit for a {what} (one is far smaller): name "
-                    f"the {what} itself")
+    if data is None or len(data) > limit:
+        raise error(f"{path}: over {limit // 2**20} MiB, castcore's limit for a {what}; give one within it")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

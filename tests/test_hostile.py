@@ -154,6 +154,11 @@ def test_report_of_a_deep_or_huge_results_file_is_one_line(tmp_path):
     deep_rows = tmp_path / "rows.jsonl"
     deep_rows.write_text("[" * 200_000 + "\n")
     assert "cannot read its rows (RecursionError" in refused(tmp_path, "report", str(deep_rows), "--html", "p.html")
+    for name in ("huge.json", "huge.csv", "huge.jsonl"):
+        with (tmp_path / name).open("wb") as out:
+            out.truncate(300 * 2**20)  # sparse: refused by its size, never read
+        line = refused(tmp_path, "report", str(tmp_path / name), "--html", "p.html")
+        assert f"{tmp_path / name}: over 256 MiB, castcore's limit for a" in line
 
 
 def test_a_long_serve_output_draws_without_a_step_by_step_loop(tmp_path):

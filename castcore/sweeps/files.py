@@ -15,7 +15,8 @@ from typing import Any
 
 from castcore.options.catalog import say
 from castcore.tomlfiles import DATA_BYTES, read_text
-from castcore.report.files import OutputError, check_output, csv_value, write_whole
+from castcore.errors import CastcoreError
+from castcore.report.files import OutputError, check_output, row_file, write_whole
 
 FORMATS = (".parquet", ".csv", ".jsonl")
 
@@ -85,15 +86,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def _read(path: Path) -> list[dict[str, Any]]:
     try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pylist()
-        if path.suffix == ".csv":
-            with path.open(newline="", encoding="utf-8") as handle:
-                return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
-        text = read_text(path, OutputError, "rows file", DATA_BYTES, "JSONL")
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return row_file(path)
+    except CastcoreError as exc:  # over the bound, not UTF-8: said with the path already
+        raise OutputError(f"{say('resume', True)}: {exc}; move it away to start afresh") from None
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
         raise OutputError(f"{say('resume', True)}: cannot read {path} ({type(exc).__name__}: {exc}); move it away to "
                           "start afresh") from None

@@ -4,17 +4,17 @@ one line saying what the file is not and how to write one that is."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 from castcore.options.option import COUNT_LIMIT
-from castcore.report.files import csv_value
+from castcore.errors import CastcoreError
+from castcore.report.files import row_file
 from castcore.report.html.charts import PageError
 from castcore.report.html.search import sweep_data
-from castcore.tomlfiles import DATA_BYTES, read_json, read_text
+from castcore.tomlfiles import DATA_BYTES, read_json
 
 SWEEP_FORMATS = (".jsonl", ".csv", ".parquet")
 # A command's --json object: the fields that say which command wrote it, then every field its page reads.
@@ -114,19 +114,11 @@ def _shown(value: Any) -> str:
 
 def _rows(path: Path) -> list[Any]:
     try:
-        if path.suffix == ".parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise _fail(path, "reading Parquet needs pyarrow: pip install 'castcore[sweep]'") from None
-            return pq.read_table(path).to_pylist()
-        if path.suffix == ".csv":
-            with path.open(newline="", encoding="utf-8") as handle:
-                return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
-        text = read_text(path, PageError, "results file", DATA_BYTES, "JSONL")
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except PageError:
-        raise
+        return row_file(path)
+    except ImportError:
+        raise _fail(path, "reading Parquet needs pyarrow: pip install 'castcore[sweep]'") from None
+    except CastcoreError as exc:  # over the bound, not UTF-8: said with the path already
+        raise PageError(str(exc)) from None
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
         raise _fail(path, f"cannot read its rows ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                     ) from None
