@@ -22,7 +22,7 @@ CONFIG_BYTES = 4 * 2**20  # a config.json, a quantization config, a spec or a de
 DATA_BYTES = 256 * 2**20  # results, sweep rows and datasets: what castcore wrote, or a million requests
 
 
-def read_text(path: str | Path, error: type[CastcoreError], what: str, limit: int = CONFIG_BYTES,
+def read_text(path: str | os.PathLike, error: type[CastcoreError], what: str, limit: int = CONFIG_BYTES,
               form: str = "UTF-8 text") -> str:
     """The file's UTF-8 text; ``error`` when it is missing, a folder, unreadable (a symlink loop), not UTF-8 or
     over ``limit`` bytes. ``what`` names the file in messages ("device file", "sweep spec"), ``form`` what it

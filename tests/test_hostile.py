@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 
 from castcore.errors import ModelError
+from castcore.options.catalog import SIMULATE as SIMULATE_OPTIONS
+from castcore.options.option import Objective
 from castcore.recording import stored
-from castcore.report.records import format_ms
+from castcore.simulation.metrics import format_ms
+from castcore.sweeps import capacity
+from castcore.sweeps.plan import PlanRequest
 from castcore.tomlfiles import CONFIG_BYTES
 from castcore.workload import draft_heads
 from castcore.workload.spec import load_model_config
@@ -240,3 +244,6 @@ def test_a_cut_or_deeply_nested_cache_entry_is_discarded():
 def test_durations_keep_their_digits():
     assert [format_ms(v) for v in (0.162, 30.0, 7.9, 0.25, 19_150.4, 0.0)] == [
         "0.162 ms", "30.0 ms", "7.90 ms", "0.250 ms", "19,150 ms", "0 ms"]
+    request = PlanRequest(model=str(LLAMA), ttft=Objective.parse("p99:1us", SIMULATE_OPTIONS["slo_ttft"]))
+    row = {"error": None, "never_fit": 0, "p99_ttft_ms": 0.162}
+    assert capacity.misses(request, row) == ["p99 TTFT 0.162 ms over 0.00100 ms"]  # not "p99 TTFT 0 ms"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -259,14 +258,6 @@ def format_seconds(seconds: float) -> str:
         if seconds >= scale:
             return f"{seconds / scale:.3f} {unit}"
     return f"{seconds / 1e-6:.3f} us"
-
-
-def format_ms(ms: float) -> str:
-    """Milliseconds with three significant digits and no exponent (0.162 ms, 30.0 ms, 19,150 ms): a latency
-    under a millisecond keeps its digits."""
-    if not ms or not math.isfinite(ms):
-        return f"{ms:g} ms"
-    return f"{ms:,.{max(0, 2 - math.floor(math.log10(abs(ms))))}f} ms"
 
 
 def format_count(value: float, unit: str = "") -> str:

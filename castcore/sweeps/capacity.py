@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from castcore.options.catalog import say
-from castcore.report.records import format_ms
+from castcore.simulation.metrics import format_ms
 from castcore.sweeps import disaggregation
 from castcore.sweeps.spec import Command, Point, make_points
 

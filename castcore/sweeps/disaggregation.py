@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from castcore.options.catalog import say
-from castcore.report.records import format_ms
+from castcore.simulation.metrics import format_ms
 
 MOST_INSTANCES = 4  # prefill or decode instances tried at most: 16 ratios a layout within 8 devices
 POOLS = ("prefill_instances", "decode_instances")

@@ -26,7 +26,7 @@ from typing import Any
 from castcore.errors import ModelError
 from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
 from castcore.simulation import engine as engine_model
-from castcore.simulation.metrics import Finished, summarize
+from castcore.simulation.metrics import Finished, format_ms, summarize
 from castcore.simulation.requests import Request
 from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
 from castcore.workload.metering import Metered, pool_use
@@ -181,7 +181,7 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
                    devices=x * pools.prefill.devices + y * pools.decode.devices)
     notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_profile.name} device(s), "
              f"{y} decode instance(s) of {pools.decode.devices} {dec_profile.name} device(s); each prompt's KV "
-             f"cache moves over {level} (castcore::send, answered by {answered}; mean {mean_moved * 1e3:.3f} ms), "
+             f"cache moves over {level} (castcore::send, answered by {answered}; mean {format_ms(mean_moved * 1e3)}), "
              "its first token from the prefill instance"]
     results = [*prefilled, *decoded]
     iterations = sum(r.iterations for r in results)
