@@ -86,6 +86,15 @@ def test_attention_dp_that_does_not_divide_the_experts_names_attention_dp(tmp_pa
     assert "--ep" not in line
 
 
+def test_a_block_larger_than_the_kv_memory_names_block_size(tmp_path):
+    """Refused once the step times are captured (they size the memory left): the progress line, then the error."""
+    done = castcore(tmp_path, *SIMULATE, "--requests", "10", "--block-size", "999999999")
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert last.startswith("castcore: error: --block-size 999999999: one block of 999,999,999 tokens' KV")
+    assert "use a --block-size of at most" in last and "--tp" not in last
+
+
 def test_a_dataset_over_the_request_limit_is_refused(tmp_path):
     dataset = tmp_path / "trace.jsonl"
     dataset.write_text('{"input_tokens": 4, "output_tokens": 4}\n' * 1_000_001)
