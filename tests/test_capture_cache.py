@@ -116,6 +116,23 @@ def test_corrupt_entries_are_discarded_with_one_warning_and_rebuilt(cache, tmp_p
     assert (third.stats.loaded, third.warnings) == (1, [])  # rebuilt entries read back
 
 
+@pytest.mark.parametrize("entry", ["bomb", "deep"])
+def test_an_entry_that_inflates_far_or_nests_deep_is_discarded_cheaply_with_one_warning(cache, entry):
+    """A 1 MiB entry that would inflate to 1 GiB stops at about 100 MiB; one nested 200,000 deep is not read."""
+    report = _estimate(CaptureCache())
+    (path,) = cache.iterdir()
+    if entry == "bomb":
+        packer = zlib.compressobj(9)
+        path.write_bytes(b"".join(packer.compress(b" " * 2**20) for _ in range(1024)) + packer.flush())
+    else:
+        path.write_bytes(zlib.compress(b"[" * 200_000))
+    second = CaptureCache()
+    assert _estimate(second).totals() == report.totals() and second.stats.captured == 1
+    said = "it inflates past" if entry == "bomb" else "nested too deep"
+    assert len(second.warnings) == 1 and said in second.warnings[0]
+    assert second.warnings[0].startswith("discarded the unreadable cache entry")
+
+
 def test_a_cache_folder_every_user_may_write_is_refused(cache):
     _estimate(CaptureCache())
     cache.chmod(0o1777)

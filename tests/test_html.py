@@ -172,7 +172,7 @@ def test_sweep_and_plan_pages_mark_the_front_and_the_chosen(tmp_path, capsys):
 @pytest.mark.parametrize("content, said", [
     ('{"traceEvents": []}', "not a castcore results file: it has none of the fields"),
     ("[1, 2]", "not a castcore results file: a JSON list, not an object"),
-    ("{not json", "cannot read it as JSON"),
+    ("{not json", "not valid JSON"),
     ('{"ops": [], "modules": [], "coverage": {}}', "castcore estimate --json of another version: it lacks "
                                                   "description, device, totals, notes"),
     ('{"engine": "vllm", "kv_usage": []}', "castcore simulate --json of another version: it lacks completed"),

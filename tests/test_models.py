@@ -80,7 +80,7 @@ def test_factory_model_with_example_inputs(session):
     ("tests.factories.tiny_mlp:not_a_model", "returned int"),
     ("tests.factories.nowhere:make", "cannot load model factory"),
     ("no-such-preset", "unknown model 'no-such-preset'"),
-    ("missing.json", "missing.json does not exist"),
+    ("missing.json", "missing.json: no such model config"),
 ])
 def test_bad_model_specs_say_what_is_accepted(spec, message):
     with pytest.raises(ModelError, match=message):

@@ -66,7 +66,7 @@ def test_a_disaggregated_layout_scales_by_its_ratio_and_wins_when_only_it_meets_
                      [(2, None, None)], [(4, None, None)]]
     # Two or more decode instances keep TPOT at 10 ms; 1 + 2 serves the rate on the fewest devices.
     assert [(r["prefill_instances"], r["decode_instances"]) for r in result.best] == [(1, 2), (1, 3), (2, 2)]
-    assert [(r["dp"], r["missed"]) for r in result.missed] == [(4, "p99 TPOT 30 ms")]  # the served layout's misses
+    assert [(r["dp"], r["missed"]) for r in result.missed] == [(4, "p99 TPOT 30.0 ms over 20.0 ms")]  # the served layout's misses
     assert result.verdict["winner"] == "disaggregated" and result.verdict["aggregated"] is None
     assert result.verdict["why"] == "only disaggregated layouts meet the objectives at this traffic"
 
@@ -84,7 +84,7 @@ def test_the_verdict_compares_the_best_of_each_kind_and_says_why():
     assert found["why"].startswith("1 prefill + 2 decode instances of 1 device (3 devices) gives 300 output tokens/s "
                                    "per device against 200 for the best aggregated layout, tp 2 x 2 replicas (4 "
                                    "devices); p90 TPOT 12.0 ms against 40.0 ms, p99 TTFT 90.0 ms against 60.0 ms.")
-    assert "0.25 ms" in found["why"]
+    assert "0.250 ms" in found["why"]
     reverse = disaggregation.verdict(request, [aggregated, pooled], "output_tokens_per_s_per_device", "tok/s")
     assert reverse["winner"] == "aggregated" and "Every device serves both phases" in reverse["why"]
     assert disaggregation.verdict(PlanRequest(model=LLAMA), [aggregated], "x", "y") is None  # not searched

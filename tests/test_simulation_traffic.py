@@ -128,7 +128,7 @@ def test_an_empty_or_unreadable_dataset_is_refused(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n  \n")
     _one_line_error(lambda: read_dataset(path), str(path), "has no requests")
-    _one_line_error(lambda: read_dataset(tmp_path / "missing.jsonl"), "missing.jsonl", "cannot read")
+    _one_line_error(lambda: read_dataset(tmp_path / "missing.jsonl"), "missing.jsonl", "no such dataset")
 
 
 def test_a_dataset_gives_every_request_an_arrival_time_or_none(tmp_path):

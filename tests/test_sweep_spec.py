@@ -61,6 +61,9 @@ def refused(capsys, folder: Path, argv: list[str]) -> str:
     ({"command": ["serve", "estimate"]}, "name the command: command = 'estimate' or 'serve' or 'simulate' "
                                           "(got ['serve', 'estimate']; one command a spec)"),
     ({"command": "serve", "batch": 4, "max_batch": True}, "batch and max_batch cannot go together; keep one of them"),
+    ({"command": "simulate", "requests": 1_000_000_000_000},
+     "line 4: requests = 1000000000000: is over 1,000,000, castcore's limit for requests"),
+    ({"command": "simulate", "acceptance": [0.7, True]}, "acceptance = true: takes one value as text: RATE|LIST"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_key(capsys, tmp_path, keys, expected):
     out = tmp_path / "rows.csv"
@@ -87,6 +90,21 @@ def test_an_unwritable_output_is_refused_before_anything_runs(capsys, tmp_path, 
     spec = spec_file(tmp_path, model=LLAMA)
     line = refused(capsys, tmp_path, [str(spec), "--out", str(tmp_path / out)])
     assert expected in line and "--out" in line
+
+
+def test_a_spec_of_random_bytes_or_too_large_is_one_line(capsys, tmp_path):
+    noise = tmp_path / "noise.toml"
+    noise.write_bytes(bytes(range(256)) * 8)
+    assert "noise.toml: not valid TOML: byte 128 is 0x80, not UTF-8 text" in refused(capsys, tmp_path, [str(noise)])
+    huge = tmp_path / "huge.toml"
+    huge.write_text("# padding\n" * 500_000)
+    assert "huge.toml: over 4 MiB, castcore's limit for a sweep spec" in refused(capsys, tmp_path, [str(huge)])
+
+
+def test_numbers_are_text_for_a_text_option():
+    """acceptance = [0.7, 0.5] is two points, each a rate (as --acceptance 0.7 is)."""
+    spec = check_spec({"command": "simulate", "acceptance": [0.7, 0.5]}, commands())
+    assert spec.axes["acceptance"] == ["0.7", "0.5"]
 
 
 def test_bad_toml_and_resume_without_out(capsys, tmp_path):

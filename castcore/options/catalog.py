@@ -42,7 +42,9 @@ SERVE = CommandOptions("serve", (
 
 TRAFFIC, ENGINE = "traffic", "engine (each defaults to the --engine preset's)"
 SPECULATION, DISAGGREGATION = "speculative decoding and prefix caching", "disaggregated prefill and decode"
-REQUESTS = int_option("requests", 1000, "requests to simulate (with --dataset: its lines)", TRAFFIC)
+MOST_REQUESTS = 10**6  # a run's requests all live in memory, with their token times
+REQUESTS = int_option("requests", 1000, f"requests to simulate (with --dataset: its lines), at most {MOST_REQUESTS:,}",
+                      TRAFFIC, maximum=MOST_REQUESTS)
 RATE = Option("rate", "requests per second, arriving as a Poisson process (default: all at once, the offline maximum "
               "throughput)", TRAFFIC, kind="number", optional=True, metavar="QPS")
 CONCURRENCY = int_option("concurrency", None, "a closed loop of C requests in flight: one starts when one finishes",
@@ -184,7 +186,7 @@ SIMULATE = CommandOptions("simulate", (
         Option("burstiness", "with --rate: the gamma shape of the gaps between arrivals, as vllm bench serve's (1: "
                "Poisson; lower: burstier)", TRAFFIC, kind="number", default=1.0),
         CONCURRENCY,
-        int_option("seed", 0, "seed of the lengths and arrivals drawn", TRAFFIC, minimum=0),
+        int_option("seed", 0, "seed of the lengths and arrivals drawn", TRAFFIC, minimum=0, maximum=None),
         ENGINE_PRESET,
         int_option("max_running_requests", None, "requests running at once", ENGINE, optional=True),
         int_option("max_batched_tokens", None, "tokens one iteration runs (prefill chunks and decode tokens)", ENGINE,

@@ -19,6 +19,7 @@ from typing import Any
 from castcore.errors import ModelError
 
 TERMS = ("python", "cli", "spec")
+COUNT_LIMIT = 10**9  # beyond any count a deployment has, and below what would exhaust memory as a count of things
 _terms: ContextVar[str] = ContextVar("castcore_option_terms", default="python")
 _ABSENT = object()
 
@@ -63,6 +64,7 @@ class Option:
     default: Any = None
     choices: tuple[str, ...] | None = None
     minimum: int = 1
+    maximum: int | None = COUNT_LIMIT  # a bound on what a count makes castcore generate (None: any, as a seed)
     optional: bool = False  # None is a value (the default of most such options): "not given"
     flag: str | None = None  # the command-line spelling when it is not --name-with-dashes
     negated: bool = False
@@ -136,6 +138,8 @@ class Option:
         if self.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
                 raise self.error(value, f"must be a whole number of at least {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise self.error(value, f"is over {self.maximum:,}, castcore's limit for {self.spelled()}")
             return value
         if self.kind == "time":
             return seconds(value, self)
@@ -147,8 +151,11 @@ class Option:
             return float(value)
         if self.kind == "path" and isinstance(value, os.PathLike):
             return os.fspath(value)
+        if self.kind == "str" and not self.choices and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # free text as the command line reads it: --output 8, --acceptance 0.7
         if not isinstance(value, str):
-            raise self.error(value, "give a word" + (f": one of {', '.join(self.choices)}" if self.choices else ""))
+            wanted = f"one of {', '.join(self.choices)}" if self.choices else self.metavar or "a word"
+            raise self.error(value, f"takes one value as text: {wanted}")
         if self.choices is not None and value not in self.choices:
             raise self.error(value, f"is not supported; use one of {', '.join(self.choices)}")
         return value

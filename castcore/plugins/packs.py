@@ -16,6 +16,7 @@ from pathlib import Path
 
 from castcore.plugins.claims import Claim
 from castcore.plugins.config import Config, ConfigError
+from castcore.tomlfiles import read_json
 
 ENTRY_POINT_GROUP = "castcore"
 # A pack may also name a folder of device-profile TOML files in this group, under the same entry-point
@@ -188,8 +189,8 @@ def remember_hooks(infos: list[PluginInfo]) -> None:
 
 def _known_hooks() -> dict[str, list[str]]:
     try:
-        data = json.loads(_hooks_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(_hooks_file(), ConfigError, "record of pack hooks")
+    except ConfigError:  # none yet, or unreadable: the packs are imported and it is written anew
         return {}
     return data if isinstance(data, dict) else {}
 

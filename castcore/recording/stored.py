@@ -139,9 +139,27 @@ def loads(data: bytes) -> dict[str, Any]:
         return _loads(data)
 
 
+# A stored capture inflates about ten times (JSON at zlib level 1); one inflating far more is not castcore's, and
+# inflating it whole would cost gigabytes before it is discarded.
+INFLATION = 100
+MOST_BYTES = 512 * 2**20
+
+
+def _inflate(data: bytes) -> bytes:
+    """``data`` decompressed, stopping as soon as it passes its bound; StoredError past it."""
+    limit = min(MOST_BYTES, INFLATION * len(data) + 2**20)
+    inflater = zlib.decompressobj()
+    plain = inflater.decompress(data, limit)
+    if inflater.unconsumed_tail or len(plain) >= limit:
+        raise StoredError(f"it inflates past {limit / 2**20:,.0f} MiB")
+    if not inflater.eof:
+        raise StoredError("cut short: its compressed stream ends early")
+    return plain
+
+
 def _loads(data: bytes) -> dict[str, Any]:
     try:
-        plain = json.loads(zlib.decompress(data))
+        plain = json.loads(_inflate(data))
         stored = plain.pop("capture")
         entry = {k: _decode(v) for k, v in plain.items()}
         entry["capture"] = Capture(
@@ -152,6 +170,8 @@ def _loads(data: bytes) -> dict[str, Any]:
             output_storages=set(stored["outputs"]), state_storages=dict(stored["state"]))
     except StoredError:
         raise
+    except RecursionError:
+        raise StoredError("not a stored capture: nested too deep") from None
     except (zlib.error, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise StoredError(f"not a stored capture ({type(exc).__name__}: {exc})") from None
     return entry

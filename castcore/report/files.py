@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -10,6 +13,7 @@ from typing import Any
 
 from castcore.errors import CastcoreError
 from castcore.options.catalog import say
+from castcore.tomlfiles import DATA_BYTES, read_text
 
 
 class OutputError(CastcoreError, OSError):
@@ -34,6 +38,22 @@ def csv_value(text: str | None) -> Any:
         except ValueError:
             pass
     return text
+
+
+def row_file(path: Path) -> list[Any]:
+    """The rows of a .parquet, .csv or .jsonl file a sweep wrote (--resume and castcore report read them), read
+    whole up to castcore's bound on a data file; the reader's own error (OSError, ValueError, pyarrow's, ImportError
+    without pyarrow) for the caller to say in one line."""
+    if path.suffix == ".parquet":
+        if path.stat().st_size > DATA_BYTES:
+            raise ValueError(f"over {DATA_BYTES // 2**20} MiB, castcore's limit for a file of rows")
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    text = read_text(path, CastcoreError, "file of rows", DATA_BYTES, "CSV" if path.suffix == ".csv" else "JSONL")
+    if path.suffix == ".csv":
+        return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(text, newline=""))]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def pareto(points: list[tuple[float, float]]) -> list[int]:

@@ -115,9 +115,19 @@ def summarize(finished: list[Finished], slo_ttft_ms: float | None = None,
     return summary
 
 
+def format_ms(ms: float) -> str:
+    """Milliseconds with three significant digits and no exponent (0.162 ms, 30.0 ms, 19,150 ms): a latency
+    under a millisecond keeps its digits."""
+    if not ms or not math.isfinite(ms):
+        return f"{ms:g} ms"
+    return f"{ms:,.{max(0, 2 - math.floor(math.log10(abs(ms))))}f} ms"
+
+
 def format_table(summary: dict[str, float | int | None]) -> str:
     """The summary as text, laid out like ``vllm bench serve``'s printout."""
     def row(label: str, value: object) -> str:
+        if isinstance(value, float) and label.endswith("(ms):") and 0 < value < 1:  # 0.162, not 0.16
+            return f"{label:<40} {format_ms(value).removesuffix(' ms'):<10}"
         return f"{label:<40} {value:<10.2f}" if isinstance(value, float) else f"{label:<40} {value:<10}"
 
     lines = [f"{' Serving Simulation Result ':=^50}",

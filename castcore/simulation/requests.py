@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import say
+from castcore.options.catalog import MOST_REQUESTS, say
 from castcore.simulation.lengths import Lengths
+from castcore.tomlfiles import DATA_BYTES, read_text
 
 INPUT_KEYS = ("input_tokens", "prompt_len")
 OUTPUT_KEYS = ("output_tokens", "output_len")
@@ -64,13 +65,15 @@ def _count(value: object) -> bool:
 def read_dataset(path: str | os.PathLike) -> list[Request]:
     """The requests of the JSONL trace at ``path``, in file order. Either every request has an arrival time or
     none has (then the arrivals decide when they come)."""
+    where = say("dataset", os.fspath(path))
     try:
-        with open(path, encoding="utf-8") as file:
-            lines = file.read().splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or "not UTF-8 text"
-        raise ModelError(f"{say('dataset', os.fspath(path))}: cannot read it ({reason}); give a JSONL file of "
+        lines = read_text(path, ModelError, "dataset", DATA_BYTES, "JSONL").splitlines()
+    except ModelError as error:
+        raise ModelError(f"{where}: {str(error).removeprefix(f'{os.fspath(path)}: ')}; give a JSONL file of "
                          "requests.") from None
+    if len(lines) > MOST_REQUESTS:
+        raise ModelError(f"{where}: {len(lines):,} lines, over {MOST_REQUESTS:,}, castcore's limit for "
+                         f"{say('requests')}; give at most that many requests.")
     requests: list[Request] = []
     prefixes: dict[Any, int] = {}  # the dataset's prefix names, numbered
     timed_line = untimed_line = None

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from castcore.options.catalog import say
+from castcore.simulation.metrics import format_ms
 from castcore.sweeps import disaggregation
 from castcore.sweeps.spec import Command, Point, make_points
 
@@ -57,7 +58,8 @@ def misses(request: PlanRequest, row: dict[str, Any]) -> list[str]:
     why = [f"{row['never_fit']} request(s) never fit the KV cache"] if row.get("never_fit") else []
     for metric, objective in (("ttft", request.ttft), ("tpot", request.tpot)):
         if objective is not None and row[objective.field(metric)] > objective.seconds * 1e3:
-            why.append(f"{objective.statistic} {metric.upper()} {row[objective.field(metric)]:.0f} ms")
+            why.append(f"{objective.statistic} {metric.upper()} {format_ms(row[objective.field(metric)])} over "
+                       f"{format_ms(objective.seconds * 1e3)}")
     return why
 
 

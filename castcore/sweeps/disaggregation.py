@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from castcore.options.catalog import say
+from castcore.simulation.metrics import format_ms
 
 MOST_INSTANCES = 4  # prefill or decode instances tried at most: 16 ratios a layout within 8 devices
 POOLS = ("prefill_instances", "decode_instances")
@@ -88,7 +89,7 @@ def verdict(request: Any, best: list[dict[str, Any]], figure: str, words: str) -
                           for statistic in [_statistic(request, metric)])
     why = (f"{_counted(won)} gives {_value(won, figure)} {words} against {_value(lost, figure)} for the best "
            f"{loser} layout, {_counted(lost)}; {latencies}. ")
-    moved = f"{mine['disaggregated']['mean_kv_transfer_ms']:.2f} ms"
+    moved = format_ms(mine['disaggregated']['mean_kv_transfer_ms'])
     if winner == "disaggregated":
         why += ("Its decode iterations carry no prompt chunks, so tokens come at the decode pool's own pace and "
                 f"each pool is sized to its phase, which outweighs moving each prompt's KV ({moved} on average).")
@@ -110,7 +111,7 @@ def _statistic(request: Any, metric: str) -> str:
 
 
 def _ms(row: dict[str, Any], statistic: str, metric: str) -> str:
-    return f"{row[f'{statistic}_{metric}_ms']:.1f} ms"
+    return format_ms(row[f'{statistic}_{metric}_ms'])
 
 
 def _value(row: dict[str, Any], field: str) -> str:

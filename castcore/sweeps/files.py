@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from castcore.options.catalog import say
-from castcore.report.files import OutputError, check_output, csv_value, write_whole
+from castcore.tomlfiles import DATA_BYTES, read_text
+from castcore.errors import CastcoreError
+from castcore.report.files import OutputError, check_output, row_file, write_whole
 
 FORMATS = (".parquet", ".csv", ".jsonl")
 
@@ -74,24 +76,19 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of an earlier run of this output: the finished file, then its journal (a cut last line skipped)."""
     rows = _read(path) if path.exists() else []
     if journal(path).exists():
-        for line in journal(path).read_text(encoding="utf-8").splitlines():
+        for line in read_text(journal(path), OutputError, "journal of rows", DATA_BYTES, "JSONL").splitlines():
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
     return rows
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
     try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pylist()
-        if path.suffix == ".csv":
-            with path.open(newline="", encoding="utf-8") as handle:
-                return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return row_file(path)
+    except CastcoreError as exc:  # over the bound, not UTF-8: said with the path already
+        raise OutputError(f"{say('resume', True)}: {exc}; move it away to start afresh") from None
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
         raise OutputError(f"{say('resume', True)}: cannot read {path} ({type(exc).__name__}: {exc}); move it away to "
                           "start afresh") from None

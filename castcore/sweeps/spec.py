@@ -20,7 +20,7 @@ from typing import Any
 
 from castcore.options.catalog import AXIS, OUTPUT, SESSION, CommandOptions
 from castcore.options.option import Option, terms
-from castcore.tomlfiles import read_toml
+from castcore.tomlfiles import read_text, read_toml
 from castcore.workload.spec import ModelError, Workload
 
 MAX_POINTS = 100_000  # more only with --yes
@@ -95,7 +95,7 @@ def read_spec(path: str | Path) -> dict[str, Any]:
 def key_lines(path: str | Path) -> dict[str, int]:
     """The line each top-level key of a spec file is on, for errors that name it."""
     found: dict[str, int] = {}
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path, ModelError, "sweep spec", form="TOML").splitlines(), 1):
         match = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", line)
         if match:
             found.setdefault(match.group(1), number)
@@ -157,12 +157,10 @@ def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command], lines: 
 
 
 def _as_written(option: Option, value: Any) -> Any:
-    """A value as the command line would read its text: "32" is a whole number for a number option, 8 is text
-    for a text option (simulate's --output 8)."""
+    """A value as the command line would read its text: "32" is a whole number for a number option (a number is
+    text for a text option: Option.check)."""
     if option.kind == "int" and isinstance(value, str) and value.strip().isdigit():
         return int(value)
-    if option.kind == "str" and not option.choices and isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
     return value
 
 

@@ -16,13 +16,13 @@ tensorrt_llm/quantization/mode.py, https://github.com/NVIDIA/TensorRT-LLM, read 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
+from castcore.tomlfiles import read_json
 from castcore.options.parts import BLOCK_FP8
 
 PRICED = ("fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, and "
@@ -33,13 +33,41 @@ MODELOPT = {"FP8": {"weights": "fp8", "activations": "fp8"}, "NVFP4": {"weights"
 
 def shipped(model: str, config: dict[str, Any]) -> tuple[dict[str, str], str] | None:
     """The options the checkpoint's quantization stands for and where they were read; None when it has none."""
-    found = config.get("quantization_config")
-    if isinstance(found, dict):
+    found = _quantization_config(model, config)
+    if found is not None:
         return _from_quantization_config(model, found), "its quantization_config"
-    beside = Path(model).with_name("hf_quant_config.json") if model.endswith(".json") else None
-    if beside is not None and beside.is_file():
-        return _from_modelopt(model, json.loads(beside.read_text(encoding="utf-8"))), str(beside)
+    beside = _modelopt_file(model)
+    if beside is not None:
+        return _from_modelopt(model, beside), str(Path(model).with_name("hf_quant_config.json"))
     return None
+
+
+def _quantization_config(model: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The config's quantization_config; ModelError when it is there but not an object."""
+    found = config.get("quantization_config")
+    if found is not None and not isinstance(found, dict):
+        raise ModelError(f"{model}: its quantization_config is a JSON {_kind(found)}, not an object: it must be an "
+                         'object such as {"quant_method": "fp8"}')
+    return found
+
+
+def _modelopt_file(model: str) -> dict[str, Any] | None:
+    """ModelOpt's hf_quant_config.json beside the config's file, read and its quantization checked; None when there
+    is none."""
+    beside = Path(model).with_name("hf_quant_config.json") if model.endswith(".json") else None
+    if beside is None or not beside.is_file():
+        return None
+    found = read_json(beside, ModelError, "quantization config")
+    quantization = found.get("quantization", {}) if isinstance(found, dict) else found
+    if not isinstance(quantization, dict):
+        raise ModelError(f"{beside}: {'its quantization' if isinstance(found, dict) else 'it'} is a JSON "
+                         f"{_kind(quantization)}, not an object: ModelOpt's file is an object whose quantization is "
+                         'an object such as {"quant_algo": "FP8"}')
+    return {"quantization": quantization}
+
+
+def _kind(value: Any) -> str:
+    return {str: "string", list: "array", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
 
 
 def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, str]:
@@ -97,11 +125,9 @@ def apply(model: str, config: dict[str, Any], given: dict[str, Any], values: dic
 def unquantized(model: str, config: dict[str, Any]) -> tuple[str, ...]:
     """The module names a quantized checkpoint leaves in the model dtype: its quantization_config's
     ``modules_to_not_convert``, or the ``exclude_modules`` of ModelOpt's file; () when it names none."""
-    found = config.get("quantization_config")
-    if not isinstance(found, dict):
-        beside = Path(model).with_name("hf_quant_config.json") if model.endswith(".json") else None
-        found = json.loads(beside.read_text(encoding="utf-8")).get("quantization", {}) if (
-            beside is not None and beside.is_file()) else {}
+    found = _quantization_config(model, config)
+    if found is None:
+        found = (_modelopt_file(model) or {}).get("quantization", {})
     names = found.get("modules_to_not_convert") or found.get("exclude_modules") or ()
     return tuple(str(name) for name in names)
 

@@ -26,7 +26,7 @@ from typing import Any
 from castcore.errors import ModelError
 from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
 from castcore.simulation import engine as engine_model
-from castcore.simulation.metrics import Finished
+from castcore.simulation.metrics import Finished, format_ms
 from castcore.simulation.requests import Request
 from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
 from castcore.workload.metering import Metered, pool_use
@@ -174,7 +174,7 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     mean_moved = sum(moved.values()) / len(moved) if moved else 0.0
     notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_profile.name} device(s), "
              f"{y} decode instance(s) of {pools.decode.devices} {dec_profile.name} device(s); each prompt's KV "
-             f"cache moves over {level} (castcore::send, answered by {answered}; mean {mean_moved * 1e3:.3f} ms), "
+             f"cache moves over {level} (castcore::send, answered by {answered}; mean {format_ms(mean_moved * 1e3)}), "
              "its first token from the prefill instance"]
     figures = {"prefill_instances": x, "decode_instances": y, "mean_kv_transfer_ms": round(mean_moved * 1e3, 4),
                "devices": x * pools.prefill.devices + y * pools.decode.devices}

@@ -17,15 +17,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
+from castcore.plugins.files import unsafe_reason
+from castcore.plugins.packs import cache_dir, write_cache_file
 
 HEADS = ("mtp", "eagle")
-FOLDER = "castcore-draft-heads"
+FOLDER = "draft-heads"  # in castcore's cache folder
 DENSE_FIRST = "first_k_dense_replace"  # DeepSeek's count of dense layers first: an MTP layer is a MoE one
 
 
@@ -56,23 +57,38 @@ def head_config(config: dict[str, Any], head: str, model: str) -> dict[str, Any]
 
 
 def draft_source(model: str, config: dict[str, Any], head: str) -> str:
-    """A config.json of the head (``head_config``), written once under the temp directory by its content, so the
-    same head is the same file and its captures are cached as a model's."""
-    text = json.dumps(head_config(config, head, model), sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / FOLDER
-    folder.mkdir(exist_ok=True)
+    """A config.json of the head (``head_config``) in the user's own cache folder, named by its content, so the same
+    head is the same file and its captures are cached as a model's. Never in the shared temporary folder: there
+    another user could plant a file by that name, or a link that makes castcore write over theirs."""
+    text = json.dumps(head_config(config, head, model), sort_keys=True).encode()
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    folder = cache_dir() / FOLDER
     path = folder / f"{head}-{digest}.json"
-    if not path.exists():
-        partial = path.with_suffix(".tmp")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)  # whole or absent: another process may read it at once
+    if not (_mine(folder) and _mine(path) and _holds(path, text)):
+        if not write_cache_file(path, text) or not _mine(folder):
+            raise ModelError(f"{say('draft_model', head)}: the head's config cannot be kept in {folder} (a folder of "
+                             "your own that only you may write): set XDG_CACHE_HOME to such a folder")
     return str(path)
+
+
+def _mine(path: Path) -> bool:
+    try:
+        return not path.is_symlink() and unsafe_reason(path) is None
+    except OSError:
+        return False
+
+
+def _holds(path: Path, text: bytes) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(text) + 1) == text
+    except OSError:
+        return False
 
 
 def is_head(source: Any) -> bool:
     """Whether a draft's model source is a head ``draft_source`` wrote."""
-    return isinstance(source, str) and Path(source).parent.name == FOLDER
+    return isinstance(source, str) and Path(source).parent == cache_dir() / FOLDER
 
 
 def shared_weight_bytes(config: dict[str, Any], dtype_bytes: float, tp: int) -> int:

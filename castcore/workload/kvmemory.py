@@ -34,6 +34,11 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, devi
     usable = (engine.kv_memory_fraction * capacity - taken if engine.memory_share_of == "device"
               else engine.kv_memory_fraction * (capacity - taken))
     blocks = int(usable // (engine.block_size * per_token))
+    if blocks < 1 and usable >= per_token:  # room for tokens, not for one block of them
+        raise ModelError(f"{say('block_size', engine.block_size)}: one block of {engine.block_size:,} tokens' KV "
+                         f"({format_bytes(engine.block_size * per_token)}) is more than the "
+                         f"{format_bytes(usable)} the engine leaves for the KV cache; use a {say('block_size')} of "
+                         f"at most {int(usable // per_token):,} (engines use 16 to 256)")
     if blocks < 1:
         raise ModelError(f"the deployment leaves no memory for a KV cache: weights {format_bytes(memory.weight_bytes)}"
                          f" and activations {format_bytes(memory.activation_peak_bytes)} of "

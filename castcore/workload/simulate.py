@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import AXIS, DEPLOYMENT_NAMES, ENGINE_OPTIONS, SIMULATE, say
+from castcore.options.option import Placeholder
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.simulation import engine as engine_model
 from castcore.simulation.arrivals import Arrivals
@@ -128,6 +129,11 @@ def _lengths(name: str, text: str) -> Lengths:
 def arrivals_of(rate: float | None, burstiness: float, concurrency: int | None) -> Arrivals:
     if rate is not None and concurrency is not None:
         raise ModelError(f"{say('rate')} is an open loop and {say('concurrency')} a closed one: give one of them")
+    if rate is None and burstiness != SIMULATE["burstiness"].default:
+        instead = "a closed loop starts a request as one ends" if concurrency else "every request arrives at once"
+        raise ModelError(f"{say('burstiness', burstiness)} shapes the gaps between arrivals at {say('rate')}, and "
+                         f"without it {instead}: give {say('rate', Placeholder('QPS'))} too, or drop "
+                         f"{say('burstiness')}")
     if concurrency is not None:
         return Arrivals.closed_loop(concurrency)
     return Arrivals.at_rate(rate, burstiness) if rate is not None else Arrivals.offline()
@@ -154,9 +160,6 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
     """Every option checked and the requests made (see ``simulate``); ModelError names the option at fault."""
     if not isinstance(model, str):
         raise ModelError("simulate builds the model itself: name a preset, a config.json or package.module:factory")
-    for name in ("input_lengths", "output_lengths"):  # a fixed length may be given as a number
-        if isinstance(options.get(name), int) and not isinstance(options[name], bool):
-            options[name] = str(options[name])
     given = {name: SIMULATE[name].check(options.pop(name, SIMULATE[name].default)) for name in TRAFFIC_NAMES}
     overrides = {name: SIMULATE[name].check(value) for name in ENGINE_OPTIONS
                  if (value := options.pop(name, None)) is not None}
@@ -167,6 +170,12 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
         raise ModelError(f"{model}: {NOT_IN_MIXED_BATCHES}")
     arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
     engine_limits = limits(given["engine"], **overrides)  # its refusals before the requests'
+    if given["spec_tokens"] is not None and given["spec_tokens"] + 1 > engine_limits.max_batched_tokens:
+        budget = say("max_batched_tokens", engine_limits.max_batched_tokens)
+        raise ModelError(f"{say('spec_tokens', given['spec_tokens'])}: a verification pass of its last token and "
+                         f"{given['spec_tokens']} draft tokens does not fit the {budget} token budget"
+                         f"{'' if 'max_batched_tokens' in overrides else ' (the ' + given['engine'] + ' preset)'}: "
+                         f"give at most {say('spec_tokens', engine_limits.max_batched_tokens - 1)}")
     spec, draft = _speculation(model, given, options)
     pools = disaggregated.pools_of(given, {**options, "model": model})
     found = requests_for(model, given["requests"], given["input_lengths"], given["output_lengths"], given["dataset"],

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
+from castcore.tomlfiles import read_json
 from castcore.options.catalog import DEPLOYMENT_NAMES, WORKLOAD_OPTIONS, any_value, say
 from castcore.options.parts import (ACTIVATION_DTYPES, BLOCK_FP8, DEFAULT_MODEL, KV_CACHE_DTYPES, KV_READS, PHASES,
                                     WEIGHT_DTYPES)
@@ -116,7 +117,7 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, kwargs: dict[str, Any
         checkpoint.apply(model, load_model_config(model), options, values)
     _attention_groups(values, given_ep=options.get("ep"))
     work = Workload(model=model, args=tuple(args), kwargs=dict(kwargs or {}), **values)
-    _check_together(work)
+    _check_together(work, by_groups=options.get("ep") in (None, 1) and work.attention_dp > 1)
     return work
 
 
@@ -133,8 +134,9 @@ def _attention_groups(values: dict[str, Any], given_ep: Any) -> None:
         values["attention_dp"] = ep // tp
 
 
-def _check_together(work: Workload) -> None:
-    """The checks of options given together (each value alone passed its option's own check)."""
+def _check_together(work: Workload, by_groups: bool = False) -> None:
+    """The checks of options given together (each value alone passed its option's own check); ``by_groups``: the
+    experts' split was given as attention_dp, not ep."""
     if work.phase == "decode" and work.train:
         raise ModelError(f"{say('train', True)} goes with {say('phase', 'prefill')}: training has no decode step")
     if work.activations is not None and work.weights in ("nvfp4", "mxfp4"):
@@ -154,7 +156,8 @@ def _check_together(work: Workload) -> None:
         if work.args or work.kwargs:
             raise ModelError(f"{model!r} names a model, so castcore makes its inputs: pass no inputs with it")
         if not is_factory(model):  # a bad name, file or split fails here, before anything is built
-            check_model_split(model, load_model_config(model), tp=work.tp, ep=work.ep, pp=work.pp)
+            check_model_split(model, load_model_config(model), tp=work.tp, ep=work.ep, pp=work.pp,
+                              groups=work.attention_dp if by_groups else 0)
     elif not callable(model):
         raise ModelError(f"model must be a preset name, a config.json path, package.module:factory, an nn.Module "
                          f"or a function (got {type(model).__name__})")
@@ -184,8 +187,10 @@ def _check_parallel(work: Workload) -> None:
                          f"{say('ep')}, {say('pp')} and {say('sp')}")
 
 
-def check_model_split(name: str, config: dict[str, Any], *, tp: int = 1, ep: int = 1, pp: int = 1) -> None:
-    """Refuse a parallel split the model's shape does not allow, naming the option and a value that works."""
+def check_model_split(name: str, config: dict[str, Any], *, tp: int = 1, ep: int = 1, pp: int = 1,
+                      groups: int = 0) -> None:
+    """Refuse a parallel split the model's shape does not allow, naming the option and a value that works (the
+    attention_dp ``groups`` that made ``ep`` when they, not ep, were given)."""
     text = config.get("text_config") or config
     layers = text.get("num_hidden_layers") or text.get("n_layer") or text.get("num_layers")
     if pp > 1 and isinstance(layers, int) and pp > layers:
@@ -193,12 +198,14 @@ def check_model_split(name: str, config: dict[str, Any], *, tp: int = 1, ep: int
                          f"{say('pp', layers)} or less")
     experts = next((text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None)
     if ep > 1:
+        given, option = (say("attention_dp", groups), say("attention_dp")) if groups else (say("ep", ep), say("ep"))
         if not isinstance(experts, int):
-            raise ModelError(f"{say('ep', ep)}: {name} has no mixture-of-experts layers to split (no "
-                             f"num_local_experts in its config); drop {say('ep')}")
+            raise ModelError(f"{given}: {name} has no mixture-of-experts layers to split (no num_local_experts in its "
+                             f"config); drop {option}")
         if experts % ep:
-            raise ModelError(f"{say('ep', ep)}: {name}'s {experts} experts do not divide by {ep}; use an "
-                             f"{say('ep')} that divides {experts}")
+            over = f" spreads the experts over {groups} groups of {say('tp', tp)}, {ep} devices" if groups else ""
+            fix = f"whose groups times {say('tp')} divide {experts}" if groups else f"that divides {experts}"
+            raise ModelError(f"{given}{over}: {name}'s {experts} experts do not divide by {ep}; use an {option} {fix}")
     heads = text.get("num_attention_heads") or text.get("n_head")
     if tp > 1 and isinstance(heads, int) and heads % tp:
         raise ModelError(f"{say('tp', tp)}: {name}'s num_attention_heads = {heads} does not divide by {tp}; tensor "
@@ -220,14 +227,7 @@ def load_model_config(spec: str) -> dict[str, Any]:
         return json.loads((resources.files(__package__) / "presets" / f"{spec}.json").read_text(encoding="utf-8"))
     path = Path(spec)
     if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ModelError(f"model config {path} does not exist") from None
-        except IsADirectoryError:
-            raise ModelError(f"model config {path} is a directory; name its config.json") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelError(f"model config {path} is not valid JSON: {exc}") from None
+        data = read_json(path, ModelError, "model config")
         if not isinstance(data, dict):
             raise ModelError(f"model config {path} holds a JSON {type(data).__name__}, not an object: a transformers "
                              "config.json is one object with a 'model_type'")

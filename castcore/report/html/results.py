@@ -4,14 +4,17 @@ one line saying what the file is not and how to write one that is."""
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from castcore.report.files import csv_value
+from castcore.options.option import COUNT_LIMIT
+from castcore.errors import CastcoreError
+from castcore.report.files import row_file
 from castcore.report.html.charts import PageError
 from castcore.report.html.search import sweep_data
+from castcore.tomlfiles import DATA_BYTES, read_json
 
 SWEEP_FORMATS = (".jsonl", ".csv", ".parquet")
 # A command's --json object: the fields that say which command wrote it, then every field its page reads.
@@ -27,6 +30,13 @@ SIGNS = {
                                                        "kv_blocks", "preemptions")),
     "plan": (("best", "fewest", "layouts"), ("model", "input_tokens", "output_tokens", "devices")),
 }
+# What each scalar field a page reads must hold: a whole count (within castcore's bound on counts), a finite number
+# of at least zero, a name; a file saying otherwise was not written by castcore, or was altered.
+COUNTS = ("batch", "input_tokens", "output_tokens", "iterations", "kv_blocks", "preemptions", "completed")
+NUMBERS = ("ttft_s", "latency_s", "output_tokens_per_s", "peak_bytes", "weight_bytes", "kv_cache_bytes",
+           "activation_bytes", "device_memory_bytes", "duration", "request_throughput", "output_throughput",
+           "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_running_batch")
+NAMES = ("model", "device")
 WRITERS = ("castcore estimate/serve/simulate/plan --json > FILE.json, or castcore sweep --out FILE "
            "(.jsonl, .csv, .parquet)")
 
@@ -54,10 +64,7 @@ def read_results(path: str | Path) -> dict[str, Any]:
         return {**data, "source": f"the results file {path.name}"}
     if path.suffix != ".json":
         raise _fail(path, f"castcore report reads .json, .jsonl, .csv and .parquet files ({WRITERS})")
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise _fail(path, f"cannot read it as JSON ({type(exc).__name__}: {exc})") from None
+    found = read_json(path, PageError, "results file", DATA_BYTES)
     kind = _kind(path, found)
     return {"kind": kind, "results": found, "source": f"the results file {path.name} (castcore {kind} --json)"}
 
@@ -73,6 +80,7 @@ def _kind(path: Path, found: Any) -> str:
             if missing:
                 raise _fail(path, f"castcore {kind} --json of another version: it lacks {', '.join(missing)}; write "
                             "it again with this castcore")
+            _check_fields(path, found)
             return kind
         if sum(key in found for key in signs) >= 2:
             lacking = [key for key in signs if key not in found]
@@ -82,20 +90,35 @@ def _kind(path: Path, found: Any) -> str:
                 f"--json (write one with {WRITERS})")
 
 
+def _check_fields(path: Path, found: dict[str, Any]) -> None:
+    for key, value in found.items():
+        if key in COUNTS:
+            fits = type(value) is int and 0 <= value <= COUNT_LIMIT
+            wanted = f"a whole number from 0 to {COUNT_LIMIT:,}"
+        elif key in NUMBERS:
+            fits = type(value) in (int, float) and 0 <= value < math.inf
+            wanted = "a finite number of at least 0"
+        elif key in NAMES:
+            fits, wanted = isinstance(value, str), "a name"
+        else:
+            continue
+        if not fits:
+            raise _fail(path, f"its {key} is {_shown(value)}, not {wanted}: not as castcore writes it (write it "
+                        "again with this castcore)")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _rows(path: Path) -> list[Any]:
     try:
-        if path.suffix == ".parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise _fail(path, "reading Parquet needs pyarrow: pip install 'castcore[sweep]'") from None
-            return pq.read_table(path).to_pylist()
-        if path.suffix == ".csv":
-            with path.open(newline="", encoding="utf-8") as handle:
-                return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except PageError:
-        raise
+        return row_file(path)
+    except ImportError:
+        raise _fail(path, "reading Parquet needs pyarrow: pip install 'castcore[sweep]'") from None
+    except CastcoreError as exc:  # over the bound, not UTF-8: said with the path already
+        raise PageError(str(exc)) from None
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
         raise _fail(path, f"cannot read its rows ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                     ) from None
