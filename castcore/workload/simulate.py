@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import AXIS, DEPLOYMENT_NAMES, ENGINE_OPTIONS, SIMULATE, say
+from castcore.plugins.audit import plugins_elsewhere
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.simulation import engine as engine_model
 from castcore.simulation.arrivals import Arrivals
@@ -264,8 +265,9 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
         notes.append(f"pipeline-parallel: {base.pp} micro-batches in flight per replica, each scheduled on its own "
                      f"with 1/{base.pp} of the KV blocks and running requests; an iteration's period is {base.pp} "
                      "times its slowest stage, at least one pass through every stage with the activation sends")
-    rewriters = [pipeline.host.plugins.label(impl.plugin_name)
-                 for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()]
+    elsewhere = plugins_elsewhere(pipeline.host, steps.profile.name)  # their rewrites are no news on this device
+    rewriters = [label for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()
+                 if (label := pipeline.host.plugins.label(impl.plugin_name)) not in elsewhere]
     if rewriters:  # see castcore.workload.mixed
         notes.append(f"a mixed batch runs castcore's deployed kernels: the fused-kernel rewrites of "
                      f"{', '.join(rewriters)} are not applied in it yet (their estimators still price the ops they "
