@@ -196,6 +196,7 @@ def test_a_second_simulation_of_a_deployment_reuses_its_step_time_model():
     again = session.simulate(LLAMA, rate=20.0, dp=2, **options)  # another rate, more replicas: the same model
     assert cache.stats.captured == made and len(session.pipeline.derived) == 1
     assert again.summary["completed"] == 20 and again.summary != first.summary
+    assert "data-parallel: 2 replicas, each serving every 2nd request" in again.notes
     session.simulate(LLAMA, rate=10.0, tp=2, **options)  # another deployment: its own
     assert cache.stats.captured > made and len(session.pipeline.derived) == 2
 

@@ -255,12 +255,12 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
         summary.update(spec_tokens=plan.speculation[0], spec_tokens_per_step=round(plan.speculation[1], 4))
     iterations = sum(r.iterations for r in results)
     mean = sum(r.mean_running * r.iterations for r in results) / iterations if iterations else 0.0
-    notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
+    notes = [f"data-parallel: {base.dp} replicas, each serving every {_ordinal(base.dp)} request"] if base.dp > 1 else []
     if base.attention_dp > 1:
         notes.append(f"attention data-parallel: {base.attention_dp} groups of {base.tp} device(s), each scheduling its "
                      f"own requests with the KV blocks of its devices; an iteration's MoE layers take as many tokens "
                      "from every group as from its own (the groups run in step, balanced by taking every "
-                     f"{base.attention_dp}th request)")
+                     f"{_ordinal(base.attention_dp)} request)")
     if base.pp > 1:
         notes.append(f"pipeline-parallel: {base.pp} micro-batches in flight per replica, each scheduled on its own "
                      f"with 1/{base.pp} of the KV blocks and running requests; an iteration's period is {base.pp} "
@@ -278,3 +278,9 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
                             deployment=base.options(), notes=notes, partial=results[-1].partial, finished=finished,
                             iterations_trace=results[0].trace, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot,
                             pool_use=[pool_use(steps.profile.name, base, base.dp, metered)])
+
+
+def _ordinal(n: int) -> str:
+    """2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
