@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition, serve
 from castcore.cli import cache, plan, report, simulate, sweep
-from castcore.errors import CastcoreError, ModelError, StrictFailure
+from castcore.errors import CastcoreError, ModelError, StrictFailure, did_you_mean
 from castcore.options.catalog import say
 from castcore.options.option import terms
 
@@ -36,8 +36,17 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     return _build()[1]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, naming the nearest choices to a mistyped one (a command, --engine, --dtype, ...)."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(str(value), action.choices)} "
+                                                 f"(choose from {', '.join(map(str, action.choices))})")
+
+
 def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="castcore",
         description="Estimate how fast a PyTorch model runs on an accelerator you may not have.")
     parser.add_argument("--version", action="version", version=f"castcore {_version()}")

@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from castcore.errors import ModelError
+from castcore.errors import ModelError, did_you_mean
 
 TERMS = ("python", "cli", "spec")
 _terms: ContextVar[str] = ContextVar("castcore_option_terms", default="python")
@@ -150,7 +150,8 @@ class Option:
         if not isinstance(value, str):
             raise self.error(value, "give a word" + (f": one of {', '.join(self.choices)}" if self.choices else ""))
         if self.choices is not None and value not in self.choices:
-            raise self.error(value, f"is not supported; use one of {', '.join(self.choices)}")
+            raise self.error(value, f"is not supported{did_you_mean(value, self.choices)}; use one of "
+                                    f"{', '.join(self.choices)}")
         return value
 
     def error(self, value: Any, reason: str) -> ModelError:
