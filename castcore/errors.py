@@ -19,13 +19,18 @@ class StrictFailure(CastcoreError):
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """``" (did you mean 'h100-sxm5-80gb'?)"`` naming the nearest of ``choices`` to a mistyped ``name`` (at most
-    three: spelled alike, or starting with or holding what was typed), or "" when none is near."""
-    choices = list(dict.fromkeys(map(str, choices)))
+    """``" (did you mean 'h100-sxm5-80gb'?)"`` naming the nearest of ``choices`` to a mistyped ``name``, or "" when
+    none is near: those starting with or holding what was typed, else those spelled alike; at most three."""
+    choices = [c for c in dict.fromkeys(map(str, choices)) if c != name]
     typed = name.lower()
-    near = [c for c in choices if c.lower().startswith(typed) or typed in c.lower()] if len(typed) > 1 else []
-    near += difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
-    near = list(dict.fromkeys(c for c in near if c != name))[:3]
+
+    def score(choice: str) -> float:
+        return difflib.SequenceMatcher(None, typed, choice.lower()).ratio()
+
+    near = [c for c in choices if typed in c.lower()] if len(typed) > 1 else []
+    if not near:
+        alike = sorted(difflib.get_close_matches(name, choices, n=3, cutoff=0.6), key=score, reverse=True)
+        near = [c for c in alike if score(c) >= score(alike[0]) - 0.15]  # the nearest, not all that are near
     if not near:
         return ""
-    return f" (did you mean {' or '.join(repr(c) for c in near)}?)"
+    return f" (did you mean {' or '.join(repr(c) for c in sorted(near, key=score, reverse=True)[:3])}?)"

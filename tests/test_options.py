@@ -128,8 +128,8 @@ def test_a_mistyped_value_of_a_fixed_set_names_the_nearest():
     with pytest.raises(castcore.ModelError, match=r"kv_reads='grup': is not supported \(did you mean 'group'\?\); "
                                                   r"use one of group, head"):
         castcore.build_workload("llama-3-8b", kv_reads="grup")
-    with pytest.raises(castcore.ModelError, match=r"unknown model 'qwen3' \(did you mean 'qwen3-235b-a22b' or "
-                                                  r"'qwen3-30b-a3b'\?\)"):
+    with pytest.raises(castcore.ModelError, match=r"unknown model 'qwen3' \(did you mean 'qwen3-30b-a3b' or "
+                                                  r"'qwen3-235b-a22b'\?\)"):
         castcore.build_workload("qwen3")
     with pytest.raises(castcore.ModelError, match=r"no option 'bach' \(did you mean 'batch'\?\)"):
         castcore.build_workload("llama-3-8b", bach=2)
