@@ -6,6 +6,8 @@ asking for plain torch would pull a CUDA build of several GB.
 
 from __future__ import annotations
 
+import tempfile
+
 import nox
 
 nox.options.sessions = ["lint", "tests", "oldest", "ascend", "collectives", "nvidia", "template", "docs", "kernels",
@@ -101,10 +103,13 @@ def nvidia(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The README's first command in a fresh venv: all packs, then `castcore estimate`."""
+    """The README's first command in a fresh venv: all packs and the extras its features need, then
+    `castcore estimate`, and its page and chart (--html, --plot) to show those work there too."""
     session.install(TORCH)
-    session.install(".", "packs/castpack-ascend", "packs/castpack-collectives", "packs/castpack-nvidia")
+    session.install(".[html,plot]", "packs/castpack-ascend", "packs/castpack-collectives", "packs/castpack-nvidia")
     session.run("castcore", "estimate")
+    with tempfile.TemporaryDirectory() as tmp:
+        session.run("castcore", "estimate", "--html", f"{tmp}/estimate.html", "--plot", f"{tmp}/roofline.png")
 
 
 @nox.session

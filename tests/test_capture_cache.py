@@ -171,6 +171,7 @@ def test_a_second_estimate_loads_the_capture_and_prints_the_same(tmp_path):
     assert json.loads(first.stdout) == json.loads(second.stdout)
     assert "loaded the capture from castcore's cache" not in first.stderr
     assert "castcore: loaded the capture from castcore's cache (--no-cache captures anew)" in second.stderr
+    assert "capturing" in first.stderr and "capturing" not in second.stderr  # nothing was captured
     fresh = cli(*argv, "--no-cache", cache_home=tmp_path / "other")
     assert json.loads(fresh.stdout) == json.loads(first.stdout) and not (tmp_path / "other").exists()
 
@@ -181,6 +182,7 @@ def test_a_second_serve_loads_every_step_and_gives_the_same_figures(tmp_path):
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert json.loads(first.stdout) == json.loads(second.stdout)
     assert "loaded the capture from castcore's cache" in second.stderr
+    assert "castcore: capturing" in first.stderr and "capturing" not in second.stderr
     assert len(list((tmp_path / "castcore" / "captures").glob("*.capture"))) == 4  # the prefill, 3 decode steps
 
 

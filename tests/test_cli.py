@@ -70,15 +70,38 @@ def test_devices_json_lists_the_device_file(h100_file):
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "gpt-9"], "unknown model 'gpt-9'; use a preset (deepseek-v3, gpt-oss-120b, gpt-oss-20b, kimi-k2, llama-3-70b"),
-    (["--device", "tpu-v9"], "unknown device 'tpu-v9'"),
+    (["--model", "llama3-8b"], "unknown model 'llama3-8b' (did you mean 'llama-3-8b' or "),
+    (["--device", "tpu-v9"], "unknown device 'tpu-v9'; installed: h100-sxm"),
+    (["--device", "h100"], "unknown device 'h100' (did you mean 'h100-sxm'?); installed: h100-sxm"),
     (["--custom-op-dir", "/no/such/dir"], "custom-op directory /no/such/dir does not exist"),
 ])
 def test_bad_input_is_one_line_naming_the_culprit(h100_file, args, message):
     done = castcore_cli("estimate", "--no-packs", "--device-file", str(h100_file), *args)
     assert done.returncode == 2
     assert message in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and "capturing" not in done.stderr
     assert len(done.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("command", [["serve", "--input", "16", "--output", "4"], ["simulate", "--requests", "2", "--input", "16", "--output", "4"]])
+def test_an_unknown_device_fails_before_any_capture(tiny_llama, h100_file, command):
+    done = castcore_cli(*command, "--model", str(tiny_llama), "--no-packs", "--device-file", str(h100_file),
+                        "--device", "h100")
+    assert done.returncode == 2 and "capturing" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("castcore: error: unknown device 'h100' (did you mean 'h100-sxm'?); "
+                                                    "installed: h100-sxm (castcore devices lists them)")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["simulate", "--engine", "vlm"], "argument --engine: invalid choice: 'vlm' (did you mean 'vllm'?) (choose from "
+                                      "vllm, sglang, trtllm)"),
+    (["estimate", "--dtype", "bf61"], "argument --dtype: invalid choice: 'bf61' (did you mean 'bf16'?)"),
+    (["estmate"], "invalid choice: 'estmate' (did you mean 'estimate'"),
+])
+def test_a_mistyped_choice_names_the_nearest(args, said):
+    done = castcore_cli(*args)
+    assert done.returncode == 2 and said in done.stderr.strip().splitlines()[-1]
+
 
 
 @pytest.mark.parametrize("command", [["serve", "--input", "16", "--output", "4", "--json"],

@@ -95,6 +95,8 @@ def test_device_file_works_with_no_pack_and_is_the_default(session):
 def test_unknown_device_lists_installed(session):
     with pytest.raises(DeviceError, match="unknown device 'a100'; installed: h100-sxm"):
         session.device("a100")
+    with pytest.raises(DeviceError, match=r"unknown device 'h100' \(did you mean 'h100-sxm'\?\); installed: h100-sxm"):
+        session.device("h100")
 
 
 def test_no_devices_at_all_says_how_to_get_one():

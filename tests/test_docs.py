@@ -85,6 +85,47 @@ def test_the_readme_starts_with_the_two_set_up_commands_and_links_into_docs():
     assert len(readme.splitlines()) <= 300
 
 
+def test_the_install_line_gives_every_extra_the_readme_shows_and_the_demo_session_runs_it():
+    """The README's venv runs every feature the README shows (`--html` needs plotly, `--plot` matplotlib); the
+    getting-started page and ``nox -s demo`` install what the README's line does."""
+    readme = (ROOT / "README.md").read_text()
+    line = re.search(r"```sh\n(.*?)\n", readme).group(1)
+    assert line in (DOCS / "getting-started.md").read_text()
+    words = line.split(" && ")[1].split()
+    assert words[:3] == [".venv/bin/pip", "install", "torch==2.13.0"]
+    extras = re.fullmatch(r"'\.\[(.*)\]'", words[words.index("-e") + 1])
+    assert extras, words
+    extras = set(extras[1].split(","))
+    needs = {"html": "`--html", "plot": "`--plot`", "sweep": ".parquet"}
+    assert {extra for extra, shown in needs.items() if shown in readme} <= extras
+    packs = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "-e"][1:]
+    demo = (ROOT / "noxfile.py").read_text().split("def demo(")[1].split("@nox.session")[0]
+    assert f'session.install(".[{",".join(sorted(extras))}]", {", ".join(map(repr, packs))})'.replace("'", '"') in demo
+
+
+def test_every_device_an_example_names_is_one_the_packs_install_or_its_device_file_gives():
+    """`--device h100` on a page must work as written: the name is a profile the packs ship (what `castcore devices`
+    lists after the README's install), or the example passes the device file that gives it."""
+    import tomllib
+
+    shipped = {tomllib.loads(f.read_text())["name"] for f in ROOT.glob("packs/*/castpack_*/profiles/*.toml")}
+    assert "h100-sxm5-80gb" in shipped and "ascend-910b3" in shipped
+    wrong = []
+    for page in [*DOCS.rglob("*.md"), ROOT / "README.md"]:
+        text = page.read_text()
+        blocks = re.findall(r"```.*?```", text, re.DOTALL)
+        examples = [line for block in blocks for line in block.splitlines()]  # a command or statement a line
+        examples += re.findall(r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.DOTALL))
+        for example in examples:
+            if re.search(r"device[-_]files?\b", example):
+                continue  # the device file given names its device
+            for name in re.findall(r"--device[ =]([\w.-]+)|\bdevice=[\"']([\w.-]+)[\"']", example):
+                name = "".join(name)
+                if name not in shipped and name not in ("meta", "cpu") and not name.isupper():  # D: a placeholder
+                    wrong.append(f"{page.relative_to(ROOT)}: {name}")
+    assert wrong == []
+
+
 def test_every_repository_path_the_pages_name_exists():
     """A file or folder a page names (`castcore/hf/`, `bench/results/peers.md`) is there: a move must move the
     page's words too."""

@@ -129,3 +129,22 @@ def test_sessions_made_at_once_in_threads_all_find_the_pack(pack_site, tmp_path)
                           cwd=HERE)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("0 []"), done.stdout
+
+
+def test_without_a_profile_marked_default_the_device_chosen_is_said(pack_site):
+    """castpack-ascend marks the default device; with only castpack-throwaway's profile, that one is used and a
+    note says why and how to get the usual default, before the capture; a --device given needs no note."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(pack_site), env.get("PYTHONPATH")])),
+               CASTCORE_LOAD_PACKS="throwaway")
+    model = ["--model", str(HERE / "data" / "tiny-llama.json"), "--seq", "8", "--no-default-custom-op-dirs"]
+    done = subprocess.run([sys.executable, "-m", "castcore", "estimate", *model], env=env, capture_output=True,
+                          text=True, cwd=HERE)
+    assert done.returncode == 0, done.stderr
+    assert "on throwaway-npu" in done.stdout
+    assert done.stderr.splitlines()[0] == (
+        "castcore: note: no installed profile is marked default (castpack-ascend marks ascend-910b3: pip install "
+        "castpack-ascend); using throwaway-npu, the first installed by name (--device chooses another)")
+    chosen = subprocess.run([sys.executable, "-m", "castcore", "estimate", *model, "--device", "throwaway-npu"],
+                            env=env, capture_output=True, text=True, cwd=HERE)
+    assert chosen.returncode == 0 and "marked default" not in chosen.stderr

@@ -121,3 +121,15 @@ def test_an_output_file_is_named_in_each_terms(tmp_path):
         check_output(folder, "trace")
     with terms("cli"), pytest.raises(OutputError, match=f"^{re.escape(f'--trace {folder} is a directory')}"):
         check_output(folder, "trace")
+
+
+def test_a_mistyped_value_of_a_fixed_set_names_the_nearest():
+    """Checked by castcore itself (Python, sweep specs), as argparse's choices are on the command line."""
+    with pytest.raises(castcore.ModelError, match=r"kv_reads='grup': is not supported \(did you mean 'group'\?\); "
+                                                  r"use one of group, head"):
+        castcore.build_workload("llama-3-8b", kv_reads="grup")
+    with pytest.raises(castcore.ModelError, match=r"unknown model 'qwen3' \(did you mean 'qwen3-30b-a3b' or "
+                                                  r"'qwen3-235b-a22b'\?\)"):
+        castcore.build_workload("qwen3")
+    with pytest.raises(castcore.ModelError, match=r"no option 'bach' \(did you mean 'batch'\?\)"):
+        castcore.build_workload("llama-3-8b", bach=2)

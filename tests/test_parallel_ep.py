@@ -138,10 +138,31 @@ def _cli(h100_file, capsys, *argv) -> tuple[int, str]:
 
 
 def test_ep_refusals_are_one_line(h100_file, tiny_llama, capsys):
-    code, err = _cli(h100_file, capsys, "--model", MIXTRAL, "--ep", "3", "--batch", "3")
+    code, err = _cli(h100_file, capsys, "--model", MIXTRAL, "--tp", "3", "--ep", "3", "--batch", "3")
     assert code == 2 and err.startswith("castcore: error: --ep 3") and "4 experts do not divide by 3" in err
-    code, err = _cli(h100_file, capsys, "--model", str(tiny_llama), "--ep", "2", "--batch", "2")
+    code, err = _cli(h100_file, capsys, "--model", str(tiny_llama), "--tp", "2", "--ep", "2", "--batch", "2")
     assert code == 2 and err.startswith("castcore: error: --ep 2") and "no mixture-of-experts" in err
+
+
+
+def test_an_ep_above_tp_without_attention_dp_is_refused_naming_both_readings(h100_file, capsys):
+    """vLLM's users read --ep 4 as -tp 4 --enable-expert-parallel, TensorRT-LLM's and SGLang's as DP attention:
+    castcore asks which, in one line, before anything is built; either spelling then runs."""
+    code, err = _cli(h100_file, capsys, "--model", MIXTRAL, "--ep", "4", "--batch", "4")
+    assert code == 2 and err == (
+        "castcore: error: --ep 4 leaves open what runs the attention: give --tp 4 --ep 4 (attention and experts over "
+        "4 devices, as vLLM's -tp 4 --enable-expert-parallel) or --ep 4 --attention-dp 4 (attention data-parallel "
+        "over 4 groups of 1 device(s), the experts over all of them)")
+    assert "capturing" not in capsys.readouterr().err
+    code, err = _cli(h100_file, capsys, "--model", MIXTRAL, "--tp", "2", "--ep", "4", "--batch", "4")
+    assert code == 2 and "give --tp 4 --ep 4" in err and "or --tp 2 --ep 4 --attention-dp 2 (" in err
+    notes = []
+    for spelling in (["--tp", "4", "--ep", "4"], ["--ep", "4", "--attention-dp", "4"]):
+        assert main(["estimate", "--no-packs", "--device-file", str(h100_file), "--seq", "16", "--model", MIXTRAL,
+                     "--batch", "4", *spelling]) == 0
+        notes.append(capsys.readouterr().err)
+    assert "each of the 4 tensor-parallel ranks" in notes[0] and "data-parallel" not in notes[0]
+    assert "attention runs data-parallel on 4 groups of 1 device" in notes[1]
 
 
 FACTORY = f'''
@@ -156,8 +177,9 @@ def test_a_factory_model_is_checked_when_built(h100_file, capsys, tmp_path, monk
     (tmp_path / "castcore_ep_factory.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "castcore_ep_factory", raising=False)
-    code, err = _cli(h100_file, capsys, "--model", "castcore_ep_factory:make", "--ep", "8", "--batch", "8")
-    assert code == 2 and err.startswith("castcore: error: --ep 8") and "4 experts, which do not divide by 8" in err
+    code, err = _cli(h100_file, capsys, "--model", "castcore_ep_factory:make", "--ep", "8", "--attention-dp", "8",
+                     "--batch", "8")
+    assert code == 2 and err.startswith("castcore: error: ") and "4 experts, which do not divide by 8" in err
     code, err = _cli(h100_file, capsys, "--model", "castcore_ep_factory:make", "--pp", "3")
     assert code == 2 and err == "castcore: error: --pp 3 is more pipeline stages than the model's 2 layers: use --pp 2 " \
                                 "or less"

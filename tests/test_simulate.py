@@ -196,6 +196,7 @@ def test_a_second_simulation_of_a_deployment_reuses_its_step_time_model():
     again = session.simulate(LLAMA, rate=20.0, dp=2, **options)  # another rate, more replicas: the same model
     assert cache.stats.captured == made and len(session.pipeline.derived) == 1
     assert again.summary["completed"] == 20 and again.summary != first.summary
+    assert "data-parallel: 2 replicas, each serving every 2nd request" in again.notes
     session.simulate(LLAMA, rate=10.0, tp=2, **options)  # another deployment: its own
     assert cache.stats.captured > made and len(session.pipeline.derived) == 2
 
@@ -237,3 +238,11 @@ def test_a_run_where_no_request_can_be_served_is_one_line(capsys):
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
     assert len(err) == 1 and err[0].startswith("castcore: error: no request can be served: all 3 never fit; "), err
     assert "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("n, said", [(2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"), (21, "21st"),
+                                     (22, "22nd"), (101, "101st"), (113, "113th")])
+def test_the_replica_notes_count_requests_in_english_ordinals(n, said):
+    from castcore.workload.simulate import _ordinal
+
+    assert _ordinal(n) == said

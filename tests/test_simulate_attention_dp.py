@@ -28,7 +28,8 @@ def test_each_attention_group_schedules_its_own_requests(session):
     assert [f.first_token_s for f in two.finished] == pytest.approx([alone.finished[0].first_token_s] * 2)
     assert two.iterations == 2 * alone.iterations
     assert shared.iterations == alone.iterations  # one scheduler batching both
-    assert any(n.startswith("attention data-parallel: 2 groups of 1 device(s)") for n in two.notes)
+    (note,) = [n for n in two.notes if n.startswith("attention data-parallel: 2 groups of 1 device(s)")]
+    assert note.endswith("balanced by taking every 2nd request)")
     # Two devices held; each iteration keeps one group's device busy.
     (use,) = two.pool_use
     assert use.devices == 2 and two.summary["completed"] == 2

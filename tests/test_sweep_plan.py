@@ -207,7 +207,24 @@ def test_plan_under_traffic_simulates_each_layout_as_castcore_simulate_does(tmp_
     # tp 1, tp 2 and tp 2 x pp 2 all keep up with the rate: the fewer devices, the more tokens/s per device.
     assert [(r["tp"], r["pp"], r["dp"]) for r in best] == [(1, 1, 1), (2, 1, 1), (2, 2, 1)]
     assert all(r["p90_ttft_ms"] <= 50 and r["completed"] == 40 for r in best)
+    assert {r["weights"] for r in [*best, *found["fewest"]]} == {"bf16"}  # the model's dtype, named
     simulated = castcore.Session(load_packs=[], device_files=[DATA / "h100-sxm.toml"]).simulate(
         LLAMA, input_lengths="32", output_lengths="8", rate=40.0, requests=40, device="h100-sxm")
     assert best[0]["output_throughput"] == pytest.approx(simulated.summary["output_throughput"])
     assert best[0]["p90_ttft_ms"] == pytest.approx(simulated.summary["p90_ttft_ms"])
+
+
+def test_a_refusal_reason_is_printed_whole(tmp_path):
+    """A long model path makes the reason long: it is printed to its end, the fix included, never cut."""
+    model = tmp_path / ("a-model-folder-with-a-long-name-" * 4) / "config.json"
+    model.parent.mkdir()
+    model.write_text(Path(LLAMA).read_text())
+    done = subprocess.run([sys.executable, "-m", "castcore", "plan", "--model", str(model), "--input", "32",
+                           "--output", "8", "--tp", "1", "3", "--weights", "bf16", "--device-file",
+                           str(DATA / "h100-sxm.toml"), "--no-packs", "--workers", "1"], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    reason = lines[lines.index("refused or not fitting at batch 1 (layouts: reason)") + 1]
+    assert reason.endswith(f"tp = 3: {model}'s num_attention_heads = 4 does not divide by 3; tensor parallelism "
+                           "splits the heads evenly (use a tp that divides 4)")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import castcore
 
 DATA = Path(__file__).parent / "data"
@@ -15,6 +17,8 @@ LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
 
 MM = '''
 import torch
+import pytest
+
 import castcore
 
 @castcore.register_op_estimator(torch.ops.aten.mm.default)
@@ -23,6 +27,8 @@ def mm(invoke, device):
 '''
 LINEAR = '''
 import torch
+import pytest
+
 import castcore
 
 @castcore.register_op_estimator(torch.ops.aten.linear.default)
@@ -31,6 +37,8 @@ def linear(invoke, device):
 '''
 SILU = '''
 import torch
+import pytest
+
 import castcore
 
 @castcore.register_op_estimator(torch.ops.aten.silu.default)
@@ -94,3 +102,48 @@ def test_a_claim_the_deployed_kernels_replace_is_one_warning_and_an_audit_row(tm
     assert audit.returncode == 0, audit.stderr
     row = next(line for line in audit.stdout.splitlines() if line.startswith("aten::silu"))
     assert "unreached in this workload" in row and "castcore::silu_and_mul runs instead" in row
+
+
+@pytest.fixture(scope="module")
+def ascend_env(tmp_path_factory) -> dict[str, str]:
+    """castpack-ascend pip-installed (for real, with its entry points) into a fresh target folder, first on the path."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                    str(Path(__file__).parents[1] / "packs" / "castpack-ascend")], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")]))
+    return env
+
+
+def _castcore(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "castcore", *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_pack_whose_own_rewrite_hides_its_estimators_gets_no_warning_but_an_audit_row(ascend_env, tmp_path):
+    """castpack-ascend's fused kernels replace the eager ops its own estimators claim (aten::bmm, silu, ...): the
+    default device's estimate says nothing of it, audit --model still shows the rows; a custom-op file's claim that
+    castpack-ascend's rewrite hides is still one warning."""
+    model = ["--model", LLAMA, "--seq", "8", "--no-default-custom-op-dirs"]
+    estimate = _castcore(ascend_env, "estimate", *model)
+    assert "ascend::prompt_flash_attention" in estimate.stdout and "on ascend-910b3" in estimate.stdout
+    assert "warning" not in estimate.stderr and "not reached" not in estimate.stderr
+    audit = _castcore(ascend_env, "audit", *model, "--op", "aten::bmm")
+    row = next(line for line in audit.stdout.splitlines() if line.startswith("aten::bmm"))
+    assert "unreached in this workload" in row and "ascend::prompt_flash_attention runs instead" in row
+    assert "castpack-ascend" in row
+    silu = _folder(tmp_path, "silu", SILU)
+    hidden = _castcore(ascend_env, "estimate", *model, "--custom-op-dir", str(silu))
+    warnings = [line for line in hidden.stderr.splitlines() if "not reached" in line]
+    assert warnings == [f"castcore: warning: file:{silu / 'silu.py'}: its estimator for aten::silu (silu) is not "
+                        "reached in this workload: the deployed kernels run ascend::swiglu instead (--eager prices "
+                        "the graph op by op)"]
+
+
+def test_a_packs_rewrite_note_appears_only_on_the_devices_it_serves(ascend_env):
+    serve = ["simulate", "--model", LLAMA, "--requests", "4", "--rate", "5", "--input", "32", "--output", "4"]
+    ascend = _castcore(ascend_env, *serve)
+    assert "the fused-kernel rewrites of castpack-ascend" in ascend.stderr
+    h100 = _castcore(ascend_env, *serve, "--device-file", H100, "--device", "h100-sxm")
+    assert "h100-sxm" in h100.stdout and "castpack-ascend" not in h100.stderr + h100.stdout

@@ -35,6 +35,25 @@ def report_capture_cache(cache) -> None:
         note("loaded the capture from castcore's cache (--no-cache captures anew)")
 
 
+def chosen_device(session: Session, name: str | None):
+    """``--device``'s profile (an unknown name fails here, before any work); a note when none was given and the
+    default is merely the first installed profile."""
+    device = session.device(name)
+    why = None if name else session.default_by_name()
+    if why:
+        note(f"note: {why}")
+    return device
+
+
+def announce_capture(cache, message: str) -> None:
+    """Say ``message`` (what is captured) when a capture is really made: at once without a cache, else when the
+    cache misses; a capture loaded from the cache is said by report_capture_cache instead."""
+    if cache is None:
+        note(message)
+    else:
+        cache.on_capture = lambda: note(message)
+
+
 def make_session(args: argparse.Namespace, **extra) -> Session:
     """A Session from the plugin options; plugin problems are printed, and fail under --strict."""
     from castcore.sweeps.sweep import open_session

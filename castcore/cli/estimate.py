@@ -7,8 +7,8 @@ import json
 import sys
 import time
 
-from castcore.cli.common import (StrictFailure, capture_cache_from, fail_on_fallback, make_session, note,
-                                 progress_printer, report_capture_cache, warn)
+from castcore.cli.common import (StrictFailure, announce_capture, capture_cache_from, chosen_device, fail_on_fallback,
+                                 make_session, note, progress_printer, report_capture_cache, warn)
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, ESTIMATE
 from castcore.cli.page import page_path, write_page
@@ -24,8 +24,8 @@ def run(args: argparse.Namespace) -> int:
     html = page_path(args)
     cache = capture_cache_from(args)
     session = make_session(args, on_error=args.on_error, capture_step=cache)
-    device = session.device(args.device)
-    note(f"building {args.model} and capturing on fake tensors ...")
+    device = chosen_device(session, args.device)
+    announce_capture(cache, f"building {args.model} and capturing on fake tensors ...")
     started = time.perf_counter()
     show = progress_printer()
     report = session.estimate(workload, device=device, progress=show)

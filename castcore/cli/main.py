@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from castcore.cli import audit, devices, estimate, measure, new_pack, packs, partition, serve
 from castcore.cli import cache, plan, report, simulate, sweep
-from castcore.errors import CastcoreError, StrictFailure
+from castcore.errors import CastcoreError, ModelError, StrictFailure, did_you_mean
+from castcore.options.catalog import say
 from castcore.options.option import terms
 
 
@@ -35,8 +36,17 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     return _build()[1]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, naming the nearest choices to a mistyped one (a command, --engine, --dtype, ...)."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(str(value), action.choices)} "
+                                                 f"(choose from {', '.join(map(str, action.choices))})")
+
+
 def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="castcore",
         description="Estimate how fast a PyTorch model runs on an accelerator you may not have.")
     parser.add_argument("--version", action="version", version=f"castcore {_version()}")
@@ -74,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         with terms("cli"):  # errors name options as the shell gives them: --batch 0
+            _check_expert_parallel(args)
             code = args.func(args)
         sys.stdout.flush()  # a full disk or a bad descriptor fails here, never as a result silently lost
         return code
@@ -97,6 +108,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         print(f"castcore: error: cannot write standard output: {exc.strerror}", file=sys.stderr)
         return 2
+
+
+def _check_expert_parallel(args: argparse.Namespace) -> None:
+    """An --ep above --tp without --attention-dp is refused: read as vLLM's -tp N --enable-expert-parallel it is
+    tensor parallelism as wide, read as TensorRT-LLM's and SGLang's DP attention it is data-parallel attention."""
+    tp, ep, groups = (getattr(args, name, None) for name in ("tp", "ep", "attention_dp"))
+    if not all(isinstance(v, int) for v in (tp, ep, groups)) or ep <= tp or ep % tp or groups > 1:
+        return
+    given = f"{say('tp', tp)} {say('ep', ep)}" if tp > 1 else say("ep", ep)
+    raise ModelError(f"{given} leaves open what runs the attention: give {say('tp', ep)} {say('ep', ep)} (attention "
+                     f"and experts over {ep} devices, as vLLM's -tp {ep} --enable-expert-parallel) or {given} "
+                     f"{say('attention_dp', ep // tp)} (attention data-parallel over {ep // tp} groups of {tp} "
+                     "device(s), the experts over all of them)")
 
 
 _OUTPUT_ERRORS = (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EFBIG, errno.EDQUOT)

@@ -120,8 +120,7 @@ def _refused(lines: list[str], result: Any) -> None:
         reasons: dict[str, list[str]] = {}
         for row in result.refused:
             reasons.setdefault(row["error"], []).append(f"{row['device']} {_layout(row, result.request.dtype)}")
-        lines += [f"  {'; '.join(where)}: {why if len(why) <= 200 else why[:197] + '...'}"
-                  for why, where in reasons.items()]
+        lines += [f"  {'; '.join(where)}: {why}" for why, where in reasons.items()]
 
 
 def format_plan(result: Any) -> str:
@@ -174,6 +173,10 @@ def plan_json(result: Any) -> dict[str, Any]:
         keep = ("device", "devices", "tp", "pp", "ep", "weights", "served_batch", "ttft_s", "tpot_s", "latency_s",
                 "output_tokens_per_s", "output_tokens_per_s_per_device", "peak_bytes", "device_memory_bytes")
     keep = (*keep, *(k for k in ENERGY_AND_COST if any(k in r for r in (*result.best, *result.fewest))))
+
+    def pick(row: dict[str, Any], every: bool = True) -> dict[str, Any]:  # weights in the model's dtype: its name
+        return {k: (row.get(k) or request.dtype) if k == "weights" else row.get(k) for k in keep if every or k in row}
+
     objectives = {name: None if objective is None else {"statistic": objective.statistic, "s": objective.seconds}
                   for name, objective in (("ttft", request.ttft), ("tpot", request.tpot))}
     traffic = {"rate": request.rate, "concurrency": request.concurrency, "max_rate": request.max_rate,
@@ -183,13 +186,12 @@ def plan_json(result: Any) -> dict[str, Any]:
             "device_prices": request.device_prices,
             "ttft_s": request.ttft_s, "tpot_s": request.tpot_s, "objectives": objectives, **traffic,
             "devices": request.devices, "layouts": result.layouts, "points": len(result.rows),
-            "best": [{k: r.get(k) for k in keep} for r in result.best],
-            "fewest": [{k: r.get(k) for k in keep} for r in result.fewest],
-            **({"missed": [{**{k: r[k] for k in keep if k in r}, "why": r["missed"]} for r in result.missed]}
-               if request.traffic else {}),
+            "best": [pick(r) for r in result.best],
+            "fewest": [pick(r) for r in result.fewest],
+            **({"missed": [{**pick(r, every=False), "why": r["missed"]} for r in result.missed]} if request.traffic else {}),
             **({"verdict": {"winner": result.verdict["winner"], "why": result.verdict["why"],
                             **{kind: None if result.verdict[kind] is None else
-                               {k: result.verdict[kind].get(k) for k in keep}
+                               pick(result.verdict[kind])
                                for kind in ("aggregated", "disaggregated")}}} if result.verdict else {})}
 
 

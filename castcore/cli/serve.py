@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from castcore.cli.common import (capture_cache_from, fail_on_fallback, make_session, note, report_capture_cache,
-                                 warn)
+from castcore.cli.common import (announce_capture, capture_cache_from, chosen_device, fail_on_fallback, make_session,
+                                 note, report_capture_cache, warn)
 from castcore.cli.options import add_options
 from castcore.cli.page import page_path, write_page
 from castcore.options.catalog import SERVE
@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     html = page_path(args)
     cache = capture_cache_from(args)
     session = make_session(args, capture_step=cache)
-    note(f"capturing {args.model}: a prefill and decode steps at KV lengths "
+    chosen_device(session, args.device)
+    announce_capture(cache, f"capturing {args.model}: a prefill and decode steps at KV lengths "
          f"{', '.join(map(str, decode_points(args.input_tokens, args.output_tokens)))}"
          + (", at the batches the --max-batch search needs" if args.max_batch else "") + " ...")
     started = time.perf_counter()

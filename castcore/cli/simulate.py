@@ -7,7 +7,8 @@ import json
 import time
 from typing import Any
 
-from castcore.cli.common import capture_cache_from, make_session, note, report_capture_cache, warn
+from castcore.cli.common import (announce_capture, capture_cache_from, chosen_device, make_session, note,
+                                 report_capture_cache, warn)
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, SIMULATE
 from castcore.cli.page import page_path, simulation_figures, write_page
@@ -29,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
         pyplot()  # matplotlib missing: said before the work, not after
     cache = capture_cache_from(args)
     session = make_session(args, capture_step=cache)
-    note(f"capturing {args.model} at the engine's token counts, then simulating {len(plan.requests)} requests ...")
+    chosen_device(session, args.device)
+    note(f"simulating {len(plan.requests)} requests ...")
+    announce_capture(cache, f"capturing {args.model} at the engine's token counts ...")
     started = time.perf_counter()
     report = simulate(session.pipeline, plan, device=args.device)
     note(f"simulated in {time.perf_counter() - started:.1f} s")

@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from castcore.errors import ModelError
+from castcore.errors import ModelError, did_you_mean
 
 TERMS = ("python", "cli", "spec")
 COUNT_LIMIT = 10**9  # beyond any count a deployment has, and below what would exhaust memory as a count of things
@@ -157,7 +157,8 @@ class Option:
             wanted = f"one of {', '.join(self.choices)}" if self.choices else self.metavar or "a word"
             raise self.error(value, f"takes one value as text: {wanted}")
         if self.choices is not None and value not in self.choices:
-            raise self.error(value, f"is not supported; use one of {', '.join(self.choices)}")
+            raise self.error(value, f"is not supported{did_you_mean(value, self.choices)}; use one of "
+                                    f"{', '.join(self.choices)}")
         return value
 
     def error(self, value: Any, reason: str) -> ModelError:

@@ -80,7 +80,7 @@ DEPLOYMENT = (
     switch("sp", "sequence parallelism with --tp: norms and elementwise ops on 1/N of the tokens, reduce-scatter "
             "and all-gather instead of all-reduce", PARALLEL),
     int_option("ep", 1, "expert parallel over N devices (MoE models): experts split across them, tokens dispatched and "
-         "combined by all-to-all; above --tp, attention runs data-parallel over ep/tp groups", PARALLEL),
+         "combined by all-to-all; above --tp, give --attention-dp ep/tp (attention data-parallel) or --tp as wide", PARALLEL),
     int_option("attention_dp", 1, "attention data parallel over N groups of --tp devices, the experts split over all "
          "N x tp of them (--ep N x tp), as TensorRT-LLM's and SGLang's DP attention run DeepSeek", PARALLEL),
     Option("ep_kernels", "how --ep dispatches and combines: 'normal' the fastest all-to-all, hierarchical across the "

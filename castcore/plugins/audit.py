@@ -143,20 +143,43 @@ def static_audit(host: PluginHost, devices: list[str], op: str | None = None) ->
     return rows
 
 
-def unreached_claims(host: PluginHost, captured: Capture, device: str,
-                     replaces: Mapping[str, Sequence[str]]) -> list[tuple[str, Candidate, str]]:
+def unreached_claims(host: PluginHost, captured: Capture, device: str, replaces: Mapping[str, Sequence[str]],
+                     others_only: bool = False) -> list[tuple[str, Candidate, str]]:
     """(op, claim, the op run instead) for each claim of a pack, a custom-op file or the program on ``device``
     whose op the capture never runs because an op that ``replaces`` it (a fused kernel: name -> eager op names)
-    ran instead. The core's own claims are defaults, never missed."""
+    ran instead. The core's own claims are defaults, never missed. ``others_only``: only claims another plugin's
+    rewrite hides, not those of a plugin that prices every fused op run in its op's place (its own rewrite: its
+    estimators still price that work, and warning of it tells the user nothing to act on)."""
     ran = {invoke.name for invoke in captured.invokes}
-    instead = {hidden: fused for fused in ran for hidden in replaces.get(fused, ())}
+    instead: dict[str, list[str]] = {}
+    for fused in sorted(ran):
+        for hidden in replaces.get(fused, ()):
+            instead.setdefault(hidden, []).append(fused)
+    claimed = {op_name(op): cands for op, cands in candidates_for(host, device).items()}
     found = []
-    for claimed_op, candidates in candidates_for(host, device).items():
-        name = op_name(claimed_op)
+    for name, candidates in claimed.items():
         if name in ran or name not in instead:
             continue
-        found += [(name, c, instead[name]) for c in candidates if c.plugin != CORE_NAME]
+        for c in candidates:
+            own = all(_prices(claimed.get(f, ()), c) for f in instead[name])
+            if c.plugin != CORE_NAME and not (others_only and own):
+                found.append((name, c, instead[name][-1]))
     return found
+
+
+def _prices(candidates: Sequence[Candidate], claim: Candidate) -> bool:
+    return any(c.plugin == claim.plugin and c.kind == claim.kind for c in candidates)
+
+
+def plugins_elsewhere(host: PluginHost, device: str) -> set[str]:
+    """The labels of the plugins that do not serve ``device``: each of their claims that names devices names
+    others (a claim naming none, such as the properties of a pack's own fused op, prices it anywhere)."""
+    matched: dict[str, bool] = {}
+    for kind in (ESTIMATOR, PROPERTIES):
+        for label, _, claim in _claims_in_call_order(host, kind):
+            if claim.device is not None:
+                matched[label] = matched.get(label, False) or claim.matches(device)
+    return {label for label, hit in matched.items() if not hit}
 
 
 def unreached_lines(unreached: list[tuple[str, Candidate, str]]) -> list[str]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.hf.versions import version_warnings
 from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
+from castcore.errors import did_you_mean
 from castcore.options.catalog import say
 from castcore.plugins.claims import ClaimTable, declared_count
 from castcore.plugins.config import Config, load_config
@@ -128,9 +129,21 @@ class PluginHost:
                                   f"or pass {say('device_file', 'my.toml')}")
             return chosen[0]
         if name not in self.devices:
-            raise DeviceError(f"unknown device {name!r}; installed: {', '.join(self.devices) or 'none'} "
+            raise DeviceError(f"unknown device {name!r}{did_you_mean(name, self.devices)}; installed: "
+                              f"{', '.join(self.devices) or 'none'} "
                               "(castcore devices lists them)")
         return self.devices[name]
+
+    def default_by_name(self) -> str | None:
+        """Why the default device is merely the first installed profile by name (no configured default, no
+        --device-file, no profile marked default: castpack-ascend, which marks ascend-910b3, is missing), or None."""
+        if self.config.default_device or self._file_devices or not self.devices:
+            return None
+        if any(d.default for d in self.devices.values()):
+            return None
+        first = next(iter(self.devices))
+        return (f"no installed profile is marked default (castpack-ascend marks ascend-910b3: pip install "
+                f"castpack-ascend); using {first}, the first installed by name ({say('device')} chooses another)")
 
     def whole_ops(self, device: str | DeviceProfile | None = None) -> frozenset:
         """The ops a capture for ``device`` records as one call although torch decomposes them (see

@@ -116,6 +116,12 @@ class CaptureCache:
         self._environment: dict[int, str] = {}
         self._fused: dict[str, str] = {}
         self._keys: dict[Any, Any] = {}
+        self.on_capture: Callable[[], None] | None = None  # called once, when a capture is really made
+
+    def _capturing(self) -> None:
+        said, self.on_capture = self.on_capture, None
+        if said:
+            said()
 
     @property
     def warnings(self) -> list[str]:
@@ -130,10 +136,12 @@ class CaptureCache:
     def __call__(self, host: PluginHost, workload: Workload, device: DeviceProfile,
                  progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
         if not workload.named:  # a module object: nothing to key it by
+            self._capturing()
             return self.original(host, workload, device, progress)
         key = self.key(host, workload, device)
         entry = self._find(key)
         if entry is None:
+            self._capturing()
             built, captured = self.original(host, workload, device, progress)
             self._keep(key, built, captured)
             return built, captured
@@ -156,6 +164,7 @@ class CaptureCache:
                 built = built or self._built(entry, steps[kv])
         missing = [kv for kv in kv_lens if kv not in captures]
         if missing:
+            self._capturing()
             made, fresh = capture_decode_steps(host, steps[missing[0]], device, missing[1:], progress)
             for kv, captured in fresh.items():
                 if workload.named:
@@ -171,6 +180,7 @@ class CaptureCache:
         key = digest({"mixed": self.key(host, workload, device), "chunks": [list(c) for c in chunks]})
         entry = self._find(key)
         if entry is None:
+            self._capturing()
             built, captured = capture()
             self._keep(key, built, captured)
             return built, captured

@@ -9,7 +9,6 @@ the spec file's line. Torch-free.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import re
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from castcore.errors import did_you_mean
 from castcore.options.catalog import AXIS, OUTPUT, SESSION, CommandOptions
 from castcore.options.option import Option, terms
 from castcore.tomlfiles import read_text, read_toml
@@ -130,9 +130,8 @@ def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command], lines: 
         found = keys.get(key.replace("-", "_"))
         if found is None:
             axes = [k for k, (_, scope) in keys.items() if scope != OUTPUT]
-            close = difflib.get_close_matches(key.replace("-", "_"), axes, n=1)
             raise ModelError(f"{where}: unknown key {key!r} for castcore {name}"
-                             + (f" (did you mean {close[0]!r}?)" if close else "") + f"; its axes: {', '.join(axes)}")
+                             f"{did_you_mean(key.replace('-', '_'), axes)}; its axes: {', '.join(axes)}")
         option, scope = found
         with terms("spec"):
             try:

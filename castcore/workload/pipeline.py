@@ -265,5 +265,6 @@ class Pipeline:
         report.notes = notes + report.borrowed_rates()
         report.workload = workload.options()
         if workload.fuse and workload.named and not workload.train:  # the user asked for the deployed kernels
-            report.warnings = unreached_lines(unreached_claims(self.host, captured, profile.name, replacements()))
+            report.warnings = unreached_lines(unreached_claims(self.host, captured, profile.name, replacements(),
+                                                               others_only=True))
         return report

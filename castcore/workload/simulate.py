@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.errors import ModelError
 from castcore.options.catalog import AXIS, DEPLOYMENT_NAMES, ENGINE_OPTIONS, SIMULATE, say
 from castcore.options.option import Placeholder
+from castcore.plugins.audit import plugins_elsewhere
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.simulation import engine as engine_model
 from castcore.simulation.arrivals import Arrivals
@@ -244,18 +245,19 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
                                                                                        schedulers), plan.speculation))
         if results[-1].partial:  # Ctrl-C: no further scheduler runs
             break
-    notes = [f"data-parallel: {base.dp} replicas, each serving every {base.dp}th request"] if base.dp > 1 else []
+    notes = [f"data-parallel: {base.dp} replicas, each serving every {_ordinal(base.dp)} request"] if base.dp > 1 else []
     if base.attention_dp > 1:
         notes.append(f"attention data-parallel: {base.attention_dp} groups of {base.tp} device(s), each scheduling its "
                      f"own requests with the KV blocks of its devices; an iteration's MoE layers take as many tokens "
                      "from every group as from its own (the groups run in step, balanced by taking every "
-                     f"{base.attention_dp}th request)")
+                     f"{_ordinal(base.attention_dp)} request)")
     if base.pp > 1:
         notes.append(f"pipeline-parallel: {base.pp} micro-batches in flight per replica, each scheduled on its own "
                      f"with 1/{base.pp} of the KV blocks and running requests; an iteration's period is {base.pp} "
                      "times its slowest stage, at least one pass through every stage with the activation sends")
-    rewriters = [pipeline.host.plugins.label(impl.plugin_name)
-                 for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()]
+    elsewhere = plugins_elsewhere(pipeline.host, steps.profile.name)  # their rewrites are no news on this device
+    rewriters = [label for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()
+                 if (label := pipeline.host.plugins.label(impl.plugin_name)) not in elsewhere]
     if rewriters:  # see castcore.workload.mixed
         notes.append(f"a mixed batch runs castcore's deployed kernels: the fused-kernel rewrites of "
                      f"{', '.join(rewriters)} are not applied in it yet (their estimators still price the ops they "
@@ -294,3 +296,9 @@ def report_of(plan: Simulation, results: list, finished: list, *, prefix_from: l
     return SimulationReport(model=plan.model, engine=plan.engine, limits=plan.limits, summary=summary,
                             never_fit=never, iterations=iterations, mean_running=mean_running, finished=finished,
                             partial=partial, slo_ttft_s=plan.slo_ttft, slo_tpot_s=plan.slo_tpot, **fields)
+
+
+def _ordinal(n: int) -> str:
+    """2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

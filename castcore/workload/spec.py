@@ -5,14 +5,13 @@ Torch-free on purpose: the command line builds its help and checks its options b
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from castcore.errors import ModelError
+from castcore.errors import ModelError, did_you_mean
 from castcore.tomlfiles import read_json
 from castcore.options.catalog import DEPLOYMENT_NAMES, WORKLOAD_OPTIONS, any_value, say
 from castcore.options.parts import (ACTIVATION_DTYPES, BLOCK_FP8, DEFAULT_MODEL, KV_CACHE_DTYPES, KV_READS, PHASES,
@@ -108,10 +107,8 @@ def build_workload(model: Any = DEFAULT_MODEL, *args: Any, kwargs: dict[str, Any
     """
     unknown = [name for name in options if name not in _OPTIONS]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], list(_OPTIONS), n=1)
-        raise ModelError(f"build_workload has no option {unknown[0]!r}" + (f" (did you mean {close[0]!r}?)" if close
-                                                                           else "")
-                         + f"; its options: {', '.join(_OPTIONS)}")
+        raise ModelError(f"build_workload has no option {unknown[0]!r}{did_you_mean(unknown[0], _OPTIONS)}; its "
+                         f"options: {', '.join(_OPTIONS)}")
     values = {name: option.check(options.get(name, option.default)) for name, option in _OPTIONS.items()}
     if isinstance(model, str) and not is_factory(model):  # a checkpoint that ships quantized is priced so
         checkpoint.apply(model, load_model_config(model), options, values)
@@ -235,5 +232,5 @@ def load_model_config(spec: str) -> dict[str, Any]:
             raise ModelError(f"model config {path} has no 'model_type'; a transformers config.json names its model "
                              "type (llama, qwen2, gpt2, ...)")
         return data
-    raise ModelError(f"unknown model {spec!r}; use a preset ({', '.join(preset_names())}), a path to a "
-                     "config.json, or package.module:factory")
+    raise ModelError(f"unknown model {spec!r}{did_you_mean(spec, preset_names())}; use a preset "
+                     f"({', '.join(preset_names())}), a path to a config.json, or package.module:factory")

@@ -92,6 +92,16 @@ def test_example_cumsum_properties_are_turned_into_time_on_the_device(session, p
     assert record.properties.memory_bytes == 2 * x.nbytes
 
 
+def test_example_cumsum_leaves_a_bool_scan_to_the_core(session, pack):
+    """A mask's cumsum (a Llama's position ids) is no matrix-unit work: the core prices it, and no note says the
+    device lacks a matrix rate for bool."""
+    mask = torch.empty(8, 2048, dtype=torch.bool, device="meta")
+    report = session.estimate(lambda t: torch.cumsum(t, 1), mask, device=DEVICE)
+    (record,) = [r for r in report.records if r.invoke.name == "aten::cumsum"]
+    assert record.estimate.source.plugin != pack.label
+    assert not [line for line in report.borrowed_rates() if "bool" in line]
+
+
 def test_claims_stay_on_the_pack_devices(session, pack):
     numbers = {"mma_flops": {"bfloat16": 1e14}, "gp_flops": {"float32": 1e13},
                "memory_bytes": 1e10, "memory_bandwidth": 1e12}

@@ -61,8 +61,8 @@ def mm(invoke: pack.OpInvoke, device: pack.DeviceProfile) -> pack.Estimate:
 
 
 @pack.register_op_properties(torch.ops.aten.cumsum.default, device=DEVICES)
-def cumsum(invoke: pack.OpInvoke, device: pack.DeviceProfile) -> pack.PerformanceProperties:
-    """EXAMPLE properties, replace: a cumulative sum done on the matrix unit, as some NPUs do it.
+def cumsum(invoke: pack.OpInvoke, device: pack.DeviceProfile) -> pack.PerformanceProperties | None:
+    """EXAMPLE properties, replace: a cumulative sum of floats done on the matrix unit, as some NPUs do it.
 
     castcore's core counts a scan as one vector add per element. A device that instead multiplies
     each block of TILE elements by a TILE x TILE triangular matrix of ones does 2*TILE matrix-unit
@@ -70,5 +70,9 @@ def cumsum(invoke: pack.OpInvoke, device: pack.DeviceProfile) -> pack.Performanc
     time with this device's mma rate, and on this pack's devices they are used instead of the core's.
     """
     x = invoke.args[0]
+    if not x.dtype.is_floating_point:
+        # A scan of a bool mask or of integer positions (every Llama's position ids) has no matrix-unit rate
+        # here: None leaves it to the core's vector adds.
+        return None
     # Every input read once, every output written once; then the work, counted in the input's dtype.
     return invoke.memory_access_properties().add(x.dtype, mma=2 * TILE * x.numel())
