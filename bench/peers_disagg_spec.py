@@ -153,7 +153,7 @@ class Castcore:
     def step_ms(self, model: str, tp: int, device: str, chunks: list[tuple[int, int]], layers: int | None = None) -> float:
         """castcore's time for one iteration of ``chunks`` (new tokens, cached tokens), as castcore simulate prices
         it; ``layers`` 1: the one-layer draft's."""
-        from castcore.workload.steptime import StepTimes
+        from castcore.serving.step_time import StepTimes
 
         key = (model, tp, device, layers)
         if key not in self._steps:

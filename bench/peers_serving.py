@@ -179,7 +179,7 @@ class Castcore:
         """castcore's time for one iteration: ``prompts`` equal prompt chunks of ``prompt_tokens`` in all (none if
         0) beside ``decodes`` decode tokens at the mean KV length of a request's decode (isl + osl/2), as castcore
         simulate prices it."""
-        from castcore.workload.steptime import StepTimes
+        from castcore.serving.step_time import StepTimes
 
         key = (s.model, s.device, s.tp)
         if key not in self._steps:

@@ -412,7 +412,7 @@ def markdown(result: dict, machine: dict) -> str:
         *[f"- [{n}] {why}" for why, n in notes.items()], "",
         "## The same iterations priced by castcore and AIConfigurator", "",
         "AIConfigurator's own step compositions (its mixed step: ctx_tokens = ISL prompt tokens beside b-1 decodes; "
-        "its decode-only step at batch b), priced by castcore's step-time model (castcore.workload.steptime, what "
+        "its decode-only step at batch b), priced by castcore's step-time model (castcore.serving.step_time, what "
         "castcore simulate runs, decodes at KV length ISL + OSL/2); AIConfigurator's TTFT terms; castcore's KV "
         "capacity in requests of ISL + OSL tokens and its mean running batch.", "",
         *_steps_table(rows), "",

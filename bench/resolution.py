@@ -92,7 +92,7 @@ def child(repeats: int, seq: int) -> None:
     import torch
 
     import castcore
-    from castcore.workload.pipeline import build
+    from castcore.deploy.pipeline import build
     from castcore.workload.spec import build_workload
 
     workload = build(build_workload(str(MODEL), batch=1, seq=seq, dtype="bf16"))

@@ -136,7 +136,7 @@ def measure(model_name: str, seq: int, device_file: str, warmup_seq: int, decode
     import gc
 
     import castcore
-    from castcore.workload.parallel import tensor_parallel
+    from castcore.deploy.parallel.tensor import tensor_parallel
     from castcore.workload.spec import build_workload
 
     session = castcore.Session(load_packs=[], device_files=[device_file])

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import castcore
 from castcore.simulation import engine
-from castcore.workload import simulate as simulation
-from castcore.workload.kvmemory import kv_capacity
-from castcore.workload.steptime import StepTimes
+from castcore.serving import traffic as simulation
+from castcore.serving.kv_capacity import kv_capacity
+from castcore.serving.step_time import StepTimes
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE_FILE = str(ROOT / "tests" / "data" / "h100-sxm.toml")

@@ -1,4 +1,4 @@
-"""How close castcore simulate's step-time model (castcore.workload.steptime) is to a direct capture of the same
+"""How close castcore simulate's step-time model (castcore.serving.step_time) is to a direct capture of the same
 mixed batch, on deployments users simulate: 20 random mixed batches each (decode tokens at KV lengths up to 4,096,
 most batches with a prefill chunk), the model built from its ladder of captures up to an 8,192-token budget.
 
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import castcore
-from castcore.workload.mixed import Chunk
-from castcore.workload.steptime import StepTimes, agreement, random_batches
+from castcore.serving.mixed_batch import Chunk
+from castcore.serving.step_time import StepTimes, agreement, random_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE_FILE = ROOT / "tests" / "data" / "h100-sxm.toml"

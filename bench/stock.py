@@ -10,7 +10,7 @@ and castcore's estimate cache emptied, in this order:
                                         use_cache=False, so repeated layers are replayed)
   castcore, model as given              castcore.capture of the model unprepared (use_cache=True, a
                                         DynamicCache through every layer), then estimation: the path
-                                        before castcore/workload/stock.py, less the pipeline around it
+                                        before castcore/workload/own_models.py, less the pipeline around it
   castcore preset                       the same config as a preset, with every position's logits
                                         (--all-logits), as the stock call computes them
   FlopCounterMode                       torch.utils.flop_counter over the model as given, on fake tensors

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 # name -> the module that defines it
 _EXPORTS = {
-    "Session": "castcore.workload.session",
-    "estimate": "castcore.workload.session",
-    "default_session": "castcore.workload.session",
-    "serve": "castcore.workload.session",
-    "simulate": "castcore.workload.session",
-    "SimulationReport": "castcore.workload.simulate",
-    "ServeReport": "castcore.workload.serving",
+    "Session": "castcore.session",
+    "estimate": "castcore.session",
+    "default_session": "castcore.session",
+    "serve": "castcore.session",
+    "simulate": "castcore.session",
+    "SimulationReport": "castcore.serving.traffic",
+    "ServeReport": "castcore.serving.static",
     "build_workload": "castcore.workload.spec",
     "Workload": "castcore.workload.spec",
     "Report": "castcore.report.records",
@@ -45,10 +45,10 @@ _EXPORTS = {
     "capture": "castcore.recording.recorder",
     "Capture": "castcore.recording.recorder",
     "register_op": "castcore.ops.register",
-    "partition": "castcore.optools.partition",
-    "measure": "castcore.optools.timing",
-    "calibrate": "castcore.optools.timing",
-    "measure_table": "castcore.optools.measured_tables",
+    "partition": "castcore.operator_tools.partition",
+    "measure": "castcore.operator_tools.timing",
+    "calibrate": "castcore.operator_tools.timing",
+    "measure_table": "castcore.operator_tools.measured_tables",
     "sweep": "castcore.sweeps.sweep",
     "SweepResult": "castcore.sweeps.run",
     "plan": "castcore.sweeps.plan",
@@ -65,8 +65,8 @@ _EXPORTS = {
     "ModelError": "castcore.workload.spec",
     "CustomOpError": "castcore.ops.annotations",
     "AnnotationError": "castcore.ops.annotations",
-    "PartitionError": "castcore.optools.partition",
-    "MeasureError": "castcore.optools.timing",
+    "PartitionError": "castcore.operator_tools.partition",
+    "MeasureError": "castcore.operator_tools.timing",
     "MeasuredTableError": "castcore.ops.tables",
 }
 # What a pack or custom-op file uses is castcore.pack's; these few are here too so files written for
@@ -116,9 +116,9 @@ if TYPE_CHECKING:
     from castcore.ops.annotations import AnnotationError, CustomOpError
     from castcore.ops.register import register_op
     from castcore.ops.tables import MeasuredTableError
-    from castcore.optools.measured_tables import measure_table
-    from castcore.optools.partition import PartitionError, partition
-    from castcore.optools.timing import MeasureError, calibrate, measure
+    from castcore.operator_tools.measured_tables import measure_table
+    from castcore.operator_tools.partition import PartitionError, partition
+    from castcore.operator_tools.timing import MeasureError, calibrate, measure
     from castcore.pack import (ComputeOps, Estimate, OpInvoke, OpInvokeInfo, PerformanceModel, PerformanceProperties,
                                TensorMeta, hookimpl, register_measured_table, register_op_estimator,
                                register_op_properties)
@@ -132,9 +132,9 @@ if TYPE_CHECKING:
     from castcore.sweeps.plan import PlanResult, plan
     from castcore.sweeps.run import SweepResult
     from castcore.sweeps.sweep import sweep
-    from castcore.workload.serving import ServeReport
-    from castcore.workload.session import Session, default_session, estimate, serve, simulate
-    from castcore.workload.simulate import SimulationReport
+    from castcore.serving.static import ServeReport
+    from castcore.session import Session, default_session, estimate, serve, simulate
+    from castcore.serving.traffic import SimulationReport
     from castcore.workload.spec import ModelError, Workload, build_workload
 
     __version__: str

@@ -17,7 +17,7 @@ import pytest
 import castcore
 from castcore.recording import stored
 from castcore.sweeps.capture import CaptureCache
-from castcore.workload.pipeline import capture_workload
+from castcore.deploy.pipeline import capture_workload
 
 DATA = Path(__file__).parent / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")

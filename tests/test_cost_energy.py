@@ -20,7 +20,7 @@ from castcore.sweeps import capacity
 from castcore.sweeps.plan import PlanRequest, PlanResult, search
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.sweep import check, commands
-from castcore.workload.metering import Metered, pool_use
+from castcore.serving.metering import Metered, pool_use
 
 DATA = Path(__file__).parent / "data"
 LLAMA = str(DATA / "tiny-llama.json")

@@ -144,7 +144,7 @@ def test_the_architecture_page_draws_the_layers_of_the_import_contract_in_order(
     import tomllib
 
     contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    (layers,) = [c["layers"] for c in contract if c["type"] == "layers"]
+    (layers,) = [c["layers"] for c in contract if c["name"] == "castcore's layers"]
     drawn = [[m.strip().removeprefix("castcore.") for m in line.split("|")] for line in layers]
     page = (DOCS / "architecture.md").read_text()
     diagram = re.search(r"```text\n(.*?)```", page, re.DOTALL).group(1)

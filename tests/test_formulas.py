@@ -20,7 +20,7 @@ from castcore.builtin.formulas import causal_pairs
 from castcore.recording.recorder import capture
 from castcore.plugins.claims import claims_of
 from castcore.recording.invoke import OpInvoke, TensorMeta
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 
 aten = torch.ops.aten
 PROPERTIES = castcore.pack.Source("core", "properties")

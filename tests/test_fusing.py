@@ -11,7 +11,7 @@ import torch
 import castcore
 from castcore.builtin.fused_ops import kept_keys
 from castcore.cli.main import main
-from castcore.workload.fusing import rewrite
+from castcore.deploy.kernels.fusing import rewrite
 from castcore.hf.attention import (ATTENTION, castcore_attention, castcore_mask, register_attention,
                                    supports_attention_backend)
 from castcore.hf.cache import cache_argument

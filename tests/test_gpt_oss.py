@@ -13,7 +13,7 @@ import castcore
 from castcore.hf.attention import ATTENTION
 from castcore.hf.cache import cache_argument
 from castcore.hf.configs import configs
-from castcore.workload.fusing import rewrite
+from castcore.deploy.kernels.fusing import rewrite
 from castcore.workload.models import BuiltModel
 from tests.test_fusing import real_model
 

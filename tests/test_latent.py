@@ -14,7 +14,7 @@ import castcore
 from castcore.hf.cache import cache_argument
 from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
 from castcore.cli.main import main
-from castcore.workload.fusing import rewrite
+from castcore.deploy.kernels.fusing import rewrite
 from castcore.workload.models import BuiltModel
 
 from tests.test_fusing import DATA, real_model

@@ -7,7 +7,7 @@ import json
 import torch
 
 from castcore.workload.spec import build_workload
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 
 
 def test_mm_flops_equal_hand_count(session, tiny_llama):

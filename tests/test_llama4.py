@@ -45,7 +45,7 @@ def test_llama4_experts_take_quantized_weights(session, weights, product):
 def test_transformers_rope_warnings_are_castcore_notes_not_stderr(capsys):
     """Meta's own Scout config sets high_freq_factor = low_freq_factor, which transformers warns of: castcore
     keeps that as a note of its own instead of a library line on stderr."""
-    from castcore.workload.pipeline import build
+    from castcore.deploy.pipeline import build
 
     built = build(castcore.build_workload("llama-4-scout", seq=8))
     assert any("transformers warns: `rope_parameters`'s high_freq_factor" in note for note in built.notes)

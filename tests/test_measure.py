@@ -8,7 +8,7 @@ import torch
 
 import castcore
 from castcore.cli.main import main
-from castcore.optools.timing import calibrate, profile_toml, real_inputs
+from castcore.operator_tools.timing import calibrate, profile_toml, real_inputs
 
 GENERATED = []
 

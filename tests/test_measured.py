@@ -15,7 +15,7 @@ import torch
 import castcore
 from castcore.plugins.audit import static_audit
 from castcore.ops.tables import SCHEME_GRID, MeasuredTableError, load_measured_table
-from castcore.optools.measured_tables import measure_table
+from castcore.operator_tools.measured_tables import measure_table
 
 HERE = Path(__file__).parent
 SOURCE = "# source: measurement, test bench (made up for the test), 2026-01-01\n"

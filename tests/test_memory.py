@@ -10,7 +10,7 @@ import torch
 import castcore
 from castcore.report.memory import analyze_memory, kv_cache_bytes
 from castcore.workload.spec import build_workload, load_model_config
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 
 MiB = 2**20
 N = MiB // 4  # float32 elements in 1 MiB

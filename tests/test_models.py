@@ -8,7 +8,7 @@ import torch
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.models import build_preset
 from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 
 PRESET_PARAMS = {  # published parameter counts (billions), and half the last digit they are published to
     "llama-3-8b": (8.0, 0.05), "llama-3-70b": (70.6, 0.05), "qwen2.5-7b": (7.6, 0.05), "mistral-7b": (7.2, 0.05),

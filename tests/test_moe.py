@@ -9,7 +9,7 @@ import torch
 
 import castcore
 from castcore.builtin.formulas.matmul import _grouped_mm, touched_experts
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 
 MIXTRAL = str(Path(__file__).parent / "data" / "tiny-mixtral.json")  # 4 experts, top-2, hidden 64, ffn 96, bf16
 

@@ -106,8 +106,8 @@ def test_a_tensor_parallel_split_refused_while_sharding_in_cli_terms(capsys, thr
 
 
 def test_an_output_file_is_named_in_each_terms(tmp_path):
-    from castcore.report.files import OutputError, check_output
-    from castcore.sweeps.files import check_out
+    from castcore.report.output_files import OutputError, check_output
+    from castcore.sweeps.row_files import check_out
 
     bad = tmp_path / "rows.xlsx"
     said = {"python": f"out={str(bad)!r}: name a .parquet", "cli": f"--out {bad}: name a .parquet",

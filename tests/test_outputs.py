@@ -96,7 +96,7 @@ def test_a_device_is_written_in_place_and_never_replaced(tmp_path, tiny_llama, h
 def test_writers_of_one_file_at_once_each_leave_it_whole(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from castcore.report.files import _umask, write_whole
+    from castcore.report.output_files import _umask, write_whole
 
     target = tmp_path / "rows.csv"
     texts = [f"{n}\n" * 20000 for n in range(8)]
@@ -112,15 +112,15 @@ def test_writers_of_one_file_at_once_each_leave_it_whole(tmp_path):
 
 
 def test_a_second_sweep_onto_the_same_output_is_refused(tmp_path):
-    from castcore.report.files import OutputError
-    from castcore.sweeps import files
+    from castcore.report.output_files import OutputError
+    from castcore.sweeps import row_files
 
     out = tmp_path / "rows.csv"
-    with files.held(out):
+    with row_files.held(out):
         said = f"out={str(out)!r} is being written by another castcore sweep"
         with pytest.raises(OutputError, match=re.escape(said)):
-            with files.held(out):
+            with row_files.held(out):
                 pass
-    with files.held(out):  # free again once the first is done
+    with row_files.held(out):  # free again once the first is done
         pass
     assert list(tmp_path.iterdir()) == []

@@ -16,8 +16,8 @@ import castcore
 from castcore.report.memory import kv_cache_bytes
 from castcore.report.memory import analyze_memory
 from castcore.workload.spec import ModelError
-from castcore.workload.parallel import per_device_config, tensor_parallel
-from castcore.workload.pipeline import build
+from castcore.deploy.parallel.tensor import per_device_config, tensor_parallel
+from castcore.deploy.pipeline import build
 
 DATA = Path(__file__).parent / "data"
 TINY = str(DATA / "tiny-llama.json")  # hidden 64, ffn 160, 2 layers, 4 heads, 2 KV heads, vocab 500

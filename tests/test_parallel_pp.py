@@ -8,7 +8,7 @@ import pytest
 
 import castcore
 from castcore.cli.main import main
-from castcore.workload.stages import stage_layers
+from castcore.deploy.parallel.pipeline_stages import stage_layers
 
 BATCH, SEQ, HIDDEN = 4, 16, 64  # tiny-llama: 2 layers, hidden 64, 2 KV heads of 16
 NVLINK = 4.5e11 * 0.82  # tests/data/h100-sxm.toml's first interconnect level, B/s

@@ -10,7 +10,7 @@ import torch
 
 import castcore
 from castcore.cli.main import main
-from castcore.optools.partition import PartitionError
+from castcore.operator_tools.partition import PartitionError
 
 OPS = textwrap.dedent('''
     import torch
@@ -43,7 +43,7 @@ ALL_REDUCE_ESTIMATOR = textwrap.dedent('''
 def ops(tmp_path_factory):
     path = tmp_path_factory.mktemp("ops") / "part_ops.py"
     path.write_text(OPS, encoding="utf-8")
-    from castcore.optools.partition import load_target
+    from castcore.operator_tools.partition import load_target
 
     return path, load_target(f"{path}:matmul"), load_target(f"{path}:heads")
 

@@ -14,7 +14,7 @@ import pytest
 import castcore
 from castcore.cli.main import main
 from castcore.options.option import Objective
-from castcore.sweeps import capacity, disaggregation
+from castcore.sweeps import capacity, plan_disaggregated
 from castcore.sweeps.plan import PlanRequest, PlanResult
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.sweep import commands
@@ -27,11 +27,11 @@ LAYOUT = {"model": LLAMA, "input": "32", "output": "8", "dtype": "bf16", "device
 
 
 def test_every_ratio_of_instances_within_the_devices_is_a_candidate():
-    found = disaggregation.candidates([{**LAYOUT, "tp": 1}, {**LAYOUT, "tp": 2}], max_devices=4)
+    found = plan_disaggregated.candidates([{**LAYOUT, "tp": 1}, {**LAYOUT, "tp": 2}], max_devices=4)
     # One-device instances: X + Y <= 4; two-device instances: only one of each.
     assert [(c["tp"], c["prefill_instances"], c["decode_instances"]) for c in found] == [
         (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 2, 1), (1, 2, 2), (1, 3, 1), (2, 1, 1)]
-    assert len(disaggregation.candidates([{**LAYOUT, "tp": 1}], max_devices=8)) == 16  # at most 4 of each
+    assert len(plan_disaggregated.candidates([{**LAYOUT, "tp": 1}], max_devices=8)) == 16  # at most 4 of each
 
 
 def _fake_simulations(calls: list):
@@ -59,7 +59,7 @@ def test_a_disaggregated_layout_scales_by_its_ratio_and_wins_when_only_it_meets_
     request = PlanRequest(model=LLAMA, input_tokens=32, output_tokens=8, devices=["h100-sxm"], weights=[None],
                           tpot=Objective("p99", 0.02), rate=5.0, max_devices=4, disaggregated=True)
     chosen = [{**LAYOUT, "tp": 1}]
-    chosen += disaggregation.candidates(chosen, request.max_devices)
+    chosen += plan_disaggregated.candidates(chosen, request.max_devices)
     result = PlanResult(request, **capacity.search(request, commands()["simulate"], chosen, _fake_simulations(calls)))
     # Only the aggregated layout gets more replicas; the six ratios run once.
     assert calls == [[(1, None, None), (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 2, 1), (1, 2, 2), (1, 3, 1)],
@@ -78,16 +78,16 @@ def test_the_verdict_compares_the_best_of_each_kind_and_says_why():
               "mean_kv_transfer_ms": 0.25}
     aggregated = {"tp": 2, "pp": 1, "ep": 1, "dp": 2, "devices": 4, "output_tokens_per_s_per_device": 200.0,
                   "p90_tpot_ms": 40.0, "p99_ttft_ms": 60.0}
-    found = disaggregation.verdict(request, [pooled, aggregated], "output_tokens_per_s_per_device",
+    found = plan_disaggregated.verdict(request, [pooled, aggregated], "output_tokens_per_s_per_device",
                                    "output tokens/s per device")
     assert found["winner"] == "disaggregated"
     assert found["why"].startswith("1 prefill + 2 decode instances of 1 device (3 devices) gives 300 output tokens/s "
                                    "per device against 200 for the best aggregated layout, tp 2 x 2 replicas (4 "
                                    "devices); p90 TPOT 12.0 ms against 40.0 ms, p99 TTFT 90.0 ms against 60.0 ms.")
     assert "0.250 ms" in found["why"]
-    reverse = disaggregation.verdict(request, [aggregated, pooled], "output_tokens_per_s_per_device", "tok/s")
+    reverse = plan_disaggregated.verdict(request, [aggregated, pooled], "output_tokens_per_s_per_device", "tok/s")
     assert reverse["winner"] == "aggregated" and "Every device serves both phases" in reverse["why"]
-    assert disaggregation.verdict(PlanRequest(model=LLAMA), [aggregated], "x", "y") is None  # not searched
+    assert plan_disaggregated.verdict(PlanRequest(model=LLAMA), [aggregated], "x", "y") is None  # not searched
 
 
 def test_plan_searches_disaggregated_layouts_as_castcore_simulate_runs_them(tmp_path):

@@ -12,8 +12,8 @@ import torch
 import castcore
 from castcore.builtin.comm_ops import SEND, send_call
 from castcore.plugins.audit import static_audit
-from castcore.workload.disaggregated import transfer_seconds
-from castcore.workload.stages import transfer_time
+from castcore.serving.disaggregated import transfer_seconds
+from castcore.deploy.parallel.pipeline_stages import transfer_time
 
 NVLINK, NVLINK_LATENCY = 4.5e11 * 0.82, 2e-6  # tests/data/h100-sxm.toml's levels: 369 GB/s, 2 us
 IB, IB_LATENCY = 5e10 * 0.9, 5e-6  # 45 GB/s, 5 us

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from castcore.workload.spec import build_workload
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 from tests.factories.tiny_mlp import mystery
 
 

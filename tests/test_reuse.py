@@ -9,7 +9,7 @@ import castcore
 from castcore.hf.cache import cache_argument
 from castcore.workload.spec import build_workload
 from castcore.recording.reuse import repeated_layers
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 
 
 def _both(session, spec, **options):

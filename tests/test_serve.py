@@ -12,7 +12,7 @@ import pytest
 import castcore
 from castcore.cli.main import main
 from castcore.workload.models import build_preset
-from castcore.workload.serving import decode_points, fit_line
+from castcore.serving.static import decode_points, fit_line
 
 INPUT, OUTPUT, BATCH = 16, 12, 2
 KEYS = ("ttft_s", "tpot_s", "first_tpot_s", "middle_tpot_s", "last_tpot_s", "latency_s", "output_tokens_per_s",

@@ -10,8 +10,8 @@ import pytest
 
 import castcore
 from castcore.cli.main import main
-from castcore.workload.mixed import Chunk, capture_mixed
-from castcore.workload.steptime import StepTimes, agreement, random_batches
+from castcore.serving.mixed_batch import Chunk, capture_mixed
+from castcore.serving.step_time import StepTimes, agreement, random_batches
 
 DATA = Path(__file__).parent / "data"
 LLAMA, MIXTRAL, H100 = str(DATA / "tiny-llama.json"), str(DATA / "tiny-mixtral.json"), str(DATA / "h100-sxm.toml")
@@ -243,6 +243,6 @@ def test_a_run_where_no_request_can_be_served_is_one_line(capsys):
 @pytest.mark.parametrize("n, said", [(2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"), (21, "21st"),
                                      (22, "22nd"), (101, "101st"), (113, "113th")])
 def test_the_replica_notes_count_requests_in_english_ordinals(n, said):
-    from castcore.workload.simulate import _ordinal
+    from castcore.serving.traffic import _ordinal
 
     assert _ordinal(n) == said

@@ -10,7 +10,7 @@ import pytest
 
 import castcore
 from castcore.cli.main import main
-from castcore.workload.disaggregated import transfer_seconds
+from castcore.serving.disaggregated import transfer_seconds
 
 DATA = Path(__file__).parent / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")

@@ -11,7 +11,8 @@ import pytest
 from castcore.cli.main import main
 from castcore.errors import ModelError
 from castcore.simulation.requests import read_dataset
-from castcore.workload import draft_heads, speculation
+from castcore.serving import speculation
+from castcore.workload import draft_heads
 from castcore.workload.spec import load_model_config
 
 DATA = Path(__file__).parent / "data"

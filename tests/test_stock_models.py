@@ -11,7 +11,7 @@ from castcore.hf.cache import cache_argument
 from castcore.recording.reuse import repeated_layers
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import build_workload
-from castcore.workload.pipeline import build
+from castcore.deploy.pipeline import build
 
 CONFIGS = {
     "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
@@ -88,7 +88,7 @@ def test_the_attention_setting_is_restored_when_the_capture_fails(session, monke
         seen.append(target.config._attn_implementation)
         raise RuntimeError("capture failed")
 
-    monkeypatch.setattr("castcore.workload.pipeline.capture", failing_capture)
+    monkeypatch.setattr("castcore.deploy.pipeline.capture", failing_capture)
     with pytest.raises(RuntimeError, match="capture failed"):
         session.estimate(model, _input_ids())
     assert seen == ["castcore"]

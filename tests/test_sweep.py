@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import castcore
-from castcore.report.files import pareto
+from castcore.report.output_files import pareto
 
 ROOT = Path(__file__).parent.parent
 DATA = ROOT / "tests" / "data"

@@ -168,7 +168,7 @@ def test_static_audit_lists_as_winners_only_claims_that_can_answer(tmp_path):
 def test_dynamic_audit_shows_the_claim_answering_the_whole_op(tmp_path):
     session = make_session(tmp_path, "torch.ops.aten.linear.default")
     workload = castcore.build_workload(str(DATA / "tiny-llama.json"), seq=8)
-    from castcore.workload.pipeline import capture_workload
+    from castcore.deploy.pipeline import capture_workload
 
     _, captured = capture_workload(session, workload, session.device(DEVICE))
     rows = {r.op: r for r in audit.dynamic_audit(session, captured, DEVICE)}

@@ -117,14 +117,14 @@ def scored_shapes(ops: list[SuiteOp]) -> set[tuple[int, ...]]:
 # Calibrate, estimate, measure
 
 def _best(work: float, fn: Callable[[], Any], repeat: int) -> float:
-    from castcore.optools.timing import time_call
+    from castcore.operator_tools.timing import time_call
 
     return work / min(time_call(fn, warmup=1, repeat=repeat))
 
 
 def calibrate_local():
     """This machine's Calibration on the CALIBRATION shapes (castcore calibrate's method and fields)."""
-    from castcore.optools.timing import Calibration, time_call
+    from castcore.operator_tools.timing import Calibration, time_call
 
     mma, gp = {}, {}
     with torch.no_grad():
@@ -151,7 +151,7 @@ def calibrate_local():
 
 def local_profile(calibration):
     from castcore.devices.profile import device_from_dict, tomllib
-    from castcore.optools.timing import profile_toml
+    from castcore.operator_tools.timing import profile_toml
 
     text = profile_toml(calibration, name="local-calibrated")
     return device_from_dict(tomllib.loads(text), origin="bench/fidelity/local.py"), text
@@ -168,7 +168,7 @@ def estimate_suite_op(session, profile, op: SuiteOp) -> dict[str, Any]:
 
 def measure_suite_op(op: SuiteOp, budget_s: float, min_repeat: int = 5, max_repeat: int = 50) -> list[float]:
     """Seconds per call: one untimed call, then as many timed ones as fit ``budget_s`` (judged by a probe)."""
-    from castcore.optools.timing import time_call
+    from castcore.operator_tools.timing import time_call
 
     args = op.inputs("cpu")
     with torch.no_grad():

@@ -38,7 +38,7 @@ def load_points(path: Path = PUBLISHED) -> list[dict[str, Any]]:
 def make_session(packs: tuple[str, ...] = PACKS, device_files: Iterable[str | Path] = ()):
     """A session with only these packs (and device files), untouched by config files and CASTCORE_* variables."""
     from castcore.plugins.config import Config
-    from castcore.workload.session import Session
+    from castcore.session import Session
 
     from importlib.metadata import entry_points
 

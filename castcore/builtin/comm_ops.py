@@ -7,8 +7,8 @@ its peer sit among (the interconnect level spanning them is the innermost with a
 sends over the profile's outermost level whatever the count (another node, or another device type).
 
 castcore prices its own point-to-point transfers through it: a pipeline stage's activations sent to the next stage
-(castcore.workload.stages) and a prompt's KV cache sent from a prefill to a decode instance
-(castcore.workload.disaggregated) each resolve a synthetic call of it (``send_call``), so a pack that claims it
+(castcore.deploy.parallel.pipeline_stages) and a prompt's KV cache sent from a prefill to a decode instance
+(castcore.serving.disaggregated) each resolve a synthetic call of it (``send_call``), so a pack that claims it
 (castpack-collectives) answers and the core's default (castcore.builtin.formulas.comm) answers otherwise.
 """
 

@@ -3,7 +3,7 @@
 Each is a ``torch.library`` custom op in the ``castcore`` namespace with a reference implementation (so a
 fused model computes what the eager one does, checked by the tests) and a fake one (so it captures on the
 meta device as one call). Their work is counted in ``castcore.builtin.formulas.fused``; a pack may claim
-any of them for its devices. ``castcore.workload.fusing`` rewrites models to call them.
+any of them for its devices. ``castcore.deploy.kernels.fusing`` rewrites models to call them.
 """
 
 from __future__ import annotations

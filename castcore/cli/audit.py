@@ -12,7 +12,7 @@ from castcore.options.catalog import AUDIT, AXIS
 
 def run(args: argparse.Namespace) -> int:
     from castcore.plugins import audit
-    from castcore.workload.pipeline import capture_workload
+    from castcore.deploy.pipeline import capture_workload
 
     from castcore.workload.spec import build_workload
 

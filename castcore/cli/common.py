@@ -10,7 +10,7 @@ from castcore.errors import StrictFailure
 from castcore.plugins.selection import PluginOptions
 
 if TYPE_CHECKING:
-    from castcore.workload.session import Session
+    from castcore.session import Session
 
 __all__ = ["StrictFailure", "make_session"]
 

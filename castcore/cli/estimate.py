@@ -12,7 +12,7 @@ from castcore.cli.common import (StrictFailure, announce_capture, capture_cache_
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, ESTIMATE
 from castcore.cli.page import page_path, write_page
-from castcore.report.files import check_output, write_whole
+from castcore.report.output_files import check_output, write_whole
 from castcore.workload.spec import build_workload
 
 

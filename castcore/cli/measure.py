@@ -14,8 +14,8 @@ from castcore.options.catalog import CALIBRATE, MEASURE
 
 def run_measure(args: argparse.Namespace) -> int:
     from castcore.ops.register import lookup
-    from castcore.optools.partition import example_inputs, load_callable
-    from castcore.optools.timing import measure
+    from castcore.operator_tools.partition import example_inputs, load_callable
+    from castcore.operator_tools.timing import measure
 
     session = make_session(args)
     target = load_callable(args.op)
@@ -31,7 +31,7 @@ def run_measure(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from castcore.optools.timing import calibrate, profile_toml
+    from castcore.operator_tools.timing import calibrate, profile_toml
 
     cal = calibrate(quick=args.quick)
     text = profile_toml(cal, name=args.name)

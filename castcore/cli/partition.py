@@ -10,7 +10,7 @@ from castcore.options.catalog import PARTITION
 
 
 def run(args: argparse.Namespace) -> int:
-    from castcore.optools.partition import example_inputs, load_target, partition
+    from castcore.operator_tools.partition import example_inputs, load_target, partition
 
     session = make_session(args)
     record = load_target(args.op)

@@ -26,7 +26,7 @@ def _seconds(value: float) -> str:
 
 def _layout(row: dict[str, Any], dtype: str) -> str:
     if row.get("prefill_instances"):
-        from castcore.sweeps.disaggregation import describe
+        from castcore.sweeps.plan_disaggregated import describe
 
         return f"{describe(row)}, {row['weights'] or dtype} weights"
     parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep", "dp") if (row.get(k) or 1) > 1] or ["1 device"]

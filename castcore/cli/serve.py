@@ -15,7 +15,7 @@ from castcore.workload.spec import DEPLOYMENT
 
 def run(args: argparse.Namespace) -> int:
     from castcore.report.memory import format_bytes
-    from castcore.workload.serving import check_request, decode_points
+    from castcore.serving.static import check_request, decode_points
 
     batch = "max" if args.max_batch else args.batch
     # Bad options fail before any plugin or model loads.

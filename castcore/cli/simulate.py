@@ -1,4 +1,4 @@
-"""``castcore simulate``: a deployment serving requests under traffic (castcore.workload.simulate), printed."""
+"""``castcore simulate``: a deployment serving requests under traffic (castcore.serving.traffic), printed."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from castcore.cli.common import (announce_capture, capture_cache_from, chosen_de
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, SIMULATE
 from castcore.cli.page import page_path, simulation_figures, write_page
-from castcore.report.files import check_output, write_whole
+from castcore.report.output_files import check_output, write_whole
 
 
 def run(args: argparse.Namespace) -> int:
-    from castcore.workload.simulate import check, simulate
+    from castcore.serving.traffic import check, simulate_traffic
 
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
     plan = check(args.model, **options)  # bad options, lengths or datasets fail before any plugin or model loads
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     note(f"simulating {len(plan.requests)} requests ...")
     announce_capture(cache, f"capturing {args.model} at the engine's token counts ...")
     started = time.perf_counter()
-    report = simulate(session.pipeline, plan, device=args.device)
+    report = simulate_traffic(session.pipeline, plan, device=args.device)
     note(f"simulated in {time.perf_counter() - started:.1f} s")
     report_capture_cache(cache)
     for line in report.notes:

@@ -14,7 +14,7 @@ from castcore.plugins.selection import PluginOptions
 
 
 def run(args: argparse.Namespace) -> int:
-    from castcore.sweeps.files import write_rows
+    from castcore.sweeps.row_files import write_rows
     from castcore.sweeps.sweep import sweep
 
     html = page_path(args)

@@ -37,7 +37,7 @@ def kv_written(attention: torch.nn.Module, tp: int) -> tuple[tuple[int, int], tu
     attributes and on DeepSeek-V3's ``expand_kv``, whose presence means transformers caches the latent
     (checked 5.5.0-5.24.0)."""
     config = getattr(attention, "config", None)
-    if getattr(attention, "castcore_latent", False):  # castcore.workload.latent: one entry, held in the keys
+    if getattr(attention, "castcore_latent", False):  # castcore.deploy.kernels.latent: one entry, held in the keys
         return (1, config.kv_lora_rank + config.qk_rope_head_dim), (1, 0)
     if hasattr(attention, "kv_a_proj_with_mqa") and config is not None:  # multi-head latent attention, eager
         if hasattr(type(attention), "expand_kv"):

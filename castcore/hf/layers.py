@@ -13,7 +13,7 @@ import torch
 def is_experts_module(module: torch.nn.Module) -> bool:
     """One of transformers 5's ``@use_experts_implementation`` experts modules, whose 3-D weights castcore splits
     and quantizes (the decorator's ``has_gate``, and ``_apply_gate``; checked 5.5.0-5.24.0), or Llama 4's experts
-    once castcore.workload.moe_fusing has given them those attributes (``castcore_gate``)."""
+    once castcore.deploy.kernels.moe has given them those attributes (``castcore_gate``)."""
     return hasattr(module, "has_gate") and (hasattr(module, "_apply_gate") or hasattr(module, "castcore_gate"))
 
 

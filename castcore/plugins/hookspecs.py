@@ -39,7 +39,7 @@ def fuse_model(model, device: DeviceProfile) -> list[str] | None:
     """Rewrite ``model`` in place to call this plugin's fused operators on ``device`` (as a serving
     engine runs it with the vendor's kernels); return a line per replacement. Called for every model
     castcore builds unless ``--eager``; every plugin's implementation runs, then the core's own rewrites
-    on what is left (castcore.workload.fusing), which leave modules a plugin swapped in alone."""
+    on what is left (castcore.deploy.kernels.fusing), which leave modules a plugin swapped in alone."""
 
 
 # Every hook's name, read off the specs above so the list cannot drift from them.

@@ -2,7 +2,7 @@
 
 A PluginHost loads the installed packs, custom-op files and the program's claims around the core's plugin it
 is given, collects the devices they provide, and answers which device a name means, which ops a capture keeps
-whole, and how the plugins rewrite a model (``fuse_model``). It estimates no model: castcore.workload.pipeline
+whole, and how the plugins rewrite a model (``fuse_model``). It estimates no model: castcore.deploy.pipeline
 does, with a host; ``castcore.Session`` is a host with that pipeline on top.
 """
 

@@ -17,7 +17,7 @@ import pluggy
 from castcore.plugins import hookspecs
 from castcore.plugins.claims import Claim, ClaimTable, claims_of, declaring_modules, duplicates
 from castcore.plugins.config import Config
-from castcore.plugins.files import checked_directory, file_modules, load_directory
+from castcore.plugins.custom_op_dirs import checked_directory, file_modules, load_directory
 from castcore.plugins.packs import SYS_PATH, PluginInfo, castcore_requirement_problem, pack_infos
 from castcore.plugins.registration import register, register_with_claims, run_plugin_code
 from castcore.recording.invoke import op_name

@@ -1,6 +1,6 @@
 """Running one plugin's code and registering what it declares, so that its faults stay its own.
 
-Shared by the loaders of packs and of custom-op files (castcore.plugins.loading, castcore.plugins.files).
+Shared by the loaders of packs and of custom-op files (castcore.plugins.loading, castcore.plugins.custom_op_dirs).
 """
 
 from __future__ import annotations

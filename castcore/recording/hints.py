@@ -2,10 +2,10 @@
 
 ``with collective_kernels(name):`` around collectives records ``attrs["kernels"]`` on each of them:
 
-- ``"engine"``: a serving engine runs it (castcore.workload.pipeline, every inference capture), whose own
+- ``"engine"``: a serving engine runs it (castcore.deploy.pipeline, every inference capture), whose own
   small-message all-reduce (vLLM's and SGLang's custom all-reduce, TensorRT-LLM's one-shot and two-shot kernels)
   takes an all-reduce where it is faster than the collective library;
-- ``"low-latency"``: DeepEP's low-latency dispatch and combine (castcore.workload.experts under
+- ``"low-latency"``: DeepEP's low-latency dispatch and combine (castcore.deploy.parallel.experts under
   ``--ep-kernels``).
 
 An estimator that models kernels prices the call as those run it; one that does not ignores the hint. The

@@ -8,7 +8,7 @@ the draws' expected order statistics (the power law's quantiles) instead of rand
 balanced ideal; the collectors' documentation fits 1.01 to DeepSeek-V3/R1 and 1.2 to Qwen3-235B serving CNN/Daily
 Mail and OpenOrca prompts by latency matching.
 
-``with expert_routing(skew=...)`` (castcore.workload.pipeline, from ``--expert-skew``) and ``with
+``with expert_routing(skew=...)`` (castcore.deploy.pipeline, from ``--expert-skew``) and ``with
 expert_routing(top_k=...)`` (the experts forwards, which know their top-k) nest; ops captured inside both carry
 ``attrs["expert_skew"]`` and ``attrs["top_k"]`` (``recorded``), which the grouped-GEMM formulas read.
 """
@@ -45,7 +45,7 @@ def recorded() -> dict:
             **({"adapter_skew": popularity} if popularity else {})}
 
 
-# Multi-LoRA (castcore.workload.lora): how unevenly requests pick their adapters, a Zipf exponent.
+# Multi-LoRA (castcore.deploy.lora): how unevenly requests pick their adapters, a Zipf exponent.
 _popularity: ContextVar[float] = ContextVar("castcore_adapter_popularity", default=0.0)
 
 

@@ -134,7 +134,7 @@ def simulation_cost(price: float | None, devices: int, summary: dict[str, Any], 
 @dataclass(frozen=True)
 class PoolUse:
     """One pool of a simulated deployment (all of it, or a disaggregated deployment's prefill or decode pool): its
-    device, how many of them, and the device-seconds they were busy, summed over them (castcore.workload.metering:
+    device, how many of them, and the device-seconds they were busy, summed over them (castcore.serving.metering:
     each scheduler's iterations' busy seconds, times the devices running each iteration, over its pipeline
     stages, as a device runs 1/pp of an iteration's layers)."""
 

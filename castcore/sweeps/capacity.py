@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
-from castcore.sweeps import disaggregation
+from castcore.sweeps import plan_disaggregated
 from castcore.sweeps.spec import Command, Point, make_points
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 
 LAYOUT_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights", "requests", "engine",
-               "price_per_device_hour", *disaggregation.POOLS)
+               "price_per_device_hour", *plan_disaggregated.POOLS)
 # What --objective ranks by: a row's figure, and whether more of it is better; and the figure in words.
 OBJECTIVES = {"cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),
               "energy": ("output_tokens_per_joule", True, "output tokens per joule")}
@@ -86,8 +86,8 @@ def search(request: PlanRequest, command: Command, chosen: list[dict[str, Any]],
         first, met, missed = _replicas(request, chosen, round_of)
         met.sort(key=lambda r: (objective_key(request, r, r["output_tokens_per_s_per_device"]), r["devices"],
                                 r["median_e2el_s"]))
-    missed = ([r for r in missed if not disaggregation.pooled(r)]
-              + disaggregation.last_tries([r for r in missed if disaggregation.pooled(r)], met))
+    missed = ([r for r in missed if not plan_disaggregated.pooled(r)]
+              + plan_disaggregated.last_tries([r for r in missed if plan_disaggregated.pooled(r)], met))
     fewest = [min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
               for name in request.devices if (mine := [r for r in met if r["device"] == name])]
     figure, _, words = OBJECTIVES.get(request.objective) or (
@@ -95,7 +95,7 @@ def search(request: PlanRequest, command: Command, chosen: list[dict[str, Any]],
         else ("output_tokens_per_s_per_device", True, "output tokens/s per device"))
     return {"rows": everything, "best": met[:request.top], "fewest": fewest, "layouts": len(chosen),
             "refused": [r for r in first if r.get("error")], "seconds": time.perf_counter() - started,
-            "missed": missed, "verdict": disaggregation.verdict(request, met, figure, words)}
+            "missed": missed, "verdict": plan_disaggregated.verdict(request, met, figure, words)}
 
 
 def _layout(row: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def _replicas(request: PlanRequest, chosen: list[dict[str, Any]],
             why = misses(request, row)
             if not why:
                 met.append(row)
-            elif (not row.get("error") and not row.get("never_fit") and not disaggregation.pooled(row)
+            elif (not row.get("error") and not row.get("never_fit") and not plan_disaggregated.pooled(row)
                   and row["devices"] * 2 <= request.max_devices):  # a disaggregated layout scales by its ratios
                 again.append({**_layout(row), **traffic, "dp": row["dp"] * 2})
             elif not row.get("error"):  # the last try of this layout
@@ -186,7 +186,7 @@ def check(request: PlanRequest) -> None:
     if request.objective == "cost" and request.price_per_device_hour is None and not request.device_prices:
         raise ModelError(f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
                          f"{say('price_per_device_hour')} (or {say('device_prices')} per device)")
-    disaggregation.check(request)
+    plan_disaggregated.check(request)
     if request.max_rate and request.ttft is None and request.tpot is None:
         raise ModelError(f"{say('max_rate', True)} finds the highest rate that meets the objectives: give "
                          f"{say('ttft')} or {say('tpot')}")

@@ -11,7 +11,7 @@ and the class of every module afterwards; that fingerprint is cached on disk too
 The key also holds castcore's, torch's and transformers' versions, a digest of castcore's and every plugin's
 source files (an edited checkout is a new version), and the content of a config.json or factory module.
 
-``CaptureCache()`` takes and returns what ``castcore.workload.pipeline.capture_workload`` does; given to a
+``CaptureCache()`` takes and returns what ``castcore.deploy.pipeline.capture_workload`` does; given to a
 pipeline as its capture step (``castcore.Session(capture_step=CaptureCache())``), it serves that session's
 ``estimate``, ``serve`` (every step) and ``simulate`` (every mixed batch its step-time model captures) unchanged.
 """
@@ -107,7 +107,7 @@ class CaptureCache:
     """The pipeline's capture step with a memory cache (this process) and the disk cache behind it."""
 
     def __init__(self, disk: bool = True):
-        from castcore.workload.pipeline import capture_workload
+        from castcore.deploy.pipeline import capture_workload
 
         self.original = capture_workload
         self.disk = disk
@@ -149,9 +149,9 @@ class CaptureCache:
 
     def decode_steps(self, host: PluginHost, workload: Workload, device: DeviceProfile, kv_lens: list[int],
                      progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
-        """What ``castcore.workload.pipeline.capture_decode_steps`` gives: the steps found in the cache, and the
+        """What ``castcore.deploy.pipeline.capture_decode_steps`` gives: the steps found in the cache, and the
         rest captured from one built model."""
-        from castcore.workload.pipeline import capture_decode_steps
+        from castcore.deploy.pipeline import capture_decode_steps
 
         steps = {kv: replace(workload, kv_len=kv) for kv in kv_lens}
         keys = {kv: self.key(host, step, device) for kv, step in steps.items()} if workload.named else {}
@@ -175,7 +175,7 @@ class CaptureCache:
 
     def mixed(self, host: PluginHost, workload: Workload, device: DeviceProfile, chunks: tuple,
               capture: Callable[[], tuple[BuiltModel, Capture]]) -> tuple[BuiltModel, Capture]:
-        """What ``capture()`` gives for one mixed batch (castcore.workload.mixed): ``workload`` is its packed row,
+        """What ``capture()`` gives for one mixed batch (castcore.serving.mixed_batch): ``workload`` is its packed row,
         ``chunks`` its sequences as (new tokens, cached tokens, samples), which the key adds."""
         key = digest({"mixed": self.key(host, workload, device), "chunks": [list(c) for c in chunks]})
         entry = self._find(key)
@@ -244,7 +244,7 @@ class CaptureCache:
             return self._fused[key]
         found = self._read_fused(key) if self.disk else None
         if found is None:
-            from castcore.workload.pipeline import build
+            from castcore.deploy.pipeline import build
 
             with CAPTURE_LOCK:  # building touches process-wide state, as a capture does
                 built = build(probe)
@@ -329,7 +329,7 @@ def _plain_config(config: Any) -> Any:
 
 def _layers(model: nn.Module) -> tuple[str, str | None, int]:
     """The model's class name, and its decoder layers' path and count (None: it has none)."""
-    from castcore.workload.sequence import decoder_layers
+    from castcore.deploy.parallel.sequence import decoder_layers
 
     found = decoder_layers(model)
     return (type(model).__name__, None, 0) if found is None else (type(model).__name__, found[0], len(found[1]))
@@ -337,7 +337,7 @@ def _layers(model: nn.Module) -> tuple[str, str | None, int]:
 
 def _stand_in(name: str, path: str | None, count: int) -> nn.Module:
     """An empty module named as the model, with ``count`` empty decoder layers at ``path``: what
-    castcore.workload.stages reads to split a capture (the records name the modules that made them)."""
+    castcore.deploy.parallel.pipeline_stages reads to split a capture (the records name the modules that made them)."""
     root = type(name, (nn.Module,), {})()
     if path:
         holder = root

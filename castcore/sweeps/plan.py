@@ -26,7 +26,7 @@ from typing import Any
 from castcore.options.catalog import PLAN, say
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
-from castcore.sweeps import disaggregation
+from castcore.sweeps import plan_disaggregated
 from castcore.sweeps.capacity import objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
@@ -60,7 +60,7 @@ class PlanRequest:
     objective: str = "throughput"
     price_per_device_hour: float | None = None
     device_prices: dict[str, float] = field(default_factory=dict)  # a device's own price, over the one above
-    disaggregated: bool = False  # also search disaggregated prefill/decode layouts (castcore.sweeps.disaggregation)
+    disaggregated: bool = False  # also search disaggregated prefill/decode layouts (castcore.sweeps.plan_disaggregated)
 
     def price(self, device: str) -> float | None:
         return self.device_prices.get(device, self.price_per_device_hour)
@@ -225,7 +225,7 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     from castcore.sweeps.run import backend_for, run_points
     from castcore.sweeps.sweep import commands, open_session
     from castcore.sweeps.work import Settings
-    from castcore.workload.serving import check_request
+    from castcore.serving.static import check_request
 
     plugins = plugins or PluginOptions()
     given = {"input_tokens": input_tokens, "output_tokens": output_tokens, "ttft": ttft, "tpot": tpot, "rate": rate,
@@ -271,6 +271,6 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
         if request.traffic:
             chosen = choices(request, session.devices, {"requests": requests, "engine": engine})
             if request.disaggregated:
-                chosen += disaggregation.candidates(chosen, request.max_devices)
+                chosen += plan_disaggregated.candidates(chosen, request.max_devices)
             return PlanResult(request=request, **capacity.search(request, command, chosen, run))
         return search(request, command, session.devices, run)

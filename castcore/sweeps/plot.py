@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from castcore.options.catalog import say
-from castcore.report.files import pareto
+from castcore.report.output_files import pareto
 from castcore.report.plot import PlotError, pyplot, save
 from castcore.sweeps.rows import LATENCY, THROUGHPUT
 

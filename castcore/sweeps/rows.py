@@ -17,8 +17,8 @@ from castcore.workload.spec import DEPLOYMENT
 
 if TYPE_CHECKING:
     from castcore.report.records import Report
-    from castcore.workload.serving import ServeReport
-    from castcore.workload.simulate import SimulationReport
+    from castcore.serving.static import ServeReport
+    from castcore.serving.traffic import SimulationReport
     from castcore.workload.spec import Workload
 
 # The figures a plot and a plan read, per command: latency, and throughput per device.
@@ -34,7 +34,7 @@ _SERVE_PARAMETERS = {"model", "device", "input_tokens", "output_tokens", "batch"
 
 
 def estimate_figures(report: Report, workload: Workload) -> dict[str, Any]:
-    from castcore.workload.serving import step_time
+    from castcore.serving.static import step_time
 
     step = step_time(report)
     tokens = workload.batch * (1 if workload.phase == "decode" else workload.seq)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from castcore.options.catalog import say
-from castcore.report.files import OutputError
-from castcore.sweeps import files
+from castcore.report.output_files import OutputError
+from castcore.sweeps import row_files
 from castcore.sweeps.rows import columns, parameter_key
 from castcore.sweeps.spec import Point
 from castcore.sweeps.store import Stats
@@ -218,7 +218,7 @@ def run_points(points: list[Point], parameters: list[str], settings: Settings, *
     if out is None:
         return _run_points(points, parameters, settings, workers, backend, ray_address, None, resume, progress,
                            runner)
-    with files.held(out):
+    with row_files.held(out):
         return _run_points(points, parameters, settings, workers, backend, ray_address, out, resume, progress,
                            runner)
 
@@ -230,12 +230,12 @@ def _run_points(points: list[Point], parameters: list[str], settings: Settings, 
     rows: dict[int, dict[str, Any]] = {}
     earlier: dict[tuple, dict[str, Any]] = {}
     if out is not None and resume:
-        found = files.read_rows(out)
+        found = row_files.read_rows(out)
         _check_resumable(found, parameters, {parameter_key(p.params, parameters) for p in points}, out)
         for row in found:  # later rows (the journal) replace earlier ones of the same point
             earlier[parameter_key(row, parameters)] = row
     elif out is not None:
-        files.journal(out).unlink(missing_ok=True)
+        row_files.journal(out).unlink(missing_ok=True)
     resumed = 0
     for point in points:
         kept = earlier.pop(parameter_key(point.params, parameters), None)
@@ -251,7 +251,7 @@ def _run_points(points: list[Point], parameters: list[str], settings: Settings, 
         full = {**by_index[index].params, **row}
         rows[index] = full
         if out is not None:
-            files.append(out, [full])
+            row_files.append(out, [full])
         shown.advance()
 
     scheduler = Scheduler(group(todo), finished)
@@ -271,6 +271,6 @@ def _run_points(points: list[Point], parameters: list[str], settings: Settings, 
                          deaths=scheduler.deaths, ran=len(todo),
                          resumed=resumed, seconds=time.perf_counter() - started)
     if out is not None:
-        files.write_rows(out, result.rows, result.columns)
-        files.journal(out).unlink(missing_ok=True)
+        row_files.write_rows(out, result.rows, result.columns)
+        row_files.journal(out).unlink(missing_ok=True)
     return result

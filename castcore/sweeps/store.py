@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from castcore.plugins.files import unsafe_reason
+from castcore.plugins.custom_op_dirs import unsafe_reason
 from castcore.plugins.packs import cache_dir, write_cache_file
 
 SUFFIXES = (".capture", ".fused")  # a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)

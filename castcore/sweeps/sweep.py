@@ -31,7 +31,7 @@ def _estimate_job(values: dict[str, Any]) -> Job:
 
 
 def _serve_job(values: dict[str, Any]) -> Job:
-    from castcore.workload.serving import check_request
+    from castcore.serving.static import check_request
 
     batch = "max" if values["max_batch"] else values["batch"]
     deployment = {name: values[name] for name in DEPLOYMENT}
@@ -43,7 +43,7 @@ def _serve_job(values: dict[str, Any]) -> Job:
 
 
 def _simulate_job(values: dict[str, Any]) -> Job:
-    from castcore.workload.simulate import check
+    from castcore.serving.traffic import check
 
     options = {k: v for k, v in values.items() if k not in ("model", "device")}
     check(values["model"], **options)  # the options, the lengths or dataset, the model's position limit
@@ -58,7 +58,7 @@ def commands() -> dict[str, Command]:
 
 def open_session(plugins: PluginOptions, log: Log | None = None, **extra: Any) -> Any:
     """A Session of the plugin options; its plugin problems go to ``log``, and fail under strict."""
-    from castcore.workload.session import Session
+    from castcore.session import Session
 
     session = Session(**plugins.session_kwargs(), **extra)
     for line in session.warnings + session.notes:
@@ -107,7 +107,7 @@ def sweep(grid: dict[str, Any] | str | Path, *, out: str | Path | None = None, w
     (.parquet, .csv, .jsonl) when given. ``plugins`` adds to the spec's plugin options; ``log`` gets progress
     lines. See ``castcore sweep --help``."""
     from castcore.sweeps import store
-    from castcore.sweeps.files import check_out
+    from castcore.sweeps.row_files import check_out
     from castcore.sweeps.run import backend_for, run_points, worker_count
 
     if resume and out is None:
@@ -147,7 +147,7 @@ def check_plot(plot: str | Path | None) -> Path | None:
     """The Pareto picture's path, checked writable, when matplotlib is installed; None for no picture."""
     if plot is None:
         return None
-    from castcore.report.files import check_output
+    from castcore.report.output_files import check_output
 
     try:
         import matplotlib  # noqa: F401
@@ -158,7 +158,7 @@ def check_plot(plot: str | Path | None) -> Path | None:
 
 def draw(rows: list[dict[str, Any]], command: str, path: Path) -> str:
     """Draw the Pareto picture to ``path``; what it shows."""
-    from castcore.report.files import write_whole
+    from castcore.report.output_files import write_whole
     from castcore.sweeps.plot import plot_pareto
 
     drawn: list[str] = []

@@ -52,7 +52,7 @@ def prepare(settings: Settings) -> tuple[Any, Any]:
 
         _cache = CaptureCache(disk=settings.disk_cache)
     if settings.key() not in _sessions:
-        from castcore.workload.session import Session
+        from castcore.session import Session
 
         _sessions[settings.key()] = Session(**settings.session, capture_step=_cache)
     return _sessions[settings.key()], _cache
@@ -61,7 +61,7 @@ def prepare(settings: Settings) -> tuple[Any, Any]:
 def warm_up() -> None:
     """Load castcore, torch and the capture cache in this process ahead of its first task."""
     import castcore.sweeps.capture  # noqa: F401
-    import castcore.workload.session  # noqa: F401
+    import castcore.session  # noqa: F401
 
 
 def figures(session: Any, job: Job) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
-from castcore.plugins.files import unsafe_reason
+from castcore.plugins.custom_op_dirs import unsafe_reason
 from castcore.plugins.packs import cache_dir, write_cache_file
 
 HEADS = ("mtp", "eagle")

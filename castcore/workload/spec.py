@@ -56,7 +56,7 @@ class Workload:
     expert_skew: float | None = None  # MoE routing skew, a power-law exponent (castcore.recording.routing); None: even
     pp: int = 1  # pipeline stages
     micro_batches: int = 1  # a pipelined prefill's micro-batches
-    lora_rank: int | None = None  # multi-LoRA adapters' rank (castcore.workload.lora)
+    lora_rank: int | None = None  # multi-LoRA adapters' rank (castcore.deploy.lora)
     adapters: int | None = None  # and how many are resident
     adapter_skew: float | None = None  # how unevenly requests spread over them, a power-law exponent; None: even
     dp: int = 1  # data-parallel replicas

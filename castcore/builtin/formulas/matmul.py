@@ -112,7 +112,7 @@ def routed_experts(invoke: OpInvoke, experts: int, rows: int) -> float:
     experts block recorded (castcore.recording.routing) those its loads reach, else ``touched_experts``. With no
     more rows than experts the skew changes little (the rows still mostly land on distinct experts, as measured)."""
     popularity = invoke.attrs.get("adapter_skew")
-    if popularity:  # multi-LoRA adapters, one a row's request picks by popularity (castcore.workload.lora)
+    if popularity:  # multi-LoRA adapters, one a row's request picks by popularity (castcore.deploy.lora)
         return routing.popular_touched(experts, rows, popularity)
     skew, top_k = invoke.attrs.get("expert_skew"), invoke.attrs.get("top_k")
     if skew and top_k and rows > experts:

@@ -11,7 +11,7 @@ from typing import Any
 
 from castcore.options.option import COUNT_LIMIT
 from castcore.errors import CastcoreError
-from castcore.report.files import row_file
+from castcore.report.output_files import row_file
 from castcore.report.html.charts import PageError
 from castcore.report.html.search import sweep_data
 from castcore.tomlfiles import DATA_BYTES, read_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from castcore.report.files import pareto
+from castcore.report.output_files import pareto
 from castcore.report.html.charts import COLOURS, PageError, figure, graph_objects, part
 from castcore.report.html.document import (decimal, fact, facts, millis, notes, number, paragraph, plain, section,
                                            table)

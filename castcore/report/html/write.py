@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from castcore.report.files import check_output, write_whole
+from castcore.report.output_files import check_output, write_whole
 from castcore.report.html.charts import PageError, graph_objects
 from castcore.report.html.document import render
 

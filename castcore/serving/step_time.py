@@ -1,6 +1,6 @@
 """An engine iteration's time from a few captures of a deployment, fast enough for a request-level simulation.
 
-An iteration over mixed chunks (castcore.workload.mixed) costs three kinds of work:
+An iteration over mixed chunks (castcore.serving.mixed_batch) costs three kinds of work:
 
 - the body: every op but attention and the LM head, a function of the packed tokens T alone (the linear layers,
   norms, MoE and collectives run over all of them at once);
@@ -25,12 +25,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from castcore.recording.invoke import OpInvoke, TensorMeta
-from castcore.workload.mixed import Chunk, capture_mixed
+from castcore.serving.mixed_batch import Chunk, capture_mixed
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
     from castcore.report.records import OpRecord, Report
-    from castcore.workload.pipeline import Pipeline
+    from castcore.deploy.pipeline import Pipeline
     from castcore.workload.spec import Workload
 
 ATTENTION = "castcore::varlen_attention"
@@ -191,7 +191,7 @@ class StepTimes:
 @dataclass
 class Stages:
     """Pipeline stages in a continuous-batching engine: the whole model's ops split into ``pp`` stages as
-    castcore.workload.stages splits them (its layers, the embedding with the first, the LM head with the last),
+    castcore.deploy.parallel.pipeline_stages splits them (its layers, the embedding with the first, the LM head with the last),
     ``pp`` micro-batches in flight. A micro-batch's period is ``pp`` times its slowest stage, and at least one pass
     through every stage with the ``pp - 1`` activation sends between them."""
 
@@ -203,8 +203,8 @@ class Stages:
     @classmethod
     def of(cls, base: Workload) -> Stages:
         from castcore.devices.dtypes import torch_dtype
-        from castcore.workload.pipeline import build
-        from castcore.workload.stages import check_stages, stage_layers
+        from castcore.deploy.pipeline import build
+        from castcore.deploy.parallel.pipeline_stages import check_stages, stage_layers
 
         built = build(replace(base, pp=1, batch=1, seq=8, phase="prefill", kv_len=None))
         path, layers = check_stages(built.model, base.pp)
@@ -214,13 +214,13 @@ class Stages:
                    devices=max(base.tp, base.ep) * base.pp)
 
     def assign(self, report: Report) -> list[int]:
-        from castcore.workload.stages import assign
+        from castcore.deploy.parallel.pipeline_stages import assign
 
         return assign([r.invoke.module for r in report.records], self.prefix, self.counts)
 
     def period(self, times: list[float], tokens: int, profile: DeviceProfile, resolver: Any = None) -> float:
         """``resolver`` (the plugin host's) answers the sends between stages (castcore::send); None: the core."""
-        from castcore.workload.stages import transfer_time
+        from castcore.deploy.parallel.pipeline_stages import transfer_time
 
         send, _ = transfer_time(tokens * self.activation_bytes, profile, self.devices, resolver=resolver)
         return max(len(times) * max(times), sum(times) + (len(times) - 1) * send)

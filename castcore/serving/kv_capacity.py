@@ -1,5 +1,5 @@
 """The memory a simulated deployment leaves for its KV cache, and the step-time model of a deployment, kept for the
-next simulation of it (castcore.workload.simulate and castcore.workload.disaggregated both need them)."""
+next simulation of it (castcore.serving.traffic and castcore.serving.disaggregated both need them)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from castcore.report.memory import format_bytes
 from castcore.simulation.presets import EngineLimits
 from castcore.workload import draft_heads
 from castcore.workload.spec import load_model_config
-from castcore.workload.steptime import StepTimes
+from castcore.serving.step_time import StepTimes
 
 if TYPE_CHECKING:
-    from castcore.workload.pipeline import Pipeline
+    from castcore.deploy.pipeline import Pipeline
 
 KV_PROBE = 256  # the KV length of the decode step whose cache gives the bytes a token's keys and values take
 

@@ -1,5 +1,5 @@
 """A mixed batch's tokens packed into one row, as an engine runs an iteration: the chunks it holds, and castcore's
-fused attention split per chunk while ``packed`` is on (castcore.workload.mixed captures such a batch)."""
+fused attention split per chunk while ``packed`` is on (castcore.serving.mixed_batch captures such a batch)."""
 
 from __future__ import annotations
 

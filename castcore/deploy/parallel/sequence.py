@@ -22,7 +22,7 @@ import torch
 
 from castcore.options.catalog import say
 from castcore.workload.models import BuiltModel
-from castcore.workload.parallel import ROW_KINDS, TensorParallel, _replace
+from castcore.deploy.parallel.tensor import ROW_KINDS, TensorParallel, _replace
 from castcore.workload.spec import ModelError
 
 ATTENTION = ("self_attn", "attn", "attention", "self_attention")

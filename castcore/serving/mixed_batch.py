@@ -5,7 +5,7 @@ The tokens of every sequence are packed into one row (as vLLM and SGLang flatten
 norm and collective runs over all of them at once; attention runs per sequence, its chunk of queries against its
 own cached keys and values plus the chunk's, in one kernel (``castcore::varlen_attention``); the LM head
 runs over the sequences that sample a token this iteration. Under ``--pp`` the whole model is captured and split
-into stages afterwards (castcore.workload.steptime). Only the deployed kernels' attention can be split this
+into stages afterwards (castcore.serving.step_time). Only the deployed kernels' attention can be split this
 way, so a mixed batch needs ``fuse`` (not ``--eager``), and it runs castcore's own deployed kernels: a pack's
 ``fuse_model`` rewrite is not applied (its estimators still price every op they claim).
 """
@@ -21,13 +21,13 @@ import torch
 from castcore.devices.dtypes import torch_dtype
 from castcore.errors import ModelError
 from castcore.options.catalog import say
-from castcore.workload.packing import Chunk, packed
-from castcore.workload.pipeline import capture_workload
+from castcore.deploy.kernels.packing import Chunk, packed
+from castcore.deploy.pipeline import capture_workload
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
     from castcore.report.records import Report
-    from castcore.workload.pipeline import Pipeline
+    from castcore.deploy.pipeline import Pipeline
     from castcore.workload.spec import Workload
 
 __all__ = ["Chunk", "capture_mixed", "packed_workload"]
@@ -42,7 +42,7 @@ def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
                          f"{say('micro_batches')}")
     if not chunks or any(c.new < 1 or c.cached < 0 for c in chunks):
         raise ModelError("a mixed batch needs at least one sequence, each with at least one new token")
-    # Pipeline stages are split from the whole model's ops afterwards (castcore.workload.steptime.Stages).
+    # Pipeline stages are split from the whole model's ops afterwards (castcore.serving.step_time.Stages).
     return replace(base, batch=1, seq=sum(c.new for c in chunks), phase="prefill", kv_len=None, train=False,
                    all_logits=False, pp=1)
 

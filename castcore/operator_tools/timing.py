@@ -29,7 +29,7 @@ from castcore.ops.register import lookup
 from castcore.recording.invoke import OpInvoke, TensorMeta
 from castcore.recording.recorder import capture
 from castcore.report.records import format_seconds
-from castcore.workload.session import Session, default_session
+from castcore.session import Session, default_session
 
 
 class MeasureError(CustomOpError):

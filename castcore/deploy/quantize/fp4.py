@@ -1,6 +1,6 @@
 """4-bit floating-point weights (--weights nvfp4, mxfp4) and int4 weights with fp8 activations (W4A8).
 
-castcore.workload.quantize calls this module for these formats; their layouts are castcore.builtin.quantized_ops's.
+castcore.deploy.quantize.apply calls this module for these formats; their layouts are castcore.builtin.quantized_ops's.
 
 - ``--weights nvfp4``: E2M1 codes two per byte, one float8_e4m3fn scale per 16 input columns and fp32 per-tensor
   scales, with activations quantized as they come to NVFP4 too, per 16 columns over a calibrated per-tensor scale
@@ -61,7 +61,7 @@ MX_BLOCK = 32
 
 def pairing(kind: str, activations: str | None, device: DeviceProfile | None) -> str | None:
     """What runs the products of ``--weights kind``: BLOCK_SCALED (W4A4, W4A8) or None (weight-only, or W8A8,
-    which castcore.workload.quantize decides). ModelError for NVFP4 on a device without an FP4 rate."""
+    which castcore.deploy.quantize.apply decides). ModelError for NVFP4 on a device without an FP4 rate."""
     rates = device.mma_flops if device is not None else {FP4_RATE: 0, FP8_RATE: 0}
     if kind == "nvfp4" and FP4_RATE not in rates:
         raise ModelError(f"{say('weights', 'nvfp4')}: {device.name} has no FP4 matrix rate ({FP4_RATE}), which "

@@ -3,7 +3,7 @@
 Requests (lengths drawn or read from a dataset) arrive all at once, at a rate or in a closed loop; an engine model
 (castcore.simulation.engine, with vLLM's, SGLang's or TensorRT-LLM's defaults) schedules them in iterations of
 prefill chunks and decode tokens over a KV cache of whole blocks; each iteration takes the time castcore estimates
-for that mixed batch on the deployment (castcore.workload.steptime, from a few captures). The KV cache holds what
+for that mixed batch on the deployment (castcore.serving.step_time, from a few captures). The KV cache holds what
 the engine's memory share leaves after the weights and the activations of a full token budget (both from the
 largest of those captures). Data-parallel replicas each take every dp-th request at 1/dp of the rate; under
 ``--pp`` each replica's micro-batches in flight are schedulers of their own (see ``simulate``).
@@ -27,14 +27,15 @@ from castcore.simulation.metrics import format_table, summarize
 from castcore.simulation.presets import EngineLimits, limits
 from castcore.simulation.requests import check_lengths, make_requests, read_dataset, share_prefix
 from castcore.simulation.trace import chrome_trace
-from castcore.workload.latent import NOT_IN_MIXED_BATCHES
-from castcore.workload.metering import Metered, pool_use
+from castcore.deploy.kernels.latent import NOT_IN_MIXED_BATCHES
+from castcore.serving.metering import Metered, pool_use
 from castcore.workload.spec import DEFAULT_MODEL, build_workload, is_factory, load_model_config
-from castcore.workload import disaggregated, draft_heads, speculation
-from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
+from castcore.serving import disaggregated, speculation
+from castcore.workload import draft_heads
+from castcore.serving.kv_capacity import kv_capacity, step_times, with_draft
 
 if TYPE_CHECKING:
-    from castcore.workload.pipeline import Pipeline
+    from castcore.deploy.pipeline import Pipeline
 
 # The traffic and objective options; the engine's limits are ENGINE_OPTIONS, the rest the deployment's.
 TRAFFIC_NAMES = tuple(o.name for o in SIMULATE.scoped(AXIS)
@@ -154,7 +155,7 @@ class Simulation:
     slo_tpot: float | None
     speculation: tuple[int, float] | None = None  # (draft tokens, tokens a decode step keeps)
     draft: Any = None  # the draft model's Workload, on the same deployment
-    pools: Any = None  # disaggregated prefill and decode (castcore.workload.disaggregated.Pools)
+    pools: Any = None  # disaggregated prefill and decode (castcore.serving.disaggregated.Pools)
 
 
 def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
@@ -214,7 +215,7 @@ def _speculation(model: str, given: dict[str, Any], options: dict[str, Any]) -> 
     return (drafts, kept), build_workload(draft, **options)
 
 
-def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, device: Any = None,
+def simulate_traffic(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, device: Any = None,
              **options: Any) -> SimulationReport:
     """Simulate serving (see the module docstring). ``options``: ``castcore simulate``'s by their Python names
     (castcore.options.catalog.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
@@ -258,7 +259,7 @@ def simulate(pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, dev
     elsewhere = plugins_elsewhere(pipeline.host, steps.profile.name)  # their rewrites are no news on this device
     rewriters = [label for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()
                  if (label := pipeline.host.plugins.label(impl.plugin_name)) not in elsewhere]
-    if rewriters:  # see castcore.workload.mixed
+    if rewriters:  # see castcore.serving.mixed_batch
         notes.append(f"a mixed batch runs castcore's deployed kernels: the fused-kernel rewrites of "
                      f"{', '.join(rewriters)} are not applied in it yet (their estimators still price the ops they "
                      "claim)")

@@ -2,7 +2,7 @@
 also adding up how long each iteration keeps the device busy.
 
 An iteration's busy time is its time x the busy share of the step-time model's ladder capture at its token count
-(castcore.workload.steptime: the mixed batches captured at powers of four up to the token budget), interpolated
+(castcore.serving.step_time: the mixed batches captured at powers of four up to the token budget), interpolated
 linearly between the two captures around it; a capture's busy share is its ops' busy seconds (each op's time less
 its launch overhead and communication) over its time. A decode iteration at long KV lengths spends more of its
 time in attention than the ladder's captures (whose chunks have no cache) do, and its attention is busy too, so

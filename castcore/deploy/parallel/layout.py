@@ -1,6 +1,6 @@
 """How one device's capture is cut from a deployment: ``Layout``, and ``plan_layout(workload)`` that makes it.
 
-castcore.workload.deploy applies it to the model; castcore.workload.stages and the serving figures read it.
+castcore.deploy.parallel.parallelize applies it to the model; castcore.deploy.parallel.pipeline_stages and the serving figures read it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from castcore.options.catalog import say
 from castcore.workload.spec import ModelError, Workload
 
 if TYPE_CHECKING:
-    from castcore.workload.parallel import TensorParallel
+    from castcore.deploy.parallel.tensor import TensorParallel
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Layout:
 
 
 def plan_layout(workload: Workload) -> Layout:
-    """The batch one device's capture runs and the sequences whose KV cache it holds (see castcore.workload.deploy's
+    """The batch one device's capture runs and the sequences whose KV cache it holds (see castcore.deploy.parallel.parallelize's
     docstring)."""
     tp, ep, pp, m = workload.tp, workload.ep, workload.pp, workload.micro_batches
     groups = ep // tp if ep > tp else 1  # attention data-parallel groups

@@ -16,7 +16,7 @@ from typing import Any
 from castcore.options.catalog import say
 from castcore.tomlfiles import DATA_BYTES, read_text
 from castcore.errors import CastcoreError
-from castcore.report.files import OutputError, check_output, row_file, write_whole
+from castcore.report.output_files import OutputError, check_output, row_file, write_whole
 
 FORMATS = (".parquet", ".csv", ".jsonl")
 

@@ -39,7 +39,7 @@ from castcore.plugins.loading import CORE_NAME
 from castcore.recording.recorder import Capture
 from castcore.report.memory import MemoryReport, analyze_memory
 from castcore.report.records import Report, format_seconds
-from castcore.workload.sequence import decoder_layers
+from castcore.deploy.parallel.sequence import decoder_layers
 from castcore.workload.spec import ModelError
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from castcore.devices.costs import Estimate
     from castcore.devices.profile import DeviceProfile
     from castcore.plugins.resolve import Resolver
-    from castcore.workload.layout import Layout
+    from castcore.deploy.parallel.layout import Layout
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:
@@ -98,7 +98,7 @@ def assign(modules: list[str], prefix: str, counts: list[int]) -> list[int]:
 
 
 @dataclass
-class Pipeline:
+class StageFigures:
     """The pipeline's figures: per-stage times of one micro-batch, transfers, and the step they make."""
 
     phase: str
@@ -127,7 +127,7 @@ class PipelineReport(Report):
     """One device's report under --pp: the slowest stage's records, the heaviest stage's memory, and the
     pipeline's figures (``pipeline``)."""
 
-    def __init__(self, *args: Any, pipeline: Pipeline, **kwargs: Any):
+    def __init__(self, *args: Any, pipeline: StageFigures, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.pipeline = pipeline
 
@@ -229,7 +229,7 @@ def pipeline_report(report: Report, captured: Capture, model: torch.nn.Module, l
                          module="pipeline stage send")
     transfer, level = sent.time_s, sent_over(sent, profile, layout.devices)
     n, t = layout.pp, times[slowest]
-    pipeline = Pipeline(phase=phase, stages=n, micro_batches=layout.micro_batches, layers=counts,
+    pipeline = StageFigures(phase=phase, stages=n, micro_batches=layout.micro_batches, layers=counts,
                         stage_times_s=times, stage_flops=[sum(report.records[i].flops for i in ix) for ix in indexes],
                         stage_weight_bytes=[m.weight_bytes for m in memories],
                         stage_peak_bytes=[m.peak_bytes for m in memories],

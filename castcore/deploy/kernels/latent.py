@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from castcore.errors import ModelError
-from castcore.workload.packing import packing_on
+from castcore.deploy.kernels.packing import packing_on
 
 ops = torch.ops.castcore
 PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")

@@ -29,7 +29,7 @@ from castcore.ops.register import lookup
 from castcore.plugins.resolve import EstimatorError
 from castcore.recording.invoke import OpInvoke, TensorMeta
 from castcore.report.records import format_seconds
-from castcore.workload.session import Session, default_session
+from castcore.session import Session, default_session
 
 ALL_REDUCE = "_c10d_functional::all_reduce"
 

@@ -19,7 +19,7 @@ parameters sliced along dim 0) and runs, on one device:
 6. an all_gather over the tensor-parallel group, so every rank holds every token again.
 
 With ep > tp the attention runs data-parallel over ep/tp groups of tp devices, each on batch/(ep/tp) sequences
-(castcore.workload.deploy captures one group's batch). Shared experts (nn.Linear MLPs) stay tensor-parallel.
+(castcore.deploy.parallel.parallelize captures one group's batch). Shared experts (nn.Linear MLPs) stay tensor-parallel.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from castcore.hf.layers import is_experts_module
 from castcore.options.catalog import say
 from castcore.recording import routing
 from castcore.recording.hints import collective_kernels
-from castcore.workload.parallel import _expert_weights, _replace, split_experts
+from castcore.deploy.parallel.tensor import _expert_weights, _replace, split_experts
 from castcore.workload.spec import ModelError
 
 
@@ -139,7 +139,7 @@ def _expert_parallel_forward(groups: ExpertGroups):
             transposed = bool(getattr(self, "is_transposed", False))
             gate_up = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
             out = _grouped(received, gate_up, offsets, transposed)
-            if hasattr(self, "castcore_gate"):  # the fused activation (castcore.workload.moe_fusing), first bias in it
+            if hasattr(self, "castcore_gate"):  # the fused activation (castcore.deploy.kernels.moe), first bias in it
                 out = self.castcore_gate(out, offsets)
             else:
                 if bias:

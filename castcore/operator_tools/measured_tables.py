@@ -14,7 +14,7 @@ import torch
 
 from castcore.ops.tables import (SIZE_KEY, MeasuredTable, MeasuredTableError, default_key, dtype_of,
                                  write_measured_table)
-from castcore.optools.timing import measure_invoke, runtime_device
+from castcore.operator_tools.timing import measure_invoke, runtime_device
 from castcore.recording.invoke import OpInvoke, op_name, to_meta
 
 

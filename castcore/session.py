@@ -1,5 +1,5 @@
 """``castcore.Session``, the embedded API's centre: a plugin host (castcore.plugins.host) with the pipeline
-(castcore.workload.pipeline) and serving (castcore.workload.serving) on top; and the default session the
+(castcore.deploy.pipeline) and serving (castcore.serving.static) on top; and the default session the
 module-level ``castcore.estimate`` and ``castcore.serve`` use."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from castcore.plugins.config import Config
 from castcore.plugins.host import PluginHost
 from castcore.recording.recorder import Capture
 from castcore.report.records import Report
-from castcore.workload import serving
+from castcore.serving import static
 from castcore.workload.models import BuiltModel
-from castcore.workload.pipeline import CaptureStep, Pipeline, build
-from castcore.workload.serving import ServeReport
-from castcore.workload.simulate import SimulationReport
-from castcore.workload.simulate import simulate as simulate_on
+from castcore.deploy.pipeline import CaptureStep, Pipeline, build
+from castcore.serving.static import ServeReport
+from castcore.serving.traffic import SimulationReport
+from castcore.serving.traffic import simulate_traffic
 from castcore.workload.spec import DEFAULT_MODEL, ModelError, Workload, build_workload
 
 
@@ -69,8 +69,8 @@ class Session(PluginHost):
         """What ``castcore serve`` prints: TTFT, TPOT, latency, throughput and memory of ``batch`` requests of
         ``input_tokens`` prompt and ``output_tokens`` generated tokens; ``batch="max"`` finds the largest batch
         that fits. ``deployment`` takes build_workload's deployment options (dtype, fuse, weights, activations,
-        kv_cache, kv_reads, tp, sp, ep, pp, micro_batches, dp). See castcore.workload.serving."""
-        return serving.serve(self.pipeline, model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
+        kv_cache, kv_reads, tp, sp, ep, pp, micro_batches, dp). See castcore.serving.static."""
+        return static.serve(self.pipeline, model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
                              device=device, **deployment)
 
     def simulate(self, model: str = DEFAULT_MODEL, *, device: str | DeviceProfile | None = None,
@@ -78,8 +78,8 @@ class Session(PluginHost):
         """What ``castcore simulate`` prints: a deployment serving requests under traffic, with continuous
         batching. ``options`` are the command's by their Python names (requests, input_lengths, output_lengths,
         dataset, rate, burstiness, concurrency, seed, engine, the engine limits, slo_ttft, slo_tpot) and the
-        deployment's. See castcore.workload.simulate."""
-        return simulate_on(self.pipeline, model, device=device, **options)
+        deployment's. See castcore.serving.traffic."""
+        return simulate_traffic(self.pipeline, model, device=device, **options)
 
 
 _default: Session | None = None

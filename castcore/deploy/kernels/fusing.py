@@ -13,7 +13,7 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
 - the rotary embedding of queries and keys -> ``castcore::rotary_embedding`` (the model's own
   ``apply_rotary_pos_emb`` is swapped for the capture only);
 - multi-head latent attention (DeepSeek-V3, Kimi K2) -> decompressed heads and ``castcore::attention`` for
-  prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.workload.latent);
+  prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.deploy.kernels.latent);
 - attention -> ``castcore::attention``: causal, sliding-window and chunked (Llama 4) masks and attention
   sinks (gpt-oss) as arguments, grouped KV heads read once, no repeated keys and values, the output written in
   the layout the next projection reads; a model with its own causal ``_attn`` (GPT-J) has that method swapped
@@ -21,7 +21,7 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
   chunk), an upper bound on the keys of the current chunk;
 - mixture-of-experts routers and experts -> ``castcore::topk_softmax`` or ``castcore::grouped_topk``,
   ``castcore::moe_permute``, the two grouped GEMMs with the fused activation between them, and
-  ``castcore::moe_unpermute`` (castcore.workload.moe_fusing).
+  ``castcore::moe_unpermute`` (castcore.deploy.kernels.moe).
 
 Only modules of transformers' own classes are rewritten, so what a pack swapped in stays as the pack made it.
 What stays eager is said in the notes. ``--eager`` skips all of this.
@@ -45,11 +45,11 @@ from castcore.hf.causal_lm import is_transformers_module
 from castcore.hf.configs import attention_of, set_attention
 from castcore.hf.rotary import half_angle_rotary, rotary_swapped, standard_rotary
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
-from castcore.workload.latent import is_latent_attention
-from castcore.workload.latent import rewrite as rewrite_latent
-from castcore.workload.packing import packed_attention, packing_on
+from castcore.deploy.kernels.latent import is_latent_attention
+from castcore.deploy.kernels.latent import rewrite as rewrite_latent
+from castcore.deploy.kernels.packing import packed_attention, packing_on
 from castcore.workload.models import BuiltModel
-from castcore.workload.moe_fusing import rewrite_moe
+from castcore.deploy.kernels.moe import rewrite_moe
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile

@@ -26,7 +26,7 @@ shape), the way vLLM's and Megatron's layers hold them:
   nn.Linear MLPs and split like one. gpt-oss's attention sinks (one per head) are split with the heads.
 
 Everything else (norms, rotary tables, MoE routers) is replicated. The capture records one device's work: local
-shard shapes and the collectives. ``castcore.workload.deploy.parallelize`` applies this with sequence and expert
+shard shapes and the collectives. ``castcore.deploy.parallel.parallelize.parallelize`` applies this with sequence and expert
 parallelism for a Workload; the process group is destroyed on exit.
 """
 
@@ -97,7 +97,7 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
     and GPT-NeoX's MLPs). Fused QKV projections, replicated KV heads, GPT-2's Conv1D layers and 3-D expert
     weights are in ``info.plan`` as "fused_qkv", "kv_replicated", "conv1d_colwise"/"conv1d_rowwise" and "experts",
     sharded by hand (``shard_by_hand``) after parallelize_module. ``sp``: row-parallel outputs are left as partial
-    sums and the embedding is marked "embedding_sp", for castcore.workload.sequence to reduce-scatter them.
+    sums and the embedding is marked "embedding_sp", for castcore.deploy.parallel.sequence to reduce-scatter them.
     ``experts=False`` leaves 3-D expert weights to expert parallelism."""
     from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -264,7 +264,7 @@ def _all_reduce(mesh: Any):
 
 def _shard_conv1d(model: torch.nn.Module, path: str, mesh: Any, n: int, column: bool, sp: bool) -> None:
     """GPT-2's Conv1D (weight [in, out]): split by output column (c_attn's query, key and value heads, c_fc),
-    or by input row with an all_reduce after it (c_proj; under sequence parallelism castcore.workload.sequence
+    or by input row with an all_reduce after it (c_proj; under sequence parallelism castcore.deploy.parallel.sequence
     reduce-scatters instead). The attention module's sizes are made local."""
     conv = model.get_submodule(path)
     if column:

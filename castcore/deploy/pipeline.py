@@ -24,18 +24,18 @@ from castcore.errors import CastcoreError
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture, no_cyclic_gc
 from castcore.report.memory import analyze_memory, kv_cache_bytes
 from castcore.report.records import OpRecord, Report
-from castcore.workload.deploy import check_interconnect, parallelize
-from castcore.workload.layout import plan_layout
+from castcore.deploy.parallel.parallelize import check_interconnect, parallelize
+from castcore.deploy.parallel.layout import plan_layout
 from castcore.recording.hints import collective_kernels
 from castcore.recording.routing import expert_routing
-from castcore.workload.fusing import fuse
+from castcore.deploy.kernels.fusing import fuse
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
 from castcore.devices.dtypes import torch_dtype
-from castcore.workload import lora
-from castcore.workload.quantize import quantize
+from castcore.deploy import lora
+from castcore.deploy.quantize.apply import quantize
 from castcore.workload.spec import ModelError, Workload, is_factory
-from castcore.workload.stages import pipeline_report
-from castcore.workload.stock import prepare as prepare_stock
+from castcore.deploy.parallel.pipeline_stages import pipeline_report
+from castcore.workload.own_models import prepare as prepare_stock
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
@@ -200,7 +200,7 @@ class Pipeline:
         self.host = host
         self.capture_step = capture_step
         # What a command derives from captures and may reuse while this pipeline lives (simulate's step-time
-        # models, by deployment): castcore.workload.simulate keeps it.
+        # models, by deployment): castcore.serving.traffic keeps it.
         self.derived: dict[Any, Any] = {}
 
     def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,

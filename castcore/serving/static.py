@@ -2,12 +2,12 @@
 
 A request batch is one prefill of ``batch`` x ``input`` tokens, then ``output`` decode steps over KV lengths
 ``input`` .. ``input + output - 1`` (one new token per sequence each). Every step goes through the pipeline
-``castcore estimate`` uses (castcore.workload.pipeline). The decode steps are captured at a few KV
+``castcore estimate`` uses (castcore.deploy.pipeline). The decode steps are captured at a few KV
 lengths only: for standard attention a step's cost is affine in the KV length (attention reads and multiplies
 every cached token once; nothing else depends on it), so time(kv) = a + b * kv fitted by least squares over
 those points and summed over every step in closed form equals stepping every token.
 
-Under ``--pp`` a step's time is the pipeline's (castcore.workload.stages): TTFT is the GPipe prefill of
+Under ``--pp`` a step's time is the pipeline's (castcore.deploy.parallel.pipeline_stages): TTFT is the GPipe prefill of
 ``--micro-batches`` micro-batches, (M + N - 1) x the slowest stage + the transfers; a decode step is N stage
 times of a micro-batch of batch/N (N micro-batches in flight) + the transfers. ``--dp`` replicas multiply the
 system's throughput; every other figure is one replica's, per device.
@@ -25,10 +25,10 @@ from castcore.options.option import current_terms
 from castcore.report.energy import PhaseTime, busy_s, cost_figures, energy_figures, fitted_sum, format_lines
 from castcore.report.memory import config_field, format_bytes, language_config
 from castcore.report.records import Report, format_seconds
-from castcore.workload.deploy import check_interconnect
-from castcore.workload.layout import Layout
+from castcore.deploy.parallel.parallelize import check_interconnect
+from castcore.deploy.parallel.layout import Layout
 from castcore.workload.models import load_factory
-from castcore.workload.pipeline import Pipeline
+from castcore.deploy.pipeline import Pipeline
 from castcore.workload.spec import DEFAULT_MODEL, DEPLOYMENT, ModelError, build_workload, is_factory, load_model_config
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class ServeReport:
 
 
 def step_time(report: Report) -> float:
-    """A step's time: the pipeline's under --pp (TTFT or TPOT, see castcore.workload.stages), else the report's."""
+    """A step's time: the pipeline's under --pp (TTFT or TPOT, see castcore.deploy.parallel.pipeline_stages), else the report's."""
     staged = getattr(report, "pipeline", None)
     return staged.step_s if staged is not None else report.time_s
 

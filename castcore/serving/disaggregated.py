@@ -28,10 +28,10 @@ from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
 from castcore.simulation import engine as engine_model
 from castcore.simulation.metrics import Finished, format_ms
 from castcore.simulation.requests import Request
-from castcore.workload.kvmemory import kv_capacity, step_times, with_draft
-from castcore.workload.metering import Metered, pool_use
-from castcore.workload.speculation import speculative_step
-from castcore.workload.stages import send_estimate, sent_over
+from castcore.serving.kv_capacity import kv_capacity, step_times, with_draft
+from castcore.serving.metering import Metered, pool_use
+from castcore.serving.speculation import speculative_step
+from castcore.deploy.parallel.pipeline_stages import send_estimate, sent_over
 from castcore.workload.spec import build_workload
 
 
@@ -88,7 +88,7 @@ def _deployment(name: str, text: str | None, device: Any) -> tuple[dict[str, Any
 
 def kv_send(profile: Any, devices_together: int, same_device: bool, nbytes: float, resolver: Any = None) -> Any:
     """The Estimate of one device's share of a prompt's KV sent to its decode peer: a castcore::send (as a pipeline
-    stage's, castcore.workload.stages.send_estimate) over the level spanning both instances, the outermost when
+    stage's, castcore.deploy.parallel.pipeline_stages.send_estimate) over the level spanning both instances, the outermost when
     they are different devices, answered by ``resolver``'s plugins (None: the core's default)."""
     return send_estimate(nbytes, profile, devices_together, outermost=not same_device,
                          what="device {name!r} has no interconnect to move a prompt's KV cache over; give its profile "
@@ -131,7 +131,7 @@ def _pool(pipeline: Any, plan: Any, workload: Any, device: Any) -> Pool:
 
 def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     """Simulate ``plan`` (a checked Simulation with ``pools``) and return its SimulationReport, which
-    ``report(plan, results, finished, ...)`` assembles (castcore.workload.simulate.report_of); a pool without a
+    ``report(plan, results, finished, ...)`` assembles (castcore.serving.traffic.report_of); a pool without a
     device of its own runs on ``device``."""
     pools, limits = plan.pools, plan.limits
     pre = _pool(pipeline, plan, pools.prefill, pools.prefill_device or device)

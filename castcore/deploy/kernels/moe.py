@@ -1,4 +1,4 @@
-"""Deployed kernels for mixture-of-experts blocks, as vLLM's fused MoE runs them (castcore.workload.fusing calls
+"""Deployed kernels for mixture-of-experts blocks, as vLLM's fused MoE runs them (castcore.deploy.kernels.fusing calls
 ``rewrite_moe`` on every transformers module):
 
 - a top-k router (Mixtral, Qwen-MoE, gpt-oss with its bias) -> ``castcore::topk_softmax``; DeepSeek-V3's grouped
@@ -10,7 +10,7 @@
   the router weight applied to the expert's input, plus its shared expert.
 
 An experts module rewritten here carries ``castcore_gate(rows, offsets)``, its fused activation, which the
-expert-parallel forward (castcore.workload.experts) calls too; Llama 4's experts are given the attributes of
+expert-parallel forward (castcore.deploy.parallel.experts) calls too; Llama 4's experts are given the attributes of
 transformers' grouped-GEMM experts modules, so tensor and expert parallelism and quantization treat them alike.
 """
 
@@ -24,8 +24,8 @@ from torch import nn
 from castcore.hf.layers import grouped_router_kind, is_default_gated_experts
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.recording.routing import expert_routing
-from castcore.workload.experts import _grouped
-from castcore.workload.parallel import _expert_weights
+from castcore.deploy.parallel.experts import _grouped
+from castcore.deploy.parallel.tensor import _expert_weights
 
 ops = torch.ops.castcore
 
@@ -120,7 +120,7 @@ def _fuse_experts(module: nn.Module, gate) -> None:
 def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """As vLLM's fused MoE runs: dispatch (gather + sort) in one kernel, the two grouped GEMMs with the gated
     activation between them, and the weighted combine in one kernel. ``_grouped`` is looked up by name, so a
-    quantized deployment swaps in its own product (castcore.workload.quantize): the body stays in this one
+    quantized deployment swaps in its own product (castcore.deploy.quantize.apply): the body stays in this one
     function. Its ops carry the top-k for a routing skew (castcore.recording.routing)."""
     with expert_routing(top_k=top_k_index.shape[-1]):
         rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)

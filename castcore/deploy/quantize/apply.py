@@ -16,7 +16,7 @@ device's shard. It deploys the model as vLLM deploys a quantized checkpoint:
   int32 result written out and scaled by ``castcore::dequantize_int_mm``, as torch runs it without a compiler.
   The products run at the device's int8 or fp8 matrix rate, which the device must have.
 - ``--weights nvfp4|mxfp4`` and ``--weights int4 --activations fp8`` (W4A4, W4A8, and mxfp4's weight-only path
-  where the device has no FP4 rate): castcore.workload.fp4 says how, and why.
+  where the device has no FP4 rate): castcore.deploy.quantize.fp4 says how, and why.
 - mixture-of-experts weights stored as 3-D Parameters (transformers' grouped-GEMM ``experts`` modules) the same
   way, through ``castcore::weight_only_grouped_mm``, ``torch._scaled_grouped_mm`` (fp8) or
   ``castcore::int8_scaled_grouped_mm`` (torch has no int8 grouped product); the rest of the experts' forward is
@@ -50,9 +50,10 @@ from castcore.hf.cache import cast_on_write
 from castcore.hf.layers import experts_grouped_forward, is_conv1d
 from castcore.options.catalog import any_value, say
 from castcore.options.parts import BLOCK_FP8
-from castcore.workload import checkpoint, fp4
+from castcore.deploy.quantize import fp4
+from castcore.workload import checkpoint
 from castcore.workload.models import BuiltModel
-from castcore.workload.parallel import EXPERT_WEIGHTS, _expert_weights
+from castcore.deploy.parallel.tensor import EXPERT_WEIGHTS, _expert_weights
 from castcore.workload.spec import ModelError, Workload, is_factory, load_model_config
 
 if TYPE_CHECKING:
@@ -298,7 +299,7 @@ def _linear_product(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 # --- mixture-of-experts weights -------------------------------------------------------------------------------
 
 # The grouped products an experts forward calls by these global names: transformers' grouped-GEMM forward
-# (_grouped_linear) and castcore's expert-parallel one (castcore.workload.experts: _grouped).
+# (_grouped_linear) and castcore's expert-parallel one (castcore.deploy.parallel.experts: _grouped).
 GROUPED_PRODUCTS = ("_grouped_linear", "_grouped")
 
 

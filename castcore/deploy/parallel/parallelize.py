@@ -4,15 +4,15 @@ A fake process group of max(tp, ep) ranks is started (castcore plays rank 0) wit
 options need, the model is sharded in place and hooked for the collectives one device issues, and the inputs
 are cut to what that device runs:
 
-- ``--tp`` / ``--sp``: castcore.workload.parallel (torch's parallelize_module) and castcore.workload.sequence;
-- ``--ep``: castcore.workload.experts. With ep == tp the expert-parallel group is the tensor-parallel one; with
+- ``--tp`` / ``--sp``: castcore.deploy.parallel.tensor (torch's parallelize_module) and castcore.deploy.parallel.sequence;
+- ``--ep``: castcore.deploy.parallel.experts. With ep == tp the expert-parallel group is the tensor-parallel one; with
   ep < tp each expert is also split over tp/ep devices (an "ep" x "etp" mesh); with ep > tp the attention runs
   data-parallel over ep/tp groups of tp devices (a "dp" x "tp" mesh), each on batch/(ep/tp) sequences;
 - ``--pp``: the prefill runs batch/M sequences per micro-batch (``--micro-batches M``), a decode step
-  ceil(batch/pp) (the stages overlapped on pp micro-batches in flight); castcore.workload.stages splits the
+  ceil(batch/pp) (the stages overlapped on pp micro-batches in flight); castcore.deploy.parallel.pipeline_stages splits the
   capture into stages afterwards.
 
-``Layout`` (castcore.workload.layout) says what was done: the batch the capture runs and the sequences whose KV
+``Layout`` (castcore.deploy.parallel.layout) says what was done: the batch the capture runs and the sequences whose KV
 cache a device holds.
 """
 
@@ -27,13 +27,13 @@ import torch
 
 from castcore.options.catalog import say
 from castcore.options.option import current_terms
-from castcore.workload.experts import ExpertGroups, experts_modules, shard_experts
-from castcore.workload.layout import Layout, plan_layout
+from castcore.deploy.parallel.experts import ExpertGroups, experts_modules, shard_experts
+from castcore.deploy.parallel.layout import Layout, plan_layout
 from castcore.workload.models import BuiltModel
-from castcore.workload.parallel import apply_tensor_parallel, fake_process_group
-from castcore.workload.sequence import sequence_parallel
+from castcore.deploy.parallel.tensor import apply_tensor_parallel, fake_process_group
+from castcore.deploy.parallel.sequence import sequence_parallel
 from castcore.workload.spec import ModelError, Workload
-from castcore.workload.stages import check_stages
+from castcore.deploy.parallel.pipeline_stages import check_stages
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile

@@ -1,0 +1,1 @@
+"""Deployed kernels: the rewrites that make a model run as serving engines run it."""
