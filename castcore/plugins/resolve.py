@@ -23,7 +23,7 @@ def hookimpls_in_call_order(caller: pluggy.HookCaller) -> list[pluggy.HookImpl]:
     """The non-wrapper implementations of a hook in the order a firstresult call tries them.
 
     pluggy keeps implementations so that the last one is called first; this is the only
-    place castcore relies on that, and tests/test_pluggy_order.py fails if pluggy changes it.
+    place castcore relies on that, and tests/plugins/test_pluggy_order.py fails if pluggy changes it.
     """
     return [impl for impl in reversed(caller.get_hookimpls()) if not (impl.hookwrapper or impl.wrapper)]
 

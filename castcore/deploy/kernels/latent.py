@@ -12,7 +12,7 @@ FlashMLA) run it two ways:
   ``kv_b_proj``'s value half. That is far cheaper per step than decompressing the whole cache.
 
 ``rewrite`` gives transformers' DeepSeek-V3 attention modules this forward. The numbers are the module's: a tiny
-model with real weights gives the same logits rewritten and eager (tests/test_latent.py).
+model with real weights gives the same logits rewritten and eager (tests/deploy/test_latent.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,248 @@
+"""castcore simulate: mixed batches captured as an engine runs them, the step-time model that prices them within 3% of
+a direct capture, KV capacity from the deployment's memory, and the command's figures and refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import castcore
+from castcore.cli.main import main
+from castcore.serving.mixed_batch import Chunk, capture_mixed
+from castcore.serving.step_time import StepTimes, agreement, random_batches
+
+DATA = Path(__file__).parents[1] / "data"
+LLAMA, MIXTRAL, H100 = str(DATA / "tiny-llama.json"), str(DATA / "tiny-mixtral.json"), str(DATA / "h100-sxm.toml")
+
+
+@pytest.fixture(scope="module")
+def session():
+    return castcore.Session(load_packs=[], device_files=[H100])
+
+
+def test_a_packed_prefill_is_the_prefill_and_decodes_read_every_cached_token(session):
+    alone = capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(16, 0)], "h100-sxm")
+    prefill = session.estimate(castcore.build_workload(LLAMA, seq=16), device="h100-sxm")
+    # The same work, and the keys and values an engine writes to its cache: 2 layers x 16 tokens x 2 KV heads x
+    # (16 + 16) x 2 bytes.
+    assert alone.flops == prefill.flops and alone.bytes - prefill.bytes == 2 * 16 * 2 * 32 * 2
+    assert alone.time_s == pytest.approx(prefill.time_s, rel=0.01)
+    short, long = (capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, kv)] * 4, "h100-sxm")
+                   for kv in (10, 200))
+    attention = [[r for r in rep.records if r.invoke.name == "castcore::varlen_attention"] for rep in (short, long)]
+    assert len(attention[0]) == 2  # one kernel a layer, whatever the sequences
+    # Keys and values read: (cached + new) tokens x 2 KV heads x 16 x (K and V) x 2 bytes, per sequence.
+    assert attention[1][0].bytes - attention[0][0].bytes == 4 * (200 - 10) * 2 * 16 * 2 * 2
+
+
+@pytest.mark.parametrize("model, options", [(LLAMA, {}), (LLAMA, {"tp": 2}), (MIXTRAL, {})])
+def test_the_step_time_model_agrees_with_a_direct_capture_within_3_percent(session, model, options):
+    steps = StepTimes(session.pipeline, castcore.build_workload(model, **options), "h100-sxm", 512, 64)
+    rows = agreement(steps, random_batches(20))
+    assert len(rows) == 20 and all(abs(row["error"]) <= 0.03 for row in rows), rows
+
+
+def _simulate(capsys, *more: str) -> dict:
+    argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--requests", "60", "--input",
+            "uniform:20:120", "--output", "16", "--json", *more]
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulate_reports_vllm_bench_serve_figures_reproducibly(capsys):
+    first = _simulate(capsys, "--rate", "40", "--seed", "3", "--slo-ttft", "1s")
+    for name in ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+                 "output_throughput", "total_token_throughput", "request_goodput", "preemptions",
+                 "mean_running_batch", "kv_usage", *(f"{stat}_{metric}_ms" for stat in ("mean", "median", "std", "p90",
+                                                                                      "p99")
+                                                     for metric in ("ttft", "tpot", "itl", "e2el"))):
+        assert name in first, name
+    assert first["completed"] == 60 and first["total_output_tokens"] == 60 * 16
+    assert first["request_goodput"] == pytest.approx(first["request_throughput"])  # every TTFT is under 1 s
+    assert first["duration"] >= 59 / 40 * 0.5  # the arrivals spread over about 1.5 s
+    assert _simulate(capsys, "--rate", "40", "--seed", "3", "--slo-ttft", "1s") == first
+    offline = _simulate(capsys)
+    assert offline["duration"] < first["duration"] and offline["mean_ttft_ms"] > 0
+    # Multi-step scheduling: arrivals wait for the next of the decisions made every 8 iterations.
+    multi = _simulate(capsys, "--rate", "40", "--seed", "3", "--scheduler-steps", "8")
+    assert multi["engine_limits"]["scheduler_steps"] == 8 and multi["completed"] == 60
+    assert multi["mean_ttft_ms"] > first["mean_ttft_ms"]
+
+
+def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, capsys):
+    device = tmp_path / "small.toml"
+    device.write_text(Path(H100).read_text().replace("memory_bytes = 85899345920", "memory_bytes = 2097152"))
+    argv = ["simulate", "--model", LLAMA, "--device-file", str(device), "--no-packs", "--requests", "40", "--input",
+            "100", "--output", "100", "--json", "--max-batched-tokens", "256"]
+    assert main(argv) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["completed"] == 40 and figures["preemptions"] > 0 and figures["never_fit"] == []
+    assert figures["kv_blocks"] * 16 < 40 * 200  # the cache cannot hold every request at once
+    assert main([*argv, "--kv-policy", "reserve"]) == 0  # TensorRT-LLM's default: wait for room, never preempt
+    reserved = json.loads(capsys.readouterr().out)
+    assert reserved["completed"] == 40 and reserved["preemptions"] == 0
+    assert reserved["engine_limits"]["kv_policy"] == "reserve"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--rate", "0"], "--rate 0.0: must be a number above zero"),
+    (["--concurrency", "0"], "--concurrency 0: must be a whole number of at least 1"),
+    (["--input", "normal:100:-5"], "--input normal:100:-5: "),
+    (["--input", "300"], "beyond the model's position limit of 256"),
+    (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
+    (["--scheduler-steps", "0"], "--scheduler-steps 0: must be a whole number of at least 1"),
+    (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
+    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("castcore: error: ") and said in err[0], err
+
+
+def test_a_malformed_dataset_line_is_named(tmp_path, capsys):
+    dataset = tmp_path / "trace.jsonl"
+    dataset.write_text('{"input_tokens": 10, "output_tokens": 5}\n{"input_tokens": 10}\n')
+    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--dataset", str(dataset)]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_the_python_api_gives_what_the_command_prints(capsys):
+    figures = _simulate(capsys, "--concurrency", "4")
+    report = castcore.Session(load_packs=[], device_files=[H100]).simulate(
+        LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, concurrency=4)
+    assert report.to_dict()["output_throughput"] == pytest.approx(figures["output_throughput"])
+    with pytest.raises(castcore.ModelError, match=r"^rate=-1: must be a number above zero$"):
+        castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, rate=-1)
+
+
+def test_each_iteration_prices_its_own_attention(session):
+    """Long caches make attention memory-bound even on the tiny model: the model must follow the KV lengths."""
+    steps = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 64, 8)
+    short, long = [Chunk(1, 100)] * 8, [Chunk(1, 100_000)] * 8
+    assert steps.attention_time(long) > 5 * steps.attention_time(short) and steps(long) > steps(short)
+    assert all(abs(row["error"]) <= 0.03 for row in agreement(steps, [short, long, short]))
+
+
+def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():
+    grid = {"command": "simulate", "model": LLAMA, "requests": 20, "input": "uniform:10:60", "output": 8,
+            "rate": [20, 80], "device_file": [H100], "no_packs": True}
+    rows = castcore.sweep(grid, workers=1)
+    assert [row["rate"] for row in rows] == [20.0, 80.0]
+    assert all(row["error"] is None and row["completed"] == 20 and row["total_output_tokens"] == 160 for row in rows)
+    assert rows[1]["duration"] < rows[0]["duration"]  # the same requests arrive four times as fast
+    with pytest.raises(castcore.ModelError, match=r"every point is refused: .*position limit of 256"):
+        castcore.sweep({**grid, "input": 400}, workers=1)
+
+
+def test_the_trace_shows_every_iteration_and_request(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    figures = _simulate(capsys, "--rate", "40", "--trace", str(out))
+    events = json.loads(out.read_text())["traceEvents"]
+    iterations = [e for e in events if e["name"] == "iteration"]
+    requests = [e for e in events if e["name"].startswith("request ")]
+    assert len(iterations) == figures["iterations"] and len(requests) == 60
+    assert sum(e["args"]["decode_tokens"] + e["args"]["prefill_tokens"] for e in iterations) >= (
+        figures["total_input_tokens"] + figures["total_output_tokens"] - 60)  # the last token of each is not run
+
+
+def test_a_mixed_batch_splits_attention_even_where_a_pack_rewrites_it(tmp_path):
+    """A pack's fuse_model rewrite would hide castcore's attention: a mixed batch runs castcore's own kernels."""
+    asked = tmp_path / "asked"
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "rewriting.py").write_text(
+        "import pathlib\nimport castcore.pack\n\n@castcore.pack.hookimpl\ndef fuse_model(model, device):\n"
+        f"    pathlib.Path({str(asked)!r}).write_text('asked')\n")
+    session = castcore.Session(load_packs=[], device_files=[H100], custom_op_dirs=[str(tmp_path / "plugins")])
+    report = capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, 50), Chunk(8, 0)], "h100-sxm")
+    assert sum(r.invoke.name == "castcore::varlen_attention" for r in report.records) == 2 and not asked.exists()
+    session.estimate(castcore.build_workload(LLAMA, seq=8), device="h100-sxm")
+    assert asked.exists()  # an estimate asks the pack, as always
+
+
+def test_a_model_keeping_its_own_attention_is_refused_not_priced_as_one_prompt(session):
+    with pytest.raises(castcore.ModelError, match="its attention does not run through castcore's fused attention"):
+        capture_mixed(session.pipeline, castcore.build_workload(str(DATA / "tiny-falcon.json")),
+                      [Chunk(1, 50), Chunk(8, 0)], "h100-sxm")
+
+
+def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tmp_path, monkeypatch):
+    from castcore.sweeps.capture import CaptureCache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    options = {"requests": 30, "input_lengths": "uniform:20:120", "output_lengths": 8, "rate": 20.0}
+    runs = []
+    for _ in range(2):  # a new cache each time, as a new process has: the second finds every capture on disk
+        cache = CaptureCache()
+        report = castcore.Session(load_packs=[], device_files=[H100], capture_step=cache).simulate(LLAMA, **options)
+        runs.append((report.summary, cache.stats))
+    (first, made), (second, found) = runs
+    assert made.captured >= 3 and made.loaded == 0  # the ladder's mixed batches and the KV probe
+    assert found.captured == 0 and found.loaded == made.captured
+    assert second == first
+    fresh = castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, **options)
+    assert fresh.summary == first
+
+
+def test_a_second_simulation_of_a_deployment_reuses_its_step_time_model():
+    from castcore.sweeps.capture import CaptureCache
+
+    cache = CaptureCache(disk=False)
+    session = castcore.Session(load_packs=[], device_files=[H100], capture_step=cache)
+    options = {"requests": 20, "input_lengths": "uniform:20:120", "output_lengths": 8}
+    first = session.simulate(LLAMA, rate=10.0, **options)
+    made = cache.stats.captured
+    again = session.simulate(LLAMA, rate=20.0, dp=2, **options)  # another rate, more replicas: the same model
+    assert cache.stats.captured == made and len(session.pipeline.derived) == 1
+    assert again.summary["completed"] == 20 and again.summary != first.summary
+    assert "data-parallel: 2 replicas, each serving every 2nd request" in again.notes
+    session.simulate(LLAMA, rate=10.0, tp=2, **options)  # another deployment: its own
+    assert cache.stats.captured > made and len(session.pipeline.derived) == 2
+
+
+def test_the_plot_draws_the_distributions_and_throughput(tmp_path, capsys):
+    picture = tmp_path / "run.png"
+    figures = _simulate(capsys, "--rate", "40", "--plot", str(picture))
+    assert figures["completed"] == 60
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 20_000
+    assert [p.name for p in tmp_path.iterdir()] == ["run.png"]  # no temporary left beside it
+    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--input", "100", "--plot",
+                 str(tmp_path / "missing" / "run.png")]) == 2
+    assert "the folder" in capsys.readouterr().err
+
+
+def test_pipeline_stages_split_an_iteration_and_serve_micro_batches_in_flight(session):
+    whole = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 512, 64)
+    staged = StepTimes(session.pipeline, castcore.build_workload(LLAMA, pp=2), "h100-sxm", 512, 64)
+    for chunks in random_batches(5, seed=1):
+        stages = staged.stage_times(chunks)
+        # The same ops, split: the embedding and layer 0 first, layer 1 and the LM head last.
+        assert len(stages) == 2 and sum(stages) == pytest.approx(whole(chunks), rel=1e-9)
+        assert staged(chunks) >= max(2 * max(stages), sum(stages))
+    decoding = [Chunk(1, 50)] * 8
+    assert staged.stage_times(decoding)[1] > staged.stage_times([Chunk(1, 50, samples=False)] * 8)[1]
+    offline = {pp: castcore.Session(load_packs=[], device_files=[H100]).simulate(
+        LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, pp=pp) for pp in (1, 2)}
+    assert offline[2].summary["completed"] == 60 and "pipeline-parallel: 2 micro-batches" in offline[2].notes[-1]
+    # Each device holds half the layers' keys and values: twice the blocks (the tiny weights hardly count).
+    assert offline[2].kv_blocks / offline[1].kv_blocks == pytest.approx(2, rel=0.01)
+    # A token passes both stages and the send between them, and the last stage also runs the LM head.
+    assert offline[2].summary["mean_tpot_ms"] > offline[1].summary["mean_tpot_ms"]
+
+
+def test_a_run_where_no_request_can_be_served_is_one_line(capsys):
+    argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--requests", "3", "--input", "200",
+            "--output", "8", "--chunked-prefill", "off", "--max-batched-tokens", "64"]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert len(err) == 1 and err[0].startswith("castcore: error: no request can be served: all 3 never fit; "), err
+    assert "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("n, said", [(2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"), (21, "21st"),
+                                     (22, "22nd"), (101, "101st"), (113, "113th")])
+def test_the_replica_notes_count_requests_in_english_ordinals(n, said):
+    from castcore.serving.traffic import _ordinal
+
+    assert _ordinal(n) == said
