@@ -73,6 +73,7 @@ class Scheduler:
         """Step 1; the budget left."""
         budget, running, pool = self.limits.max_batched_tokens, self.running, self.pool
         block_size, draft = pool.block_size, self.policies.decoding.draft
+        requests, chunks = batch.requests, batch.chunks
         k = 0
         while k < len(running) and budget > 0:
             state = running[k]
@@ -90,8 +91,8 @@ class Scheduler:
             if need > 0:
                 pool.allocate(state, need)
             budget -= new
-            batch.requests.append(state)
-            batch.chunks.append(Chunk(new, state.computed, state.computed + new >= tokens))
+            requests.append(state)
+            chunks.append(Chunk(new, state.computed, state.computed + new >= tokens))
             k += 1
         return budget
 
