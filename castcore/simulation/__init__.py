@@ -6,7 +6,7 @@
   closed loop of fixed concurrency.
 - ``engine``: a continuous-batching engine's run loop over its parts: ``request_state`` (each request's status and
   progress), ``blocks`` (the KV block pool), ``scheduler`` (each iteration's ``Batch`` of ``chunks``), ``policies``
-  (KV reserve, multi-step decisions, prefix cache, speculation, arrivals), chosen from each engine's documented
+  (KV reserve, multi-step decisions, prefix cache, speculation, entry), chosen from each engine's documented
   defaults (``presets``).
 - ``metrics``: per-request results summed up under ``vllm bench serve --save-result``'s field names, and a table.
 """

@@ -3,7 +3,7 @@ each output token comes out.
 
 The parts, each in its own module: ``request_state`` (a request's status and progress), ``blocks`` (the KV block
 pool), ``scheduler`` (each iteration's batch of chunks, and what it made), ``policies`` (KV reserve, multi-step
-decisions, prefix cache, speculation, arrivals, chosen from the preset). This module runs them: requests enter as
+decisions, prefix cache, speculation, entry of requests, chosen from the preset). This module runs them: requests enter as
 they arrive, the scheduler picks a batch, the batch runs for ``step_time(chunks)`` seconds, and the trace records it.
 
 A request holds ``ceil(kv_tokens / block_size)`` blocks; its KV peaks at prompt + output - 1 tokens (the last
@@ -38,7 +38,7 @@ from castcore.simulation.chunks import StepTime
 from castcore.simulation.metrics import Finished
 from castcore.simulation.policies import Policies
 from castcore.simulation.presets import EngineLimits
-from castcore.simulation.request_state import NeverFit, RequestState
+from castcore.simulation.request_state import NeverFit, RequestState, Status
 from castcore.simulation.requests import Request
 from castcore.simulation.scheduler import Scheduler
 
@@ -93,22 +93,23 @@ def simulate(
     policies = Policies.of(limits, [RequestState.of(r) for r in requests], concurrency, speculation)
     pool = BlockPool(kv_blocks, limits.block_size)
     scheduler = Scheduler(limits, pool, policies)
-    arrivals, trace = policies.arrivals, Trace()
+    entry, trace = policies.entry, Trace()
     finished: list[Finished] = []
     never_fit: list[NeverFit] = []
     clock, partial = 0.0, False
     try:  # Ctrl-C ends the run where it is: the requests finished so far are its figures
         while True:
-            while (state := arrivals.next_due(clock, scheduler.in_system)) is not None:
+            while (state := entry.next_due(clock, scheduler.in_system)) is not None:
                 why = state.why_never(limits, kv_blocks)
                 if why is None:
                     scheduler.add(state)
                 else:
+                    state.status = Status.NEVER_FIT
                     never_fit.append(NeverFit(state.request.index, why))
             if not scheduler.in_system:
-                if not arrivals.pending:
+                if not entry.pending:
                     break
-                clock = max(clock, arrivals.pending[0].arrival)  # idle until the next arrival
+                clock = max(clock, entry.pending[0].arrival)  # idle until the next arrival
                 continue
             batch = scheduler.schedule()
             if not batch.chunks:

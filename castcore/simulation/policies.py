@@ -9,7 +9,7 @@ the engine preset and the run's options by ``Policies.of``:
 - Decoding: one token per decode (``PlainDecode``), or a verification pass of k draft tokens keeping the accepted
   ones (``Speculation``).
 - Prefix cache: a prompt's shared prefix, once computed, stays cached in whole blocks for later requests.
-- Arrivals: at each request's time (``OpenArrivals``), or a closed loop of fixed concurrency (``ClosedLoop``).
+- Entry: at each request's time (``AtArrivalTime``), or a closed loop of fixed concurrency (``ClosedLoop``).
 """
 
 from __future__ import annotations
@@ -128,7 +128,9 @@ class PrefixCache:
             state.held -= blocks
 
 
-class Arrivals(Protocol):
+class Entry(Protocol):
+    """How requests enter the system (castcore.simulation.arrivals draws their times)."""
+
     pending: deque[RequestState]
 
     def next_due(self, clock: float, in_system: int) -> RequestState | None:
@@ -136,7 +138,7 @@ class Arrivals(Protocol):
         ...
 
 
-class OpenArrivals:
+class AtArrivalTime:
     """Each request enters at its arrival time (0 when it has none: offline)."""
 
     def __init__(self, states: Sequence[RequestState]):
@@ -173,7 +175,7 @@ class Policies:
     decisions: Decisions
     decoding: Decoding
     prefix_cache: PrefixCache
-    arrivals: Arrivals
+    entry: Entry
 
     @classmethod
     def of(cls, limits: EngineLimits, states: Sequence[RequestState], concurrency: int | None,
@@ -184,5 +186,5 @@ class Policies:
             decisions=MultiStep(limits.scheduler_steps) if limits.scheduler_steps > 1 else EveryIteration(),
             decoding=Speculation(*speculation) if speculation else PlainDecode(),
             prefix_cache=PrefixCache(limits.block_size),
-            arrivals=OpenArrivals(states) if concurrency is None else ClosedLoop(states, concurrency),
+            entry=AtArrivalTime(states) if concurrency is None else ClosedLoop(states, concurrency),
         )
