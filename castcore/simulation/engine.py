@@ -40,7 +40,7 @@ from castcore.simulation.policies import Policies
 from castcore.simulation.presets import EngineLimits
 from castcore.simulation.request_state import NeverFit, RequestState, Status
 from castcore.simulation.requests import Request
-from castcore.simulation.scheduler import Scheduler
+from castcore.simulation.scheduler import Progress, Scheduler
 
 MAX_KV_SAMPLES = 2000
 
@@ -56,6 +56,14 @@ class Trace:
     decode_tokens: array[int] = dataclasses.field(default_factory=lambda: array("q"))
     running: array[int] = dataclasses.field(default_factory=lambda: array("q"))
     kv_used: array[float] = dataclasses.field(default_factory=lambda: array("d"))
+
+    def record(self, start: float, duration: float, progress: Progress, running: int, kv_used: float) -> None:
+        self.time.append(start)
+        self.duration.append(duration)
+        self.prefill_tokens.append(progress.prefill_tokens)
+        self.decode_tokens.append(progress.decodes)
+        self.running.append(running)
+        self.kv_used.append(kv_used)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,12 +129,7 @@ def simulate(
             clock = start + duration
             progress = scheduler.update(batch, clock)
             finished.extend(state.finished() for state in progress.finished)
-            trace.time.append(start)
-            trace.duration.append(duration)
-            trace.prefill_tokens.append(progress.prefill_tokens)
-            trace.decode_tokens.append(progress.decodes)
-            trace.running.append(len(batch.chunks))
-            trace.kv_used.append(pool.used_share())
+            trace.record(start, duration, progress, len(batch.chunks), pool.used_share())
     except KeyboardInterrupt:
         partial = True
     return _result(finished, never_fit, scheduler, trace, partial)
