@@ -26,6 +26,7 @@ from typing import Any
 from castcore.errors import ModelError
 from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
 from castcore.simulation import engine as engine_model
+from castcore.simulation.chunks import StepTime
 from castcore.simulation.metrics import Finished, format_ms
 from castcore.simulation.requests import Request
 from castcore.serving.kv_capacity import kv_capacity, step_times, with_draft
@@ -108,7 +109,7 @@ class Pool:
     decoding), its meters and its KV capacity."""
 
     steps: Any
-    step: Callable
+    step: StepTime
     meters: list[Metered]
     blocks: int
     per_token: int  # bytes of a token's KV, the draft's cache's included

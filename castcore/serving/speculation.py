@@ -13,13 +13,12 @@ another, each a decode step of the draft over the same requests (the first one a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
-
-Batch = list[tuple[int, int, bool]]
+from castcore.simulation.chunks import Chunk, StepTime
 
 
 def acceptance_rates(text: Any, drafts: int) -> list[float]:
@@ -54,15 +53,14 @@ def check_vocabulary(model_vocab: Any, draft: str, draft_vocab: Any) -> None:
                          "family")
 
 
-def speculative_step(model_step: Callable[[Batch], float], draft_step: Callable[[Batch], float],
-                     drafts: int) -> Callable[[Batch], float]:
+def speculative_step(model_step: StepTime, draft_step: StepTime, drafts: int) -> StepTime:
     """An iteration's seconds with the draft's work added: the model over the batch as scheduled (a decode entry
     carrying its K drafts), then the draft's K decode steps over the decoding requests, the first with the prompt
     chunks."""
 
-    def step(batch: Batch) -> float:
-        prompts = [entry for entry in batch if not _decoding(entry, drafts)]
-        decodes = [(1, cached, True) for new, cached, sampled in batch if _decoding((new, cached, sampled), drafts)]
+    def step(batch: Sequence[Chunk]) -> float:
+        prompts = [chunk for chunk in batch if not _decoding(chunk, drafts)]
+        decodes = [Chunk(1, chunk[1]) for chunk in batch if _decoding(chunk, drafts)]
         seconds = model_step(batch)
         if decodes or prompts:
             seconds += draft_step(prompts + decodes)
@@ -73,8 +71,8 @@ def speculative_step(model_step: Callable[[Batch], float], draft_step: Callable[
     return step
 
 
-def _decoding(entry: tuple[int, int, bool], drafts: int) -> bool:
+def _decoding(chunk: Chunk, drafts: int) -> bool:
     """A verification pass: K + 1 new tokens that sample (a prompt's last chunk of the same size is rare and
     priced the same way)."""
-    new, _, sampled = entry
+    new, _, sampled = chunk
     return sampled and new == drafts + 1

@@ -127,4 +127,4 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         else:
             known = ", ".join(say(n) for n in _KNOWN)
             raise ModelError(f"{option} is not an engine option; known: {known}")
-    return dataclasses.replace(PRESETS[engine], **overrides)
+    return dataclasses.replace(PRESETS[engine], **overrides)  # type: ignore[arg-type]  # each value checked above

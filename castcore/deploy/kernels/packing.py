@@ -12,16 +12,7 @@ import torch
 
 from castcore.builtin import fused_ops  # noqa: F401  (defines torch.ops.castcore.varlen_attention)
 from castcore.errors import ModelError
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One sequence's share of an iteration: ``new`` tokens computed now over ``cached`` tokens already in its KV
-    cache; ``samples``: the iteration ends with a token sampled for it (a decode, or the last chunk of a prompt)."""
-
-    new: int
-    cached: int
-    samples: bool = True
+from castcore.simulation.chunks import Chunk
 
 
 @dataclass(frozen=True)
