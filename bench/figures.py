@@ -12,8 +12,13 @@ from typing import Any
 
 
 def machine() -> dict[str, Any]:
-    return {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    return {
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def write(out: str | Path, figures: dict[str, Any], markdown: Callable[[dict[str, Any]], str]) -> None:
@@ -39,7 +44,9 @@ def peer_versions(peers: dict[str, str], script: str, session: str) -> dict[str,
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            sys.exit(f"{script} needs {name}=={wanted} installed beside castcore (nox -s {session} installs it)")
+            sys.exit(
+                f"{script} needs {name}=={wanted} installed beside castcore (nox -s {session} installs it)"
+            )
         if versions[name] != wanted:
             print(f"warning: {name} {versions[name]} installed; the sources cite {wanted}", file=sys.stderr)
     return versions

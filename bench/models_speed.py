@@ -22,7 +22,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVE = ["--tp", "8", "--batch", "32", "--input", "2048", "--output", "256"]  # both presets ship fp8 in blocks
+SERVE = [
+    "--tp",
+    "8",
+    "--batch",
+    "32",
+    "--input",
+    "2048",
+    "--output",
+    "256",
+]  # both presets ship fp8 in blocks
 TARGETS = {"estimate": 10.0, "serve": 15.0}
 MEMORY_TARGET_MIB = 1024
 
@@ -45,8 +54,12 @@ def device() -> list[str]:
 
 
 def measure(argv: list[str], cache: str) -> tuple[float, float]:
-    done = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "castcore", *argv],
-                          capture_output=True, text=True, env={**os.environ, "XDG_CACHE_HOME": cache})
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, sys.executable, "-m", "castcore", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "XDG_CACHE_HOME": cache},
+    )
     if done.returncode:
         raise SystemExit(f"castcore {' '.join(argv)} failed: {done.stderr.strip()}")
     seconds, mib = done.stdout.split()
@@ -64,15 +77,27 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as cache:
                 seconds, mib = measure([command, "--model", model, *where, *more], cache)
             target = TARGETS[command] if model == "deepseek-v3" else None
-            met = "" if target is None else ("met" if seconds <= target and mib < MEMORY_TARGET_MIB else "**missed**")
-            rows.append(f"| {model} | castcore {command} {' '.join(more)} | {seconds:.1f} | {mib:.0f} | "
-                        f"{'' if target is None else f'<= {target:.0f} s, < {MEMORY_TARGET_MIB} MiB: {met}'} |")
+            met = (
+                ""
+                if target is None
+                else ("met" if seconds <= target and mib < MEMORY_TARGET_MIB else "**missed**")
+            )
+            rows.append(
+                f"| {model} | castcore {command} {' '.join(more)} | {seconds:.1f} | {mib:.0f} | "
+                f"{'' if target is None else f'<= {target:.0f} s, < {MEMORY_TARGET_MIB} MiB: {met}'} |"
+            )
             print(rows[-1], flush=True)
-    lines = ["# Large presets: whole-process speed and memory", "",
-             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
-             f"{platform.python_version()}, {datetime.date.today()}; `python bench/models_speed.py`, "
-             f"{' '.join(where)}, an empty capture cache for each run", "",
-             "| model | command | seconds | peak MiB | target |", "|---|---|---:|---:|---|", *rows]
+    lines = [
+        "# Large presets: whole-process speed and memory",
+        "",
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, {datetime.date.today()}; `python bench/models_speed.py`, "
+        f"{' '.join(where)}, an empty capture cache for each run",
+        "",
+        "| model | command | seconds | peak MiB | target |",
+        "|---|---|---:|---:|---|",
+        *rows,
+    ]
     Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
 

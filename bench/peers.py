@@ -42,7 +42,13 @@ DEVICE_FILE = HERE / "peers_h100_genz.toml"
 DEVICE = "h100-genz"
 PEERS = {"genz-llm": "0.0.16", "llm-analysis": "0.2.2"}  # the versions whose files and lines the sources cite
 MODELS = ("llama-3-8b", "llama-3-70b", "mixtral-8x7b")
-STEPS = (("prefill", 1, 2048), ("prefill", 8, 1024), ("decode", 1, 2048), ("decode", 8, 2048), ("decode", 32, 2048))
+STEPS = (
+    ("prefill", 1, 2048),
+    ("prefill", 8, 1024),
+    ("decode", 1, 2048),
+    ("decode", 8, 2048),
+    ("decode", 32, 2048),
+)
 TPS = (1, 2, 4, 8)
 WEIGHTS = ("bf16", "int8")
 
@@ -58,7 +64,11 @@ class Scenario:
 
     @property
     def step(self) -> str:
-        return f"prefill {self.batch}x{self.seq}" if self.phase == "prefill" else f"decode b{self.batch} @{self.seq}"
+        return (
+            f"prefill {self.batch}x{self.seq}"
+            if self.phase == "prefill"
+            else f"decode b{self.batch} @{self.seq}"
+        )
 
     @property
     def label(self) -> str:
@@ -71,19 +81,35 @@ class Scenario:
 
 def scenarios(quick: bool) -> list[Scenario]:
     if quick:
-        return [Scenario("llama-3-8b", "prefill", 1, 2048, 1, "bf16"), Scenario("llama-3-8b", "decode", 8, 2048, 2, "bf16"),
-                Scenario("mixtral-8x7b", "decode", 32, 2048, 4, "bf16"), Scenario("llama-3-8b", "decode", 1, 2048, 1, "int8")]
-    return [Scenario(m, phase, batch, seq, tp, w) for m in MODELS for w in WEIGHTS for phase, batch, seq in STEPS
-            for tp in TPS]
+        return [
+            Scenario("llama-3-8b", "prefill", 1, 2048, 1, "bf16"),
+            Scenario("llama-3-8b", "decode", 8, 2048, 2, "bf16"),
+            Scenario("mixtral-8x7b", "decode", 32, 2048, 4, "bf16"),
+            Scenario("llama-3-8b", "decode", 1, 2048, 1, "int8"),
+        ]
+    return [
+        Scenario(m, phase, batch, seq, tp, w)
+        for m in MODELS
+        for w in WEIGHTS
+        for phase, batch, seq in STEPS
+        for tp in TPS
+    ]
 
 
 # ---- castcore -------------------------------------------------------------------------------------------------
+
 
 def castcore_bucket(op: str, module: str) -> str:
     """The shared bucket of one castcore record, by the module that made the call and the operator."""
     leaf = module.rsplit(".", 1)[-1]
     if op.startswith(("_c10d_functional::", "c10d::", "collectives::")):
-        return "all-gather" if "gather" in op else "all-to-all" if "to_all" in op or "alltoall" in op else "all-reduce"
+        return (
+            "all-gather"
+            if "gather" in op
+            else "all-to-all"
+            if "to_all" in op or "alltoall" in op
+            else "all-reduce"
+        )
     if leaf == "embed_tokens":
         return "embedding"
     if leaf == "lm_head":
@@ -109,8 +135,15 @@ def run_castcore(session, s: Scenario, **quantized) -> dict:
     from castcore.errors import CastcoreError
 
     try:
-        workload = castcore.build_workload(s.model, batch=s.batch, seq=s.seq, phase=s.phase, tp=s.tp,
-                                           kv_len=s.seq if s.phase == "decode" else None, **quantized)
+        workload = castcore.build_workload(
+            s.model,
+            batch=s.batch,
+            seq=s.seq,
+            phase=s.phase,
+            tp=s.tp,
+            kv_len=s.seq if s.phase == "decode" else None,
+            **quantized,
+        )
         report = session.estimate(workload, device=DEVICE)
     except CastcoreError as exc:  # an option this castcore refuses, such as quantization before it exists
         return {"error": f"castcore: {exc}"}
@@ -122,16 +155,27 @@ def run_castcore(session, s: Scenario, **quantized) -> dict:
         buckets[castcore_bucket(record.invoke.name, record.invoke.module or "")] += record.estimate.time_s
     result = {"time_s": report.time_s, "buckets": dict(buckets), "flops": report.flops}
     if report.memory is not None and not report.memory.fits(report.device):
-        result["note"] = (f"castcore: needs {report.memory.peak_bytes / 2**30:.0f} GiB of "
-                          f"{report.device.memory_bytes / 2**30:.0f}")
+        result["note"] = (
+            f"castcore: needs {report.memory.peak_bytes / 2**30:.0f} GiB of "
+            f"{report.device.memory_bytes / 2**30:.0f}"
+        )
     return result
 
 
 # ---- GenZ -----------------------------------------------------------------------------------------------------
 
-GENZ_BUCKETS = {"embeddings": "embedding", "QKV": "qkv", "Out Proj": "out proj", "Gate": "router", "up+gate": "ffn",
-                "down": "ffn", "classifier": "lm head", "classifier_AG": "all-gather",
-                "Dispatch A2A": "all-to-all", "Collect A2A": "all-to-all"}
+GENZ_BUCKETS = {
+    "embeddings": "embedding",
+    "QKV": "qkv",
+    "Out Proj": "out proj",
+    "Gate": "router",
+    "up+gate": "ffn",
+    "down": "ffn",
+    "classifier": "lm head",
+    "classifier_AG": "all-gather",
+    "Dispatch A2A": "all-to-all",
+    "Collect A2A": "all-to-all",
+}
 
 
 def genz_bucket(layer: str) -> str:
@@ -146,11 +190,20 @@ def genz_model(name: str):
     from GenZ.Models.default_models import ModelConfig
 
     c = load_model_config(name)
-    return ModelConfig(model=name, vocab_size=c["vocab_size"], max_model_len=c["max_position_embeddings"],
-                       hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"], num_ffi=2,  # gated MLP
-                       num_decoder_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
-                       num_key_value_heads=c["num_key_value_heads"], hidden_act=c["hidden_act"],
-                       num_experts=c.get("num_local_experts", 1), expert_top_k=c.get("num_experts_per_tok", 1))
+    return ModelConfig(
+        model=name,
+        vocab_size=c["vocab_size"],
+        max_model_len=c["max_position_embeddings"],
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"],
+        num_ffi=2,  # gated MLP
+        num_decoder_layers=c["num_hidden_layers"],
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        hidden_act=c["hidden_act"],
+        num_experts=c.get("num_local_experts", 1),
+        expert_top_k=c.get("num_experts_per_tok", 1),
+    )
 
 
 def run_genz(s: Scenario) -> dict:
@@ -158,8 +211,15 @@ def run_genz(s: Scenario) -> dict:
     from GenZ.LLM_inference import decode_moddeling, prefill_moddeling
 
     # GenZ's only int8 is every tensor in int8 and int8 matmuls (GenZ/system.py lines 6-7).
-    common = dict(model=genz_model(s.model), batch_size=s.batch, input_tokens=s.seq, system_name="H100_GPU",
-                  system_eff=1, bits="bf16" if s.weights == "bf16" else "int8", tensor_parallel=s.tp)
+    common = dict(
+        model=genz_model(s.model),
+        batch_size=s.batch,
+        input_tokens=s.seq,
+        system_name="H100_GPU",
+        system_eff=1,
+        bits="bf16" if s.weights == "bf16" else "int8",
+        tensor_parallel=s.tp,
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -195,9 +255,14 @@ def genz_files():
 
 # ---- llm-analysis ---------------------------------------------------------------------------------------------
 
-LLM_ANALYSIS_BUCKETS = {"latency_fwd_attn": "attention block", "latency_fwd_mlp": "mlp",
-                        "latency_fwd_layernorm": "norms and elementwise", "latency_fwd_tp_comm": "collectives",
-                        "latency_fwd_input_embedding": "embedding", "latency_fwd_output_embedding_loss": "lm head"}
+LLM_ANALYSIS_BUCKETS = {
+    "latency_fwd_attn": "attention block",
+    "latency_fwd_mlp": "mlp",
+    "latency_fwd_layernorm": "norms and elementwise",
+    "latency_fwd_tp_comm": "collectives",
+    "latency_fwd_input_embedding": "embedding",
+    "latency_fwd_output_embedding_loss": "lm head",
+}
 
 
 def llm_analysis_gpu(tp: int) -> dict:
@@ -205,10 +270,17 @@ def llm_analysis_gpu(tp: int) -> dict:
     where GenZ reads 2**30 (GenZ/unit.py line 6); the sources are in bench/peers_h100_genz.toml. Its one collective
     latency, the time of an all-reduce too small to be limited by bandwidth, is GenZ's for ``tp`` devices: 5 us
     plus 2(tp - 1) link latencies of 1 us (GenZ/collective_times.py line 16)."""
-    return dict(name="h100-genz", mem_per_GPU_in_GB=80, hbm_bandwidth_in_GB_per_sec=3400 * 2**30 / 1e9,
-                intra_node_bandwidth_in_GB_per_sec=450 * 2**30 / 1e9, inter_node_bandwidth_in_GB_per_sec=450 * 2**30 / 1e9,
-                intra_node_min_message_latency=5e-6 + 2 * (tp - 1) * 1e-6, peak_fp16_TFLOPS=989,
-                peak_i8_TFLOPS=2 * 989, peak_i4_TFLOPS=4 * 989)
+    return dict(
+        name="h100-genz",
+        mem_per_GPU_in_GB=80,
+        hbm_bandwidth_in_GB_per_sec=3400 * 2**30 / 1e9,
+        intra_node_bandwidth_in_GB_per_sec=450 * 2**30 / 1e9,
+        inter_node_bandwidth_in_GB_per_sec=450 * 2**30 / 1e9,
+        intra_node_min_message_latency=5e-6 + 2 * (tp - 1) * 1e-6,
+        peak_fp16_TFLOPS=989,
+        peak_i8_TFLOPS=2 * 989,
+        peak_i4_TFLOPS=4 * 989,
+    )
 
 
 def run_llm_analysis(s: Scenario) -> dict:
@@ -219,17 +291,32 @@ def run_llm_analysis(s: Scenario) -> dict:
     c = load_model_config(s.model)
     h, ffn = c["hidden_size"], c["intermediate_size"]
     # Its MLP has two matrices; 1.5x the width gives it the weights of the gated MLP's three.
-    model = ModelConfig(name=s.model, num_layers=c["num_hidden_layers"], n_head=c["num_attention_heads"], hidden_dim=h,
-                        vocab_size=c["vocab_size"], max_seq_len=c["max_position_embeddings"],
-                        num_key_value_heads=c["num_key_value_heads"], ffn_embed_dim=3 * ffn // 2,
-                        expansion_ratio=1.5 * ffn / h, moe_num_experts=c.get("num_local_experts", 1),
-                        moe_top_k=c.get("num_experts_per_tok", 1))
+    model = ModelConfig(
+        name=s.model,
+        num_layers=c["num_hidden_layers"],
+        n_head=c["num_attention_heads"],
+        hidden_dim=h,
+        vocab_size=c["vocab_size"],
+        max_seq_len=c["max_position_embeddings"],
+        num_key_value_heads=c["num_key_value_heads"],
+        ffn_embed_dim=3 * ffn // 2,
+        expansion_ratio=1.5 * ffn / h,
+        moe_num_experts=c.get("num_local_experts", 1),
+        moe_top_k=c.get("num_experts_per_tok", 1),
+    )
     dtype = DtypeConfig() if s.weights == "bf16" else DtypeConfig("w8a16e16", weight_bits=8)
-    analysis = LLMAnalysis(model, GPUConfig(**llm_analysis_gpu(s.tp)), dtype, ParallelismConfig(tp_size=s.tp),
-                           flops_efficiency=1.0, hbm_memory_efficiency=1.0)
+    analysis = LLMAnalysis(
+        model,
+        GPUConfig(**llm_analysis_gpu(s.tp)),
+        dtype,
+        ParallelismConfig(tp_size=s.tp),
+        flops_efficiency=1.0,
+        hbm_memory_efficiency=1.0,
+    )
     try:  # seq cached tokens and one generated: the decode step attends over seq + 1, as in the others
-        summary = analysis.inference(batch_size_per_gpu=s.batch, seq_len=s.seq, num_tokens_to_generate=1,
-                                     layernorm_dtype_bytes=2)
+        summary = analysis.inference(
+            batch_size_per_gpu=s.batch, seq_len=s.seq, num_tokens_to_generate=1, layernorm_dtype_bytes=2
+        )
     except AssertionError as exc:
         if "too large" in str(exc):
             return {"error": "llm-analysis: does not fit in 80 GiB (refuses)"}
@@ -244,6 +331,7 @@ def run_llm_analysis(s: Scenario) -> dict:
 
 # ---- the run --------------------------------------------------------------------------------------------------
 
+
 def ratio(a: dict, b: dict) -> float | None:
     return a["time_s"] / b["time_s"] if "time_s" in a and "time_s" in b else None
 
@@ -253,9 +341,14 @@ def summarize(ratios: list[float | None]) -> dict:
     ratios = [x for x in ratios if x is not None]
     if not ratios:
         return {"count": 0}
-    return {"count": len(ratios), "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "farthest": max(ratios, key=lambda x: abs(math.log(x))),
-            "within_10pct": sum(abs(math.log(x)) <= math.log(1.1) for x in ratios)}
+    return {
+        "count": len(ratios),
+        "median": statistics.median(ratios),
+        "min": min(ratios),
+        "max": max(ratios),
+        "farthest": max(ratios, key=lambda x: abs(math.log(x))),
+        "within_10pct": sum(abs(math.log(x)) <= math.log(1.1) for x in ratios),
+    }
 
 
 def summaries(rows: list[dict], seconds: float) -> dict:
@@ -263,10 +356,16 @@ def summaries(rows: list[dict], seconds: float) -> dict:
     moe = [r for r in rows if not r["dense"]]
     return {
         "dense_castcore_over_genz": summarize([r["castcore_over_genz"] for r in dense]),
-        "dense_bf16_castcore_over_genz": summarize([r["castcore_over_genz"] for r in dense if r["weights"] == "bf16"]),
+        "dense_bf16_castcore_over_genz": summarize(
+            [r["castcore_over_genz"] for r in dense if r["weights"] == "bf16"]
+        ),
         # GenZ's int8 assumption (every tensor int8) met by castcore W8A8 with an int8 KV cache
-        "dense_matched_castcore_over_genz": summarize([r["castcore_over_genz"] if r["weights"] == "bf16"
-                                                       else r["castcore_w8a8_over_genz"] for r in dense]),
+        "dense_matched_castcore_over_genz": summarize(
+            [
+                r["castcore_over_genz"] if r["weights"] == "bf16" else r["castcore_w8a8_over_genz"]
+                for r in dense
+            ]
+        ),
         "moe_castcore_over_genz": summarize([r["castcore_over_genz"] for r in moe]),
         "dense_castcore_over_llm_analysis": summarize([r["castcore_over_llm_analysis"] for r in dense]),
         "moe_castcore_over_llm_analysis": summarize([r["castcore_over_llm_analysis"] for r in moe]),
@@ -275,14 +374,23 @@ def summaries(rows: list[dict], seconds: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="four scenarios only (a smoke test)")
-    parser.add_argument("--out", help="where to write the JSON (and the .md beside it); default "
-                        "bench/results/peers.json, or the temp directory with --quick")
+    parser.add_argument(
+        "--out",
+        help="where to write the JSON (and the .md beside it); default "
+        "bench/results/peers.json, or the temp directory with --quick",
+    )
     args = parser.parse_args()
-    out = args.out or (Path(tempfile.gettempdir()) / "peers-quick.json" if args.quick else "bench/results/peers.json")
+    out = args.out or (
+        Path(tempfile.gettempdir()) / "peers-quick.json" if args.quick else "bench/results/peers.json"
+    )
     versions = figures.peer_versions(PEERS, "bench/peers.py", "peers")
-    logging.getLogger("__name__").setLevel(logging.ERROR)  # llm-analysis logs every figure at INFO on that logger
+    logging.getLogger("__name__").setLevel(
+        logging.ERROR
+    )  # llm-analysis logs every figure at INFO on that logger
 
     import castcore
 
@@ -292,21 +400,40 @@ def main() -> None:
     rows, started = [], time.perf_counter()
     with genz_files():
         for i, s in enumerate(todo, 1):
-            row = {**asdict(s), "label": s.label, "step": s.step, "dense": s.dense,
-                   "castcore": run_castcore(session, s, **({} if s.weights == "bf16" else {"weights": s.weights})),
-                   "genz": run_genz(s), "llm_analysis": run_llm_analysis(s)}
+            row = {
+                **asdict(s),
+                "label": s.label,
+                "step": s.step,
+                "dense": s.dense,
+                "castcore": run_castcore(
+                    session, s, **({} if s.weights == "bf16" else {"weights": s.weights})
+                ),
+                "genz": run_genz(s),
+                "llm_analysis": run_llm_analysis(s),
+            }
             if s.weights != "bf16":  # what GenZ's int8 assumes: int8 activations and KV cache too
-                row["castcore_w8a8"] = run_castcore(session, s, weights=s.weights, activations=s.weights,
-                                                    kv_cache=s.weights)
+                row["castcore_w8a8"] = run_castcore(
+                    session, s, weights=s.weights, activations=s.weights, kv_cache=s.weights
+                )
                 row["castcore_w8a8_over_genz"] = ratio(row["castcore_w8a8"], row["genz"])
             row["castcore_over_genz"] = ratio(row["castcore"], row["genz"])
             row["castcore_over_llm_analysis"] = ratio(row["castcore"], row["llm_analysis"])
             rows.append(row)
             times = ", ".join(f"{name} {peers_text.ms(row[key])}" for key, name in peers_text.TOOLS)
-            print(f"[{i}/{len(todo)}] {s.label}: {times} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
-                  flush=True)
-    result = {"versions": versions, "device_file": DEVICE_FILE.name, "device": DEVICE, "quick": args.quick,
-              "targets": peers_text.TARGETS, "summary": summaries(rows, time.perf_counter() - started), "rows": rows}
+            print(
+                f"[{i}/{len(todo)}] {s.label}: {times} ({time.perf_counter() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    result = {
+        "versions": versions,
+        "device_file": DEVICE_FILE.name,
+        "device": DEVICE,
+        "quick": args.quick,
+        "targets": peers_text.TARGETS,
+        "summary": summaries(rows, time.perf_counter() - started),
+        "rows": rows,
+    }
     figures.write(out, result, lambda machine: peers_text.markdown(result, machine))
     if any(row[key].get("crash") for row in rows for key in ("castcore", "castcore_w8a8") if key in row):
         sys.exit("bench/peers.py: castcore failed on some scenarios (tracebacks above)")

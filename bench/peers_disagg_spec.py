@@ -41,8 +41,13 @@ import peers_disagg_spec_text as text
 from peers_serving import AIC_BACKEND, AIC_MODELS, AIC_SYSTEMS, quiet
 
 PEERS = {"aiconfigurator": "0.12.0", "aiconfigurator-core": "0.12.0"}
-ENGINE = {"engine": "vllm", "max_running_requests": 1024, "max_batched_tokens": 8192, "block_size": 16,
-          "kv_memory_fraction": 0.9}
+ENGINE = {
+    "engine": "vllm",
+    "max_running_requests": 1024,
+    "max_batched_tokens": 8192,
+    "block_size": 16,
+    "kv_memory_fraction": 0.9,
+}
 SEED = 0
 # AIConfigurator's disagg corrections (aiconfigurator/cli/api.py and sdk/picking.py), read to split its figures into
 # the step time and the factors on it; never applied to castcore.
@@ -66,10 +71,13 @@ class Disagg:
 
     @property
     def label(self) -> str:
-        where = text.GPU[self.device] + ("" if self.decode_device == self.device else
-                                         f" prefill, {text.GPU[self.decode_device]} decode")
-        return (f"{self.model} TP{self.tp} {where} {self.isl}/{self.osl}, {self.prefill}P{self.decode}D, "
-                f"prefill batch {self.prefill_batch}, decode batch {self.decode_batch}")
+        where = text.GPU[self.device] + (
+            "" if self.decode_device == self.device else f" prefill, {text.GPU[self.decode_device]} decode"
+        )
+        return (
+            f"{self.model} TP{self.tp} {where} {self.isl}/{self.osl}, {self.prefill}P{self.decode}D, "
+            f"prefill batch {self.prefill_batch}, decode batch {self.decode_batch}"
+        )
 
 
 @dataclass(frozen=True)
@@ -92,21 +100,34 @@ class Agg:
 
     @property
     def label(self) -> str:
-        what = (f"{self.spec_tokens} draft token{'s' * (self.spec_tokens > 1)}, acceptance {self.acceptance:g} ({self.accepted:.3f} kept a step)"
-                if self.kind == "spec" else f"prefix {self.prefix} of {self.isl}")
-        return f"{self.model} TP{self.tp} {text.GPU[self.device]} {self.isl}/{self.osl}, concurrency " \
-               f"{self.concurrency}, {what}"
+        what = (
+            f"{self.spec_tokens} draft token{'s' * (self.spec_tokens > 1)}, acceptance {self.acceptance:g} ({self.accepted:.3f} kept a step)"
+            if self.kind == "spec"
+            else f"prefix {self.prefix} of {self.isl}"
+        )
+        return (
+            f"{self.model} TP{self.tp} {text.GPU[self.device]} {self.isl}/{self.osl}, concurrency "
+            f"{self.concurrency}, {what}"
+        )
 
 
 def scenarios(quick: bool) -> tuple[list[Disagg], list[Agg]]:
     if quick:
-        return ([Disagg("llama-3-8b", 1, 1024, 128, 200, 1, 1, 1, 64)],
-                [Agg("spec", "llama-3-8b", 1, 1024, 128, 100, 16, 1, 0.8),
-                 Agg("prefix", "llama-3-8b", 1, 1024, 128, 100, 16, prefix=512)])
+        return (
+            [Disagg("llama-3-8b", 1, 1024, 128, 200, 1, 1, 1, 64)],
+            [
+                Agg("spec", "llama-3-8b", 1, 1024, 128, 100, 16, 1, 0.8),
+                Agg("prefix", "llama-3-8b", 1, 1024, 128, 100, 16, prefix=512),
+            ],
+        )
     disagg = [Disagg("llama-3-8b", 1, 1024, 128, 500, x, y, 1, 64) for x, y in ((1, 1), (2, 1), (1, 2))]
     disagg += [Disagg("llama-3-70b", 4, 2048, 256, 300, x, 1, 1, 64) for x in (1, 2)]
     disagg += [Disagg("llama-3-8b", 1, 1024, 128, 500, 1, 1, 1, 128, decode_device="h200-sxm")]
-    agg = [Agg("spec", "llama-3-8b", 1, 1024, 128, 300, b, k, r) for b in (16, 64) for k, r in ((1, 0.8), (3, 0.7))]
+    agg = [
+        Agg("spec", "llama-3-8b", 1, 1024, 128, 300, b, k, r)
+        for b in (16, 64)
+        for k, r in ((1, 0.8), (3, 0.7))
+    ]
     agg += [Agg("spec", "llama-3-70b", 4, 2048, 256, 200, 32, 3, 0.7)]
     agg += [Agg("prefix", "llama-3-8b", 1, 1024, 128, 300, b, prefix=p) for b in (16, 64) for p in (512, 768)]
     agg += [Agg("prefix", "llama-3-70b", 4, 2048, 256, 200, 32, prefix=1536)]
@@ -115,13 +136,16 @@ def scenarios(quick: bool) -> tuple[list[Disagg], list[Agg]]:
 
 # ---------------------------------------------------------------------------------------------------- castcore
 
+
 class Castcore:
     def __init__(self, workdir: Path):
         import castcore
         from castcore.sweeps.capture import CaptureCache
 
         self.castcore = castcore
-        self.session = castcore.Session(capture_step=CaptureCache(disk=False), load_packs=["nvidia", "collectives"])
+        self.session = castcore.Session(
+            capture_step=CaptureCache(disk=False), load_packs=["nvidia", "collectives"]
+        )
         self.workdir = workdir
         self._steps: dict = {}
 
@@ -145,12 +169,21 @@ class Castcore:
         row = {k: report.summary.get(k) for k in text.FIGURES}
         trace = report.iterations_trace
         decode = [i for i in range(len(trace.duration)) if trace.prefill_tokens[i] == 0]
-        row.update(kv_blocks=report.kv_blocks, mean_running=report.mean_running,
-                   decode_iteration_ms=(sum(trace.duration[i] for i in decode) / len(decode) * 1e3 if decode else None),
-                   decode_iteration_running=(sum(trace.running[i] for i in decode) / len(decode) if decode else None))
+        row.update(
+            kv_blocks=report.kv_blocks,
+            mean_running=report.mean_running,
+            decode_iteration_ms=(
+                sum(trace.duration[i] for i in decode) / len(decode) * 1e3 if decode else None
+            ),
+            decode_iteration_running=(
+                sum(trace.running[i] for i in decode) / len(decode) if decode else None
+            ),
+        )
         return row
 
-    def step_ms(self, model: str, tp: int, device: str, chunks: list[tuple[int, int]], layers: int | None = None) -> float:
+    def step_ms(
+        self, model: str, tp: int, device: str, chunks: list[tuple[int, int]], layers: int | None = None
+    ) -> float:
         """castcore's time for one iteration of ``chunks`` (new tokens, cached tokens), as castcore simulate prices
         it; ``layers`` 1: the one-layer draft's."""
         from castcore.serving.step_time import StepTimes
@@ -158,52 +191,103 @@ class Castcore:
         key = (model, tp, device, layers)
         if key not in self._steps:
             spec = self.draft(model) if layers else model
-            self._steps[key] = StepTimes(self.session.pipeline, self.castcore.build_workload(spec, tp=tp), device,
-                                         ENGINE["max_batched_tokens"], ENGINE["max_batched_tokens"])
+            self._steps[key] = StepTimes(
+                self.session.pipeline,
+                self.castcore.build_workload(spec, tp=tp),
+                device,
+                ENGINE["max_batched_tokens"],
+                ENGINE["max_batched_tokens"],
+            )
         return self._steps[key](chunks) * 1e3
 
     def disagg(self, s: Disagg, rate: float | None) -> dict:
-        pools = {"prefill_instances": s.prefill, "decode_instances": s.decode,
-                 "max_batched_tokens": s.isl * s.prefill_batch, "max_running_requests": s.decode_batch}
+        pools = {
+            "prefill_instances": s.prefill,
+            "decode_instances": s.decode,
+            "max_batched_tokens": s.isl * s.prefill_batch,
+            "max_running_requests": s.decode_batch,
+        }
         if s.decode_device != s.device:
             pools["decode_deployment"] = f"device={s.decode_device}"
         traffic = {"rate": rate} if rate else {}
-        return self.simulate(s.model, s.device, tp=s.tp, requests=s.requests, input_lengths=str(s.isl),
-                             output_lengths=str(s.osl), **pools, **traffic)
+        return self.simulate(
+            s.model,
+            s.device,
+            tp=s.tp,
+            requests=s.requests,
+            input_lengths=str(s.isl),
+            output_lengths=str(s.osl),
+            **pools,
+            **traffic,
+        )
 
     def agg(self, s: Agg, featured: bool, **traffic) -> dict:
         extra = {}
         if featured and s.kind == "spec":
-            extra = {"spec_tokens": s.spec_tokens, "acceptance": str(s.acceptance), "draft_model": self.draft(s.model)}
+            extra = {
+                "spec_tokens": s.spec_tokens,
+                "acceptance": str(s.acceptance),
+                "draft_model": self.draft(s.model),
+            }
         elif featured:
             extra = {"prefix_len": s.prefix}
         traffic = traffic or {"concurrency": s.concurrency}
-        return self.simulate(s.model, s.device, tp=s.tp, requests=traffic.pop("requests", s.requests),
-                             input_lengths=str(s.isl), output_lengths=str(s.osl), **traffic, **extra)
+        return self.simulate(
+            s.model,
+            s.device,
+            tp=s.tp,
+            requests=traffic.pop("requests", s.requests),
+            input_lengths=str(s.isl),
+            output_lengths=str(s.osl),
+            **traffic,
+            **extra,
+        )
 
 
 # ------------------------------------------------------------------------------------------------ AIConfigurator
+
 
 def aic_disagg(s: Disagg) -> dict:
     from aiconfigurator.cli.api import cli_estimate
 
     with quiet():
-        result = cli_estimate(AIC_MODELS[s.model], AIC_SYSTEMS[s.device], mode="disagg", backend_name=AIC_BACKEND[0],
-                              backend_version=AIC_BACKEND[1], isl=s.isl, osl=s.osl, tp_size=s.tp,
-                              prefill_batch_size=s.prefill_batch, prefill_num_workers=s.prefill,
-                              decode_batch_size=s.decode_batch, decode_num_workers=s.decode,
-                              decode_system_name=AIC_SYSTEMS[s.decode_device],
-                              free_gpu_memory_fraction=ENGINE["kv_memory_fraction"])
+        result = cli_estimate(
+            AIC_MODELS[s.model],
+            AIC_SYSTEMS[s.device],
+            mode="disagg",
+            backend_name=AIC_BACKEND[0],
+            backend_version=AIC_BACKEND[1],
+            isl=s.isl,
+            osl=s.osl,
+            tp_size=s.tp,
+            prefill_batch_size=s.prefill_batch,
+            prefill_num_workers=s.prefill,
+            decode_batch_size=s.decode_batch,
+            decode_num_workers=s.decode,
+            decode_system_name=AIC_SYSTEMS[s.decode_device],
+            free_gpu_memory_fraction=ENGINE["kv_memory_fraction"],
+        )
     raw = result.raw
     prefill_ms = sum(result.per_ops_data["prefill"].values())
     p_rate = raw["(p)seq/s/worker"] * s.prefill * AIC_PREFILL_DEGRADATION
     d_rate = raw["(d)seq/s/worker"] * s.decode * AIC_DECODE_DEGRADATION
-    return {"ttft_ms": raw["ttft"], "tpot_ms": raw["tpot"], "request_rate": raw["seq/s"],
-            "output_throughput": raw["tokens/s"], "per_gpu": raw["tokens/s/gpu"], "gpus": raw["num_total_gpus"],
-            "prefill_step_ms": prefill_ms, "decode_step_ms": raw["tpot"],
-            "prefill_worker_rate": raw["(p)seq/s/worker"], "decode_worker_rate": raw["(d)seq/s/worker"],
-            "prefill_rate": p_rate, "decode_rate": d_rate, "bound": "prefill" if p_rate <= d_rate else "decode",
-            "prefill_memory_gb": raw["(p)memory"], "decode_memory_gb": raw["(d)memory"]}
+    return {
+        "ttft_ms": raw["ttft"],
+        "tpot_ms": raw["tpot"],
+        "request_rate": raw["seq/s"],
+        "output_throughput": raw["tokens/s"],
+        "per_gpu": raw["tokens/s/gpu"],
+        "gpus": raw["num_total_gpus"],
+        "prefill_step_ms": prefill_ms,
+        "decode_step_ms": raw["tpot"],
+        "prefill_worker_rate": raw["(p)seq/s/worker"],
+        "decode_worker_rate": raw["(d)seq/s/worker"],
+        "prefill_rate": p_rate,
+        "decode_rate": d_rate,
+        "bound": "prefill" if p_rate <= d_rate else "decode",
+        "prefill_memory_gb": raw["(p)memory"],
+        "decode_memory_gb": raw["(d)memory"],
+    }
 
 
 def aic_agg(s: Agg, featured: bool) -> dict:
@@ -215,19 +299,35 @@ def aic_agg(s: Agg, featured: bool) -> dict:
     elif featured:
         extra = {"prefix": s.prefix}
     with quiet():
-        result = cli_estimate(AIC_MODELS[s.model], AIC_SYSTEMS[s.device], mode="agg", backend_name=AIC_BACKEND[0],
-                              backend_version=AIC_BACKEND[1], isl=s.isl, osl=s.osl, batch_size=s.concurrency,
-                              tp_size=s.tp, free_gpu_memory_fraction=ENGINE["kv_memory_fraction"], **extra)
+        result = cli_estimate(
+            AIC_MODELS[s.model],
+            AIC_SYSTEMS[s.device],
+            mode="agg",
+            backend_name=AIC_BACKEND[0],
+            backend_version=AIC_BACKEND[1],
+            isl=s.isl,
+            osl=s.osl,
+            batch_size=s.concurrency,
+            tp_size=s.tp,
+            free_gpu_memory_fraction=ENGINE["kv_memory_fraction"],
+            **extra,
+        )
     row = result.summary.get_summary_df().iloc[0].to_dict()
     scheduling = result.per_ops_data["scheduling"]
-    return {"ttft_ms": float(row["ttft"]), "tpot_ms": float(row["tpot"]),
-            # its tokens/s counts osl - 1 tokens a request; castcore's (vLLM bench's) all osl: requests/s x osl
-            "output_throughput": float(row["seq/s"]) * s.osl, "request_rate": float(row["seq/s"]),
-            "mix_step_ms": float(scheduling["mix_step_latency_ms"]),
-            "decode_step_ms": float(scheduling["genonly_step_latency_ms"]),
-            "tokens_per_step": float(scheduling.get("decode_tokens_per_iteration", 1.0)),
-            "mix_steps": float(scheduling["num_mix_steps"]), "decode_steps": float(scheduling["num_genonly_steps"]),
-            "mix_prompt_tokens": int(scheduling["mix_context_tokens"]), "mix_decodes": int(scheduling["mix_decode_requests"])}
+    return {
+        "ttft_ms": float(row["ttft"]),
+        "tpot_ms": float(row["tpot"]),
+        # its tokens/s counts osl - 1 tokens a request; castcore's (vLLM bench's) all osl: requests/s x osl
+        "output_throughput": float(row["seq/s"]) * s.osl,
+        "request_rate": float(row["seq/s"]),
+        "mix_step_ms": float(scheduling["mix_step_latency_ms"]),
+        "decode_step_ms": float(scheduling["genonly_step_latency_ms"]),
+        "tokens_per_step": float(scheduling.get("decode_tokens_per_iteration", 1.0)),
+        "mix_steps": float(scheduling["num_mix_steps"]),
+        "decode_steps": float(scheduling["num_genonly_steps"]),
+        "mix_prompt_tokens": int(scheduling["mix_context_tokens"]),
+        "mix_decodes": int(scheduling["mix_decode_requests"]),
+    }
 
 
 def peer(run, *args) -> dict:
@@ -240,6 +340,7 @@ def peer(run, *args) -> dict:
 
 # -------------------------------------------------------------------------------------------------------- rows
 
+
 def disagg_row(cc: Castcore, s: Disagg) -> dict:
     row = {**asdict(s), "label": s.label, "aiconfigurator": peer(aic_disagg, s)}
     aic = row["aiconfigurator"]
@@ -248,7 +349,8 @@ def disagg_row(cc: Castcore, s: Disagg) -> dict:
     kv = s.isl + s.osl // 2
     row["castcore_steps"] = {
         "prefill_step_ms": cc.step_ms(s.model, s.tp, s.device, [(s.isl, 0)] * s.prefill_batch),
-        "decode_step_ms": cc.step_ms(s.model, s.tp, s.decode_device, [(1, kv)] * s.decode_batch)}
+        "decode_step_ms": cc.step_ms(s.model, s.tp, s.decode_device, [(1, kv)] * s.decode_batch),
+    }
     return row
 
 
@@ -264,16 +366,24 @@ def agg_row(cc: Castcore, s: Agg) -> dict:
         others, prompt = [(1, kv)] * (s.concurrency - 1), [(s.isl, 0)]
         mix_verify = step(prompt + [(s.spec_tokens + 1, kv)] * (s.concurrency - 1))
         mix_draft = step(prompt + others, 1) + (s.spec_tokens - 1) * step(others, 1)
-        row["castcore_steps"] = {"decode_step_ms": step([(1, kv)] * s.concurrency), "verify_step_ms": verify,
-                                 "draft_ms": draft, "spec_step_ms": verify + draft, "mix_step_ms": step(prompt + others),
-                                 "spec_mix_step_ms": mix_verify + mix_draft}
+        row["castcore_steps"] = {
+            "decode_step_ms": step([(1, kv)] * s.concurrency),
+            "verify_step_ms": verify,
+            "draft_ms": draft,
+            "spec_step_ms": verify + draft,
+            "mix_step_ms": step(prompt + others),
+            "spec_mix_step_ms": mix_verify + mix_draft,
+        }
         return row
     cached = s.prefix // ENGINE["block_size"] * ENGINE["block_size"]
     decodes = [(1, kv)] * (s.concurrency - 1)
-    row["castcore_steps"] = {"prompt_ms": step([(s.isl, 0)]), "prompt_after_prefix_ms": step([(s.isl - cached, cached)]),
-                             "mix_step_ms": step([(s.isl, 0)] + decodes),
-                             "mix_step_after_prefix_ms": step([(s.isl - cached, cached)] + decodes),
-                             "cached_tokens_per_hit": cached}
+    row["castcore_steps"] = {
+        "prompt_ms": step([(s.isl, 0)]),
+        "prompt_after_prefix_ms": step([(s.isl - cached, cached)]),
+        "mix_step_ms": step([(s.isl, 0)] + decodes),
+        "mix_step_after_prefix_ms": step([(s.isl - cached, cached)] + decodes),
+        "cached_tokens_per_hit": cached,
+    }
     # light load: one request at a time (a closed loop of 1), where TTFT is the prompt's own step
     light = {"concurrency": 1, "requests": 20}
     row["castcore_light"] = {"base": cc.agg(s, False, **light), "featured": cc.agg(s, True, **light)}
@@ -281,13 +391,21 @@ def agg_row(cc: Castcore, s: Agg) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="one scenario of each kind (a smoke test)")
-    parser.add_argument("--out", help="where to write the JSON (and the .md beside it); default "
-                        "bench/results/peers_disagg_spec.json, or the temp directory with --quick")
+    parser.add_argument(
+        "--out",
+        help="where to write the JSON (and the .md beside it); default "
+        "bench/results/peers_disagg_spec.json, or the temp directory with --quick",
+    )
     args = parser.parse_args()
-    out = args.out or (Path(tempfile.gettempdir()) / "peers-disagg-spec-quick.json" if args.quick
-                       else "bench/results/peers_disagg_spec.json")
+    out = args.out or (
+        Path(tempfile.gettempdir()) / "peers-disagg-spec-quick.json"
+        if args.quick
+        else "bench/results/peers_disagg_spec.json"
+    )
     versions = figures.peer_versions(PEERS, "bench/peers_disagg_spec.py", "peers_disagg_spec")
     versions["castcore"] = metadata.version("castcore")
     started = time.perf_counter()
@@ -303,17 +421,29 @@ def main() -> None:
             kind = "disagg" if isinstance(s, Disagg) else s.kind
             text.derive(kind, row)
             rows[kind].append(row)
-            print(f"[{i}/{len(todo)}] {s.label}: {text.progress(kind, row)} ({time.perf_counter() - started:.0f} s)",
-                  file=sys.stderr, flush=True)
-    result = {"versions": versions, "engine": ENGINE, "seed": SEED, "quick": args.quick, "gap": text.GAP,
-              "aiconfigurator_backend": {"backend": AIC_BACKEND[0], "version": AIC_BACKEND[1]},
-              "aiconfigurator_models": {m: AIC_MODELS[m] for m in ("llama-3-8b", "llama-3-70b")},
-              "seconds": time.perf_counter() - started, "rows": rows}
+            print(
+                f"[{i}/{len(todo)}] {s.label}: {text.progress(kind, row)} ({time.perf_counter() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    result = {
+        "versions": versions,
+        "engine": ENGINE,
+        "seed": SEED,
+        "quick": args.quick,
+        "gap": text.GAP,
+        "aiconfigurator_backend": {"backend": AIC_BACKEND[0], "version": AIC_BACKEND[1]},
+        "aiconfigurator_models": {m: AIC_MODELS[m] for m in ("llama-3-8b", "llama-3-70b")},
+        "seconds": time.perf_counter() - started,
+        "rows": rows,
+    }
     result["summary"] = text.summary(rows)
     figures.write(out, result, lambda machine: text.markdown(result, machine))
     crashed = [r["label"] for kind in rows.values() for r in kind if text.crashed(r)]
     if crashed:
-        sys.exit(f"bench/peers_disagg_spec.py: castcore failed on {len(crashed)} scenario(s) (tracebacks above)")
+        sys.exit(
+            f"bench/peers_disagg_spec.py: castcore failed on {len(crashed)} scenario(s) (tracebacks above)"
+        )
 
 
 if __name__ == "__main__":

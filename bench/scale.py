@@ -45,8 +45,12 @@ from pathlib import Path
 import figures  # bench/figures.py: this script runs with bench/ on its path
 
 HERE = Path(__file__).parent
-TARGETS = {"estimate_over_bare_capture": 0.10, "peak_rss_mib_70b": 1024, "flopcounter_over_estimate": 5.0,
-           "reused_over_reused_prefill": 1.5}
+TARGETS = {
+    "estimate_over_bare_capture": 0.10,
+    "peak_rss_mib_70b": 1024,
+    "flopcounter_over_estimate": 5.0,
+    "reused_over_reused_prefill": 1.5,
+}
 
 
 def _reset_peak_rss() -> bool:
@@ -100,8 +104,10 @@ class Paths:
         with FakeTensorMode(allow_non_fake_inputs=True):
             fakes: dict[int, torch.Tensor] = {}  # tied weights get one fake, as functional_call requires
             state = {}
-            for n, t in (*w.model.named_parameters(remove_duplicate=False),
-                         *w.model.named_buffers(remove_duplicate=False)):
+            for n, t in (
+                *w.model.named_parameters(remove_duplicate=False),
+                *w.model.named_buffers(remove_duplicate=False),
+            ):
                 if id(t) not in fakes:
                     fakes[id(t)] = fake(t)
                 state[n] = fakes[id(t)]
@@ -127,12 +133,16 @@ def _cold() -> None:
 
 def _same_report(a, b) -> bool:
     """Totals, per-op rows and memory report all equal: what reuse must not change."""
-    return (a.totals() == b.totals() and [s.to_dict() for s in a.by_op()] == [s.to_dict() for s in b.by_op()]
-            and a.memory.to_dict() == b.memory.to_dict())
+    return (
+        a.totals() == b.totals()
+        and [s.to_dict() for s in a.by_op()] == [s.to_dict() for s in b.by_op()]
+        and a.memory.to_dict() == b.memory.to_dict()
+    )
 
 
-def measure(model_name: str, seq: int, device_file: str, warmup_seq: int, decode_batch: int, kv_len: int,
-            tp: int) -> dict:
+def measure(
+    model_name: str, seq: int, device_file: str, warmup_seq: int, decode_batch: int, kv_len: int, tp: int
+) -> dict:
     import gc
 
     import castcore
@@ -141,13 +151,17 @@ def measure(model_name: str, seq: int, device_file: str, warmup_seq: int, decode
 
     session = castcore.Session(load_packs=[], device_files=[device_file])
     # The two other steps: (label, build_workload options, tensor-parallel size).
-    variants = [("--phase decode", dict(phase="decode", batch=decode_batch, kv_len=kv_len), None),
-                (f"--tp {tp}", dict(seq=seq), tp)]
+    variants = [
+        ("--phase decode", dict(phase="decode", batch=decode_batch, kv_len=kv_len), None),
+        (f"--tp {tp}", dict(seq=seq), tp),
+    ]
     warm = Paths(session.build(build_workload(model_name, seq=warmup_seq)), session)
     warm.estimate(True), warm.estimate(False), warm.capture(False), warm.flop_counter()
     for _, options, n in variants:
-        warm = Paths(session.build(build_workload(model_name, **{**options, "seq": warmup_seq,
-                                                                  "kv_len": warmup_seq})), session)
+        warm = Paths(
+            session.build(build_workload(model_name, **{**options, "seq": warmup_seq, "kv_len": warmup_seq})),
+            session,
+        )
         with tensor_parallel(warm.workload, n):
             warm.estimate(True), warm.estimate(False)
     paths = Paths(session.build(build_workload(model_name, seq=seq)), session)
@@ -168,9 +182,12 @@ def measure(model_name: str, seq: int, device_file: str, warmup_seq: int, decode
     rows["castcore estimate"]["flops"] = report.flops
     totals = (report.time_s, report.flops, report.memory.peak_bytes)
     del report
-    report_full, capture_s, estimation_s = timed("castcore estimate --no-reuse", lambda: paths.estimate(False))
-    rows["castcore estimate --no-reuse"].update(flops=report_full.flops, capture_seconds=capture_s,
-                                                estimation_seconds=estimation_s)
+    report_full, capture_s, estimation_s = timed(
+        "castcore estimate --no-reuse", lambda: paths.estimate(False)
+    )
+    rows["castcore estimate --no-reuse"].update(
+        flops=report_full.flops, capture_seconds=capture_s, estimation_seconds=estimation_s
+    )
     calls = len(report_full.records)
     totals_full = (report_full.time_s, report_full.flops, report_full.memory.peak_bytes)
     del report_full
@@ -186,27 +203,39 @@ def measure(model_name: str, seq: int, device_file: str, warmup_seq: int, decode
             reused, _, _ = timed(f"castcore estimate {label}", lambda v=variant: v.estimate(True))
             full, _, _ = timed(f"castcore estimate {label} --no-reuse", lambda v=variant: v.estimate(False))
         identical[label] = _same_report(reused, full)
-        for name, report in ((f"castcore estimate {label}", reused),
-                             (f"castcore estimate {label} --no-reuse", full)):
-            rows[name].update(flops=report.flops, op_calls=len(report.records),
-                              over_reused_prefill=rows[name]["seconds"] / rows["castcore estimate"]["seconds"])
+        for name, report in (
+            (f"castcore estimate {label}", reused),
+            (f"castcore estimate {label} --no-reuse", full),
+        ):
+            rows[name].update(
+                flops=report.flops,
+                op_calls=len(report.records),
+                over_reused_prefill=rows[name]["seconds"] / rows["castcore estimate"]["seconds"],
+            )
         del reused, full, variant
     for row in rows.values():
         row["calls_per_s"] = row.get("op_calls", calls) / row["seconds"]
     return {
-        "model": model_name, "seq": seq, "description": paths.workload.description, "op_calls": calls, "rows": rows,
+        "model": model_name,
+        "seq": seq,
+        "description": paths.workload.description,
+        "op_calls": calls,
+        "rows": rows,
         "peak_rss_per_run": own_peak,
         "totals_identical_with_reuse": totals == totals_full,
         "variants_identical_with_reuse": identical,
         "estimate_over_bare_capture": estimation_s / capture_s,
         "estimate_run_over_bare_capture_run": rows["castcore estimate --no-reuse"]["seconds"]
-        / rows["bare capture (no reuse)"]["seconds"] - 1,
-        "flopcounter_over_estimate": rows["FlopCounterMode"]["seconds"] / rows["castcore estimate"]["seconds"],
+        / rows["bare capture (no reuse)"]["seconds"]
+        - 1,
+        "flopcounter_over_estimate": rows["FlopCounterMode"]["seconds"]
+        / rows["castcore estimate"]["seconds"],
     }
 
 
 def _verdicts(result: dict) -> list[str]:
     """The figures against the issue's targets; the speed-up and RSS targets are set for Llama-3-70B."""
+
     def verdict(met: bool, applies: bool = True) -> str:
         return ("met" if met else "MISSED") if applies else "set for llama-3-70b"
 
@@ -228,18 +257,28 @@ def _verdicts(result: dict) -> list[str]:
     for label, same in result["variants_identical_with_reuse"].items():
         reused = result["rows"][f"castcore estimate {label}"]["over_reused_prefill"]
         full = result["rows"][f"castcore estimate {label} --no-reuse"]["over_reused_prefill"]
-        lines.append(f"{label} over reused prefill: {reused:.2f}x with reuse (target at most {target}x: "
-                     f"{verdict(reused <= target, is_70b)}), {full:.2f}x with --no-reuse; report identical with and "
-                     f"without reuse: {same}")
+        lines.append(
+            f"{label} over reused prefill: {reused:.2f}x with reuse (target at most {target}x: "
+            f"{verdict(reused <= target, is_70b)}), {full:.2f}x with --no-reuse; report identical with and "
+            f"without reuse: {same}"
+        )
     return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["llama-3-8b", "llama-3-70b"],
-                        help="presets, config.json paths or package.module:factory (as castcore estimate --model)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["llama-3-8b", "llama-3-70b"],
+        help="presets, config.json paths or package.module:factory (as castcore estimate --model)",
+    )
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--warmup-seq", type=int, default=16, help="sequence length of the untimed warm-up runs")
+    parser.add_argument(
+        "--warmup-seq", type=int, default=16, help="sequence length of the untimed warm-up runs"
+    )
     parser.add_argument("--decode-batch", type=int, default=32, help="sequences in the decode step")
     parser.add_argument("--kv-len", type=int, default=2048, help="tokens cached before the decode step")
     parser.add_argument("--tp", type=int, default=8, help="devices of the tensor-parallel prefill")
@@ -251,37 +290,80 @@ def main() -> None:
         from castcore.workload.spec import ModelError
 
         try:
-            print(json.dumps(measure(args.one, args.seq, args.device_file, args.warmup_seq, args.decode_batch,
-                                     args.kv_len, args.tp)))
-        except ModelError as exc:  # a bad --models entry: say so in one line; anything else keeps its traceback
+            print(
+                json.dumps(
+                    measure(
+                        args.one,
+                        args.seq,
+                        args.device_file,
+                        args.warmup_seq,
+                        args.decode_batch,
+                        args.kv_len,
+                        args.tp,
+                    )
+                )
+            )
+        except (
+            ModelError
+        ) as exc:  # a bad --models entry: say so in one line; anything else keeps its traceback
             sys.exit(str(exc))
         return
     results = []
     for model in args.models:
         print(f"measuring {model} ...", file=sys.stderr, flush=True)
-        done = subprocess.run([sys.executable, __file__, "--one", model, "--seq", str(args.seq), "--warmup-seq",
-                               str(args.warmup_seq), "--decode-batch", str(args.decode_batch), "--kv-len",
-                               str(args.kv_len), "--tp", str(args.tp), "--device-file", args.device_file],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                model,
+                "--seq",
+                str(args.seq),
+                "--warmup-seq",
+                str(args.warmup_seq),
+                "--decode-batch",
+                str(args.decode_batch),
+                "--kv-len",
+                str(args.kv_len),
+                "--tp",
+                str(args.tp),
+                "--device-file",
+                args.device_file,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             sys.exit(f"bench/scale.py: measuring {model} failed: {done.stderr.strip()}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    figures.write(args.out, {"targets": TARGETS, "results": results}, lambda machine: _markdown(results, machine))
+    figures.write(
+        args.out, {"targets": TARGETS, "results": results}, lambda machine: _markdown(results, machine)
+    )
 
 
 def _markdown(results: list[dict], machine: dict) -> str:
-    lines = ["# castcore at scale", "",
-             f"{machine['date']}, {machine['machine']}, {machine['cpus']} CPUs, Python {machine['python']}"]
+    lines = [
+        "# castcore at scale",
+        "",
+        f"{machine['date']}, {machine['machine']}, {machine['cpus']} CPUs, Python {machine['python']}",
+    ]
     for result in results:
-        lines += ["", f"## {result['description']}: {result['op_calls']} operator calls", "",
-                  "| run | seconds | over reused prefill | operator calls | calls/s | peak RSS MiB |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        lines += [f"| {name} | {row['seconds']:.3f} | "
-                  f"{row['seconds'] / result['rows']['castcore estimate']['seconds']:.2f}x | "
-                  f"{row.get('op_calls', result['op_calls'])} | {row['calls_per_s']:.0f} | {row['peak_rss_mib']:.0f} |"
-                  for name, row in result["rows"].items()]
+        lines += [
+            "",
+            f"## {result['description']}: {result['op_calls']} operator calls",
+            "",
+            "| run | seconds | over reused prefill | operator calls | calls/s | peak RSS MiB |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {name} | {row['seconds']:.3f} | "
+            f"{row['seconds'] / result['rows']['castcore estimate']['seconds']:.2f}x | "
+            f"{row.get('op_calls', result['op_calls'])} | {row['calls_per_s']:.0f} | {row['peak_rss_mib']:.0f} |"
+            for name, row in result["rows"].items()
+        ]
         lines += ["", *(f"- {line}" for line in _verdicts(result))]
     return "\n".join(lines) + "\n"
+
 
 if __name__ == "__main__":
     main()

@@ -61,22 +61,26 @@ def main() -> None:
             started = time.perf_counter()
             result = simulate(requests, engine, KV_BLOCKS, step_time)
             seconds.append(time.perf_counter() - started)
-        rows.append(f"| {name} | {statistics.median(seconds):.3f} | {result.iterations} | {result.preemptions} | "
-                    f"{result.mean_running:.0f} | {len(result.finished)} |")
-    text = "\n".join([
-        "# Engine model event loop",
-        "",
-        f"{COUNT} requests x {INPUT} input / {OUTPUT} output tokens, vLLM preset, {KV_BLOCKS} KV blocks, affine step "
-        f"time; median of {args.runs} runs. Target: 2 s.",
-        "",
-        f"Machine: {cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"{datetime.date.today().isoformat()}.",
-        "",
-        "| arrivals | loop s | iterations | preemptions | mean batch | finished |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *rows,
-        "",
-    ])
+        rows.append(
+            f"| {name} | {statistics.median(seconds):.3f} | {result.iterations} | {result.preemptions} | "
+            f"{result.mean_running:.0f} | {len(result.finished)} |"
+        )
+    text = "\n".join(
+        [
+            "# Engine model event loop",
+            "",
+            f"{COUNT} requests x {INPUT} input / {OUTPUT} output tokens, vLLM preset, {KV_BLOCKS} KV blocks, affine step "
+            f"time; median of {args.runs} runs. Target: 2 s.",
+            "",
+            f"Machine: {cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"{datetime.date.today().isoformat()}.",
+            "",
+            "| arrivals | loop s | iterations | preemptions | mean batch | finished |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+        ]
+    )
     args.out.write_text(text)
     print(text)
 

@@ -34,10 +34,43 @@ from castcore.serving.step_time import StepTimes
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE_FILE = str(ROOT / "tests" / "data" / "h100-sxm.toml")
 ARGS = {"requests": 2000, "input_lengths": "1024", "output_lengths": "256", "rate": 10.0, "tp": 4}
-PLAN = ["plan", "--model", "llama-3-70b", "--input", "1024", "--output", "256", "--rate", "4", "--ttft", "p99:1s",
-        "--tpot", "p99:60ms", "--device-file", DEVICE_FILE, "--no-packs", "--json"]
-COMMAND = ["simulate", "--model", "llama-3-70b", "--tp", "4", "--requests", "2000", "--input", "1024", "--output",
-           "256", "--rate", "10", "--device-file", DEVICE_FILE, "--no-packs"]
+PLAN = [
+    "plan",
+    "--model",
+    "llama-3-70b",
+    "--input",
+    "1024",
+    "--output",
+    "256",
+    "--rate",
+    "4",
+    "--ttft",
+    "p99:1s",
+    "--tpot",
+    "p99:60ms",
+    "--device-file",
+    DEVICE_FILE,
+    "--no-packs",
+    "--json",
+]
+COMMAND = [
+    "simulate",
+    "--model",
+    "llama-3-70b",
+    "--tp",
+    "4",
+    "--requests",
+    "2000",
+    "--input",
+    "1024",
+    "--output",
+    "256",
+    "--rate",
+    "10",
+    "--device-file",
+    DEVICE_FILE,
+    "--no-packs",
+]
 
 
 def parts() -> dict[str, float]:
@@ -45,12 +78,19 @@ def parts() -> dict[str, float]:
     started = time.perf_counter()
     plan = simulation.check("llama-3-70b", **ARGS)
     checked = time.perf_counter()
-    steps = StepTimes(session.pipeline, plan.base, "h100-sxm", plan.limits.max_batched_tokens,
-                      min(plan.limits.max_running_requests, plan.limits.max_batched_tokens))
+    steps = StepTimes(
+        session.pipeline,
+        plan.base,
+        "h100-sxm",
+        plan.limits.max_batched_tokens,
+        min(plan.limits.max_running_requests, plan.limits.max_batched_tokens),
+    )
     blocks, _ = kv_capacity(session.pipeline, steps, plan.limits, steps.profile)
     engine.simulate(plan.requests, plan.limits, blocks, steps)  # makes the ladder captures it needs
     first = time.perf_counter()
-    engine.simulate(plan.requests, plan.limits, blocks, steps)  # every capture made: the loop and its step times
+    engine.simulate(
+        plan.requests, plan.limits, blocks, steps
+    )  # every capture made: the loop and its step times
     looped = time.perf_counter()
     return {"check": checked - started, "captures and first run": first - checked, "loop": looped - first}
 
@@ -70,16 +110,27 @@ def main() -> None:
         whole = [timed(COMMAND, env) for _ in range(2)]
         planned = [timed(PLAN, env) for _ in range(2)]
     split = parts()
-    lines = ["# castcore simulate: speed", "",
-             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
-             f"{platform.python_version()}, {datetime.date.today()}; `python bench/simulate_speed.py`", "",
-             f"`castcore {' '.join(COMMAND[:-3])} ...` (the H100 profile of tests/data, no packs)", "",
-             "| part | seconds |", "|---|---|", f"| the whole process, cold (empty capture cache) | {whole[0]:.1f} |",
-             f"| the whole process, warm (the captures cached) | {whole[1]:.1f} |",
-             *(f"| {name} (in one process, cold) | {seconds:.2f} |" for name, seconds in split.items()), "",
-             f"`castcore {' '.join(PLAN[:-5])} ...` (the same profile, no packs)", "",
-             "| run | seconds |", "|---|---|", f"| cold (empty capture cache) | {planned[0]:.1f} |",
-             f"| warm (the captures cached) | {planned[1]:.1f} |"]
+    lines = [
+        "# castcore simulate: speed",
+        "",
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, {datetime.date.today()}; `python bench/simulate_speed.py`",
+        "",
+        f"`castcore {' '.join(COMMAND[:-3])} ...` (the H100 profile of tests/data, no packs)",
+        "",
+        "| part | seconds |",
+        "|---|---|",
+        f"| the whole process, cold (empty capture cache) | {whole[0]:.1f} |",
+        f"| the whole process, warm (the captures cached) | {whole[1]:.1f} |",
+        *(f"| {name} (in one process, cold) | {seconds:.2f} |" for name, seconds in split.items()),
+        "",
+        f"`castcore {' '.join(PLAN[:-5])} ...` (the same profile, no packs)",
+        "",
+        "| run | seconds |",
+        "|---|---|",
+        f"| cold (empty capture cache) | {planned[0]:.1f} |",
+        f"| warm (the captures cached) | {planned[1]:.1f} |",
+    ]
     Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 

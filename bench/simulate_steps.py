@@ -35,16 +35,23 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "simulate_steps.md"))
     args = parser.parse_args()
     session = castcore.Session(load_packs=[], device_files=[str(DEVICE_FILE)])
-    lines = ["# castcore simulate: the step-time model against direct captures of 20 mixed batches each",
-             "", f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-             f"{datetime.date.today()}; `python bench/simulate_steps.py`; device profile tests/data/h100-sxm.toml, "
-             "no packs.", "",
-             "| deployment | model made (s) | batches | mean abs. error | max abs. error | direct capture per batch (s) "
-             "| model per batch (us) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# castcore simulate: the step-time model against direct captures of 20 mixed batches each",
+        "",
+        f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+        f"{datetime.date.today()}; `python bench/simulate_steps.py`; device profile tests/data/h100-sxm.toml, "
+        "no packs.",
+        "",
+        "| deployment | model made (s) | batches | mean abs. error | max abs. error | direct capture per batch (s) "
+        "| model per batch (us) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model, options in DEPLOYMENTS:
         started = time.perf_counter()
         steps = StepTimes(session.pipeline, castcore.build_workload(model, **options), "h100-sxm", 8192, 256)
-        for chunks in batches(20) + batches(20, seed=1):  # the ladder captures these batches need, made on first use
+        for chunks in batches(20) + batches(
+            20, seed=1
+        ):  # the ladder captures these batches need, made on first use
             steps(chunks)
         built = time.perf_counter() - started
         started = time.perf_counter()
@@ -56,8 +63,10 @@ def main() -> None:
         fast = (time.perf_counter() - started) / 20 * 1e6
         errors = [abs(r["error"]) for r in rows]
         name = model + "".join(f" {k} {v}" for k, v in options.items())
-        lines.append(f"| {name} | {built:.1f} | {len(rows)} | {sum(errors) / len(errors):.2%} | {max(errors):.2%} | "
-                     f"{direct:.2f} | {fast:.0f} |")
+        lines.append(
+            f"| {name} | {built:.1f} | {len(rows)} | {sum(errors) / len(errors):.2%} | {max(errors):.2%} | "
+            f"{direct:.2f} | {fast:.0f} |"
+        )
         print(lines[-1], flush=True)
     Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
 

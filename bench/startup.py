@@ -35,8 +35,12 @@ COMMANDS = {  # name: (argv after python -m castcore, target seconds warm)
 
 def timed(argv: list[str], cache: Path) -> float:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
-                          env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+    done = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+    )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         last = (done.stderr.strip() or "no output").splitlines()[-1]
@@ -56,25 +60,45 @@ def measure(argv: list[str], runs: int, warm: bool, folder: Path) -> list[float]
 
 
 def _markdown(results: dict, machine: dict) -> str:
-    lines = ["# Start-up: whole castcore processes", "",
-             f"{machine['date']}, {machine['machine']}, {machine['cpus']} CPUs, Python {machine['python']}", "",
-             "| command | cold (no cached capture) | warm (capture cached) | target (warm) |", "|---|---:|---:|---:|"]
+    lines = [
+        "# Start-up: whole castcore processes",
+        "",
+        f"{machine['date']}, {machine['machine']}, {machine['cpus']} CPUs, Python {machine['python']}",
+        "",
+        "| command | cold (no cached capture) | warm (capture cached) | target (warm) |",
+        "|---|---:|---:|---:|",
+    ]
     for name, row in results["commands"].items():
         met = "met" if row["warm_median_s"] <= row["target_s"] else "MISSED"
-        lines.append(f"| `castcore {' '.join(row['argv'][2:])}` | {row['cold_median_s']:.2f} s | "
-                     f"{row['warm_median_s']:.2f} s | {row['target_s']:.1f} s: {met} |")
-    lines += ["", f"`python -c \"import torch\"` alone: {results['import_torch_median_s']:.2f} s (median; runs "
-              + ", ".join(f"{s:.2f}" for s in results["import_torch_s"]) + "), the interpreter's exit included, "
-              "which estimate and serve skip (tearing torch down takes about 0.4 s)", ""]
+        lines.append(
+            f"| `castcore {' '.join(row['argv'][2:])}` | {row['cold_median_s']:.2f} s | "
+            f"{row['warm_median_s']:.2f} s | {row['target_s']:.1f} s: {met} |"
+        )
+    lines += [
+        "",
+        f'`python -c "import torch"` alone: {results["import_torch_median_s"]:.2f} s (median; runs '
+        + ", ".join(f"{s:.2f}" for s in results["import_torch_s"])
+        + "), the interpreter's exit included, "
+        "which estimate and serve skip (tearing torch down takes about 0.4 s)",
+        "",
+    ]
     for name, row in results["commands"].items():
-        lines.append(f"- {name}: cold " + ", ".join(f"{s:.2f}" for s in row["cold_s"]) + "; warm "
-                     + ", ".join(f"{s:.2f}" for s in row["warm_s"]))
+        lines.append(
+            f"- {name}: cold "
+            + ", ".join(f"{s:.2f}" for s in row["cold_s"])
+            + "; warm "
+            + ", ".join(f"{s:.2f}" for s in row["warm_s"])
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5, help="timed runs of each, after one untimed (default: 5)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=int, default=5, help="timed runs of each, after one untimed (default: 5)"
+    )
     parser.add_argument("--out", default="bench/results/startup.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="castcore-startup-") as folder:
@@ -84,9 +108,19 @@ def main() -> None:
             argv = ["-m", "castcore", *argv]
             cold = measure(argv, args.runs, False, Path(folder) / f"{name}-cold")
             warm = measure(argv, args.runs, True, Path(folder) / f"{name}-warm")
-            commands[name] = {"argv": argv, "cold_s": cold, "warm_s": warm, "cold_median_s": statistics.median(cold),
-                              "warm_median_s": statistics.median(warm), "target_s": target}
-    results = {"import_torch_s": torch_s, "import_torch_median_s": statistics.median(torch_s), "commands": commands}
+            commands[name] = {
+                "argv": argv,
+                "cold_s": cold,
+                "warm_s": warm,
+                "cold_median_s": statistics.median(cold),
+                "warm_median_s": statistics.median(warm),
+                "target_s": target,
+            }
+    results = {
+        "import_torch_s": torch_s,
+        "import_torch_median_s": statistics.median(torch_s),
+        "commands": commands,
+    }
     figures.write(args.out, {"results": results}, lambda machine: _markdown(results, machine))
 
 

@@ -69,8 +69,9 @@ def measure(spec: str, seq: int, warmup_seq: int, device_file: str) -> dict:
         return {
             "castcore.estimate(model, input_ids)": lambda: session.estimate(model, input_ids).flops,
             "castcore, model as given": lambda: session.estimate_capture(as_given.capture(reuse=True)).flops,
-            "castcore preset": lambda: session.estimate(build_workload(spec, seq=tokens, dtype=dtype,
-                                                                       all_logits=True)).flops,
+            "castcore preset": lambda: (
+                session.estimate(build_workload(spec, seq=tokens, dtype=dtype, all_logits=True)).flops
+            ),
             "FlopCounterMode": as_given.flop_counter,
         }
 
@@ -88,7 +89,11 @@ def measure(spec: str, seq: int, warmup_seq: int, device_file: str) -> dict:
     for row in rows.values():
         row["flops_over_preset"] = row["flops"] / preset
     return {
-        "model": spec, "seq": seq, "model_class": type(model).__name__, "dtype": dtype, "rows": rows,
+        "model": spec,
+        "seq": seq,
+        "model_class": type(model).__name__,
+        "dtype": dtype,
+        "rows": rows,
         "flopcounter_over_estimate": rows["FlopCounterMode"]["seconds"]
         / rows["castcore.estimate(model, input_ids)"]["seconds"],
         "settings_restored": (model.config._attn_implementation, model.config.use_cache) == settings,
@@ -97,25 +102,42 @@ def measure(spec: str, seq: int, warmup_seq: int, device_file: str) -> dict:
 
 def _markdown(result: dict, machine: dict) -> str:
     speedup = result["flopcounter_over_estimate"]
-    lines = ["# A stock transformers model passed to castcore.estimate", "",
-             f"{machine['date']}, {machine['machine']}, {machine['cpus']} CPUs, Python {machine['python']}", "",
-             f"## {result['model_class']} from {result['model']}, meta device, {result['dtype']}, "
-             f"batch 1, {result['seq']} tokens", "",
-             "| run | seconds | TFLOPs | FLOPs / preset's |", "|---|---:|---:|---:|"]
-    lines += [f"| {name} | {row['seconds']:.3f} | {row['flops'] / 1e12:.3f} | {row['flops_over_preset']:.4f} |"
-              for name, row in result["rows"].items()]
-    lines += ["", f"- FlopCounterMode / castcore.estimate: {speedup:.1f}x (target at least {TARGET:.0f}x: "
-              f"{'met' if speedup >= TARGET else 'MISSED'})",
-              f"- the model's attention implementation and use_cache unchanged afterwards: "
-              f"{result['settings_restored']}"]
+    lines = [
+        "# A stock transformers model passed to castcore.estimate",
+        "",
+        f"{machine['date']}, {machine['machine']}, {machine['cpus']} CPUs, Python {machine['python']}",
+        "",
+        f"## {result['model_class']} from {result['model']}, meta device, {result['dtype']}, "
+        f"batch 1, {result['seq']} tokens",
+        "",
+        "| run | seconds | TFLOPs | FLOPs / preset's |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {name} | {row['seconds']:.3f} | {row['flops'] / 1e12:.3f} | {row['flops_over_preset']:.4f} |"
+        for name, row in result["rows"].items()
+    ]
+    lines += [
+        "",
+        f"- FlopCounterMode / castcore.estimate: {speedup:.1f}x (target at least {TARGET:.0f}x: "
+        f"{'met' if speedup >= TARGET else 'MISSED'})",
+        f"- the model's attention implementation and use_cache unchanged afterwards: "
+        f"{result['settings_restored']}",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="llama-3-70b", help="a preset name or a transformers config.json path")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default="llama-3-70b", help="a preset name or a transformers config.json path"
+    )
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--warmup-seq", type=int, default=16, help="sequence length of the untimed warm-up runs")
+    parser.add_argument(
+        "--warmup-seq", type=int, default=16, help="sequence length of the untimed warm-up runs"
+    )
     parser.add_argument("--out", default="bench/results/stock.json")
     parser.add_argument("--device-file", default=str(HERE.parent / "tests" / "data" / "h100-sxm.toml"))
     args = parser.parse_args()
@@ -125,8 +147,11 @@ def main() -> None:
         result = measure(args.model, args.seq, args.warmup_seq, args.device_file)
     except ModelError as exc:  # a bad --model: one line; anything else keeps its traceback
         sys.exit(str(exc))
-    figures.write(args.out, {"target_flopcounter_over_estimate": TARGET, "result": result},
-                  lambda machine: _markdown(result, machine))
+    figures.write(
+        args.out,
+        {"target_flopcounter_over_estimate": TARGET, "result": result},
+        lambda machine: _markdown(result, machine),
+    )
 
 
 if __name__ == "__main__":

@@ -72,19 +72,76 @@ _EXPORTS = {
 # What a pack or custom-op file uses is castcore.pack's; these few are here too so files written for
 # the seed RFC (``castcore.register_op_estimator``, ``castcore.OpInvokeInfo``, ``castcore.PerformanceModel``)
 # run with only their import lines changed.
-_PACK_NAMES = ("hookimpl", "register_op_estimator", "register_op_properties", "Estimate", "PerformanceProperties",
-               "ComputeOps", "OpInvoke", "TensorMeta", "register_measured_table", "OpInvokeInfo", "PerformanceModel")
+_PACK_NAMES = (
+    "hookimpl",
+    "register_op_estimator",
+    "register_op_properties",
+    "Estimate",
+    "PerformanceProperties",
+    "ComputeOps",
+    "OpInvoke",
+    "TensorMeta",
+    "register_measured_table",
+    "OpInvokeInfo",
+    "PerformanceModel",
+)
 
 __all__ = [
-    "AnnotationError", "Capture", "CaptureError", "CastcoreError", "ComputeOps", "Config", "ConfigError",
-    "CustomOpError", "DeviceError", "DeviceProfile", "Estimate", "EstimatorError", "Interconnect", "MeasureError",
-    "MeasuredTableError", "MemoryReport", "ModelError", "OpInvoke", "OpInvokeInfo", "OpRecord", "PartitionError",
-    "PerformanceModel", "PerformanceProperties", "PlanResult", "PluginOptions", "Report", "ServeReport", "Session", "SimulationReport",
-    "StrictFailure", "SweepResult", "TensorMeta", "Workload",
-    "__version__", "build_workload", "calibrate", "capture", "default_session", "device_from_dict", "estimate",
-    "hookimpl", "load_config", "load_device_file", "measure", "measure_table", "partition", "plan",
-    "register_measured_table", "register_op", "register_op_estimator", "register_op_properties", "serve", "simulate",
-    "sweep", "write_html",
+    "AnnotationError",
+    "Capture",
+    "CaptureError",
+    "CastcoreError",
+    "ComputeOps",
+    "Config",
+    "ConfigError",
+    "CustomOpError",
+    "DeviceError",
+    "DeviceProfile",
+    "Estimate",
+    "EstimatorError",
+    "Interconnect",
+    "MeasureError",
+    "MeasuredTableError",
+    "MemoryReport",
+    "ModelError",
+    "OpInvoke",
+    "OpInvokeInfo",
+    "OpRecord",
+    "PartitionError",
+    "PerformanceModel",
+    "PerformanceProperties",
+    "PlanResult",
+    "PluginOptions",
+    "Report",
+    "ServeReport",
+    "Session",
+    "SimulationReport",
+    "StrictFailure",
+    "SweepResult",
+    "TensorMeta",
+    "Workload",
+    "__version__",
+    "build_workload",
+    "calibrate",
+    "capture",
+    "default_session",
+    "device_from_dict",
+    "estimate",
+    "hookimpl",
+    "load_config",
+    "load_device_file",
+    "measure",
+    "measure_table",
+    "partition",
+    "plan",
+    "register_measured_table",
+    "register_op",
+    "register_op_estimator",
+    "register_op_properties",
+    "serve",
+    "simulate",
+    "sweep",
+    "write_html",
 ]
 
 
@@ -111,7 +168,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from castcore.devices.profile import DeviceError, DeviceProfile, Interconnect, device_from_dict, load_device_file
+    from castcore.devices.profile import (
+        DeviceError,
+        DeviceProfile,
+        Interconnect,
+        device_from_dict,
+        load_device_file,
+    )
     from castcore.errors import CastcoreError, StrictFailure
     from castcore.ops.annotations import AnnotationError, CustomOpError
     from castcore.ops.register import register_op
@@ -119,9 +182,19 @@ if TYPE_CHECKING:
     from castcore.operator_tools.measured_tables import measure_table
     from castcore.operator_tools.partition import PartitionError, partition
     from castcore.operator_tools.timing import MeasureError, calibrate, measure
-    from castcore.pack import (ComputeOps, Estimate, OpInvoke, OpInvokeInfo, PerformanceModel, PerformanceProperties,
-                               TensorMeta, hookimpl, register_measured_table, register_op_estimator,
-                               register_op_properties)
+    from castcore.pack import (
+        ComputeOps,
+        Estimate,
+        OpInvoke,
+        OpInvokeInfo,
+        PerformanceModel,
+        PerformanceProperties,
+        TensorMeta,
+        hookimpl,
+        register_measured_table,
+        register_op_estimator,
+        register_op_properties,
+    )
     from castcore.plugins.config import Config, ConfigError, load_config
     from castcore.plugins.resolve import EstimatorError
     from castcore.plugins.selection import PluginOptions

@@ -32,7 +32,9 @@ class Session(PluginHost):
     ``Session(capture_step=castcore.sweeps.capture.CaptureCache())`` keeps them in memory and on disk.
     """
 
-    def __init__(self, config: Config | None = None, *, capture_step: CaptureStep | None = None, **overrides: Any):
+    def __init__(
+        self, config: Config | None = None, *, capture_step: CaptureStep | None = None, **overrides: Any
+    ):
         super().__init__(CorePlugin(), config, **overrides)
         self.pipeline = Pipeline(self, capture_step)
 
@@ -40,8 +42,13 @@ class Session(PluginHost):
     def capture_step(self) -> CaptureStep | None:
         return self.pipeline.capture_step
 
-    def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
-                         description: str = "", kv_cache_bytes: int = 0) -> Report:
+    def estimate_capture(
+        self,
+        captured: Capture,
+        device: str | DeviceProfile | None = None,
+        description: str = "",
+        kv_cache_bytes: int = 0,
+    ) -> Report:
         """Estimate every call of a capture; the report includes its memory footprint (see castcore.report.memory)."""
         return self.pipeline.estimate_capture(captured, device, description, kv_cache_bytes)
 
@@ -50,9 +57,14 @@ class Session(PluginHost):
         sharded): for looking at, or for ``fuse`` and ``capture`` by hand."""
         return build(workload)
 
-    def estimate(self, workload: Workload | torch.nn.Module | Callable, *inputs: Any,
-                 device: str | DeviceProfile | None = None, progress: Callable[[int], None] | None = None,
-                 **options: Any) -> Report:
+    def estimate(
+        self,
+        workload: Workload | torch.nn.Module | Callable,
+        *inputs: Any,
+        device: str | DeviceProfile | None = None,
+        progress: Callable[[int], None] | None = None,
+        **options: Any,
+    ) -> Report:
         """Estimate a Workload on ``device``: the Report ``castcore estimate`` prints for the same options.
 
         A model or function may be passed directly with its inputs, and any ``build_workload`` option
@@ -64,17 +76,33 @@ class Session(PluginHost):
             raise ModelError("pass inputs and options to build_workload, not with a Workload")
         return self.pipeline.run(workload, device, progress)
 
-    def serve(self, model: str = DEFAULT_MODEL, *, input_tokens: int = 2048, output_tokens: int = 256,
-              batch: int | str = 1, device: str | DeviceProfile | None = None, **deployment: Any) -> ServeReport:
+    def serve(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        input_tokens: int = 2048,
+        output_tokens: int = 256,
+        batch: int | str = 1,
+        device: str | DeviceProfile | None = None,
+        **deployment: Any,
+    ) -> ServeReport:
         """What ``castcore serve`` prints: TTFT, TPOT, latency, throughput and memory of ``batch`` requests of
         ``input_tokens`` prompt and ``output_tokens`` generated tokens; ``batch="max"`` finds the largest batch
         that fits. ``deployment`` takes build_workload's deployment options (dtype, fuse, weights, activations,
         kv_cache, kv_reads, tp, sp, ep, pp, micro_batches, dp). See castcore.serving.static."""
-        return static.serve(self.pipeline, model, input_tokens=input_tokens, output_tokens=output_tokens, batch=batch,
-                             device=device, **deployment)
+        return static.serve(
+            self.pipeline,
+            model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            batch=batch,
+            device=device,
+            **deployment,
+        )
 
-    def simulate(self, model: str = DEFAULT_MODEL, *, device: str | DeviceProfile | None = None,
-                 **options: Any) -> SimulationReport:
+    def simulate(
+        self, model: str = DEFAULT_MODEL, *, device: str | DeviceProfile | None = None, **options: Any
+    ) -> SimulationReport:
         """What ``castcore simulate`` prints: a deployment serving requests under traffic, with continuous
         batching. ``options`` are the command's by their Python names (requests, input_lengths, output_lengths,
         dataset, rate, burstiness, concurrency, seed, engine, the engine limits, slo_ttft, slo_tpot) and the

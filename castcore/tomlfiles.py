@@ -18,12 +18,19 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = ["CONFIG_BYTES", "DATA_BYTES", "parse_json", "read_json", "read_text", "read_toml", "tomllib"]
 
-CONFIG_BYTES = 4 * 2**20  # a config.json, a quantization config, a spec or a device file: kilobytes in practice
+CONFIG_BYTES = (
+    4 * 2**20
+)  # a config.json, a quantization config, a spec or a device file: kilobytes in practice
 DATA_BYTES = 256 * 2**20  # results, sweep rows and datasets: what castcore wrote, or a million requests
 
 
-def read_text(path: str | os.PathLike, error: type[CastcoreError], what: str, limit: int = CONFIG_BYTES,
-              form: str = "UTF-8 text") -> str:
+def read_text(
+    path: str | os.PathLike,
+    error: type[CastcoreError],
+    what: str,
+    limit: int = CONFIG_BYTES,
+    form: str = "UTF-8 text",
+) -> str:
     """The file's UTF-8 text; ``error`` when it is missing, a folder, unreadable (a symlink loop), not UTF-8 or
     over ``limit`` bytes. ``what`` names the file in messages ("device file", "sweep spec"), ``form`` what it
     should hold ("TOML")."""
@@ -42,8 +49,9 @@ def read_text(path: str | os.PathLike, error: type[CastcoreError], what: str, li
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: not valid {form}: byte {exc.start} is {data[exc.start]:#04x}, not UTF-8 text"
-                    ) from None
+        raise error(
+            f"{path}: not valid {form}: byte {exc.start} is {data[exc.start]:#04x}, not UTF-8 text"
+        ) from None
 
 
 def parse_json(text: str | bytes, error: type[CastcoreError], where: str) -> Any:

@@ -25,6 +25,7 @@ def info_of(session: castcore.Session, path: Path):
 
 def mm_answer(session: castcore.Session) -> tuple[str, float]:
     """Who answers a small aten.mm on h100-sxm, and its time."""
-    report = session.estimate(torch.mm, torch.empty(8, 4, device="meta"), torch.empty(4, 2, device="meta"),
-                              device="h100-sxm")
+    report = session.estimate(
+        torch.mm, torch.empty(8, 4, device="meta"), torch.empty(4, 2, device="meta"), device="h100-sxm"
+    )
     return str(report.records[0].estimate.source), report.records[0].estimate.time_s

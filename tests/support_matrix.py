@@ -19,23 +19,38 @@ from castcore.hf.versions import TESTED
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 FAMILIES = {  # model_type: its tiny config
-    "llama": "tiny-llama.json", "mistral": "tiny-mistral.json", "qwen2": "tiny-qwen2.json",
-    "mixtral": "tiny-mixtral.json", "qwen3_moe": "tiny-qwen3-moe.json", "deepseek_v3": "tiny-deepseek-v3.json",
-    "gpt_oss": "tiny-gpt-oss.json", "llama4_text": "tiny-llama4.json", "gemma2": "tiny-gemma2.json",
-    "gemma3_text": "tiny-gemma3.json", "falcon": "tiny-falcon.json", "gptj": "tiny-gptj.json",
+    "llama": "tiny-llama.json",
+    "mistral": "tiny-mistral.json",
+    "qwen2": "tiny-qwen2.json",
+    "mixtral": "tiny-mixtral.json",
+    "qwen3_moe": "tiny-qwen3-moe.json",
+    "deepseek_v3": "tiny-deepseek-v3.json",
+    "gpt_oss": "tiny-gpt-oss.json",
+    "llama4_text": "tiny-llama4.json",
+    "gemma2": "tiny-gemma2.json",
+    "gemma3_text": "tiny-gemma3.json",
+    "falcon": "tiny-falcon.json",
+    "gptj": "tiny-gptj.json",
 }
 DECODE = {"phase": "decode", "kv_len": 32}
 COLUMNS = {  # the capability: (how it runs, its options)
-    "prefill": ("estimate", {}), "decode": ("estimate", DECODE),
+    "prefill": ("estimate", {}),
+    "decode": ("estimate", DECODE),
     "serve": ("serve", {"input_tokens": 16, "output_tokens": 4, "batch": 2}),
     "simulate": ("simulate", {"requests": 6, "input_lengths": "16", "output_lengths": 4}),
     "train": ("estimate", {"train": True}),
-    "tp 2": ("estimate", {"tp": 2}), "sp": ("estimate", {"tp": 2, "sp": True}), "pp 2": ("estimate", {"pp": 2}),
-    "ep 2": ("estimate", {"ep": 2}), "attention-dp 2": ("estimate", {"attention_dp": 2, "batch": 2}),
-    "int8": ("estimate", {"weights": "int8"}), "int4": ("estimate", {"weights": "int4"}),
+    "tp 2": ("estimate", {"tp": 2}),
+    "sp": ("estimate", {"tp": 2, "sp": True}),
+    "pp 2": ("estimate", {"pp": 2}),
+    "ep 2": ("estimate", {"ep": 2}),
+    "attention-dp 2": ("estimate", {"attention_dp": 2, "batch": 2}),
+    "int8": ("estimate", {"weights": "int8"}),
+    "int4": ("estimate", {"weights": "int4"}),
     "fp8 W8A8": ("estimate", {"weights": "fp8", "activations": "fp8"}),
-    "fp8-block": ("estimate", {"weights": "fp8-block"}), "nvfp4 (B200)": ("estimate", {"weights": "nvfp4"}),
-    "mxfp4": ("estimate", {"weights": "mxfp4"}), "fp8 KV cache": ("estimate", {**DECODE, "kv_cache": "fp8"}),
+    "fp8-block": ("estimate", {"weights": "fp8-block"}),
+    "nvfp4 (B200)": ("estimate", {"weights": "nvfp4"}),
+    "mxfp4": ("estimate", {"weights": "mxfp4"}),
+    "fp8 KV cache": ("estimate", {**DECODE, "kv_cache": "fp8"}),
 }
 
 
@@ -44,8 +59,9 @@ B200 = ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles" / "b2
 ON_B200 = {"nvfp4 (B200)"}
 
 
-def _cell(session: castcore.Session, config: str, how: str, options: dict,
-          device: str | None = None) -> tuple[str, list[str]]:
+def _cell(
+    session: castcore.Session, config: str, how: str, options: dict, device: str | None = None
+) -> tuple[str, list[str]]:
     """``yes`` or ``no: why``, and the run's notes."""
     try:
         if how == "serve":
@@ -63,7 +79,9 @@ def _cell(session: castcore.Session, config: str, how: str, options: dict,
 
 def _short(text: str) -> str:
     """The reason, without the option and model it names first, on one table cell."""
-    reason = re.sub(r"tiny-[\w.-]+\.json:? |(?<=transformers) \d+\.\d+\.\d+", "", text.replace(f"{DATA}/", ""))
+    reason = re.sub(
+        r"tiny-[\w.-]+\.json:? |(?<=transformers) \d+\.\d+\.\d+", "", text.replace(f"{DATA}/", "")
+    )
     while re.match(r"^[\w.=' -]+: ", reason) and len(reason.split(": ", 1)[1]) > 20:
         reason = reason.split(": ", 1)[1]
     reason = reason.split("; ")[0].replace("|", "/")
@@ -79,10 +97,16 @@ def matrix() -> dict[str, dict[str, str]]:
     session = castcore.Session(load_packs=[], device_files=[DATA / "h100-sxm.toml", B200])
     table = {}
     for family, name in FAMILIES.items():
-        cells = {column: _cell(session, str(DATA / name), how, options, "b200" if column in ON_B200 else "h100-sxm")
-                 for column, (how, options) in COLUMNS.items()}
-        table[family] = {"deployed kernels": _eager(cells["prefill"][1]),
-                         **{column: answer for column, (answer, _) in cells.items()}}
+        cells = {
+            column: _cell(
+                session, str(DATA / name), how, options, "b200" if column in ON_B200 else "h100-sxm"
+            )
+            for column, (how, options) in COLUMNS.items()
+        }
+        table[family] = {
+            "deployed kernels": _eager(cells["prefill"][1]),
+            **{column: answer for column, (answer, _) in cells.items()},
+        }
     return table
 
 
@@ -96,23 +120,34 @@ def presets() -> dict[str, list[str]]:
 
 def markdown(table: dict[str, dict[str, str]]) -> str:
     shipped = presets()
-    lines = ["# What runs", "",
-             "Every capability tried on a tiny model of each family castcore recognises (transformers' own classes "
-             "built from config on meta tensors, the H100 test profile (castpack-nvidia's B200 profile for NVFP4, "
-             "which needs an FP4 matrix rate), no packs): `yes`, or `no: ` and the gist "
-             "of castcore's one-line reason. *Deployed kernels* says which blocks keep their eager graph instead of "
-             "the kernels a serving engine runs (`all`: none). With the newest transformers castcore is tested on "
-             f"({'.'.join(TESTED['transformers'][1].split('.')[:2])}); made by `python -m tests.support_matrix > docs/support.md`; "
-             "`tests/test_support_matrix.py` fails when what runs differs from this page.", ""]
+    lines = [
+        "# What runs",
+        "",
+        "Every capability tried on a tiny model of each family castcore recognises (transformers' own classes "
+        "built from config on meta tensors, the H100 test profile (castpack-nvidia's B200 profile for NVFP4, "
+        "which needs an FP4 matrix rate), no packs): `yes`, or `no: ` and the gist "
+        "of castcore's one-line reason. *Deployed kernels* says which blocks keep their eager graph instead of "
+        "the kernels a serving engine runs (`all`: none). With the newest transformers castcore is tested on "
+        f"({'.'.join(TESTED['transformers'][1].split('.')[:2])}); made by `python -m tests.support_matrix > docs/support.md`; "
+        "`tests/test_support_matrix.py` fails when what runs differs from this page.",
+        "",
+    ]
     for column in COLUMNS:
         how, options = COLUMNS[column]
-        said = [f"`{how}`", *([json.dumps(options)] if options else []), *(["(16 tokens)"] if how == "estimate" else [])]
+        said = [
+            f"`{how}`",
+            *([json.dumps(options)] if options else []),
+            *(["(16 tokens)"] if how == "estimate" else []),
+        ]
         lines.append(f"- **{column}**: " + " ".join(said))
     columns = ["deployed kernels", *COLUMNS]
     lines += ["", "| family | presets | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     for family, cells in table.items():
-        lines.append(f"| {family} | {', '.join(shipped.get(family, [])) or '-'} | "
-                     + " | ".join(cells[c] for c in columns) + " |")
+        lines.append(
+            f"| {family} | {', '.join(shipped.get(family, [])) or '-'} | "
+            + " | ".join(cells[c] for c in columns)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

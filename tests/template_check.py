@@ -28,13 +28,25 @@ def castcore_json(*args: str) -> list[dict]:
 def main(pack_dir: str, distribution: str, entry_point: str, device: str) -> None:
     # The template really ships in the installed distribution, dotfiles included.
     installed = Path(castcore.__file__).resolve().parent
-    assert installed != CHECKOUT / "castcore", f"castcore imported from the checkout {installed}, not an install"
+    assert installed != CHECKOUT / "castcore", (
+        f"castcore imported from the checkout {installed}, not an install"
+    )
     template = installed / "pack_template"
-    for name in ("cookiecutter.json", "hooks/pre_gen_project.py", "{{cookiecutter.pack_name}}/.gitignore",
-                 "{{cookiecutter.pack_name}}/{{cookiecutter.module_name}}/ops.py"):
+    for name in (
+        "cookiecutter.json",
+        "hooks/pre_gen_project.py",
+        "{{cookiecutter.pack_name}}/.gitignore",
+        "{{cookiecutter.pack_name}}/{{cookiecutter.module_name}}/ops.py",
+    ):
         assert (template / name).is_file(), f"{template / name} is missing from the installed castcore"
-    for name in (".gitignore", "README.md", "noxfile.py", "pyproject.toml", "tests/test_pack.py",
-                 f"{distribution.replace('-', '_')}/profiles/{device}.toml"):
+    for name in (
+        ".gitignore",
+        "README.md",
+        "noxfile.py",
+        "pyproject.toml",
+        "tests/test_pack.py",
+        f"{distribution.replace('-', '_')}/profiles/{device}.toml",
+    ):
         assert (Path(pack_dir) / name).is_file(), f"new-pack did not make {name} in {pack_dir}"
 
     packs = {row["name"]: row for row in castcore_json("packs", "--json")}
@@ -43,8 +55,10 @@ def main(pack_dir: str, distribution: str, entry_point: str, device: str) -> Non
     assert (row["kind"], row["distribution"], row["status"]) == ("pack", distribution, "loaded"), row
     assert row["claims"] >= 2, row
 
-    rows = {r["device"]: r for r in castcore_json("audit", "--json", "--op", "aten::mm",
-                                                   "--device-file", str(OTHER_DEVICE))}
+    rows = {
+        r["device"]: r
+        for r in castcore_json("audit", "--json", "--op", "aten::mm", "--device-file", str(OTHER_DEVICE))
+    }
     mm = rows[device]
     assert mm["op"] == "aten::mm" and mm["status"] == "ok", mm
     assert mm["winner"]["plugin"] == f"{distribution} {row['version']}", mm["winner"]

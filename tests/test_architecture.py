@@ -63,7 +63,9 @@ def _imports(path: Path, module: str, modules: dict[str, Path]) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = _imported_module(node, module, path.name == "__init__.py")
-            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names)
+            found.update(
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            )
     return (found & modules.keys()) - {module}
 
 
@@ -75,8 +77,12 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_import_graph_covers_castcore_and_every_pack():
     graph = _graph()
-    assert {"castcore.session", "castpack_ascend.fused", "castpack_collectives.alphabeta",
-            "castpack_nvidia"} <= graph.keys()
+    assert {
+        "castcore.session",
+        "castpack_ascend.fused",
+        "castpack_collectives.alphabeta",
+        "castpack_nvidia",
+    } <= graph.keys()
     assert "castcore.plugins.host" in graph["castcore.plugins.audit"]  # a TYPE_CHECKING import counts
     assert "castpack_ascend.hardware" in graph["castpack_ascend.fused"]  # so does a relative one
 
@@ -87,7 +93,7 @@ def test_the_import_graph_has_no_cycle():
 
     def visit(node: str) -> None:
         if node in on_path:
-            cycles.append(on_path[on_path.index(node):] + [node])
+            cycles.append(on_path[on_path.index(node) :] + [node])
             return
         if node in done:
             return
@@ -106,14 +112,19 @@ def test_nothing_inside_castcore_imports_its_faces():
     """castcore and castcore.pack only re-export: a module importing castcore would reach every layer (the
     command line too), and castcore.pack is for packs, which castcore never imports."""
     graph = _graph()
-    importers = {face: sorted(m for m, imported in graph.items() if m.startswith("castcore.") and face in imported)
-                 for face in ("castcore", "castcore.pack")}
+    importers = {
+        face: sorted(m for m, imported in graph.items() if m.startswith("castcore.") and face in imported)
+        for face in ("castcore", "castcore.pack")
+    }
     assert importers == {"castcore": [], "castcore.pack": []}
 
 
 def test_modules_stay_small():
-    big = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
-           if (n := len(p.read_text(encoding="utf-8").splitlines())) > 420}
+    big = {
+        str(p.relative_to(ROOT)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 420
+    }
     assert not big, f"split these modules, each into parts with one job: {big}"
 
 
@@ -126,7 +137,11 @@ def _castcore_uses(path: Path) -> list[str]:
             uses += [f"{node.module}:{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
             uses += [a.name for a in node.names if a.name.split(".")[0] == "castcore"]
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "castcore":
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "castcore"
+        ):
             uses.append(f"castcore:{node.attr}")
     return uses
 
@@ -150,14 +165,18 @@ def test_packs_the_template_and_examples_use_only_the_public_faces():
     files = _pack_side_files()
     assert len(files) > 10
     bad = {str(f.relative_to(ROOT)): sorted({u for u in _castcore_uses(f) if not _allowed(u)}) for f in files}
-    assert not {k: v for k, v in bad.items() if v}, "import these from castcore.pack (or castcore's own names)"
+    assert not {k: v for k, v in bad.items() if v}, (
+        "import these from castcore.pack (or castcore's own names)"
+    )
 
 
 def test_the_check_catches_an_internal_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from castcore.builtin.formulas import pointwise\nimport castcore\ncastcore.audit\n")
-    assert [u for u in _castcore_uses(bad) if not _allowed(u)] == ["castcore.builtin.formulas:pointwise",
-                                                                  "castcore:audit"]
+    assert [u for u in _castcore_uses(bad) if not _allowed(u)] == [
+        "castcore.builtin.formulas:pointwise",
+        "castcore:audit",
+    ]
 
 
 def test_every_public_name_resolves():
@@ -170,11 +189,15 @@ def test_every_public_name_resolves():
 
 
 def _run_without_torch(*argv: str, tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    code = ("import sys\nfrom castcore.cli.main import main\n"
-            "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\nsys.exit(code)")
+    code = (
+        "import sys\nfrom castcore.cli.main import main\n"
+        "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\nsys.exit(code)"
+    )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=cwd
+    )
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["estimate", "--help"]])
@@ -199,8 +222,12 @@ def test_python_dash_m_castcore_prints_the_version():
 
 
 def test_the_embedding_example_runs(h100_file):
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "embed.py"), str(h100_file)], capture_output=True,
-                          text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "embed.py"), str(h100_file)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     prefill, decode = done.stdout.splitlines()
     assert "prefill, batch 4, 128 tokens" in prefill and "decode, batch 4, 1 token over 128 cached" in decode

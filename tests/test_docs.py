@@ -55,8 +55,10 @@ def test_no_page_names_an_option_castcore_lacks():
 
 def test_the_option_check_reads_castcore_command_lines_and_bare_options_only():
     hook = _hook()
-    text = ("Use `--batch 8`, `castcore serve --max-batch`, `python bench/scale.py --models x` and `nox -s peers -- "
-            "--quick`.\n\n```console\n$ castcore plan --ttft 1s\n$ pip install --no-deps x\n```\n")
+    text = (
+        "Use `--batch 8`, `castcore serve --max-batch`, `python bench/scale.py --models x` and `nox -s peers -- "
+        "--quick`.\n\n```console\n$ castcore plan --ttft 1s\n$ pip install --no-deps x\n```\n"
+    )
     assert hook._options_written(text) == ["--ttft", "--batch", "--max-batch"]
 
 
@@ -76,7 +78,9 @@ def test_the_readme_starts_with_the_two_set_up_commands_and_links_into_docs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     block = re.search(r"```sh\n(.*?)\n```", readme, re.DOTALL).group(1).splitlines()
-    assert block[0].startswith("python3 -m venv .venv && ") and block[0].endswith(" && .venv/bin/castcore estimate")
+    assert block[0].startswith("python3 -m venv .venv && ") and block[0].endswith(
+        " && .venv/bin/castcore estimate"
+    )
     assert block[1] == "python3 -m pip install nox && python3 -m nox" and block[1] in ci
     assert readme.index("```sh") < readme.index("\n## ")  # before anything else
     links = re.findall(r"\]\(((?:docs/)[^)#\s]+)(?:#[^)]*)?\)", readme)
@@ -100,7 +104,10 @@ def test_the_install_line_gives_every_extra_the_readme_shows_and_the_demo_sessio
     assert {extra for extra, shown in needs.items() if shown in readme} <= extras
     packs = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "-e"][1:]
     demo = (ROOT / "noxfile.py").read_text().split("def demo(")[1].split("@nox.session")[0]
-    assert f'session.install(".[{",".join(sorted(extras))}]", {", ".join(map(repr, packs))})'.replace("'", '"') in demo
+    assert (
+        f'session.install(".[{",".join(sorted(extras))}]", {", ".join(map(repr, packs))})'.replace("'", '"')
+        in demo
+    )
 
 
 def test_every_device_an_example_names_is_one_the_packs_install_or_its_device_file_gives():
@@ -121,7 +128,9 @@ def test_every_device_an_example_names_is_one_the_packs_install_or_its_device_fi
                 continue  # the device file given names its device
             for name in re.findall(r"--device[ =]([\w.-]+)|\bdevice=[\"']([\w.-]+)[\"']", example):
                 name = "".join(name)
-                if name not in shipped and name not in ("meta", "cpu") and not name.isupper():  # D: a placeholder
+                if (
+                    name not in shipped and name not in ("meta", "cpu") and not name.isupper()
+                ):  # D: a placeholder
                     wrong.append(f"{page.relative_to(ROOT)}: {name}")
     assert wrong == []
 
@@ -135,7 +144,9 @@ def test_every_repository_path_the_pages_name_exists():
         for span in re.findall(r"`([^`\s]+)`", page.read_text()):
             if span.startswith(prefixes):
                 braces = re.fullmatch(r"(.*)\{(.*)\}(.*)", span)  # bench/results/fidelity.{json,md}
-                named.update([f"{braces[1]}{alt}{braces[3]}" for alt in braces[2].split(",")] if braces else [span])
+                named.update(
+                    [f"{braces[1]}{alt}{braces[3]}" for alt in braces[2].split(",")] if braces else [span]
+                )
     assert named
     assert sorted(path for path in named if not (ROOT / path.rstrip("/")).exists()) == []
 
@@ -148,8 +159,15 @@ def test_the_architecture_page_draws_the_layers_of_the_import_contract_in_order(
     drawn = [[m.strip().removeprefix("castcore.") for m in line.split("|")] for line in layers]
     page = (DOCS / "architecture.md").read_text()
     diagram = re.search(r"```text\n(.*?)```", page, re.DOTALL).group(1)
-    rows = [[cell.strip().split()[0] for cell in line.strip(" |").split("|") if cell.strip()]
-            for line in diagram.splitlines() if line.strip().startswith("|") and "re-exports" not in line]
-    assert rows == drawn, "docs/architecture.md's drawing is not the layers of pyproject.toml's import contract"
+    rows = [
+        [cell.strip().split()[0] for cell in line.strip(" |").split("|") if cell.strip()]
+        for line in diagram.splitlines()
+        if line.strip().startswith("|") and "re-exports" not in line
+    ]
+    assert rows == drawn, (
+        "docs/architecture.md's drawing is not the layers of pyproject.toml's import contract"
+    )
     table = re.findall(r"^\| `castcore\.(\w+)` \|", page, re.MULTILINE)
-    assert table == [layer for line in drawn for layer in line], "docs/architecture.md's table is not the contract's"
+    assert table == [layer for line in drawn for layer in line], (
+        "docs/architecture.md's table is not the contract's"
+    )

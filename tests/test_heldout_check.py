@@ -19,8 +19,13 @@ def point(family: str, error: float, split: str = "held out") -> dict:
 
 
 def test_held_out_medians_ignore_fitted_points_and_take_absolute_errors():
-    results = [point("gemm", -0.1), point("gemm", 0.3), point("gemm", -0.2), point("gemm", 5.0, "fitted"),
-               point("fitted only", 0.1, "fitted")]
+    results = [
+        point("gemm", -0.1),
+        point("gemm", 0.3),
+        point("gemm", -0.2),
+        point("gemm", 5.0, "fitted"),
+        point("fitted only", 0.1, "fitted"),
+    ]
     assert heldout.held_out_medians(results) == {"gemm": {"points": 3, "median": 0.2}}
 
 
@@ -28,7 +33,8 @@ def test_a_rise_of_more_than_two_points_fails_and_names_the_family():
     committed = {"gemm": {"points": 300, "median": 0.15}, "attention": {"points": 900, "median": 0.2}}
     fresh = {"gemm": {"points": 300, "median": 0.1701}, "attention": {"points": 900, "median": 0.219}}
     assert heldout.rises(committed, fresh) == [
-        "gemm: held-out median 17.0%, was 15.0% (more than 2 points worse)"]
+        "gemm: held-out median 17.0%, was 15.0% (more than 2 points worse)"
+    ]
 
 
 def test_improvements_and_new_families_pass_and_a_vanished_family_fails():
@@ -38,12 +44,16 @@ def test_improvements_and_new_families_pass_and_a_vanished_family_fails():
 
 
 def test_bands_are_per_gpu_held_out_medians_under_the_profiles_family_names():
-    results = [{"family": "attention generation", "gpu": "h100_sxm", "split": "held out", "error": e}
-               for e in (-0.1, 0.3, 0.2)]
-    results += [{"family": "attention generation", "gpu": "h100_sxm", "split": "fitted", "error": 0.9},
-                {"family": "attention generation, fp8 KV cache", "gpu": "h100_sxm", "split": "held out", "error": 1},
-                {"family": "fused MoE bf16, balanced routing", "gpu": "b200_sxm", "split": "held out", "error": -0.1},
-                {"family": "fused MoE bf16, power law routing", "gpu": "b200_sxm", "split": "held out", "error": 0.3}]
+    results = [
+        {"family": "attention generation", "gpu": "h100_sxm", "split": "held out", "error": e}
+        for e in (-0.1, 0.3, 0.2)
+    ]
+    results += [
+        {"family": "attention generation", "gpu": "h100_sxm", "split": "fitted", "error": 0.9},
+        {"family": "attention generation, fp8 KV cache", "gpu": "h100_sxm", "split": "held out", "error": 1},
+        {"family": "fused MoE bf16, balanced routing", "gpu": "b200_sxm", "split": "held out", "error": -0.1},
+        {"family": "fused MoE bf16, power law routing", "gpu": "b200_sxm", "split": "held out", "error": 0.3},
+    ]
     assert heldout.bands(results) == {"b200_sxm": {"moe": 0.2}, "h100_sxm": {"attention_decode": 0.2}}
     assert set(heldout.BAND_OF.values()) <= set(BAND_FAMILIES)
 
@@ -57,5 +67,7 @@ def test_written_medians_read_back(tmp_path):
 def test_the_committed_medians_cover_every_family_the_report_shows():
     committed = heldout.read(ROOT / "bench" / "results" / "aic_tables.json")
     report = (ROOT / "bench" / "results" / "aic_tables.md").read_text(encoding="utf-8")
-    shown = {line.split(" | ")[0].lstrip("| ") for line in report.splitlines() if "| held out: **all** |" in line}
+    shown = {
+        line.split(" | ")[0].lstrip("| ") for line in report.splitlines() if "| held out: **all** |" in line
+    }
     assert shown and shown == set(committed)

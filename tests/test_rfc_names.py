@@ -65,7 +65,7 @@ def _(op_invoke_info: OpInvokeInfo) -> OpInvokeInfo.PerformanceProperties:
     return properties
 '''
 
-MODEL_FILE = '''\
+MODEL_FILE = """\
 import torch
 
 class Model(torch.nn.Module):
@@ -74,7 +74,7 @@ class Model(torch.nn.Module):
 
 def make():
     return Model(), (torch.empty(64, 32, device="meta"), torch.empty(32, 16, device="meta"))
-'''
+"""
 
 MM_SECONDS = 0.001 + (64 * 32 + 32 * 16) * 1e-9
 
@@ -89,7 +89,12 @@ def _inputs():
 
 @pytest.fixture(autouse=True)
 def _no_castcore_env(monkeypatch):
-    for var in ("CASTCORE_CUSTOM_OP_PATH", "CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_STRICT"):
+    for var in (
+        "CASTCORE_CUSTOM_OP_PATH",
+        "CASTCORE_LOAD_PACKS",
+        "CASTCORE_DISABLE_PACKS",
+        "CASTCORE_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -118,8 +123,9 @@ def test_the_rfc_names_are_castcores_own_in_both_faces():
 def test_the_rfc_file_answers_through_the_embedded_api(tmp_path):
     project = _project(tmp_path)
     path = project / "custom_op" / "rfc_ops.py"
-    session = castcore.Session(castcore.Config(), load_packs=[], device_files=[DEVICE_FILE],
-                               custom_op_dirs=[project / "custom_op"])
+    session = castcore.Session(
+        castcore.Config(), load_packs=[], device_files=[DEVICE_FILE], custom_op_dirs=[project / "custom_op"]
+    )
     assert session.warnings == []
     records = {r.invoke.name: r for r in session.estimate(_fn, *_inputs(), device="h100-sxm").records}
     assert str(records["aten::mm"].estimate.source) == f"file:{path} (estimator)"
@@ -134,8 +140,9 @@ def test_the_rfc_file_answers_through_the_embedded_api(tmp_path):
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    return subprocess.run([sys.executable, "-m", "castcore", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "castcore", *args], capture_output=True, text=True, cwd=cwd, env=env
+    )
 
 
 def test_the_rfc_file_in_the_projects_custom_op_answers_the_cli_and_passes_a_strict_audit(tmp_path):
@@ -173,22 +180,24 @@ def _(x):
     return torch.empty_like(x)
 
 
-PACKET_FILE = '''\
+PACKET_FILE = """\
 import torch
 from castcore import register_op_estimator, PerformanceModel
 
 @register_op_estimator(torch.ops.castcore_rfc_test.scale, None, True)
 def _estimate_scale(op_invoke_info, device_profile):
     return PerformanceModel.Result(0.125)
-'''
+"""
 
 
 def test_an_op_overload_packet_claims_the_custom_op_as_torch_ops_ns_op(tmp_path):
     (tmp_path / "scale.py").write_text(PACKET_FILE)
-    session = castcore.Session(castcore.Config(), load_packs=[], device_files=[DEVICE_FILE],
-                               custom_op_dirs=[tmp_path])
-    report = session.estimate(lambda x: torch.ops.castcore_rfc_test.scale(x), torch.empty(8, device="meta"),
-                              device="h100-sxm")
+    session = castcore.Session(
+        castcore.Config(), load_packs=[], device_files=[DEVICE_FILE], custom_op_dirs=[tmp_path]
+    )
+    report = session.estimate(
+        lambda x: torch.ops.castcore_rfc_test.scale(x), torch.empty(8, device="meta"), device="h100-sxm"
+    )
     (record,) = report.records
     assert record.invoke.name == CUSTOM_OP and record.estimate.time_s == 0.125
     claims = next(i for i in session.plugins.infos if i.origin == str(tmp_path / "scale.py")).claims
@@ -219,7 +228,7 @@ def test_register_op_properties_takes_one_or_two_parameters_and_refuses_none():
         castcore.register_op_properties(op)(lambda: None)
 
 
-DEVICE_BOUND = '''\
+DEVICE_BOUND = """\
 import torch
 import castcore
 
@@ -228,13 +237,14 @@ h100 = castcore.load_device_file({device_file!r})
 @castcore.register_op_estimator(torch.ops.aten.relu.default, h100, True)
 def relu_on_h100(op_invoke_info, device_profile):
     return castcore.PerformanceModel.Result(0.5)
-'''
+"""
 
 
 def test_a_device_profile_object_as_the_device_binds_the_claim_to_that_device(tmp_path, simple_profile):
     (tmp_path / "bound.py").write_text(DEVICE_BOUND.format(device_file=str(DEVICE_FILE)))
-    session = castcore.Session(castcore.Config(), load_packs=[], device_files=[DEVICE_FILE],
-                               custom_op_dirs=[tmp_path])
+    session = castcore.Session(
+        castcore.Config(), load_packs=[], device_files=[DEVICE_FILE], custom_op_dirs=[tmp_path]
+    )
     (claim,) = next(i for i in session.plugins.infos if i.origin == str(tmp_path / "bound.py")).claims
     assert claim.device == "h100-sxm"
     relu = torch.empty(4, device="meta")

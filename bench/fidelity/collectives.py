@@ -51,10 +51,15 @@ def plan_collective(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
         return NotExpressible("a multi-node run: the published points here are one node each")
     sizes = w["bytes"] if isinstance(w["bytes"], list) else [w["bytes"]]
     algorithm = str(w.get("algorithm", ""))
-    return {"op": w["op"], "ranks": w["ranks"], "sizes": sizes, "dtype": parse_dtype(w.get("dtype", "float32")),
-            # The source turned NCCL's in-switch reduction off (or forced another algorithm): so does the estimate.
-            "no_switch_reduction": bool(re.search(r"NVLS_ENABLE=0|NCCL_ALGO=(RING|TREE)", algorithm, re.I)),
-            "describe": f"{w['op']} of {', '.join(f'{s / 2**20:g} MiB' for s in sizes)} over {w['ranks']} ranks"}
+    return {
+        "op": w["op"],
+        "ranks": w["ranks"],
+        "sizes": sizes,
+        "dtype": parse_dtype(w.get("dtype", "float32")),
+        # The source turned NCCL's in-switch reduction off (or forced another algorithm): so does the estimate.
+        "no_switch_reduction": bool(re.search(r"NVLS_ENABLE=0|NCCL_ALGO=(RING|TREE)", algorithm, re.I)),
+        "describe": f"{w['op']} of {', '.join(f'{s / 2**20:g} MiB' for s in sizes)} over {w['ranks']} ranks",
+    }
 
 
 def without_switch_reduction(profile):
@@ -63,7 +68,9 @@ def without_switch_reduction(profile):
     return dataclasses.replace(profile, interconnect=links)
 
 
-def collective_seconds(session, profile, op: str, nbytes: int, ranks: int, dtype: torch.dtype) -> tuple[float, dict]:
+def collective_seconds(
+    session, profile, op: str, nbytes: int, ranks: int, dtype: torch.dtype
+) -> tuple[float, dict]:
     """Seconds of one functional collective of nccl-tests size S = ``nbytes`` over a fake group of ``ranks``."""
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
@@ -73,10 +80,12 @@ def collective_seconds(session, profile, op: str, nbytes: int, ranks: int, dtype
 
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_rank = nbytes // ranks if op == "all_gather" else nbytes  # all_gather's S is the gathered output
-    calls = {"all_reduce": lambda t, g: fc.all_reduce(t, "sum", g),
-             "all_gather": lambda t, g: fc.all_gather_single(t, 0, g),
-             "reduce_scatter": lambda t, g: fc.reduce_scatter_single(t, "sum", 0, g),
-             "broadcast": lambda t, g: fc.broadcast(t, 0, g)}
+    calls = {
+        "all_reduce": lambda t, g: fc.all_reduce(t, "sum", g),
+        "all_gather": lambda t, g: fc.all_gather_single(t, 0, g),
+        "reduce_scatter": lambda t, g: fc.reduce_scatter_single(t, "sum", 0, g),
+        "broadcast": lambda t, g: fc.broadcast(t, 0, g),
+    }
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
     try:
         group = dist.group.WORLD
@@ -85,7 +94,11 @@ def collective_seconds(session, profile, op: str, nbytes: int, ranks: int, dtype
         report = session.estimate_capture(captured, profile)
     finally:
         dist.destroy_process_group()
-    (row,) = [r for r in report.records if r.invoke.name.startswith("_c10d_functional::") and "wait" not in r.invoke.name]
+    (row,) = [
+        r
+        for r in report.records
+        if r.invoke.name.startswith("_c10d_functional::") and "wait" not in r.invoke.name
+    ]
     detail = row.estimate.detail or {}
     how = {k: detail[k] for k in ("algorithm", "level", "steps") if k in detail}
     return report.time_s, how
@@ -102,9 +115,17 @@ def estimate_collective(session, profile, point: dict[str, Any], plan: dict[str,
     for nbytes in plan["sizes"]:
         seconds, how = collective_seconds(session, profile, plan["op"], nbytes, plan["ranks"], plan["dtype"])
         times.append(seconds)
-        figures.append(in_metric(measured["metric"], measured["unit"], plan["op"], nbytes, plan["ranks"], seconds))
+        figures.append(
+            in_metric(measured["metric"], measured["unit"], plan["op"], nbytes, plan["ranks"], seconds)
+        )
     if len(plan["sizes"]) > 1:
-        notes.append(f"the source gives one figure over {len(plan['sizes'])} sizes; the estimate is the mean of the "
-                     "estimates at each")
-    return {"estimated": sum(figures) / len(figures), "estimated_s": sum(times) / len(times), "how": how,
-            "notes": notes}
+        notes.append(
+            f"the source gives one figure over {len(plan['sizes'])} sizes; the estimate is the mean of the "
+            "estimates at each"
+        )
+    return {
+        "estimated": sum(figures) / len(figures),
+        "estimated_s": sum(times) / len(times),
+        "how": how,
+        "notes": notes,
+    }

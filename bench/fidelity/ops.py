@@ -69,9 +69,11 @@ def plan_op(point: dict[str, Any]) -> OpPlan | NotExpressible:
 # ---------------------------------------------------------------------------------------------
 # GEMM
 
+
 def _scaled_mm(out_dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     def scaled_mm(a, b, scale_a, scale_b):
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
     return scaled_mm
 
 
@@ -100,8 +102,12 @@ def plan_mm(w: dict[str, Any]) -> OpPlan | NotExpressible:
     if str(w.get("math", "")).lower().startswith("tf32"):
         if batch != 1 or dtype != torch.float32:
             return NotExpressible("TF32 applies to a plain float32 product here")
-        return OpPlan(_tf32_matmul, (meta(m, k, dtype=dtype), meta(k, n, dtype=dtype)), work,
-                      f"a @ b {m}x{k} @ {k}x{n} float32 with TF32 allowed")
+        return OpPlan(
+            _tf32_matmul,
+            (meta(m, k, dtype=dtype), meta(k, n, dtype=dtype)),
+            work,
+            f"a @ b {m}x{k} @ {k}x{n} float32 with TF32 allowed",
+        )
     linear = str(w.get("op", "")).startswith("linear")
     if dtype.itemsize == 1:  # fp8: torch._scaled_mm, B column-major as cuBLASLt requires
         if batch != 1:
@@ -110,20 +116,34 @@ def plan_mm(w: dict[str, Any]) -> OpPlan | NotExpressible:
         out = torch.bfloat16 if "bf16 output" in str(w.get("scaling", "")) else dtype
         one = torch.ones((), dtype=torch.float32, device="meta")
         b = meta(n, k, dtype=dtype).t()
-        return OpPlan(_scaled_mm(out), (meta(m, k, dtype=dtype), b, one, one), work,
-                      f"torch._scaled_mm {m}x{k} @ {k}x{n} {dtype} -> {out}")
+        return OpPlan(
+            _scaled_mm(out),
+            (meta(m, k, dtype=dtype), b, one, one),
+            work,
+            f"torch._scaled_mm {m}x{k} @ {k}x{n} {dtype} -> {out}",
+        )
     if linear:
-        return OpPlan(_linear, (meta(m, k, dtype=dtype), meta(n, k, dtype=dtype)), work,
-                      f"F.linear x[{m}, {k}] W[{n}, {k}] {dtype}")
+        return OpPlan(
+            _linear,
+            (meta(m, k, dtype=dtype), meta(n, k, dtype=dtype)),
+            work,
+            f"F.linear x[{m}, {k}] W[{n}, {k}] {dtype}",
+        )
     if batch != 1:
-        return OpPlan(torch.bmm, (meta(batch, m, k, dtype=dtype), meta(batch, k, n, dtype=dtype)), work,
-                      f"torch.bmm {batch}x{m}x{k} @ {batch}x{k}x{n} {dtype}")
-    return OpPlan(_matmul, (meta(m, k, dtype=dtype), meta(k, n, dtype=dtype)), work,
-                  f"a @ b {m}x{k} @ {k}x{n} {dtype}")
+        return OpPlan(
+            torch.bmm,
+            (meta(batch, m, k, dtype=dtype), meta(batch, k, n, dtype=dtype)),
+            work,
+            f"torch.bmm {batch}x{m}x{k} @ {batch}x{k}x{n} {dtype}",
+        )
+    return OpPlan(
+        _matmul, (meta(m, k, dtype=dtype), meta(k, n, dtype=dtype)), work, f"a @ b {m}x{k} @ {k}x{n} {dtype}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Attention
+
 
 def attention_work(w: dict[str, Any]) -> float:
     """FlashAttention's convention: 4 * batch * heads * q_len * kv_len * head_dim, halved when causal."""
@@ -134,6 +154,7 @@ def attention_work(w: dict[str, Any]) -> float:
 def _attention(scale: float, causal: bool) -> Callable[..., torch.Tensor]:
     def attention(q, k, v):
         return torch.ops.castcore.attention(q, k, v, scale, causal, 0, 0.0)
+
     return attention
 
 
@@ -146,14 +167,22 @@ def plan_attention(w: dict[str, Any]) -> OpPlan | NotExpressible:
     k, v = meta(b, kvh, w["kv_len"], d, dtype=dtype), meta(b, kvh, w["kv_len"], d, dtype=dtype)
     notes = []
     if "paged" in str(w.get("kv_layout", "")):
-        notes.append("the KV cache is paged in the source; castcore::attention reads it as one contiguous tensor")
-    return OpPlan(_attention(1 / math.sqrt(d), bool(w.get("causal"))), (q, k, v), attention_work(w),
-                  f"castcore::attention q[{b}, {h}, {w['q_len']}, {d}] kv[{b}, {kvh}, {w['kv_len']}, {d}] "
-                  f"{dtype}{' causal' if w.get('causal') else ''}", notes)
+        notes.append(
+            "the KV cache is paged in the source; castcore::attention reads it as one contiguous tensor"
+        )
+    return OpPlan(
+        _attention(1 / math.sqrt(d), bool(w.get("causal"))),
+        (q, k, v),
+        attention_work(w),
+        f"castcore::attention q[{b}, {h}, {w['q_len']}, {d}] kv[{b}, {kvh}, {w['kv_len']}, {d}] "
+        f"{dtype}{' causal' if w.get('causal') else ''}",
+        notes,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Memory-bound ops
+
 
 def hf_rms_norm(x, weight):
     """transformers' LlamaRMSNorm.forward as eager PyTorch runs it: fp32 upcast, pow, mean, rsqrt, mul, downcast,
@@ -207,10 +236,15 @@ def plan_memory(w: dict[str, Any]) -> OpPlan | NotExpressible:
         return OpPlan(fused_rms_norm if fused else hf_rms_norm, (x, weight), describe=f"{tag} rms_norm")
     if op == "add_rms_norm":
         residual = meta(*shape, dtype=dtype)
-        return OpPlan(fused_add_rms_norm if fused else hf_add_rms_norm, (x, residual, weight),
-                      describe=f"{tag} add_rms_norm")
+        return OpPlan(
+            fused_add_rms_norm if fused else hf_add_rms_norm,
+            (x, residual, weight),
+            describe=f"{tag} add_rms_norm",
+        )
     if op == "silu_and_mul":
-        return OpPlan(fused_silu_and_mul if fused else eager_silu_and_mul, (x,), describe=f"{tag} silu_and_mul")
+        return OpPlan(
+            fused_silu_and_mul if fused else eager_silu_and_mul, (x,), describe=f"{tag} silu_and_mul"
+        )
     if op == "layer_norm":
         return OpPlan(layer_norm, (x, weight, meta(hidden, dtype=dtype)), describe="F.layer_norm")
     if op == "softmax":

@@ -25,8 +25,14 @@ from fidelity.split import split_point
 
 HERE = Path(__file__).parent
 PUBLISHED = HERE / "published.json"
-CATEGORIES = {"gemm": "GEMM", "attention": "attention", "memory": "memory-bound", "collective": "collectives",
-              "serve": "end-to-end", "simulate": "continuous batching"}
+CATEGORIES = {
+    "gemm": "GEMM",
+    "attention": "attention",
+    "memory": "memory-bound",
+    "collective": "collectives",
+    "serve": "end-to-end",
+    "simulate": "continuous batching",
+}
 OP_LEVEL = ("gemm", "attention", "memory", "collective")
 PACKS = ("nvidia", "ascend", "collectives")  # the profiles of every point's device, and collectives' pricing
 
@@ -44,8 +50,10 @@ def make_session(packs: tuple[str, ...] = PACKS, device_files: Iterable[str | Pa
 
     # Only the packs installed here: a point on a device no installed pack provides is reported, not fatal.
     installed = {ep.name for ep in entry_points(group="castcore")}
-    return Session(Config(load_packs=tuple(p for p in packs if p in installed)),
-                   device_files=[str(p) for p in device_files] or None)
+    return Session(
+        Config(load_packs=tuple(p for p in packs if p in installed)),
+        device_files=[str(p) for p in device_files] or None,
+    )
 
 
 def plan(point: dict[str, Any]):
@@ -99,14 +107,27 @@ def estimate_point(point: dict[str, Any], session, profile) -> dict[str, Any]:
     """One row: the point, its split on ``profile``, and its estimate (or why there is none)."""
     measured = point["measured"]
     split, fitted_by = split_point(point, profile.sources)
-    row: dict[str, Any] = {"id": point["id"], "category": point["category"], "device": profile.name,
-                           "split": split, "fitted_by": fitted_by, "measured": measured["value"],
-                           "unit": measured["unit"], "metric": _metric(point),
-                           "framework": point.get("framework"), "date": point.get("date"),
-                           "source_note": point.get("note", "")}
-    if point["category"] == "simulate":  # the report groups these by metric family (fidelity.simulated.FAMILIES)
-        row.update(family=METRICS.get(point["workload"].get("metric"), ("", ""))[1],
-                   engine=point["workload"].get("engine"), scheduling=point["workload"].get("scheduling"))
+    row: dict[str, Any] = {
+        "id": point["id"],
+        "category": point["category"],
+        "device": profile.name,
+        "split": split,
+        "fitted_by": fitted_by,
+        "measured": measured["value"],
+        "unit": measured["unit"],
+        "metric": _metric(point),
+        "framework": point.get("framework"),
+        "date": point.get("date"),
+        "source_note": point.get("note", ""),
+    }
+    if (
+        point["category"] == "simulate"
+    ):  # the report groups these by metric family (fidelity.simulated.FAMILIES)
+        row.update(
+            family=METRICS.get(point["workload"].get("metric"), ("", ""))[1],
+            engine=point["workload"].get("engine"),
+            scheduling=point["workload"].get("scheduling"),
+        )
     planned = plan(point)
     if isinstance(planned, NotExpressible):
         row["not_expressible"] = planned.reason
@@ -116,9 +137,14 @@ def estimate_point(point: dict[str, Any], session, profile) -> dict[str, Any]:
     except ModelError as exc:  # castcore refuses the request as stated: its one-line reason
         row["not_expressible"] = f"castcore refuses it: {exc}"
         return row
-    row.update(workload=result.pop("describe"), estimated=result["estimated"],
-               error_pct=percentage_error(result["estimated"], measured["value"]), how=result["how"],
-               notes=result["notes"], seconds_to_estimate=result["seconds"])
+    row.update(
+        workload=result.pop("describe"),
+        estimated=result["estimated"],
+        error_pct=percentage_error(result["estimated"], measured["value"]),
+        how=result["how"],
+        notes=result["notes"],
+        seconds_to_estimate=result["seconds"],
+    )
     return row
 
 
@@ -142,9 +168,12 @@ def _estimate(session, profile, point: dict[str, Any], planned) -> dict[str, Any
     return result
 
 
-def run_published(points: list[dict[str, Any]] | None = None, session=None,
-                  profiles: dict[str, Any] | None = None,
-                  progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def run_published(
+    points: list[dict[str, Any]] | None = None,
+    session=None,
+    profiles: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
     """Every point's row. ``profiles`` maps a point's device name to the profile to use (default: the session's
     profile of that name); a device with no profile is reported as skipped."""
     points = load_points() if points is None else points
@@ -156,9 +185,17 @@ def run_published(points: list[dict[str, Any]] | None = None, session=None,
             try:
                 profile = session.device(point["device"])
             except DeviceError as exc:  # a pack not installed: say so, estimate the rest
-                rows.append({"id": point["id"], "category": point["category"], "device": point["device"],
-                             "split": "unknown", "measured": point["measured"]["value"],
-                             "unit": point["measured"]["unit"], "skipped": str(exc)})
+                rows.append(
+                    {
+                        "id": point["id"],
+                        "category": point["category"],
+                        "device": point["device"],
+                        "split": "unknown",
+                        "measured": point["measured"]["value"],
+                        "unit": point["measured"]["unit"],
+                        "skipped": str(exc),
+                    }
+                )
                 continue
         row = estimate_point(point, session, profile)
         rows.append(row)
@@ -181,5 +218,7 @@ def _metric(point: dict[str, Any]) -> str:
 def _progress_line(row: dict[str, Any]) -> str:
     if "not_expressible" in row:
         return f"{row['id']:<48} not expressible: {row['not_expressible']}"
-    return (f"{row['id']:<48} {row['split']:<8} measured {row['measured']:>10.4g} {row['unit']:<8} "
-            f"estimated {row['estimated']:>10.4g}  {row['error_pct']:+7.1f}%")
+    return (
+        f"{row['id']:<48} {row['split']:<8} measured {row['measured']:>10.4g} {row['unit']:<8} "
+        f"estimated {row['estimated']:>10.4g}  {row['error_pct']:+7.1f}%"
+    )

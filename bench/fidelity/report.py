@@ -23,17 +23,28 @@ def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not done:
         return {"points": 0, "median_abs_error_pct": None, "worst_abs_error_pct": None, "worst_id": None}
     worst = max(done, key=lambda r: abs(r["error_pct"]))
-    return {"points": len(done), "median_abs_error_pct": statistics.median(abs(r["error_pct"]) for r in done),
-            "worst_abs_error_pct": abs(worst["error_pct"]), "worst_id": worst["id"]}
+    return {
+        "points": len(done),
+        "median_abs_error_pct": statistics.median(abs(r["error_pct"]) for r in done),
+        "worst_abs_error_pct": abs(worst["error_pct"]),
+        "worst_id": worst["id"],
+    }
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per category and split, then op-level (every category but end-to-end) and end-to-end, and the targets."""
     rows = list(rows)
-    by = {split: {CATEGORIES[c]: block([r for r in rows if r["category"] == c and r.get("split") == split])
-                  for c in CATEGORIES} for split in SPLITS}
+    by = {
+        split: {
+            CATEGORIES[c]: block([r for r in rows if r["category"] == c and r.get("split") == split])
+            for c in CATEGORIES
+        }
+        for split in SPLITS
+    }
     for split in SPLITS:
-        by[split]["op-level"] = block([r for r in rows if r["category"] in OP_LEVEL and r.get("split") == split])
+        by[split]["op-level"] = block(
+            [r for r in rows if r["category"] in OP_LEVEL and r.get("split") == split]
+        )
     held = by["held-out"]
     # The worst-point target predates the continuous-batching points, which have their own summary.
     worst = block([r for r in rows if r.get("split") == "held-out" and r["category"] != "simulate"])
@@ -44,28 +55,50 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
     met = {k: v is not None and v <= TARGETS[k] for k, v in checks.items()}
     counted = [r for r in rows if "error_pct" in r]
-    return {"by_split": by, "targets": TARGETS, "held_out": checks, "targets_met": met,
-            "continuous_batching": continuous_batching(rows),
-            "worst_held_out_id": worst["worst_id"],
-            "counts": {"points": len(rows), "estimated": len(counted),
-                       "op_level": sum(r["category"] in OP_LEVEL for r in counted),
-                       "end_to_end": sum(r["category"] == "serve" for r in counted),
-                       "continuous_batching": sum(r["category"] == "simulate" for r in counted),
-                       "not_expressible": sum("not_expressible" in r for r in rows),
-                       "skipped": sum("skipped" in r for r in rows)}}
+    return {
+        "by_split": by,
+        "targets": TARGETS,
+        "held_out": checks,
+        "targets_met": met,
+        "continuous_batching": continuous_batching(rows),
+        "worst_held_out_id": worst["worst_id"],
+        "counts": {
+            "points": len(rows),
+            "estimated": len(counted),
+            "op_level": sum(r["category"] in OP_LEVEL for r in counted),
+            "end_to_end": sum(r["category"] == "serve" for r in counted),
+            "continuous_batching": sum(r["category"] == "simulate" for r in counted),
+            "not_expressible": sum("not_expressible" in r for r in rows),
+            "skipped": sum("skipped" in r for r in rows),
+        },
+    }
 
 
 def continuous_batching(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The simulate points: per metric family and split, median and worst |error|, and the held-out targets."""
     sim = [r for r in rows if r["category"] == "simulate"]
-    by = {split: {f: block([r for r in sim if r.get("family") == f and r.get("split") == split]) for f in FAMILIES}
-          for split in SPLITS}
-    met = {f: by["held-out"][f]["median_abs_error_pct"] is not None
-           and by["held-out"][f]["median_abs_error_pct"] <= CB_TARGETS[f] for f in FAMILIES}
-    return {"by_split": by, "targets": CB_TARGETS, "targets_met": met,
-            "counts": {"points": len(sim), "estimated": sum("error_pct" in r for r in sim),
-                       "not_expressible": sum("not_expressible" in r for r in sim),
-                       "skipped": sum("skipped" in r for r in sim)}}
+    by = {
+        split: {
+            f: block([r for r in sim if r.get("family") == f and r.get("split") == split]) for f in FAMILIES
+        }
+        for split in SPLITS
+    }
+    met = {
+        f: by["held-out"][f]["median_abs_error_pct"] is not None
+        and by["held-out"][f]["median_abs_error_pct"] <= CB_TARGETS[f]
+        for f in FAMILIES
+    }
+    return {
+        "by_split": by,
+        "targets": CB_TARGETS,
+        "targets_met": met,
+        "counts": {
+            "points": len(sim),
+            "estimated": sum("error_pct" in r for r in sim),
+            "not_expressible": sum("not_expressible" in r for r in sim),
+            "skipped": sum("skipped" in r for r in sim),
+        },
+    }
 
 
 def _pct(value: float | None, signed: bool = False) -> str:
@@ -79,14 +112,18 @@ def _num(value: float) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> list[str]:
-    lines = ["| category | split | points | median \\|error\\| | worst \\|error\\| | worst point |",
-             "|---|---|---:|---:|---:|---|"]
+    lines = [
+        "| category | split | points | median \\|error\\| | worst \\|error\\| | worst point |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     for name in (*CATEGORIES.values(), "op-level"):
         for split in SPLITS:
             b = summary["by_split"][split][name]
             label = f"**{name}**" if name in ("op-level", "end-to-end") else name
-            lines.append(f"| {label} | {split} | {b['points']} | {_pct(b['median_abs_error_pct'])} | "
-                         f"{_pct(b['worst_abs_error_pct'])} | {b['worst_id'] or '-'} |")
+            lines.append(
+                f"| {label} | {split} | {b['points']} | {_pct(b['median_abs_error_pct'])} | "
+                f"{_pct(b['worst_abs_error_pct'])} | {b['worst_id'] or '-'} |"
+            )
     return lines
 
 
@@ -96,13 +133,15 @@ def targets_lines(summary: dict[str, Any]) -> list[str]:
     def verdict(key: str) -> str:
         return "met" if met[key] else "**not met**"
 
-    return [f"- held-out op-level median |error| {_pct(held['op_level_median_pct'])} (target <= "
-            f"{t['op_level_median_pct']:g}%): {verdict('op_level_median_pct')}",
-            f"- held-out end-to-end median |error| {_pct(held['end_to_end_median_pct'])} (target <= "
-            f"{t['end_to_end_median_pct']:g}%, deployed view): {verdict('end_to_end_median_pct')}",
-            f"- worst held-out point outside continuous batching {_pct(held['worst_pct'])} "
-            f"({summary['worst_held_out_id']}; target: none worse "
-            f"than {t['worst_pct']:g}%): {verdict('worst_pct')}"]
+    return [
+        f"- held-out op-level median |error| {_pct(held['op_level_median_pct'])} (target <= "
+        f"{t['op_level_median_pct']:g}%): {verdict('op_level_median_pct')}",
+        f"- held-out end-to-end median |error| {_pct(held['end_to_end_median_pct'])} (target <= "
+        f"{t['end_to_end_median_pct']:g}%, deployed view): {verdict('end_to_end_median_pct')}",
+        f"- worst held-out point outside continuous batching {_pct(held['worst_pct'])} "
+        f"({summary['worst_held_out_id']}; target: none worse "
+        f"than {t['worst_pct']:g}%): {verdict('worst_pct')}",
+    ]
 
 
 def continuous_batching_lines(report: dict[str, Any]) -> list[str]:
@@ -112,34 +151,49 @@ def continuous_batching_lines(report: dict[str, Any]) -> list[str]:
     if not cb or not rows:
         return []
     c = cb["counts"]
-    lines = ["", "## Continuous batching (castcore simulate)", "",
-             f"{c['points']} points measured under a scheduler (offline maximum throughput, a request rate or a "
-             f"concurrency): {c['estimated']} estimated with `castcore.simulate` as each ran (model, device, TP/DP, "
-             "dtypes, lengths, request count, arrivals, the engine preset of the source's framework and the engine "
-             f"limits it states), {c['not_expressible']} not expressible (listed above). Request counts are capped "
-             f"at {MAX_REQUESTS:,} per data-parallel replica. Errors are in the source's metric; for TTFT and "
-             "ITL/TPOT + means castcore is slower, for throughput + means faster. No castcore constant is fitted to "
-             "these points; a point would still count as fitted if a profile cited its document (split.py).", "",
-             "| metric | split | points | median \\|error\\| | worst \\|error\\| | worst point | target (held-out) |",
-             "|---|---|---:|---:|---:|---|---|"]
+    lines = [
+        "",
+        "## Continuous batching (castcore simulate)",
+        "",
+        f"{c['points']} points measured under a scheduler (offline maximum throughput, a request rate or a "
+        f"concurrency): {c['estimated']} estimated with `castcore.simulate` as each ran (model, device, TP/DP, "
+        "dtypes, lengths, request count, arrivals, the engine preset of the source's framework and the engine "
+        f"limits it states), {c['not_expressible']} not expressible (listed above). Request counts are capped "
+        f"at {MAX_REQUESTS:,} per data-parallel replica. Errors are in the source's metric; for TTFT and "
+        "ITL/TPOT + means castcore is slower, for throughput + means faster. No castcore constant is fitted to "
+        "these points; a point would still count as fitted if a profile cited its document (split.py).",
+        "",
+        "| metric | split | points | median \\|error\\| | worst \\|error\\| | worst point | target (held-out) |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
     for f in FAMILIES:
         for split in SPLITS:
             b = cb["by_split"][split][f]
             if split == "fitted" and not b["points"]:
                 continue
-            verdict = ((f"<= {cb['targets'][f]:g}%: " + ("met" if cb["targets_met"][f] else "**not met**"))
-                       if split == "held-out" else "-")
-            lines.append(f"| {f} | {split} | {b['points']} | {_pct(b['median_abs_error_pct'])} | "
-                         f"{_pct(b['worst_abs_error_pct'])} | {b['worst_id'] or '-'} | {verdict} |")
-    lines += ["", "| point | device | split | measured | estimated | error | how it was estimated |",
-              "|---|---|---|---:|---:|---:|---|"]
+            verdict = (
+                (f"<= {cb['targets'][f]:g}%: " + ("met" if cb["targets_met"][f] else "**not met**"))
+                if split == "held-out"
+                else "-"
+            )
+            lines.append(
+                f"| {f} | {split} | {b['points']} | {_pct(b['median_abs_error_pct'])} | "
+                f"{_pct(b['worst_abs_error_pct'])} | {b['worst_id'] or '-'} | {verdict} |"
+            )
+    lines += [
+        "",
+        "| point | device | split | measured | estimated | error | how it was estimated |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
     for r in rows:
         if "error_pct" not in r:
             continue
         unit = r["unit"] + (f" ({r['metric']})" if r.get("metric") else "")
         notes = "; ".join([r.get("workload", ""), *r.get("notes", [])])
-        lines.append(f"| {r['id']} | {r['device']} | {r['split']} | {_num(r['measured'])} {unit} | "
-                     f"{_num(r['estimated'])} | {_pct(r['error_pct'], True)} | {notes} |")
+        lines.append(
+            f"| {r['id']} | {r['device']} | {r['split']} | {_num(r['measured'])} {unit} | "
+            f"{_num(r['estimated'])} | {_pct(r['error_pct'], True)} | {notes} |"
+        )
     return lines
 
 
@@ -147,45 +201,72 @@ def markdown(report: dict[str, Any], machine: dict[str, Any]) -> str:
     """The whole report: summary and targets, the fitting documents, every point, the local machine."""
     summary, rows = report["summary"], report["rows"]
     counts = summary["counts"]
-    lines = ["# castcore fidelity", "",
-             f"{machine['date']}, {machine['machine']} ({machine['cpus']} CPUs), Python {machine['python']}; "
-             f"whole run {report['wall_s']:.0f} s (published points {report['published_wall_s']:.0f} s"
-             + (f", local machine {report['local']['wall_s']:.0f} s" if report.get("local") else "") + ").", "",
-             "## Published measurements", "",
-             f"{counts['points']} points from bench/fidelity/published.json: {counts['estimated']} estimated "
-             f"({counts['op_level']} op-level, {counts['end_to_end']} end-to-end, "
-             f"{counts.get('continuous_batching', 0)} continuous batching), {counts['not_expressible']} not "
-             f"expressible as one castcore workload (listed below)"
-             + (f", {counts['skipped']} skipped (device profile not installed)" if counts["skipped"] else "") + ". "
-             "Each is estimated the way it ran (deployed fused kernels, the source's dtypes, batch, lengths and "
-             "parallelism) on its device's profile; error = (estimated - measured) / measured in the source's own "
-             "metric (TFLOPS by the source's work count, GB/s, time, tokens/s). For a time, + means castcore is "
-             "slower than measured; for a rate or throughput, + means faster.", "",
-             "A point is *fitted* when its document is cited in the [sources] of the profile it is estimated on "
-             "(bench/fidelity/split.py: arXiv ids, owner/repo#issue, file paths; "
-             + ", ".join(f"{k} stands for every {v}N" for k, v in SAME_TABLE.items())
-             + "), else *held out*. The targets are judged on held-out points.", ""]
-    lines += summary_table(summary) + [""] + targets_lines(summary) + ["", "Documents used for fitting, per device "
-                                                                      "(document: the constants citing it):", ""]
+    lines = [
+        "# castcore fidelity",
+        "",
+        f"{machine['date']}, {machine['machine']} ({machine['cpus']} CPUs), Python {machine['python']}; "
+        f"whole run {report['wall_s']:.0f} s (published points {report['published_wall_s']:.0f} s"
+        + (f", local machine {report['local']['wall_s']:.0f} s" if report.get("local") else "")
+        + ").",
+        "",
+        "## Published measurements",
+        "",
+        f"{counts['points']} points from bench/fidelity/published.json: {counts['estimated']} estimated "
+        f"({counts['op_level']} op-level, {counts['end_to_end']} end-to-end, "
+        f"{counts.get('continuous_batching', 0)} continuous batching), {counts['not_expressible']} not "
+        f"expressible as one castcore workload (listed below)"
+        + (f", {counts['skipped']} skipped (device profile not installed)" if counts["skipped"] else "")
+        + ". "
+        "Each is estimated the way it ran (deployed fused kernels, the source's dtypes, batch, lengths and "
+        "parallelism) on its device's profile; error = (estimated - measured) / measured in the source's own "
+        "metric (TFLOPS by the source's work count, GB/s, time, tokens/s). For a time, + means castcore is "
+        "slower than measured; for a rate or throughput, + means faster.",
+        "",
+        "A point is *fitted* when its document is cited in the [sources] of the profile it is estimated on "
+        "(bench/fidelity/split.py: arXiv ids, owner/repo#issue, file paths; "
+        + ", ".join(f"{k} stands for every {v}N" for k, v in SAME_TABLE.items())
+        + "), else *held out*. The targets are judged on held-out points.",
+        "",
+    ]
+    lines += (
+        summary_table(summary)
+        + [""]
+        + targets_lines(summary)
+        + ["", "Documents used for fitting, per device (document: the constants citing it):", ""]
+    )
     for device, docs in report["fitting_documents"].items():
-        lines.append(f"- {device}: " + "; ".join(f"`{doc}` ({', '.join(constants)})" for doc, constants in
-                                                 docs.items()))
-    lines += ["", "### Every point", "",
-              "| point | category | device | split | measured | estimated | error | how it was estimated |",
-              "|---|---|---|---|---:|---:|---:|---|"]
+        lines.append(
+            f"- {device}: "
+            + "; ".join(f"`{doc}` ({', '.join(constants)})" for doc, constants in docs.items())
+        )
+    lines += [
+        "",
+        "### Every point",
+        "",
+        "| point | category | device | split | measured | estimated | error | how it was estimated |",
+        "|---|---|---|---|---:|---:|---:|---|",
+    ]
     for r in rows:
         if "error_pct" not in r or r["category"] == "simulate":  # those have their own table below
             continue
         unit = r["unit"] + (f" ({r['metric']})" if r.get("metric") else "")
-        unsure = ["the source's data has a guess marked unsure (see its note)"] if "unsure" in r.get(
-            "source_note", "") else []
+        unsure = (
+            ["the source's data has a guess marked unsure (see its note)"]
+            if "unsure" in r.get("source_note", "")
+            else []
+        )
         notes = "; ".join([r.get("workload", ""), *r.get("notes", []), *unsure])
-        lines.append(f"| {r['id']} | {CATEGORIES[r['category']]} | {r['device']} | {r['split']} | "
-                     f"{_num(r['measured'])} {unit} | {_num(r['estimated'])} | {_pct(r['error_pct'], True)} | "
-                     f"{notes} |")
+        lines.append(
+            f"| {r['id']} | {CATEGORIES[r['category']]} | {r['device']} | {r['split']} | "
+            f"{_num(r['measured'])} {unit} | {_num(r['estimated'])} | {_pct(r['error_pct'], True)} | "
+            f"{notes} |"
+        )
     lines += ["", "### Not expressible", ""]
-    lines += [f"- {r['id']} ({r['device']}): not expressible: {r['not_expressible']}" for r in rows
-              if "not_expressible" in r]
+    lines += [
+        f"- {r['id']} ({r['device']}): not expressible: {r['not_expressible']}"
+        for r in rows
+        if "not_expressible" in r
+    ]
     lines += [f"- {r['id']} ({r['device']}): skipped: {r['skipped']}" for r in rows if "skipped" in r]
     lines += continuous_batching_lines(report)
     if report.get("local"):

@@ -26,12 +26,18 @@ from fidelity.split import used_for_fitting  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench/results/fidelity.json", help="JSON file; the Markdown goes next to it")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", default="bench/results/fidelity.json", help="JSON file; the Markdown goes next to it"
+    )
     parser.add_argument("--no-local", action="store_true", help="skip calibrating and timing this machine")
     parser.add_argument("--no-published", action="store_true", help="skip the published points")
     parser.add_argument("--only", nargs="+", metavar="ID", help="estimate only these published points")
-    parser.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per local op (default 0.3)")
+    parser.add_argument(
+        "--budget", type=float, default=0.3, help="seconds of timed calls per local op (default 0.3)"
+    )
     args = parser.parse_args()
 
     def progress(line: str) -> None:
@@ -50,8 +56,13 @@ def main() -> None:
         if args.only:
             points = [p for p in points if p["id"] in set(args.only)]
         rows = run_published(points, progress=progress)
-    report = {"summary": summarize(rows), "fitting_documents": used_for_fitting(rows), "rows": rows, "local": local,
-              "published_wall_s": time.perf_counter() - published_started}
+    report = {
+        "summary": summarize(rows),
+        "fitting_documents": used_for_fitting(rows),
+        "rows": rows,
+        "local": local,
+        "published_wall_s": time.perf_counter() - published_started,
+    }
     report["wall_s"] = time.perf_counter() - started
     figures.write(args.out, report, lambda machine: markdown(report, machine))
 

@@ -74,11 +74,15 @@ def plan_serve(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     """``Session.serve`` keyword arguments (model, batch, lengths, deployment) and notes, or why not expressible."""
     w = point["workload"]
     if w.get("batch") is None:
-        return NotExpressible(f"no fixed batch ({w.get('scheduling') or 'a scheduler chose it'}): castcore serves "
-                              "one static batch")
+        return NotExpressible(
+            f"no fixed batch ({w.get('scheduling') or 'a scheduler chose it'}): castcore serves "
+            "one static batch"
+        )
     if w.get("input_tokens") is None or w.get("output_tokens") is None:
-        return NotExpressible(f"input and output lengths vary per request ({w.get('dataset') or 'a dataset'}); "
-                              f"batch {w['batch']} is a per-instance cap, not a static batch")
+        return NotExpressible(
+            f"input and output lengths vary per request ({w.get('dataset') or 'a dataset'}); "
+            f"batch {w['batch']} is a per-instance cap, not a static batch"
+        )
     if w["model"] not in MODEL_FILES:
         return NotExpressible(f"no config shipped under bench/fidelity/models/ for {w['model']}")
     if w.get("metric") not in METRICS:
@@ -86,22 +90,36 @@ def plan_serve(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
 
     path = MODELS / MODEL_FILES[w["model"]]
     config = json.loads(path.read_text(encoding="utf-8"))
-    deployment: dict[str, Any] = {"dtype": SHORT_DTYPE[config["torch_dtype"]], "tp": w.get("tp", 1),
-                                  "pp": w.get("pp", 1)}
+    deployment: dict[str, Any] = {
+        "dtype": SHORT_DTYPE[config["torch_dtype"]],
+        "tp": w.get("tp", 1),
+        "pp": w.get("pp", 1),
+    }
     notes: list[str] = []
     refused = quantized_dtypes(w, deployment, notes)
     if refused is not None:
         return refused
     if _per_head_generation_attention(w.get("framework") or point.get("framework")):
         deployment["kv_reads"] = "head"
-        notes.append("TensorRT-LLM before 0.7 generates with its masked MHA kernel, one block per query head reading "
-                     "its K/V head (no grouped-KV sharing; 'MMHA optimization for MQA and GQA' and XQA came in 0.7): "
-                     "--kv-reads head")
-    return {"model": os.path.relpath(path), "batch": w["batch"], "input_tokens": w["input_tokens"],
-            "output_tokens": w["output_tokens"], "deployment": deployment, "metric": w["metric"], "notes": notes,
-            "describe": (f"serve {MODEL_FILES[w['model']].removesuffix('.json')} batch {w['batch']}, "
-                         f"{w['input_tokens']} in + {w['output_tokens']} out, "
-                         + ", ".join(f"{k} {v}" for k, v in deployment.items() if v not in (1, None)))}
+        notes.append(
+            "TensorRT-LLM before 0.7 generates with its masked MHA kernel, one block per query head reading "
+            "its K/V head (no grouped-KV sharing; 'MMHA optimization for MQA and GQA' and XQA came in 0.7): "
+            "--kv-reads head"
+        )
+    return {
+        "model": os.path.relpath(path),
+        "batch": w["batch"],
+        "input_tokens": w["input_tokens"],
+        "output_tokens": w["output_tokens"],
+        "deployment": deployment,
+        "metric": w["metric"],
+        "notes": notes,
+        "describe": (
+            f"serve {MODEL_FILES[w['model']].removesuffix('.json')} batch {w['batch']}, "
+            f"{w['input_tokens']} in + {w['output_tokens']} out, "
+            + ", ".join(f"{k} {v}" for k, v in deployment.items() if v not in (1, None))
+        ),
+    }
 
 
 def serve_figure(report, metric: str, unit: str, per: str | None) -> float:
@@ -114,15 +132,30 @@ def serve_figure(report, metric: str, unit: str, per: str | None) -> float:
 
 
 def estimate_serve(session, profile, point: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    report = session.serve(plan["model"], input_tokens=plan["input_tokens"], output_tokens=plan["output_tokens"],
-                           batch=plan["batch"], device=profile, **plan["deployment"])
+    report = session.serve(
+        plan["model"],
+        input_tokens=plan["input_tokens"],
+        output_tokens=plan["output_tokens"],
+        batch=plan["batch"],
+        device=profile,
+        **plan["deployment"],
+    )
     measured = point["measured"]
     memory = report.memory()
     notes = list(plan["notes"])
     if not memory["fits"]:
-        notes.append(f"castcore's memory estimate does not fit: peak {memory['peak_bytes'] / 2**30:.1f} GiB of "
-                     f"{memory['device_memory_bytes'] / 2**30:.1f} GiB per device")
-    return {"estimated": serve_figure(report, plan["metric"], measured["unit"], measured.get("per")),
-            "estimated_s": report.latency_s, "notes": notes,
-            "how": {"ttft_s": report.ttft_s, "tpot_s": report.tpot_s, "latency_s": report.latency_s,
-                    "devices": report.devices}}
+        notes.append(
+            f"castcore's memory estimate does not fit: peak {memory['peak_bytes'] / 2**30:.1f} GiB of "
+            f"{memory['device_memory_bytes'] / 2**30:.1f} GiB per device"
+        )
+    return {
+        "estimated": serve_figure(report, plan["metric"], measured["unit"], measured.get("per")),
+        "estimated_s": report.latency_s,
+        "notes": notes,
+        "how": {
+            "ttft_s": report.ttft_s,
+            "tpot_s": report.tpot_s,
+            "latency_s": report.latency_s,
+            "devices": report.devices,
+        },
+    }

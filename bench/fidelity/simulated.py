@@ -28,9 +28,15 @@ from fidelity.serving import MODEL_FILES, MODELS, SHORT_DTYPE, quantized_dtypes
 # workload.metric -> (unit, family); the family is what the report's continuous-batching summary groups by.
 METRICS = {
     "output_throughput": ("tokens/s", "output throughput"),
-    "mean_ttft_ms": ("ms", "TTFT"), "median_ttft_ms": ("ms", "TTFT"), "p99_ttft_ms": ("ms", "TTFT"),
-    "mean_itl_ms": ("ms", "ITL/TPOT"), "median_itl_ms": ("ms", "ITL/TPOT"), "p99_itl_ms": ("ms", "ITL/TPOT"),
-    "mean_tpot_ms": ("ms", "ITL/TPOT"), "median_tpot_ms": ("ms", "ITL/TPOT"), "p99_tpot_ms": ("ms", "ITL/TPOT"),
+    "mean_ttft_ms": ("ms", "TTFT"),
+    "median_ttft_ms": ("ms", "TTFT"),
+    "p99_ttft_ms": ("ms", "TTFT"),
+    "mean_itl_ms": ("ms", "ITL/TPOT"),
+    "median_itl_ms": ("ms", "ITL/TPOT"),
+    "p99_itl_ms": ("ms", "ITL/TPOT"),
+    "mean_tpot_ms": ("ms", "ITL/TPOT"),
+    "median_tpot_ms": ("ms", "ITL/TPOT"),
+    "p99_tpot_ms": ("ms", "ITL/TPOT"),
 }
 FAMILIES = ("output throughput", "TTFT", "ITL/TPOT")
 MAX_REQUESTS = 1500  # per data-parallel replica
@@ -62,9 +68,15 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     path = MODELS / MODEL_FILES[w["model"]]
     config = json.loads(path.read_text(encoding="utf-8"))
     dp = w.get("dp", 1)
-    options: dict[str, Any] = {"model": os.path.relpath(path), "dtype": w.get("dtype") or SHORT_DTYPE[config["torch_dtype"]],
-                               "tp": w.get("tp", 1), "pp": w.get("pp", 1), "dp": dp, "engine": w["engine"],
-                               "seed": SEED}
+    options: dict[str, Any] = {
+        "model": os.path.relpath(path),
+        "dtype": w.get("dtype") or SHORT_DTYPE[config["torch_dtype"]],
+        "tp": w.get("tp", 1),
+        "pp": w.get("pp", 1),
+        "dp": dp,
+        "engine": w["engine"],
+        "seed": SEED,
+    }
     notes: list[str] = []
     refused = quantized_dtypes(w, options, notes)
     if refused is not None:
@@ -79,13 +91,23 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
         options["concurrency"] = w["concurrency"]
     limits = dict(w.get("engine_limits") or {})
     options.update(limits)
-    arrivals = (f"rate {w['rate']}/s" if w.get("rate") is not None else
-                f"concurrency {w['concurrency']}" if w.get("concurrency") is not None else "offline")
-    deploy = ", ".join(f"{k} {v}" for k, v in options.items()
-                       if k in ("tp", "pp", "dp", "weights", "kv_cache") and v not in (1, None))
-    describe = (f"simulate {path.stem} {w['engine']}, {requests} requests {inputs} in + {outputs} out, {arrivals}"
-                + (f", {deploy}" if deploy else "")
-                + "".join(f", {k} {'on' if v is True else 'off' if v is False else v}" for k, v in limits.items()))
+    arrivals = (
+        f"rate {w['rate']}/s"
+        if w.get("rate") is not None
+        else f"concurrency {w['concurrency']}"
+        if w.get("concurrency") is not None
+        else "offline"
+    )
+    deploy = ", ".join(
+        f"{k} {v}"
+        for k, v in options.items()
+        if k in ("tp", "pp", "dp", "weights", "kv_cache") and v not in (1, None)
+    )
+    describe = (
+        f"simulate {path.stem} {w['engine']}, {requests} requests {inputs} in + {outputs} out, {arrivals}"
+        + (f", {deploy}" if deploy else "")
+        + "".join(f", {k} {'on' if v is True else 'off' if v is False else v}" for k, v in limits.items())
+    )
     return {"options": options, "metric": w["metric"], "notes": notes, "describe": describe}
 
 
@@ -106,8 +128,11 @@ def estimate_simulate(session, profile, point: dict[str, Any], plan: dict[str, A
     if isinstance(_RUNS[key], ValueError):
         from castcore.workload.spec import ModelError
 
-        raise ModelError(f"castcore.simulate failed: ValueError: {_RUNS[key]} (simulate(device={profile.name!r}, "
-                         + ", ".join(f"{k}={v!r}" for k, v in options.items()) + "))")
+        raise ModelError(
+            f"castcore.simulate failed: ValueError: {_RUNS[key]} (simulate(device={profile.name!r}, "
+            + ", ".join(f"{k}={v!r}" for k, v in options.items())
+            + "))"
+        )
     report = _RUNS[key]
     summary = report.summary
     metric = plan["metric"]
@@ -121,9 +146,16 @@ def estimate_simulate(session, profile, point: dict[str, Any], plan: dict[str, A
         notes.append(f"{len(report.never_fit)} request(s) never fit the KV cache")
     if summary.get("completed") != options["requests"]:
         notes.append(f"{summary.get('completed')} of {options['requests']} requests completed")
-    how = {"kv_blocks": report.kv_blocks, "block_size": report.limits.block_size,
-           "mean_running_batch": report.mean_running, "iterations": report.iterations,
-           "duration_s": summary.get("duration"), "output_throughput": summary.get("output_throughput"),
-           "mean_ttft_ms": summary.get("mean_ttft_ms"), "median_itl_ms": summary.get("median_itl_ms"),
-           "mean_tpot_ms": summary.get("mean_tpot_ms"), "shared_run": shared}
+    how = {
+        "kv_blocks": report.kv_blocks,
+        "block_size": report.limits.block_size,
+        "mean_running_batch": report.mean_running,
+        "iterations": report.iterations,
+        "duration_s": summary.get("duration"),
+        "output_throughput": summary.get("output_throughput"),
+        "mean_ttft_ms": summary.get("mean_ttft_ms"),
+        "median_itl_ms": summary.get("median_itl_ms"),
+        "mean_tpot_ms": summary.get("mean_tpot_ms"),
+        "shared_run": shared,
+    }
     return {"estimated": value, "estimated_s": summary.get("duration"), "notes": notes, "how": how}

@@ -26,7 +26,9 @@ from typing import Any
 
 ARXIV = re.compile(r"arXiv:(\d{4}\.\d{4,5})")
 ISSUE = re.compile(r"(?:github\.com/)?\b([A-Za-z0-9][\w.-]*/[\w.-]+?)(?:/issues/|/pull/|#)(\d+)\b")
-FILE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-][\w.-]*\.(?:md|txt|h|py|csv|json|ini|cpp|toml|html|pdf))\b")
+FILE = re.compile(
+    r"(?<![\w/.-])((?:[\w.-]+/)*[\w-][\w.-]*\.(?:md|txt|h|py|csv|json|ini|cpp|toml|html|pdf))\b"
+)
 
 # A file identifier -> the prefix of the issue identifiers whose rows it tabulates.
 SAME_TABLE = {
@@ -62,8 +64,9 @@ def split_point(point: Mapping[str, Any], sources: Mapping[str, str]) -> tuple[s
     cited = fitting_documents(sources)
     shared: dict[str, list[str]] = {}
     for doc in sorted(document_ids(point["source"]["document"])):
-        hits = sorted({c for cited_doc, constants in cited.items() if same_document(doc, cited_doc)
-                       for c in constants})
+        hits = sorted(
+            {c for cited_doc, constants in cited.items() if same_document(doc, cited_doc) for c in constants}
+        )
         if hits:
             shared[doc] = hits
     return ("fitted" if shared else "held-out"), shared

@@ -49,13 +49,31 @@ sys.path.insert(0, str(Path(__file__).parent))  # score.py sits beside this file
 import heldout  # noqa: E402
 from score import WITHIN, quantile  # noqa: E402
 
-PROFILES = {"h100_sxm": "h100-sxm5-80gb", "h200_sxm": "h200-sxm", "a100_sxm": "a100-sxm4-80gb", "b200_sxm": "b200",
-            "l40s": "l40s"}
-FITTED = {("h100_sxm", "vllm"), ("a100_sxm", "vllm"), ("b200_sxm", "vllm"), ("l40s", "vllm")}  # where the all-reduce constants came from
+PROFILES = {
+    "h100_sxm": "h100-sxm5-80gb",
+    "h200_sxm": "h200-sxm",
+    "a100_sxm": "a100-sxm4-80gb",
+    "b200_sxm": "b200",
+    "l40s": "l40s",
+}
+FITTED = {
+    ("h100_sxm", "vllm"),
+    ("a100_sxm", "vllm"),
+    ("b200_sxm", "vllm"),
+    ("l40s", "vllm"),
+}  # where the all-reduce constants came from
 ATTENTION_FITTED = {("h100_sxm", "vllm"), ("a100_sxm", "vllm")}  # attention_op_cost_s and attention_wave_s
-MOE_FITTED = {("h100_sxm", "vllm"), ("b200_sxm", "vllm"), ("l40s", "vllm"),  # grouped_mm_efficiency: balanced rows
-              ("a100_sxm", "sglang")}  # (A100's vLLM table has power-law rows only)
-GEMM_FITTED = {("h100_sxm", "vllm"), ("b200_sxm", "vllm"), ("l40s", "vllm")}  # where fp8's mma_efficiency came from
+MOE_FITTED = {
+    ("h100_sxm", "vllm"),
+    ("b200_sxm", "vllm"),
+    ("l40s", "vllm"),  # grouped_mm_efficiency: balanced rows
+    ("a100_sxm", "sglang"),
+}  # (A100's vLLM table has power-law rows only)
+GEMM_FITTED = {
+    ("h100_sxm", "vllm"),
+    ("b200_sxm", "vllm"),
+    ("l40s", "vllm"),
+}  # where fp8's mma_efficiency came from
 
 
 def table(system: str, family: str, engine: str, name: str) -> list[dict]:
@@ -66,8 +84,10 @@ def table(system: str, family: str, engine: str, name: str) -> list[dict]:
     rows = []
     for version in sorted(p.name for p in root.iterdir()) if root.is_dir() else []:
         if (root / version / name).is_file():
-            rows += [{**r, "table": f"{system}/{family}/{engine}/{version}"}
-                     for r in pq.read_table(str(root / version / name)).to_pylist()]
+            rows += [
+                {**r, "table": f"{system}/{family}/{engine}/{version}"}
+                for r in pq.read_table(str(root / version / name)).to_pylist()
+            ]
     return rows
 
 
@@ -82,18 +102,31 @@ def score_allreduce() -> list[dict]:
         level = profile.interconnect[0]
         for engine in ("vllm", "sglang"):
             rows = table(system, "comm", engine, "custom_allreduce_perf.parquet")
-            for row in (r for r in rows if "graph" in str(r.get("backend", r.get("kernel_source", ""))).lower()):
+            for row in (
+                r for r in rows if "graph" in str(r.get("backend", r.get("kernel_source", ""))).lower()
+            ):
                 size, n, seconds = float(row["message_size"]), int(row["num_gpus"]), row["latency"] * 1e-3
                 if size > level.engine_allreduce_max_bytes or n > level.devices:
                     continue
-                priced = {kind: collective_cost("all_reduce", size, n, profile.interconnect, profile.comm_op_cost_s,
-                                                algorithms).time_s for kind, algorithms in (("engine", ENGINE),
-                                                                                          ("library", NCCL))}
-                results.append({"family": "engine all-reduce", "gpu": system, "engine": engine,
-                                "point": f"{row['table']} {n} GPUs {int(size)} B", "measured_s": seconds,
-                                "split": "fitted" if (system, engine) in FITTED else "held out",
-                                "error": priced["engine"] / seconds - 1, "library_error": priced["library"] / seconds - 1,
-                                "estimated_s": priced["engine"]})
+                priced = {
+                    kind: collective_cost(
+                        "all_reduce", size, n, profile.interconnect, profile.comm_op_cost_s, algorithms
+                    ).time_s
+                    for kind, algorithms in (("engine", ENGINE), ("library", NCCL))
+                }
+                results.append(
+                    {
+                        "family": "engine all-reduce",
+                        "gpu": system,
+                        "engine": engine,
+                        "point": f"{row['table']} {n} GPUs {int(size)} B",
+                        "measured_s": seconds,
+                        "split": "fitted" if (system, engine) in FITTED else "held out",
+                        "error": priced["engine"] / seconds - 1,
+                        "library_error": priced["library"] / seconds - 1,
+                        "estimated_s": priced["engine"],
+                    }
+                )
     return results
 
 
@@ -109,13 +142,27 @@ def score_low_latency() -> list[dict]:
             hidden, rows = row["hidden_size"], row["num_token"] * row["num_topk"]
             for kind, row_bytes in (("dispatch", hidden + hidden // 128 * 4), ("combine", 2 * hidden)):
                 ranks, seconds = 8 * row["node_num"], row[f"{kind}_avg_t_us"] * 1e-6
-                cost = collective_cost("all_to_all", rows * row_bytes, ranks, profile.interconnect,
-                                       profile.low_latency_a2a_cost_s, ("low_latency",))
-                results.append({"family": "DeepEP low-latency", "gpu": system, "engine": "sglang",
-                                "point": f"{row['table']} {kind} {ranks} ranks {row['num_token']} tokens x top-"
-                                         f"{row['num_topk']}, hidden {hidden}", "measured_s": seconds,
-                                "split": "fitted" if (system, row["node_num"]) == ("h100_sxm", 1) else "held out",
-                                "error": cost.time_s / seconds - 1, "estimated_s": cost.time_s})
+                cost = collective_cost(
+                    "all_to_all",
+                    rows * row_bytes,
+                    ranks,
+                    profile.interconnect,
+                    profile.low_latency_a2a_cost_s,
+                    ("low_latency",),
+                )
+                results.append(
+                    {
+                        "family": "DeepEP low-latency",
+                        "gpu": system,
+                        "engine": "sglang",
+                        "point": f"{row['table']} {kind} {ranks} ranks {row['num_token']} tokens x top-"
+                        f"{row['num_topk']}, hidden {hidden}",
+                        "measured_s": seconds,
+                        "split": "fitted" if (system, row["node_num"]) == ("h100_sxm", 1) else "held out",
+                        "error": cost.time_s / seconds - 1,
+                        "estimated_s": cost.time_s,
+                    }
+                )
     return results
 
 
@@ -171,12 +218,22 @@ def score_gemm(sample: int = 300) -> list[dict]:
                     estimated = session.estimate(fn, x, w, *scales(n, k), device=device).time_s
                     seconds = row["latency"] * 1e-3
                     fitted = dtype == "fp8" and (system, engine) in GEMM_FITTED
-                    results.append({"family": family, "gpu": system, "engine": engine,
-                                    "point": f"{row['table']} {dtype} m {m} n {n} k {k}", "measured_s": seconds,
-                                    "split": "fitted" if fitted else "held out",
-                                    "error": estimated / seconds - 1, "estimated_s": estimated})
-    print(f"aic_tables: left out {floored} vLLM block-scaled GEMM rows (a floor of 57 us and more)",
-          file=sys.stderr)
+                    results.append(
+                        {
+                            "family": family,
+                            "gpu": system,
+                            "engine": engine,
+                            "point": f"{row['table']} {dtype} m {m} n {n} k {k}",
+                            "measured_s": seconds,
+                            "split": "fitted" if fitted else "held out",
+                            "error": estimated / seconds - 1,
+                            "estimated_s": estimated,
+                        }
+                    )
+    print(
+        f"aic_tables: left out {floored} vLLM block-scaled GEMM rows (a floor of 57 us and more)",
+        file=sys.stderr,
+    )
     return results
 
 
@@ -205,33 +262,64 @@ def score_moe(sample: int = 300) -> list[dict]:
 
     for system, device in PROFILES.items():
         for engine in ("vllm", "sglang"):
-            rows = [r for r in table(system, "moe", engine, "moe_perf.parquet")
-                    if r["moe_dtype"] == "bfloat16" and r["moe_ep_size"] == 1
-                    and r["inter_size"] % (8 * r["moe_tp_size"]) == 0]  # grouped GEMM rows 16-byte aligned
+            rows = [
+                r
+                for r in table(system, "moe", engine, "moe_perf.parquet")
+                if r["moe_dtype"] == "bfloat16"
+                and r["moe_ep_size"] == 1
+                and r["inter_size"] % (8 * r["moe_tp_size"]) == 0
+            ]  # grouped GEMM rows 16-byte aligned
             random.Random(0).shuffle(rows)
             for routing in ("balanced", "power law"):
-                mine = [r for r in rows if (r["distribution"] == "balanced") == (routing == "balanced")][:sample]
+                mine = [r for r in rows if (r["distribution"] == "balanced") == (routing == "balanced")][
+                    :sample
+                ]
                 for row in mine:
-                    t, k, experts, hidden = row["num_tokens"], row["topk"], row["num_experts"], row["hidden_size"]
+                    t, k, experts, hidden = (
+                        row["num_tokens"],
+                        row["topk"],
+                        row["num_experts"],
+                        row["hidden_size"],
+                    )
                     inter = row["inter_size"] // row["moe_tp_size"]
                     skew = 0.0 if routing == "balanced" else float(row["distribution"].rsplit("_", 1)[1])
-                    with expert_routing(skew=skew, top_k=k):  # the table's power law, as --expert-skew prices it
-                        estimated = session.estimate(_experts_block, meta(t, hidden), meta(t, k, dtype=torch.long),
-                                                     meta(t, k, dtype=torch.float32), meta(experts, 2 * inter, hidden),
-                                                     meta(experts, hidden, inter), device=device).time_s
+                    with expert_routing(
+                        skew=skew, top_k=k
+                    ):  # the table's power law, as --expert-skew prices it
+                        estimated = session.estimate(
+                            _experts_block,
+                            meta(t, hidden),
+                            meta(t, k, dtype=torch.long),
+                            meta(t, k, dtype=torch.float32),
+                            meta(experts, 2 * inter, hidden),
+                            meta(experts, hidden, inter),
+                            device=device,
+                        ).time_s
                     seconds = row["latency"] * 1e-3
                     fitted = routing == "balanced" and (system, engine) in MOE_FITTED
-                    results.append({"family": f"fused MoE bf16, {routing} routing", "gpu": system, "engine": engine,
-                                    "point": f"{row['table']} {row['distribution']} {t} tokens top-{k} of {experts}, "
-                                             f"hidden {hidden}, inter {inter}", "measured_s": seconds,
-                                    "split": "fitted" if fitted else "held out",
-                                    "error": estimated / seconds - 1, "estimated_s": estimated})
+                    results.append(
+                        {
+                            "family": f"fused MoE bf16, {routing} routing",
+                            "gpu": system,
+                            "engine": engine,
+                            "point": f"{row['table']} {row['distribution']} {t} tokens top-{k} of {experts}, "
+                            f"hidden {hidden}, inter {inter}",
+                            "measured_s": seconds,
+                            "split": "fitted" if fitted else "held out",
+                            "error": estimated / seconds - 1,
+                            "estimated_s": estimated,
+                        }
+                    )
     return results
 
 
 # The measured attention variants: (attention dtype, cache dtype, windowed) -> the family's suffix
-ATTENTION_VARIANTS = {("bfloat16", "bfloat16", False): "", ("bfloat16", "fp8", False): ", fp8 KV cache",
-                      ("fp8", "fp8", False): ", fp8", ("bfloat16", "bfloat16", True): ", sliding window"}
+ATTENTION_VARIANTS = {
+    ("bfloat16", "bfloat16", False): "",
+    ("bfloat16", "fp8", False): ", fp8 KV cache",
+    ("fp8", "fp8", False): ", fp8",
+    ("bfloat16", "bfloat16", True): ", sliding window",
+}
 
 
 def score_attention(sample: int = 300) -> list[dict]:
@@ -265,94 +353,165 @@ def score_attention(sample: int = 300) -> list[dict]:
                 random.Random(0).shuffle(rows)
                 for (attn, cache, windowed), suffix in ATTENTION_VARIANTS.items():
                     fp8_queries = attn == "fp8"
-                    mine = [r for r in rows if (r["attn_dtype"], r["kv_cache_dtype"], r.get("window_size", 0) > 0)
-                            == (attn, cache, windowed)][:sample if not suffix else sample // 2]
+                    mine = [
+                        r
+                        for r in rows
+                        if (r["attn_dtype"], r["kv_cache_dtype"], r.get("window_size", 0) > 0)
+                        == (attn, cache, windowed)
+                    ][: sample if not suffix else sample // 2]
                     for row in mine:
-                        b, s, heads, kv, dim = (row[k] for k in ("batch_size", "isl", "num_heads",
-                                                                 "num_key_value_heads", "head_dim"))
+                        b, s, heads, kv, dim = (
+                            row[k]
+                            for k in ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim")
+                        )
                         q_len, kv_len = (s, s) if phase == "context" else (1, s + row["step"])
                         new, kind = meta(b, kv, q_len, dim), fp8 if cache == "fp8" else torch.bfloat16
                         estimated = session.estimate(
-                            layer, meta(b, heads, q_len, dim), new, new, meta(b, kv, kv_len, dim, dtype=kind),
-                            meta(b, kv, kv_len, dim, dtype=kind), meta(b, q_len, dim), meta(b, q_len, dim),
-                            meta(q_len, dtype=torch.long), row.get("window_size", 0), device=PROFILES[system]).time_s
+                            layer,
+                            meta(b, heads, q_len, dim),
+                            new,
+                            new,
+                            meta(b, kv, kv_len, dim, dtype=kind),
+                            meta(b, kv, kv_len, dim, dtype=kind),
+                            meta(b, q_len, dim),
+                            meta(b, q_len, dim),
+                            meta(q_len, dtype=torch.long),
+                            row.get("window_size", 0),
+                            device=PROFILES[system],
+                        ).time_s
                         seconds = row["latency"] * 1e-3
                         fitted = not suffix and (system, engine) in ATTENTION_FITTED
-                        results.append({"family": f"attention {phase}{suffix}", "gpu": system, "engine": engine,
-                                        "point": f"{row['table']} batch {b} len {s} heads {heads}/{kv} dim {dim}"
-                                                 + (f" window {row['window_size']}" if windowed else ""),
-                                        "measured_s": seconds, "split": "fitted" if fitted else "held out",
-                                        "error": estimated / seconds - 1, "estimated_s": estimated})
+                        results.append(
+                            {
+                                "family": f"attention {phase}{suffix}",
+                                "gpu": system,
+                                "engine": engine,
+                                "point": f"{row['table']} batch {b} len {s} heads {heads}/{kv} dim {dim}"
+                                + (f" window {row['window_size']}" if windowed else ""),
+                                "measured_s": seconds,
+                                "split": "fitted" if fitted else "held out",
+                                "error": estimated / seconds - 1,
+                                "estimated_s": estimated,
+                            }
+                        )
     return results
 
 
 def summary(results: list[dict], key: str = "error") -> dict:
     errors = [r[key] for r in results]
     absolute = [abs(e) for e in errors]
-    return {"points": len(errors), "median": statistics.median(absolute), "p90": quantile(absolute, 0.9),
-            "bias": statistics.median(errors), "within": sum(e <= WITHIN for e in absolute) / len(absolute)}
+    return {
+        "points": len(errors),
+        "median": statistics.median(absolute),
+        "p90": quantile(absolute, 0.9),
+        "bias": statistics.median(errors),
+        "within": sum(e <= WITHIN for e in absolute) / len(absolute),
+    }
 
 
 def markdown(results: list[dict]) -> str:
-    out = ["# castcore against NVIDIA's measured vLLM and SGLang kernels", "",
-           "Measured: aiconfigurator-core 0.12.0's vLLM and SGLang tables (how each family is read: "
-           "bench/kernels/aic_tables.py). castcore: castpack-nvidia's profiles, castpack-collectives for the "
-           "collectives. Error: castcore / measured - 1; bias: the median error. Fitted points set a profile constant; "
-           "held-out points set none.", "",
-           "| family | points | count | median \\|error\\| | p90 \\|error\\| | bias | within 20% |",
-           "|---|---|---:|---:|---:|---:|---:|"]
+    out = [
+        "# castcore against NVIDIA's measured vLLM and SGLang kernels",
+        "",
+        "Measured: aiconfigurator-core 0.12.0's vLLM and SGLang tables (how each family is read: "
+        "bench/kernels/aic_tables.py). castcore: castpack-nvidia's profiles, castpack-collectives for the "
+        "collectives. Error: castcore / measured - 1; bias: the median error. Fitted points set a profile constant; "
+        "held-out points set none.",
+        "",
+        "| family | points | count | median \\|error\\| | p90 \\|error\\| | bias | within 20% |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for family in dict.fromkeys(r["family"] for r in results):
         for split in ("fitted", "held out"):
             mine = [r for r in results if (r["family"], r["split"]) == (family, split)]
-            groups = {"**all**": mine, **{f"{g} {e}": [r for r in mine if (r["gpu"], r["engine"]) == (g, e)]
-                                         for g in PROFILES for e in ("vllm", "sglang")}}
+            groups = {
+                "**all**": mine,
+                **{
+                    f"{g} {e}": [r for r in mine if (r["gpu"], r["engine"]) == (g, e)]
+                    for g in PROFILES
+                    for e in ("vllm", "sglang")
+                },
+            }
             for label, group in groups.items():
                 if group:
                     s = summary(group)
-                    out.append(f"| {family} | {split}: {label} | {s['points']} | {s['median']:.1%} | {s['p90']:.1%} "
-                               f"| {s['bias']:+.1%} | {s['within']:.0%} |")
+                    out.append(
+                        f"| {family} | {split}: {label} | {s['points']} | {s['median']:.1%} | {s['p90']:.1%} "
+                        f"| {s['bias']:+.1%} | {s['within']:.0%} |"
+                    )
     library = [r for r in results if "library_error" in r]
     if library:
         s = summary(library, "library_error")
-        out += ["", f"The engine all-reduce points priced with a collective library's algorithms alone, as castcore "
-                f"priced them before: {s['median']:.0%} median |error|, {s['bias']:+.0%} bias."]
+        out += [
+            "",
+            f"The engine all-reduce points priced with a collective library's algorithms alone, as castcore "
+            f"priced them before: {s['median']:.0%} median |error|, {s['bias']:+.0%} bias.",
+        ]
     for family in dict.fromkeys(r["family"] for r in results):
-        worst = sorted((r for r in results if r["family"] == family and r["split"] == "held out"),
-                       key=lambda r: -abs(r["error"]))[:5]
-        out += ["", f"{family}, the worst held-out points:", "", "| point | measured | castcore | error |",
-                "|---|---:|---:|---:|"]
-        out += [f"| {r['point']} | {r['measured_s'] * 1e6:.2f} us | {r['estimated_s'] * 1e6:.2f} us | "
-                f"{r['error']:+.1%} |" for r in worst]
+        worst = sorted(
+            (r for r in results if r["family"] == family and r["split"] == "held out"),
+            key=lambda r: -abs(r["error"]),
+        )[:5]
+        out += [
+            "",
+            f"{family}, the worst held-out points:",
+            "",
+            "| point | measured | castcore | error |",
+            "|---|---:|---:|---:|",
+        ]
+        out += [
+            f"| {r['point']} | {r['measured_s'] * 1e6:.2f} us | {r['estimated_s'] * 1e6:.2f} us | "
+            f"{r['error']:+.1%} |"
+            for r in worst
+        ]
     return "\n".join(out) + "\n"
 
 
 def band_table(per_gpu: dict[str, dict[str, float]]) -> str:
     """The held-out medians per GPU and band family: what castpack-nvidia's profiles carry as [error_bands]."""
     families = sorted({band for found in per_gpu.values() for band in found})
-    out = ["", "Error bands (held-out median |error| per GPU, as castpack-nvidia's `[error_bands]` carry them):", "",
-           "| GPU | " + " | ".join(families) + " |", "|---|" + "---:|" * len(families)]
+    out = [
+        "",
+        "Error bands (held-out median |error| per GPU, as castpack-nvidia's `[error_bands]` carry them):",
+        "",
+        "| GPU | " + " | ".join(families) + " |",
+        "|---|" + "---:|" * len(families),
+    ]
     for gpu, found in per_gpu.items():
-        out.append(f"| {gpu} | " + " | ".join(f"{found[f]:.1%}" if f in found else "-" for f in families) + " |")
+        out.append(
+            f"| {gpu} | " + " | ".join(f"{found[f]:.1%}" if f in found else "-" for f in families) + " |"
+        )
     return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/aic_tables.md", help="the markdown report to write")
-    parser.add_argument("--medians", default="bench/results/aic_tables.json",
-                        help="the held-out medians: written beside the report, or checked against with --check")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a held-out median rose by more than 2 points against --medians")
+    parser.add_argument(
+        "--medians",
+        default="bench/results/aic_tables.json",
+        help="the held-out medians: written beside the report, or checked against with --check",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a held-out median rose by more than 2 points against --medians",
+    )
     args = parser.parse_args(argv)
     if args.check and not Path(args.medians).is_file():
-        print(f"aic_tables: no committed medians at {args.medians}; run without --check to write them",
-              file=sys.stderr)
+        print(
+            f"aic_tables: no committed medians at {args.medians}; run without --check to write them",
+            file=sys.stderr,
+        )
         return 2
     try:
         results = score_allreduce() + score_low_latency() + score_gemm() + score_moe() + score_attention()
     except ModuleNotFoundError as exc:
-        print(f"aic_tables: {exc.name} is not installed; run nox -s kernels, which installs "
-              "aiconfigurator-core and the packs", file=sys.stderr)
+        print(
+            f"aic_tables: {exc.name} is not installed; run nox -s kernels, which installs "
+            "aiconfigurator-core and the packs",
+            file=sys.stderr,
+        )
         return 2
     if not results:
         print("aic_tables: no measured rows found in aiconfigurator-core", file=sys.stderr)
@@ -362,8 +521,10 @@ def main(argv: list[str] | None = None) -> int:
         committed = heldout.read(args.medians)
         for family, now in fresh.items():
             before = committed.get(family, {}).get("median")
-            print(f"{family}: held-out median {now['median']:.1%} over {now['points']} points"
-                  + (f" (committed {before:.1%})" if before is not None else " (new)"))
+            print(
+                f"{family}: held-out median {now['median']:.1%} over {now['points']} points"
+                + (f" (committed {before:.1%})" if before is not None else " (new)")
+            )
         problems = heldout.rises(committed, fresh)
         for line in problems:
             print(f"aic_tables: {line}", file=sys.stderr)

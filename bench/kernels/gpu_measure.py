@@ -36,10 +36,14 @@ clock = time.monotonic  # the budget's clock (a test moves it)
 
 # (layer, n, k): a [m, k] @ [k, n] product
 GEMM_SHAPES = [
-    ("llama-3-8b qkv", 6144, 4096), ("llama-3-8b o", 4096, 4096),
-    ("llama-3-8b gate_up", 28672, 4096), ("llama-3-8b down", 4096, 14336),
-    ("llama-3-70b tp4 qkv", 2560, 8192), ("llama-3-70b tp4 o", 8192, 2048),
-    ("llama-3-70b tp4 gate_up", 14336, 8192), ("llama-3-70b tp4 down", 8192, 3584),
+    ("llama-3-8b qkv", 6144, 4096),
+    ("llama-3-8b o", 4096, 4096),
+    ("llama-3-8b gate_up", 28672, 4096),
+    ("llama-3-8b down", 4096, 14336),
+    ("llama-3-70b tp4 qkv", 2560, 8192),
+    ("llama-3-70b tp4 o", 8192, 2048),
+    ("llama-3-70b tp4 gate_up", 14336, 8192),
+    ("llama-3-70b tp4 down", 8192, 3584),
     ("llama-3 lm_head", 128256, 4096),
 ]
 GEMM_M = [1, 4, 16, 64, 256, 1024, 4096, 16384]
@@ -53,8 +57,16 @@ NORM_TOKENS = [1, 16, 256, 4096, 32768]
 NORM_HIDDEN = [4096, 8192]
 SWIGLU_HALF = 14336
 
-FAMILIES = ["gemm_bf16", "gemm_fp8", "fp8_quantize", "attention_prefill", "attention_decode", "rms_norm",
-            "layer_norm", "swiglu"]
+FAMILIES = [
+    "gemm_bf16",
+    "gemm_fp8",
+    "fp8_quantize",
+    "attention_prefill",
+    "attention_decode",
+    "rms_norm",
+    "layer_norm",
+    "swiglu",
+]
 OPS = {
     "gemm_bf16": "torch.mm(a, b)",
     "gemm_fp8": "torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)",
@@ -65,8 +77,20 @@ OPS = {
     "layer_norm": "torch.nn.functional.layer_norm(x, (hidden,), weight, bias, eps=1e-5)",
     "swiglu": "torch.nn.functional.silu(x[:, :h]) * x[:, h:]",
 }
-SHAPE_FIELDS = ["layer", "m", "n", "k", "batch", "seq", "kv_len", "q_heads", "kv_heads", "head_dim", "tokens",
-                "hidden"]
+SHAPE_FIELDS = [
+    "layer",
+    "m",
+    "n",
+    "k",
+    "batch",
+    "seq",
+    "kv_len",
+    "q_heads",
+    "kv_heads",
+    "head_dim",
+    "tokens",
+    "hidden",
+]
 
 
 def grid(families: list[str]) -> list[dict]:
@@ -79,25 +103,55 @@ def grid(families: list[str]) -> list[dict]:
 
 def _family_points(family: str) -> list[dict]:
     if family in ("gemm_bf16", "gemm_fp8"):
-        kind = ({"dtype": "bfloat16"} if family == "gemm_bf16" else
-                {"dtype": "float8_e4m3fn", "out_dtype": "bfloat16", "scaling": "per-tensor"})
-        return [{**kind, "layer": layer, "m": m, "n": n, "k": k} for layer, n, k in GEMM_SHAPES for m in GEMM_M]
+        kind = (
+            {"dtype": "bfloat16"}
+            if family == "gemm_bf16"
+            else {"dtype": "float8_e4m3fn", "out_dtype": "bfloat16", "scaling": "per-tensor"}
+        )
+        return [
+            {**kind, "layer": layer, "m": m, "n": n, "k": k} for layer, n, k in GEMM_SHAPES for m in GEMM_M
+        ]
     if family == "fp8_quantize":  # the activation of each GEMM above: one point per (m, k)
         ks = sorted({k for _, _, k in GEMM_SHAPES})
-        return [{"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "m": m, "k": k} for k in ks for m in GEMM_M]
+        return [
+            {"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "m": m, "k": k} for k in ks for m in GEMM_M
+        ]
     if family == "attention_prefill":
         points = []
-        for (qh, kvh) in HEADS:
+        for qh, kvh in HEADS:
             for seq in PREFILL_SEQ:
                 batches = sorted({b for b in (1, 4, 16, 64) if b * seq <= MAX_TOKENS} | {MAX_TOKENS // seq})
-                points += [{"dtype": "bfloat16", "batch": b, "seq": seq, "kv_len": seq, "q_heads": qh,
-                            "kv_heads": kvh, "head_dim": HEAD_DIM, "tokens": b * seq} for b in batches]
+                points += [
+                    {
+                        "dtype": "bfloat16",
+                        "batch": b,
+                        "seq": seq,
+                        "kv_len": seq,
+                        "q_heads": qh,
+                        "kv_heads": kvh,
+                        "head_dim": HEAD_DIM,
+                        "tokens": b * seq,
+                    }
+                    for b in batches
+                ]
         return points
     if family == "attention_decode":
-        return [{"dtype": "bfloat16", "batch": b, "seq": 1, "kv_len": kv, "q_heads": qh, "kv_heads": kvh,
-                 "head_dim": HEAD_DIM, "tokens": b}
-                for (qh, kvh) in HEADS for b in DECODE_BATCH for kv in DECODE_KV
-                if kv_bytes(b, kvh, kv) <= KV_CAP_BYTES]
+        return [
+            {
+                "dtype": "bfloat16",
+                "batch": b,
+                "seq": 1,
+                "kv_len": kv,
+                "q_heads": qh,
+                "kv_heads": kvh,
+                "head_dim": HEAD_DIM,
+                "tokens": b,
+            }
+            for (qh, kvh) in HEADS
+            for b in DECODE_BATCH
+            for kv in DECODE_KV
+            if kv_bytes(b, kvh, kv) <= KV_CAP_BYTES
+        ]
     if family in ("rms_norm", "layer_norm"):
         return [{"dtype": "bfloat16", "tokens": t, "hidden": h} for h in NORM_HIDDEN for t in NORM_TOKENS]
     if family == "swiglu":
@@ -124,6 +178,7 @@ def label(point: dict) -> str:
 
 # --- the calls, shared with score.py ---------------------------------------------------------------
 
+
 def mm(a, b):
     return torch.mm(a, b)
 
@@ -142,6 +197,7 @@ def attention(causal: bool, gqa: bool):
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **extra)
+
     return sdpa
 
 
@@ -164,6 +220,7 @@ def build(point: dict, device: str):
     An attention point's ``gqa`` says how grouped K/V heads were handled: ``enable_gqa`` (the keyword),
     ``repeat_kv`` (K/V repeated to the query heads before timing), ``none`` (as many K/V heads as query heads).
     """
+
     def new(*shape, dtype=BF16):
         if device == "meta":
             return torch.empty(shape, dtype=dtype, device="meta")
@@ -197,6 +254,7 @@ def build(point: dict, device: str):
 
 
 # --- timing ----------------------------------------------------------------------------------------
+
 
 def _events_time(fn, sets, reps: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -247,10 +305,14 @@ def time_point(fn, sets) -> dict:
     torch.cuda.synchronize()
     once = _events_time(fn, hot, MIN_REPS)
     reps = max(MIN_REPS, min(MAX_REPS, math.ceil(TARGET_S / max(once, 1e-9))))
-    return {"time_s": statistics.median(_events_time(fn, hot, reps) for _ in range(REPEATS)),
-            "graph_time_s": _graph_time(fn, hot, reps),
-            "cold_time_s": statistics.median(_events_time(fn, sets, reps) for _ in range(REPEATS)),
-            "cold_graph_time_s": _graph_time(fn, sets, reps), "copies": len(sets), "reps": reps}
+    return {
+        "time_s": statistics.median(_events_time(fn, hot, reps) for _ in range(REPEATS)),
+        "graph_time_s": _graph_time(fn, hot, reps),
+        "cold_time_s": statistics.median(_events_time(fn, sets, reps) for _ in range(REPEATS)),
+        "cold_graph_time_s": _graph_time(fn, sets, reps),
+        "copies": len(sets),
+        "reps": reps,
+    }
 
 
 def input_sets(row: dict, inputs: tuple) -> list[tuple]:
@@ -261,6 +323,7 @@ def input_sets(row: dict, inputs: tuple) -> list[tuple]:
 
 
 # --- attention backends ----------------------------------------------------------------------------
+
 
 def _has_enable_gqa() -> bool:
     q = torch.zeros(1, 2, 4, 8, device=DEVICE)
@@ -298,6 +361,7 @@ def _pick_backend(fn, inputs):
 
 # --- the run ---------------------------------------------------------------------------------------
 
+
 def measure(point: dict, gqa_keyword: bool) -> dict | None:
     """Time one point; the finished row, or None (with a printed line) when it cannot run here."""
     row = dict(point)
@@ -324,9 +388,14 @@ def measure(point: dict, gqa_keyword: bool) -> dict | None:
 
 def provenance(started: datetime.datetime) -> dict:
     props = torch.cuda.get_device_properties(0)
-    return {"gpu": torch.cuda.get_device_name(0), "sm_count": props.multi_processor_count,
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": started.isoformat(timespec="seconds"), "tool": TOOL}
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": started.isoformat(timespec="seconds"),
+        "tool": TOOL,
+    }
 
 
 def _fp8_gemm_works() -> str | None:
@@ -351,7 +420,10 @@ def run(points: list[dict], budget_s: float) -> list[dict]:
     started = clock()
     gqa_keyword = _has_enable_gqa()
     if not gqa_keyword:
-        print("enable_gqa is not a keyword of this torch's SDPA: grouped K/V are repeated before timing", flush=True)
+        print(
+            "enable_gqa is not a keyword of this torch's SDPA: grouped K/V are repeated before timing",
+            flush=True,
+        )
     skip = set()
     if any(p["family"] == "gemm_fp8" for p in points) and (why := _fp8_gemm_works()):
         print(f"gemm_fp8: skipped, torch._scaled_mm does not run on this GPU ({why})", flush=True)
@@ -362,8 +434,11 @@ def run(points: list[dict], budget_s: float) -> list[dict]:
             continue
         spent = clock() - started
         if spent > budget_s:
-            print(f"budget of {budget_s:g} s spent after {spent:.0f} s: {i - 1} of {len(points)} points tried, "
-                  f"the rest left out", flush=True)
+            print(
+                f"budget of {budget_s:g} s spent after {spent:.0f} s: {i - 1} of {len(points)} points tried, "
+                f"the rest left out",
+                flush=True,
+            )
             break
         if point["family"] != family:
             family = point["family"]
@@ -410,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSONL to write (default kernels-<gpu>-<date>.jsonl here)")
     parser.add_argument("--families", help=f"comma-separated subset of: {','.join(FAMILIES)}")
     parser.add_argument("--quick", action="store_true", help="first, middle and last point of each family")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="stop adding points after this many seconds")
+    parser.add_argument(
+        "--budget-s", type=float, default=420.0, help="stop adding points after this many seconds"
+    )
     parser.add_argument("--list", action="store_true", help="print the grid and exit (no GPU needed)")
     args = parser.parse_args(argv)
 
@@ -419,8 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         families = [f.strip() for f in args.families.split(",") if f.strip()]
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:
-            print(f"gpu_measure.py: unknown family {', '.join(unknown)}; known: {', '.join(FAMILIES)}",
-                  file=sys.stderr)
+            print(
+                f"gpu_measure.py: unknown family {', '.join(unknown)}; known: {', '.join(FAMILIES)}",
+                file=sys.stderr,
+            )
             return 2
     points = grid(families)
     if args.quick:
@@ -432,15 +511,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(points)} points: {counts}")
         return 0
     if not torch.cuda.is_available():
-        print(f"gpu_measure.py: CUDA is not available to torch {torch.__version__} (cuda {torch.version.cuda}); "
-              "run it on a machine with an NVIDIA GPU, or use --list", file=sys.stderr)
+        print(
+            f"gpu_measure.py: CUDA is not available to torch {torch.__version__} (cuda {torch.version.cuda}); "
+            "run it on a machine with an NVIDIA GPU, or use --list",
+            file=sys.stderr,
+        )
         return 2
 
     started = datetime.datetime.now(datetime.timezone.utc)
     stamp = provenance(started)
     out = args.out or f"kernels-{slug(stamp['gpu'])}-{started.date().isoformat()}.jsonl"
-    print(f"{stamp['gpu']} ({stamp['sm_count']} SMs), torch {stamp['torch']}, CUDA {stamp['cuda']}: "
-          f"{len(points)} points, budget {args.budget_s:g} s -> {out}", flush=True)
+    print(
+        f"{stamp['gpu']} ({stamp['sm_count']} SMs), torch {stamp['torch']}, CUDA {stamp['cuda']}: "
+        f"{len(points)} points, budget {args.budget_s:g} s -> {out}",
+        flush=True,
+    )
     t0 = time.monotonic()
     with torch.inference_mode():
         rows = run(points, args.budget_s)

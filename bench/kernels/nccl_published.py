@@ -57,7 +57,9 @@ def price(row: dict, profile):
         algorithms = ("in_switch",)
     elif row["algorithm"] == "ring":
         levels = tuple(dataclasses.replace(level, reduction_efficiency=0.0) for level in levels)
-    return collective_cost(row["collective"], row["bytes"], row["ranks"], levels, profile.comm_op_cost_s, algorithms)
+    return collective_cost(
+        row["collective"], row["bytes"], row["ranks"], levels, profile.comm_op_cost_s, algorithms
+    )
 
 
 def score(rows: list[dict]) -> list[dict]:
@@ -68,17 +70,29 @@ def score(rows: list[dict]) -> list[dict]:
     for row in rows:
         cost = price(row, session.device(row["profile"]))
         seconds = measured_s(row)
-        results.append({**row, "measured_s": seconds, "estimated_s": cost.time_s, "error": cost.time_s / seconds - 1,
-                        "how": f"{cost.algorithm} {'+'.join(cost.protocols) or '-'}",
-                        "split": "fitted" if row["sets"] else "held out"})
+        results.append(
+            {
+                **row,
+                "measured_s": seconds,
+                "estimated_s": cost.time_s,
+                "error": cost.time_s / seconds - 1,
+                "how": f"{cost.algorithm} {'+'.join(cost.protocols) or '-'}",
+                "split": "fitted" if row["sets"] else "held out",
+            }
+        )
     return results
 
 
 def summary(results: list[dict]) -> dict:
     errors = [r["error"] for r in results]
     absolute = sorted(abs(e) for e in errors)
-    return {"n": len(errors), "median": statistics.median(absolute), "p90": quantile(absolute, 0.9),
-            "bias": statistics.median(errors), "within": sum(a <= WITHIN for a in absolute) / len(absolute)}
+    return {
+        "n": len(errors),
+        "median": statistics.median(absolute),
+        "p90": quantile(absolute, 0.9),
+        "bias": statistics.median(errors),
+        "within": sum(a <= WITHIN for a in absolute) / len(absolute),
+    }
 
 
 def regime(size: float) -> str:
@@ -87,21 +101,30 @@ def regime(size: float) -> str:
 
 def _row(label: str, results: list[dict]) -> str:
     s = summary(results)
-    return (f"| {label} | {s['n']} | {s['median']:.1%} | {s['p90']:.1%} | {s['bias']:+.1%} | "
-            f"{s['within']:.0%} |")
+    return (
+        f"| {label} | {s['n']} | {s['median']:.1%} | {s['p90']:.1%} | {s['bias']:+.1%} | {s['within']:.0%} |"
+    )
 
 
 def report(results: list[dict]) -> str:
     head = "| group | points | median \\|error\\| | p90 \\|error\\| | bias (median error) | within 20% |"
     rule = "|---|---:|---:|---:|---:|---:|"
     held = [r for r in results if r["split"] == "held out"]
-    lines = ["# NCCL collectives: castpack-collectives against published measurements", "",
-             f"{len(results)} measured points from public sources (bench/kernels/nccl_published.csv, one source a "
-             f"row), priced by `castpack_collectives.alphabeta.collective_cost` on castpack-nvidia's profiles; "
-             f"error = estimate / measured - 1 in time. Fitted: the {len(results) - len(held)} points that set a "
-             f"profile constant (the csv's `sets`); held out: the other {len(held)}. Written by "
-             "`python bench/kernels/nccl_published.py`.", "",
-             "## Summary", "", head, rule, _row("all held out", held)]
+    lines = [
+        "# NCCL collectives: castpack-collectives against published measurements",
+        "",
+        f"{len(results)} measured points from public sources (bench/kernels/nccl_published.csv, one source a "
+        f"row), priced by `castpack_collectives.alphabeta.collective_cost` on castpack-nvidia's profiles; "
+        f"error = estimate / measured - 1 in time. Fitted: the {len(results) - len(held)} points that set a "
+        f"profile constant (the csv's `sets`); held out: the other {len(held)}. Written by "
+        "`python bench/kernels/nccl_published.py`.",
+        "",
+        "## Summary",
+        "",
+        head,
+        rule,
+        _row("all held out", held),
+    ]
     fitted = [r for r in results if r["split"] == "fitted"]
     if fitted:
         lines.append(_row("all fitted", fitted))
@@ -109,9 +132,12 @@ def report(results: list[dict]) -> str:
         part = [r for r in held if regime(r["bytes"]) == name]
         if part:
             lines.append(_row(f"held out, S {name}", part))
-    for name, keep in (("nccl-tests", lambda r: r["framework"].startswith("nccl-tests")),
-                       ("torch.distributed (host launch in the timing)", lambda r: r["framework"].startswith("torch")),
-                       ("one node", lambda r: r["nodes"] == 1), ("several nodes", lambda r: r["nodes"] > 1)):
+    for name, keep in (
+        ("nccl-tests", lambda r: r["framework"].startswith("nccl-tests")),
+        ("torch.distributed (host launch in the timing)", lambda r: r["framework"].startswith("torch")),
+        ("one node", lambda r: r["nodes"] == 1),
+        ("several nodes", lambda r: r["nodes"] > 1),
+    ):
         part = [r for r in held if keep(r)]
         if part:
             lines.append(_row(f"held out, {name}", part))
@@ -128,15 +154,23 @@ def report(results: list[dict]) -> str:
     lines += ["", "## Per source and framework (held out)", "", head.replace("group", "source"), rule]
     by_source: dict[str, list[dict]] = {}
     for r in held:
-        by_source.setdefault(r["source"].split(" (")[0].split(", section")[0] + " / " + r["framework"].split(",")[0],
-                             []).append(r)
+        by_source.setdefault(
+            r["source"].split(" (")[0].split(", section")[0] + " / " + r["framework"].split(",")[0], []
+        ).append(r)
     for name, part in sorted(by_source.items()):
         lines.append(_row(name, part))
-    lines += ["", "## Worst held-out points", "", "| point | GPU | S (B) | ranks | measured us | estimated us | "
-              "error | castcore's pick |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Worst held-out points",
+        "",
+        "| point | GPU | S (B) | ranks | measured us | estimated us | error | castcore's pick |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
     for r in sorted(held, key=lambda r: -abs(r["error"]))[:15]:
-        lines.append(f"| {r['id']} | {r['gpu']} | {int(r['bytes'])} | {r['ranks']} | {r['measured_s'] * 1e6:.1f} | "
-                     f"{r['estimated_s'] * 1e6:.1f} | {r['error']:+.0%} | {r['how']} |")
+        lines.append(
+            f"| {r['id']} | {r['gpu']} | {int(r['bytes'])} | {r['ranks']} | {r['measured_s'] * 1e6:.1f} | "
+            f"{r['estimated_s'] * 1e6:.1f} | {r['error']:+.0%} | {r['how']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -37,17 +37,23 @@ def load(paths: list[str]) -> list[dict]:
     return rows
 
 
-def score(rows: list[dict], session, device: str | None = None, metric: str = "time_s",
-          eager: bool = False) -> list[dict]:
+def score(
+    rows: list[dict], session, device: str | None = None, metric: str = "time_s", eager: bool = False
+) -> list[dict]:
     """One result per row: the measured and estimated seconds and the error, or why there is no estimate."""
     import castcore
 
     results = []
     for row in rows:
         profile = device or GPU_PROFILES.get(row.get("gpu", ""))
-        result = {"gpu": row.get("gpu"), "profile": profile, "family": row["family"], "point": describe(row),
-                  **{f: row[f] for f in gpu_measure.SHAPE_FIELDS + ["gqa", "backend"] if f in row},
-                  "measured_s": row.get(metric)}
+        result = {
+            "gpu": row.get("gpu"),
+            "profile": profile,
+            "family": row["family"],
+            "point": describe(row),
+            **{f: row[f] for f in gpu_measure.SHAPE_FIELDS + ["gqa", "backend"] if f in row},
+            "measured_s": row.get(metric),
+        }
         if profile is None:
             result["skipped"] = f"no castcore profile for GPU {row.get('gpu')!r}: pass --device"
         elif not result["measured_s"]:
@@ -61,8 +67,11 @@ def score(rows: list[dict], session, device: str | None = None, metric: str = "t
             except castcore.CastcoreError as exc:
                 result["skipped"] = f"castcore refused it: {exc}"
             else:
-                result.update(estimated_s=report.time_s, error=report.time_s / result["measured_s"] - 1,
-                              ops=[r.invoke.name for r in report.records if r.estimate.time_s > 0])
+                result.update(
+                    estimated_s=report.time_s,
+                    error=report.time_s / result["measured_s"] - 1,
+                    ops=[r.invoke.name for r in report.records if r.estimate.time_s > 0],
+                )
         results.append(result)
     return results
 
@@ -89,13 +98,21 @@ def summarise(results: list[dict]) -> list[dict]:
     for (gpu, profile, family), members in groups.items():
         done = [r for r in members if "error" in r]
         errors = [abs(r["error"]) for r in done]
-        line = {"gpu": gpu, "profile": profile, "family": family, "points": len(done),
-                "skipped": len(members) - len(done)}
+        line = {
+            "gpu": gpu,
+            "profile": profile,
+            "family": family,
+            "points": len(done),
+            "skipped": len(members) - len(done),
+        }
         if done:
-            line.update(median_abs_error=statistics.median(errors), p90_abs_error=quantile(errors, 0.9),
-                        bias=statistics.median(r["error"] for r in done),
-                        within_20=sum(e <= WITHIN for e in errors) / len(errors),
-                        worst=sorted(done, key=lambda r: -abs(r["error"]))[:5])
+            line.update(
+                median_abs_error=statistics.median(errors),
+                p90_abs_error=quantile(errors, 0.9),
+                bias=statistics.median(r["error"] for r in done),
+                within_20=sum(e <= WITHIN for e in errors) / len(errors),
+                worst=sorted(done, key=lambda r: -abs(r["error"]))[:5],
+            )
         lines.append(line)
     return lines
 
@@ -105,29 +122,45 @@ def _us(seconds: float) -> str:
 
 
 def markdown(lines: list[dict], results: list[dict], metric: str, eager: bool) -> str:
-    out = ["# castcore against measured kernels", "",
-           f"Measured: `{metric}` ({'CUDA graph replay' if 'graph' in metric else 'CUDA events'}"
-           f"{', inputs cycled past L2' if metric.startswith('cold') else ''}, median). "
-           f"Error: castcore / measured - 1; bias: the median error. castcore priced each call "
-           f"{'eagerly (fuse=False)' if eager else 'in its default view (F.rms_norm as one kernel)'}.", ""]
+    out = [
+        "# castcore against measured kernels",
+        "",
+        f"Measured: `{metric}` ({'CUDA graph replay' if 'graph' in metric else 'CUDA events'}"
+        f"{', inputs cycled past L2' if metric.startswith('cold') else ''}, median). "
+        f"Error: castcore / measured - 1; bias: the median error. castcore priced each call "
+        f"{'eagerly (fuse=False)' if eager else 'in its default view (F.rms_norm as one kernel)'}.",
+        "",
+    ]
     for gpu, profile in dict.fromkeys((line["gpu"], line["profile"]) for line in lines):
         mine = [line for line in lines if (line["gpu"], line["profile"]) == (gpu, profile)]
-        out += [f"## {gpu} as `{profile}`", "",
-                "| family | points | median \\|error\\| | p90 \\|error\\| | bias | within 20% |",
-                "|---|---:|---:|---:|---:|---:|"]
+        out += [
+            f"## {gpu} as `{profile}`",
+            "",
+            "| family | points | median \\|error\\| | p90 \\|error\\| | bias | within 20% |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for line in mine:
             if not line["points"]:
                 out.append(f"| {line['family']} | 0 ({line['skipped']} skipped) | | | | |")
                 continue
             skipped = f" ({line['skipped']} skipped)" if line["skipped"] else ""
-            out.append(f"| {line['family']} | {line['points']}{skipped} | {line['median_abs_error']:.1%} | "
-                       f"{line['p90_abs_error']:.1%} | {line['bias']:+.1%} | {line['within_20']:.0%} |")
+            out.append(
+                f"| {line['family']} | {line['points']}{skipped} | {line['median_abs_error']:.1%} | "
+                f"{line['p90_abs_error']:.1%} | {line['bias']:+.1%} | {line['within_20']:.0%} |"
+            )
         for line in mine:
             if line["points"]:
-                out += ["", f"{line['family']}, the 5 worst:", "", "| point | measured | castcore | error |",
-                        "|---|---:|---:|---:|"]
-                out += [f"| {r['point']} | {_us(r['measured_s'])} | {_us(r['estimated_s'])} | {r['error']:+.1%} |"
-                        for r in line["worst"]]
+                out += [
+                    "",
+                    f"{line['family']}, the 5 worst:",
+                    "",
+                    "| point | measured | castcore | error |",
+                    "|---|---:|---:|---:|",
+                ]
+                out += [
+                    f"| {r['point']} | {_us(r['measured_s'])} | {_us(r['estimated_s'])} | {r['error']:+.1%} |"
+                    for r in line["worst"]
+                ]
         out.append("")
     reasons = sorted({r["skipped"] for r in results if "skipped" in r})
     if reasons:
@@ -140,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", help="JSONL written by gpu_measure.py")
     parser.add_argument("--device", help="castcore profile for every row (default: from each row's GPU name)")
     parser.add_argument("--device-file", action="append", default=[], help="a device profile TOML to load")
-    parser.add_argument("--metric", choices=["time_s", "graph_time_s", "cold_time_s", "cold_graph_time_s"],
-                        default="time_s")
+    parser.add_argument(
+        "--metric", choices=["time_s", "graph_time_s", "cold_time_s", "cold_graph_time_s"], default="time_s"
+    )
     parser.add_argument("--eager", action="store_true", help="price with fuse=False (F.rms_norm decomposed)")
-    parser.add_argument("--out", help="write the tables here as markdown, and the per-point rows beside it as .json")
+    parser.add_argument(
+        "--out", help="write the tables here as markdown, and the per-point rows beside it as .json"
+    )
     args = parser.parse_args(argv)
 
     import castcore

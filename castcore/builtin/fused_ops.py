@@ -35,8 +35,9 @@ def _(x, weight, eps, offset):
 
 
 @torch.library.custom_op("castcore::add_rms_norm", mutates_args=())
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual): the residual add fused into the norm that follows it."""
     total = x + residual
     return _rms(total, weight, eps, offset), total
@@ -53,8 +54,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("castcore::rotary_embedding", mutates_args=())
-def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of queries and keys [batch, heads, seq, dim] by cos/sin [batch, seq, dim]
     (halves rotated, the Llama/NeoX layout), both in one kernel. cos/sin may hold each angle once, [batch, seq,
     dim / 2], as vLLM's cos/sin cache and gpt-oss do. ``interleaved``: the dimensions come in rotated pairs (x0,
@@ -101,9 +103,11 @@ def kept_keys(q_len: int, kv_len: int, causal: bool, window: int, chunk: int = 0
     """(query, key) pairs per head a causal (bottom-right aligned), optionally sliding-window or chunked, mask
     keeps. ``chunk``: the keys start at position 0 and each query sees only the keys of its own chunk."""
     if causal and chunk:
+
         def seen(n: int) -> int:  # pairs kept by the first n queries of a sequence: 1..chunk, 1..chunk, ...
             full, rest = divmod(n, chunk)
             return full * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
+
         return seen(kv_len) - seen(kv_len - q_len)
     if not causal:
         return q_len * (min(kv_len, window) if window else kv_len)
@@ -117,9 +121,18 @@ def kept_keys(q_len: int, kv_len: int, causal: bool, window: int, chunk: int = 0
 
 
 @torch.library.custom_op("castcore::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window: int,
-              softcap: float, kv_per_query_head: bool = False, sinks: torch.Tensor | None = None,
-              chunk: int = 0) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window: int,
+    softcap: float,
+    kv_per_query_head: bool = False,
+    sinks: torch.Tensor | None = None,
+    chunk: int = 0,
+) -> torch.Tensor:
     """Flash attention with grouped KV heads: q [batch, heads, q_len, dim], k/v [batch, kv_heads, kv_len, dim]
     (in the cache's dtype, which may differ from q's) -> [batch, q_len, heads, v_dim]. ``causal`` aligns the
     last query with the last key; ``window`` > 0 keeps only that many most recent keys; ``softcap`` > 0 caps the
@@ -160,7 +173,9 @@ def _(q, k, v, scale, causal, window, softcap, kv_per_query_head=False, sinks=No
 
 
 @torch.library.custom_op("castcore::latent_attention", mutates_args=())
-def latent_attention(q: torch.Tensor, latent: torch.Tensor, rank: int, scale: float, causal: bool) -> torch.Tensor:
+def latent_attention(
+    q: torch.Tensor, latent: torch.Tensor, rank: int, scale: float, causal: bool
+) -> torch.Tensor:
     """Multi-head latent attention in its absorbed form, as FlashMLA runs a decode: q [batch, heads, q_len,
     rank + rope] (the no-position part already multiplied into the latent space) against the cache's one latent
     entry per token, latent [batch, 1, kv_len, rank + rope], whose first ``rank`` columns are also the values ->
@@ -174,17 +189,39 @@ def _(q, latent, rank, scale, causal):
 
 
 @torch.library.custom_op("castcore::varlen_attention", mutates_args=())
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new: list[int], cached: list[int],
-                     scale: float, causal: bool, window: int, softcap: float,
-                     kv_per_query_head: bool = False, sinks: torch.Tensor | None = None,
-                     chunk: int = 0) -> torch.Tensor:
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    new: list[int],
+    cached: list[int],
+    scale: float,
+    causal: bool,
+    window: int,
+    softcap: float,
+    kv_per_query_head: bool = False,
+    sinks: torch.Tensor | None = None,
+    chunk: int = 0,
+) -> torch.Tensor:
     """Attention over sequences packed in one row, as an engine's iteration runs it in one kernel: sequence i has
     ``new[i]`` queries in q [1, heads, sum(new), dim] and ``cached[i] + new[i]`` keys and values in k/v
     [1, kv_heads, sum(cached + new), dim], its queries the last of its keys -> [1, sum(new), heads, v_dim]."""
     outputs, q_at, kv_at = [], 0, 0
     for n, c in zip(new, cached):
-        outputs.append(attention(q[:, :, q_at:q_at + n], k[:, :, kv_at:kv_at + c + n], v[:, :, kv_at:kv_at + c + n],
-                                 scale, causal, window, softcap, kv_per_query_head, sinks, chunk))
+        outputs.append(
+            attention(
+                q[:, :, q_at : q_at + n],
+                k[:, :, kv_at : kv_at + c + n],
+                v[:, :, kv_at : kv_at + c + n],
+                scale,
+                causal,
+                window,
+                softcap,
+                kv_per_query_head,
+                sinks,
+                chunk,
+            )
+        )
         q_at, kv_at = q_at + n, kv_at + c + n
     return torch.cat(outputs, dim=1)
 
@@ -211,8 +248,15 @@ def _(logits, k, renormalize):
 
 
 @torch.library.custom_op("castcore::grouped_topk", mutates_args=())
-def grouped_topk(logits: torch.Tensor, bias: torch.Tensor, groups: int, top_groups: int, k: int, renormalize: bool,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_topk(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    groups: int,
+    top_groups: int,
+    k: int,
+    renormalize: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's router in one kernel (vLLM's grouped_topk): sigmoid scores, the correction ``bias`` added to
     choose by; the ``top_groups`` of ``groups`` expert groups with the best sum of their two best; the top k
     experts among those; their scores (renormalised to sum to 1) times ``scale`` -> (weights fp32 [tokens, k],
@@ -237,8 +281,9 @@ def _(logits, bias, groups, top_groups, k, renormalize, scale):
 
 
 @torch.library.custom_op("castcore::moe_permute", mutates_args=())
-def moe_permute(hidden: torch.Tensor, expert_ids: torch.Tensor,
-                experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_permute(
+    hidden: torch.Tensor, expert_ids: torch.Tensor, experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A mixture-of-experts dispatch in one kernel: every token's top-k copies sorted by expert ->
     (rows [tokens x k, hidden], order [tokens x k]: the flat (token, k) index of each row, offsets [experts]:
     the end row of each expert's group, int32, as torch._grouped_mm takes them)."""
@@ -252,13 +297,21 @@ def moe_permute(hidden: torch.Tensor, expert_ids: torch.Tensor,
 @moe_permute.register_fake
 def _(hidden, expert_ids, experts):
     rows = expert_ids.numel()
-    return (hidden.new_empty((rows, hidden.shape[-1])), expert_ids.new_empty((rows,), dtype=torch.int64),
-            expert_ids.new_empty((experts,), dtype=torch.int32))
+    return (
+        hidden.new_empty((rows, hidden.shape[-1])),
+        expert_ids.new_empty((rows,), dtype=torch.int64),
+        expert_ids.new_empty((experts,), dtype=torch.int32),
+    )
 
 
 @torch.library.custom_op("castcore::moe_unpermute", mutates_args=())
-def moe_unpermute(rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None,
-                  offsets: torch.Tensor | None = None) -> torch.Tensor:
+def moe_unpermute(
+    rows: torch.Tensor,
+    order: torch.Tensor,
+    weights: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The combine of moe_permute's rows in one kernel: each token's k expert outputs (plus its expert's ``bias``
     [experts, hidden], the rows grouped by ``offsets``) weighted by the router and summed -> [tokens, hidden] in
     the rows' dtype."""
@@ -278,12 +331,15 @@ def _(rows, order, weights, bias=None, offsets=None):
 def _row_experts(offsets: torch.Tensor, rows: int) -> torch.Tensor:
     """The expert of each row of rows grouped by expert, from the groups' cumulative end rows."""
     counts = torch.diff(offsets.long(), prepend=offsets.new_zeros(1).long())
-    return torch.repeat_interleave(torch.arange(len(offsets), device=offsets.device), counts, output_size=rows)
+    return torch.repeat_interleave(
+        torch.arange(len(offsets), device=offsets.device), counts, output_size=rows
+    )
 
 
 @torch.library.custom_op("castcore::clamped_swiglu", mutates_args=())
-def clamped_swiglu(gate_up: torch.Tensor, bias: torch.Tensor, offsets: torch.Tensor, alpha: float,
-                   limit: float) -> torch.Tensor:
+def clamped_swiglu(
+    gate_up: torch.Tensor, bias: torch.Tensor, offsets: torch.Tensor, alpha: float, limit: float
+) -> torch.Tensor:
     """gpt-oss's expert activation in one kernel (vLLM's swigluoai_and_mul, with the first grouped GEMM's bias,
     which engines add in that GEMM's epilogue): rows grouped by expert (``offsets``) plus their expert's bias
     [experts, 2 x inter], gate and up interleaved along the last dimension; gate clamped above at ``limit``, up
@@ -301,27 +357,66 @@ def _(gate_up, bias, offsets, alpha, limit):
 # The eager ops each fused op stands in for: a plugin's claim on one of these that the deployed view no longer
 # runs anywhere is said to be unreached (castcore.plugins.audit.unreached_claims), never silently unused.
 _REPLACES = {
-    "castcore::rms_norm": ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt", "aten::mul.Tensor",
-                           "aten::_to_copy"),
-    "castcore::add_rms_norm": ("aten::add.Tensor", "aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt",
-                               "aten::mul.Tensor", "aten::_to_copy"),
-    "castcore::rotary_embedding": ("aten::mul.Tensor", "aten::add.Tensor", "aten::neg", "aten::cat",
-                                   "aten::slice.Tensor"),
+    "castcore::rms_norm": (
+        "aten::pow.Tensor_Scalar",
+        "aten::mean.dim",
+        "aten::rsqrt",
+        "aten::mul.Tensor",
+        "aten::_to_copy",
+    ),
+    "castcore::add_rms_norm": (
+        "aten::add.Tensor",
+        "aten::pow.Tensor_Scalar",
+        "aten::mean.dim",
+        "aten::rsqrt",
+        "aten::mul.Tensor",
+        "aten::_to_copy",
+    ),
+    "castcore::rotary_embedding": (
+        "aten::mul.Tensor",
+        "aten::add.Tensor",
+        "aten::neg",
+        "aten::cat",
+        "aten::slice.Tensor",
+    ),
     "castcore::silu_and_mul": ("aten::silu", "aten::mul.Tensor"),
     "castcore::gelu_and_mul": ("aten::gelu", "aten::mul.Tensor"),
-    "castcore::attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
-                            "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_attention_math",
-                            "aten::bmm", "aten::_softmax", "aten::repeat_interleave.self_int", "aten::expand"),
-    "castcore::varlen_attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
-                                   "aten::_scaled_dot_product_efficient_attention",
-                                   "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax",
-                                   "aten::repeat_interleave.self_int", "aten::expand"),
-    "castcore::latent_attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
-                                   "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax",
-                                   "aten::expand"),
+    "castcore::attention": (
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_attention_math",
+        "aten::bmm",
+        "aten::_softmax",
+        "aten::repeat_interleave.self_int",
+        "aten::expand",
+    ),
+    "castcore::varlen_attention": (
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_attention_math",
+        "aten::bmm",
+        "aten::_softmax",
+        "aten::repeat_interleave.self_int",
+        "aten::expand",
+    ),
+    "castcore::latent_attention": (
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_attention_math",
+        "aten::bmm",
+        "aten::_softmax",
+        "aten::expand",
+    ),
     "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
-    "castcore::grouped_topk": ("aten::sigmoid", "aten::topk", "aten::scatter_.value", "aten::masked_fill.Scalar",
-                               "aten::gather", "aten::sum.dim_IntList", "aten::div.Tensor", "aten::add.Tensor"),
+    "castcore::grouped_topk": (
+        "aten::sigmoid",
+        "aten::topk",
+        "aten::scatter_.value",
+        "aten::masked_fill.Scalar",
+        "aten::gather",
+        "aten::sum.dim_IntList",
+        "aten::div.Tensor",
+        "aten::add.Tensor",
+    ),
     "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
     "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
     "castcore::clamped_swiglu": ("aten::clamp", "aten::sigmoid", "aten::mul.Tensor", "aten::add.Tensor"),
@@ -330,7 +425,21 @@ _REPLACES = {
 for _fused, _eager in _REPLACES.items():
     declare_replaces(_fused, _eager)
 
-OPS = {name: getattr(torch.ops.castcore, name).default
-       for name in ("rms_norm", "add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "attention",
-                    "varlen_attention", "latent_attention", "topk_softmax", "grouped_topk", "moe_permute",
-                    "moe_unpermute", "clamped_swiglu")}
+OPS = {
+    name: getattr(torch.ops.castcore, name).default
+    for name in (
+        "rms_norm",
+        "add_rms_norm",
+        "rotary_embedding",
+        "silu_and_mul",
+        "gelu_and_mul",
+        "attention",
+        "varlen_attention",
+        "latent_attention",
+        "topk_softmax",
+        "grouped_topk",
+        "moe_permute",
+        "moe_unpermute",
+        "clamped_swiglu",
+    )
+}

@@ -43,7 +43,9 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
-def dequantize(qweight: torch.Tensor, scales: torch.Tensor, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+def dequantize(
+    qweight: torch.Tensor, scales: torch.Tensor, group_size: int, dtype: torch.dtype
+) -> torch.Tensor:
     """The weight a quantized ``qweight`` stands for, [..., out, in] in ``dtype``."""
     if qweight.dtype == torch.uint8:  # two int4 codes per byte
         codes = _nibbles(qweight).to(torch.int16) - INT4_OFFSET
@@ -62,13 +64,19 @@ def in_features(qweight: torch.Tensor) -> int:
 
 
 def _check_columns(x: torch.Tensor, qweight: torch.Tensor) -> None:
-    torch._check(x.shape[-1] == in_features(qweight), lambda: f"x has {x.shape[-1]} columns but the quantized "
-                 f"weight {tuple(qweight.shape)} ({qweight.dtype}) takes {in_features(qweight)}")
+    torch._check(
+        x.shape[-1] == in_features(qweight),
+        lambda: (
+            f"x has {x.shape[-1]} columns but the quantized "
+            f"weight {tuple(qweight.shape)} ({qweight.dtype}) takes {in_features(qweight)}"
+        ),
+    )
 
 
 @torch.library.custom_op("castcore::weight_only_linear", mutates_args=())
-def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
-                       bias: torch.Tensor | None) -> torch.Tensor:
+def weight_only_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int, bias: torch.Tensor | None
+) -> torch.Tensor:
     """x @ dequantize(qweight)^T + bias in x's dtype, the weight dequantized tile by tile in registers (Marlin,
     Machete, AWQ kernels): no copy of the weight in x's dtype is ever written to memory."""
     return F.linear(x, dequantize(qweight, scales, group_size, x.dtype), bias)
@@ -87,14 +95,17 @@ def _groups(offs: torch.Tensor) -> list[tuple[int, int]]:
 
 
 @torch.library.custom_op("castcore::weight_only_grouped_mm", mutates_args=())
-def weight_only_grouped_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor,
-                           group_size: int) -> torch.Tensor:
+def weight_only_grouped_mm(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """Mixture-of-experts rows x [rows, in], sorted by expert, times each expert's dequantized weight
     (qweight [experts, out, in']); ``offs`` are the cumulative row counts per expert (torch._grouped_mm's)."""
     out = x.new_zeros((x.shape[0], qweight.shape[1]))
     for expert, (start, end) in enumerate(_groups(offs)):
         if end > start:
-            out[start:end] = F.linear(x[start:end], dequantize(qweight[expert], scales[expert], group_size, x.dtype))
+            out[start:end] = F.linear(
+                x[start:end], dequantize(qweight[expert], scales[expert], group_size, x.dtype)
+            )
     return out
 
 
@@ -126,7 +137,9 @@ def _(x, dtype):
 
 
 @torch.library.custom_op("castcore::quantize_per_token_group", mutates_args=())
-def quantize_per_token_group(x: torch.Tensor, group: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_token_group(
+    x: torch.Tensor, group: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic quantization of activations x [rows, in] with one scale per ``group`` columns of each row (the
     1 x 128 groups of DeepSeek-V3's fp8 checkpoints, vLLM's per_token_group_quant_fp8) -> (codes [rows, in],
     fp32 scales [rows, ceil(in / group)]), in one kernel."""
@@ -141,12 +154,20 @@ def quantize_per_token_group(x: torch.Tensor, group: int, dtype: torch.dtype) ->
 
 @quantize_per_token_group.register_fake
 def _(x, group, dtype):
-    return x.new_empty(x.shape, dtype=dtype), x.new_empty((x.shape[0], -(-x.shape[1] // group)), dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=dtype), x.new_empty(
+        (x.shape[0], -(-x.shape[1] // group)), dtype=torch.float32
+    )
 
 
 @torch.library.custom_op("castcore::int8_scaled_mm", mutates_args=())
-def int8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                   bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+def int8_scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """torch._scaled_mm for int8, which torch lacks (CUTLASS's scaled_mm, vLLM's cutlass_scaled_mm): a [rows, in]
     int8 times b [in, out] int8, the int32 accumulators scaled per row (scale_a [rows, 1]) and per channel
     (scale_b [1, out]) and the bias added in the product's epilogue, written once in ``out_dtype``."""
@@ -155,14 +176,21 @@ def int8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
 
 @int8_scaled_mm.register_fake
 def _(a, b, scale_a, scale_b, bias, out_dtype):
-    torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
-                 lambda: f"int8_scaled_mm takes [rows, in] x [in, out], got {tuple(a.shape)} x {tuple(b.shape)}")
+    torch._check(
+        a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+        lambda: f"int8_scaled_mm takes [rows, in] x [in, out], got {tuple(a.shape)} x {tuple(b.shape)}",
+    )
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
 @torch.library.custom_op("castcore::dequantize_int_mm", mutates_args=())
-def dequantize_int_mm(acc: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None,
-                      dtype: torch.dtype) -> torch.Tensor:
+def dequantize_int_mm(
+    acc: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """The epilogue of an int8 product (torch._int_mm): int32 accumulators [rows, out] times the per-token scales
     [rows, 1] and the per-channel weight scales [1, out], plus the bias, in ``dtype``."""
     out = acc.double() * scale_a * scale_b
@@ -177,8 +205,14 @@ def _(acc, scale_a, scale_b, bias, dtype):
 
 
 @torch.library.custom_op("castcore::int8_scaled_grouped_mm", mutates_args=())
-def int8_scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                           offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def int8_scaled_grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    offs: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """torch._scaled_grouped_mm for int8, which torch lacks: rows a [rows, in] int8 sorted by expert times
     b [experts, in, out] int8, scaled per row (scale_a [rows]) and per expert channel (scale_b [experts, out])."""
     out = torch.zeros((a.shape[0], b.shape[-1]), dtype=out_dtype, device=a.device)
@@ -191,14 +225,21 @@ def int8_scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tens
 
 @int8_scaled_grouped_mm.register_fake
 def _(a, b, scale_a, scale_b, offs, out_dtype):
-    torch._check(a.shape[-1] == b.shape[-2], lambda: f"a has {a.shape[-1]} columns but b {tuple(b.shape)} takes "
-                 f"{b.shape[-2]}")
+    torch._check(
+        a.shape[-1] == b.shape[-2],
+        lambda: f"a has {a.shape[-1]} columns but b {tuple(b.shape)} takes {b.shape[-2]}",
+    )
     return a.new_empty((a.shape[0], b.shape[-1]), dtype=out_dtype)
 
 
 @torch.library.custom_op("castcore::quantize_blocks", mutates_args=())
-def quantize_blocks(x: torch.Tensor, dtype: torch.dtype, block: int, scale_dtype: torch.dtype,
-                    global_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    block: int,
+    scale_dtype: torch.dtype,
+    global_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic quantization of activations x [rows, in] with one ``scale_dtype`` scale per ``block`` columns of a
     row, in one kernel -> (codes [rows, in] in ``dtype``, or packed fp4 [rows, in / 2]; scales [rows, in / block]).
     NVFP4: fp4, 16 columns, float8_e4m3fn scales over the per-tensor ``global_scale`` (vLLM's scaled_fp4_quant);
@@ -206,7 +247,7 @@ def quantize_blocks(x: torch.Tensor, dtype: torch.dtype, block: int, scale_dtype
     rows, columns = x.shape
     top = 6.0 if dtype == FP4 else torch.finfo(dtype).max
     blocks = x.float().view(rows, columns // block, block) / (1.0 if global_scale is None else global_scale)
-    scale = (blocks.abs().amax(-1, keepdim=True) / top).clamp(min=2.0 ** -126)
+    scale = (blocks.abs().amax(-1, keepdim=True) / top).clamp(min=2.0**-126)
     if scale_dtype == torch.float8_e8m0fnu:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     scale = scale.to(scale_dtype)
@@ -232,8 +273,16 @@ def _block_scaled(a, b, scale_a, scale_b, group, alpha):
 
 
 @torch.library.custom_op("castcore::block_scaled_mm", mutates_args=())
-def block_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, group: int,
-                    alpha: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+def block_scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    group: int,
+    alpha: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """Quantized activations a [rows, in'] (scale_a [rows, blocks]) times quantized weights b [out, in']
     (scale_b [out, in / group]) transposed, each scale applied to its block of input columns inside the product
     (CUTLASS's block-scaled GEMMs on Blackwell; TensorRT-LLM's and vLLM's W4A8 kernels convert int4 weights to fp8
@@ -244,33 +293,65 @@ def block_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sca
 
 @block_scaled_mm.register_fake
 def _(a, b, scale_a, scale_b, group, alpha, bias, out_dtype):
-    torch._check(in_features(a) == in_features(b), lambda: f"a {tuple(a.shape)} ({a.dtype}) and b "
-                 f"{tuple(b.shape)} ({b.dtype}) hold different input columns")
+    torch._check(
+        in_features(a) == in_features(b),
+        lambda: (
+            f"a {tuple(a.shape)} ({a.dtype}) and b {tuple(b.shape)} ({b.dtype}) hold different input columns"
+        ),
+    )
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
 @torch.library.custom_op("castcore::block_scaled_grouped_mm", mutates_args=())
-def block_scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                            group: int, alpha: torch.Tensor | None, offs: torch.Tensor,
-                            out_dtype: torch.dtype) -> torch.Tensor:
+def block_scaled_grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    group: int,
+    alpha: torch.Tensor | None,
+    offs: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """block_scaled_mm for mixture-of-experts rows a [rows, in'] sorted by expert against b [experts, out, in']
     (scale_b [experts, out, in / group], alpha [experts]); ``offs`` are the cumulative rows per expert."""
     out = torch.zeros((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
     for expert, (start, end) in enumerate(_groups(offs)):
         if end > start:
-            out[start:end] = _block_scaled(a[start:end], b[expert], scale_a[start:end], scale_b[expert], group,
-                                           None if alpha is None else alpha[expert]).to(out_dtype)
+            out[start:end] = _block_scaled(
+                a[start:end],
+                b[expert],
+                scale_a[start:end],
+                scale_b[expert],
+                group,
+                None if alpha is None else alpha[expert],
+            ).to(out_dtype)
     return out
 
 
 @block_scaled_grouped_mm.register_fake
 def _(a, b, scale_a, scale_b, group, alpha, offs, out_dtype):
-    torch._check(in_features(a) == in_features(b), lambda: f"a {tuple(a.shape)} ({a.dtype}) and b "
-                 f"{tuple(b.shape)} ({b.dtype}) hold different input columns")
+    torch._check(
+        in_features(a) == in_features(b),
+        lambda: (
+            f"a {tuple(a.shape)} ({a.dtype}) and b {tuple(b.shape)} ({b.dtype}) hold different input columns"
+        ),
+    )
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
-OPS = {name: getattr(torch.ops.castcore, name).default
-       for name in ("weight_only_linear", "weight_only_grouped_mm", "quantize_per_token", "quantize_per_token_group",
-                    "int8_scaled_mm", "dequantize_int_mm", "int8_scaled_grouped_mm", "quantize_blocks",
-                    "block_scaled_mm", "block_scaled_grouped_mm")}
+OPS = {
+    name: getattr(torch.ops.castcore, name).default
+    for name in (
+        "weight_only_linear",
+        "weight_only_grouped_mm",
+        "quantize_per_token",
+        "quantize_per_token_group",
+        "int8_scaled_mm",
+        "dequantize_int_mm",
+        "int8_scaled_grouped_mm",
+        "quantize_blocks",
+        "block_scaled_mm",
+        "block_scaled_grouped_mm",
+    )
+}

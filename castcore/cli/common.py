@@ -58,7 +58,9 @@ def make_session(args: argparse.Namespace, **extra) -> Session:
     """A Session from the plugin options; plugin problems are printed, and fail under --strict."""
     from castcore.sweeps.sweep import open_session
 
-    return open_session(PluginOptions.of(args), lambda line: print(f"castcore: {line}", file=sys.stderr), **extra)
+    return open_session(
+        PluginOptions.of(args), lambda line: print(f"castcore: {line}", file=sys.stderr), **extra
+    )
 
 
 def progress_printer():
@@ -68,6 +70,7 @@ def progress_printer():
 
     def show(count: int) -> None:
         print(f"\rcastcore: {count} op calls captured", end="", file=sys.stderr, flush=True)
+
     return show
 
 
@@ -82,5 +85,7 @@ def warn(message: str) -> None:
 def fail_on_fallback(session: Session, fallback_ops: list[str]) -> None:
     """Under --strict, ops left to the memory-only estimate are a failure naming them."""
     if session.config.strict and fallback_ops:
-        raise StrictFailure(f"{len(fallback_ops)} op(s) fell back to the memory-only estimate and --strict is on: "
-                            f"{', '.join(fallback_ops)}; give them an estimator or op_properties")
+        raise StrictFailure(
+            f"{len(fallback_ops)} op(s) fell back to the memory-only estimate and --strict is on: "
+            f"{', '.join(fallback_ops)}; give them an estimator or op_properties"
+        )

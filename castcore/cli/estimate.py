@@ -7,8 +7,18 @@ import json
 import sys
 import time
 
-from castcore.cli.common import (StrictFailure, announce_capture, capture_cache_from, chosen_device, fail_on_fallback,
-                                 make_session, note, progress_printer, report_capture_cache, warn)
+from castcore.cli.common import (
+    StrictFailure,
+    announce_capture,
+    capture_cache_from,
+    chosen_device,
+    fail_on_fallback,
+    make_session,
+    note,
+    progress_printer,
+    report_capture_cache,
+    warn,
+)
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, ESTIMATE
 from castcore.cli.page import page_path, write_page
@@ -18,7 +28,9 @@ from castcore.workload.spec import build_workload
 
 def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in values(args, ESTIMATE, AXIS).items() if k not in ("model", "device")}
-    workload = build_workload(args.model, **options)  # bad options and unwritable files fail before anything loads
+    workload = build_workload(
+        args.model, **options
+    )  # bad options and unwritable files fail before anything loads
     trace = check_output(args.trace, "trace") if args.trace else None
     plot = check_output(args.plot, "plot") if args.plot else None
     html = page_path(args)
@@ -67,9 +79,11 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     est = subparsers.add_parser(
-        "estimate", help="capture a model on fake tensors and estimate every operator call",
+        "estimate",
+        help="capture a model on fake tensors and estimate every operator call",
         description="Capture a model on fake tensors (no weights are allocated) and estimate each operator "
-                    "call on a device. With no arguments: Llama-3-8B prefill, batch 1, 2048 tokens, bf16, "
-                    "on the default installed device.")
+        "call on a device. With no arguments: Llama-3-8B prefill, batch 1, 2048 tokens, bf16, "
+        "on the default installed device.",
+    )
     add_options(est, ESTIMATE)
     est.set_defaults(func=run, quick_exit=True)

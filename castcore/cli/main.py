@@ -41,14 +41,18 @@ class _Parser(argparse.ArgumentParser):
 
     def _check_value(self, action: argparse.Action, value: object) -> None:
         if action.choices is not None and value not in action.choices:
-            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(str(value), action.choices)} "
-                                                 f"(choose from {', '.join(map(str, action.choices))})")
+            raise argparse.ArgumentError(
+                action,
+                f"invalid choice: {value!r}{did_you_mean(str(value), action.choices)} "
+                f"(choose from {', '.join(map(str, action.choices))})",
+            )
 
 
 def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = _Parser(
         prog="castcore",
-        description="Estimate how fast a PyTorch model runs on an accelerator you may not have.")
+        description="Estimate how fast a PyTorch model runs on an accelerator you may not have.",
+    )
     parser.add_argument("--version", action="version", version=f"castcore {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     estimate.add_parser(sub)
@@ -79,8 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     if sys.stdout is None:  # started with standard output closed (>&-): the results would be lost
-        print("castcore: error: standard output is closed, and castcore prints its results there: redirect it to a "
-              "file or /dev/null", file=sys.stderr)
+        print(
+            "castcore: error: standard output is closed, and castcore prints its results there: redirect it to a "
+            "file or /dev/null",
+            file=sys.stderr,
+        )
         return 2
     try:
         with terms("cli"):  # errors name options as the shell gives them: --batch 0
@@ -103,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"castcore: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # after CastcoreError: an OutputError is an OSError too
-        if exc.errno not in _OUTPUT_ERRORS or exc.filename is not None:  # a file's error is the command's to word
+        if (
+            exc.errno not in _OUTPUT_ERRORS or exc.filename is not None
+        ):  # a file's error is the command's to word
             raise
         _discard_stdout()
         print(f"castcore: error: cannot write standard output: {exc.strerror}", file=sys.stderr)
@@ -117,10 +126,12 @@ def _check_expert_parallel(args: argparse.Namespace) -> None:
     if not all(isinstance(v, int) for v in (tp, ep, groups)) or ep <= tp or ep % tp or groups > 1:
         return
     given = f"{say('tp', tp)} {say('ep', ep)}" if tp > 1 else say("ep", ep)
-    raise ModelError(f"{given} leaves open what runs the attention: give {say('tp', ep)} {say('ep', ep)} (attention "
-                     f"and experts over {ep} devices, as vLLM's -tp {ep} --enable-expert-parallel) or {given} "
-                     f"{say('attention_dp', ep // tp)} (attention data-parallel over {ep // tp} groups of {tp} "
-                     "device(s), the experts over all of them)")
+    raise ModelError(
+        f"{given} leaves open what runs the attention: give {say('tp', ep)} {say('ep', ep)} (attention "
+        f"and experts over {ep} devices, as vLLM's -tp {ep} --enable-expert-parallel) or {given} "
+        f"{say('attention_dp', ep // tp)} (attention data-parallel over {ep // tp} groups of {tp} "
+        "device(s), the experts over all of them)"
+    )
 
 
 _OUTPUT_ERRORS = (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EFBIG, errno.EDQUOT)

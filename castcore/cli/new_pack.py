@@ -60,19 +60,25 @@ def new_pack(name: str, output_dir: str | Path = ".", no_input: bool = False) ->
 
     log = logging.getLogger("cookiecutter")
     level = log.level
-    log.setLevel(logging.CRITICAL)  # it logs a traceback for a failed hook, burying the hook's one-line message
+    log.setLevel(
+        logging.CRITICAL
+    )  # it logs a traceback for a failed hook, burying the hook's one-line message
     try:
-        made = cookiecutter(str(TEMPLATE), no_input=no_input, extra_context={"pack_name": name},
-                            output_dir=str(output_dir))
+        made = cookiecutter(
+            str(TEMPLATE), no_input=no_input, extra_context={"pack_name": name}, output_dir=str(output_dir)
+        )
     except OutputDirExistsException as exc:  # a pack name changed at the prompt to an existing directory
         raise NewPackError(f"{exc}; remove it, or choose another name or --output-dir") from None
     except FailedHookException:  # the hook has printed which answer and why, on the line above
-        raise NewPackError("the template rejected an answer (see the line above); nothing was written") from None
+        raise NewPackError(
+            "the template rejected an answer (see the line above); nothing was written"
+        ) from None
     except CookiecutterException as exc:
         raise NewPackError(f"could not render the pack template {TEMPLATE}: {exc}") from None
     except EOFError:
-        raise NewPackError("no answers to read (stdin is not a terminal); pass --no-input to take the "
-                           "defaults") from None
+        raise NewPackError(
+            "no answers to read (stdin is not a terminal); pass --no-input to take the defaults"
+        ) from None
     except KeyboardInterrupt:
         raise NewPackError("cancelled; nothing was written") from None
     finally:
@@ -86,26 +92,30 @@ def new_pack(name: str, output_dir: str | Path = ".", no_input: bool = False) ->
 
 def _run(args: argparse.Namespace) -> int:
     made = new_pack(args.name, args.output_dir, no_input=args.no_input)
-    print(f"made {made}\n"
-          f"next (its README.md says more): edit the device profile in profiles/ and the estimators in ops.py, then\n"
-          f"  cd {made}\n"
-          f"  pip install torch==2.13.0 -e '.[test]'\n"
-          f"  castcore audit\n"
-          f"  pytest")
+    print(
+        f"made {made}\n"
+        f"next (its README.md says more): edit the device profile in profiles/ and the estimators in ops.py, then\n"
+        f"  cd {made}\n"
+        f"  pip install torch==2.13.0 -e '.[test]'\n"
+        f"  castcore audit\n"
+        f"  pytest"
+    )
     return 0
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``new-pack`` subcommand to the ``castcore`` command's subparsers."""
     parser = subparsers.add_parser(
-        "new-pack", help="make a new pack (a pip-installable plugin) from castcore's template",
+        "new-pack",
+        help="make a new pack (a pip-installable plugin) from castcore's template",
         description="Make DIR/NAME, a pack ready to pip-install: pyproject.toml with the 'castcore' entry point, "
-                    "an example device profile (TOML, placeholder numbers to replace), one example "
-                    "register_op_estimator and one register_op_properties, tests, a noxfile and a README saying "
-                    "what to edit and how to check it with castcore audit. Asks for the names, vendor and author "
-                    "unless --no-input.",
+        "an example device profile (TOML, placeholder numbers to replace), one example "
+        "register_op_estimator and one register_op_properties, tests, a noxfile and a README saying "
+        "what to edit and how to check it with castcore audit. Asks for the names, vendor and author "
+        "unless --no-input.",
         epilog="example: castcore new-pack castpack-mynpu --no-input  (module castpack_mynpu, entry point and "
-               "device mynpu)")
+        "device mynpu)",
+    )
     add_options(parser, NEW_PACK)
     parser.set_defaults(func=_run)
     return parser

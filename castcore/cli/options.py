@@ -35,10 +35,14 @@ def add_options(parser: argparse.ArgumentParser, command: CommandOptions, *scope
     for option, scope in command.options:
         if scopes and scope not in scopes:
             continue
-        group = groups.get(option.group) or groups.setdefault(option.group, parser.add_argument_group(option.group))
+        group = groups.get(option.group) or groups.setdefault(
+            option.group, parser.add_argument_group(option.group)
+        )
         together = next((p for p in command.exclusive if option.name in p), None)
         if together is not None:
-            group = exclusive.get(together) or exclusive.setdefault(together, group.add_mutually_exclusive_group())
+            group = exclusive.get(together) or exclusive.setdefault(
+                together, group.add_mutually_exclusive_group()
+            )
         if option.positional:
             group.add_argument(option.name, help=described(option), **_argparse(option))
         else:
@@ -64,8 +68,11 @@ def _argparse(option: Option) -> dict[str, Any]:
         more["nargs"] = "+"
     default = list(option.default) if isinstance(option.default, tuple) else option.default
     if option.positional:
-        return {**more, "metavar": option.cli} if option.default is None else {**more, "nargs": "?",
-                                                                                 "default": default}
+        return (
+            {**more, "metavar": option.cli}
+            if option.default is None
+            else {**more, "nargs": "?", "default": default}
+        )
     if default is None and not option.optional:
         more["required"] = True
     return {**more, "default": default}

@@ -30,16 +30,32 @@ def _directories(session) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     session = make_session(args)
     infos = session.plugins.infos
-    rows = [{"name": i.name, "kind": i.kind, "distribution": i.distribution, "version": i.version,
-             "origin": i.origin, "status": _status(i), "hooks": i.hooks, "claims": len(i.claims),
-             "warnings": i.warnings, "notes": i.notes} for i in infos]
+    rows = [
+        {
+            "name": i.name,
+            "kind": i.kind,
+            "distribution": i.distribution,
+            "version": i.version,
+            "origin": i.origin,
+            "status": _status(i),
+            "hooks": i.hooks,
+            "claims": len(i.claims),
+            "warnings": i.warnings,
+            "notes": i.notes,
+        }
+        for i in infos
+    ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
-        who = f"{row['distribution']} {row['version'] or ''}".strip() if row["kind"] == "pack" else row["kind"]
-        print(f"{row['name']:<14} {who:<28} {row['status']:<10} hooks: {', '.join(row['hooks']) or '-'}; "
-              f"{row['claims']} claims; from {row['origin']}")
+        who = (
+            f"{row['distribution']} {row['version'] or ''}".strip() if row["kind"] == "pack" else row["kind"]
+        )
+        print(
+            f"{row['name']:<14} {who:<28} {row['status']:<10} hooks: {', '.join(row['hooks']) or '-'}; "
+            f"{row['claims']} claims; from {row['origin']}"
+        )
         for line in row["warnings"] + row["notes"]:
             print(f"{'':<14} {line}")
     print("\n".join(_directories(session)))
@@ -48,9 +64,11 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     packs = subparsers.add_parser(
-        "packs", help="list plugins: packs, custom-op files, their status and claims",
+        "packs",
+        help="list plugins: packs, custom-op files, their status and claims",
         description="Every plugin castcore found: the core, installed packs (entry points in group 'castcore') and "
-                    "custom-op files, with status loaded, disabled, skipped: <reason> or failed: <reason>, the hooks "
-                    "each implements and how many ops it claims; then the custom-op directories searched.")
+        "custom-op files, with status loaded, disabled, skipped: <reason> or failed: <reason>, the hooks "
+        "each implements and how many ops it claims; then the custom-op directories searched.",
+    )
     add_options(packs, PACKS)
     packs.set_defaults(func=run)

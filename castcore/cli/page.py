@@ -33,7 +33,16 @@ def simulation_figures(report: Any, args: argparse.Namespace, host: Any) -> dict
     """A simulation's energy and cost, as castcore simulate prints them (castcore.report.energy)."""
     from castcore.report.energy import simulation_cost, simulation_energy
 
-    return {**(simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
-               if host else {}),
-            **simulation_cost(args.price_per_device_hour, sum(use.devices for use in report.pool_use),
-                              report.summary, report.iterations_trace)}
+    return {
+        **(
+            simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
+            if host
+            else {}
+        ),
+        **simulation_cost(
+            args.price_per_device_hour,
+            sum(use.devices for use in report.pool_use),
+            report.summary,
+            report.iterations_trace,
+        ),
+    }

@@ -22,10 +22,12 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "partition", help="list the legal splits of a register_op operator over N devices, with estimates",
+        "partition",
+        help="list the legal splits of a register_op operator over N devices, with estimates",
         description="Import MODULE:FUNCTION (or file.py:FUNCTION), a function registered with "
-                    "castcore.register_op, and split each of its named dims --ways ways: legal or not and why, "
-                    "each device's shapes and estimated time, and for '+' dims the all_reduce that completes the "
-                    "partial sums (timed by castpack-collectives when installed, else shown as unestimated).")
+        "castcore.register_op, and split each of its named dims --ways ways: legal or not and why, "
+        "each device's shapes and estimated time, and for '+' dims the all_reduce that completes the "
+        "partial sums (timed by castpack-collectives when installed, else shown as unestimated).",
+    )
     add_options(parser, PARTITION)
     parser.set_defaults(func=run)

@@ -13,8 +13,15 @@ from castcore.options.catalog import AXIS, PLAN
 from castcore.cli.page import page_path, write_page
 from castcore.plugins.selection import PluginOptions
 
-ENERGY_AND_COST = ("energy_j", "output_tokens_per_joule", "joules_per_output_token", "power_w_per_device",
-                   "usd_per_hour", "usd_per_million_input_tokens", "usd_per_million_output_tokens")
+ENERGY_AND_COST = (
+    "energy_j",
+    "output_tokens_per_joule",
+    "joules_per_output_token",
+    "power_w_per_device",
+    "usd_per_hour",
+    "usd_per_million_input_tokens",
+    "usd_per_million_output_tokens",
+)
 NONE_MEETS = 3  # the exit status when no layout fits and meets the objectives (plan --help says so)
 
 
@@ -33,19 +40,32 @@ def _layout(row: dict[str, Any], dtype: str) -> str:
     return " x ".join(parts) + f", {row['weights'] or dtype} weights"
 
 
-def _table(header: tuple[str, ...], cells: list[tuple[str, ...]], left: tuple[int, ...] = (1, 3)) -> list[str]:
+def _table(
+    header: tuple[str, ...], cells: list[tuple[str, ...]], left: tuple[int, ...] = (1, 3)
+) -> list[str]:
     widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-            for row in [header, *cells]]
+    return [
+        "  ".join(
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in [header, *cells]
+    ]
 
 
 # The column an --objective other than throughput adds: its header, the row's figure and how it is written.
-OBJECTIVE_COLUMNS = {"cost": ("$/M out tok", "usd_per_million_output_tokens", "{:,.4g}"),
-                     "energy": ("out tok/J", "output_tokens_per_joule", "{:,.3g}")}
-OBJECTIVE_WORDS = {"cost": "the fewest $ per million output tokens", "energy": "the most output tokens per joule"}
+OBJECTIVE_COLUMNS = {
+    "cost": ("$/M out tok", "usd_per_million_output_tokens", "{:,.4g}"),
+    "energy": ("out tok/J", "output_tokens_per_joule", "{:,.3g}"),
+}
+OBJECTIVE_WORDS = {
+    "cost": "the fewest $ per million output tokens",
+    "energy": "the most output tokens per joule",
+}
 
 
-def _objective_column(request: Any, rows: list[dict[str, Any]]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+def _objective_column(
+    request: Any, rows: list[dict[str, Any]]
+) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """The header and each row's cell of the objective's column; none for throughput."""
     if request.objective not in OBJECTIVE_COLUMNS:
         return (), [() for _ in rows]
@@ -66,36 +86,67 @@ def _traffic(request: Any) -> str:
 
 
 def _objectives(request: Any) -> list[str]:
-    return [f"{name} {objective.statistic} <= {_seconds(objective.seconds)}"
-            for name, objective in (("TTFT", request.ttft), ("TPOT", request.tpot)) if objective is not None]
+    return [
+        f"{name} {objective.statistic} <= {_seconds(objective.seconds)}"
+        for name, objective in (("TTFT", request.ttft), ("TPOT", request.tpot))
+        if objective is not None
+    ]
 
 
 def format_traffic_plan(result: Any) -> str:
     """A plan under traffic (castcore.sweeps.capacity): the simulated deployments that meet the objectives."""
     request = result.request
     slos = _objectives(request)
-    lines = [f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens, "
-             f"{_traffic(request)}, {' and '.join(slos) or 'no latency objective'}",
-             f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} simulations of "
-             f"{request.requests} requests, {request.engine} engine) in {result.seconds:.1f} s", ""]
-    shown = {"ttft": request.ttft.statistic if request.ttft else "p99",
-             "tpot": request.tpot.statistic if request.tpot else "p99"}
+    lines = [
+        f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens, "
+        f"{_traffic(request)}, {' and '.join(slos) or 'no latency objective'}",
+        f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} simulations of "
+        f"{request.requests} requests, {request.engine} engine) in {result.seconds:.1f} s",
+        "",
+    ]
+    shown = {
+        "ttft": request.ttft.statistic if request.ttft else "p99",
+        "tpot": request.tpot.statistic if request.tpot else "p99",
+    }
     if result.best:
         extra, more = _objective_column(request, result.best)
-        header = ("#", "device", "devices", "layout", *(f"{m.upper()} {shown[m]}" for m in ("ttft", "tpot")),
-                  "tok/s/device", *(("max req/s", "req/s/device") if request.max_rate else ()), *extra)
-        cells = [(str(n), r["device"], str(r["devices"]), _layout(r, request.dtype),
-                  *(_seconds(r[f"{shown[m]}_{m}_ms"] / 1e3) for m in ("ttft", "tpot")),
-                  f"{r['output_tokens_per_s_per_device']:,.1f}",
-                  *((_rate(r["max_rate"]), _rate(r["max_rate"] / r["devices"])) if request.max_rate else ()), *cell)
-                 for n, (r, cell) in enumerate(zip(result.best, more), 1)]
-        lines.append(f"best {len(result.best)} by " + OBJECTIVE_WORDS.get(
-            request.objective, "the highest request rate per device" if request.max_rate
-            else "output tokens/s per device") + " within the objectives")
+        header = (
+            "#",
+            "device",
+            "devices",
+            "layout",
+            *(f"{m.upper()} {shown[m]}" for m in ("ttft", "tpot")),
+            "tok/s/device",
+            *(("max req/s", "req/s/device") if request.max_rate else ()),
+            *extra,
+        )
+        cells = [
+            (
+                str(n),
+                r["device"],
+                str(r["devices"]),
+                _layout(r, request.dtype),
+                *(_seconds(r[f"{shown[m]}_{m}_ms"] / 1e3) for m in ("ttft", "tpot")),
+                f"{r['output_tokens_per_s_per_device']:,.1f}",
+                *((_rate(r["max_rate"]), _rate(r["max_rate"] / r["devices"])) if request.max_rate else ()),
+                *cell,
+            )
+            for n, (r, cell) in enumerate(zip(result.best, more), 1)
+        ]
+        lines.append(
+            f"best {len(result.best)} by "
+            + OBJECTIVE_WORDS.get(
+                request.objective,
+                "the highest request rate per device" if request.max_rate else "output tokens/s per device",
+            )
+            + " within the objectives"
+        )
         lines += _table(header, cells)
     else:
-        lines.append("no layout meets the objectives under this traffic: relax --ttft/--tpot, lower the rate, raise "
-                     "--max-devices, or add --weights int4")
+        lines.append(
+            "no layout meets the objectives under this traffic: relax --ttft/--tpot, lower the rate, raise "
+            "--max-devices, or add --weights int4"
+        )
     if result.missed:
         lines += ["", "missed the objectives (layout at its last try: why)"]
         lines += [f"  {r['device']} {_layout(r, request.dtype)}: {r['missed']}" for r in result.missed]
@@ -119,7 +170,9 @@ def _refused(lines: list[str], result: Any) -> None:
         lines += ["", "refused or not fitting at batch 1 (layouts: reason)"]
         reasons: dict[str, list[str]] = {}
         for row in result.refused:
-            reasons.setdefault(row["error"], []).append(f"{row['device']} {_layout(row, result.request.dtype)}")
+            reasons.setdefault(row["error"], []).append(
+                f"{row['device']} {_layout(row, result.request.dtype)}"
+            )
         lines += [f"  {'; '.join(where)}: {why}" for why, where in reasons.items()]
 
 
@@ -131,31 +184,63 @@ def format_plan(result: Any) -> str:
         return format_traffic_plan(result)
     slos = [f"TTFT <= {_seconds(request.ttft_s)}"] if request.ttft_s else []
     slos += [f"TPOT <= {_seconds(request.tpot_s)}"] if request.tpot_s else []
-    lines = [f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens"
-             + (f", {' and '.join(slos)}" if slos else ", no latency objective"),
-             f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} serve points, "
-             f"{len(result.refused)} layouts refused or not fitting at batch 1) in {result.seconds:.1f} s", ""]
+    lines = [
+        f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens"
+        + (f", {' and '.join(slos)}" if slos else ", no latency objective"),
+        f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} serve points, "
+        f"{len(result.refused)} layouts refused or not fitting at batch 1) in {result.seconds:.1f} s",
+        "",
+    ]
     if result.best:
         extra, more = _objective_column(request, result.best)
-        header = ("#", "device", "devices", "layout", "batch", "TTFT", "TPOT", "tok/s/device", *extra,
-                  "peak/device")
-        cells = [(str(n), r["device"], str(r["devices"]), _layout(r, request.dtype), str(r["served_batch"]),
-                  _seconds(r["ttft_s"]), _seconds(r["tpot_s"]), f"{r['output_tokens_per_s_per_device']:,.1f}",
-                  *cell, format_bytes(r["peak_bytes"])) for n, (r, cell) in enumerate(zip(result.best, more), 1)]
-        lines.append(f"best {len(result.best)} by "
-                     + OBJECTIVE_WORDS.get(request.objective, "output tokens/s per device") + " (fit in memory"
-                     + (", meet the objectives)" if slos else ")"))
+        header = (
+            "#",
+            "device",
+            "devices",
+            "layout",
+            "batch",
+            "TTFT",
+            "TPOT",
+            "tok/s/device",
+            *extra,
+            "peak/device",
+        )
+        cells = [
+            (
+                str(n),
+                r["device"],
+                str(r["devices"]),
+                _layout(r, request.dtype),
+                str(r["served_batch"]),
+                _seconds(r["ttft_s"]),
+                _seconds(r["tpot_s"]),
+                f"{r['output_tokens_per_s_per_device']:,.1f}",
+                *cell,
+                format_bytes(r["peak_bytes"]),
+            )
+            for n, (r, cell) in enumerate(zip(result.best, more), 1)
+        ]
+        lines.append(
+            f"best {len(result.best)} by "
+            + OBJECTIVE_WORDS.get(request.objective, "output tokens/s per device")
+            + " (fit in memory"
+            + (", meet the objectives)" if slos else ")")
+        )
         lines += _table(header, cells)
     else:
-        lines.append("no layout fits and meets the objectives: relax --ttft/--tpot, raise --max-devices, or add "
-                     "--weights int4")
+        lines.append(
+            "no layout fits and meets the objectives: relax --ttft/--tpot, raise --max-devices, or add "
+            "--weights int4"
+        )
     _refused(lines, result)
     lines.append("")
     if result.fewest:
         lines.append("fewest devices that fit at all")
         lines += [_fewest(r, request.dtype, f", up to batch {r['served_batch']}") for r in result.fewest]
     else:
-        lines.append(f"no layout of at most {request.max_devices} devices holds even batch 1: raise --max-devices")
+        lines.append(
+            f"no layout of at most {request.max_devices} devices holds even batch 1: raise --max-devices"
+        )
     return "\n".join(lines)
 
 
@@ -163,48 +248,130 @@ def plan_json(result: Any) -> dict[str, Any]:
     """The request, the best and the fewest, each row with the figures a script compares."""
     request = result.request
     if request.traffic:
-        keep = ("device", "devices", "tp", "pp", "ep", "dp", "weights", "prefill_instances", "decode_instances",
-                "mean_kv_transfer_ms", "rate", "concurrency", "completed",
-                "request_throughput", "output_throughput", "output_tokens_per_s_per_device", "preemptions",
-                *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot") for stat in ("mean", "median", "p90", "p95",
-                                                                                   "p99")),
-                *(("max_rate",) if request.max_rate else ()))
+        keep = (
+            "device",
+            "devices",
+            "tp",
+            "pp",
+            "ep",
+            "dp",
+            "weights",
+            "prefill_instances",
+            "decode_instances",
+            "mean_kv_transfer_ms",
+            "rate",
+            "concurrency",
+            "completed",
+            "request_throughput",
+            "output_throughput",
+            "output_tokens_per_s_per_device",
+            "preemptions",
+            *(
+                f"{stat}_{metric}_ms"
+                for metric in ("ttft", "tpot")
+                for stat in ("mean", "median", "p90", "p95", "p99")
+            ),
+            *(("max_rate",) if request.max_rate else ()),
+        )
     else:
-        keep = ("device", "devices", "tp", "pp", "ep", "weights", "served_batch", "ttft_s", "tpot_s", "latency_s",
-                "output_tokens_per_s", "output_tokens_per_s_per_device", "peak_bytes", "device_memory_bytes")
+        keep = (
+            "device",
+            "devices",
+            "tp",
+            "pp",
+            "ep",
+            "weights",
+            "served_batch",
+            "ttft_s",
+            "tpot_s",
+            "latency_s",
+            "output_tokens_per_s",
+            "output_tokens_per_s_per_device",
+            "peak_bytes",
+            "device_memory_bytes",
+        )
     keep = (*keep, *(k for k in ENERGY_AND_COST if any(k in r for r in (*result.best, *result.fewest))))
 
-    def pick(row: dict[str, Any], every: bool = True) -> dict[str, Any]:  # weights in the model's dtype: its name
-        return {k: (row.get(k) or request.dtype) if k == "weights" else row.get(k) for k in keep if every or k in row}
+    def pick(
+        row: dict[str, Any], every: bool = True
+    ) -> dict[str, Any]:  # weights in the model's dtype: its name
+        return {
+            k: (row.get(k) or request.dtype) if k == "weights" else row.get(k)
+            for k in keep
+            if every or k in row
+        }
 
-    objectives = {name: None if objective is None else {"statistic": objective.statistic, "s": objective.seconds}
-                  for name, objective in (("ttft", request.ttft), ("tpot", request.tpot))}
-    traffic = {"rate": request.rate, "concurrency": request.concurrency, "max_rate": request.max_rate,
-               "requests": request.requests, "engine": request.engine} if request.traffic else {}
-    return {"model": request.model, "input_tokens": request.input_tokens, "output_tokens": request.output_tokens,
-            "objective": request.objective, "price_per_device_hour": request.price_per_device_hour,
-            "device_prices": request.device_prices,
-            "ttft_s": request.ttft_s, "tpot_s": request.tpot_s, "objectives": objectives, **traffic,
-            "devices": request.devices, "layouts": result.layouts, "points": len(result.rows),
-            "best": [pick(r) for r in result.best],
-            "fewest": [pick(r) for r in result.fewest],
-            **({"missed": [{**pick(r, every=False), "why": r["missed"]} for r in result.missed]} if request.traffic else {}),
-            **({"verdict": {"winner": result.verdict["winner"], "why": result.verdict["why"],
-                            **{kind: None if result.verdict[kind] is None else
-                               pick(result.verdict[kind])
-                               for kind in ("aggregated", "disaggregated")}}} if result.verdict else {})}
+    objectives = {
+        name: None if objective is None else {"statistic": objective.statistic, "s": objective.seconds}
+        for name, objective in (("ttft", request.ttft), ("tpot", request.tpot))
+    }
+    traffic = (
+        {
+            "rate": request.rate,
+            "concurrency": request.concurrency,
+            "max_rate": request.max_rate,
+            "requests": request.requests,
+            "engine": request.engine,
+        }
+        if request.traffic
+        else {}
+    )
+    return {
+        "model": request.model,
+        "input_tokens": request.input_tokens,
+        "output_tokens": request.output_tokens,
+        "objective": request.objective,
+        "price_per_device_hour": request.price_per_device_hour,
+        "device_prices": request.device_prices,
+        "ttft_s": request.ttft_s,
+        "tpot_s": request.tpot_s,
+        "objectives": objectives,
+        **traffic,
+        "devices": request.devices,
+        "layouts": result.layouts,
+        "points": len(result.rows),
+        "best": [pick(r) for r in result.best],
+        "fewest": [pick(r) for r in result.fewest],
+        **(
+            {"missed": [{**pick(r, every=False), "why": r["missed"]} for r in result.missed]}
+            if request.traffic
+            else {}
+        ),
+        **(
+            {
+                "verdict": {
+                    "winner": result.verdict["winner"],
+                    "why": result.verdict["why"],
+                    **{
+                        kind: None if result.verdict[kind] is None else pick(result.verdict[kind])
+                        for kind in ("aggregated", "disaggregated")
+                    },
+                }
+            }
+            if result.verdict
+            else {}
+        ),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     _check_emit(args)
     html = page_path(args)
     if args.rate is not None or args.concurrency is not None or args.max_rate:
-        note(f"planning {args.model}: each layout simulated under the traffic ({args.requests} requests, "
-             f"{args.engine} engine), " + ("bisecting each one's rate ..." if args.max_rate else
-                                          "with more replicas where an objective is missed ..."))
+        note(
+            f"planning {args.model}: each layout simulated under the traffic ({args.requests} requests, "
+            f"{args.engine} engine), "
+            + (
+                "bisecting each one's rate ..."
+                if args.max_rate
+                else "with more replicas where an objective is missed ..."
+            )
+        )
     else:
-        note(f"planning {args.model}: serve points at each layout's largest batch, then smaller batches where an "
-             "objective is missed ...")
+        note(
+            f"planning {args.model}: serve points at each layout's largest batch, then smaller batches where an "
+            "objective is missed ..."
+        )
     from castcore.sweeps.plan import plan
 
     options = {k: v for k, v in values(args, PLAN, AXIS).items() if k != "model"}
@@ -221,9 +388,17 @@ def run(args: argparse.Namespace) -> int:
         if emitted:
             best = _launched(result)
             number = result.best.index(best) + 1
-            print(f"\nlaunch files for #{number} ({best['device']}, {_layout(best, result.request.dtype)}) on "
-                  f"{args.emit}" + (", the best aggregated deployment (disaggregated pools have none yet)"
-                                    if number > 1 else "") + "\n" + "\n".join(emitted.lines()))
+            print(
+                f"\nlaunch files for #{number} ({best['device']}, {_layout(best, result.request.dtype)}) on "
+                f"{args.emit}"
+                + (
+                    ", the best aggregated deployment (disaggregated pools have none yet)"
+                    if number > 1
+                    else ""
+                )
+                + "\n"
+                + "\n".join(emitted.lines())
+            )
     return 0 if result.best else NONE_MEETS
 
 
@@ -233,8 +408,10 @@ def _check_emit(args: argparse.Namespace) -> None:
 
     traffic = args.rate is not None or args.concurrency is not None or args.max_rate
     if args.emit and traffic and args.emit != args.engine:
-        raise ModelError(f"{say('emit', args.emit)} with {say('engine', args.engine)}: the plan simulates "
-                         f"{args.engine}'s scheduler; give {say('engine', args.emit)} to plan for {args.emit}")
+        raise ModelError(
+            f"{say('emit', args.emit)} with {say('engine', args.engine)}: the plan simulates "
+            f"{args.engine}'s scheduler; give {say('engine', args.emit)} to plan for {args.emit}"
+        )
 
 
 def _emit(args: argparse.Namespace, result: Any) -> Any:
@@ -245,16 +422,24 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
 
     request = result.request
     if not result.best:
-        raise ModelError(f"{say('emit', args.emit)}: no deployment meets the objectives, so there is none to launch "
-                         "(run the plan without it to see what to relax)")
+        raise ModelError(
+            f"{say('emit', args.emit)}: no deployment meets the objectives, so there is none to launch "
+            "(run the plan without it to see what to relax)"
+        )
     row = _launched(result)
     if request.traffic:
         rate = row["max_rate"] if request.max_rate else request.rate
-        traffic = Traffic(request.input_tokens, request.output_tokens, request.requests, rate, request.concurrency)
+        traffic = Traffic(
+            request.input_tokens, request.output_tokens, request.requests, rate, request.concurrency
+        )
     else:  # a static batch: its requests sent at once
         traffic = Traffic(request.input_tokens, request.output_tokens, row["served_batch"])
-    return launch_files(args.emit, Deployment.of({**row, "model": request.model}, request.dtype), traffic,
-                        castcore_options=plugin_flags(args))
+    return launch_files(
+        args.emit,
+        Deployment.of({**row, "model": request.model}, request.dtype),
+        traffic,
+        castcore_options=plugin_flags(args),
+    )
 
 
 def _launched(result: Any) -> dict[str, Any]:
@@ -265,8 +450,10 @@ def _launched(result: Any) -> dict[str, Any]:
 
     row = next((r for r in result.best if not r.get("prefill_instances")), None)
     if row is None:
-        raise ModelError(f"{say('emit')} writes an aggregated deployment's launch files, and only disaggregated "
-                         f"layouts meet the objectives: run the plan without {say('disaggregated', True)} to emit one")
+        raise ModelError(
+            f"{say('emit')} writes an aggregated deployment's launch files, and only disaggregated "
+            f"layouts meet the objectives: run the plan without {say('disaggregated', True)} to emit one"
+        )
     return row
 
 
@@ -274,22 +461,28 @@ def plugin_flags(args: argparse.Namespace) -> list[str]:
     """The plugin options given, as flags: a castcore command printed for this run loads the same devices."""
     flags = [f for d in args.custom_op_dir or () for f in ("--custom-op-dir", d)]
     flags += [f for d in args.device_file or () for f in ("--device-file", d)]
-    return flags + ["--no-default-custom-op-dirs"] * args.no_default_custom_op_dirs + ["--no-packs"] * args.no_packs
+    return (
+        flags
+        + ["--no-default-custom-op-dirs"] * args.no_default_custom_op_dirs
+        + ["--no-packs"] * args.no_packs
+    )
 
 
 def add_parser(subparsers) -> None:
     cmd = subparsers.add_parser(
-        "plan", help="which device, parallel layout, weights and batch serve a model best, and the fewest devices",
+        "plan",
+        help="which device, parallel layout, weights and batch serve a model best, and the fewest devices",
         description="Search the installed devices (or --device), tensor/pipeline/expert parallel layouts, weight "
-                    "dtypes and batches for serving --model with requests of --input + --output tokens: print the "
-                    "best by output tokens/s per device (or by --objective cost or energy) that fit in memory and "
-                    "meet --ttft/--tpot, and the fewest "
-                    "devices that fit at all. Runs castcore serve points through the sweep machinery (and its "
-                    "capture cache). With --rate or --concurrency each layout is simulated under that traffic "
-                    "instead (castcore simulate), replicas added until --ttft/--tpot (percentiles such as p99:500ms) "
-                    "are met; --max-rate finds each layout's highest request rate within them.",
+        "dtypes and batches for serving --model with requests of --input + --output tokens: print the "
+        "best by output tokens/s per device (or by --objective cost or energy) that fit in memory and "
+        "meet --ttft/--tpot, and the fewest "
+        "devices that fit at all. Runs castcore serve points through the sweep machinery (and its "
+        "capture cache). With --rate or --concurrency each layout is simulated under that traffic "
+        "instead (castcore simulate), replicas added until --ttft/--tpot (percentiles such as p99:500ms) "
+        "are met; --max-rate finds each layout's highest request rate within them.",
         epilog=f"Exit status: 0 when a layout fits and meets the objectives; {NONE_MEETS} when none does (the "
-               "output says what to relax); 2 for bad input (an option, a model that cannot be built, an unknown "
-               "device).")
+        "output says what to relax); 2 for bad input (an option, a model that cannot be built, an unknown "
+        "device).",
+    )
     add_options(cmd, PLAN)
     cmd.set_defaults(func=run)

@@ -29,7 +29,9 @@ def markdown(command: str) -> str:
         groups.setdefault(option.group, []).append((option, scope))
     parts = [head]
     for group, rows in groups.items():
-        parts.append(f"\n**{group}**\n\n| option | Python | in a sweep spec | what it does |\n|---|---|---|---|")
+        parts.append(
+            f"\n**{group}**\n\n| option | Python | in a sweep spec | what it does |\n|---|---|---|---|"
+        )
         for option, scope in rows:
             value = option.metavar or ("{" + ",".join(option.choices) + "}" if option.choices else "VALUE")
             shown = option.cli if option.switch else f"{option.cli} {value}"

@@ -22,11 +22,13 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     cmd = subparsers.add_parser(
-        "report", help="render a results file (estimate, serve, simulate or plan --json; sweep --out) as one HTML page",
+        "report",
+        help="render a results file (estimate, serve, simulate or plan --json; sweep --out) as one HTML page",
         description="Write one self-contained HTML page of results castcore wrote earlier: the JSON estimate, serve, "
-                    "simulate and plan print with --json, or the rows castcore sweep writes with --out (.jsonl, .csv, "
-                    ".parquet). The page inlines everything it needs (Plotly's charts, the tables' sorting and "
-                    "filtering), so it opens offline. A page made with --html on the run itself shows more: every "
-                    "call on the roofline, memory op by op, each simulated request and iteration.")
+        "simulate and plan print with --json, or the rows castcore sweep writes with --out (.jsonl, .csv, "
+        ".parquet). The page inlines everything it needs (Plotly's charts, the tables' sorting and "
+        "filtering), so it opens offline. A page made with --html on the run itself shows more: every "
+        "call on the roofline, memory op by op, each simulated request and iteration.",
+    )
     add_options(cmd, REPORT)
     cmd.set_defaults(func=run)

@@ -7,8 +7,15 @@ import json
 import time
 from typing import Any
 
-from castcore.cli.common import (announce_capture, capture_cache_from, chosen_device, make_session, note,
-                                 report_capture_cache, warn)
+from castcore.cli.common import (
+    announce_capture,
+    capture_cache_from,
+    chosen_device,
+    make_session,
+    note,
+    report_capture_cache,
+    warn,
+)
 from castcore.cli.options import add_options, values
 from castcore.options.catalog import AXIS, SIMULATE
 from castcore.cli.page import page_path, simulation_figures, write_page
@@ -19,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from castcore.serving.traffic import check, simulate_traffic
 
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
-    plan = check(args.model, **options)  # bad options, lengths or datasets fail before any plugin or model loads
+    plan = check(
+        args.model, **options
+    )  # bad options, lengths or datasets fail before any plugin or model loads
     emitted = _emit(args, plan) if args.emit else None
     trace = check_output(args.trace, "trace") if args.trace else None
     plot = check_output(args.plot, "plot") if args.plot else None
@@ -40,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
     for line in report.notes:
         note(f"note: {line}")
     if report.never_fit:
-        warn(f"{len(report.never_fit)} request(s) never fit and were not simulated: request "
-             f"{report.never_fit[0]['index']}: {report.never_fit[0]['why']}")
+        warn(
+            f"{len(report.never_fit)} request(s) never fit and were not simulated: request "
+            f"{report.never_fit[0]['index']}: {report.never_fit[0]['why']}"
+        )
     if trace:  # the file first: when it cannot be written, no figures are printed as if all had worked
         events = json.dumps(report.to_trace())
         write_whole(trace, "trace", lambda path: path.write_text(events, encoding="utf-8"))
@@ -54,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if html:
         from castcore.report.html.serving import simulate_data
 
-        write_page(html, "simulate", simulate_data(report, simulation_figures(report, args, session.pipeline.host)))
+        write_page(
+            html, "simulate", simulate_data(report, simulation_figures(report, args, session.pipeline.host))
+        )
     _print(report, args, emitted, session.pipeline.host)
     if report.partial:
         warn(f"interrupted: the figures are of the {report.summary['completed']} requests finished by then")
@@ -68,9 +81,14 @@ def _print(report, args: argparse.Namespace, emitted=None, host=None) -> None:
     from castcore.report.energy import format_lines, simulation_cost, simulation_energy
 
     devices = sum(use.devices for use in report.pool_use)
-    cost = {**(simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
-               if host else {}),
-            **simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace)}
+    cost = {
+        **(
+            simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
+            if host
+            else {}
+        ),
+        **simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace),
+    }
     if args.json and emitted:
         print(json.dumps({**report.to_dict(), **cost, "emit": emitted.to_dict()}, indent=2))
     elif args.json:
@@ -89,33 +107,65 @@ def _emit(args: argparse.Namespace, checked) -> Any:
     from castcore.sweeps.launch import Deployment, Traffic, launch_files
 
     if args.emit != args.engine:
-        raise ModelError(f"{say('emit', args.emit)} with {say('engine', args.engine)}: the simulation runs "
-                         f"{args.engine}'s scheduler; give {say('engine', args.emit)} too")
-    unwritten = [say(name) for name, given in (("prefill_instances", checked.pools), ("spec_tokens", checked.speculation),
-                                                ("prefix_len", args.prefix_len), ("lora_rank", args.lora_rank))
-                 if given]
+        raise ModelError(
+            f"{say('emit', args.emit)} with {say('engine', args.engine)}: the simulation runs "
+            f"{args.engine}'s scheduler; give {say('engine', args.emit)} too"
+        )
+    unwritten = [
+        say(name)
+        for name, given in (
+            ("prefill_instances", checked.pools),
+            ("spec_tokens", checked.speculation),
+            ("prefix_len", args.prefix_len),
+            ("lora_rank", args.lora_rank),
+        )
+        if given
+    ]
     if unwritten:
-        raise ModelError(f"{say('emit', args.emit)} writes an aggregated deployment's launch files, without "
-                         f"{', '.join(unwritten)} yet: drop {' and '.join(unwritten)} to write them")
+        raise ModelError(
+            f"{say('emit', args.emit)} writes an aggregated deployment's launch files, without "
+            f"{', '.join(unwritten)} yet: drop {' and '.join(unwritten)} to write them"
+        )
     if args.dataset or not (args.input_lengths.isdigit() and args.output_lengths.isdigit()):
-        raise ModelError(f"{say('emit', args.emit)} prints a benchmark of random prompts of fixed lengths: give "
-                         f"{say('input_lengths')} and {say('output_lengths')} as numbers, without {say('dataset')}")
-    deployment = Deployment(args.model, args.device, args.tp, args.pp, args.ep, args.attention_dp, args.dp,
-                            args.dtype, args.weights, args.activations, args.kv_cache)
-    traffic = Traffic(int(args.input_lengths), int(args.output_lengths), len(checked.requests), args.rate,
-                      args.concurrency, args.burstiness, args.seed)
+        raise ModelError(
+            f"{say('emit', args.emit)} prints a benchmark of random prompts of fixed lengths: give "
+            f"{say('input_lengths')} and {say('output_lengths')} as numbers, without {say('dataset')}"
+        )
+    deployment = Deployment(
+        args.model,
+        args.device,
+        args.tp,
+        args.pp,
+        args.ep,
+        args.attention_dp,
+        args.dp,
+        args.dtype,
+        args.weights,
+        args.activations,
+        args.kv_cache,
+    )
+    traffic = Traffic(
+        int(args.input_lengths),
+        int(args.output_lengths),
+        len(checked.requests),
+        args.rate,
+        args.concurrency,
+        args.burstiness,
+        args.seed,
+    )
     return launch_files(args.emit, deployment, traffic, checked.limits, plugin_flags(args))
 
 
 def add_parser(subparsers) -> None:
     cmd = subparsers.add_parser(
-        "simulate", help="what a deployment delivers under traffic: continuous batching, TTFT/TPOT percentiles, "
-                         "goodput",
+        "simulate",
+        help="what a deployment delivers under traffic: continuous batching, TTFT/TPOT percentiles, goodput",
         description="Simulate serving requests on a deployment as an engine runs them (vLLM, SGLang or TensorRT-LLM "
-                    "defaults): requests arrive all at once, at --rate or in a --concurrency closed loop; each "
-                    "iteration mixes prefill chunks and decode tokens within the engine's limits, over a KV cache of "
-                    "whole blocks (preempting when it runs out), and takes the time castcore estimates for that "
-                    "mixed batch. Prints vllm bench serve's figures (--json: its field names). castcore serve prices "
-                    "one static batch instead (a latency benchmark's setting).")
+        "defaults): requests arrive all at once, at --rate or in a --concurrency closed loop; each "
+        "iteration mixes prefill chunks and decode tokens within the engine's limits, over a KV cache of "
+        "whole blocks (preempting when it runs out), and takes the time castcore estimates for that "
+        "mixed batch. Prints vllm bench serve's figures (--json: its field names). castcore serve prices "
+        "one static batch instead (a latency benchmark's setting).",
+    )
     add_options(cmd, SIMULATE)
     cmd.set_defaults(func=run, quick_exit=True)

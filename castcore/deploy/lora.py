@@ -28,7 +28,17 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.recording.routing import adapter_popularity
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj")
+TARGETS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "qkv_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "gate_up_proj",
+)
 ROW_PARALLEL = ("o_proj", "down_proj")  # the rest are column-parallel under --tp
 
 
@@ -36,8 +46,16 @@ class LoRAProjection(nn.Module):
     """A projection and its adapters: ``base(x) + (x A[adapter]) B[adapter]``, A and B one device's share of them
     under tensor parallelism ``tp`` (see the module docstring)."""
 
-    def __init__(self, base: nn.Module, rank: int, adapters: int, dtype: torch.dtype, tp: int = 1,
-                 row_parallel: bool = False, skew: float | None = None):
+    def __init__(
+        self,
+        base: nn.Module,
+        rank: int,
+        adapters: int,
+        dtype: torch.dtype,
+        tp: int = 1,
+        row_parallel: bool = False,
+        skew: float | None = None,
+    ):
         super().__init__()
         self.base, self.skew = base, skew or 0.0
         d_in, d_out = base.in_features, base.out_features
@@ -68,8 +86,14 @@ def _fitted(weights: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return weights.new_empty(shape)
 
 
-def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dtype: torch.dtype,
-           skew: float | None = None) -> list[str]:
+def attach(
+    model: nn.Module,
+    rank: int | None,
+    adapters: int | None,
+    tp: int,
+    dtype: torch.dtype,
+    skew: float | None = None,
+) -> list[str]:
     """Wrap every target projection of ``model`` in place; notes saying what was added. ModelError names what does
     not fit."""
     if rank is None and adapters is None:
@@ -79,17 +103,25 @@ def attach(model: nn.Module, rank: int | None, adapters: int | None, tp: int, dt
     if rank is None or adapters is None:
         raise ModelError(f"multi-LoRA needs both {say('lora_rank')} and {say('adapters')}")
     if rank % 8:
-        raise ModelError(f"{say('lora_rank', rank)}: give a multiple of 8 (engines' LoRA kernels take 8, 16, 32, 64 "
-                         "...)")
-    found = [(name, module) for name, module in model.named_modules()
-             if name.rsplit(".", 1)[-1] in TARGETS and hasattr(module, "in_features")]
+        raise ModelError(
+            f"{say('lora_rank', rank)}: give a multiple of 8 (engines' LoRA kernels take 8, 16, 32, 64 ...)"
+        )
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1] in TARGETS and hasattr(module, "in_features")
+    ]
     if not found:
-        raise ModelError(f"{say('lora_rank', rank)}: the model has none of the projections adapters attach to "
-                         f"({', '.join(TARGETS)})")
+        raise ModelError(
+            f"{say('lora_rank', rank)}: the model has none of the projections adapters attach to "
+            f"({', '.join(TARGETS)})"
+        )
     for name, module in found:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoRAProjection(module, rank, adapters, dtype, tp, child in ROW_PARALLEL, skew))
-    return [f"multi-LoRA: {adapters} adapters of rank {rank} on {len(found)} projections, each token's adapter "
-            "applied by two grouped GEMMs (shrink to the rank, expand back), reading the adapters a batch's tokens "
-            "are expected to touch; every adapter resident in memory"]
+    return [
+        f"multi-LoRA: {adapters} adapters of rank {rank} on {len(found)} projections, each token's adapter "
+        "applied by two grouped GEMMs (shrink to the rank, expand back), reading the adapters a batch's tokens "
+        "are expected to touch; every adapter resident in memory"
+    ]

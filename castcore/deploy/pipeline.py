@@ -45,10 +45,23 @@ if TYPE_CHECKING:
 def build(workload: Workload) -> BuiltModel:
     """The model of a workload on the meta device, with the inputs of its step."""
     if not workload.named:
-        return prepare_stock(BuiltModel(model=workload.model, args=workload.args, kwargs=dict(workload.kwargs),
-                                        description=_own_description(workload)))
-    options = dict(batch=workload.batch, seq=workload.seq, dtype=workload.dtype, phase=workload.phase,
-                   kv_len=workload.cached_tokens, train=workload.train, all_logits=workload.all_logits)
+        return prepare_stock(
+            BuiltModel(
+                model=workload.model,
+                args=workload.args,
+                kwargs=dict(workload.kwargs),
+                description=_own_description(workload),
+            )
+        )
+    options = dict(
+        batch=workload.batch,
+        seq=workload.seq,
+        dtype=workload.dtype,
+        phase=workload.phase,
+        kv_len=workload.cached_tokens,
+        train=workload.train,
+        all_logits=workload.all_logits,
+    )
     if is_factory(workload.model):
         return from_factory(workload.model, **{**options, "dtype": parse_dtype(workload.dtype)})
     return build_preset(workload.model, **options)
@@ -59,9 +72,13 @@ def _own_description(workload: Workload) -> str:
     return f"{name}{' training step' if workload.train else ''}"
 
 
-def capture_workload(host: PluginHost, workload: Workload, device: DeviceProfile,
-                     progress: Callable[[int], None] | None = None,
-                     adjust: Callable[[BuiltModel], None] | None = None) -> tuple[BuiltModel, Capture]:
+def capture_workload(
+    host: PluginHost,
+    workload: Workload,
+    device: DeviceProfile,
+    progress: Callable[[int], None] | None = None,
+    adjust: Callable[[BuiltModel], None] | None = None,
+) -> tuple[BuiltModel, Capture]:
     """Build, fuse (when asked), shard and capture; the built model carries the notes a user should see.
     ``adjust`` changes the built model's inputs before anything else (a mixed batch's sampled rows).
 
@@ -72,17 +89,27 @@ def capture_workload(host: PluginHost, workload: Workload, device: DeviceProfile
         return built, captures[workload.cached_tokens]
 
 
-def capture_decode_steps(host: PluginHost, workload: Workload, device: DeviceProfile, kv_lens: list[int],
-                         progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
+def capture_decode_steps(
+    host: PluginHost,
+    workload: Workload,
+    device: DeviceProfile,
+    kv_lens: list[int],
+    progress: Callable[[int], None] | None = None,
+) -> tuple[BuiltModel, dict[int, Capture]]:
     """Decode steps of one deployment at several KV lengths from one built, fused and sharded model (only the
     cache differs); a KV length whose inputs cannot be remade on that model is left out for the caller."""
     with CAPTURE_LOCK:
         return _capture_workload(host, workload, device, progress, tuple(kv_lens))
 
 
-def _capture_workload(host: PluginHost, workload: Workload, device: DeviceProfile,
-                      progress: Callable[[int], None] | None, more_kv: tuple[int, ...],
-                      adjust: Callable[[BuiltModel], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
+def _capture_workload(
+    host: PluginHost,
+    workload: Workload,
+    device: DeviceProfile,
+    progress: Callable[[int], None] | None,
+    more_kv: tuple[int, ...],
+    adjust: Callable[[BuiltModel], None] | None = None,
+) -> tuple[BuiltModel, dict[int, Capture]]:
     built = None
     try:
         built = build(workload)
@@ -98,59 +125,96 @@ def _capture_workload(host: PluginHost, workload: Workload, device: DeviceProfil
         raise internals_error(exc, model if isinstance(model, str) else type(model).__name__) from exc
 
 
-def _fuse_shard_capture(host: PluginHost, workload: Workload, device: DeviceProfile, built: BuiltModel,
-                        progress: Callable[[int], None] | None, more_kv: tuple[int, ...]) -> dict[int, Capture]:
+def _fuse_shard_capture(
+    host: PluginHost,
+    workload: Workload,
+    device: DeviceProfile,
+    built: BuiltModel,
+    progress: Callable[[int], None] | None,
+    more_kv: tuple[int, ...],
+) -> dict[int, Capture]:
     if workload.fuse and workload.named and not workload.train:
         built.notes += fuse(host, built, device, workload.kv_reads)
         built.description += " (deployed kernels)"
     elif workload.named:
         built.description += " (eager)"
         if workload.fuse:  # a training step
-            built.notes.append("--train prices the eager graph: the deployed kernels are a server's inference "
-                               "kernels")
+            built.notes.append(
+                "--train prices the eager graph: the deployed kernels are a server's inference kernels"
+            )
     elif workload.fuse:
-        built.notes.append("your own module runs as you wrote it (eager), but for torch's composite norms "
-                           "(F.rms_norm, nn.RMSNorm), kept as the one kernel engines run: castcore rewrites only the "
-                           "models it builds (presets, config.json, factories) to the deployed kernels")
+        built.notes.append(
+            "your own module runs as you wrote it (eager), but for torch's composite norms "
+            "(F.rms_norm, nn.RMSNorm), kept as the one kernel engines run: castcore rewrites only the "
+            "models it builds (presets, config.json, factories) to the deployed kernels"
+        )
     with built.while_capturing(), parallelize(built, workload), warnings.catch_warnings():
         quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
-        built.notes += lora.attach(built.model, workload.lora_rank, workload.adapters, workload.tp,
-                                   torch_dtype(workload.dtype), workload.adapter_skew)  # around the projections
+        built.notes += lora.attach(
+            built.model,
+            workload.lora_rank,
+            workload.adapters,
+            workload.tp,
+            torch_dtype(workload.dtype),
+            workload.adapter_skew,
+        )  # around the projections
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
         captures = {workload.cached_tokens: _capture(host, workload, device, built, progress)}
         for kv_len in more_kv:
             remake = getattr(built.inputs_fn, "with_kv_len", None)
-            if remake is None:  # inputs rebuilt for a pipeline stage or an expert group: the caller captures anew
+            if (
+                remake is None
+            ):  # inputs rebuilt for a pipeline stage or an expert group: the caller captures anew
                 break
             built.inputs_fn = remake(kv_len)
             captures[kv_len] = _capture(host, workload, device, built, progress)
     return captures
 
 
-def _capture(host: PluginHost, workload: Workload, device: DeviceProfile, built: BuiltModel,
-             progress: Callable[[int], None] | None) -> Capture:
+def _capture(
+    host: PluginHost,
+    workload: Workload,
+    device: DeviceProfile,
+    built: BuiltModel,
+    progress: Callable[[int], None] | None,
+) -> Capture:
     try:
-        with (_tf32(workload.dtype == "tf32"), collective_kernels(None if workload.train else "engine"),
-              expert_routing(skew=workload.expert_skew)):
+        with (
+            _tf32(workload.dtype == "tf32"),
+            collective_kernels(None if workload.train else "engine"),
+            expert_routing(skew=workload.expert_skew),
+        ):
             whole = host.outranking(device)
             if workload.fuse and not workload.train:
                 whole = {**dict.fromkeys(DEPLOYED_WHOLE_OPS, frozenset()), **whole}
-            return capture(built.model, *built.args, train=workload.train, inputs_fn=built.inputs_fn,
-                           progress=progress, reuse=workload.reuse, whole_ops=whole, **built.kwargs)
+            return capture(
+                built.model,
+                *built.args,
+                train=workload.train,
+                inputs_fn=built.inputs_fn,
+                progress=progress,
+                reuse=workload.reuse,
+                whole_ops=whole,
+                **built.kwargs,
+            )
     except (RuntimeError, UserWarning) as exc:
         forward_only = _forward_only_op(str(exc)) if workload.train else None
         if forward_only:
-            raise CaptureError(f"{say('train', True)}: {forward_only} has no backward (a forward-only custom op); "
-                               "give it one with torch.library.register_autograd, write it as a "
-                               "torch.autograd.Function, or define it with castcore.register_op, which registers a "
-                               "backward") from None
+            raise CaptureError(
+                f"{say('train', True)}: {forward_only} has no backward (a forward-only custom op); "
+                "give it one with torch.library.register_autograd, write it as a "
+                "torch.autograd.Function, or define it with castcore.register_op, which registers a "
+                "backward"
+            ) from None
         if workload.phase == "decode" and workload.named and "index_copy_" in str(exc):
             # castcore's static cache gives every layer num_key_value_heads x head_dim keys and values.
-            raise ModelError(f"{workload.model}: its attention writes keys or values of another shape than "
-                             "castcore's decode cache (num_key_value_heads x head_dim per layer), as multi-query "
-                             f"and latent (MLA) attention do; {say('phase', 'decode')} does not support this model "
-                             f"yet: use {say('phase', 'prefill')}") from None
+            raise ModelError(
+                f"{workload.model}: its attention writes keys or values of another shape than "
+                "castcore's decode cache (num_key_value_heads x head_dim per layer), as multi-query "
+                f"and latent (MLA) attention do; {say('phase', 'decode')} does not support this model "
+                f"yet: use {say('phase', 'prefill')}"
+            ) from None
         raise
 
 
@@ -170,9 +234,11 @@ def _tf32(allowed: bool) -> Iterator[None]:
 _NO_AUTOGRAD_WARNING = r".*: an autograd kernel was not registered to the Autograd key"
 # How torch names an op it cannot differentiate: torch.library.custom_op, a C++ autogradNotImplementedFallback,
 # an op with no autograd kernel at all (the warning above, made an error).
-_NO_BACKWARD = (r"Trying to backward through ([\w.]+) but no autograd formula",
-                r"derivative for (\w+::[\w.]+) is not implemented",
-                r"^(\w+::[\w.]+): an autograd kernel was not registered")
+_NO_BACKWARD = (
+    r"Trying to backward through ([\w.]+) but no autograd formula",
+    r"derivative for (\w+::[\w.]+) is not implemented",
+    r"^(\w+::[\w.]+): an autograd kernel was not registered",
+)
 
 
 def _forward_only_op(message: str) -> str | None:
@@ -203,28 +269,43 @@ class Pipeline:
         # models, by deployment): castcore.serving.traffic keeps it.
         self.derived: dict[Any, Any] = {}
 
-    def estimate_capture(self, captured: Capture, device: str | DeviceProfile | None = None,
-                         description: str = "", kv_cache_bytes: int = 0) -> Report:
+    def estimate_capture(
+        self,
+        captured: Capture,
+        device: str | DeviceProfile | None = None,
+        description: str = "",
+        kv_cache_bytes: int = 0,
+    ) -> Report:
         """Estimate every call of a capture; the report includes its memory footprint (see castcore.report.memory)."""
         profile = self.host.device(device)
         resolver = self.host.resolver
         with no_cyclic_gc():
-            records = [OpRecord(invoke=invoke, estimate=resolver.estimate(invoke, profile),
-                                properties=resolver.properties(invoke, profile)[0])
-                       for invoke in captured.invokes]
+            records = [
+                OpRecord(
+                    invoke=invoke,
+                    estimate=resolver.estimate(invoke, profile),
+                    properties=resolver.properties(invoke, profile)[0],
+                )
+                for invoke in captured.invokes
+            ]
             memory = analyze_memory(captured, kv_cache_bytes=kv_cache_bytes)
         return Report(records, profile, description, memory=memory)
 
-    def run(self, workload: Workload, device: str | DeviceProfile | None = None,
-            progress: Callable[[int], None] | None = None) -> Report:
+    def run(
+        self,
+        workload: Workload,
+        device: str | DeviceProfile | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Report:
         """Estimate a workload on a device: the Report ``castcore estimate`` prints."""
         profile = self.host.device(device)  # a bad device fails before the capture, not after
         check_interconnect(profile, workload)
         built, captured = (self.capture_step or capture_workload)(self.host, workload, profile, progress)
         return self._report(workload, built, captured, profile, built.description)
 
-    def run_decode_steps(self, workload: Workload, kv_lens: list[int],
-                         device: str | DeviceProfile | None = None) -> dict[int, Report]:
+    def run_decode_steps(
+        self, workload: Workload, kv_lens: list[int], device: str | DeviceProfile | None = None
+    ) -> dict[int, Report]:
         """The decode step of ``workload`` at each of ``kv_lens``: what ``run`` gives for each, from one built model."""
         profile = self.host.device(device)
         check_interconnect(profile, workload)
@@ -234,8 +315,9 @@ class Pipeline:
         if steps is not None:
             built, captures = steps(self.host, workload, profile, kv_lens)
         else:
-            built, captures = capture_decode_steps(self.host, replace(workload, kv_len=kv_lens[0]), profile,
-                                                   kv_lens[1:])
+            built, captures = capture_decode_steps(
+                self.host, replace(workload, kv_len=kv_lens[0]), profile, kv_lens[1:]
+            )
         reports = {}
         for kv_len in kv_lens:
             step = replace(workload, kv_len=kv_len)
@@ -246,10 +328,20 @@ class Pipeline:
             reports[kv_len] = self._report(step, built, captures[kv_len], profile, description)
         return reports
 
-    def _report(self, workload: Workload, built: BuiltModel, captured: Capture, profile: DeviceProfile,
-                description: str) -> Report:
+    def _report(
+        self,
+        workload: Workload,
+        built: BuiltModel,
+        captured: Capture,
+        profile: DeviceProfile,
+        description: str,
+    ) -> Report:
         # A prefill fills a KV cache a server must hold; a decode step's cache is already in the capture.
-        batch, seq, dtype = built.kv_cache_shape or (workload.batch, workload.seq, parse_dtype(workload.dtype))
+        batch, seq, dtype = built.kv_cache_shape or (
+            workload.batch,
+            workload.seq,
+            parse_dtype(workload.dtype),
+        )
         cache = 0
         notes = list(built.notes)
         if built.config is not None and workload.phase == "prefill" and not workload.train:
@@ -258,13 +350,24 @@ class Pipeline:
             except ValueError as exc:
                 notes.append(f"the KV cache a prefill fills is not counted: {exc}")
         report = self.estimate_capture(captured, profile, description=description, kv_cache_bytes=cache)
-        if workload.pp > 1:  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
-            report = pipeline_report(report, captured, built.model, plan_layout(workload), workload.phase, profile,
-                                     cache, self.host.resolver)
+        if (
+            workload.pp > 1
+        ):  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
+            report = pipeline_report(
+                report,
+                captured,
+                built.model,
+                plan_layout(workload),
+                workload.phase,
+                profile,
+                cache,
+                self.host.resolver,
+            )
             notes += report.notes
         report.notes = notes + report.borrowed_rates()
         report.workload = workload.options()
         if workload.fuse and workload.named and not workload.train:  # the user asked for the deployed kernels
-            report.warnings = unreached_lines(unreached_claims(self.host, captured, profile.name, replacements(),
-                                                               others_only=True))
+            report.warnings = unreached_lines(
+                unreached_claims(self.host, captured, profile.name, replacements(), others_only=True)
+            )
         return report

@@ -8,17 +8,49 @@ from __future__ import annotations
 from typing import Any
 
 # torch dtype names that profiles and tables may use, plus the accelerator-only formats torch lacks.
-TORCH_NAMES = frozenset({
-    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "complex64", "complex128", "complex32",
-    "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool", "int4", "uint4",
-})
+TORCH_NAMES = frozenset(
+    {
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "float4_e2m1fn_x2",
+        "complex64",
+        "complex128",
+        "complex32",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "int4",
+        "uint4",
+    }
+)
 DEVICE_ONLY = frozenset({"hf32", "tf32"})  # matrix-unit modes for float32 inputs
 
 ALIASES = {
-    "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
-    "fp64": "float64", "double": "float64", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2", "long": "int64", "int": "int32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "fp64": "float64",
+    "double": "float64",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "long": "int64",
+    "int": "int32",
 }
 # What --dtype accepts for a model's weights and activations; tf32 is float32 with TF32 matrix products.
 MODEL_DTYPES = ("bf16", "fp16", "fp32", "tf32", "bfloat16", "float16", "float32")

@@ -14,11 +14,28 @@ from castcore.errors import CastcoreError
 from castcore.tomlfiles import read_toml, tomllib
 
 TOPOLOGIES = ("full-mesh", "ring", "switch", "clos")
-BAND_FAMILIES = ("gemm_bf16", "gemm_fp8", "gemm_fp8_block", "moe", "attention_prefill", "attention_decode",
-                 "engine_allreduce", "low_latency_a2a")  # the kernel families castcore.report.bands sorts calls into
-ENGINE_ALLREDUCE = ("engine_allreduce_max_bytes", "one_shot_latency_s", "one_shot_bandwidth", "two_shot_latency_s",
-                    "two_shot_bandwidth")
-PROTOCOLS = ("LL", "LL128", "Simple")  # a collective library's protocols, as Interconnect.protocol_latency_s orders them
+BAND_FAMILIES = (
+    "gemm_bf16",
+    "gemm_fp8",
+    "gemm_fp8_block",
+    "moe",
+    "attention_prefill",
+    "attention_decode",
+    "engine_allreduce",
+    "low_latency_a2a",
+)  # the kernel families castcore.report.bands sorts calls into
+ENGINE_ALLREDUCE = (
+    "engine_allreduce_max_bytes",
+    "one_shot_latency_s",
+    "one_shot_bandwidth",
+    "two_shot_latency_s",
+    "two_shot_bandwidth",
+)
+PROTOCOLS = (
+    "LL",
+    "LL128",
+    "Simple",
+)  # a collective library's protocols, as Interconnect.protocol_latency_s orders them
 
 
 class DeviceError(CastcoreError, ValueError):
@@ -74,21 +91,33 @@ class DeviceProfile:
     mma_op_cost_s: float = 0.0
     gp_op_cost_s: float = 0.0
     comm_op_cost_s: float = 0.0
-    attention_op_cost_s: float = 0.0  # a fused attention kernel's fixed cost per call, for mma_op_cost_s (0: that)
-    low_latency_a2a_cost_s: float = 0.0  # DeepEP's low-latency dispatch or combine: the kernel's own time per call
+    attention_op_cost_s: float = (
+        0.0  # a fused attention kernel's fixed cost per call, for mma_op_cost_s (0: that)
+    )
+    low_latency_a2a_cost_s: float = (
+        0.0  # DeepEP's low-latency dispatch or combine: the kernel's own time per call
+    )
     interconnect: tuple[Interconnect, ...] = ()
     # Shape-aware pricing (castcore.devices.tiles), all optional: without them the plain roofline applies.
     compute_units: int = 0  # SMs / AI cores a matrix product's tiles are spread over
-    mma_tile: Mapping[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)  # dtype -> kernel tiles
+    mma_tile: Mapping[str, tuple[tuple[int, int, int], ...]] = field(
+        default_factory=dict
+    )  # dtype -> kernel tiles
     mma_unit: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # dtype -> one MMA instruction
-    attention_efficiency: float = 0.0  # fraction of the matrix peak a fused attention kernel reaches (0: compute_efficiency)
+    attention_efficiency: float = (
+        0.0  # fraction of the matrix peak a fused attention kernel reaches (0: compute_efficiency)
+    )
     # A grouped (mixture-of-experts) GEMM's speed against a plain GEMM's, in its matrix work and its weight
     # streaming alike: its tiles index experts' weights (0: the same speed)
     grouped_mm_efficiency: float = 0.0
-    memory_half_bytes: float = 0.0  # bytes at which a streaming kernel reaches half its bandwidth (Hockney n_1/2)
+    memory_half_bytes: float = (
+        0.0  # bytes at which a streaming kernel reaches half its bandwidth (Hockney n_1/2)
+    )
     l2_bytes: float = 0.0
     clock_hz: float = 0.0
-    memory_latency_s: float = 0.0  # one load from device memory; a tiled product's wave waits for it to fill and drain
+    memory_latency_s: float = (
+        0.0  # one load from device memory; a tiled product's wave waits for it to fill and drain
+    )
     # Held-out median |error| of castcore's estimate per kernel family on this device (castcore.report.bands).
     error_bands: Mapping[str, float] = field(default_factory=dict)
     # Board power (castcore.report.energy): the most the board draws (tdp_w, its power limit) and what it draws
@@ -115,7 +144,9 @@ class DeviceProfile:
             # A matrix op in a dtype the matrix unit lacks runs on the vector unit.
             return self.rate("gp", dtype)
         if not table:
-            raise DeviceError(f"device {self.name!r} lists no {unit}_flops; add [{unit}_flops] to its profile")
+            raise DeviceError(
+                f"device {self.name!r} lists no {unit}_flops; add [{unit}_flops] to its profile"
+            )
         slowest = min(table, key=table.__getitem__)
         return table[slowest], f"{slowest} (no {name} rate)"
 
@@ -126,10 +157,25 @@ class DeviceProfile:
         return self.compute_efficiency
 
 
-_NUMBERS = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency",
-            "mma_op_cost_s", "gp_op_cost_s", "comm_op_cost_s", "attention_op_cost_s", "low_latency_a2a_cost_s",
-            "attention_efficiency", "grouped_mm_efficiency", "memory_half_bytes", "l2_bytes", "clock_hz",
-            "memory_latency_s", "tdp_w", "idle_w")
+_NUMBERS = (
+    "memory_bytes",
+    "memory_bandwidth",
+    "compute_efficiency",
+    "memory_efficiency",
+    "mma_op_cost_s",
+    "gp_op_cost_s",
+    "comm_op_cost_s",
+    "attention_op_cost_s",
+    "low_latency_a2a_cost_s",
+    "attention_efficiency",
+    "grouped_mm_efficiency",
+    "memory_half_bytes",
+    "l2_bytes",
+    "clock_hz",
+    "memory_latency_s",
+    "tdp_w",
+    "idle_w",
+)
 _KNOWN = {f.name for f in fields(DeviceProfile)} - {"origin"}
 
 
@@ -148,8 +194,13 @@ def package_profiles(package: str, folder: str = "profiles", label: str | None =
 
 def package_profiles_in(directory: Any, label: str) -> list[DeviceProfile]:
     """Every ``*.toml`` in ``directory`` (a path or a package resource), validated, named ``label:folder/file``."""
-    return [device_from_dict(tomllib.loads(f.read_text(encoding="utf-8")), origin=f"{label}:{directory.name}/{f.name}")
-            for f in sorted(directory.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")]
+    return [
+        device_from_dict(
+            tomllib.loads(f.read_text(encoding="utf-8")), origin=f"{label}:{directory.name}/{f.name}"
+        )
+        for f in sorted(directory.iterdir(), key=lambda f: f.name)
+        if f.name.endswith(".toml")
+    ]
 
 
 def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProfile:
@@ -190,7 +241,9 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
             raise fail(f"'{unit}' must be a table of dtype = op/s")
         for dtype, value in table.items():
             if not is_dtype_name(dtype):
-                raise fail(f"'{unit}.{dtype}' is not a torch dtype name (e.g. bfloat16, float16, float32, int8, hf32)")
+                raise fail(
+                    f"'{unit}.{dtype}' is not a torch dtype name (e.g. bfloat16, float16, float32, int8, hf32)"
+                )
             table[dtype] = _number(value, f"{unit}.{dtype}", fail, positive=True)
         rates[unit] = dict(table)
 
@@ -201,37 +254,60 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
         raise fail("'sources' must be a table of field = \"where the number came from\"")
     bands = data.get("error_bands", {})
     if not isinstance(bands, dict) or set(bands) - set(BAND_FAMILIES):
-        raise fail(f"'error_bands' must be a table of family = held-out median |error|; families: "
-                   f"{', '.join(BAND_FAMILIES)}")
+        raise fail(
+            f"'error_bands' must be a table of family = held-out median |error|; families: "
+            f"{', '.join(BAND_FAMILIES)}"
+        )
     bands = {key: _number(value, f"error_bands.{key}", fail) for key, value in bands.items()}
-    paths = [*_number_paths(numbers, rates, links, tiling), *(f"error_bands.{key}" for key in bands),
-             *(f"mma_efficiency.{dtype}" for dtype in mma_efficiency)]
+    paths = [
+        *_number_paths(numbers, rates, links, tiling),
+        *(f"error_bands.{key}" for key in bands),
+        *(f"mma_efficiency.{dtype}" for dtype in mma_efficiency),
+    ]
     missing = [p for p in paths if not _sourced(p, sources)]
     if missing:
-        raise fail(f"no source for {', '.join(missing)}: add them under [sources] (datasheet and page, or measurement, and date)")
+        raise fail(
+            f"no source for {', '.join(missing)}: add them under [sources] (datasheet and page, or measurement, and date)"
+        )
     default = data.get("default", False)
     if not isinstance(default, bool):
         raise fail("'default' must be true or false")
     # Read-only tables: a plugin must not be able to change the device for every op after it.
-    return DeviceProfile(name=data["name"], vendor=data["vendor"], interconnect=links,
-                         sources=MappingProxyType(dict(sources)), default=default, origin=origin,
-                         error_bands=MappingProxyType(bands), mma_efficiency=MappingProxyType(mma_efficiency),
-                         mma_flops=MappingProxyType(rates["mma_flops"]), gp_flops=MappingProxyType(rates["gp_flops"]),
-                         **tiling, **numbers)
+    return DeviceProfile(
+        name=data["name"],
+        vendor=data["vendor"],
+        interconnect=links,
+        sources=MappingProxyType(dict(sources)),
+        default=default,
+        origin=origin,
+        error_bands=MappingProxyType(bands),
+        mma_efficiency=MappingProxyType(mma_efficiency),
+        mma_flops=MappingProxyType(rates["mma_flops"]),
+        gp_flops=MappingProxyType(rates["gp_flops"]),
+        **tiling,
+        **numbers,
+    )
 
 
 def _check_power(numbers: dict[str, float], fail) -> None:
     """tdp_w and idle_w go together: a board limit above zero and an idle draw below it."""
     given = [key for key in ("tdp_w", "idle_w") if key in numbers]
     if len(given) == 1:
-        raise fail(f"'{given[0]}' needs {'idle_w' if given[0] == 'tdp_w' else 'tdp_w'} too: the power model "
-                   "(docs/devices.md) runs between the idle draw and the board limit")
+        raise fail(
+            f"'{given[0]}' needs {'idle_w' if given[0] == 'tdp_w' else 'tdp_w'} too: the power model "
+            "(docs/devices.md) runs between the idle draw and the board limit"
+        )
     if given and not 0 <= numbers["idle_w"] < numbers["tdp_w"]:
         raise fail(f"'idle_w' = {numbers['idle_w']:g} must be below 'tdp_w' = {numbers['tdp_w']:g} (watts)")
 
 
 def _number(value: Any, key: str, fail, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise fail(f"'{key}' = {value!r} must be a finite number >= 0")
     if positive and value == 0:
         raise fail(f"'{key}' must be greater than 0")
@@ -260,29 +336,43 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     if reduction > 1:
         raise fail(f"'{where}.reduction_efficiency' = {reduction} must be in [0, 1]")
     if reduction and topology != "switch":
-        raise fail(f"'{where}.reduction_efficiency' needs topology 'switch' (only a switch can reduce in the "
-                   f"network), not {topology!r}")
+        raise fail(
+            f"'{where}.reduction_efficiency' needs topology 'switch' (only a switch can reduce in the "
+            f"network), not {topology!r}"
+        )
     engine = {key: _number(raw.get(key, 0.0), f"{where}.{key}", fail) for key in ENGINE_ALLREDUCE}
     if any(engine.values()) and not all(engine.values()):
-        raise fail(f"'{where}' gives part of the engine all-reduce; give all of {', '.join(ENGINE_ALLREDUCE)}, "
-                   "or none")
+        raise fail(
+            f"'{where}' gives part of the engine all-reduce; give all of {', '.join(ENGINE_ALLREDUCE)}, "
+            "or none"
+        )
     protocols = raw.get("protocol_latency_s", [])
     if not isinstance(protocols, list) or len(protocols) not in (0, len(PROTOCOLS)):
-        raise fail(f"'{where}.protocol_latency_s' must be [{', '.join(PROTOCOLS)}]: seconds a step of each protocol "
-                   "(0 where the library does not run it)")
+        raise fail(
+            f"'{where}.protocol_latency_s' must be [{', '.join(PROTOCOLS)}]: seconds a step of each protocol "
+            "(0 where the library does not run it)"
+        )
     protocols = tuple(_number(v, f"{where}.protocol_latency_s[{k}]", fail) for k, v in enumerate(protocols))
     if protocols and not any(protocols):
         raise fail(f"'{where}.protocol_latency_s' offers no protocol; give at least one step latency above 0")
     max_ranks = raw.get("engine_allreduce_max_ranks", 0)
     if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 0:
         raise fail(f"'{where}.engine_allreduce_max_ranks' must be a whole number >= 0 (0: no limit)")
-    return Interconnect(name=str(raw["name"]), devices=raw["devices"], topology=topology, efficiency=efficiency,
-                        bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
-                        latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
-                        reduction_efficiency=reduction,
-                        reduction_latency_s=_number(raw.get("reduction_latency_s", 0.0),
-                                                    f"{where}.reduction_latency_s", fail),
-                        protocol_latency_s=protocols, engine_allreduce_max_ranks=max_ranks, **engine)
+    return Interconnect(
+        name=str(raw["name"]),
+        devices=raw["devices"],
+        topology=topology,
+        efficiency=efficiency,
+        bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
+        latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
+        reduction_efficiency=reduction,
+        reduction_latency_s=_number(
+            raw.get("reduction_latency_s", 0.0), f"{where}.reduction_latency_s", fail
+        ),
+        protocol_latency_s=protocols,
+        engine_allreduce_max_ranks=max_ranks,
+        **engine,
+    )
 
 
 def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:
@@ -304,19 +394,28 @@ def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:
                 raise fail(f"'{key}.{dtype}' is not a torch dtype name (e.g. bfloat16, float8_e4m3fn, int8)")
             tiles = value if key == "mma_tile" and value and isinstance(value[0], list) else [value]
             for tile in tiles:
-                if (not isinstance(tile, list) or len(tile) != 3
-                        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in tile)):
-                    raise fail(f"'{key}.{dtype}' = {value!r} must be [m, n, k] of whole numbers >= 1"
-                               + (" (or a list of them)" if key == "mma_tile" else ""))
+                if (
+                    not isinstance(tile, list)
+                    or len(tile) != 3
+                    or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in tile)
+                ):
+                    raise fail(
+                        f"'{key}.{dtype}' = {value!r} must be [m, n, k] of whole numbers >= 1"
+                        + (" (or a list of them)" if key == "mma_tile" else "")
+                    )
             shapes[key][dtype] = tuple(tuple(t) for t in tiles) if key == "mma_tile" else tuple(tiles[0])
     for dtype, tiles in shapes["mma_tile"].items():
         unit = shapes["mma_unit"].get(dtype)
         if unit is None:
-            raise fail(f"'mma_tile.{dtype}' needs 'mma_unit.{dtype}', the MMA instruction shape the tile is made of")
+            raise fail(
+                f"'mma_tile.{dtype}' needs 'mma_unit.{dtype}', the MMA instruction shape the tile is made of"
+            )
         for tile in tiles:
             if any(t < u or t % u for t, u in zip(tile, unit)):
-                raise fail(f"'mma_tile.{dtype}' tile {list(tile)} is not a whole number of its MMA unit {list(unit)} "
-                           "in every dimension (a tile smaller than, or not a multiple of, the unit it is made of)")
+                raise fail(
+                    f"'mma_tile.{dtype}' tile {list(tile)} is not a whole number of its MMA unit {list(unit)} "
+                    "in every dimension (a tile smaller than, or not a multiple of, the unit it is made of)"
+                )
     if shapes["mma_tile"] and "compute_units" not in found:
         raise fail("'mma_tile' needs 'compute_units', the units its tiles are spread over")
     found["mma_unit"] = MappingProxyType(shapes["mma_unit"])

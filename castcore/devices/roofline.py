@@ -45,11 +45,16 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     ramp = device.memory_half_bytes if not uses_mma else 0.0
     memory_s = (props.memory_bytes + ramp) / bandwidth if props.memory_bytes else 0.0
     if props.kernel == "grouped_mm" and device.grouped_mm_efficiency:  # expert-indexed tiles, as measured
-        compute_s, memory_s = compute_s / device.grouped_mm_efficiency, memory_s / device.grouped_mm_efficiency
+        compute_s, memory_s = (
+            compute_s / device.grouped_mm_efficiency,
+            memory_s / device.grouped_mm_efficiency,
+        )
     if compute_s == 0 and memory_s == 0:
         return Estimate(time_s=0.0, bound="none", source=source)
     overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s
-    if props.kernel == "attention" and device.attention_op_cost_s:  # its scheduling and prologue, measured per call
+    if (
+        props.kernel == "attention" and device.attention_op_cost_s
+    ):  # its scheduling and prologue, measured per call
         overhead_s = device.attention_op_cost_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")
@@ -57,11 +62,20 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
         overhead_s = max(0.0, overhead_s - busy)
     if rates:
         detail = {"rates": rates, **detail}
-    return Estimate(time_s=busy + overhead_s, compute_s=compute_s, memory_s=memory_s, overhead_s=overhead_s,
-                    bound=bound, source=source, detail=detail)
+    return Estimate(
+        time_s=busy + overhead_s,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        overhead_s=overhead_s,
+        bound=bound,
+        source=source,
+        detail=detail,
+    )
 
 
-def _tiled(props: PerformanceProperties, device: DeviceProfile, dtype, rate: float) -> tuple[float, float, dict] | None:
+def _tiled(
+    props: PerformanceProperties, device: DeviceProfile, dtype, rate: float
+) -> tuple[float, float, dict] | None:
     """Seconds for the products with known shapes, the mma ops they cover, and how they were tiled."""
     seconds, covered, how = 0.0, 0.0, []
     for batch, m, n, k in props.matmuls:

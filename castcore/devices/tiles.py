@@ -23,8 +23,9 @@ from castcore.devices.dtypes import dtype_name
 from castcore.devices.profile import DeviceProfile
 
 
-def tiled_matmul(device: DeviceProfile, dtype: Any, batch: int, m: int, n: int, k: int,
-                 rate: float) -> tuple[float, dict[str, Any]] | None:
+def tiled_matmul(
+    device: DeviceProfile, dtype: Any, batch: int, m: int, n: int, k: int, rate: float
+) -> tuple[float, dict[str, Any]] | None:
     """(seconds, how) for ``batch`` products of (m x k) @ (k x n) at sustained ``rate`` op/s; None when the
     profile has no tiles for ``dtype``."""
     tiles = device.mma_tile.get(dtype_name(dtype))
@@ -40,10 +41,19 @@ def tiled_matmul(device: DeviceProfile, dtype: Any, batch: int, m: int, n: int, 
         waves = math.ceil(count * split / units)
         # Split-K's partial tiles go to memory and back before the sum is written: one more round trip.
         round_trips = 2 if split == 1 else 4
-        seconds = waves * (2 * tm * tn * tk * math.ceil(steps / split) / per_unit
-                           + round_trips * device.memory_latency_s)
+        seconds = waves * (
+            2 * tm * tn * tk * math.ceil(steps / split) / per_unit + round_trips * device.memory_latency_s
+        )
         if best is None or seconds < best[0]:
             useful = 2 * batch * m * n * k
-            best = (seconds, {"tile": f"{tm}x{tn}x{tk}", "tiles": count, "split_k": split, "waves": waves,
-                              "tile_efficiency": useful / (seconds * per_unit * units)})
+            best = (
+                seconds,
+                {
+                    "tile": f"{tm}x{tn}x{tk}",
+                    "tiles": count,
+                    "split_k": split,
+                    "waves": waves,
+                    "tile_efficiency": useful / (seconds * per_unit * units),
+                },
+            )
     return best

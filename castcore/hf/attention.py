@@ -25,9 +25,11 @@ def supports_attention_backend(model: Any) -> bool:
 
 def no_attention_backend_note(model_name: str, attention: str) -> str:
     """What a user should know when a model keeps its own attention."""
-    return (f"{model_name} cannot take castcore's attention path, so it runs its own {attention} attention: on "
-            "fake tensors that builds an explicit causal mask, so attention is counted over every query-key pair, "
-            "about twice the causal work")
+    return (
+        f"{model_name} cannot take castcore's attention path, so it runs its own {attention} attention: on "
+        "fake tensors that builds an explicit causal mask, so attention is counted over every query-key pair, "
+        "about twice the causal work"
+    )
 
 
 def register_attention(name: str, attention: Callable, mask: Callable) -> None:
@@ -49,34 +51,49 @@ def sdpa_mask(*args, **kwargs):
     return mask(*args, **kwargs)
 
 
-def castcore_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, local_size=None,
-                  **kwargs):
+def castcore_mask(
+    batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, local_size=None, **kwargs
+):
     """transformers' SDPA mask, left out when no padding is given: SDPA then applies causality itself
     (``is_causal``) or needs none (one query token). On fake tensors transformers' own SDPA path would
     materialise the causal mask and the attention op would lose its causal flag."""
     window_irrelevant = local_size is None or kv_length <= local_size
     if attention_mask is None and window_irrelevant and (q_length == 1 or q_length == kv_length):
         return None
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask,
-                     local_size=local_size, **kwargs)
+    return sdpa_mask(
+        batch_size,
+        q_length,
+        kv_length,
+        q_offset,
+        kv_offset,
+        attention_mask=attention_mask,
+        local_size=local_size,
+        **kwargs,
+    )
 
 
-def castcore_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-                       s_aux=None, **kwargs):
+def castcore_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, s_aux=None, **kwargs
+):
     """transformers' SDPA attention; with a logit soft-cap (Gemma 2) or attention sinks (gpt-oss's ``s_aux``),
     which SDPA cannot apply, the ops an eager attention runs: scores, tanh cap, mask, softmax (with the sink
     column), weighted sum. Relies on ``integrations.sdpa_attention.sdpa_attention_forward`` (checked
     5.5.0-5.24.0)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if key.dtype != query.dtype:  # a KV cache in another dtype (--kv-cache): an eager kernel dequantizes it first
+    if (
+        key.dtype != query.dtype
+    ):  # a KV cache in another dtype (--kv-cache): an eager kernel dequantizes it first
         key, value = key.to(query.dtype), value.to(query.dtype)
     if softcap is None and s_aux is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (
+        scaling if scaling is not None else query.shape[-1] ** -0.5
+    )
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -84,8 +101,11 @@ def castcore_attention(module, query, key, value, attention_mask, dropout=0.0, s
         attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
     if attention_mask is not None:
         attention_mask = attention_mask[..., :kv_len]
-        scores = (scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool
-                  else scores + attention_mask)
+        scores = (
+            scores.masked_fill(~attention_mask, float("-inf"))
+            if attention_mask.dtype == torch.bool
+            else scores + attention_mask
+        )
     if s_aux is not None:
         sinks = s_aux.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
         probs = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]

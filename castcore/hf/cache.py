@@ -12,7 +12,10 @@ import torch
 from castcore.errors import ModelError
 from castcore.options.catalog import say
 
-CACHE_ARGUMENTS = ("cache", "past_key_values")  # the names a forward takes its KV cache by (see cache_argument)
+CACHE_ARGUMENTS = (
+    "cache",
+    "past_key_values",
+)  # the names a forward takes its KV cache by (see cache_argument)
 
 
 def cache_argument(model: torch.nn.Module) -> str:
@@ -37,7 +40,9 @@ def kv_written(attention: torch.nn.Module, tp: int) -> tuple[tuple[int, int], tu
     attributes and on DeepSeek-V3's ``expand_kv``, whose presence means transformers caches the latent
     (checked 5.5.0-5.24.0)."""
     config = getattr(attention, "config", None)
-    if getattr(attention, "castcore_latent", False):  # castcore.deploy.kernels.latent: one entry, held in the keys
+    if getattr(
+        attention, "castcore_latent", False
+    ):  # castcore.deploy.kernels.latent: one entry, held in the keys
         return (1, config.kv_lora_rank + config.qk_rope_head_dim), (1, 0)
     if hasattr(attention, "kv_a_proj_with_mqa") and config is not None:  # multi-head latent attention, eager
         if hasattr(type(attention), "expand_kv"):
@@ -50,8 +55,14 @@ def kv_written(attention: torch.nn.Module, tp: int) -> tuple[tuple[int, int], tu
     return None
 
 
-def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.dtype, tp: int = 1,
-                  cache_dtype: torch.dtype | None = None):
+def decode_inputs(
+    model: torch.nn.Module,
+    batch: int,
+    kv_len: int,
+    dtype: torch.dtype,
+    tp: int = 1,
+    cache_dtype: torch.dtype | None = None,
+):
     """Inputs of one decode step, as a function run inside the fake mode (so nothing is allocated): one new token
     over a static KV cache already holding ``kv_len`` tokens, written in place as serving engines do. With ``tp``
     > 1 the cache is one device's (num_key_value_heads / tp heads; ``per_device(n)`` makes that one); it holds
@@ -66,20 +77,27 @@ def decode_inputs(model: torch.nn.Module, batch: int, kv_len: int, dtype: torch.
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if tp > 1 and kv_heads % tp and not getattr(config, "kv_lora_rank", None):
-        raise ModelError(f"{say('tp', tp)}: num_key_value_heads = {kv_heads} does not divide by {tp}; each device "
-                         f"holds num_key_value_heads / {tp} heads of the decode step's KV cache (choose a "
-                         f"{say('tp')} that divides it)")
+        raise ModelError(
+            f"{say('tp', tp)}: num_key_value_heads = {kv_heads} does not divide by {tp}; each device "
+            f"holds num_key_value_heads / {tp} heads of the decode step's KV cache (choose a "
+            f"{say('tp')} that divides it)"
+        )
     standard = ((kv_heads // tp, head_dim),) * 2
     argument = cache_argument(model)
 
     def make():
-        written = {getattr(m, "layer_idx", None): kv_written(m, tp) for m in model.modules()
-                   if type(m).__name__.endswith("Attention")}
+        written = {
+            getattr(m, "layer_idx", None): kv_written(m, tp)
+            for m in model.modules()
+            if type(m).__name__.endswith("Attention")
+        }
         cache = StaticCache(config=config, max_cache_len=kv_len + 1)
         for index, layer in enumerate(cache.layers):
             (k_heads, k_dim), (v_heads, v_dim) = written.get(index) or standard
-            layer.lazy_initialization(torch.empty((batch, k_heads, 1, k_dim), dtype=cache_dtype or dtype),
-                                      torch.empty((batch, v_heads, 1, v_dim), dtype=cache_dtype or dtype))
+            layer.lazy_initialization(
+                torch.empty((batch, k_heads, 1, k_dim), dtype=cache_dtype or dtype),
+                torch.empty((batch, v_heads, 1, v_dim), dtype=cache_dtype or dtype),
+            )
             layer.cumulative_length.fill_(kv_len)
             if cache_dtype not in (None, dtype):
                 layer.__class__ = cast_on_write(type(layer))
@@ -102,6 +120,7 @@ def cast_on_write(layer_class: type) -> type:
     if layer_class in _CASTING.values():
         return layer_class
     if layer_class not in _CASTING:
+
         def update(self, key_states, value_states, *args, **kwargs):
             if key_states.dtype != self.keys.dtype:
                 key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.keys.dtype)

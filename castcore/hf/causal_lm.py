@@ -13,8 +13,14 @@ from typing import Any
 import torch
 
 from castcore.errors import ModelError
-from castcore.hf.attention import (ATTENTION, castcore_attention, castcore_mask, no_attention_backend_note,
-                                   register_attention, supports_attention_backend)
+from castcore.hf.attention import (
+    ATTENTION,
+    castcore_attention,
+    castcore_mask,
+    no_attention_backend_note,
+    register_attention,
+    supports_attention_backend,
+)
 from castcore.hf.versions import one_line
 
 
@@ -34,8 +40,9 @@ def is_causal_lm(model: Any) -> bool:
     return any(c.__name__ in names for c in ours)
 
 
-def build_causal_lm(config: dict[str, Any], dtype: torch.dtype,
-                    origin: str = "the model config") -> tuple[torch.nn.Module, list[str]]:
+def build_causal_lm(
+    config: dict[str, Any], dtype: torch.dtype, origin: str = "the model config"
+) -> tuple[torch.nn.Module, list[str]]:
     """An AutoModelForCausalLM from a config.json dict on the meta device (no weights), and notes: that the model
     cannot take castcore's attention path, what transformers warns of its RoPE values. ModelError names ``origin``,
     the field at fault and what castcore supports. Relies on ``CONFIG_MAPPING``, ``MODEL_FOR_CAUSAL_LM_MAPPING``,
@@ -49,19 +56,25 @@ def build_causal_lm(config: dict[str, Any], dtype: torch.dtype,
     fields = {k: v for k, v in config.items() if not k.startswith("_")}
     model_type = fields.pop("model_type", None)
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        raise ModelError(f"{origin}: 'model_type' = {model_type!r} is not a transformers model type; castcore "
-                         "builds causal language models from a transformers config.json (llama, qwen2, gpt2, ...)")
+        raise ModelError(
+            f"{origin}: 'model_type' = {model_type!r} is not a transformers model type; castcore "
+            "builds causal language models from a transformers config.json (llama, qwen2, gpt2, ...)"
+        )
     said: list[str] = []
     try:
         with _rope_warnings(said):
             hf_config = AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # transformers' validation errors have no common base: any is the config's fault
-        raise ModelError(f"{origin}: transformers refuses this {model_type} config: {one_line(exc)}") from None
+        raise ModelError(
+            f"{origin}: transformers refuses this {model_type} config: {one_line(exc)}"
+        ) from None
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
     if model_class is None:
-        raise ModelError(f"{origin}: {model_type} is not a causal language model (transformers has no "
-                         f"AutoModelForCausalLM for it, as for encoder-decoder and vision models); estimate your own "
-                         "module with castcore.estimate(model, inputs) or --model package.module:factory")
+        raise ModelError(
+            f"{origin}: {model_type} is not a causal language model (transformers has no "
+            f"AutoModelForCausalLM for it, as for encoder-decoder and vision models); estimate your own "
+            "module with castcore.estimate(model, inputs) or --model package.module:factory"
+        )
     attention, note = ATTENTION, None
     if not supports_attention_backend(model_class):
         attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
@@ -71,9 +84,13 @@ def build_causal_lm(config: dict[str, Any], dtype: torch.dtype,
         with torch.device("meta"), _rope_warnings(said):
             model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
-        raise ModelError(f"{origin}: transformers cannot build this {model_type} model: {one_line(exc)}") from None
-    return model.eval(), [*([note] if note else []),
-                          *(f"{origin}: transformers warns: {line}" for line in dict.fromkeys(said))]
+        raise ModelError(
+            f"{origin}: transformers cannot build this {model_type} model: {one_line(exc)}"
+        ) from None
+    return model.eval(), [
+        *([note] if note else []),
+        *(f"{origin}: transformers warns: {line}" for line in dict.fromkeys(said)),
+    ]
 
 
 @contextmanager
@@ -90,4 +107,3 @@ def _rope_warnings(said: list[str]) -> Iterator[None]:
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
-

@@ -20,7 +20,9 @@ def configs(model: torch.nn.Module) -> list[Any]:
         config = pending.pop()
         if id(config) not in found:
             found[id(config)] = config
-            pending += [sub for key in config.sub_configs if hasattr(sub := getattr(config, key, None), "sub_configs")]
+            pending += [
+                sub for key in config.sub_configs if hasattr(sub := getattr(config, key, None), "sub_configs")
+            ]
     return list(found.values())
 
 
@@ -33,7 +35,9 @@ def set_attention(model: torch.nn.Module, attention: str, only_from: str | None 
     nothing switched otherwise. Set one by one through ``_attn_implementation_internal``: transformers' setter
     would give sub-configs their parent's value (checked 5.5.0-5.24.0)."""
     found = configs(model)
-    if not found or (only_from is not None and any(c._attn_implementation_internal != only_from for c in found)):
+    if not found or (
+        only_from is not None and any(c._attn_implementation_internal != only_from for c in found)
+    ):
         return False
     for config in found:
         config._attn_implementation_internal = attention

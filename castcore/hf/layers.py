@@ -14,7 +14,9 @@ def is_experts_module(module: torch.nn.Module) -> bool:
     """One of transformers 5's ``@use_experts_implementation`` experts modules, whose 3-D weights castcore splits
     and quantizes (the decorator's ``has_gate``, and ``_apply_gate``; checked 5.5.0-5.24.0), or Llama 4's experts
     once castcore.deploy.kernels.moe has given them those attributes (``castcore_gate``)."""
-    return hasattr(module, "has_gate") and (hasattr(module, "_apply_gate") or hasattr(module, "castcore_gate"))
+    return hasattr(module, "has_gate") and (
+        hasattr(module, "_apply_gate") or hasattr(module, "castcore_gate")
+    )
 
 
 def is_default_gated_experts(module: torch.nn.Module) -> bool:
@@ -22,9 +24,12 @@ def is_default_gated_experts(module: torch.nn.Module) -> bool:
     (``has_gate``, ``has_bias``, ``is_transposed``, ``_apply_gate`` named ``_default_apply_gate``; checked
     5.5.0-5.24.0)."""
     gate = getattr(type(module), "_apply_gate", None)
-    return (getattr(module, "has_gate", False) and not getattr(module, "has_bias", False)
-            and not getattr(module, "is_transposed", False)
-            and getattr(gate, "__name__", "") == "_default_apply_gate")
+    return (
+        getattr(module, "has_gate", False)
+        and not getattr(module, "has_bias", False)
+        and not getattr(module, "is_transposed", False)
+        and getattr(gate, "__name__", "") == "_default_apply_gate"
+    )
 
 
 def experts_grouped_forward(module: torch.nn.Module) -> Callable | None:
@@ -50,8 +55,11 @@ def grouped_router_kind(module: torch.nn.Module) -> str | None:
     if type(module).__name__.endswith("TopkRouter"):
         found = all(hasattr(module, a) for a in ("num_group", "topk_group", "e_score_correction_bias"))
         return "router" if found else None
-    if (callable(getattr(module, "route_tokens_to_experts", None)) and hasattr(module, "n_group")
-            and hasattr(getattr(module, "gate", None), "e_score_correction_bias")):
+    if (
+        callable(getattr(module, "route_tokens_to_experts", None))
+        and hasattr(module, "n_group")
+        and hasattr(getattr(module, "gate", None), "e_score_correction_bias")
+    ):
         return "moe"
     return None
 
@@ -59,5 +67,9 @@ def grouped_router_kind(module: torch.nn.Module) -> str | None:
 def is_conv1d(module: torch.nn.Module) -> bool:
     """transformers' Conv1D (GPT-2's linears): weight [in, out], ``nf`` outputs (checked 5.5.0-5.24.0)."""
     weight = getattr(module, "weight", None)
-    return (type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, torch.Tensor)
-            and weight.dim() == 2)
+    return (
+        type(module).__name__ == "Conv1D"
+        and hasattr(module, "nf")
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 2
+    )

@@ -31,8 +31,11 @@ def standard_rotary(model: torch.nn.Module) -> dict[tuple[Any, str], Callable]:
             if params[:4] == ["q", "k", "cos", "sin"] and "unsqueeze_dim" in params:
                 found[home, "apply_rotary_pos_emb"] = original
         complex_angles = getattr(home, "apply_rotary_emb", None)
-        if complex_angles is not None and list(inspect.signature(complex_angles).parameters) == ["xq", "xk",
-                                                                                                 "freqs_cis"]:
+        if complex_angles is not None and list(inspect.signature(complex_angles).parameters) == [
+            "xq",
+            "xk",
+            "freqs_cis",
+        ]:
             found[home, "apply_rotary_emb"] = complex_angles
     return found
 
@@ -46,8 +49,9 @@ def half_angle_rotary(original: Callable) -> bool:
 
 
 @contextmanager
-def rotary_swapped(originals: dict[tuple[Any, str], Callable],
-                   replacement: Callable[[Callable], Callable]) -> Iterator[None]:
+def rotary_swapped(
+    originals: dict[tuple[Any, str], Callable], replacement: Callable[[Callable], Callable]
+) -> Iterator[None]:
     """Each module's rotary function (``standard_rotary``) replaced by ``replacement(original)``, then put back."""
     try:
         for (home, name), original in originals.items():

@@ -47,8 +47,10 @@ def version_warnings() -> list[str]:
         if found is not None and not in_tested_range(package, found):
             low, high = TESTED[package]
             major, minor = (int(part) for part in high.split("."))
-            lines.append(f"{package} {found} is installed; castcore is tested on {package} {tested_range(package)}: "
-                         f"its estimates may fail or differ (pip install '{package}>={low},<{major}.{minor + 1}')")
+            lines.append(
+                f"{package} {found} is installed; castcore is tested on {package} {tested_range(package)}: "
+                f"its estimates may fail or differ (pip install '{package}>={low},<{major}.{minor + 1}')"
+            )
     return lines
 
 
@@ -62,18 +64,20 @@ def raised_inside(exc: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     where = Path(tb.tb_frame.f_code.co_filename) if tb is not None else None
-    return where is not None and (where.is_relative_to(Path(module.__file__).parent)
-                                  or where.is_relative_to(Path(__file__).parent))
+    return where is not None and (
+        where.is_relative_to(Path(module.__file__).parent) or where.is_relative_to(Path(__file__).parent)
+    )
 
 
 def internals_error(exc: BaseException, model_class: str) -> ModelError:
     """The one line a failure inside transformers becomes: the model class, the installed and tested versions."""
-    return ModelError(f"{model_class} failed inside transformers {installed('transformers')} ({one_line(exc)}); "
-                      f"castcore is tested on transformers {tested_range('transformers')}: install one of those, "
-                      "or run with --debug for the traceback")
+    return ModelError(
+        f"{model_class} failed inside transformers {installed('transformers')} ({one_line(exc)}); "
+        f"castcore is tested on transformers {tested_range('transformers')}: install one of those, "
+        "or run with --debug for the traceback"
+    )
 
 
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
-

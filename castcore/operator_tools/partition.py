@@ -44,7 +44,7 @@ class Collective:
 
     op: str
     group_size: int
-    bytes: int                       # per device, summed over the outputs it reduces
+    bytes: int  # per device, summed over the outputs it reduces
     estimate: Estimate | None
     note: str = ""
 
@@ -53,9 +53,14 @@ class Collective:
         return None if self.estimate is None else self.estimate.time_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "group_size": self.group_size, "bytes": self.bytes, "time_s": self.time_s,
-                "answered_by": str(self.estimate.source) if self.estimate and self.estimate.source else None,
-                "note": self.note}
+        return {
+            "op": self.op,
+            "group_size": self.group_size,
+            "bytes": self.bytes,
+            "time_s": self.time_s,
+            "answered_by": str(self.estimate.source) if self.estimate and self.estimate.source else None,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -63,14 +68,14 @@ class Split:
     """Splitting one named dim ``ways`` ways: legal or why not, and each device's shapes and time."""
 
     dim: str
-    kind: str                                   # "spatial" ('' dims) or "sum" ('+' dims)
+    kind: str  # "spatial" ('' dims) or "sum" ('+' dims)
     size: int
     legal: bool
     reason: str = ""
-    input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)   # per device
+    input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)  # per device
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    arguments: dict[str, int] = field(default_factory=dict)                  # hidden-dim arguments per device
-    estimate: Estimate | None = None                                         # one device's op time
+    arguments: dict[str, int] = field(default_factory=dict)  # hidden-dim arguments per device
+    estimate: Estimate | None = None  # one device's op time
     collective: Collective | None = None
 
     @property
@@ -83,12 +88,20 @@ class Split:
         return None if self.collective.time_s is None else self.estimate.time_s + self.collective.time_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dim": self.dim, "kind": self.kind, "size": self.size, "legal": self.legal, "reason": self.reason,
-                "input_shapes": [list(s) if s is not None else None for s in self.input_shapes],
-                "output_shapes": [list(s) for s in self.output_shapes], "arguments": self.arguments,
-                "op_time_s": self.estimate.time_s if self.estimate else None,
-                "op_answered_by": str(self.estimate.source) if self.estimate and self.estimate.source else None,
-                "collective": self.collective.to_dict() if self.collective else None, "time_s": self.time_s}
+        return {
+            "dim": self.dim,
+            "kind": self.kind,
+            "size": self.size,
+            "legal": self.legal,
+            "reason": self.reason,
+            "input_shapes": [list(s) if s is not None else None for s in self.input_shapes],
+            "output_shapes": [list(s) for s in self.output_shapes],
+            "arguments": self.arguments,
+            "op_time_s": self.estimate.time_s if self.estimate else None,
+            "op_answered_by": str(self.estimate.source) if self.estimate and self.estimate.source else None,
+            "collective": self.collective.to_dict() if self.collective else None,
+            "time_s": self.time_s,
+        }
 
 
 @dataclass
@@ -101,7 +114,7 @@ class PartitionPlan:
     device: str
     input_shapes: list[tuple[int, ...] | None]
     output_shapes: list[tuple[int, ...]]
-    whole: Estimate | None                       # the unsplit op on one device
+    whole: Estimate | None  # the unsplit op on one device
     splits: list[Split]
 
     @property
@@ -115,25 +128,37 @@ class PartitionPlan:
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best()
-        return {"op": self.op, "annotation": self.annotation, "ways": self.ways, "device": self.device,
-                "input_shapes": [list(s) if s is not None else None for s in self.input_shapes],
-                "output_shapes": [list(s) for s in self.output_shapes],
-                "whole_time_s": self.whole.time_s if self.whole else None,
-                "best": best.dim if best else None, "splits": [s.to_dict() for s in self.splits]}
+        return {
+            "op": self.op,
+            "annotation": self.annotation,
+            "ways": self.ways,
+            "device": self.device,
+            "input_shapes": [list(s) if s is not None else None for s in self.input_shapes],
+            "output_shapes": [list(s) for s in self.output_shapes],
+            "whole_time_s": self.whole.time_s if self.whole else None,
+            "best": best.dim if best else None,
+            "splits": [s.to_dict() for s in self.splits],
+        }
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     def format_table(self) -> str:
         shapes = ", ".join("?" if s is None else "x".join(map(str, s)) for s in self.input_shapes)
-        lines = [f"{self.op}  {self.annotation}",
-                 f"inputs {shapes}; {self.ways} ways on {self.device}; unsplit "
-                 f"{format_seconds(self.whole.time_s) if self.whole else '-'}", ""]
+        lines = [
+            f"{self.op}  {self.annotation}",
+            f"inputs {shapes}; {self.ways} ways on {self.device}; unsplit "
+            f"{format_seconds(self.whole.time_s) if self.whole else '-'}",
+            "",
+        ]
         header = ("dim", "kind", "legal", "per-device inputs", "op time", "collective", "total")
         rows = []
         for s in self.splits:
-            per_device = "; ".join("?" if x is None else "x".join(map(str, x)) for x in s.input_shapes) if s.legal \
+            per_device = (
+                "; ".join("?" if x is None else "x".join(map(str, x)) for x in s.input_shapes)
+                if s.legal
                 else s.reason
+            )
             op_time = format_seconds(s.estimate.time_s) if s.estimate else "-"
             if s.collective is None:
                 comm = "-"
@@ -149,13 +174,22 @@ class PartitionPlan:
         best = self.best()
         notes = {s.collective.note for s in self.splits if s.collective and s.collective.note}
         lines += [""] + [f"note: {n}" for n in sorted(notes)]
-        lines.append(f"best: split {best.dim} ({format_seconds(best.time_s)} per device)" if best
-                     else "best: no legal split is fully estimated")
+        lines.append(
+            f"best: split {best.dim} ({format_seconds(best.time_s)} per device)"
+            if best
+            else "best: no legal split is fully estimated"
+        )
         return "\n".join(lines)
 
 
-def partition(op: Any, *inputs: Any, ways: int, session: Session | None = None,
-              device: str | DeviceProfile | None = None, **kwargs: Any) -> PartitionPlan:
+def partition(
+    op: Any,
+    *inputs: Any,
+    ways: int,
+    session: Session | None = None,
+    device: str | DeviceProfile | None = None,
+    **kwargs: Any,
+) -> PartitionPlan:
     """Analyse ``op(*inputs, **kwargs)`` split ``ways`` ways: legal splits, per-device shapes and estimates on
     ``device`` of ``session`` (None: the default session).
 
@@ -195,7 +229,9 @@ def partition(op: Any, *inputs: Any, ways: int, session: Session | None = None,
         if not split.legal:
             continue
         sizes = dict(fitted.sizes, **{name: size // ways})
-        split.input_shapes = [None if dims is None else fitted.shape_of(dims, sizes) for dims in fitted.inputs]
+        split.input_shapes = [
+            None if dims is None else fitted.shape_of(dims, sizes) for dims in fitted.inputs
+        ]
         full_outputs = [fitted.shape_of(dims, sizes) for dims in fitted.outputs]
         split.output_shapes = full_outputs
         device_values = list(values)
@@ -213,15 +249,23 @@ def partition(op: Any, *inputs: Any, ways: int, session: Session | None = None,
             continue
         if mark == SUM:
             split.collective = _all_reduce(session, profile, fitted, full_outputs, values, ways)
-    return PartitionPlan(op=record.qualname, annotation=str(fitted.annotation), ways=ways, device=profile.name,
-                         input_shapes=fitted.input_shapes, output_shapes=fitted.output_shapes, whole=whole,
-                         splits=splits)
+    return PartitionPlan(
+        op=record.qualname,
+        annotation=str(fitted.annotation),
+        ways=ways,
+        device=profile.name,
+        input_shapes=fitted.input_shapes,
+        output_shapes=fitted.output_shapes,
+        whole=whole,
+        splits=splits,
+    )
 
 
 def _meta(value: Any) -> Any:
     if isinstance(value, TensorMeta):
-        return torch.empty_strided(value.shape, value.stride or _contiguous(value.shape), dtype=value.dtype,
-                                   device="meta")
+        return torch.empty_strided(
+            value.shape, value.stride or _contiguous(value.shape), dtype=value.dtype, device="meta"
+        )
     if isinstance(value, torch.Tensor) and value.device.type != "meta":
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
     return value
@@ -242,12 +286,17 @@ def _estimate(session: Session, record: RegisteredOp, values: list, profile: Dev
     if len(mine) == 1 and len(report.records) == 1:
         return mine[0].estimate
     time_s = sum(r.estimate.time_s for r in report.records)
-    return Estimate(time_s=time_s, bound="unknown", source=mine[0].estimate.source if mine else None,
-                    detail={"calls": len(report.records)})
+    return Estimate(
+        time_s=time_s,
+        bound="unknown",
+        source=mine[0].estimate.source if mine else None,
+        detail={"calls": len(report.records)},
+    )
 
 
-def _all_reduce(session: Session, profile: DeviceProfile, fitted: Binding, output_shapes: list, values: list,
-                ways: int) -> Collective:
+def _all_reduce(
+    session: Session, profile: DeviceProfile, fitted: Binding, output_shapes: list, values: list, ways: int
+) -> Collective:
     """All-reduce of every output's partial sums, asked of the session as a synthetic functional collective."""
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     floats = [t.dtype for t in tensors if t.dtype.is_floating_point]
@@ -262,26 +311,40 @@ def _all_reduce(session: Session, profile: DeviceProfile, fitted: Binding, outpu
     for shape in output_shapes:
         meta = TensorMeta(shape=tuple(shape), dtype=dtype, stride=_contiguous(tuple(shape)))
         nbytes += meta.nbytes
-        invoke = OpInvoke(op=op, args=(meta, "sum", "castcore-partition"), out=meta,
-                          module="partition", attrs={"group_size": ways, "group_name": "castcore-partition"})
+        invoke = OpInvoke(
+            op=op,
+            args=(meta, "sum", "castcore-partition"),
+            out=meta,
+            module="partition",
+            attrs={"group_size": ways, "group_name": "castcore-partition"},
+        )
         try:
             estimate = session.resolver.estimate(invoke, profile)
         except EstimatorError as exc:
             return Collective(ALL_REDUCE, ways, nbytes, None, f"all_reduce unestimated: {exc}")
         if estimate.source is None or estimate.source.step == STEP_FALLBACK:
-            return Collective(ALL_REDUCE, ways, nbytes, None,
-                              "all_reduce unestimated: no plugin times _c10d_functional::all_reduce "
-                              "(pip install castpack-collectives)")
+            return Collective(
+                ALL_REDUCE,
+                ways,
+                nbytes,
+                None,
+                "all_reduce unestimated: no plugin times _c10d_functional::all_reduce "
+                "(pip install castpack-collectives)",
+            )
         total += estimate.time_s
         answer = estimate
-    summed = Estimate(time_s=total, comm_s=total, bound="comm", source=answer.source if answer else None,
-                      detail={"outputs": len(output_shapes)})
+    summed = Estimate(
+        time_s=total,
+        comm_s=total,
+        bound="comm",
+        source=answer.source if answer else None,
+        detail={"outputs": len(output_shapes)},
+    )
     return Collective(ALL_REDUCE, ways, nbytes, summed)
 
 
 # ---------------------------------------------------------------------------------------------
 # The command line: castcore partition MODULE:FUNCTION --ways N --input 4096x1024 ...
-
 
 
 def load_target(spec: str) -> RegisteredOp:
@@ -290,7 +353,9 @@ def load_target(spec: str) -> RegisteredOp:
     try:
         return lookup(target)
     except KeyError:
-        raise PartitionError(f"{spec!r} is not registered: decorate it with @castcore.register_op(\"...\")") from None
+        raise PartitionError(
+            f'{spec!r} is not registered: decorate it with @castcore.register_op("...")'
+        ) from None
 
 
 def load_callable(spec: str) -> Any:
@@ -317,7 +382,9 @@ def load_callable(spec: str) -> Any:
     except CustomOpError:
         raise
     except Exception as exc:
-        raise PartitionError(f"{spec!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+        raise PartitionError(
+            f"{spec!r}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from None
     target = getattr(module, attr, None)
     if target is None:
         raise PartitionError(f"{spec!r}: {module_name} has no {attr!r}")
@@ -336,7 +403,9 @@ def parse_input(text: str, dtype: torch.dtype, literal_first: bool = False) -> A
     shape_text, _, dtype_text = text.partition(":")
     if dtype_text:
         if dtype_text not in TENSOR_DTYPES:
-            raise PartitionError(f"--input {text!r}: unknown dtype {dtype_text!r}; use {', '.join(TENSOR_DTYPES)}")
+            raise PartitionError(
+                f"--input {text!r}: unknown dtype {dtype_text!r}; use {', '.join(TENSOR_DTYPES)}"
+            )
         dtype = torch_dtype(dtype_text)
     if shape_text == "scalar":
         return torch.empty((), dtype=dtype, device="meta")
@@ -353,8 +422,9 @@ def parse_input(text: str, dtype: torch.dtype, literal_first: bool = False) -> A
         return text
 
 
-def example_inputs(record: RegisteredOp | None, inputs: list[str], arguments: list[str], dtype: str,
-                   name: str = "") -> tuple[list, dict]:
+def example_inputs(
+    record: RegisteredOp | None, inputs: list[str], arguments: list[str], dtype: str, name: str = ""
+) -> tuple[list, dict]:
     """The call's arguments from --input (positional, in order) and --arg (by name)."""
     tensor_dtype = torch_dtype(dtype)
     kwargs = {}
@@ -367,5 +437,7 @@ def example_inputs(record: RegisteredOp | None, inputs: list[str], arguments: li
         return [parse_input(i, tensor_dtype) for i in inputs], kwargs
     if record is None:
         raise PartitionError(f"{name}: give its inputs, e.g. --input 4096x1024 --input 1024x4096:bf16")
-    raise PartitionError(f"{record.qualname}: give its inputs, e.g. --input 4096x1024 --input 1024x4096:bf16 "
-                         f"(annotation: {record.annotation if isinstance(record.annotation, str) else 'a function'})")
+    raise PartitionError(
+        f"{record.qualname}: give its inputs, e.g. --input 4096x1024 --input 1024x4096:bf16 "
+        f"(annotation: {record.annotation if isinstance(record.annotation, str) else 'a function'})"
+    )

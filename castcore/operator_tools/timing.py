@@ -57,25 +57,38 @@ class Measurement:
         return self.estimated_s / self.measured_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "inputs": self.inputs, "calls": self.calls, "measured_s": self.measured_s,
-                "min_s": self.min_s, "estimated_s": self.estimated_s, "ratio": self.ratio,
-                "answered_by": self.answered_by, "error": self.error}
+        return {
+            "op": self.op,
+            "inputs": self.inputs,
+            "calls": self.calls,
+            "measured_s": self.measured_s,
+            "min_s": self.min_s,
+            "estimated_s": self.estimated_s,
+            "ratio": self.ratio,
+            "answered_by": self.answered_by,
+            "error": self.error,
+        }
 
 
 @dataclass
 class MeasureReport:
     device: str
-    runtime: str                 # where the ops ran: "cpu" or "cuda:0"
+    runtime: str  # where the ops ran: "cpu" or "cuda:0"
     warmup: int
     repeat: int
     rows: list[Measurement] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         timed = [r for r in self.rows if r.measured_s is not None]
-        return {"device": self.device, "runtime": self.runtime, "warmup": self.warmup, "repeat": self.repeat,
-                "measured_s": sum(r.measured_s * r.calls for r in timed),
-                "estimated_s": sum((r.estimated_s or 0.0) * r.calls for r in timed),
-                "rows": [r.to_dict() for r in self.rows]}
+        return {
+            "device": self.device,
+            "runtime": self.runtime,
+            "warmup": self.warmup,
+            "repeat": self.repeat,
+            "measured_s": sum(r.measured_s * r.calls for r in timed),
+            "estimated_s": sum((r.estimated_s or 0.0) * r.calls for r in timed),
+            "rows": [r.to_dict() for r in self.rows],
+        }
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -87,16 +100,30 @@ class MeasureReport:
             if r.error:
                 rows.append((r.op, r.inputs, str(r.calls), "not run", "-", "-", r.error))
                 continue
-            rows.append((r.op, r.inputs, str(r.calls), format_seconds(r.measured_s),
-                         format_seconds(r.estimated_s) if r.estimated_s is not None else "-",
-                         f"{r.ratio:.2f}" if r.ratio is not None else "-", r.answered_by))
+            rows.append(
+                (
+                    r.op,
+                    r.inputs,
+                    str(r.calls),
+                    format_seconds(r.measured_s),
+                    format_seconds(r.estimated_s) if r.estimated_s is not None else "-",
+                    f"{r.ratio:.2f}" if r.ratio is not None else "-",
+                    r.answered_by,
+                )
+            )
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        lines = [f"measured on {self.runtime} ({self.warmup} warm-up, median of {self.repeat}); "
-                 f"estimated on {self.device}", ""]
+        lines = [
+            f"measured on {self.runtime} ({self.warmup} warm-up, median of {self.repeat}); "
+            f"estimated on {self.device}",
+            "",
+        ]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
         totals = self.to_dict()
-        lines += ["", f"total measured {format_seconds(totals['measured_s'])}, "
-                      f"estimated {format_seconds(totals['estimated_s'])} (ops that ran)"]
+        lines += [
+            "",
+            f"total measured {format_seconds(totals['measured_s'])}, "
+            f"estimated {format_seconds(totals['estimated_s'])} (ops that ran)",
+        ]
         return "\n".join(lines)
 
 
@@ -185,7 +212,9 @@ def time_call(fn: Callable[[], Any], warmup: int = 3, repeat: int = 10, device: 
     return samples
 
 
-def measure_invoke(invoke: OpInvoke, warmup: int = 3, repeat: int = 10, device: str | None = None) -> list[float]:
+def measure_invoke(
+    invoke: OpInvoke, warmup: int = 3, repeat: int = 10, device: str | None = None
+) -> list[float]:
     """Run one captured call for real ``repeat`` times; returns the samples in seconds."""
     device = device or runtime_device()
     args, kwargs = real_inputs(invoke, device)
@@ -193,8 +222,15 @@ def measure_invoke(invoke: OpInvoke, warmup: int = 3, repeat: int = 10, device: 
         return time_call(lambda: invoke.op(*args, **kwargs), warmup, repeat, device)
 
 
-def measure(target: Any, *inputs: Any, session: Session | None = None, device: str | DeviceProfile | None = None,
-            warmup: int = 3, repeat: int = 10, **kwargs: Any) -> MeasureReport:
+def measure(
+    target: Any,
+    *inputs: Any,
+    session: Session | None = None,
+    device: str | DeviceProfile | None = None,
+    warmup: int = 3,
+    repeat: int = 10,
+    **kwargs: Any,
+) -> MeasureReport:
     """Capture ``target(*inputs, **kwargs)``, run each distinct call for real and compare with the estimate on
     ``device`` of ``session`` (None: the default session).
 
@@ -214,15 +250,24 @@ def measure(target: Any, *inputs: Any, session: Session | None = None, device: s
         invoke = calls[0]
         shapes = ", ".join(repr(t) for t in invoke.inputs()) or "-"
         estimate = session.resolver.estimate(invoke, profile)
-        row = Measurement(invoke.name, shapes, len(calls), None, None, estimate.time_s,
-                          str(estimate.source) if estimate.source else "")
+        row = Measurement(
+            invoke.name,
+            shapes,
+            len(calls),
+            None,
+            None,
+            estimate.time_s,
+            str(estimate.source) if estimate.source else "",
+        )
         if not hasattr(invoke.op, "_schema"):
             row.error = "not a torch operator"
         else:
             try:
                 samples = measure_invoke(invoke, warmup, repeat, runtime)
             except Exception as exc:  # e.g. a collective with no process group: reported, not fatal
-                row.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                row.error = (
+                    f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                )
             else:
                 row.measured_s, row.min_s = statistics.median(samples), min(samples)
         report.rows.append(row)
@@ -231,6 +276,7 @@ def measure(target: Any, *inputs: Any, session: Session | None = None, device: s
 
 # ---------------------------------------------------------------------------------------------
 # Calibration
+
 
 @dataclass
 class Calibration:
@@ -249,8 +295,9 @@ def _best_rate(work: float, samples: list[float]) -> float:
     return work / min(samples)
 
 
-def calibrate(quick: bool = False, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
-              repeat: int = 5) -> Calibration:
+def calibrate(
+    quick: bool = False, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16), repeat: int = 5
+) -> Calibration:
     """Measure this machine: matmul op/s per dtype, vector op/s, copy bandwidth, and per-op overhead.
 
     ``quick`` uses small sizes (for tests): the numbers are then far below the machine's peak.
@@ -264,7 +311,7 @@ def calibrate(quick: bool = False, dtypes: tuple[torch.dtype, ...] = (torch.floa
             for n in sizes:
                 a = torch.rand(n, n, dtype=dtype, device=device)
                 b = torch.rand(n, n, dtype=dtype, device=device)
-                best = max(best, _best_rate(2 * n ** 3, time_call(lambda: torch.mm(a, b), 3, repeat, device)))
+                best = max(best, _best_rate(2 * n**3, time_call(lambda: torch.mm(a, b), 3, repeat, device)))
             mma[dtype_name(dtype)] = best
         # Small enough to stay in cache: the vector rate must measure the vector units, not DRAM
         # (a 16M-element add ran at memory speed, a third of the in-cache rate); bandwidth is below.
@@ -273,11 +320,14 @@ def calibrate(quick: bool = False, dtypes: tuple[torch.dtype, ...] = (torch.floa
             x = torch.rand(numel, dtype=dtype, device=device)
             y = torch.rand(numel, dtype=dtype, device=device)
             out = torch.empty_like(x)
-            gp[dtype_name(dtype)] = _best_rate(numel, time_call(lambda: torch.add(x, y, out=out), 3, repeat, device))
+            gp[dtype_name(dtype)] = _best_rate(
+                numel, time_call(lambda: torch.add(x, y, out=out), 3, repeat, device)
+            )
         src = torch.rand(1 << (18 if quick else 26), dtype=torch.float32, device=device)  # 1 MiB / 256 MiB
         dst = torch.empty_like(src)
-        bandwidth = _best_rate(2 * src.numel() * src.element_size(),
-                               time_call(lambda: dst.copy_(src), 3, repeat, device))
+        bandwidth = _best_rate(
+            2 * src.numel() * src.element_size(), time_call(lambda: dst.copy_(src), 3, repeat, device)
+        )
         tiny = torch.rand(1, 1, device=device)
         mma_cost = min(time_call(lambda: torch.mm(tiny, tiny), 3, repeat * 4, device))
         one = torch.rand(1, device=device)
@@ -298,23 +348,41 @@ def profile_toml(cal: Calibration, name: str = "local", when: datetime.date | No
     """The calibration as a device-profile TOML (efficiencies 1: the rates are already achieved ones)."""
     when = when or datetime.date.today()
     source = f"measurement, {when.isoformat()}, castcore calibrate"
-    vendor = (torch.cuda.get_device_name(0) if cal.runtime.startswith("cuda")
-              else platform.processor() or platform.machine() or "local")
+    vendor = (
+        torch.cuda.get_device_name(0)
+        if cal.runtime.startswith("cuda")
+        else platform.processor() or platform.machine() or "local"
+    )
 
     def num(x: float) -> str:
         return repr(float(x)) if math.isfinite(x) else "0.0"
 
-    lines = [f"# measured by castcore calibrate on {platform.node() or 'this machine'} ({cal.runtime}), "
-             f"{when.isoformat()}",
-             f'name = "{name}"', f'vendor = "{vendor.replace(chr(34), "")}"',
-             f"memory_bytes = {int(cal.memory_bytes)}", f"memory_bandwidth = {num(cal.memory_bandwidth)}",
-             "compute_efficiency = 1.0", "memory_efficiency = 1.0",
-             f"mma_op_cost_s = {num(cal.mma_op_cost_s)}", f"gp_op_cost_s = {num(cal.gp_op_cost_s)}", "",
-             "[mma_flops]"]
+    lines = [
+        f"# measured by castcore calibrate on {platform.node() or 'this machine'} ({cal.runtime}), "
+        f"{when.isoformat()}",
+        f'name = "{name}"',
+        f'vendor = "{vendor.replace(chr(34), "")}"',
+        f"memory_bytes = {int(cal.memory_bytes)}",
+        f"memory_bandwidth = {num(cal.memory_bandwidth)}",
+        "compute_efficiency = 1.0",
+        "memory_efficiency = 1.0",
+        f"mma_op_cost_s = {num(cal.mma_op_cost_s)}",
+        f"gp_op_cost_s = {num(cal.gp_op_cost_s)}",
+        "",
+        "[mma_flops]",
+    ]
     lines += [f"{k} = {num(v)}" for k, v in cal.mma_flops.items()]
     lines += ["", "[gp_flops]"] + [f"{k} = {num(v)}" for k, v in cal.gp_flops.items()]
-    fields = ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency", "mma_op_cost_s",
-              "gp_op_cost_s", "mma_flops", "gp_flops")
+    fields = (
+        "memory_bytes",
+        "memory_bandwidth",
+        "compute_efficiency",
+        "memory_efficiency",
+        "mma_op_cost_s",
+        "gp_op_cost_s",
+        "mma_flops",
+        "gp_flops",
+    )
     lines += ["", "[sources]"] + [f'{f} = "{source}"' for f in fields]
     text = "\n".join(lines) + "\n"
     import tomllib  # py3.11+; the profile is checked with castcore's own validation before anyone uses it

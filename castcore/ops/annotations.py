@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from castcore.errors import CastcoreError
 
-SPATIAL = ""     # may be split; every tensor holding it is split with it
-SUM = "+"        # may be split; outputs lack it and are partial sums (an all-reduce follows)
-FROZEN = "^"     # must not be split
+SPATIAL = ""  # may be split; every tensor holding it is split with it
+SUM = "+"  # may be split; outputs lack it and are partial sums (an all-reduce follows)
+FROZEN = "^"  # must not be split
 DYNAMIC = "*"
 REPLICATED = "?"
 ARROW = "->"
@@ -46,7 +46,7 @@ class AnnotationError(CustomOpError):
 class Atom:
     """One named, numeric or dynamic length with its partition mark ('', '+' or '^')."""
 
-    name: str                     # an identifier, a decimal string, or '*'
+    name: str  # an identifier, a decimal string, or '*'
     mark: str = SPATIAL
     pos: int = field(default=0, compare=False)
 
@@ -122,11 +122,13 @@ class OpAnnotation:
 # ---------------------------------------------------------------------------------------------
 # Parsing
 
+
 def parse(text: str) -> OpAnnotation:
     """Parse and check an annotation; raise AnnotationError (a ValueError) with a caret on any fault."""
     if not isinstance(text, str):
-        raise AnnotationError(f"an annotation is a string like 'm k+, k+ n -> m n', not {type(text).__name__}",
-                              repr(text), 0)
+        raise AnnotationError(
+            f"an annotation is a string like 'm k+, k+ n -> m n', not {type(text).__name__}", repr(text), 0
+        )
     parser = _Parser(text)
     annotation = parser.parse()
     _check(annotation)
@@ -190,8 +192,10 @@ class _Parser:
             self.i += 1
             self.skip_space()
             if not (self.at_side_end() or self.peek() == ","):
-                raise self.fail("'?' stands for a whole argument; it cannot be combined with dims "
-                                "(use '^' for a dim that must not be split)")
+                raise self.fail(
+                    "'?' stands for a whole argument; it cannot be combined with dims "
+                    "(use '^' for a dim that must not be split)"
+                )
             return Shape(None, start)
         dims: list[Dim] = []
         star: int | None = None
@@ -200,8 +204,9 @@ class _Parser:
             for atom in dim.atoms:
                 if atom.dynamic:
                     if star is not None:
-                        raise self.fail("a second '*' in one tensor: its split between the two is ambiguous",
-                                        atom.pos)
+                        raise self.fail(
+                            "a second '*' in one tensor: its split between the two is ambiguous", atom.pos
+                        )
                     star = atom.pos
             dims.append(dim)
             self.skip_space()
@@ -246,17 +251,19 @@ class _Parser:
                 self.i += 1
             if self.peek() == "_" or self.peek().isidentifier():
                 raise self.fail("a dimension name cannot start with a digit", start)
-            name = str(int(self.text[start:self.i]))
+            name = str(int(self.text[start : self.i]))
         elif c == "_" or c.isidentifier():
             self.i += 1
-            while self.i < len(self.text) and self.text[start:self.i + 1].isidentifier():
+            while self.i < len(self.text) and self.text[start : self.i + 1].isidentifier():
                 self.i += 1
-            name = self.text[start:self.i]
+            name = self.text[start : self.i]
         elif c in "+^":
             raise self.fail(f"'{c}' must directly follow a dimension name, as in 'k{c}'")
         elif c == REPLICATED:
-            raise self.fail("'?' stands for a whole argument; it cannot be a dim (use '^' for a dim "
-                            "that must not be split)")
+            raise self.fail(
+                "'?' stands for a whole argument; it cannot be a dim (use '^' for a dim "
+                "that must not be split)"
+            )
         elif c == "-":
             raise self.fail("'-' is only valid as part of '->'")
         else:
@@ -298,19 +305,26 @@ def _check(annotation: OpAnnotation) -> None:
                 continue
             first = seen.setdefault(atom.name, atom)
             if (first.mark == SUM) != (atom.mark == SUM):
-                raise annotation.error(f"'{atom.name}' is marked '+' in one place and not in another: a "
-                                       "sum-reduced dim is '+' wherever it appears", atom.pos)
+                raise annotation.error(
+                    f"'{atom.name}' is marked '+' in one place and not in another: a "
+                    "sum-reduced dim is '+' wherever it appears",
+                    atom.pos,
+                )
     for shape in annotation.outputs:
         for atom in shape.atoms():
             if atom.dynamic:
                 if not star_in_inputs:
-                    raise annotation.error("'*' in an output but in no input: its dims come from the inputs",
-                                           atom.pos)
+                    raise annotation.error(
+                        "'*' in an output but in no input: its dims come from the inputs", atom.pos
+                    )
                 continue
             if atom.numeric:
                 continue
             if atom.mark == SUM or seen.get(atom.name, atom).mark == SUM:
-                raise annotation.error(f"'{atom.name}' is sum-reduced ('+'), so no output can have it", atom.pos)
+                raise annotation.error(
+                    f"'{atom.name}' is sum-reduced ('+'), so no output can have it", atom.pos
+                )
             if atom.name not in seen:
-                raise annotation.error(f"output dim '{atom.name}' appears in no input: use an input's dim "
-                                       "or a number", atom.pos)
+                raise annotation.error(
+                    f"output dim '{atom.name}' appears in no input: use an input's dim or a number", atom.pos
+                )

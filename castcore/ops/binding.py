@@ -22,14 +22,16 @@ class Binding:
     """An annotation fitted to inputs: every dim's length and each tensor's dim names."""
 
     annotation: OpAnnotation
-    sizes: dict[str, int]                               # name -> length (also '*0', '*1', ... for '*')
-    inputs: list[list[tuple[str, ...]] | None]          # per input: per dim, the names it is made of
+    sizes: dict[str, int]  # name -> length (also '*0', '*1', ... for '*')
+    inputs: list[list[tuple[str, ...]] | None]  # per input: per dim, the names it is made of
     outputs: list[list[tuple[str, ...]]]
     input_shapes: list[tuple[int, ...] | None]
     output_shapes: list[tuple[int, ...]]
-    marks: dict[str, str]                               # name -> '', '+', '^'
+    marks: dict[str, str]  # name -> '', '+', '^'
 
-    def shape_of(self, dims: list[tuple[str, ...]], sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    def shape_of(
+        self, dims: list[tuple[str, ...]], sizes: Mapping[str, int] | None = None
+    ) -> tuple[int, ...]:
         sizes = self.sizes if sizes is None else sizes
         # A number in an annotation (``8 d``) is its own length, whatever the inputs were.
         return tuple(math.prod(int(n) if n.isdigit() else sizes[n] for n in names) for names in dims)
@@ -38,12 +40,22 @@ class Binding:
         """The first tensor input annotated exactly like output ``output``: the input it may be, returned
         changed in place (its dtype is the output's)."""
         text = str(self.annotation.outputs[output])
-        return next((i for i, shape in enumerate(self.annotation.inputs)
-                     if not shape.replicated and str(shape) == text), None)
+        return next(
+            (
+                i
+                for i, shape in enumerate(self.annotation.inputs)
+                if not shape.replicated and str(shape) == text
+            ),
+            None,
+        )
 
 
-def resolve(annotation: str | Callable | OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
-            names: Sequence[str] = ()) -> OpAnnotation:
+def resolve(
+    annotation: str | Callable | OpAnnotation,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    names: Sequence[str] = (),
+) -> OpAnnotation:
     """The OpAnnotation for one call: a callable annotation is called with the inputs first."""
     if isinstance(annotation, OpAnnotation):
         return annotation
@@ -52,8 +64,12 @@ def resolve(annotation: str | Callable | OpAnnotation, args: Sequence[Any], kwar
     return parse(annotation)
 
 
-def bind(annotation: OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
-         allow_replicated_outputs: bool = False) -> Binding:
+def bind(
+    annotation: OpAnnotation,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    allow_replicated_outputs: bool = False,
+) -> Binding:
     """Fit ``annotation`` to the call's arguments and infer every output shape.
 
     ``args`` are the leading positional arguments the input shapes describe (tensors, or anything
@@ -63,8 +79,11 @@ def bind(annotation: OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any
     kwargs = dict(kwargs or {})
     if len(args) < len(annotation.inputs):
         missing = annotation.inputs[len(args)]
-        raise annotation.error(f"the annotation describes {len(annotation.inputs)} inputs but the call has "
-                               f"{len(args)} positional arguments", missing.pos)
+        raise annotation.error(
+            f"the annotation describes {len(annotation.inputs)} inputs but the call has "
+            f"{len(args)} positional arguments",
+            missing.pos,
+        )
     sizes: dict[str, int] = {}
     origin: dict[str, int] = {}  # name -> annotation position that fixed it, for messages
     for name, value in kwargs.items():
@@ -101,19 +120,23 @@ def bind(annotation: OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any
         fixed = [d for d in shape.dims if not (len(d.atoms) == 1 and d.atoms[0].dynamic)]
         has_star = len(fixed) != len(shape.dims)
         if (len(tensor_shape) < len(fixed)) or (not has_star and len(tensor_shape) != len(fixed)):
-            raise annotation.error(f"input {index} has {len(tensor_shape)} dims {list(tensor_shape)} but its "
-                                   f"annotation {'at least ' if has_star else ''}{len(fixed)}", shape.pos)
+            raise annotation.error(
+                f"input {index} has {len(tensor_shape)} dims {list(tensor_shape)} but its "
+                f"annotation {'at least ' if has_star else ''}{len(fixed)}",
+                shape.pos,
+            )
         dims_of_input: list[tuple[str, ...]] = []
         cursor = 0
         for dim in shape.dims:
             if len(dim.atoms) == 1 and dim.atoms[0].dynamic:
                 count = len(tensor_shape) - len(fixed)
-                got = tuple(tensor_shape[cursor:cursor + count])
+                got = tuple(tensor_shape[cursor : cursor + count])
                 if star is None:
                     star = got
                 elif star != got:
-                    raise annotation.error(f"'*' is {list(got)} here but {list(star)} in an earlier input",
-                                           dim.pos)
+                    raise annotation.error(
+                        f"'*' is {list(got)} here but {list(star)} in an earlier input", dim.pos
+                    )
                 dims_of_input += [(f"*{k}",) for k in range(count)]
                 cursor += count
                 continue
@@ -145,18 +168,24 @@ def bind(annotation: OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any
             progress = True
             if not unknown:
                 if known != length:
-                    raise annotation.error(f"hidden dims {dim} multiply to {known} but the tensor's dim is "
-                                           f"{length}", dim.pos)
+                    raise annotation.error(
+                        f"hidden dims {dim} multiply to {known} but the tensor's dim is {length}", dim.pos
+                    )
                 continue
             if known == 0 or length % known:
-                raise annotation.error(f"dim of length {length} cannot be split as {dim} with the other "
-                                       f"hidden dims multiplying to {known}", unknown[0].pos)
+                raise annotation.error(
+                    f"dim of length {length} cannot be split as {dim} with the other "
+                    f"hidden dims multiplying to {known}",
+                    unknown[0].pos,
+                )
             sizes[unknown[0].name], origin[unknown[0].name] = length // known, unknown[0].pos
         if not progress:
             dim, _ = pending[0]
             names = " or ".join(a.name for a in dim.atoms if a.name not in sizes)
-            raise annotation.error(f"cannot infer the hidden dims of {dim}: pass an argument named {names} "
-                                   "with its length", dim.pos)
+            raise annotation.error(
+                f"cannot infer the hidden dims of {dim}: pass an argument named {names} with its length",
+                dim.pos,
+            )
 
     output_dims: list[list[tuple[str, ...]]] = []
     output_shapes: list[tuple[int, ...]] = []
@@ -166,8 +195,11 @@ def bind(annotation: OpAnnotation, args: Sequence[Any], kwargs: Mapping[str, Any
                 output_dims.append([])
                 output_shapes.append(())
                 continue
-            raise annotation.error("castcore infers each output's shape from its dims; a '?' output has none "
-                                   "(annotate its dims)", shape.pos)
+            raise annotation.error(
+                "castcore infers each output's shape from its dims; a '?' output has none "
+                "(annotate its dims)",
+                shape.pos,
+            )
         dims_of_output: list[tuple[str, ...]] = []
         for dim in shape.dims:
             if len(dim.atoms) == 1 and dim.atoms[0].dynamic:

@@ -74,8 +74,10 @@ def value_type(value: Any, param: str, qualname: str, strict: bool = True) -> st
             return f"{kind}[]"
     if not strict:
         return "Any"
-    raise TypeError(f"{qualname}: argument {param!r} is a {type(value).__name__}; a torch op takes tensors, "
-                    "numbers, strings, dtypes, None and lists of these")
+    raise TypeError(
+        f"{qualname}: argument {param!r} is a {type(value).__name__}; a torch op takes tensors, "
+        "numbers, strings, dtypes, None and lists of these"
+    )
 
 
 def fits(value: Any, kind: str) -> bool:
@@ -103,8 +105,11 @@ def define(record: RegisteredOp, kinds: tuple[str, ...]) -> Any:
         index = record.params.index(param)
         args[index] = args[index].replace("Tensor", f"Tensor({chr(ord('a') + slot)}!)", 1)
     parsed = record.parsed
-    returns = ("Any" if parsed is None else
-               "(" + ", ".join("Any" if s.replicated else "Tensor" for s in parsed.outputs) + ")")
+    returns = (
+        "Any"
+        if parsed is None
+        else "(" + ", ".join("Any" if s.replicated else "Tensor" for s in parsed.outputs) + ")"
+    )
     _schema(lib, f"{name}{suffix}({', '.join(args)}) -> {returns}", ns)
     qual = f"{ns}::{name}{suffix}"
     if record.mutates and parsed is not None:
@@ -116,15 +121,24 @@ def define(record: RegisteredOp, kinds: tuple[str, ...]) -> Any:
         fitted = record.fit(args)
         outputs = fitted.annotation.outputs
         if len(results) != len(outputs):
-            raise AnnotationError(f"{record.qualname} returned {len(results)} values but its annotation has "
-                                  f"{len(outputs)} outputs", fitted.annotation.text, outputs[0].pos, record.qualname)
+            raise AnnotationError(
+                f"{record.qualname} returned {len(results)} values but its annotation has "
+                f"{len(outputs)} outputs",
+                fitted.annotation.text,
+                outputs[0].pos,
+                record.qualname,
+            )
         for index, (out, expected) in enumerate(zip(results, fitted.output_shapes)):
             if outputs[index].replicated:
                 continue
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
                 got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise AnnotationError(f"output {index} is {got} but the annotation gives {expected}",
-                                      fitted.annotation.text, outputs[index].pos, record.qualname)
+                raise AnnotationError(
+                    f"output {index} is {got} but the annotation gives {expected}",
+                    fitted.annotation.text,
+                    outputs[index].pos,
+                    record.qualname,
+                )
         record.aliases.setdefault(kinds, _returned_inputs(results, args))
         return results[0] if len(outputs) == 1 else tuple(results)
 
@@ -152,7 +166,9 @@ def define(record: RegisteredOp, kinds: tuple[str, ...]) -> Any:
                 outs.append(args[aliases[index]])
             else:
                 same = fitted.input_like(index)
-                outs.append(tensors[0].new_empty(shape, dtype=default_dtype if same is None else args[same].dtype))
+                outs.append(
+                    tensors[0].new_empty(shape, dtype=default_dtype if same is None else args[same].dtype)
+                )
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     lib.impl(qual.split("::")[1], real, "CompositeExplicitAutograd")
@@ -167,7 +183,9 @@ def _schema(lib: torch.library.Library, decl: str, ns: str) -> None:
     try:
         lib.define(decl)
     except RuntimeError as exc:
-        raise ValueError(f"register_op: torch refused the schema {ns}::{decl}: {str(exc).splitlines()[0]}") from None
+        raise ValueError(
+            f"register_op: torch refused the schema {ns}::{decl}: {str(exc).splitlines()[0]}"
+        ) from None
 
 
 def _named_aliases(record: RegisteredOp, parsed: OpAnnotation) -> dict[int, int]:
@@ -185,11 +203,17 @@ def _named_aliases(record: RegisteredOp, parsed: OpAnnotation) -> dict[int, int]
 
 def _returned_inputs(results: Sequence[Any], args: Sequence[Any]) -> dict[int, int]:
     """Output index -> input index for every input returned as an output (an in-place op's result)."""
-    return {k: j for k, out in enumerate(results) for j, arg in enumerate(args)
-            if isinstance(out, torch.Tensor) and out is arg}
+    return {
+        k: j
+        for k, out in enumerate(results)
+        for j, arg in enumerate(args)
+        if isinstance(out, torch.Tensor) and out is arg
+    }
 
 
-def _run_on_fakes(record: RegisteredOp, args: Sequence[Any], required: bool) -> tuple[list[Any], dict[int, int]]:
+def _run_on_fakes(
+    record: RegisteredOp, args: Sequence[Any], required: bool
+) -> tuple[list[Any], dict[int, int]]:
     """Run the function itself on stand-ins of the fake inputs (not recorded: the capture's mode is not
     active inside a fake impl): the values of its '?' outputs, and which outputs are its inputs."""
     copies = [a.new_empty_strided(a.shape, a.stride()) if isinstance(a, torch.Tensor) else a for a in args]
@@ -199,9 +223,11 @@ def _run_on_fakes(record: RegisteredOp, args: Sequence[Any], required: bool) -> 
         if not required:
             return [], {}
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CaptureError(f"{record.qualname}: its '?' output is known only by running the function, which failed "
-                           f"on fake tensors ({reason}); return a value that does not depend on tensor data, or "
-                           "annotate the output's dims") from None
+        raise CaptureError(
+            f"{record.qualname}: its '?' output is known only by running the function, which failed "
+            f"on fake tensors ({reason}); return a value that does not depend on tensor data, or "
+            "annotate the output's dims"
+        ) from None
     values = list(result) if isinstance(result, (tuple, list)) else [result]
     found = _returned_inputs(values, copies)
     return [args[found[k]] if k in found else v for k, v in enumerate(values)], found
@@ -220,11 +246,17 @@ def _differentiate(record: RegisteredOp, lib: torch.library.Library, qual: str, 
             leaves = [a.detach().requires_grad_() if need else a for a, need in zip(inputs, needs)]
             result = record.fn(*leaves)
             outs = list(result) if isinstance(result, (tuple, list)) else [result]
-            pairs = [(o, g) for o, g in zip(outs, grads)
-                     if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+            pairs = [
+                (o, g)
+                for o, g in zip(outs, grads)
+                if g is not None and isinstance(o, torch.Tensor) and o.requires_grad
+            ]
             wanted = [leaf for leaf, need in zip(leaves, needs) if need]
-            found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
-                         if pairs else [None] * len(wanted))
+            found = iter(
+                torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                if pairs
+                else [None] * len(wanted)
+            )
         return [next(found) if need else None for need in needs]
 
     def backward_fake(*args: Any) -> list[torch.Tensor | None]:
@@ -232,9 +264,13 @@ def _differentiate(record: RegisteredOp, lib: torch.library.Library, qual: str, 
         return [a.new_empty_strided(a.shape, a.stride()) if need else None for a, need in zip(inputs, needs)]
 
     lib.impl(backward_name, backward_real, "CompositeExplicitAutograd")
-    lib.impl(backward_name, torch.library.fallthrough_kernel, "Autograd")  # its real kernel runs autograd itself
+    lib.impl(
+        backward_name, torch.library.fallthrough_kernel, "Autograd"
+    )  # its real kernel runs autograd itself
     torch.library.register_fake(f"{record.namespace}::{backward_name}", backward_fake, lib=lib)
-    backward_op = getattr(getattr(getattr(torch.ops, record.namespace), f"{name}_backward"), overload or "default")
+    backward_op = getattr(
+        getattr(getattr(torch.ops, record.namespace), f"{name}_backward"), overload or "default"
+    )
 
     def setup_context(ctx, inputs, output):
         ctx.where = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]

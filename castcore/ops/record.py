@@ -15,18 +15,18 @@ from castcore.ops.binding import Binding, bind, resolve
 class RegisteredOp:
     """One registered function: its torch op, its annotation and how castcore calls it."""
 
-    qualname: str                              # "ns::name"
-    fn: Callable                               # what runs for real
-    annotation: str | Callable                 # as given
-    parsed: OpAnnotation | None                # None when the annotation is a callable of the inputs
-    params: list[str]                          # parameter names, in order
+    qualname: str  # "ns::name"
+    fn: Callable  # what runs for real
+    annotation: str | Callable  # as given
+    parsed: OpAnnotation | None  # None when the annotation is a callable of the inputs
+    params: list[str]  # parameter names, in order
     defaults: dict[str, Any]
     input_gen_fn: Callable | None = None
     mutates: tuple[str, ...] = ()
-    overloads: dict[tuple, Any] = field(default_factory=dict)   # argument types -> OpOverload
+    overloads: dict[tuple, Any] = field(default_factory=dict)  # argument types -> OpOverload
     wrapper: Callable | None = None
-    plain: Callable | None = None              # fn without torch.compile: what runs on fake tensors
-    origin: tuple = ()                         # where the registered function is written (_origin)
+    plain: Callable | None = None  # fn without torch.compile: what runs on fake tensors
+    origin: tuple = ()  # where the registered function is written (_origin)
     # Per overload, which outputs are inputs returned (output index -> input index), once known.
     aliases: dict[tuple, dict[int, int]] = field(default_factory=dict)
 
@@ -74,7 +74,11 @@ class RegisteredOp:
         annotation = self.annotation_for(values, {})
         count = len(annotation.inputs)
         try:
-            return bind(annotation, values[:count], dict(zip(self.params[count:], values[count:])),
-                        allow_replicated_outputs=True)
+            return bind(
+                annotation,
+                values[:count],
+                dict(zip(self.params[count:], values[count:])),
+                allow_replicated_outputs=True,
+            )
         except AnnotationError as exc:
             raise exc.for_op(self.qualname) from None

@@ -28,14 +28,19 @@ from castcore.ops.record import RegisteredOp
 
 DEFAULT_NAMESPACE = "castcore_user"
 
-_REGISTRY: dict[str, RegisteredOp] = {}        # "ns::name" -> record
-_BY_ORIGIN: dict[tuple, RegisteredOp] = {}     # (file, line, qualified name) of what was registered -> record
-_BY_OVERLOAD: dict[Any, RegisteredOp] = {}      # OpOverload -> record
+_REGISTRY: dict[str, RegisteredOp] = {}  # "ns::name" -> record
+_BY_ORIGIN: dict[tuple, RegisteredOp] = {}  # (file, line, qualified name) of what was registered -> record
+_BY_OVERLOAD: dict[Any, RegisteredOp] = {}  # OpOverload -> record
 _LOCK = threading.Lock()
 
 
-def register_op(annotation: str | Callable, name: str | None = None, input_gen_fn: Callable | None = None,
-                *, mutates: Sequence[str] = ()) -> Callable:
+def register_op(
+    annotation: str | Callable,
+    name: str | None = None,
+    input_gen_fn: Callable | None = None,
+    *,
+    mutates: Sequence[str] = (),
+) -> Callable:
     """Register ``fn`` as a torch custom op described by a dimension ``annotation``.
 
     Use as ``@castcore.register_op("m k+, k+ n -> m n")`` or ``castcore.register_op(anno)(fn)``, on
@@ -54,8 +59,10 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
     elif callable(annotation):
         parsed = None
     else:
-        raise TypeError(f"register_op takes an annotation string or a function returning one, not "
-                        f"{type(annotation).__name__}")
+        raise TypeError(
+            f"register_op takes an annotation string or a function returning one, not "
+            f"{type(annotation).__name__}"
+        )
 
     def decorate(target: Callable) -> Callable:
         if getattr(getattr(target, "__castcore_op__", None), "wrapper", None) is target:
@@ -64,12 +71,19 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
         params, defaults, hints = _parameters(signature_of, label, skip=int(_takes_ctx(function_class)))
         unknown = [m for m in mutates if m not in params]
         if unknown:
-            raise ValueError(f"register_op({name or label!r}): mutates names {unknown}, which are not parameters "
-                             f"of {label} ({', '.join(params)})")
+            raise ValueError(
+                f"register_op({name or label!r}): mutates names {unknown}, which are not parameters "
+                f"of {label} ({', '.join(params)})"
+            )
         if parsed is not None and len(parsed.inputs) > len(params):
             extra = parsed.inputs[len(params)]
-            raise AnnotationError(f"{label} has {len(params)} parameters but the annotation describes "
-                                  f"{len(parsed.inputs)} inputs", annotation, extra.pos, name or label)
+            raise AnnotationError(
+                f"{label} has {len(params)} parameters but the annotation describes "
+                f"{len(parsed.inputs)} inputs",
+                annotation,
+                extra.pos,
+                name or label,
+            )
         with _LOCK:
             record = _BY_ORIGIN.get(origin)
             if record is not None and (name is None or _qualname(name) == record.qualname):
@@ -77,9 +91,18 @@ def register_op(annotation: str | Callable, name: str | None = None, input_gen_f
                 record.fn, record.plain, record.annotation, record.parsed = fn, plain, annotation, parsed
                 record.input_gen_fn = input_gen_fn
             else:
-                record = RegisteredOp(_free_name(name, label, origin), fn, annotation, parsed, params, defaults,
-                                      input_gen_fn, tuple(mutates) or _changed_and_returned(plain, params),
-                                      plain=plain, origin=origin)
+                record = RegisteredOp(
+                    _free_name(name, label, origin),
+                    fn,
+                    annotation,
+                    parsed,
+                    params,
+                    defaults,
+                    input_gen_fn,
+                    tuple(mutates) or _changed_and_returned(plain, params),
+                    plain=plain,
+                    origin=origin,
+                )
                 _new_overload(record, tuple(declared_type(record, p, hints) for p in params))
                 _REGISTRY[record.qualname] = _BY_ORIGIN[origin] = record
 
@@ -112,7 +135,9 @@ def overload_for(record: RegisteredOp, values: Sequence[Any]) -> Any:
         for kinds, op in record.overloads.items():
             if all(fits(v, k) for v, k in zip(values, kinds)):
                 return op
-        return _new_overload(record, tuple(value_type(v, p, record.qualname) for v, p in zip(values, record.params)))
+        return _new_overload(
+            record, tuple(value_type(v, p, record.qualname) for v, p in zip(values, record.params))
+        )
 
 
 def lookup(target: Any) -> RegisteredOp:
@@ -128,8 +153,10 @@ def lookup(target: Any) -> RegisteredOp:
         key = key.split(".")[0]
         if key in _REGISTRY:
             return _REGISTRY[key]
-        raise KeyError(f"no op {target!r} is registered with castcore.register_op; registered: "
-                       f"{', '.join(_REGISTRY) or 'none'}")
+        raise KeyError(
+            f"no op {target!r} is registered with castcore.register_op; registered: "
+            f"{', '.join(_REGISTRY) or 'none'}"
+        )
     if target in _BY_OVERLOAD:
         return _BY_OVERLOAD[target]
     schema = getattr(target, "_schema", None)
@@ -142,6 +169,7 @@ def lookup(target: Any) -> RegisteredOp:
 # ---------------------------------------------------------------------------------------------
 # What was registered
 
+
 def _target_parts(target: Any) -> tuple[type | None, Callable, Callable, Callable, str, tuple]:
     """(autograd Function class or None, what runs, what runs on fakes, whose signature, label, origin)."""
     owner = getattr(target, "__self__", None)
@@ -152,8 +180,10 @@ def _target_parts(target: Any) -> tuple[type | None, Callable, Callable, Callabl
         apply = record.fn if isinstance(record, RegisteredOp) else target.apply
         return target, apply, apply, target.forward, target.__name__, _origin(target.forward, target)
     if not callable(target):
-        raise TypeError(f"register_op registers a function, a torch.autograd.Function or a torch.compile'd "
-                        f"function, not {type(target).__name__}")
+        raise TypeError(
+            f"register_op registers a function, a torch.autograd.Function or a torch.compile'd "
+            f"function, not {type(target).__name__}"
+        )
     inner = getattr(target, "_torchdynamo_orig_callable", None) or target  # torch.compile
     label = getattr(inner, "__name__", None) or type(inner).__name__
     return None, target, inner, inner, label, _origin(inner, inner)
@@ -163,13 +193,19 @@ def _origin(code_of: Any, named: Any) -> tuple:
     """Where the registered thing is written: its file and qualified name (a module name changes when a
     custom-op file is loaded again; the file does not)."""
     code = getattr(code_of, "__code__", None)
-    place = (code.co_filename, code.co_firstlineno) if code is not None else (getattr(named, "__module__", None), 0)
+    place = (
+        (code.co_filename, code.co_firstlineno)
+        if code is not None
+        else (getattr(named, "__module__", None), 0)
+    )
     return *place, getattr(named, "__qualname__", None) or repr(named)
 
 
 def _takes_ctx(function_class: type | None) -> bool:
     """An autograd Function's forward takes ctx first unless it defines setup_context."""
-    return function_class is not None and function_class.setup_context is torch.autograd.Function.setup_context
+    return (
+        function_class is not None and function_class.setup_context is torch.autograd.Function.setup_context
+    )
 
 
 def _parameters(fn: Callable, label: str, skip: int) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
@@ -184,8 +220,9 @@ def _parameters(fn: Callable, label: str, skip: int) -> tuple[list[str], dict[st
     names, defaults = [], {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"register_op: {label} takes *{p.name}; name every parameter so the op has a "
-                            "fixed signature")
+            raise TypeError(
+                f"register_op: {label} takes *{p.name}; name every parameter so the op has a fixed signature"
+            )
         names.append(p.name)
         if p.default is not p.empty:
             defaults[p.name] = p.default
@@ -202,8 +239,13 @@ def _changed_and_returned(fn: Callable, params: list[str]) -> tuple[str, ...]:
         return ()
     changed, returned, rebound = set(), set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_") \
-                and not node.func.attr.startswith("_") and isinstance(node.func.value, ast.Name):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.endswith("_")
+            and not node.func.attr.startswith("_")
+            and isinstance(node.func.value, ast.Name)
+        ):
             changed.add(node.func.value.id)
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
@@ -230,8 +272,10 @@ def _qualname(name: str) -> str:
     ns = ns or DEFAULT_NAMESPACE
     for part in (ns, op):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
-            raise ValueError(f"register_op: {name!r} is not a valid op name; use 'op' or 'namespace::op' "
-                             "(letters, digits, underscores)")
+            raise ValueError(
+                f"register_op: {name!r} is not a valid op name; use 'op' or 'namespace::op' "
+                "(letters, digits, underscores)"
+            )
     return f"{ns}::{op}"
 
 
@@ -240,13 +284,17 @@ def _free_name(name: str | None, label: str, origin: tuple) -> str:
     the function's, numbered from 2 if that is taken too."""
     if name is None:
         stem = re.sub(r"\W|^(?=\d)", "_", Path(str(origin[0])).stem)
-        names = itertools.chain([label, f"{stem}_{label}"], (f"{stem}_{label}_{n}" for n in itertools.count(2)))
+        names = itertools.chain(
+            [label, f"{stem}_{label}"], (f"{stem}_{label}_{n}" for n in itertools.count(2))
+        )
         return next(q for q in map(_qualname, names) if q not in _REGISTRY)
     qualname = _qualname(name)
     if qualname in _REGISTRY:
         old = _REGISTRY[qualname]
-        raise ValueError(f"register_op: {qualname} is already registered for {old.origin[2]} ({old.origin[0]}); "
-                         f"pass name='...' to choose another name")
+        raise ValueError(
+            f"register_op: {qualname} is already registered for {old.origin[2]} ({old.origin[0]}); "
+            f"pass name='...' to choose another name"
+        )
     return qualname
 
 

@@ -42,8 +42,10 @@ from castcore.recording.invoke import OpInvoke
 
 SIZE_KEY = Callable[[OpInvoke], Sequence[float]]
 SCHEME_GRID = "multilinear in log(size) -> log(time) over the enclosing grid points"
-SCHEME_NEAREST = ("inverse-distance weighting in log(size) of the nearest measured points (the points around "
-                  "this call are not a full grid)")
+SCHEME_NEAREST = (
+    "inverse-distance weighting in log(size) of the nearest measured points (the points around "
+    "this call are not a full grid)"
+)
 
 
 class MeasuredTableError(CastcoreError, ValueError):
@@ -72,9 +74,9 @@ class MeasuredTable:
 
     path: Path
     source: str
-    columns: tuple[str, ...]                       # the size columns, in key order
+    columns: tuple[str, ...]  # the size columns, in key order
     points: dict[str, dict[tuple[float, ...], tuple[float, int]]]  # dtype -> sizes -> (time_s, line)
-    key: SIZE_KEY | None = None                    # None: default_key
+    key: SIZE_KEY | None = None  # None: default_key
     op: Any = None
     axes: list[list[int]] = field(default_factory=list)  # groups of columns equal in every row
 
@@ -95,7 +97,8 @@ class MeasuredTable:
             if len(sizes) != len(self.columns):
                 raise MeasuredTableError(
                     f"{self.path}: the key function returned {len(sizes)} sizes {sizes!r} for {invoke.name}, "
-                    f"but the table has {len(self.columns)} size columns ({', '.join(self.columns)})")
+                    f"but the table has {len(self.columns)} size columns ({', '.join(self.columns)})"
+                )
         dtype = dtype_of(invoke)
         return None if dtype is None else self.lookup_sizes(sizes, dtype)
 
@@ -106,8 +109,12 @@ class MeasuredTable:
         if not table:
             return None
         sizes = tuple(float(s) for s in sizes)
-        detail = {"table": str(self.path), "table_source": self.source, "dtype": dtype,
-                  "key": dict(zip(self.columns, _plain(sizes)))}
+        detail = {
+            "table": str(self.path),
+            "table_source": self.source,
+            "dtype": dtype,
+            "key": dict(zip(self.columns, _plain(sizes))),
+        }
         hit = table.get(sizes)
         if hit is not None:
             detail.update(lookup="exact", points=[self._point(sizes, hit, 1.0)])
@@ -144,8 +151,9 @@ class MeasuredTable:
             detail.update(lookup="interpolated", scheme=SCHEME_GRID)
         else:
             chosen = self._nearest(table, query)
-            detail.update(lookup="nearest", scheme=SCHEME_NEAREST,
-                          note=f"grid point {_plain(missing)} is not measured")
+            detail.update(
+                lookup="nearest", scheme=SCHEME_NEAREST, note=f"grid point {_plain(missing)} is not measured"
+            )
         log_t = sum(w * math.log(table[k][0]) for k, w in chosen)
         detail["points"] = [self._point(k, table[k], w) for k, w in chosen if w > 0]
         return Estimate(time_s=math.exp(log_t), detail=detail)
@@ -159,6 +167,7 @@ class MeasuredTable:
 
     def _nearest(self, table: dict, query: list[float]) -> list[tuple[tuple[float, ...], float]]:
         """The 2**axes nearest points in log space, weighted by inverse squared distance (summing to 1)."""
+
         def dist2(k: tuple[float, ...]) -> float:
             return sum((math.log(q) - math.log(k[g[0]])) ** 2 for q, g in zip(query, self.axes))
 
@@ -174,6 +183,7 @@ class MeasuredTable:
 
     def estimator(self, module: str | None = None) -> Callable[[OpInvoke, Any], Estimate | None]:
         """``fn(invoke, device)`` for ``register_op_estimator``; named after the table in the audit."""
+
         def estimate(invoke, device):
             return self.lookup(invoke)
 
@@ -204,13 +214,16 @@ def _alias_groups(n: int, keys: list[tuple[float, ...]]) -> list[list[int]]:
 
 # --- loading -------------------------------------------------------------------------------------
 
+
 def _number(text: str, where: str, column: str, positive: bool = True) -> float:
     try:
         value = float(text)
     except ValueError:
         raise MeasuredTableError(f"{where}: {column} is {text.strip()!r}, not a number") from None
     if not math.isfinite(value) or (positive and value <= 0):
-        raise MeasuredTableError(f"{where}: {column} is {text.strip()!r}; it must be a positive finite number")
+        raise MeasuredTableError(
+            f"{where}: {column} is {text.strip()!r}; it must be a positive finite number"
+        )
     return value
 
 
@@ -242,41 +255,52 @@ def load_measured_table(path: str | Path, key: SIZE_KEY | None = None, op: Any =
             if source is None:
                 raise MeasuredTableError(
                     f"{path}: no source; begin the file with a line such as '# source: measurement, <tool>, "
-                    f"<machine and software>, <date>' so every number says where it came from")
+                    f"<machine and software>, <date>' so every number says where it came from"
+                )
             duplicates = sorted({c for c in header if header.count(c) > 1})
             if duplicates or "" in header:
-                raise MeasuredTableError(f"{where}: the header repeats or leaves empty a column name "
-                                         f"({', '.join(duplicates) or 'empty'})")
+                raise MeasuredTableError(
+                    f"{where}: the header repeats or leaves empty a column name "
+                    f"({', '.join(duplicates) or 'empty'})"
+                )
             for needed in ("time_s", "dtype"):
                 if needed not in header:
-                    raise MeasuredTableError(f"{where}: the header has no {needed} column; expected the size "
-                                             f"columns, then dtype and time_s, e.g. 'm,k,n,dtype,time_s'")
+                    raise MeasuredTableError(
+                        f"{where}: the header has no {needed} column; expected the size "
+                        f"columns, then dtype and time_s, e.g. 'm,k,n,dtype,time_s'"
+                    )
             time_col, dtype_col = header.index("time_s"), header.index("dtype")
             size_cols = [i for i in range(len(header)) if i not in (time_col, dtype_col)]
             if not size_cols:
-                raise MeasuredTableError(f"{where}: the header has no size column (anything besides dtype and "
-                                         "time_s)")
+                raise MeasuredTableError(
+                    f"{where}: the header has no size column (anything besides dtype and time_s)"
+                )
             continue
         if len(cells) != len(header):
-            raise MeasuredTableError(f"{where}: {len(cells)} fields, but the header has {len(header)} "
-                                     f"({','.join(header)})")
+            raise MeasuredTableError(
+                f"{where}: {len(cells)} fields, but the header has {len(header)} ({','.join(header)})"
+            )
         dtype = _canonical_dtype(cells[dtype_col])
         if dtype is None:
-            raise MeasuredTableError(f"{where}: dtype {cells[dtype_col]!r} is not a torch dtype "
-                                     "(e.g. bfloat16, float16, float32)")
+            raise MeasuredTableError(
+                f"{where}: dtype {cells[dtype_col]!r} is not a torch dtype (e.g. bfloat16, float16, float32)"
+            )
         sizes = tuple(_number(cells[i], where, header[i]) for i in size_cols)
         time_s = _number(cells[time_col], where, "time_s")
         seen = points.setdefault(dtype, {})
         if sizes in seen:
-            raise MeasuredTableError(f"{where}: repeats the point of line {seen[sizes][1]} "
-                                     f"({dtype} {_plain(sizes)}); keep one measurement per point")
+            raise MeasuredTableError(
+                f"{where}: repeats the point of line {seen[sizes][1]} "
+                f"({dtype} {_plain(sizes)}); keep one measurement per point"
+            )
         seen[sizes] = (time_s, lineno)
     if header is None:
         raise MeasuredTableError(f"{path}: no header and no rows" + ("" if source else ", and no source"))
     if not points:
         raise MeasuredTableError(f"{path}: a header but no measured rows")
-    return MeasuredTable(path=path, source=source, columns=tuple(header[i] for i in size_cols), points=points,
-                         key=key, op=op)
+    return MeasuredTable(
+        path=path, source=source, columns=tuple(header[i] for i in size_cols), points=points, key=key, op=op
+    )
 
 
 def _caller(stacklevel: int) -> tuple[str, Path | None]:
@@ -285,9 +309,15 @@ def _caller(stacklevel: int) -> tuple[str, Path | None]:
     return frame.f_globals.get("__name__", "__main__"), Path(file).resolve().parent if file else None
 
 
-def register_measured_table(op: Any, path: str | os.PathLike, device: str | None = None, *,
-                            key: SIZE_KEY | None = None, override: bool = False,
-                            _stacklevel: int = 1) -> MeasuredTable:
+def register_measured_table(
+    op: Any,
+    path: str | os.PathLike,
+    device: str | None = None,
+    *,
+    key: SIZE_KEY | None = None,
+    override: bool = False,
+    _stacklevel: int = 1,
+) -> MeasuredTable:
     """Declare a measured table as the estimator of ``op`` on devices matching ``device`` (name or glob).
 
     ``path`` is relative to the directory of the calling module (a pack's package, or a custom-op
@@ -305,8 +335,13 @@ def register_measured_table(op: Any, path: str | os.PathLike, device: str | None
 
 # --- writing -------------------------------------------------------------------------------------------
 
-def write_measured_table(path: str | Path, rows: Iterable[tuple[Sequence[float], torch.dtype | str, float]],
-                         columns: Sequence[str], source: str) -> MeasuredTable:
+
+def write_measured_table(
+    path: str | Path,
+    rows: Iterable[tuple[Sequence[float], torch.dtype | str, float]],
+    columns: Sequence[str],
+    source: str,
+) -> MeasuredTable:
     """Write ``(sizes, dtype, time_s)`` rows as a measured table with its source line; returns it loaded."""
     if not source or not source.strip():
         raise MeasuredTableError(f"{path}: a measured table needs a source (measurement, machine, date)")

@@ -19,7 +19,9 @@ from typing import Any
 from castcore.errors import ModelError, did_you_mean
 
 TERMS = ("python", "cli", "spec")
-COUNT_LIMIT = 10**9  # beyond any count a deployment has, and below what would exhaust memory as a count of things
+COUNT_LIMIT = (
+    10**9
+)  # beyond any count a deployment has, and below what would exhaust memory as a count of things
 _terms: ContextVar[str] = ContextVar("castcore_option_terms", default="python")
 _ABSENT = object()
 
@@ -64,7 +66,9 @@ class Option:
     default: Any = None
     choices: tuple[str, ...] | None = None
     minimum: int = 1
-    maximum: int | None = COUNT_LIMIT  # a bound on what a count makes castcore generate (None: any, as a seed)
+    maximum: int | None = (
+        COUNT_LIMIT  # a bound on what a count makes castcore generate (None: any, as a seed)
+    )
     optional: bool = False  # None is a value (the default of most such options): "not given"
     flag: str | None = None  # the command-line spelling when it is not --name-with-dashes
     negated: bool = False
@@ -132,8 +136,12 @@ class Option:
             return None
         if self.switch:
             if not isinstance(value, bool):
-                raise self.error(value, "is a switch: give true or false" if _terms.get() == "spec"
-                                 else "is a switch: give True or False")
+                raise self.error(
+                    value,
+                    "is a switch: give true or false"
+                    if _terms.get() == "spec"
+                    else "is a switch: give True or False",
+                )
             return value
         if self.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
@@ -151,14 +159,21 @@ class Option:
             return float(value)
         if self.kind == "path" and isinstance(value, os.PathLike):
             return os.fspath(value)
-        if self.kind == "str" and not self.choices and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if (
+            self.kind == "str"
+            and not self.choices
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+        ):
             value = str(value)  # free text as the command line reads it: --output 8, --acceptance 0.7
         if not isinstance(value, str):
             wanted = f"one of {', '.join(self.choices)}" if self.choices else self.metavar or "a word"
             raise self.error(value, f"takes one value as text: {wanted}")
         if self.choices is not None and value not in self.choices:
-            raise self.error(value, f"is not supported{did_you_mean(value, self.choices)}; use one of "
-                                    f"{', '.join(self.choices)}")
+            raise self.error(
+                value,
+                f"is not supported{did_you_mean(value, self.choices)}; use one of {', '.join(self.choices)}",
+            )
         return value
 
     def error(self, value: Any, reason: str) -> ModelError:
@@ -199,8 +214,11 @@ class Objective:
         statistic, colon, time = str(value).rpartition(":") if isinstance(value, str) else ("", "", value)
         statistic = {"p50": "median", "": "p99"}.get(statistic.strip().lower(), statistic.strip().lower())
         if statistic not in cls.STATISTICS:
-            raise option.error(value, f"give TIME or STATISTIC:TIME with a statistic of {', '.join(cls.STATISTICS)}"
-                                      " (p50 is the median), such as p99:500ms")
+            raise option.error(
+                value,
+                f"give TIME or STATISTIC:TIME with a statistic of {', '.join(cls.STATISTICS)}"
+                " (p50 is the median), such as p99:500ms",
+            )
         return cls(statistic, seconds(time, option))
 
     def field(self, metric: str) -> str:
@@ -208,7 +226,11 @@ class Objective:
         return f"{self.statistic}_{metric}_ms"
 
     def __str__(self) -> str:
-        return f"{self.statistic} {self.seconds * 1e3:g}ms" if self.seconds < 1 else f"{self.statistic} {self.seconds:g}s"
+        return (
+            f"{self.statistic} {self.seconds * 1e3:g}ms"
+            if self.seconds < 1
+            else f"{self.statistic} {self.seconds:g}s"
+        )
 
 
 def _toml(value: Any) -> str:

@@ -77,7 +77,10 @@ def _claims_in_call_order(host: PluginHost, kind: str) -> list[tuple[str, bool, 
     for impl in hookimpls_in_call_order(hook):
         if isinstance(impl.plugin, ClaimTable):
             info = host.plugins.info_for(impl.plugin_name)
-            label, by_user = host.plugins.label(impl.plugin_name), info is not None and info.kind in USER_KINDS
+            label, by_user = (
+                host.plugins.label(impl.plugin_name),
+                info is not None and info.kind in USER_KINDS,
+            )
             ordered += [(label, by_user, c) for c in impl.plugin.claims if c.kind == kind]
     return ordered
 
@@ -95,7 +98,8 @@ def candidates_for(host: PluginHost, device: str) -> dict[Any, list[Candidate]]:
                 continue
             seen.add((label, claim.op))
             result.setdefault(claim.op, []).append(
-                Candidate(label, kind, claim.device, claim.override, claim.fn.__qualname__, by_user))
+                Candidate(label, kind, claim.device, claim.override, claim.fn.__qualname__, by_user)
+            )
     return result
 
 
@@ -103,7 +107,7 @@ def _contest(candidates: list[Candidate]) -> str:
     """CONFLICT: two plugins claim the op in the same way and neither says override."""
     contested = False
     for i, first in enumerate(candidates):
-        for second in candidates[i + 1:]:
+        for second in candidates[i + 1 :]:
             if first.kind == second.kind and first.plugin != second.plugin:
                 if not (first.override or second.override):
                     return CONFLICT
@@ -143,8 +147,13 @@ def static_audit(host: PluginHost, devices: list[str], op: str | None = None) ->
     return rows
 
 
-def unreached_claims(host: PluginHost, captured: Capture, device: str, replaces: Mapping[str, Sequence[str]],
-                     others_only: bool = False) -> list[tuple[str, Candidate, str]]:
+def unreached_claims(
+    host: PluginHost,
+    captured: Capture,
+    device: str,
+    replaces: Mapping[str, Sequence[str]],
+    others_only: bool = False,
+) -> list[tuple[str, Candidate, str]]:
     """(op, claim, the op run instead) for each claim of a pack, a custom-op file or the program on ``device``
     whose op the capture never runs because an op that ``replaces`` it (a fused kernel: name -> eager op names)
     ran instead. The core's own claims are defaults, never missed. ``others_only``: only claims another plugin's
@@ -183,13 +192,20 @@ def plugins_elsewhere(host: PluginHost, device: str) -> set[str]:
 
 
 def unreached_lines(unreached: list[tuple[str, Candidate, str]]) -> list[str]:
-    return [f"{claim.plugin}: its {claim.kind} for {name} ({claim.function}) is not reached in this workload: the "
-            f"deployed kernels run {fused} instead (--eager prices the graph op by op)"
-            for name, claim, fused in unreached]
+    return [
+        f"{claim.plugin}: its {claim.kind} for {name} ({claim.function}) is not reached in this workload: the "
+        f"deployed kernels run {fused} instead (--eager prices the graph op by op)"
+        for name, claim, fused in unreached
+    ]
 
 
-def dynamic_audit(host: PluginHost, captured: Capture, device: str, op: str | None = None,
-                  replaces: Mapping[str, Sequence[str]] | None = None) -> list[OpAudit]:
+def dynamic_audit(
+    host: PluginHost,
+    captured: Capture,
+    device: str,
+    op: str | None = None,
+    replaces: Mapping[str, Sequence[str]] | None = None,
+) -> list[OpAudit]:
     """For every distinct op the model ran: who answered its calls on ``device``, UNCOVERED if it fell back; and
     for every claim the deployed kernels left unreached (``replaces``: see unreached_claims), a row saying so."""
     profile = host.device(device)
@@ -206,8 +222,9 @@ def dynamic_audit(host: PluginHost, captured: Capture, device: str, op: str | No
         row = rows.get(invoke.name)
         if row is None:
             candidates = claimed.get(invoke.name, [])
-            row = rows[invoke.name] = OpAudit(op=invoke.name, device=profile.name, status=status_of(candidates),
-                                              candidates=candidates)
+            row = rows[invoke.name] = OpAudit(
+                op=invoke.name, device=profile.name, status=status_of(candidates), candidates=candidates
+            )
         row.calls += 1
         estimate = host.resolver.estimate(invoke, profile)
         source = str(estimate.source)
@@ -226,7 +243,11 @@ def _op_matches(name: str, wanted: str) -> bool:
 def format_audit(rows: list[OpAudit], dynamic: bool = False) -> str:
     if not rows:
         return "no claims match"
-    header = ("op", "calls", "status", "answered by", "shadowed") if dynamic else ("op", "status", "winner", "shadowed")
+    header = (
+        ("op", "calls", "status", "answered by", "shadowed")
+        if dynamic
+        else ("op", "status", "winner", "shadowed")
+    )
     lines = []
     for device in sorted({r.device for r in rows}):
         body = []
@@ -237,9 +258,14 @@ def format_audit(rows: list[OpAudit], dynamic: bool = False) -> str:
             else:
                 body.append((r.op, r.status, str(r.winner or "-"), shadowed))
         widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        lines += [f"device {device}", *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-                                       for row in [header, *body]), ""]
-    counts = {s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE_USER, OVERRIDE, UNCOVERED, UNREACHED)}
+        lines += [
+            f"device {device}",
+            *("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *body]),
+            "",
+        ]
+    counts = {
+        s: sum(r.status == s for r in rows) for s in (CONFLICT, OVERRIDE_USER, OVERRIDE, UNCOVERED, UNREACHED)
+    }
     counts.update({s: n for s in CANNOT_ANSWER if (n := sum(r.status == s for r in rows))})
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" among {len(rows)} rows")
     return "\n".join(lines)

@@ -40,7 +40,9 @@ class Claim:
         """Whether some device name could match both (judged from the globs themselves)."""
         if self.device is None or other.device is None:
             return True
-        return fnmatch.fnmatchcase(self.device, other.device) or fnmatch.fnmatchcase(other.device, self.device)
+        return fnmatch.fnmatchcase(self.device, other.device) or fnmatch.fnmatchcase(
+            other.device, self.device
+        )
 
     def answer(self, invoke: Any, device: Any) -> Any:
         return self.fn(invoke, device) if self.takes_device else self.fn(invoke)
@@ -55,8 +57,10 @@ def _overloads(op: Any) -> list[Any]:
         return [op]
     if callable(op) and hasattr(op, "overloads") and hasattr(op, "_qualified_op_name"):
         return [getattr(op, name) for name in op.overloads()]
-    raise TypeError(f"{op!r} is not a torch operator; pass e.g. torch.ops.aten.mm.default (one overload) "
-                    "or torch.ops.aten.mm (every overload)")
+    raise TypeError(
+        f"{op!r} is not a torch operator; pass e.g. torch.ops.aten.mm.default (one overload) "
+        "or torch.ops.aten.mm (every overload)"
+    )
 
 
 def _takes_device(fn: Callable) -> bool:
@@ -78,8 +82,10 @@ def _declare(kind: str, op: Any, device: Any, override: bool) -> Callable[[Calla
     if isinstance(device, DeviceProfile):
         device = device.name
     if device is not None and not isinstance(device, str):
-        raise TypeError(f"device must be None, a DeviceProfile or a device name or glob such as 'ascend-*', "
-                        f"not {device!r}")
+        raise TypeError(
+            f"device must be None, a DeviceProfile or a device name or glob such as 'ascend-*', "
+            f"not {device!r}"
+        )
 
     def decorate(fn: Callable) -> Callable:
         takes_device = _takes_device(fn)
@@ -129,12 +135,18 @@ def duplicates(claims: list[Claim], op_label: Callable[[Any], str]) -> list[str]
     first declared is ever asked, so the second would be dead code nobody is told about."""
     found = []
     for i, first in enumerate(claims):
-        for second in claims[i + 1:]:
-            if first.op == second.op and first.kind == second.kind and first.overlaps(second) \
-                    and first.fn is not second.fn:
-                found.append(f"claims {op_label(first.op)} twice as {first.kind} (devices "
-                             f"{first.device or 'all'} and {second.device or 'all'}): {first.fn.__qualname__} "
-                             f"answers, {second.fn.__qualname__} is never asked")
+        for second in claims[i + 1 :]:
+            if (
+                first.op == second.op
+                and first.kind == second.kind
+                and first.overlaps(second)
+                and first.fn is not second.fn
+            ):
+                found.append(
+                    f"claims {op_label(first.op)} twice as {first.kind} (devices "
+                    f"{first.device or 'all'} and {second.device or 'all'}): {first.fn.__qualname__} "
+                    f"answers, {second.fn.__qualname__} is never asked"
+                )
     return found
 
 

@@ -80,18 +80,33 @@ def _tool_table(path: Path) -> dict:
 def from_file(path: Path) -> Config:
     table = _tool_table(path).get("castcore", {}) if path.name == "pyproject.toml" else _read_toml(path)
     if not isinstance(table, dict):
-        raise ConfigError(f"{path}: 'tool.castcore' must be a table of settings, not {table!r}: write "
-                          "[tool.castcore] and the settings under it")
-    known = {"priority", "disable", "custom_op_dirs", "default_device", "load_packs", "device_files", "strict",
-             "on_error", "default_custom_op_dirs"}
+        raise ConfigError(
+            f"{path}: 'tool.castcore' must be a table of settings, not {table!r}: write "
+            "[tool.castcore] and the settings under it"
+        )
+    known = {
+        "priority",
+        "disable",
+        "custom_op_dirs",
+        "default_device",
+        "load_packs",
+        "device_files",
+        "strict",
+        "on_error",
+        "default_custom_op_dirs",
+    }
     unknown = sorted(set(table) - known)
     if unknown:
-        raise ConfigError(f"{path}: unknown castcore setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{path}: unknown castcore setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     for key in ("strict", "default_custom_op_dirs"):
         if key in table and not isinstance(table[key], bool):
             raise ConfigError(f"{path}: '{key}' must be true or false, not {table[key]!r}")
     for key in ("priority", "disable", "custom_op_dirs", "load_packs", "device_files"):
-        if key in table and not (isinstance(table[key], list) and all(isinstance(v, str) for v in table[key])):
+        if key in table and not (
+            isinstance(table[key], list) and all(isinstance(v, str) for v in table[key])
+        ):
             raise ConfigError(f"{path}: '{key}' must be a list of strings")
     # Relative directories are relative to the file that names them.
     for key in ("custom_op_dirs", "device_files"):
@@ -120,8 +135,9 @@ def user_config_dir(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "castcore"
 
 
-def default_custom_op_locations(cwd: Path | None = None, environ: Mapping[str, str] | None = None
-                                ) -> list[tuple[str, Path]]:
+def default_custom_op_locations(
+    cwd: Path | None = None, environ: Mapping[str, str] | None = None
+) -> list[tuple[str, Path]]:
     """(which, path) of the custom-op directories searched unless turned off, whether they exist or not:
     the project's first (it wins), then the user's."""
     environ = os.environ if environ is None else environ
@@ -157,4 +173,3 @@ def load_config(cwd: Path | None = None, environ: dict[str, str] | None = None, 
         if folder.is_dir() and folder not in named and folder not in found:
             found.append(folder)
     return replace(config, custom_op_dirs=config.custom_op_dirs + tuple(found))
-

@@ -65,8 +65,10 @@ def checked_directory(directory: Path) -> Path:
     resolved = directory.expanduser().resolve()
     where = f"fix {say('custom_op_dir')} / CASTCORE_CUSTOM_OP_PATH / custom_op_dirs"
     if resolved.is_file():
-        raise ConfigError(f"custom-op directory {resolved} is a file, not a directory; name the folder that holds "
-                          f"it instead ({where})")
+        raise ConfigError(
+            f"custom-op directory {resolved} is a file, not a directory; name the folder that holds "
+            f"it instead ({where})"
+        )
     if not resolved.is_dir():
         raise ConfigError(f"custom-op directory {resolved} does not exist; create it or {where}")
     return resolved
@@ -87,8 +89,13 @@ class _Folder:
         entries = sorted(directory.iterdir())
         sources = [p for p in entries if p.suffix == ".py" and p.is_file()]
         unsafe = {p: r for p in entries if (p in sources or p.is_dir()) and (r := _unsafe_entry(p))}
-        return cls(directory, [p for p in sources if not p.name.startswith("_")],
-                   [p for p in sources if p.name.startswith("_")], unsafe, unsafe_reason(directory))
+        return cls(
+            directory,
+            [p for p in sources if not p.name.startswith("_")],
+            [p for p in sources if p.name.startswith("_")],
+            unsafe,
+            unsafe_reason(directory),
+        )
 
     @property
     def why_not_importable(self) -> str:
@@ -101,8 +108,11 @@ class _Folder:
     def helper_modules(self, names: set[str]) -> set[str]:
         """Those of ``names`` that are modules of this directory, other than its plugin files (which are
         their own plugins even when another file imports them)."""
-        return {name for name in names
-                if (file := _module_file(name)) and file.is_relative_to(self.path) and file not in self.plugins}
+        return {
+            name
+            for name in names
+            if (file := _module_file(name)) and file.is_relative_to(self.path) and file not in self.plugins
+        }
 
 
 def _module_file(name: str) -> Path | None:
@@ -123,7 +133,11 @@ def _load_file(pm: pluggy.PluginManager, info: PluginInfo, path: Path, folder: _
 
     def describe(exc: BaseException) -> str:
         where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) else ""
-        hint = f" ({folder.why_not_importable})" if folder.why_not_importable and isinstance(exc, ImportError) else ""
+        hint = (
+            f" ({folder.why_not_importable})"
+            if folder.why_not_importable and isinstance(exc, ImportError)
+            else ""
+        )
         return f"could not load{where}: {type(exc).__name__}: {exc}{hint}"
 
     loaded, _ = run_plugin_code(info, lambda: spec.loader.exec_module(module), describe)
@@ -158,7 +172,11 @@ def load_directory(pm: pluggy.PluginManager, directory: Path) -> list[PluginInfo
             sys.path.remove(str(directory))
         # Forget what the files imported from the directory, so another directory's _helpers is its own.
         for name in set(sys.modules) - before:
-            if not name.startswith(MODULE_PREFIX) and (file := _module_file(name)) and file.is_relative_to(directory):
+            if (
+                not name.startswith(MODULE_PREFIX)
+                and (file := _module_file(name))
+                and file.is_relative_to(directory)
+            ):
                 _FILE_MODULES.add(name)
                 del sys.modules[name]
     for path in folder.helpers:

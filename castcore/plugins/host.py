@@ -40,7 +40,9 @@ class PluginHost:
         self.plugins.core.resolver = self.resolver
         self._claims_seen = declared_count()
         infos = self.plugins.infos
-        self.warnings: list[str] = [f"{info.label}: {info.error}" for info in infos if info.status == "failed"]
+        self.warnings: list[str] = [
+            f"{info.label}: {info.error}" for info in infos if info.status == "failed"
+        ]
         self.warnings += [f"{info.label}: {warning}" for info in infos for warning in info.warnings]
         # Worth telling (a slow import), but no fault: --strict does not fail on these.
         self.notes: list[str] = [f"{info.label}: {note}" for info in infos for note in info.notes]
@@ -71,10 +73,14 @@ class PluginHost:
                 continue
             for profile in profiles:
                 if not isinstance(profile, DeviceProfile):
-                    self.warnings.append(f"{label}: device_profiles returned {type(profile).__name__}, not a DeviceProfile")
+                    self.warnings.append(
+                        f"{label}: device_profiles returned {type(profile).__name__}, not a DeviceProfile"
+                    )
                 elif profile.name in devices:
-                    self.warnings.append(f"device {profile.name!r} is provided by both {provider[profile.name]} "
-                                         f"and {label}; using {provider[profile.name]}'s (set priority to choose)")
+                    self.warnings.append(
+                        f"device {profile.name!r} is provided by both {provider[profile.name]} "
+                        f"and {label}; using {provider[profile.name]}'s (set priority to choose)"
+                    )
                 else:
                     devices[profile.name] = profile if profile.origin else replace(profile, origin=label)
                     provider[profile.name] = label
@@ -84,8 +90,10 @@ class PluginHost:
                 continue
             for profile in package_profiles_in(folder, info.distribution or name):
                 if profile.name in devices:
-                    self.warnings.append(f"device {profile.name!r} is provided by both {provider[profile.name]} "
-                                         f"and {info.label}; using {provider[profile.name]}'s (set priority to choose)")
+                    self.warnings.append(
+                        f"device {profile.name!r} is provided by both {provider[profile.name]} "
+                        f"and {info.label}; using {provider[profile.name]}'s (set priority to choose)"
+                    )
                 else:
                     devices[profile.name], provider[profile.name] = profile, info.label
         self._file_devices = []
@@ -108,9 +116,11 @@ class PluginHost:
                 if claim.device is None or key in seen or any(claim.matches(name) for name in self.devices):
                     continue
                 seen.add(key)
-                lines.append(f"{info.label}: {claim.fn.__qualname__} claims {op_name(claim.op)} on devices "
-                             f"{claim.device!r}, which matches no installed device "
-                             f"({', '.join(self.devices) or 'none installed'})")
+                lines.append(
+                    f"{info.label}: {claim.fn.__qualname__} claims {op_name(claim.op)} on devices "
+                    f"{claim.device!r}, which matches no installed device "
+                    f"({', '.join(self.devices) or 'none installed'})"
+                )
         return lines
 
     def device(self, name: str | DeviceProfile | None = None) -> DeviceProfile:
@@ -125,13 +135,17 @@ class PluginHost:
             marked = [d for d in self.devices.values() if d.default]
             chosen = marked or list(self.devices.values())
             if not chosen:
-                raise DeviceError("no device profiles are installed: install a pack (pip install castpack-ascend) "
-                                  f"or pass {say('device_file', 'my.toml')}")
+                raise DeviceError(
+                    "no device profiles are installed: install a pack (pip install castpack-ascend) "
+                    f"or pass {say('device_file', 'my.toml')}"
+                )
             return chosen[0]
         if name not in self.devices:
-            raise DeviceError(f"unknown device {name!r}{did_you_mean(name, self.devices)}; installed: "
-                              f"{', '.join(self.devices) or 'none'} "
-                              "(castcore devices lists them)")
+            raise DeviceError(
+                f"unknown device {name!r}{did_you_mean(name, self.devices)}; installed: "
+                f"{', '.join(self.devices) or 'none'} "
+                "(castcore devices lists them)"
+            )
         return self.devices[name]
 
     def default_by_name(self) -> str | None:
@@ -142,8 +156,10 @@ class PluginHost:
         if any(d.default for d in self.devices.values()):
             return None
         first = next(iter(self.devices))
-        return (f"no installed profile is marked default (castpack-ascend marks ascend-910b3: pip install "
-                f"castpack-ascend); using {first}, the first installed by name ({say('device')} chooses another)")
+        return (
+            f"no installed profile is marked default (castpack-ascend marks ascend-910b3: pip install "
+            f"castpack-ascend); using {first}, the first installed by name ({say('device')} chooses another)"
+        )
 
     def whole_ops(self, device: str | DeviceProfile | None = None) -> frozenset:
         """The ops a capture for ``device`` records as one call although torch decomposes them (see
@@ -151,17 +167,23 @@ class PluginHost:
         claims keep nothing whole, so a model no plugin claims such an op for is captured as before.
         None: the claims for any device, for a capture estimated on several."""
         name = None if device is None else self.device(device).name
-        return frozenset(op for plugin in self.plugins.pm.get_plugins()
-                         if isinstance(plugin, ClaimTable) and plugin is not self.plugins.core
-                         for op in plugin.claimed_ops(name))
+        return frozenset(
+            op
+            for plugin in self.plugins.pm.get_plugins()
+            if isinstance(plugin, ClaimTable) and plugin is not self.plugins.core
+            for op in plugin.claimed_ops(name)
+        )
 
     def outranking(self, device: str | DeviceProfile | None = None) -> dict[Any, frozenset]:
         """Each op of ``whole_ops(device)`` with the ops claimed there by plugins asked before its own claimer (a
         custom-op file before a pack, a pack before another by priority): a call of it whose decomposition runs
         one of those is captured op by op, so the earlier claim answers (castcore.recording.whole)."""
         name = None if device is None else self.device(device).name
-        tables = [impl.plugin for impl in hookimpls_in_call_order(self.plugins.pm.hook.estimate_op)
-                  if isinstance(impl.plugin, ClaimTable) and impl.plugin is not self.plugins.core]
+        tables = [
+            impl.plugin
+            for impl in hookimpls_in_call_order(self.plugins.pm.hook.estimate_op)
+            if isinstance(impl.plugin, ClaimTable) and impl.plugin is not self.plugins.core
+        ]
         claimed = [table.claimed_ops(name) for table in tables]
         found: dict[Any, frozenset] = {}
         for rank, ops in enumerate(claimed):
@@ -181,7 +203,9 @@ class PluginHost:
             label = self.plugins.label(impl.plugin_name)
             try:
                 given = {"model": model, "device": profile}
-                done += [f"{label}: {line}" for line in impl.function(*(given[a] for a in impl.argnames)) or ()]
+                done += [
+                    f"{label}: {line}" for line in impl.function(*(given[a] for a in impl.argnames)) or ()
+                ]
             except Exception as exc:
                 self.warnings.append(f"{label}: fuse_model raised {type(exc).__name__}: {exc}")
         return done

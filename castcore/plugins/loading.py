@@ -51,9 +51,14 @@ def _load_pack(pm: pluggy.PluginManager, info: PluginInfo, ep: importlib.metadat
     if problem:  # refused before its code runs: it was written for another castcore
         info.fail(problem)
         return
-    loaded, obj = run_plugin_code(info, ep.load, lambda exc: (
-        f"import failed: {type(exc).__name__}: {exc}; fix the pack or disable it with "
-        f"CASTCORE_DISABLE_PACKS={info.name}"))
+    loaded, obj = run_plugin_code(
+        info,
+        ep.load,
+        lambda exc: (
+            f"import failed: {type(exc).__name__}: {exc}; fix the pack or disable it with "
+            f"CASTCORE_DISABLE_PACKS={info.name}"
+        ),
+    )
     if loaded:
         register_with_claims(pm, info, obj, claims_of(ep.module.split(".")[0]))
 
@@ -61,15 +66,23 @@ def _load_pack(pm: pluggy.PluginManager, info: PluginInfo, ep: importlib.metadat
 def load_plugins(config: Config, core: Any) -> LoadedPlugins:
     """Register ``core`` (the core's own plugin, a ClaimTable), then the packs and files ``config`` allows. Two
     threads load plugins one after the other."""
-    with SYS_PATH:  # a custom-op directory goes on sys.path while it loads (see castcore.plugins.packs.SYS_PATH)
+    with (
+        SYS_PATH
+    ):  # a custom-op directory goes on sys.path while it loads (see castcore.plugins.packs.SYS_PATH)
         return _load_plugins(config, core)
 
 
 def _load_plugins(config: Config, core: Any) -> LoadedPlugins:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    core_info = PluginInfo(name=CORE_NAME, kind="core", origin="castcore.builtin", claims=core.claims,
-                           distribution="castcore", version=_version())
+    core_info = PluginInfo(
+        name=CORE_NAME,
+        kind="core",
+        origin="castcore.builtin",
+        claims=core.claims,
+        distribution="castcore",
+        version=_version(),
+    )
     register(pm, core_info, core)
     infos = [core_info]
     packages = {"castcore"}

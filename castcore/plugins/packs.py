@@ -52,7 +52,10 @@ class PluginInfo:
 
     def fail(self, reason: str) -> None:
         # One line, but all of it: pluggy puts the useful part (the argument at fault) on later lines.
-        self.status, self.error = "failed", " ".join(line.strip() for line in reason.splitlines() if line.strip()) or "failed"
+        self.status, self.error = (
+            "failed",
+            " ".join(line.strip() for line in reason.splitlines() if line.strip()) or "failed",
+        )
 
 
 # Loading a custom-op directory puts it on sys.path and takes it off again; a scan of the entry points over a
@@ -81,12 +84,19 @@ def pack_infos(config: Config) -> list[tuple[PluginInfo, importlib.metadata.Entr
     result = []
     for name, eps in found.items():
         dists = [_dist_of(ep) for ep in eps]
-        info = PluginInfo(name=name, kind="pack", origin=f"entry point {eps[0].value}",
-                          distribution=dists[0][0], version=dists[0][1])
+        info = PluginInfo(
+            name=name,
+            kind="pack",
+            origin=f"entry point {eps[0].value}",
+            distribution=dists[0][0],
+            version=dists[0][1],
+        )
         if len(eps) > 1:
             # pluggy would keep whichever registered last; refuse both and say which ones.
-            info.fail(f"entry point name {name!r} is provided by {' and '.join(d for d, _ in dists)}; "
-                      "uninstall one or rename its entry point")
+            info.fail(
+                f"entry point name {name!r} is provided by {' and '.join(d for d, _ in dists)}; "
+                "uninstall one or rename its entry point"
+            )
             result.append((info, None))
             continue
         if (config.load_packs is not None and name not in config.load_packs) or name in config.disable:
@@ -105,8 +115,9 @@ def _dist_of(ep: importlib.metadata.EntryPoint) -> tuple[str, str | None]:
     return dist.metadata["Name"], dist.version
 
 
-def castcore_requirement_problem(info: PluginInfo, ep: importlib.metadata.EntryPoint,
-                                 castcore_version: str | None) -> str | None:
+def castcore_requirement_problem(
+    info: PluginInfo, ep: importlib.metadata.EntryPoint, castcore_version: str | None
+) -> str | None:
     """Why the pack's distribution cannot run on this castcore (its Requires-Dist on castcore excludes
     this version), or None. pip enforces this on install, but not with --no-deps, --target or an old pack."""
     dist = getattr(ep, "dist", None)
@@ -120,12 +131,16 @@ def castcore_requirement_problem(info: PluginInfo, ep: importlib.metadata.EntryP
             req = Requirement(line)
         except InvalidRequirement:
             continue
-        if canonicalize_name(req.name) != "castcore" or (req.marker and not req.marker.evaluate({"extra": ""})):
+        if canonicalize_name(req.name) != "castcore" or (
+            req.marker and not req.marker.evaluate({"extra": ""})
+        ):
             continue
         if not req.specifier.contains(castcore_version, prereleases=True):
-            return (f"refused: it requires castcore{req.specifier}, but castcore {castcore_version} is installed; "
-                    f"upgrade castcore (pip install -U castcore) or disable the pack with "
-                    f"CASTCORE_DISABLE_PACKS={info.name}")
+            return (
+                f"refused: it requires castcore{req.specifier}, but castcore {castcore_version} is installed; "
+                f"upgrade castcore (pip install -U castcore) or disable the pack with "
+                f"CASTCORE_DISABLE_PACKS={info.name}"
+            )
     return None
 
 
@@ -140,8 +155,11 @@ def profile_folders(config: Config) -> dict[str, Path]:
         spec = importlib.util.find_spec(top)  # a top-level package: found, not imported
         if spec is None or not spec.submodule_search_locations:
             continue
-        folders[ep.name] = Path(list(spec.submodule_search_locations)[0], *rest.split(".")) if rest else \
-            Path(list(spec.submodule_search_locations)[0])
+        folders[ep.name] = (
+            Path(list(spec.submodule_search_locations)[0], *rest.split("."))
+            if rest
+            else Path(list(spec.submodule_search_locations)[0])
+        )
     return folders
 
 

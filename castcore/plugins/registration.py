@@ -22,8 +22,9 @@ SLOW_IMPORT_S = 2.0
 clock = time.perf_counter
 
 
-def run_plugin_code(info: PluginInfo, load: Callable[[], Any],
-                    describe: Callable[[BaseException], str]) -> tuple[bool, Any]:
+def run_plugin_code(
+    info: PluginInfo, load: Callable[[], Any], describe: Callable[[BaseException], str]
+) -> tuple[bool, Any]:
     """``(True, load())``, or ``(False, None)`` with ``info`` failed when the plugin's code raised anything,
     sys.exit() included (it must end the plugin, not castcore); Ctrl-C still stops castcore."""
     start = clock()
@@ -39,15 +40,19 @@ def run_plugin_code(info: PluginInfo, load: Callable[[], Any],
         return False, None
     took = clock() - start
     if took > SLOW_IMPORT_S:
-        info.notes.append(f"took {took:.1f} s to import (more than {SLOW_IMPORT_S:.0f} s); every castcore command "
-                          "waits for it: import heavy modules inside the functions that use them")
+        info.notes.append(
+            f"took {took:.1f} s to import (more than {SLOW_IMPORT_S:.0f} s); every castcore command "
+            "waits for it: import heavy modules inside the functions that use them"
+        )
     return True, value
 
 
 def register(pm: pluggy.PluginManager, info: PluginInfo, obj: Any, suffix: str = "") -> bool:
     """Register one object for ``info``; a spec mismatch marks the plugin failed instead of raising."""
     name = f"{info.kind}:{info.name}{suffix}"
-    unknown = sorted(attr for attr in dir(obj) if attr not in HOOK_NAMES and pm.parse_hookimpl_opts(obj, attr) is not None)
+    unknown = sorted(
+        attr for attr in dir(obj) if attr not in HOOK_NAMES and pm.parse_hookimpl_opts(obj, attr) is not None
+    )
     if unknown:
         # pluggy would register these and never call them; a misspelled hook must not pass silently.
         info.fail(f"{', '.join(unknown)} is not a castcore hook; the hooks are {', '.join(HOOK_NAMES)}")
@@ -69,8 +74,10 @@ def register_with_claims(pm: pluggy.PluginManager, info: PluginInfo, obj: Any, c
     """Register the plugin object (raw hookimpls) and, after it, its claim table (decorators)."""
     api = getattr(obj, "CASTCORE_API", API_VERSION)
     if not isinstance(api, int) or isinstance(api, bool) or api > API_VERSION:
-        info.fail(f"refused: it declares CASTCORE_API = {api!r}, and this castcore supports plugin API "
-                  f"{API_VERSION} and lower; upgrade castcore (pip install -U castcore)")
+        info.fail(
+            f"refused: it declares CASTCORE_API = {api!r}, and this castcore supports plugin API "
+            f"{API_VERSION} and lower; upgrade castcore (pip install -U castcore)"
+        )
         return
     info.claims = claims
     if not register(pm, info, obj):

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
     from castcore.recording.invoke import OpInvoke
 
+
 class EstimatorError(CastcoreError, RuntimeError):
     """A plugin raised or answered nonsense; the message names the plugin, the op and its inputs."""
 
@@ -53,7 +54,9 @@ class Resolver:
     def __init__(self, pm: pluggy.PluginManager, display_name, on_error: str = "raise"):
         self.pm = pm
         self.display_name = display_name  # pluggy plugin name -> name shown to users
-        self.on_error = on_error  # "raise": stop at a plugin's error; "fallback": record it, ask the next plugin
+        self.on_error = (
+            on_error  # "raise": stop at a plugin's error; "fallback": record it, ask the next plugin
+        )
         self.errors: list[str] = []
         self._estimates: dict[tuple, Estimate] = {}
         self._properties: dict[tuple, tuple[PerformanceProperties | None, Source | None]] = {}
@@ -71,7 +74,9 @@ class Resolver:
         self._properties.clear()
         self._profiles.clear()
 
-    def _error(self, impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile, what: str) -> EstimatorError:
+    def _error(
+        self, impl: pluggy.HookImpl, invoke: OpInvoke, device: DeviceProfile, what: str
+    ) -> EstimatorError:
         return EstimatorError(
             f"{self.display_name(impl.plugin_name)}: {_function_name(impl, invoke, device)} {what} "
             f"for {invoke.name} on inputs {_describe_inputs(invoke)}"
@@ -97,8 +102,9 @@ class Resolver:
                 except EstimatorError:
                     raise
                 except Exception as exc:  # an answer so malformed that checking it failed
-                    raise self._error(impl, invoke, device, f"returned a malformed answer ({type(exc).__name__}: "
-                                                            f"{exc})") from exc
+                    raise self._error(
+                        impl, invoke, device, f"returned a malformed answer ({type(exc).__name__}: {exc})"
+                    ) from exc
             except EstimatorError as exc:
                 if self.on_error == "raise":
                     raise
@@ -125,26 +131,46 @@ class Resolver:
         elif isinstance(result, (int, float)) and not isinstance(result, bool):
             estimate = Estimate(time_s=float(result))
         else:
-            raise self._error(impl, invoke, device, f"returned {type(result).__name__}, not an Estimate or seconds")
-        numbers = [estimate.time_s, estimate.compute_s, estimate.memory_s, estimate.comm_s, estimate.overhead_s]
+            raise self._error(
+                impl, invoke, device, f"returned {type(result).__name__}, not an Estimate or seconds"
+            )
+        numbers = [
+            estimate.time_s,
+            estimate.compute_s,
+            estimate.memory_s,
+            estimate.comm_s,
+            estimate.overhead_s,
+        ]
         if not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in numbers):
-            raise self._error(impl, invoke, device, f"returned a time that is negative, NaN or infinite ({estimate.time_s!r})")
+            raise self._error(
+                impl,
+                invoke,
+                device,
+                f"returned a time that is negative, NaN or infinite ({estimate.time_s!r})",
+            )
         return estimate
 
-    def properties(self, invoke: OpInvoke, device: DeviceProfile) -> tuple[PerformanceProperties | None, Source | None]:
+    def properties(
+        self, invoke: OpInvoke, device: DeviceProfile
+    ) -> tuple[PerformanceProperties | None, Source | None]:
         """The first op_properties answer in plugin order, with its source; (None, None) if nobody claims it."""
         cache_key = (invoke.key, self._device_key(device))
         if cache_key in self._properties:
             return self._properties[cache_key]
         props, impl = self._ask(self.pm.hook.op_properties, invoke, device, self._checked_properties)
-        answer = (props, Source(self.display_name(impl.plugin_name), STEP_PROPERTIES)) if impl else (None, None)
+        answer = (
+            (props, Source(self.display_name(impl.plugin_name), STEP_PROPERTIES)) if impl else (None, None)
+        )
         self._properties[cache_key] = answer
         return answer
 
-    def _checked_properties(self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke,
-                            device) -> PerformanceProperties:
+    def _checked_properties(
+        self, result: Any, impl: pluggy.HookImpl, invoke: OpInvoke, device
+    ) -> PerformanceProperties:
         if not isinstance(result, PerformanceProperties):
-            raise self._error(impl, invoke, device, f"returned {type(result).__name__}, not PerformanceProperties")
+            raise self._error(
+                impl, invoke, device, f"returned {type(result).__name__}, not PerformanceProperties"
+            )
         problems = result.problems()
         if problems:
             raise self._error(impl, invoke, device, f"returned nonsense properties ({'; '.join(problems)})")

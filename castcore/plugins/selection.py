@@ -24,23 +24,38 @@ class PluginOptions:
     @classmethod
     def of(cls, values: Any) -> PluginOptions:
         """From anything holding the options by name (parsed arguments, a sweep spec's settings)."""
-        get = values.get if isinstance(values, dict) else lambda name, default=None: getattr(values, name, default)
-        return cls(custom_op_dir=list(get("custom_op_dir") or []), device_file=list(get("device_file") or []),
-                   no_packs=bool(get("no_packs")), strict=get("strict") or None,
-                   no_default_custom_op_dirs=bool(get("no_default_custom_op_dirs")))
+        get = (
+            values.get
+            if isinstance(values, dict)
+            else lambda name, default=None: getattr(values, name, default)
+        )
+        return cls(
+            custom_op_dir=list(get("custom_op_dir") or []),
+            device_file=list(get("device_file") or []),
+            no_packs=bool(get("no_packs")),
+            strict=get("strict") or None,
+            no_default_custom_op_dirs=bool(get("no_default_custom_op_dirs")),
+        )
 
     def merged(self, other: PluginOptions) -> PluginOptions:
         """Both sets together: every directory and file of each, a switch on when either has it on."""
-        return PluginOptions(custom_op_dir=[*self.custom_op_dir, *other.custom_op_dir],
-                             device_file=[*self.device_file, *other.device_file],
-                             no_packs=self.no_packs or other.no_packs, strict=self.strict or other.strict or None,
-                             no_default_custom_op_dirs=self.no_default_custom_op_dirs or other.no_default_custom_op_dirs)
+        return PluginOptions(
+            custom_op_dir=[*self.custom_op_dir, *other.custom_op_dir],
+            device_file=[*self.device_file, *other.device_file],
+            no_packs=self.no_packs or other.no_packs,
+            strict=self.strict or other.strict or None,
+            no_default_custom_op_dirs=self.no_default_custom_op_dirs or other.no_default_custom_op_dirs,
+        )
 
     def session_kwargs(self) -> dict[str, Any]:
         """castcore.Session's (and load_config's) keyword arguments."""
-        return {"custom_op_dirs": self.custom_op_dir or None, "device_files": self.device_file or None,
-                "load_packs": [] if self.no_packs else None, "strict": self.strict,
-                "default_custom_op_dirs": False if self.no_default_custom_op_dirs else None}
+        return {
+            "custom_op_dirs": self.custom_op_dir or None,
+            "device_files": self.device_file or None,
+            "load_packs": [] if self.no_packs else None,
+            "strict": self.strict,
+            "default_custom_op_dirs": False if self.no_default_custom_op_dirs else None,
+        }
 
 
 def profiles_without_plugins(options: PluginOptions) -> dict[str, Any] | None:

@@ -16,6 +16,8 @@ def fake_in_any_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
     is what serving engines' fused MoE kernels run."""
     if func is _GROUPED_MM:
         a, b = args[:2]
-        if not (a.dtype == b.dtype == torch.bfloat16 or kwargs.get("out_dtype") or a.dim() != 2 or b.dim() != 3):
+        if not (
+            a.dtype == b.dtype == torch.bfloat16 or kwargs.get("out_dtype") or a.dim() != 2 or b.dim() != 3
+        ):
             return a.new_empty((a.shape[0], b.shape[-1]))
     return func(*args, **kwargs)

@@ -119,7 +119,12 @@ def _read_schema(op: Any) -> dict[str, tuple[int, bool, bool, Any]]:
     for position, arg in enumerate(schema.arguments if schema is not None else ()):
         if arg.name not in found:
             has_default = arg.has_default_value()
-            found[arg.name] = (position, arg.kwarg_only, has_default, arg.default_value if has_default else None)
+            found[arg.name] = (
+                position,
+                arg.kwarg_only,
+                has_default,
+                arg.default_value if has_default else None,
+            )
     return found
 
 
@@ -149,7 +154,9 @@ class CallKey:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return self is other or (type(other) is CallKey and self._hash == other._hash and self.value == other.value)
+        return self is other or (
+            type(other) is CallKey and self._hash == other._hash and self.value == other.value
+        )
 
     def __repr__(self) -> str:
         return f"CallKey({self.value!r})"
@@ -183,10 +190,19 @@ class OpInvoke:
         if self._key is None:
             key = (self.op, self.args, tuple(self.kwargs.items()), self.out, tuple(self.attrs.items()))
             try:
-                self._key = CallKey(key)  # the usual case: arguments are already tuples, TensorMetas and plain values
+                self._key = CallKey(
+                    key
+                )  # the usual case: arguments are already tuples, TensorMetas and plain values
             except TypeError:
-                self._key = CallKey((self.op, _hashable(self.args), _hashable(self.kwargs), _hashable(self.out),
-                                     _hashable(self.attrs)))
+                self._key = CallKey(
+                    (
+                        self.op,
+                        _hashable(self.args),
+                        _hashable(self.kwargs),
+                        _hashable(self.out),
+                        _hashable(self.attrs),
+                    )
+                )
         return self._key
 
     def argument(self, name: str, default: Any = None) -> Any:

@@ -72,6 +72,7 @@ class _Tracker(ModuleTracker):
         def fn(*args) -> None:
             add(*args)
             self.entered[name] = next(self._clock)
+
         return fn
 
 
@@ -141,7 +142,9 @@ class _Recorder(TorchDispatchMode):
 
     def storages(self, value: Any) -> dict[int, int]:
         value = local_shards(value)
-        return {t.storage: t.storage_nbytes for t in tensors_in(to_meta(value, self.storage_of)) if t.storage >= 0}
+        return {
+            t.storage: t.storage_nbytes for t in tensors_in(to_meta(value, self.storage_of)) if t.storage >= 0
+        }
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -179,11 +182,17 @@ class _Recorder(TorchDispatchMode):
         """Append one call, unless recording is paused or its op is bookkeeping."""
         if func.namespace in SKIPPED_NAMESPACES or self._paused:
             return
-        self.invokes.append(OpInvoke(
-            op=func, args=to_meta(args, self.storage_of), kwargs=to_meta(kwargs, self.storage_of),
-            out=to_meta(out, self.storage_of),
-            module=self.current_module(), index=len(self.invokes), attrs=_attrs(func, args, kwargs),
-        ))
+        self.invokes.append(
+            OpInvoke(
+                op=func,
+                args=to_meta(args, self.storage_of),
+                kwargs=to_meta(kwargs, self.storage_of),
+                out=to_meta(out, self.storage_of),
+                module=self.current_module(),
+                index=len(self.invokes),
+                attrs=_attrs(func, args, kwargs),
+            )
+        )
         if self.progress is not None and len(self.invokes) % 256 == 0:
             self.progress(len(self.invokes))
 
@@ -270,9 +279,12 @@ def _fake_like(t: torch.Tensor) -> torch.Tensor:
     dtensor = dtensor_type()
     if dtensor is not None and isinstance(t, dtensor):
         local = _fake_like(t._local_tensor)
-        return dtensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
-                                  stride=t.stride())
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", requires_grad=t.requires_grad)
+        return dtensor.from_local(
+            local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+        )
+    return torch.empty_strided(
+        t.shape, t.stride(), dtype=t.dtype, device="cpu", requires_grad=t.requires_grad
+    )
 
 
 def _fake_inputs(value: Any) -> Any:
@@ -303,10 +315,16 @@ def no_cyclic_gc():
 CAPTURE_LOCK = threading.RLock()
 
 
-def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = False,
-            inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
-            progress: Callable[[int], None] | None = None, reuse: bool = True,
-            whole_ops: Iterable[Any] | Mapping[Any, frozenset] = (), **kwargs: Any) -> Capture:
+def capture(
+    target: torch.nn.Module | Callable,
+    *inputs: Any,
+    train: bool = False,
+    inputs_fn: Callable[[], tuple[tuple, dict]] | None = None,
+    progress: Callable[[int], None] | None = None,
+    reuse: bool = True,
+    whole_ops: Iterable[Any] | Mapping[Any, frozenset] = (),
+    **kwargs: Any,
+) -> Capture:
     """Run ``target(*inputs, **kwargs)`` on fake tensors and return every operator call it made.
 
     ``train=True`` records the forward with autograd on and then the backward of its loss (the
@@ -336,8 +354,16 @@ def capture(target: torch.nn.Module | Callable, *inputs: Any, train: bool = Fals
             return _capture(target, inputs, kwargs, train, inputs_fn, progress, False, whole_ops)
 
 
-def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progress, reuse: bool,
-             whole_ops: Mapping[Any, frozenset]) -> Capture:
+def _capture(
+    target,
+    inputs: tuple,
+    kwargs: dict,
+    train: bool,
+    inputs_fn,
+    progress,
+    reuse: bool,
+    whole_ops: Mapping[Any, frozenset],
+) -> Capture:
     tracker = _Tracker()
     recorder = _Recorder(tracker, progress)
     with no_cyclic_gc(), FakeTensorMode(allow_non_fake_inputs=True):
@@ -349,8 +375,11 @@ def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progre
         weights = _FakeWeights(recorder)
         state = _state(target) if isinstance(target, torch.nn.Module) else {}
         # Training needs every forward really run, for autograd.
-        layer_reuse = (LayerReuse(recorder, target, state, weights) if reuse and not train
-                       and isinstance(target, torch.nn.Module) else None)
+        layer_reuse = (
+            LayerReuse(recorder, target, state, weights)
+            if reuse and not train and isinstance(target, torch.nn.Module)
+            else None
+        )
         deferred = layer_reuse.deferred_names() if layer_reuse else set()
         fake_state = {}
         for name, t in state.items():
@@ -358,23 +387,38 @@ def _capture(target, inputs: tuple, kwargs: dict, train: bool, inputs_fn, progre
                 fake_state[name] = weights.fake(t)
             weights.storage(t)  # every weight numbered now, in state order: ids match with or without reuse
         if isinstance(target, torch.nn.Module):
+
             def run():
-                return torch.func.functional_call(target, fake_state, tuple(fake_args), fake_kwargs, strict=False)
+                return torch.func.functional_call(
+                    target, fake_state, tuple(fake_args), fake_kwargs, strict=False
+                )
         else:
+
             def run():
                 return target(*fake_args, **fake_kwargs)
 
         given = recorder.storages((fake_args, fake_kwargs))
         held = recorder.storages(_tensors_inside_objects((fake_args, fake_kwargs)))
         reusing = layer_reuse.active() if layer_reuse else nullcontext()
-        with torch.set_grad_enabled(train), dtensor_shadow(recorder), kept_whole(recorder, whole_ops), tracker, \
-                recorder, reusing:
+        with (
+            torch.set_grad_enabled(train),
+            dtensor_shadow(recorder),
+            kept_whole(recorder, whole_ops),
+            tracker,
+            recorder,
+            reusing,
+        ):
             result = run()
             if train:
                 _loss_of(result).backward()
         outputs = set(recorder.storages(result))
-    return Capture(invokes=recorder.invokes, weight_storages=weights.storages(), input_storages=given,
-                   output_storages=outputs, state_storages=held)
+    return Capture(
+        invokes=recorder.invokes,
+        weight_storages=weights.storages(),
+        input_storages=given,
+        output_storages=outputs,
+        state_storages=held,
+    )
 
 
 def _tensors_inside_objects(value: Any, depth: int = 8) -> list[torch.Tensor]:
@@ -408,8 +452,10 @@ def _loss_of(result: Any) -> torch.Tensor:
         return loss
     found = tensors_in(result, torch.Tensor)
     if not found or not found[0].requires_grad:
-        raise CaptureError(f"{say('train', True)} needs the model's output to depend on its weights: it returned no "
-                           "tensor that requires grad (return a loss, or a tensor computed from the parameters)")
+        raise CaptureError(
+            f"{say('train', True)} needs the model's output to depend on its weights: it returned no "
+            "tensor that requires grad (return a loss, or a tensor computed from the parameters)"
+        )
     return found[0].float().sum()
 
 

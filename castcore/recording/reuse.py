@@ -44,7 +44,12 @@ def _walk(value: Any, cache_index: int, tensors: list, parts: list) -> Any:
         if is_traceable_wrapper_subclass(value):
             return None  # a DTensor: replay maps plain storages, not shards
         tensors.append(value)
-        return ("t", tuple(value.shape), value.dtype, tuple(value.stride()) if value.layout == torch.strided else ())
+        return (
+            "t",
+            tuple(value.shape),
+            value.dtype,
+            tuple(value.stride()) if value.layout == torch.strided else (),
+        )
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, dict):
@@ -82,12 +87,24 @@ def _layer_identity(module: torch.nn.Module) -> tuple:
     class, its tensors' shapes and dtypes, and its plain attributes (a sliding window, a flag), the
     layer's index aside."""
     return tuple(
-        (path, type(sub),
-         tuple((n, tuple(t.shape), t.dtype) for n, t in (*sub._parameters.items(), *sub._buffers.items())
-               if t is not None),
-         tuple(sorted((k, v) for k, v in vars(sub).items()
-                      if isinstance(v, _PLAIN) and "idx" not in k and "index" not in k)))
-        for path, sub in module.named_modules())
+        (
+            path,
+            type(sub),
+            tuple(
+                (n, tuple(t.shape), t.dtype)
+                for n, t in (*sub._parameters.items(), *sub._buffers.items())
+                if t is not None
+            ),
+            tuple(
+                sorted(
+                    (k, v)
+                    for k, v in vars(sub).items()
+                    if isinstance(v, _PLAIN) and "idx" not in k and "index" not in k
+                )
+            ),
+        )
+        for path, sub in module.named_modules()
+    )
 
 
 def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:
@@ -106,7 +123,9 @@ def _repeated_layers_by_path(model: torch.nn.Module) -> list[list[tuple[str, tor
             if id(child) in seen:
                 continue
             seen.add(id(child))
-            by_identity.setdefault(_layer_identity(child), []).append((f"{path}.{index}" if path else str(index), child))
+            by_identity.setdefault(_layer_identity(child), []).append(
+                (f"{path}.{index}" if path else str(index), child)
+            )
         groups += [members for members in by_identity.values() if len(members) > 1]
     return groups
 
@@ -139,33 +158,47 @@ class LayerReuse:
         self.groups = _repeated_layers_by_path(model)
         # Each member layer's own tensors, by name inside the layer.
         members_by_path = {path: layer for members in self.groups for path, layer in members}
-        self.layer_state: dict[int, dict[str, torch.Tensor]] = {id(layer): {} for layer in members_by_path.values()}
+        self.layer_state: dict[int, dict[str, torch.Tensor]] = {
+            id(layer): {} for layer in members_by_path.values()
+        }
         for name, t in state.items():
             for end in (i for i, c in enumerate(name) if c == "."):
                 layer = members_by_path.get(name[:end])
                 if layer is not None:
-                    self.layer_state[id(layer)][name[end + 1:]] = t
+                    self.layer_state[id(layer)][name[end + 1 :]] = t
                     break
 
         # Layers after the first in a group whose weights are all on the meta device: their fakes
         # are made only if they run. Meta only, so code that uses such a weight outside its layer
         # fails loudly (and capture then runs in full) instead of silently computing on a real one.
-        self.deferred = {id(layer) for members in self.groups for _, layer in members[1:]
-                         if all(t.device.type == "meta" for t in self.layer_state[id(layer)].values())}
+        self.deferred = {
+            id(layer)
+            for members in self.groups
+            for _, layer in members[1:]
+            if all(t.device.type == "meta" for t in self.layer_state[id(layer)].values())
+        }
 
     def deferred_names(self) -> set[str]:
         """Names in ``state`` whose fakes are made only if their layer runs."""
-        return {f"{path}.{local}" for members in self.groups for path, layer in members
-                if id(layer) in self.deferred for local in self.layer_state[id(layer)]}
+        return {
+            f"{path}.{local}"
+            for members in self.groups
+            for path, layer in members
+            if id(layer) in self.deferred
+            for local in self.layer_state[id(layer)]
+        }
 
     @contextmanager
     def active(self) -> Iterator[None]:
         patched = []
         for group_id, members in enumerate(self.groups):
             for path, layer in members:
-                own = vars(layer).get("forward")  # a forward set on the instance (a rewrite) is put back after
-                layer.forward = self._wrap(layer, layer.forward, group_id, _cache_index(layer, path),
-                                           id(layer) in self.deferred)
+                own = vars(layer).get(
+                    "forward"
+                )  # a forward set on the instance (a rewrite) is put back after
+                layer.forward = self._wrap(
+                    layer, layer.forward, group_id, _cache_index(layer, path), id(layer) in self.deferred
+                )
                 patched.append((layer, own))
         try:
             yield
@@ -176,14 +209,17 @@ class LayerReuse:
                 else:
                     layer.forward = own
 
-    def _wrap(self, layer: torch.nn.Module, forward: Callable, group_id: int, cache_index: int,
-              deferred: bool) -> Callable:
+    def _wrap(
+        self, layer: torch.nn.Module, forward: Callable, group_id: int, cache_index: int, deferred: bool
+    ) -> Callable:
         weight_storages = None
 
         def reusing_forward(*args, **kwargs):
             nonlocal weight_storages
             if weight_storages is None:
-                weight_storages = {name: self.weights.storage(t) for name, t in self.layer_state[id(layer)].items()}
+                weight_storages = {
+                    name: self.weights.storage(t) for name, t in self.layer_state[id(layer)].items()
+                }
             tensors: list[torch.Tensor] = []
             parts: list[tuple[Any, Any]] = []
             signature = _walk((args, kwargs), cache_index, tensors, parts)
@@ -202,13 +238,23 @@ class LayerReuse:
             else:
                 out = forward(*args, **kwargs)
             if recording:
-                self.templates[key] = self._template(start, first_new, weight_storages, tensors, parts, caches, out)
+                self.templates[key] = self._template(
+                    start, first_new, weight_storages, tensors, parts, caches, out
+                )
             return out
 
         return reusing_forward
 
-    def _template(self, start: int, first_new: int, weights: dict[str, int], tensors: list, parts: list,
-                  caches: list, out: Any) -> _Template | None:
+    def _template(
+        self,
+        start: int,
+        first_new: int,
+        weights: dict[str, int],
+        tensors: list,
+        parts: list,
+        caches: list,
+        out: Any,
+    ) -> _Template | None:
         """What a replay needs of the call just run, or None when replaying it would differ from running it."""
         recorder = self.recorder
         invokes = recorder.invokes[start:]
@@ -230,22 +276,34 @@ class LayerReuse:
         for _, part in parts:
             now, was = vars(part), states[id(part)]
             changes.append({name: new(v) for name, v in now.items() if name not in was or was[name] is not v})
-            if was.keys() - now.keys() or any(v is None and now[n] is not None for n, v in changes[-1].items()):
+            if was.keys() - now.keys() or any(
+                v is None and now[n] is not None for n, v in changes[-1].items()
+            ):
                 return None
         if any(m is None and v is not None for m, v in zip(outputs, flat_out)):
             return None
         if caches and not _only_own_cache_layers(recorder, caches, {id(part) for _, part in parts}, invokes):
             return None
         _share_equal_keys(invokes)
-        return _Template(invokes=invokes, module=recorder.current_module(), first_new_storage=first_new,
-                         weights=weights, before=before, outputs=outputs, out_spec=spec, cache_changes=changes)
+        return _Template(
+            invokes=invokes,
+            module=recorder.current_module(),
+            first_new_storage=first_new,
+            weights=weights,
+            before=before,
+            outputs=outputs,
+            out_spec=spec,
+            cache_changes=changes,
+        )
 
     def _replay(self, template: _Template, weights: dict[str, int], tensors: list, parts: list):
         recorder = self.recorder
         with recorder.paused():
             outputs = [_fake_of(m) if type(m) is TensorMeta else m for m in template.outputs]
-            cache_values = [{name: _fake_of(v) if type(v) is TensorMeta else v for name, v in change.items()}
-                            for change in template.cache_changes]
+            cache_values = [
+                {name: _fake_of(v) if type(v) is TensorMeta else v for name, v in change.items()}
+                for change in template.cache_changes
+            ]
         mapping = {storage: weights[name] for name, storage in template.weights.items()}
         # The recorded call's own tensors stand for this call's; each is numbered when first used, as a
         # full capture would.
@@ -267,9 +325,19 @@ class LayerReuse:
             new = remapped.get(id(value))
             if new is None:
                 # Positional construction: several times faster than dataclasses.replace here.
-                new = remapped[id(value)] = value if value.storage < 0 else TensorMeta(
-                    value.shape, value.dtype, value.stride, value.storage_offset, value.device,
-                    renumber(value.storage), value.storage_nbytes)
+                new = remapped[id(value)] = (
+                    value
+                    if value.storage < 0
+                    else TensorMeta(
+                        value.shape,
+                        value.dtype,
+                        value.stride,
+                        value.storage_offset,
+                        value.device,
+                        renumber(value.storage),
+                        value.storage_nbytes,
+                    )
+                )
             return new
 
         def remap(value: Any) -> Any:
@@ -277,18 +345,30 @@ class LayerReuse:
             if kind is TensorMeta:
                 return meta(value)
             if kind is tuple:  # most leaves are plain values: test them here rather than call per leaf
-                return tuple([meta(v) if type(v) is TensorMeta else remap(v) if type(v) in (tuple, dict) else v
-                              for v in value])
+                return tuple(
+                    [
+                        meta(v) if type(v) is TensorMeta else remap(v) if type(v) in (tuple, dict) else v
+                        for v in value
+                    ]
+                )
             if kind is dict:
                 return {k: remap(v) for k, v in value.items()}
             return value
 
         module = recorder.current_module()
         for invoke in template.invokes:
-            recorder.invokes.append(OpInvoke(
-                op=invoke.op, args=remap(invoke.args), kwargs=remap(invoke.kwargs), out=remap(invoke.out),
-                module=module + invoke.module[len(template.module):], index=len(recorder.invokes),
-                attrs=invoke.attrs, _key=invoke.key))
+            recorder.invokes.append(
+                OpInvoke(
+                    op=invoke.op,
+                    args=remap(invoke.args),
+                    kwargs=remap(invoke.kwargs),
+                    out=remap(invoke.out),
+                    module=module + invoke.module[len(template.module) :],
+                    index=len(recorder.invokes),
+                    attrs=invoke.attrs,
+                    _key=invoke.key,
+                )
+            )
         # The fakes take their ids only now, from the records, where a full capture numbers them.
         for made, value in zip(template.outputs, outputs):
             if type(made) is TensorMeta:
@@ -304,8 +384,10 @@ class LayerReuse:
 def _snapshot(parts: list) -> list[tuple[Any, list, dict[int, dict]]]:
     """Each KV cache among a call's inputs: its layer list and the attributes of it and of every layer."""
     caches = {id(cache): cache for cache, _ in parts}.values()
-    return [(cache, list(cache.layers), {id(obj): dict(vars(obj)) for obj in (cache, *cache.layers)})
-            for cache in caches]
+    return [
+        (cache, list(cache.layers), {id(obj): dict(vars(obj)) for obj in (cache, *cache.layers)})
+        for cache in caches
+    ]
 
 
 def _only_own_cache_layers(recorder, caches: list, own: set[int], invokes: list[OpInvoke]) -> bool:

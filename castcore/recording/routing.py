@@ -41,8 +41,10 @@ def recorded() -> dict:
     the adapters' popularity inside ``adapter_popularity``."""
     skew, top_k = _routing.get()
     popularity = _popularity.get()
-    return {**({"expert_skew": skew, "top_k": top_k} if skew and top_k else {}),
-            **({"adapter_skew": popularity} if popularity else {})}
+    return {
+        **({"expert_skew": skew, "top_k": top_k} if skew and top_k else {}),
+        **({"adapter_skew": popularity} if popularity else {}),
+    }
 
 
 # Multi-LoRA (castcore.deploy.lora): how unevenly requests pick their adapters, a Zipf exponent.
@@ -62,7 +64,7 @@ def adapter_popularity(skew: float) -> Iterator[None]:
 def popular_touched(items: int, draws: float, skew: float) -> float:
     """The expected number of distinct items ``draws`` independent picks reach when item i (from 1) is picked with
     probability proportional to i^-skew (Zipf): the sum over items of 1 - (1 - p_i)^draws."""
-    weights = [i ** -skew for i in range(1, items + 1)]
+    weights = [i**-skew for i in range(1, items + 1)]
     total = sum(weights)
     return sum(1 - (1 - w / total) ** draws for w in weights)
 
@@ -105,4 +107,4 @@ def _quantile(q: float, low: float, high: float, skew: float) -> float:
     if abs(skew - 1) < 1e-9:
         return low * (high / low) ** q
     a = 1 - skew
-    return ((high ** a - low ** a) * q + low ** a) ** (1 / a)
+    return ((high**a - low**a) * q + low**a) ** (1 / a)

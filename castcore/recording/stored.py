@@ -37,8 +37,16 @@ def _encode(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else ["f", repr(value)]
     if isinstance(value, TensorMeta):
-        return ["T", list(value.shape), str(value.dtype).removeprefix("torch."), list(value.stride),
-                value.storage_offset, value.device, value.storage, value.storage_nbytes]
+        return [
+            "T",
+            list(value.shape),
+            str(value.dtype).removeprefix("torch."),
+            list(value.stride),
+            value.storage_offset,
+            value.device,
+            value.storage,
+            value.storage_nbytes,
+        ]
     if isinstance(value, tuple):
         return ["(", *map(_encode, value)]
     if isinstance(value, list):
@@ -113,8 +121,15 @@ def _operator(name: str, overload: str) -> Any:
 def _invoke(invoke: OpInvoke) -> list:
     if not isinstance(invoke.op, torch._ops.OpOverload):
         raise Unstorable(f"op {invoke.op!r} is not a registered operator")
-    return [_encode(invoke.op), _encode(invoke.args), _encode(invoke.kwargs), _encode(invoke.out), invoke.module,
-            invoke.index, _encode(invoke.attrs)]
+    return [
+        _encode(invoke.op),
+        _encode(invoke.args),
+        _encode(invoke.kwargs),
+        _encode(invoke.out),
+        invoke.module,
+        invoke.index,
+        _encode(invoke.attrs),
+    ]
 
 
 def _pairs(mapping: dict[int, int]) -> list[list[int]]:
@@ -126,9 +141,13 @@ def dumps(entry: dict[str, Any]) -> bytes:
     with no stored form."""
     plain = {k: _encode(v) for k, v in entry.items() if k != "capture"}
     captured: Capture = entry["capture"]
-    plain["capture"] = {"invokes": [_invoke(i) for i in captured.invokes],
-                        "weights": _pairs(captured.weight_storages), "inputs": _pairs(captured.input_storages),
-                        "outputs": sorted(captured.output_storages), "state": _pairs(captured.state_storages)}
+    plain["capture"] = {
+        "invokes": [_invoke(i) for i in captured.invokes],
+        "weights": _pairs(captured.weight_storages),
+        "inputs": _pairs(captured.input_storages),
+        "outputs": sorted(captured.output_storages),
+        "state": _pairs(captured.state_storages),
+    }
     return zlib.compress(json.dumps(plain, separators=(",", ":")).encode(), 1)
 
 
@@ -163,11 +182,23 @@ def _loads(data: bytes) -> dict[str, Any]:
         stored = plain.pop("capture")
         entry = {k: _decode(v) for k, v in plain.items()}
         entry["capture"] = Capture(
-            invokes=[OpInvoke(op=_decode(op), args=_decode(args), kwargs=_decode(kwargs), out=_decode(out),
-                              module=module, index=index, attrs=_decode(attrs))
-                     for op, args, kwargs, out, module, index, attrs in stored["invokes"]],
-            weight_storages=dict(stored["weights"]), input_storages=dict(stored["inputs"]),
-            output_storages=set(stored["outputs"]), state_storages=dict(stored["state"]))
+            invokes=[
+                OpInvoke(
+                    op=_decode(op),
+                    args=_decode(args),
+                    kwargs=_decode(kwargs),
+                    out=_decode(out),
+                    module=module,
+                    index=index,
+                    attrs=_decode(attrs),
+                )
+                for op, args, kwargs, out, module, index, attrs in stored["invokes"]
+            ],
+            weight_storages=dict(stored["weights"]),
+            input_storages=dict(stored["inputs"]),
+            output_storages=set(stored["outputs"]),
+            state_storages=dict(stored["state"]),
+        )
     except StoredError:
         raise
     except RecursionError:

@@ -36,7 +36,8 @@ def decomposes(op: Any) -> bool:
     name = op.name()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     return has(name, "CompositeImplicitAutograd") and not any(
-        has(name, key) for key in (_KEY, "CPU", "CompositeExplicitAutograd"))
+        has(name, key) for key in (_KEY, "CPU", "CompositeExplicitAutograd")
+    )
 
 
 @contextmanager

@@ -16,8 +16,13 @@ if TYPE_CHECKING:
 
 _ATTENTION = ("castcore::attention", "castcore::latent_attention", "castcore::varlen_attention")
 _GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
-_GROUPED = ("aten::_grouped_mm", "aten::_scaled_grouped_mm", "castcore::weight_only_grouped_mm",
-            "castcore::int8_scaled_grouped_mm", "castcore::block_scaled_grouped_mm")
+_GROUPED = (
+    "aten::_grouped_mm",
+    "aten::_scaled_grouped_mm",
+    "castcore::weight_only_grouped_mm",
+    "castcore::int8_scaled_grouped_mm",
+    "castcore::block_scaled_grouped_mm",
+)
 _ENGINE_KERNELS = ("one_shot", "two_shot")
 
 
@@ -26,13 +31,17 @@ def family(record: Any) -> str | None:
     None for any other."""
     invoke, name = record.invoke, record.invoke.name
     if name in _ATTENTION:
-        queries = max(invoke.argument("new")) if name == "castcore::varlen_attention" else invoke.args[0].shape[-2]
+        queries = (
+            max(invoke.argument("new")) if name == "castcore::varlen_attention" else invoke.args[0].shape[-2]
+        )
         return "attention_decode" if queries == 1 else "attention_prefill"
     if name in _GEMMS:
         if invoke.args[-2 if name == "aten::addmm" else 0].dtype.itemsize != 1:
             return "gemm_bf16"
         scale = invoke.argument("scale_a")  # one per row (per-tensor or per-token), or one per 128 columns
-        return "gemm_fp8_block" if scale is not None and scale.dim() == 2 and scale.shape[-1] > 1 else "gemm_fp8"
+        return (
+            "gemm_fp8_block" if scale is not None and scale.dim() == 2 and scale.shape[-1] > 1 else "gemm_fp8"
+        )
     if name in _GROUPED:
         return "moe"
     algorithm = (record.estimate.detail or {}).get("algorithm")

@@ -42,7 +42,9 @@ def has_power(device: Any) -> bool:
 def busy_s(report: Report) -> float:
     """Seconds one device's units are busy in a step: per op, its time less launch overhead and communication;
     under ``--pp`` the average device's (every stage runs its share of the layers for each micro-batch)."""
-    busy = sum(max(0.0, r.estimate.time_s - r.estimate.overhead_s - r.estimate.comm_s) for r in report.records)
+    busy = sum(
+        max(0.0, r.estimate.time_s - r.estimate.overhead_s - r.estimate.comm_s) for r in report.records
+    )
     staged = getattr(report, "pipeline", None)
     if staged is not None:
         busy = min(busy * staged.micro_batches / staged.stages, staged.step_s)
@@ -83,28 +85,46 @@ def energy_figures(device: Any, devices: int, prefill: PhaseTime, decode: PhaseT
     decode_j = devices * energy_j(device, decode.seconds, decode.busy_s)
     total = prefill_j + decode_j
     seconds = prefill.seconds + decode.seconds
-    return {"energy_j": total, "prefill_energy_j": prefill_j, "decode_energy_j": decode_j,
-            "power_w_per_device": total / devices / seconds if seconds else None,
-            "utilization": (prefill.busy_s + decode.busy_s) / seconds if seconds else None,
-            "joules_per_input_token": prefill_j / prefill.tokens, "joules_per_output_token": total / decode.tokens,
-            "output_tokens_per_joule": decode.tokens / total if total else None}
+    return {
+        "energy_j": total,
+        "prefill_energy_j": prefill_j,
+        "decode_energy_j": decode_j,
+        "power_w_per_device": total / devices / seconds if seconds else None,
+        "utilization": (prefill.busy_s + decode.busy_s) / seconds if seconds else None,
+        "joules_per_input_token": prefill_j / prefill.tokens,
+        "joules_per_output_token": total / decode.tokens,
+        "output_tokens_per_joule": decode.tokens / total if total else None,
+    }
 
 
-def cost_figures(price: float | None, devices: int, prefill_s: float, decode_s: float, input_tokens: int,
-                 output_tokens: int) -> dict[str, Any]:
+def cost_figures(
+    price: float | None,
+    devices: int,
+    prefill_s: float,
+    decode_s: float,
+    input_tokens: int,
+    output_tokens: int,
+) -> dict[str, Any]:
     """Dollars at ``price`` per device-hour: per million input tokens (the prefill's device time), per million
     output tokens (the decode's) and per hour of the whole deployment; empty without a price."""
     if price is None:
         return {}
     per_second = price * devices / HOUR_S
-    return {"price_per_device_hour": price, "usd_per_hour": price * devices,
-            "usd_per_million_input_tokens": per_second * prefill_s / input_tokens * MILLION if input_tokens else None,
-            "usd_per_million_output_tokens": per_second * decode_s / output_tokens * MILLION
-            if output_tokens else None}
+    return {
+        "price_per_device_hour": price,
+        "usd_per_hour": price * devices,
+        "usd_per_million_input_tokens": per_second * prefill_s / input_tokens * MILLION
+        if input_tokens
+        else None,
+        "usd_per_million_output_tokens": per_second * decode_s / output_tokens * MILLION
+        if output_tokens
+        else None,
+    }
 
 
-def prefill_share(prefill_tokens: Sequence[float], decode_tokens: Sequence[float],
-                  durations: Sequence[float]) -> float | None:
+def prefill_share(
+    prefill_tokens: Sequence[float], decode_tokens: Sequence[float], durations: Sequence[float]
+) -> float | None:
     """The share of an engine's iteration time that went to prompts: each iteration's time split between its
     prefill and decode tokens by their counts (a mixed iteration's linear layers, most of its time, cost each
     token alike); None without iterations."""
@@ -122,13 +142,23 @@ def simulation_cost(price: float | None, devices: int, summary: dict[str, Any], 
     iterations' prefill share (``prefill_share``, from the first replica's iterations)."""
     if price is None:
         return {}
-    share = None if trace is None else prefill_share(trace.prefill_tokens, trace.decode_tokens, trace.duration)
+    share = (
+        None if trace is None else prefill_share(trace.prefill_tokens, trace.decode_tokens, trace.duration)
+    )
     if share is None:
         share = 0.0
     duration = summary["duration"]
-    return {**cost_figures(price, devices, share * duration, (1 - share) * duration,
-                           summary["total_input_tokens"], summary["total_output_tokens"]),
-            "prefill_time_share": share}
+    return {
+        **cost_figures(
+            price,
+            devices,
+            share * duration,
+            (1 - share) * duration,
+            summary["total_input_tokens"],
+            summary["total_output_tokens"],
+        ),
+        "prefill_time_share": share,
+    }
 
 
 @dataclass(frozen=True)
@@ -153,21 +183,28 @@ def simulation_energy(pools: Sequence[tuple[Any, PoolUse]], summary: dict[str, A
     held = sum(use.devices for _, use in pools) * duration
     busy = sum(min(use.busy_device_s, use.devices * duration) for _, use in pools)
     output = summary["total_output_tokens"]
-    return {"energy_j": total, "power_w_per_device": total / held if held else None,
-            "utilization": busy / held if held else None,
-            "joules_per_output_token": total / output if output else None,
-            "output_tokens_per_joule": output / total if total else None}
+    return {
+        "energy_j": total,
+        "power_w_per_device": total / held if held else None,
+        "utilization": busy / held if held else None,
+        "joules_per_output_token": total / output if output else None,
+        "output_tokens_per_joule": output / total if total else None,
+    }
 
 
 def format_lines(figures: dict[str, Any]) -> list[str]:
     """The energy and cost lines a report prints, from its figures (those present)."""
     lines = []
     if figures.get("energy_j") is not None:
-        lines.append(f"energy       {figures['energy_j']:,.1f} J ({figures['power_w_per_device']:,.0f} W per device "
-                     f"at {figures['utilization']:.0%} busy): {figures['output_tokens_per_joule']:.3g} output "
-                     f"tokens/J, {figures['joules_per_output_token']:.3g} J per output token")
+        lines.append(
+            f"energy       {figures['energy_j']:,.1f} J ({figures['power_w_per_device']:,.0f} W per device "
+            f"at {figures['utilization']:.0%} busy): {figures['output_tokens_per_joule']:.3g} output "
+            f"tokens/J, {figures['joules_per_output_token']:.3g} J per output token"
+        )
     if figures.get("usd_per_hour") is not None:
-        lines.append(f"cost         ${figures['usd_per_million_input_tokens']:,.4g} per million input tokens, "
-                     f"${figures['usd_per_million_output_tokens']:,.4g} per million output tokens, "
-                     f"${figures['usd_per_hour']:,.2f}/hour (${figures['price_per_device_hour']:g} per device-hour)")
+        lines.append(
+            f"cost         ${figures['usd_per_million_input_tokens']:,.4g} per million input tokens, "
+            f"${figures['usd_per_million_output_tokens']:,.4g} per million output tokens, "
+            f"${figures['usd_per_hour']:,.2f}/hour (${figures['price_per_device_hour']:g} per device-hour)"
+        )
     return lines

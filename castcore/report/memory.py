@@ -87,16 +87,23 @@ class MemoryReport:
             f"{' on ' + device.name if getattr(device, 'name', None) else ''} ({self.peak_bytes / capacity:.1%})",
         ]
         if not self.fits(capacity):
-            lines.append(f"warning: does not fit: needs {format_bytes(self.peak_bytes)} of {format_bytes(capacity)}; "
-                         f"try --tp {_tp_hint(self.peak_bytes, capacity)} or a smaller --batch/--seq")
+            lines.append(
+                f"warning: does not fit: needs {format_bytes(self.peak_bytes)} of {format_bytes(capacity)}; "
+                f"try --tp {_tp_hint(self.peak_bytes, capacity)} or a smaller --batch/--seq"
+            )
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "weight_bytes": self.weight_bytes, "input_bytes": self.input_bytes,
-            "kv_cache_bytes": self.kv_cache_bytes, "activation_peak_bytes": self.activation_peak_bytes,
-            "peak_bytes": self.peak_bytes, "peak_index": self.peak_index, "peak_op": self.peak_op,
-            "peak_module": self.peak_module, "top_live": [s.to_dict() for s in self.top_live],
+            "weight_bytes": self.weight_bytes,
+            "input_bytes": self.input_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_index": self.peak_index,
+            "peak_op": self.peak_op,
+            "peak_module": self.peak_module,
+            "top_live": [s.to_dict() for s in self.top_live],
         }
 
 
@@ -140,18 +147,28 @@ def analyze_memory(captured: Capture, kv_cache_bytes: int = 0, top: int = 5) -> 
 
     top_live: list[LiveStorage] = []
     if peak_index >= 0:
-        alive = [s for s, born in first.items()
-                 if born <= peak_index and (s in captured.output_storages or last[s] >= peak_index)]
+        alive = [
+            s
+            for s, born in first.items()
+            if born <= peak_index and (s in captured.output_storages or last[s] >= peak_index)
+        ]
         alive.sort(key=lambda s: (-size[s], s))
         for s in alive[:top]:
             maker = invokes[first[s]]
-            top_live.append(LiveStorage(storage=s, bytes=size[s], index=first[s], op=maker.name, module=maker.module))
+            top_live.append(
+                LiveStorage(storage=s, bytes=size[s], index=first[s], op=maker.name, module=maker.module)
+            )
 
     at_peak = invokes[peak_index] if peak_index >= 0 else None
     return MemoryReport(
-        weight_bytes=sum(weights.values()), input_bytes=sum(inputs.values()), kv_cache_bytes=int(kv_cache_bytes) + sum(state.values()),
-        activation_peak_bytes=peak, peak_index=peak_index,
-        peak_op=at_peak.name if at_peak else "", peak_module=at_peak.module if at_peak else "", top_live=top_live,
+        weight_bytes=sum(weights.values()),
+        input_bytes=sum(inputs.values()),
+        kv_cache_bytes=int(kv_cache_bytes) + sum(state.values()),
+        activation_peak_bytes=peak,
+        peak_index=peak_index,
+        peak_op=at_peak.name if at_peak else "",
+        peak_module=at_peak.module if at_peak else "",
+        top_live=top_live,
         timeline=timeline,
     )
 
@@ -176,7 +193,9 @@ def kv_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dtype | st
     field."""
     config = language_config(config)
     dtype = torch_dtype(dtype)
-    layers, heads, hidden = (config_field(config, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    layers, heads, hidden = (
+        config_field(config, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size")
+    )
     rank, rope = config_field(config, "kv_lora_rank"), config_field(config, "qk_rope_head_dim")
     if isinstance(rank, int) and isinstance(rope, int) and isinstance(layers, int):
         return layers * batch * kv_len * (rank + rope) * dtype.itemsize
@@ -185,9 +204,14 @@ def kv_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dtype | st
         kv_heads = 1
     elif config_field(config, "new_decoder_architecture"):
         kv_heads = config_field(config, "num_kv_heads") or kv_heads
-    head_dim = config_field(config, "head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
-    missing = [k for k, v in (("num_hidden_layers", layers), ("num_attention_heads", heads), ("head_dim", head_dim))
-               if not isinstance(v, int)]
+    head_dim = config_field(config, "head_dim") or (
+        hidden // heads if isinstance(hidden, int) and heads else None
+    )
+    missing = [
+        k
+        for k, v in (("num_hidden_layers", layers), ("num_attention_heads", heads), ("head_dim", head_dim))
+        if not isinstance(v, int)
+    ]
     if missing:
         raise ValueError(f"the model config has no {', '.join(missing)}")
     return 2 * layers * batch * kv_len * kv_heads * head_dim * dtype.itemsize

@@ -50,9 +50,13 @@ def row_file(path: Path) -> list[Any]:
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    text = read_text(path, CastcoreError, "file of rows", DATA_BYTES, "CSV" if path.suffix == ".csv" else "JSONL")
+    text = read_text(
+        path, CastcoreError, "file of rows", DATA_BYTES, "CSV" if path.suffix == ".csv" else "JSONL"
+    )
     if path.suffix == ".csv":
-        return [{k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(text, newline=""))]
+        return [
+            {k: csv_value(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(text, newline=""))
+        ]
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -95,7 +99,9 @@ def write_whole(path: Path, option: str, write: Callable[[Path], None]) -> None:
             raise OutputError(f"{_named(option, path)}: {exc.strerror or exc}") from None
         return
     try:
-        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".partial{path.suffix}")
+        handle, name = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.stem}.", suffix=f".partial{path.suffix}"
+        )
     except OSError as exc:
         raise OutputError(f"{_named(option, path)}: {exc.strerror or exc}; nothing was written") from None
     os.close(handle)

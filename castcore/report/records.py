@@ -46,7 +46,9 @@ class OpSummary:
     flops: float
     bytes: float
     fallback: bool
-    error_band: dict[str, Any] | None = None  # castcore.report.bands: the family's held-out error on this device
+    error_band: dict[str, Any] | None = (
+        None  # castcore.report.bands: the family's held-out error on this device
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -73,8 +75,15 @@ class ReportError(CastcoreError, ValueError):
 
 
 class Report:
-    def __init__(self, records: list[OpRecord], device: DeviceProfile, description: str = "", memory=None,
-                 notes: list[str] | None = None, workload: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        records: list[OpRecord],
+        device: DeviceProfile,
+        description: str = "",
+        memory=None,
+        notes: list[str] | None = None,
+        workload: dict[str, Any] | None = None,
+    ):
         self.records = records
         self.device = device
         self.description = description
@@ -112,12 +121,20 @@ class Report:
             for r in records:
                 bound_time[r.estimate.bound] += r.estimate.time_s
             sources = sorted({str(r.estimate.source) for r in records})
-            summaries.append(OpSummary(
-                op=name, calls=len(records), time_s=time_s, share=time_s / total,
-                bound=max(bound_time, key=bound_time.__getitem__), source=", ".join(sources),
-                flops=sum(r.flops for r in records), bytes=sum(r.bytes for r in records),
-                fallback=any(r.estimate.fallback for r in records), error_band=op_band(records, self.device),
-            ))
+            summaries.append(
+                OpSummary(
+                    op=name,
+                    calls=len(records),
+                    time_s=time_s,
+                    share=time_s / total,
+                    bound=max(bound_time, key=bound_time.__getitem__),
+                    source=", ".join(sources),
+                    flops=sum(r.flops for r in records),
+                    bytes=sum(r.bytes for r in records),
+                    fallback=any(r.estimate.fallback for r in records),
+                    error_band=op_band(records, self.device),
+                )
+            )
         summaries.sort(key=lambda s: (-s.time_s, s.op))
         return summaries
 
@@ -127,9 +144,17 @@ class Report:
         for record in self.records:
             groups[record.invoke.module or "(top level)"].append(record)
         total = self.time_s or 1.0
-        rows = [ModuleSummary(module=name, calls=len(rs), time_s=sum(r.estimate.time_s for r in rs),
-                              share=sum(r.estimate.time_s for r in rs) / total, flops=sum(r.flops for r in rs),
-                              bytes=sum(r.bytes for r in rs)) for name, rs in groups.items()]
+        rows = [
+            ModuleSummary(
+                module=name,
+                calls=len(rs),
+                time_s=sum(r.estimate.time_s for r in rs),
+                share=sum(r.estimate.time_s for r in rs) / total,
+                flops=sum(r.flops for r in rs),
+                bytes=sum(r.bytes for r in rs),
+            )
+            for name, rs in groups.items()
+        ]
         rows.sort(key=lambda m: (-m.time_s, m.module))
         return rows
 
@@ -139,10 +164,15 @@ class Report:
         fallback_time = sum(r.estimate.time_s for r in fallback)
         ops = {r.invoke.name for r in self.records}
         fallback_ops = sorted({r.invoke.name for r in fallback})
-        return {"ops": len(ops), "fallback_ops": fallback_ops, "calls": len(self.records),
-                "fallback_calls": len(fallback), "fallback_time_s": fallback_time,
-                "fallback_op_share": len(fallback_ops) / len(ops) if ops else 0.0,
-                "fallback_time_share": fallback_time / self.time_s if self.time_s else 0.0}
+        return {
+            "ops": len(ops),
+            "fallback_ops": fallback_ops,
+            "calls": len(self.records),
+            "fallback_calls": len(fallback),
+            "fallback_time_s": fallback_time,
+            "fallback_op_share": len(fallback_ops) / len(ops) if ops else 0.0,
+            "fallback_time_share": fallback_time / self.time_s if self.time_s else 0.0,
+        }
 
     def borrowed_rates(self) -> list[str]:
         """A line per dtype the device lists no rate for, naming the rate used instead and the ops it timed."""
@@ -154,18 +184,32 @@ class Report:
                 # Index arithmetic (int64 positions, bool masks) on the vector unit is noise, not a choice to show.
                 if found and (unit == "matrix" or found.group(2) not in _INDEX_DTYPES):
                     used.setdefault((unit, found.group(2), found.group(1)), set()).add(record.invoke.name)
-        return [f"{self.device.name} lists no {unit} rate for {wanted}: {', '.join(sorted(ops))} used its {rate} rate"
-                for (unit, wanted, rate), ops in sorted(used.items())]
+        return [
+            f"{self.device.name} lists no {unit} rate for {wanted}: {', '.join(sorted(ops))} used its {rate} rate"
+            for (unit, wanted, rate), ops in sorted(used.items())
+        ]
 
     def totals(self) -> dict[str, Any]:
-        return {"time_s": self.time_s, "flops": self.flops, "bytes": self.bytes, "calls": len(self.records),
-                "fallback_calls": self.fallback_calls}
+        return {
+            "time_s": self.time_s,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "calls": len(self.records),
+            "fallback_calls": self.fallback_calls,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"description": self.description, "device": self.device.name, "workload": self.workload,
-                "notes": self.notes, "warnings": self.warnings,
-                "ops": [s.to_dict() for s in self.by_op()], "modules": [m.to_dict() for m in self.by_module()],
-                "totals": self.totals(), "coverage": self.coverage()}
+        data = {
+            "description": self.description,
+            "device": self.device.name,
+            "workload": self.workload,
+            "notes": self.notes,
+            "warnings": self.warnings,
+            "ops": [s.to_dict() for s in self.by_op()],
+            "modules": [m.to_dict() for m in self.by_module()],
+            "totals": self.totals(),
+            "coverage": self.coverage(),
+        }
         if self.memory is not None:
             data["memory"] = self.memory.to_dict()
         return data
@@ -176,10 +220,16 @@ class Report:
             return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
         except ValueError:
             slowest = max(self.records, key=lambda r: r.estimate.time_s, default=None)
-            culprit = f" (the slowest call: {slowest.invoke.name}, {slowest.estimate.time_s:g} s from " \
-                      f"{slowest.estimate.source})" if slowest else ""
-            raise ReportError(f"the report's numbers overflow to infinity{culprit}; an estimator answers times "
-                              "far too large") from None
+            culprit = (
+                f" (the slowest call: {slowest.invoke.name}, {slowest.estimate.time_s:g} s from "
+                f"{slowest.estimate.source})"
+                if slowest
+                else ""
+            )
+            raise ReportError(
+                f"the report's numbers overflow to infinity{culprit}; an estimator answers times "
+                "far too large"
+            ) from None
 
     def to_csv(self, by: str = "op") -> str:
         """Every row (by op or by module) and a last TOTAL row."""
@@ -193,8 +243,14 @@ class Report:
             if cells.get("error_band"):
                 cells["error_band"] = cells["error_band"]["held_out_median_abs_error"]
             writer.writerow(cells)
-        total = {fields[0]: "TOTAL", "calls": len(self.records), "time_s": self.time_s, "share": 1.0,
-                 "flops": self.flops, "bytes": self.bytes}
+        total = {
+            fields[0]: "TOTAL",
+            "calls": len(self.records),
+            "time_s": self.time_s,
+            "share": 1.0,
+            "flops": self.flops,
+            "bytes": self.bytes,
+        }
         writer.writerow({k: v for k, v in total.items() if k in fields})
         return out.getvalue()
 
@@ -202,19 +258,38 @@ class Report:
         """Chrome trace events (Perfetto opens them): one slice per op call, back to back on one track."""
         events: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"castcore: {self.device.name}"}},
-            {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": self.description or "ops"}},
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": 0,
+                "tid": 0,
+                "args": {"name": self.description or "ops"},
+            },
         ]
         now_us = 0.0
         for record in self.records:
             duration_us = record.estimate.time_s * 1e6
             invoke = record.invoke
-            events.append({
-                "name": invoke.name, "cat": record.estimate.bound, "ph": "X", "pid": 0, "tid": 0,
-                "ts": now_us, "dur": duration_us,
-                "args": {"inputs": [repr(t) for t in invoke.inputs()], "outputs": [repr(t) for t in invoke.outputs()],
-                         "module": invoke.module, "bound": record.estimate.bound,
-                         "source": str(record.estimate.source), "flops": record.flops, "bytes": record.bytes},
-            })
+            events.append(
+                {
+                    "name": invoke.name,
+                    "cat": record.estimate.bound,
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": 0,
+                    "ts": now_us,
+                    "dur": duration_us,
+                    "args": {
+                        "inputs": [repr(t) for t in invoke.inputs()],
+                        "outputs": [repr(t) for t in invoke.outputs()],
+                        "module": invoke.module,
+                        "bound": record.estimate.bound,
+                        "source": str(record.estimate.source),
+                        "flops": record.flops,
+                        "bytes": record.bytes,
+                    },
+                }
+            )
             now_us += duration_us
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
@@ -223,31 +298,53 @@ class Report:
         if by == "module":
             rows = self.by_module()
             header = ("module", "calls", "time", "share", "FLOPs", "bytes")
-            cells = [(m.module, str(m.calls), format_seconds(m.time_s), f"{m.share:6.1%}", format_count(m.flops),
-                      format_count(m.bytes, "B")) for m in rows]
+            cells = [
+                (
+                    m.module,
+                    str(m.calls),
+                    format_seconds(m.time_s),
+                    f"{m.share:6.1%}",
+                    format_count(m.flops),
+                    format_count(m.bytes, "B"),
+                )
+                for m in rows
+            ]
             left = {0}
         else:
             rows = self.by_op()
             header = ("op", "calls", "time", "share", "bound", "answered by")
-            cells = [(s.op, str(s.calls), format_seconds(s.time_s), f"{s.share:6.1%}", s.bound, s.source)
-                     for s in rows]
+            cells = [
+                (s.op, str(s.calls), format_seconds(s.time_s), f"{s.share:6.1%}", s.bound, s.source)
+                for s in rows
+            ]
             left = {0, 4, 5}
         shown = cells if top is None else cells[:top]
         widths = [max(len(r[i]) for r in [header, *shown]) for i in range(len(header))]
-        lines = [f"{self.description} on {self.device.name}" if self.description else f"on {self.device.name}", ""]
+        lines = [
+            f"{self.description} on {self.device.name}" if self.description else f"on {self.device.name}",
+            "",
+        ]
         for row in [header, *shown]:
-            lines.append("  ".join(cell.ljust(w) if i in left else cell.rjust(w)
-                                   for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+            lines.append(
+                "  ".join(
+                    cell.ljust(w) if i in left else cell.rjust(w)
+                    for i, (cell, w) in enumerate(zip(row, widths))
+                ).rstrip()
+            )
         if len(shown) < len(cells):
-            rest = rows[len(shown):]
+            rest = rows[len(shown) :]
             lines.append(f"... {len(rest)} more rows, {format_seconds(sum(r.time_s for r in rest))} in all")
         cov = self.coverage()
-        lines += ["", f"total time   {format_seconds(self.time_s)}",
-                  f"total FLOPs  {format_count(self.flops)}",
-                  f"bytes moved  {format_count(self.bytes, 'B')}",
-                  f"coverage     {cov['ops'] - len(cov['fallback_ops'])} of {cov['ops']} ops by formula or estimator; "
-                  f"{cov['fallback_calls']} of {cov['calls']} calls ({cov['fallback_time_share']:.1%} of time) "
-                  f"by memory-only fallback" + (f": {', '.join(cov['fallback_ops'])}" if cov["fallback_ops"] else "")]
+        lines += [
+            "",
+            f"total time   {format_seconds(self.time_s)}",
+            f"total FLOPs  {format_count(self.flops)}",
+            f"bytes moved  {format_count(self.bytes, 'B')}",
+            f"coverage     {cov['ops'] - len(cov['fallback_ops'])} of {cov['ops']} ops by formula or estimator; "
+            f"{cov['fallback_calls']} of {cov['calls']} calls ({cov['fallback_time_share']:.1%} of time) "
+            f"by memory-only fallback"
+            + (f": {', '.join(cov['fallback_ops'])}" if cov["fallback_ops"] else ""),
+        ]
         if self.memory is not None:
             lines += ["", *self.memory.summary_lines(self.device)]
         return "\n".join(lines)

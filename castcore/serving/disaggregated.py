@@ -52,12 +52,18 @@ def pools_of(given: dict[str, Any], options: dict[str, Any], device: Any = None)
     if x is None and y is None:
         for name in ("prefill_deployment", "decode_deployment"):
             if given[name] is not None:
-                raise ModelError(f"{say(name)} needs {say('prefill_instances')} and {say('decode_instances')}")
+                raise ModelError(
+                    f"{say(name)} needs {say('prefill_instances')} and {say('decode_instances')}"
+                )
         return None
     if x is None or y is None:
-        raise ModelError(f"disaggregated serving needs both {say('prefill_instances')} and {say('decode_instances')}")
+        raise ModelError(
+            f"disaggregated serving needs both {say('prefill_instances')} and {say('decode_instances')}"
+        )
     if given["concurrency"] is not None:
-        raise ModelError(f"{say('concurrency')} with disaggregated pools is not simulated; give {say('rate')}")
+        raise ModelError(
+            f"{say('concurrency')} with disaggregated pools is not simulated; give {say('rate')}"
+        )
     workloads, devices = [], []
     for name in ("prefill_deployment", "decode_deployment"):
         changed, pool_device = _deployment(name, given[name], device)
@@ -77,8 +83,10 @@ def _deployment(name: str, text: str | None, device: Any) -> tuple[dict[str, Any
         key, _, value = pair.partition("=")
         key = key.replace("-", "_")
         if key != "device" and key not in DEPLOYMENT_NAMES or not value:
-            raise ModelError(f"{say(name, text)}: {pair!r} is not OPTION=VALUE of a deployment option "
-                             f"({', '.join(('device', *DEPLOYMENT_NAMES))})")
+            raise ModelError(
+                f"{say(name, text)}: {pair!r} is not OPTION=VALUE of a deployment option "
+                f"({', '.join(('device', *DEPLOYMENT_NAMES))})"
+            )
         if key == "device":
             device = value
             continue
@@ -87,17 +95,27 @@ def _deployment(name: str, text: str | None, device: Any) -> tuple[dict[str, Any
     return found, device
 
 
-def kv_send(profile: Any, devices_together: int, same_device: bool, nbytes: float, resolver: Any = None) -> Any:
+def kv_send(
+    profile: Any, devices_together: int, same_device: bool, nbytes: float, resolver: Any = None
+) -> Any:
     """The Estimate of one device's share of a prompt's KV sent to its decode peer: a castcore::send (as a pipeline
     stage's, castcore.deploy.parallel.pipeline_stages.send_estimate) over the level spanning both instances, the outermost when
     they are different devices, answered by ``resolver``'s plugins (None: the core's default)."""
-    return send_estimate(nbytes, profile, devices_together, outermost=not same_device,
-                         what="device {name!r} has no interconnect to move a prompt's KV cache over; give its profile "
-                              "[[interconnect]] levels", resolver=resolver, module="KV transfer")
+    return send_estimate(
+        nbytes,
+        profile,
+        devices_together,
+        outermost=not same_device,
+        what="device {name!r} has no interconnect to move a prompt's KV cache over; give its profile "
+        "[[interconnect]] levels",
+        resolver=resolver,
+        module="KV transfer",
+    )
 
 
-def transfer_seconds(profile: Any, devices_together: int, same_device: bool, nbytes: float,
-                     resolver: Any = None) -> tuple[float, str]:
+def transfer_seconds(
+    profile: Any, devices_together: int, same_device: bool, nbytes: float, resolver: Any = None
+) -> tuple[float, str]:
     """(seconds, level) of ``kv_send``."""
     estimate = kv_send(profile, devices_together, same_device, nbytes, resolver)
     return estimate.time_s, sent_over(estimate, profile, devices_together, not same_device)
@@ -123,11 +141,18 @@ def _pool(pipeline: Any, plan: Any, workload: Any, device: Any) -> Pool:
         return Pool(steps, meters[0], meters, blocks, per_token)
     # The draft runs on each pool with the pool's deployment: it prefills the prompts on the prefill pool (its cache
     # moves with the model's) and drafts on the decode pool.
-    draft = build_workload(plan.draft.model, **{k: v for k, v in workload.options().items() if k in DEPLOYMENT_NAMES})
+    draft = build_workload(
+        plan.draft.model, **{k: v for k, v in workload.options().items() if k in DEPLOYMENT_NAMES}
+    )
     meters.append(Metered(step_times(pipeline, draft, device, plan.limits)))
     blocks, draft_token = with_draft(pipeline, draft, device, blocks, per_token, plan.limits.block_size)
-    return Pool(steps, speculative_step(meters[0], meters[1], plan.speculation[0]), meters, blocks,
-                per_token + draft_token)
+    return Pool(
+        steps,
+        speculative_step(meters[0], meters[1], plan.speculation[0]),
+        meters,
+        blocks,
+        per_token + draft_token,
+    )
 
 
 def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
@@ -140,12 +165,17 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     pre_profile, dec_profile = pre.steps.profile, dec.steps.profile
     longest = max(plan.requests, key=lambda r: r.input_tokens)
     if -(-longest.input_tokens // limits.block_size) > pre.blocks:
-        raise ModelError(f"a prefill instance's KV cache ({pre.blocks} blocks of {limits.block_size} tokens) cannot "
-                         f"hold request {longest.index}'s {longest.input_tokens}-token prompt: give the prefill pool "
-                         f"a larger {say('tp')} in {say('prefill_deployment')}")
+        raise ModelError(
+            f"a prefill instance's KV cache ({pre.blocks} blocks of {limits.block_size} tokens) cannot "
+            f"hold request {longest.index}'s {longest.input_tokens}-token prompt: give the prefill pool "
+            f"a larger {say('tp')} in {say('prefill_deployment')}"
+        )
     x, y = pools.prefill_instances, pools.decode_instances
     prompts = [replace(r, output_tokens=1) for r in plan.requests]
-    px, dy = x * pools.prefill.attention_dp, y * pools.decode.attention_dp  # schedulers: one per attention group
+    px, dy = (
+        x * pools.prefill.attention_dp,
+        y * pools.decode.attention_dp,
+    )  # schedulers: one per attention group
     prefilled = [engine_model.simulate(prompts[n::px], limits, pre.blocks, pre.step) for n in range(px)]
     first = {f.index: f for result in prefilled for f in result.finished}
     same = pre_profile.name == dec_profile.name
@@ -153,39 +183,83 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
     by_index = {r.index: r for r in plan.requests}
     moved, sent = {}, None
     for index in first:
-        sent = kv_send(pre_profile, together, same, by_index[index].input_tokens * pre.per_token,
-                       pipeline.host.resolver)
+        sent = kv_send(
+            pre_profile, together, same, by_index[index].input_tokens * pre.per_token, pipeline.host.resolver
+        )
         moved[index] = sent.time_s
     # Every prompt goes the same way, answered by the same plugin: the last send says which.
     level = sent_over(sent, pre_profile, together, not same) if sent else ""
     answered = str(sent.source) if sent else ""
-    decode_requests = sorted((Request(i, by_index[i].input_tokens, by_index[i].output_tokens,
-                                      first[i].first_token_s + moved[i], prefilled=True)
-                              for i in first if by_index[i].output_tokens > 1), key=lambda r: r.arrival_s)
-    decoded = [engine_model.simulate(decode_requests[n::dy], limits, dec.blocks, dec.step, None, plan.speculation)
-               for n in range(dy)]
+    decode_requests = sorted(
+        (
+            Request(
+                i,
+                by_index[i].input_tokens,
+                by_index[i].output_tokens,
+                first[i].first_token_s + moved[i],
+                prefilled=True,
+            )
+            for i in first
+            if by_index[i].output_tokens > 1
+        ),
+        key=lambda r: r.arrival_s,
+    )
+    decoded = [
+        engine_model.simulate(decode_requests[n::dy], limits, dec.blocks, dec.step, None, plan.speculation)
+        for n in range(dy)
+    ]
     later = {f.index: f for result in decoded for f in result.finished}
     finished = []
     for index, head in first.items():
         arrival = by_index[index].arrival_s or 0.0
         tail = later.get(index)
         times = [head.first_token_s] + (tail.token_times if tail else [])
-        finished.append(Finished(index, head.input_tokens, by_index[index].output_tokens, arrival, head.first_token_s,
-                                 times[-1], times, head.preemptions + (tail.preemptions if tail else 0)))
+        finished.append(
+            Finished(
+                index,
+                head.input_tokens,
+                by_index[index].output_tokens,
+                arrival,
+                head.first_token_s,
+                times[-1],
+                times,
+                head.preemptions + (tail.preemptions if tail else 0),
+            )
+        )
     mean_moved = sum(moved.values()) / len(moved) if moved else 0.0
-    notes = [f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_profile.name} device(s), "
-             f"{y} decode instance(s) of {pools.decode.devices} {dec_profile.name} device(s); each prompt's KV "
-             f"cache moves over {level} (castcore::send, answered by {answered}; mean {format_ms(mean_moved * 1e3)}), "
-             "its first token from the prefill instance"]
-    figures = {"prefill_instances": x, "decode_instances": y, "mean_kv_transfer_ms": round(mean_moved * 1e3, 4),
-               "devices": x * pools.prefill.devices + y * pools.decode.devices}
-    return report(plan, [*prefilled, *decoded], finished, prefix_from=prefilled,  # prefixes: where prompts run
-                  figures=figures, mean_running=decoded[0].mean_running if decoded else 0.0,
-                  device=f"{pre_profile.name} (prefill) + {dec_profile.name} (decode)",
-                  kv_blocks=dec.blocks, kv_bytes_per_token=dec.per_token,
-                  kv_usage=decoded[0].kv_usage if decoded else [],
-                  deployment={"prefill": pools.prefill.options(), "decode": pools.decode.options(),
-                              "prefill_instances": x, "decode_instances": y},
-                  notes=notes, iterations_trace=(decoded or prefilled)[0].trace,
-                  pool_use=[pool_use(pre_profile.name, pools.prefill, x, pre.meters),
-                            pool_use(dec_profile.name, pools.decode, y, dec.meters)])
+    notes = [
+        f"disaggregated: {x} prefill instance(s) of {pools.prefill.devices} {pre_profile.name} device(s), "
+        f"{y} decode instance(s) of {pools.decode.devices} {dec_profile.name} device(s); each prompt's KV "
+        f"cache moves over {level} (castcore::send, answered by {answered}; mean {format_ms(mean_moved * 1e3)}), "
+        "its first token from the prefill instance"
+    ]
+    figures = {
+        "prefill_instances": x,
+        "decode_instances": y,
+        "mean_kv_transfer_ms": round(mean_moved * 1e3, 4),
+        "devices": x * pools.prefill.devices + y * pools.decode.devices,
+    }
+    return report(
+        plan,
+        [*prefilled, *decoded],
+        finished,
+        prefix_from=prefilled,  # prefixes: where prompts run
+        figures=figures,
+        mean_running=decoded[0].mean_running if decoded else 0.0,
+        device=f"{pre_profile.name} (prefill) + {dec_profile.name} (decode)",
+        kv_blocks=dec.blocks,
+        kv_bytes_per_token=dec.per_token,
+        kv_usage=decoded[0].kv_usage if decoded else [],
+        deployment={
+            "prefill": pools.prefill.options(),
+            "decode": pools.decode.options(),
+            "prefill_instances": x,
+            "decode_instances": y,
+        },
+        notes=notes,
+        iterations_trace=(decoded or prefilled)[0].trace,
+        pool_use=[
+            pool_use(pre_profile.name, pools.prefill, x, pre.meters),
+            pool_use(dec_profile.name, pools.decode, y, dec.meters),
+        ],
+    )

@@ -31,25 +31,33 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, devi
     memory = replace(steps.memory, weight_bytes=probe.memory.weight_bytes)
     capacity = steps.profile.memory_bytes
     taken = memory.weight_bytes + memory.activation_peak_bytes
-    usable = (engine.kv_memory_fraction * capacity - taken if engine.memory_share_of == "device"
-              else engine.kv_memory_fraction * (capacity - taken))
+    usable = (
+        engine.kv_memory_fraction * capacity - taken
+        if engine.memory_share_of == "device"
+        else engine.kv_memory_fraction * (capacity - taken)
+    )
     blocks = int(usable // (engine.block_size * per_token))
     if blocks < 1 and usable >= per_token:  # room for tokens, not for one block of them
-        raise ModelError(f"{say('block_size', engine.block_size)}: one block of {engine.block_size:,} tokens' KV "
-                         f"({format_bytes(engine.block_size * per_token)}) is more than the "
-                         f"{format_bytes(usable)} the engine leaves for the KV cache; use a {say('block_size')} of "
-                         f"at most {int(usable // per_token):,} (engines use 16 to 256)")
+        raise ModelError(
+            f"{say('block_size', engine.block_size)}: one block of {engine.block_size:,} tokens' KV "
+            f"({format_bytes(engine.block_size * per_token)}) is more than the "
+            f"{format_bytes(usable)} the engine leaves for the KV cache; use a {say('block_size')} of "
+            f"at most {int(usable // per_token):,} (engines use 16 to 256)"
+        )
     if blocks < 1:
-        raise ModelError(f"the deployment leaves no memory for a KV cache: weights {format_bytes(memory.weight_bytes)}"
-                         f" and activations {format_bytes(memory.activation_peak_bytes)} of "
-                         f"{format_bytes(capacity)} per device under the engine's {engine.kv_memory_fraction:g} "
-                         f"share; use a larger {say('tp')}, {say('weights', 'int8')} or a smaller "
-                         f"{say('max_batched_tokens')}")
+        raise ModelError(
+            f"the deployment leaves no memory for a KV cache: weights {format_bytes(memory.weight_bytes)}"
+            f" and activations {format_bytes(memory.activation_peak_bytes)} of "
+            f"{format_bytes(capacity)} per device under the engine's {engine.kv_memory_fraction:g} "
+            f"share; use a larger {say('tp')}, {say('weights', 'int8')} or a smaller "
+            f"{say('max_batched_tokens')}"
+        )
     return blocks, per_token
 
 
-def with_draft(pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_token: int,
-               block_size: int) -> tuple[int, int]:
+def with_draft(
+    pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_token: int, block_size: int
+) -> tuple[int, int]:
     """The KV blocks left when a draft model's weights and its own cache share the memory (the model's cache bytes
     less the draft's weights, over both caches' bytes per token), and the bytes a token takes in the draft's cache."""
     probe = pipeline.run(replace(draft, phase="decode", batch=1, kv_len=KV_PROBE), device)
@@ -57,8 +65,10 @@ def with_draft(pipeline: Pipeline, draft: Any, device: Any, blocks: int, per_tok
     left = blocks * block_size * per_token - max(0, probe.memory.weight_bytes - shared_bytes(draft))
     found = int(left // (block_size * (per_token + draft_per_token)))
     if found < 1:
-        raise ModelError(f"the draft model's weights ({format_bytes(probe.memory.weight_bytes)}) leave no memory for a "
-                         f"KV cache; give a smaller {say('draft_model')} or a larger {say('tp')}")
+        raise ModelError(
+            f"the draft model's weights ({format_bytes(probe.memory.weight_bytes)}) leave no memory for a "
+            f"KV cache; give a smaller {say('draft_model')} or a larger {say('tp')}"
+        )
     return found, draft_per_token
 
 
@@ -70,8 +80,9 @@ def shared_bytes(draft: Any) -> int:
     draft_heads), none for a draft model of its own."""
     if not draft_heads.is_head(draft.model):
         return 0
-    return draft_heads.shared_weight_bytes(load_model_config(draft.model), torch_dtype(draft.dtype).itemsize,
-                                           draft.tp)
+    return draft_heads.shared_weight_bytes(
+        load_model_config(draft.model), torch_dtype(draft.dtype).itemsize, draft.tp
+    )
 
 
 def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits) -> StepTimes:
@@ -79,8 +90,13 @@ def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits)
     simulation of that deployment (a plan's rounds: other rates, more replicas), whose captures and step times it
     has already made; replicas share one."""
     profile = pipeline.host.device(device)
-    key = ("step_times", json.dumps(replace(base, dp=1).options(), sort_keys=True, default=repr), profile.name,
-           engine.max_batched_tokens, min(engine.max_running_requests, engine.max_batched_tokens))
+    key = (
+        "step_times",
+        json.dumps(replace(base, dp=1).options(), sort_keys=True, default=repr),
+        profile.name,
+        engine.max_batched_tokens,
+        min(engine.max_running_requests, engine.max_batched_tokens),
+    )
     kept = pipeline.derived
     if key not in kept:
         kept[key] = StepTimes(pipeline, base, profile, *key[3:])

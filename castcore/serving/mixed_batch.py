@@ -36,19 +36,32 @@ __all__ = ["Chunk", "capture_mixed", "packed_workload"]
 def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
     """The Workload whose prefill runs the packed row: batch 1, the chunks' tokens; the deployment is ``base``'s."""
     if not base.fuse:
-        raise ModelError(f"a mixed batch splits castcore's fused attention per sequence: drop {say('fuse', False)}")
+        raise ModelError(
+            f"a mixed batch splits castcore's fused attention per sequence: drop {say('fuse', False)}"
+        )
     if base.micro_batches > 1:
-        raise ModelError(f"a mixed batch of one packed row does not split into prefill micro-batches: drop "
-                         f"{say('micro_batches')}")
+        raise ModelError(
+            f"a mixed batch of one packed row does not split into prefill micro-batches: drop "
+            f"{say('micro_batches')}"
+        )
     if not chunks or any(c.new < 1 or c.cached < 0 for c in chunks):
         raise ModelError("a mixed batch needs at least one sequence, each with at least one new token")
     # Pipeline stages are split from the whole model's ops afterwards (castcore.serving.step_time.Stages).
-    return replace(base, batch=1, seq=sum(c.new for c in chunks), phase="prefill", kv_len=None, train=False,
-                   all_logits=False, pp=1)
+    return replace(
+        base,
+        batch=1,
+        seq=sum(c.new for c in chunks),
+        phase="prefill",
+        kv_len=None,
+        train=False,
+        all_logits=False,
+        pp=1,
+    )
 
 
-def capture_mixed(pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk],
-                  device: str | DeviceProfile | None = None) -> Report:
+def capture_mixed(
+    pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk], device: str | DeviceProfile | None = None
+) -> Report:
     """The Report of one engine iteration over ``chunks`` of ``base``'s model and deployment (see the module
     docstring), through the pipeline's capture step when that keeps mixed batches (castcore.sweeps.capture)."""
     workload = packed_workload(base, chunks)
@@ -66,13 +79,26 @@ def capture_mixed(pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk],
             return capture_workload(pipeline.host, workload, profile, adjust=sample_rows)
 
     cached = getattr(pipeline.capture_step, "mixed", None)  # a capture cache keeps mixed batches too
-    built, captured = (cached(pipeline.host, workload, profile, tuple((c.new, c.cached, bool(c.samples))
-                                                                     for c in chunks), capture)
-                       if cached is not None else capture())
+    built, captured = (
+        cached(
+            pipeline.host,
+            workload,
+            profile,
+            tuple((c.new, c.cached, bool(c.samples)) for c in chunks),
+            capture,
+        )
+        if cached is not None
+        else capture()
+    )
     if not any(invoke.name == "castcore::varlen_attention" for invoke in captured.invokes):
         # Its attention never reached castcore's: the row would be priced as one prompt with no cached keys.
-        raise ModelError(f"{base.model if base.named else type(base.model).__name__}: its attention does not run "
-                         "through castcore's fused attention (the model keeps its own), so a mixed batch cannot be "
-                         "split per sequence; simulate needs a model on transformers' attention interface")
-    return pipeline.estimate_capture(captured, profile, description=f"{built.description}: a mixed batch of "
-                                     f"{len(chunks)} sequences, {workload.seq} tokens")
+        raise ModelError(
+            f"{base.model if base.named else type(base.model).__name__}: its attention does not run "
+            "through castcore's fused attention (the model keeps its own), so a mixed batch cannot be "
+            "split per sequence; simulate needs a model on transformers' attention interface"
+        )
+    return pipeline.estimate_capture(
+        captured,
+        profile,
+        description=f"{built.description}: a mixed batch of {len(chunks)} sequences, {workload.seq} tokens",
+    )

@@ -33,11 +33,15 @@ def acceptance_rates(text: Any, drafts: int) -> list[float]:
     if len(values) == 1:
         return [values[0] ** (i + 1) for i in range(drafts)]
     if len(values) != drafts:
-        raise ModelError(f"{where}: {len(values)} positions for {say('spec_tokens', drafts)}; give one rate per draft "
-                         "token, or a single rate")
+        raise ModelError(
+            f"{where}: {len(values)} positions for {say('spec_tokens', drafts)}; give one rate per draft "
+            "token, or a single rate"
+        )
     if any(later > earlier for earlier, later in zip(values, values[1:])):
-        raise ModelError(f"{where}: a position is accepted only when the ones before it were, so the rates cannot "
-                         "rise along the positions")
+        raise ModelError(
+            f"{where}: a position is accepted only when the ones before it were, so the rates cannot "
+            "rise along the positions"
+        )
     return values
 
 
@@ -48,9 +52,11 @@ def tokens_per_step(rates: list[float]) -> float:
 
 def check_vocabulary(model_vocab: Any, draft: str, draft_vocab: Any) -> None:
     if model_vocab != draft_vocab:
-        raise ModelError(f"{say('draft_model', draft)}: its vocabulary has {draft_vocab} tokens and the model's "
-                         f"{model_vocab}; a draft must propose the model's own tokens: give a draft of the same "
-                         "family")
+        raise ModelError(
+            f"{say('draft_model', draft)}: its vocabulary has {draft_vocab} tokens and the model's "
+            f"{model_vocab}; a draft must propose the model's own tokens: give a draft of the same "
+            "family"
+        )
 
 
 def speculative_step(model_step: StepTime, draft_step: StepTime, drafts: int) -> StepTime:

@@ -56,7 +56,9 @@ class _Parts:
     """Ops of one kind between two ladder points: those that estimate alike, with their parts at each point."""
 
     points: list[int]  # the two token (or sampling-sequence) counts
-    ops: list[tuple[int, list[tuple[float, float, float]]]]  # (how many, [(compute, memory, rest) at each point])
+    ops: list[
+        tuple[int, list[tuple[float, float, float]]]
+    ]  # (how many, [(compute, memory, rest) at each point])
 
     @classmethod
     def of(cls, points: list[int], per_point: list[list[OpRecord]]) -> _Parts:
@@ -100,8 +102,14 @@ class StepTimes:
     Chunk says which sequences sample (a pair counts as sampling, a triple says). The ladder's captures are made as
     iterations need them (two bracket each token count), the largest and the smallest at once."""
 
-    def __init__(self, pipeline: Pipeline, base: Workload, device: str | DeviceProfile | None, max_tokens: int,
-                 max_sampled: int):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        base: Workload,
+        device: str | DeviceProfile | None,
+        max_tokens: int,
+        max_sampled: int,
+    ):
         self.pipeline, self.profile = pipeline, pipeline.host.device(device)
         self.base = base
         self.points = ladder(max_tokens)
@@ -113,7 +121,9 @@ class StepTimes:
         self._stage_of: dict[int, list[int]] = {}  # per ladder capture, each record's pipeline stage
         self._parts: dict[tuple[str, int, int], _Parts] = {}
         self.stages = Stages.of(base) if base.pp > 1 else None
-        self.memory = self._report(self.points[-1]).memory  # weights, and the activations of a full token budget
+        self.memory = self._report(
+            self.points[-1]
+        ).memory  # weights, and the activations of a full token budget
         # Attention kernels of one shape (a layer kind), and how many an iteration runs in each stage.
         kinds: dict[Any, list] = {}
         smallest = self._report(self.points[0])
@@ -132,8 +142,9 @@ class StepTimes:
             sampled = min(tokens, self.max_sampled)
             chunks = [Chunk(tokens - sampled + 1, 0), *[Chunk(1, 0)] * (sampled - 1)]
             report = self._reports[tokens] = capture_mixed(self.pipeline, self.base, chunks, self.profile)
-            self._stage_of[tokens] = (self.stages.assign(report) if self.stages is not None
-                                      else [0] * len(report.records))
+            self._stage_of[tokens] = (
+                self.stages.assign(report) if self.stages is not None else [0] * len(report.records)
+            )
         return self._reports[tokens]
 
     def _at(self, kind: str, x: int, stage: int) -> float:
@@ -145,12 +156,16 @@ class StepTimes:
         i = min(max(bisect.bisect_left(points, x), 1), len(points) - 1)
         parts = self._parts.get((kind, i, stage))
         if parts is None:
-            pair = points[i - 1:i + 1]
+            pair = points[i - 1 : i + 1]
             tokens = pair if kind == "body" else [self.sampled_at[p] for p in pair]
             keep = (lambda r: r.invoke.name != ATTENTION and not _head(r)) if kind == "body" else _head
-            parts = self._parts[(kind, i, stage)] = _Parts.of(pair, [
-                [r for r, s in zip(self._report(t).records, self._stage_of[t]) if s == stage and keep(r)]
-                for t in tokens])
+            parts = self._parts[(kind, i, stage)] = _Parts.of(
+                pair,
+                [
+                    [r for r, s in zip(self._report(t).records, self._stage_of[t]) if s == stage and keep(r)]
+                    for t in tokens
+                ],
+            )
         return parts.at(x)
 
     def stage_times(self, chunks: Sequence[Chunk | tuple]) -> list[float]:
@@ -163,25 +178,34 @@ class StepTimes:
             body = self._body[tokens] = [self._at("body", tokens, stage) for stage in range(self.base.pp)]
         head = self._head.get(sampled)
         if head is None:
-            head = self._head[sampled] = [self._at("head", sampled, stage) if sampled else 0.0
-                                          for stage in range(self.base.pp)]
+            head = self._head[sampled] = [
+                self._at("head", sampled, stage) if sampled else 0.0 for stage in range(self.base.pp)
+            ]
         kernels = self.attention_kernels(chunks)
-        return [b + h + sum(counts[stage] * k for (counts, _), k in zip(self.attention, kernels))
-                for stage, (b, h) in enumerate(zip(body, head))]
+        return [
+            b + h + sum(counts[stage] * k for (counts, _), k in zip(self.attention, kernels))
+            for stage, (b, h) in enumerate(zip(body, head))
+        ]
 
     def __call__(self, chunks: Sequence[Chunk | tuple]) -> float:
         """The iteration's seconds; under ``--pp`` the period of one micro-batch among ``pp`` in flight (Stages)."""
         times = self.stage_times(chunks)
         if self.stages is None:
             return times[0]
-        return self.stages.period(times, sum(c[0] if isinstance(c, tuple) else c.new for c in chunks), self.profile,
-                                  self.pipeline.host.resolver)
+        return self.stages.period(
+            times,
+            sum(c[0] if isinstance(c, tuple) else c.new for c in chunks),
+            self.profile,
+            self.pipeline.host.resolver,
+        )
 
     def attention_kernels(self, chunks: Sequence[Chunk]) -> list[float]:
         """castcore's estimate of the iteration's attention kernel of each layer kind."""
         resolver = self.pipeline.host.resolver
-        return [resolver.estimate(_attention_call(template, chunks), self.profile).time_s
-                for _, template in self.attention]
+        return [
+            resolver.estimate(_attention_call(template, chunks), self.profile).time_s
+            for _, template in self.attention
+        ]
 
     def attention_time(self, chunks: Sequence[Chunk]) -> float:
         """castcore's estimate of the iteration's attention kernels (one per layer)."""
@@ -209,9 +233,12 @@ class Stages:
         built = build(replace(base, pp=1, batch=1, seq=8, phase="prefill", kv_len=None))
         path, layers = check_stages(built.model, base.pp)
         hidden = getattr(built.config, "hidden_size", None) or getattr(built.config, "n_embd", 0)
-        return cls(prefix=f"{type(built.model).__name__}.{path}", counts=stage_layers(layers, base.pp),
-                   activation_bytes=int(hidden) * torch_dtype(base.dtype).itemsize,
-                   devices=max(base.tp, base.ep) * base.pp)
+        return cls(
+            prefix=f"{type(built.model).__name__}.{path}",
+            counts=stage_layers(layers, base.pp),
+            activation_bytes=int(hidden) * torch_dtype(base.dtype).itemsize,
+            devices=max(base.tp, base.ep) * base.pp,
+        )
 
     def assign(self, report: Report) -> list[int]:
         from castcore.deploy.parallel.pipeline_stages import assign
@@ -228,8 +255,9 @@ class Stages:
 
 def _attention_kind(invoke: OpInvoke) -> OpInvoke:
     """The kernel without its lengths: the template an iteration's call is made from."""
-    return replace(invoke, args=(*invoke.args[:3], (), (), *invoke.args[5:]), out=None, module="", index=0,
-                   _key=None)
+    return replace(
+        invoke, args=(*invoke.args[:3], (), (), *invoke.args[5:]), out=None, module="", index=0, _key=None
+    )
 
 
 def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
@@ -239,12 +267,30 @@ def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
     key = TensorMeta((1, k.shape[1], keys, k.shape[3]), k.dtype)
     value = TensorMeta((1, v.shape[1], keys, v.shape[3]), v.dtype)
     out = TensorMeta((1, tokens, q.shape[1], v.shape[3]), q.dtype)
-    return replace(template, args=(query, key, value, tuple(c.new for c in chunks), tuple(c.cached for c in chunks),
-                                   *template.args[5:]), out=out, _key=None)  # the template's key is not this call's
+    return replace(
+        template,
+        args=(
+            query,
+            key,
+            value,
+            tuple(c.new for c in chunks),
+            tuple(c.cached for c in chunks),
+            *template.args[5:],
+        ),
+        out=out,
+        _key=None,
+    )  # the template's key is not this call's
 
 
-def random_batches(count: int, seed: int = 0, *, sequences: int = 40, kv: tuple[int, int] = (1, 200),
-                   chunk: tuple[int, int] = (2, 200), chunk_cached: tuple[int, int] = (0, 50)) -> list[list[Chunk]]:
+def random_batches(
+    count: int,
+    seed: int = 0,
+    *,
+    sequences: int = 40,
+    kv: tuple[int, int] = (1, 200),
+    chunk: tuple[int, int] = (2, 200),
+    chunk_cached: tuple[int, int] = (0, 50),
+) -> list[list[Chunk]]:
     """Mixed batches to check the model with: up to ``sequences`` decode tokens at KV lengths in ``kv``, and in
     most batches a prompt chunk (``chunk`` tokens over ``chunk_cached``), sampling or not."""
     rng = random.Random(seed)
@@ -263,8 +309,14 @@ def agreement(model: StepTimes, batches: Sequence[Sequence[Chunk]]) -> list[dict
     for chunks in batches:
         direct = capture_mixed(model.pipeline, model.base, chunks, model.profile).time_s
         fast = model(chunks)
-        rows.append({"sequences": len(chunks), "tokens": sum(c.new for c in chunks),
-                     "kv_tokens": sum(c.cached for c in chunks), "direct_s": direct, "model_s": fast,
-                     "error": fast / direct - 1})
+        rows.append(
+            {
+                "sequences": len(chunks),
+                "tokens": sum(c.new for c in chunks),
+                "kv_tokens": sum(c.cached for c in chunks),
+                "direct_s": direct,
+                "model_s": fast,
+                "error": fast / direct - 1,
+            }
+        )
     return rows
-

@@ -23,14 +23,20 @@ MODES = ("offline", "rate", "concurrency")
 
 
 def _positive(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
 
 
 def _check_rate(rate: object, burstiness: object) -> None:
     if not _positive(rate):
-        raise ModelError(f"{say('rate', rate)}: give a request rate in requests per second, finite and above 0.")
+        raise ModelError(
+            f"{say('rate', rate)}: give a request rate in requests per second, finite and above 0."
+        )
     if not _positive(burstiness):
-        raise ModelError(f"{say('burstiness', burstiness)}: give a finite number above 0 (1 is a Poisson process).")
+        raise ModelError(
+            f"{say('burstiness', burstiness)}: give a finite number above 0 (1 is a Poisson process)."
+        )
 
 
 def poisson(rate: float, burstiness: float, n: int, seed: int | None) -> list[float]:
@@ -67,10 +73,15 @@ class Arrivals:
             raise ModelError(f"Arrival mode {self.mode!r}: give one of {', '.join(MODES)}.")
         if self.mode == "rate":
             _check_rate(self.rate, self.burstiness)
-        if self.mode == "concurrency" and (isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int)
-                                           or self.concurrency < 1):
-            raise ModelError(f"{say('concurrency', self.concurrency)}: give a whole number of requests in flight of at "
-                             "least 1.")
+        if self.mode == "concurrency" and (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise ModelError(
+                f"{say('concurrency', self.concurrency)}: give a whole number of requests in flight of at "
+                "least 1."
+            )
 
     @classmethod
     def offline(cls) -> Arrivals:
@@ -91,8 +102,10 @@ class Arrivals:
         if self.mode == "rate":
             assert self.rate is not None  # checked on construction
             return poisson(self.rate, self.burstiness, n, seed)
-        raise ValueError("a closed loop (mode 'concurrency') has no arrival times: the simulator starts a request "
-                         "each time one finishes")
+        raise ValueError(
+            "a closed loop (mode 'concurrency') has no arrival times: the simulator starts a request "
+            "each time one finishes"
+        )
 
     def schedule(self, requests: list[Request], seed: int | None) -> list[Request]:
         """``requests`` with their arrival times: a trace's own when every request has one, else drawn for the

@@ -135,12 +135,23 @@ def simulate(
     return _result(finished, never_fit, scheduler, trace, partial)
 
 
-def _result(finished: list[Finished], never_fit: list[NeverFit], scheduler: Scheduler, trace: Trace,
-            partial: bool) -> EngineResult:
+def _result(
+    finished: list[Finished], never_fit: list[NeverFit], scheduler: Scheduler, trace: Trace, partial: bool
+) -> EngineResult:
     iterations = len(trace.time)
     stride = max(1, -(-iterations // MAX_KV_SAMPLES))
     kv_usage = [(trace.time[j] + trace.duration[j], trace.kv_used[j]) for j in range(0, iterations, stride)]
     mean_running = sum(trace.running) / iterations if iterations else 0.0
     cache = scheduler.policies.prefix_cache
-    return EngineResult(finished, never_fit, iterations, scheduler.preemptions, mean_running, kv_usage, trace,
-                        partial, cache.hits, cache.cached_tokens)
+    return EngineResult(
+        finished,
+        never_fit,
+        iterations,
+        scheduler.preemptions,
+        mean_running,
+        kv_usage,
+        trace,
+        partial,
+        cache.hits,
+        cache.cached_tokens,
+    )

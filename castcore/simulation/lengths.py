@@ -90,8 +90,10 @@ class Lengths:
             params = tuple(float(field) for field in fields)
         except ValueError:
             if family != "fixed" and family in FAMILIES and len(fields) == FAMILIES[family]:
-                raise ModelError(f"Token lengths {text!r}: its parameters must be numbers; give {FORMS}, every "
-                                 "length at least 1.") from None
+                raise ModelError(
+                    f"Token lengths {text!r}: its parameters must be numbers; give {FORMS}, every "
+                    "length at least 1."
+                ) from None
             params = ()
         _check(family, params, text)
         return cls(family, params)

@@ -20,8 +20,12 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 
 PERCENTILES = (90, 95, 99)
-METRICS = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-           ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
+METRICS = (
+    ("ttft", "TTFT", "Time to First Token"),
+    ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+    ("itl", "ITL", "Inter-token Latency"),
+    ("e2el", "E2EL", "End-to-end Latency"),
+)
 
 
 @dataclass
@@ -61,21 +65,25 @@ def percentile(values: list[float], p: float) -> float:
 def _stats(name: str, seconds: list[float]) -> dict[str, float]:
     """mean/median/std/p90/p95/p99 of ``seconds`` in milliseconds under vLLM's keys (``mean_ttft_ms`` ...)."""
     ms = [s * 1000 for s in seconds]
-    stats = {f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
-             f"median_{name}_ms": percentile(ms, 50),
-             f"std_{name}_ms": statistics.pstdev(ms) if ms else 0.0}
+    stats = {
+        f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
+        f"median_{name}_ms": percentile(ms, 50),
+        f"std_{name}_ms": statistics.pstdev(ms) if ms else 0.0,
+    }
     stats.update({f"p{p}_{name}_ms": percentile(ms, p) for p in PERCENTILES})
     return stats
 
 
 def _check_slo(value: float | None, name: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
-                              or value < 0):
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0
+    ):
         raise ModelError(f"{say(name, value)} (milliseconds here): give a latency objective of at least 0.")
 
 
-def summarize(finished: list[Finished], slo_ttft_ms: float | None = None,
-              slo_tpot_ms: float | None = None) -> dict[str, float | int | None]:
+def summarize(
+    finished: list[Finished], slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+) -> dict[str, float | int | None]:
     """The summary of a run under ``vllm bench serve --save-result``'s field names, plus ``preemptions`` (their
     total). ``duration`` runs from t = 0 (vLLM's clock starts before the first request is sent) to the last token;
     ``request_goodput`` is None unless an SLO is given, as in vLLM."""
@@ -95,8 +103,9 @@ def summarize(finished: list[Finished], slo_ttft_ms: float | None = None,
         ttfts.append(ttft)
         e2els.append(e2el)
         itls += [b - a for a, b in zip(request.token_times, request.token_times[1:])]
-        good += ((slo_ttft_ms is None or ttft * 1000 <= slo_ttft_ms)
-                 and (slo_tpot_ms is None or tpot * 1000 <= slo_tpot_ms))
+        good += (slo_ttft_ms is None or ttft * 1000 <= slo_ttft_ms) and (
+            slo_tpot_ms is None or tpot * 1000 <= slo_tpot_ms
+        )
     total_input = sum(request.input_tokens for request in finished)
     total_output = sum(request.output_tokens for request in finished)
     summary: dict[str, float | int | None] = {
@@ -125,26 +134,33 @@ def format_ms(ms: float) -> str:
 
 def format_table(summary: dict[str, float | int | None]) -> str:
     """The summary as text, laid out like ``vllm bench serve``'s printout."""
+
     def row(label: str, value: object) -> str:
         if isinstance(value, float) and label.endswith("(ms):") and 0 < value < 1:  # 0.162, not 0.16
             return f"{label:<40} {format_ms(value).removesuffix(' ms'):<10}"
         return f"{label:<40} {value:<10.2f}" if isinstance(value, float) else f"{label:<40} {value:<10}"
 
-    lines = [f"{' Serving Simulation Result ':=^50}",
-             row("Successful requests:", summary["completed"]),
-             row("Benchmark duration (s):", summary["duration"]),
-             row("Total input tokens:", summary["total_input_tokens"]),
-             row("Total generated tokens:", summary["total_output_tokens"]),
-             row("Request throughput (req/s):", summary["request_throughput"])]
+    lines = [
+        f"{' Serving Simulation Result ':=^50}",
+        row("Successful requests:", summary["completed"]),
+        row("Benchmark duration (s):", summary["duration"]),
+        row("Total input tokens:", summary["total_input_tokens"]),
+        row("Total generated tokens:", summary["total_output_tokens"]),
+        row("Request throughput (req/s):", summary["request_throughput"]),
+    ]
     if summary.get("request_goodput") is not None:
         lines.append(row("Request goodput (req/s):", summary["request_goodput"]))
-    lines += [row("Output token throughput (tok/s):", summary["output_throughput"]),
-              row("Total token throughput (tok/s):", summary["total_token_throughput"]),
-              row("Preemptions:", summary["preemptions"])]
+    lines += [
+        row("Output token throughput (tok/s):", summary["output_throughput"]),
+        row("Total token throughput (tok/s):", summary["total_token_throughput"]),
+        row("Preemptions:", summary["preemptions"]),
+    ]
     for name, short, header in METRICS:
         lines.append(f"{header:-^50}")
-        lines += [row(f"Mean {short} (ms):", summary[f"mean_{name}_ms"]),
-                  row(f"Median {short} (ms):", summary[f"median_{name}_ms"])]
+        lines += [
+            row(f"Mean {short} (ms):", summary[f"mean_{name}_ms"]),
+            row(f"Median {short} (ms):", summary[f"median_{name}_ms"]),
+        ]
         lines += [row(f"P{p} {short} (ms):", summary[f"p{p}_{name}_ms"]) for p in PERCENTILES]
     lines.append("=" * 50)
     return "\n".join(lines)

@@ -178,8 +178,13 @@ class Policies:
     entry: Entry
 
     @classmethod
-    def of(cls, limits: EngineLimits, states: Sequence[RequestState], concurrency: int | None,
-           speculation: tuple[int, float] | None) -> Policies:
+    def of(
+        cls,
+        limits: EngineLimits,
+        states: Sequence[RequestState],
+        concurrency: int | None,
+        speculation: tuple[int, float] | None,
+    ) -> Policies:
         """One run's policies: the preset's KV policy and scheduler steps, and the run's speculation and arrivals."""
         return cls(
             kv=Reserve() if limits.kv_policy == "reserve" else OnDemand(),

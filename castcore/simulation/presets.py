@@ -44,10 +44,14 @@ class EngineLimits:
 _VLLM_ARGS = "vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs._set_default_args, commit 99d7eb5d (v0.11 line, 2025-10)"
 _VLLM_CACHE = "docs.vllm.ai/en/stable/api/vllm/config/cache/ (CacheConfig.DEFAULT_BLOCK_SIZE), read 2026-11"
 _SGLANG_ARGS = "sgl-project/sglang python/sglang/srt/server_args.py, ServerArgs._handle_gpu_memory_settings (v0.5 line, 2025-2026)"
-_SGLANG_RUNNER = "sgl-project/sglang python/sglang/srt/model_executor/model_runner.py, max_running_requests (v0.5 line)"
+_SGLANG_RUNNER = (
+    "sgl-project/sglang python/sglang/srt/model_executor/model_runner.py, max_running_requests (v0.5 line)"
+)
 _TRTLLM_ARGS = "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (version 1.0.0rc4, 2025-07)"
-_TRTLLM_RUNTIME = ("nvidia.github.io/TensorRT-LLM/performance/performance-tuning-guide/useful-runtime-flags.html "
-                   "'Useful Runtime Options', Capacity Scheduler Policy, read 2026-11")
+_TRTLLM_RUNTIME = (
+    "nvidia.github.io/TensorRT-LLM/performance/performance-tuning-guide/useful-runtime-flags.html "
+    "'Useful Runtime Options', Capacity Scheduler Policy, read 2026-11"
+)
 _TRTLLM_KV = "nvidia.github.io/TensorRT-LLM/examples/kvcacheconfig.html 'How to Change KV Cache Behavior', read 2026-11"
 
 PRESETS: dict[str, EngineLimits] = {

@@ -67,8 +67,10 @@ class RequestState:
         if need > kv_blocks:
             return f"it needs {need} KV blocks of {limits.block_size} tokens and the cache has {kv_blocks}"
         if not limits.chunked_prefill and prompt > limits.max_batched_tokens and not self.request.prefilled:
-            return (f"its {prompt}-token prompt exceeds the {limits.max_batched_tokens}-token budget without chunked "
-                    "prefill")
+            return (
+                f"its {prompt}-token prompt exceeds the {limits.max_batched_tokens}-token budget without chunked "
+                "prefill"
+            )
         return None
 
     def arrive_prefilled(self) -> None:
@@ -84,5 +86,13 @@ class RequestState:
 
     def finished(self) -> Finished:
         times = self.token_times
-        return Finished(self.request.index, self.prompt, self.output, self.entered, times[0], times[-1], times,
-                        self.preemptions)
+        return Finished(
+            self.request.index,
+            self.prompt,
+            self.output,
+            self.entered,
+            times[0],
+            times[-1],
+            times,
+            self.preemptions,
+        )

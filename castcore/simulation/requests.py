@@ -24,9 +24,11 @@ from castcore.tomlfiles import DATA_BYTES, read_text
 INPUT_KEYS = ("input_tokens", "prompt_len")
 OUTPUT_KEYS = ("output_tokens", "output_len")
 ARRIVAL_KEYS = ("arrival_s", "timestamp")
-NEEDS = ('one JSON object per line such as {"input_tokens": 512, "output_tokens": 128, "arrival_s": 0.5} '
-         "(or prompt_len/output_len, and timestamp), counts whole numbers of at least 1, arrival_s optional, and "
-         "optionally prefix_id with prefix_tokens below input_tokens")
+NEEDS = (
+    'one JSON object per line such as {"input_tokens": 512, "output_tokens": 128, "arrival_s": 0.5} '
+    "(or prompt_len/output_len, and timestamp), counts whole numbers of at least 1, arrival_s optional, and "
+    "optionally prefix_id with prefix_tokens below input_tokens"
+)
 
 
 @dataclass
@@ -69,11 +71,14 @@ def read_dataset(path: str | os.PathLike) -> list[Request]:
     try:
         lines = read_text(path, ModelError, "dataset", DATA_BYTES, "JSONL").splitlines()
     except ModelError as error:
-        raise ModelError(f"{where}: {str(error).removeprefix(f'{os.fspath(path)}: ')}; give a JSONL file of "
-                         "requests.") from None
+        raise ModelError(
+            f"{where}: {str(error).removeprefix(f'{os.fspath(path)}: ')}; give a JSONL file of requests."
+        ) from None
     if len(lines) > MOST_REQUESTS:
-        raise ModelError(f"{where}: {len(lines):,} lines, over {MOST_REQUESTS:,}, castcore's limit for "
-                         f"{say('requests')}; give at most that many requests.")
+        raise ModelError(
+            f"{where}: {len(lines):,} lines, over {MOST_REQUESTS:,}, castcore's limit for "
+            f"{say('requests')}; give at most that many requests."
+        )
     requests: list[Request] = []
     prefixes: dict[Any, int] = {}  # the dataset's prefix names, numbered
     timed_line = untimed_line = None
@@ -87,27 +92,51 @@ def read_dataset(path: str | os.PathLike) -> list[Request]:
             raise ModelError(f"{where}: not JSON ({error.msg}); give {NEEDS}.") from None
         if not isinstance(record, dict):
             raise ModelError(f"{where}: not a JSON object; give {NEEDS}.")
-        n_in, n_out, arrival = _field(record, INPUT_KEYS), _field(record, OUTPUT_KEYS), _field(record, ARRIVAL_KEYS)
+        n_in, n_out, arrival = (
+            _field(record, INPUT_KEYS),
+            _field(record, OUTPUT_KEYS),
+            _field(record, ARRIVAL_KEYS),
+        )
         if not _count(n_in) or not _count(n_out):
             raise ModelError(f"{where}: input {n_in!r}, output {n_out!r}; give {NEEDS}.")
-        if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, (int, float))
-                                    or not math.isfinite(arrival) or arrival < 0):
-            raise ModelError(f"{where}: arrival {arrival!r} is not a number of seconds of at least 0; give {NEEDS}.")
+        if arrival is not None and (
+            isinstance(arrival, bool)
+            or not isinstance(arrival, (int, float))
+            or not math.isfinite(arrival)
+            or arrival < 0
+        ):
+            raise ModelError(
+                f"{where}: arrival {arrival!r} is not a number of seconds of at least 0; give {NEEDS}."
+            )
         if arrival is None:
             untimed_line = untimed_line or number
         else:
             timed_line = timed_line or number
         if timed_line and untimed_line:
-            raise ModelError(f"{say('dataset', os.fspath(path))}: line {timed_line} has an arrival time and line "
-                             f"{untimed_line} has none; give every request an arrival time, or none.")
+            raise ModelError(
+                f"{say('dataset', os.fspath(path))}: line {timed_line} has an arrival time and line "
+                f"{untimed_line} has none; give every request an arrival time, or none."
+            )
         prefix, prefix_tokens = record.get("prefix_id"), record.get("prefix_tokens")
-        if (prefix is None) != (prefix_tokens is None) or prefix_tokens is not None and (
-                not _count(prefix_tokens) or prefix_tokens >= n_in or not isinstance(prefix, (str, int))):
-            raise ModelError(f"{where}: prefix_id {prefix!r}, prefix_tokens {prefix_tokens!r}; give both or neither, "
-                             f"prefix_tokens below the {n_in} input tokens.")
-        requests.append(Request(len(requests), n_in, n_out, None if arrival is None else float(arrival),
-                                None if prefix is None else prefixes.setdefault(prefix, len(prefixes)),
-                                prefix_tokens or 0))
+        if (
+            (prefix is None) != (prefix_tokens is None)
+            or prefix_tokens is not None
+            and (not _count(prefix_tokens) or prefix_tokens >= n_in or not isinstance(prefix, (str, int)))
+        ):
+            raise ModelError(
+                f"{where}: prefix_id {prefix!r}, prefix_tokens {prefix_tokens!r}; give both or neither, "
+                f"prefix_tokens below the {n_in} input tokens."
+            )
+        requests.append(
+            Request(
+                len(requests),
+                n_in,
+                n_out,
+                None if arrival is None else float(arrival),
+                None if prefix is None else prefixes.setdefault(prefix, len(prefixes)),
+                prefix_tokens or 0,
+            )
+        )
     if not requests:
         raise ModelError(f"{say('dataset', os.fspath(path))} has no requests; give {NEEDS}.")
     return requests
@@ -123,8 +152,10 @@ def share_prefix(requests: list[Request], length: int, share: float | None, seed
     for request in requests:
         if rng.random() < share:
             if request.input_tokens <= length:
-                raise ModelError(f"{say('prefix_len', length)}: request {request.index} has a {request.input_tokens}"
-                                 f"-token prompt, not longer than the prefix; give a shorter {say('prefix_len')}")
+                raise ModelError(
+                    f"{say('prefix_len', length)}: request {request.index} has a {request.input_tokens}"
+                    f"-token prompt, not longer than the prefix; give a shorter {say('prefix_len')}"
+                )
             request.prefix_id, request.prefix_tokens = 0, length
 
 
@@ -136,7 +167,9 @@ def check_lengths(requests: list[Request], context: int | None) -> None:
     for request in requests:
         total = request.input_tokens + request.output_tokens
         if total > context:
-            raise ModelError(f"Request {request.index} (counting from 0) needs {request.input_tokens} input + "
-                             f"{request.output_tokens} output = {total} tokens, beyond the model's position limit "
-                             f"of {context}; give shorter {say('input_lengths')}/{say('output_lengths')} lengths or a "
-                             "dataset that fits.")
+            raise ModelError(
+                f"Request {request.index} (counting from 0) needs {request.input_tokens} input + "
+                f"{request.output_tokens} output = {total} tokens, beyond the model's position limit "
+                f"of {context}; give shorter {say('input_lengths')}/{say('output_lengths')} lengths or a "
+                "dataset that fits."
+            )

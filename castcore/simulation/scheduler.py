@@ -80,7 +80,9 @@ class Scheduler:
             tokens = state.prompt + state.generated
             left = tokens - state.computed
             new = min(left + draft if state.decoding else left, budget)  # a verification pass: k drafts too
-            need = blocks_for(state.computed + new, block_size) - state.shared - state.held  # <= 0 under Reserve
+            need = (
+                blocks_for(state.computed + new, block_size) - state.shared - state.held
+            )  # <= 0 under Reserve
             victim = None
             while need > pool.free and victim is not state:
                 victim = running.pop()
@@ -115,7 +117,11 @@ class Scheduler:
             if new > budget and not limits.chunked_prefill:
                 break
             new = min(new, budget)
-            need = blocks_for(kv.admission_tokens(state, cached, new), pool.block_size) - cached_blocks - state.held
+            need = (
+                blocks_for(kv.admission_tokens(state, cached, new), pool.block_size)
+                - cached_blocks
+                - state.held
+            )
             if need > pool.free:
                 break
             waiting.popleft()
@@ -126,15 +132,21 @@ class Scheduler:
             pool.allocate(state, need)
             budget -= new
             batch.requests.append(state)
-            batch.chunks.append(Chunk(new, state.computed, state.computed + new == state.prompt + state.generated))
+            batch.chunks.append(
+                Chunk(new, state.computed, state.computed + new == state.prompt + state.generated)
+            )
 
     def give_up_head(self) -> NeverFit:
         """An iteration scheduled nothing and preempted nobody: the head of the queue can never run."""
         state = self.waiting.popleft()
         state.status = Status.NEVER_FIT
-        return NeverFit(state.request.index, (
-            f"after {state.preemptions} preemptions its {state.prompt + state.generated} tokens to recompute cannot "
-            f"be scheduled under the {self.limits.max_batched_tokens}-token budget without chunked prefill"))
+        return NeverFit(
+            state.request.index,
+            (
+                f"after {state.preemptions} preemptions its {state.prompt + state.generated} tokens to recompute cannot "
+                f"be scheduled under the {self.limits.max_batched_tokens}-token budget without chunked prefill"
+            ),
+        )
 
     def update(self, batch: Batch, clock: float) -> Progress:
         """Step 3, the batch having run until ``clock``."""

@@ -21,17 +21,55 @@ def chrome_trace(iterations: Trace, finished: list[Finished], title: str) -> dic
     ]
     for i in range(len(iterations.time)):
         start, duration = iterations.time[i] * 1e6, iterations.duration[i] * 1e6
-        events.append({"name": "iteration", "ph": "X", "pid": 0, "tid": 0, "ts": start, "dur": duration,
-                       "args": {"prefill_tokens": iterations.prefill_tokens[i],
-                                "decode_tokens": iterations.decode_tokens[i], "running": iterations.running[i]}})
-        events.append({"name": "KV blocks in use", "ph": "C", "pid": 0, "ts": start + duration,
-                       "args": {"share": iterations.kv_used[i]}})
+        events.append(
+            {
+                "name": "iteration",
+                "ph": "X",
+                "pid": 0,
+                "tid": 0,
+                "ts": start,
+                "dur": duration,
+                "args": {
+                    "prefill_tokens": iterations.prefill_tokens[i],
+                    "decode_tokens": iterations.decode_tokens[i],
+                    "running": iterations.running[i],
+                },
+            }
+        )
+        events.append(
+            {
+                "name": "KV blocks in use",
+                "ph": "C",
+                "pid": 0,
+                "ts": start + duration,
+                "args": {"share": iterations.kv_used[i]},
+            }
+        )
     for request in sorted(finished, key=lambda f: f.index)[:MAX_REQUESTS]:
         arrival = request.arrival_s * 1e6
-        events.append({"name": f"request {request.index}", "ph": "X", "pid": 1, "tid": request.index, "ts": arrival,
-                       "dur": request.finish_s * 1e6 - arrival,
-                       "args": {"input_tokens": request.input_tokens, "output_tokens": request.output_tokens,
-                                "preemptions": request.preemptions}})
-        events.append({"name": "first token", "ph": "i", "s": "t", "pid": 1, "tid": request.index,
-                       "ts": request.first_token_s * 1e6})
+        events.append(
+            {
+                "name": f"request {request.index}",
+                "ph": "X",
+                "pid": 1,
+                "tid": request.index,
+                "ts": arrival,
+                "dur": request.finish_s * 1e6 - arrival,
+                "args": {
+                    "input_tokens": request.input_tokens,
+                    "output_tokens": request.output_tokens,
+                    "preemptions": request.preemptions,
+                },
+            }
+        )
+        events.append(
+            {
+                "name": "first token",
+                "ph": "i",
+                "s": "t",
+                "pid": 1,
+                "tid": request.index,
+                "ts": request.first_token_s * 1e6,
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -30,11 +30,26 @@ if TYPE_CHECKING:
 
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 
-LAYOUT_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights", "requests", "engine",
-               "price_per_device_hour", *plan_disaggregated.POOLS)
+LAYOUT_KEYS = (
+    "model",
+    "input",
+    "output",
+    "dtype",
+    "device",
+    "tp",
+    "pp",
+    "ep",
+    "weights",
+    "requests",
+    "engine",
+    "price_per_device_hour",
+    *plan_disaggregated.POOLS,
+)
 # What --objective ranks by: a row's figure, and whether more of it is better; and the figure in words.
-OBJECTIVES = {"cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),
-              "energy": ("output_tokens_per_joule", True, "output tokens per joule")}
+OBJECTIVES = {
+    "cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),
+    "energy": ("output_tokens_per_joule", True, "output tokens per joule"),
+}
 
 
 def objective_key(request: PlanRequest, row: dict[str, Any], throughput: float) -> float:
@@ -47,7 +62,11 @@ def objective_key(request: PlanRequest, row: dict[str, Any], throughput: float) 
     if value is None:
         return float("inf")
     return -value if more_is_better else value
-PRECISION = 0.05  # the bisection stops when the rate it has not settled is within 5% of the lowest that misses
+
+
+PRECISION = (
+    0.05  # the bisection stops when the rate it has not settled is within 5% of the lowest that misses
+)
 MOST_ROUNDS = 8
 
 
@@ -58,8 +77,10 @@ def misses(request: PlanRequest, row: dict[str, Any]) -> list[str]:
     why = [f"{row['never_fit']} request(s) never fit the KV cache"] if row.get("never_fit") else []
     for metric, objective in (("ttft", request.ttft), ("tpot", request.tpot)):
         if objective is not None and row[objective.field(metric)] > objective.seconds * 1e3:
-            why.append(f"{objective.statistic} {metric.upper()} {format_ms(row[objective.field(metric)])} over "
-                       f"{format_ms(objective.seconds * 1e3)}")
+            why.append(
+                f"{objective.statistic} {metric.upper()} {format_ms(row[objective.field(metric)])} over "
+                f"{format_ms(objective.seconds * 1e3)}"
+            )
     return why
 
 
@@ -67,8 +88,12 @@ def _rate(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def search(request: PlanRequest, command: Command, chosen: list[dict[str, Any]],
-           run: Callable[[list[Point]], SweepResult]) -> dict[str, Any]:
+def search(
+    request: PlanRequest,
+    command: Command,
+    chosen: list[dict[str, Any]],
+    run: Callable[[list[Point]], SweepResult],
+) -> dict[str, Any]:
     """The traffic search (see the module docstring) over ``chosen``, every layout's simulate values without the
     traffic; ``command`` is castcore simulate's. The fields of the plan's result."""
     started = time.perf_counter()
@@ -84,26 +109,47 @@ def search(request: PlanRequest, command: Command, chosen: list[dict[str, Any]],
         met.sort(key=lambda r: (objective_key(request, r, r["max_rate"] / r["devices"]), r["devices"]))
     else:
         first, met, missed = _replicas(request, chosen, round_of)
-        met.sort(key=lambda r: (objective_key(request, r, r["output_tokens_per_s_per_device"]), r["devices"],
-                                r["median_e2el_s"]))
-    missed = ([r for r in missed if not plan_disaggregated.pooled(r)]
-              + plan_disaggregated.last_tries([r for r in missed if plan_disaggregated.pooled(r)], met))
-    fewest = [min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
-              for name in request.devices if (mine := [r for r in met if r["device"] == name])]
+        met.sort(
+            key=lambda r: (
+                objective_key(request, r, r["output_tokens_per_s_per_device"]),
+                r["devices"],
+                r["median_e2el_s"],
+            )
+        )
+    missed = [r for r in missed if not plan_disaggregated.pooled(r)] + plan_disaggregated.last_tries(
+        [r for r in missed if plan_disaggregated.pooled(r)], met
+    )
+    fewest = [
+        min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
+        for name in request.devices
+        if (mine := [r for r in met if r["device"] == name])
+    ]
     figure, _, words = OBJECTIVES.get(request.objective) or (
-        ("max_rate", True, "requests/s per device") if request.max_rate
-        else ("output_tokens_per_s_per_device", True, "output tokens/s per device"))
-    return {"rows": everything, "best": met[:request.top], "fewest": fewest, "layouts": len(chosen),
-            "refused": [r for r in first if r.get("error")], "seconds": time.perf_counter() - started,
-            "missed": missed, "verdict": plan_disaggregated.verdict(request, met, figure, words)}
+        ("max_rate", True, "requests/s per device")
+        if request.max_rate
+        else ("output_tokens_per_s_per_device", True, "output tokens/s per device")
+    )
+    return {
+        "rows": everything,
+        "best": met[: request.top],
+        "fewest": fewest,
+        "layouts": len(chosen),
+        "refused": [r for r in first if r.get("error")],
+        "seconds": time.perf_counter() - started,
+        "missed": missed,
+        "verdict": plan_disaggregated.verdict(request, met, figure, words),
+    }
 
 
 def _layout(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in LAYOUT_KEYS}
 
 
-def _replicas(request: PlanRequest, chosen: list[dict[str, Any]],
-              round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> tuple[list, list]:
+def _replicas(
+    request: PlanRequest,
+    chosen: list[dict[str, Any]],
+    round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+) -> tuple[list, list]:
     traffic = {"rate": request.rate} if request.rate is not None else {"concurrency": request.concurrency}
     rows = first = round_of([{**values, **traffic, "dp": 1} for values in chosen])
     met, missed = [], []
@@ -113,8 +159,12 @@ def _replicas(request: PlanRequest, chosen: list[dict[str, Any]],
             why = misses(request, row)
             if not why:
                 met.append(row)
-            elif (not row.get("error") and not row.get("never_fit") and not plan_disaggregated.pooled(row)
-                  and row["devices"] * 2 <= request.max_devices):  # a disaggregated layout scales by its ratios
+            elif (
+                not row.get("error")
+                and not row.get("never_fit")
+                and not plan_disaggregated.pooled(row)
+                and row["devices"] * 2 <= request.max_devices
+            ):  # a disaggregated layout scales by its ratios
                 again.append({**_layout(row), **traffic, "dp": row["dp"] * 2})
             elif not row.get("error"):  # the last try of this layout
                 missed.append({**row, "missed": "; ".join(why)})
@@ -122,12 +172,18 @@ def _replicas(request: PlanRequest, chosen: list[dict[str, Any]],
     return first, met, missed
 
 
-def _max_rates(request: PlanRequest, chosen: list[dict[str, Any]],
-               round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> tuple[list, list]:
+def _max_rates(
+    request: PlanRequest,
+    chosen: list[dict[str, Any]],
+    round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+) -> tuple[list, list]:
     first = round_of([{**values, "dp": 1} for values in chosen])  # all at once: the most it can serve
     # Per layout still searched: [the highest rate met and its row, the lowest rate missed].
-    bounds = {i: [0.0, None, row["request_throughput"]] for i, row in enumerate(first)
-              if not row.get("error") and not row.get("never_fit")}
+    bounds = {
+        i: [0.0, None, row["request_throughput"]]
+        for i, row in enumerate(first)
+        if not row.get("error") and not row.get("never_fit")
+    }
     for _ in range(MOST_ROUNDS):
         open_ = [i for i, (low, _, high) in bounds.items() if high - low > PRECISION * high]
         if not open_:
@@ -140,10 +196,16 @@ def _max_rates(request: PlanRequest, chosen: list[dict[str, Any]],
             else:
                 bounds[i][:2] = [tried[i], row]
     met = [{**row, "max_rate": low} for low, row, _ in bounds.values() if row is not None]
-    missed = [{**first[i], "missed": f"misses the objectives even at {high:g} requests/s"}
-              for i, (_, row, high) in bounds.items() if row is None]
-    missed += [{**row, "missed": "; ".join(misses(request, row))} for i, row in enumerate(first)
-               if not row.get("error") and i not in bounds]
+    missed = [
+        {**first[i], "missed": f"misses the objectives even at {high:g} requests/s"}
+        for i, (_, row, high) in bounds.items()
+        if row is None
+    ]
+    missed += [
+        {**row, "missed": "; ".join(misses(request, row))}
+        for i, row in enumerate(first)
+        if not row.get("error") and i not in bounds
+    ]
     return first, met, missed
 
 
@@ -159,8 +221,9 @@ def device_prices(given: list[str] | None) -> dict[str, float]:
         except ValueError:
             value = float("nan")
         if not name or not 0 < value < float("inf"):
-            raise ModelError(f"{say('device_prices', [text])}: give NAME=USD with a price above zero, such as "
-                             "b200=6")
+            raise ModelError(
+                f"{say('device_prices', [text])}: give NAME=USD with a price above zero, such as b200=6"
+            )
         found[name] = value
     return found
 
@@ -171,12 +234,15 @@ def check_prices(request: PlanRequest, devices: dict[str, Any]) -> None:
 
     unknown = [name for name in request.device_prices if name not in devices]
     if unknown:
-        raise ModelError(f"{say('device_prices', [f'{unknown[0]}=...'])}: no such device; installed: "
-                         f"{', '.join(devices)}")
+        raise ModelError(
+            f"{say('device_prices', [f'{unknown[0]}=...'])}: no such device; installed: {', '.join(devices)}"
+        )
     unpriced = [name for name in request.devices if request.price(name) is None]
     if request.objective == "cost" and unpriced:
-        raise ModelError(f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
-                         f"{say('price_per_device_hour')}, or {say('device_prices')} for {', '.join(unpriced)}")
+        raise ModelError(
+            f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
+            f"{say('price_per_device_hour')}, or {say('device_prices')} for {', '.join(unpriced)}"
+        )
 
 
 def check(request: PlanRequest) -> None:
@@ -184,9 +250,13 @@ def check(request: PlanRequest) -> None:
     from castcore.errors import ModelError
 
     if request.objective == "cost" and request.price_per_device_hour is None and not request.device_prices:
-        raise ModelError(f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
-                         f"{say('price_per_device_hour')} (or {say('device_prices')} per device)")
+        raise ModelError(
+            f"{say('objective', 'cost')} ranks by dollars per million output tokens: give "
+            f"{say('price_per_device_hour')} (or {say('device_prices')} per device)"
+        )
     plan_disaggregated.check(request)
     if request.max_rate and request.ttft is None and request.tpot is None:
-        raise ModelError(f"{say('max_rate', True)} finds the highest rate that meets the objectives: give "
-                         f"{say('ttft')} or {say('tpot')}")
+        raise ModelError(
+            f"{say('max_rate', True)} finds the highest rate that meets the objectives: give "
+            f"{say('ttft')} or {say('tpot')}"
+        )

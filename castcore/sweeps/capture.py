@@ -43,8 +43,12 @@ if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
     from castcore.plugins.host import PluginHost
 
-CASTCORE_FOLDER = Path(__file__).resolve().parents[1]  # castcore's own sources: this file is castcore/sweeps/capture.py
-FORMAT = 3  # of a stored entry (3: JSON through castcore.recording.stored); a new one makes every old key miss
+CASTCORE_FOLDER = (
+    Path(__file__).resolve().parents[1]
+)  # castcore's own sources: this file is castcore/sweeps/capture.py
+FORMAT = (
+    3  # of a stored entry (3: JSON through castcore.recording.stored); a new one makes every old key miss
+)
 MEMORY_ENTRIES = 32
 
 
@@ -81,9 +85,15 @@ def environment(host: PluginHost) -> str:
         else:
             plugins.append((name, type(plugin).__qualname__))
     labels = sorted(f"{info.label} {info.status}" for info in host.plugins.infos)
-    return digest({"castcore": [_version("castcore"), _source_digest(CASTCORE_FOLDER)],
-                   "torch": torch.__version__, "transformers": _version("transformers"),
-                   "plugins": sorted(plugins), "labels": labels})
+    return digest(
+        {
+            "castcore": [_version("castcore"), _source_digest(CASTCORE_FOLDER)],
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "plugins": sorted(plugins),
+            "labels": labels,
+        }
+    )
 
 
 def model_identity(model: str) -> str:
@@ -133,8 +143,13 @@ class CaptureCache:
         if message not in self.stats.warnings:
             self.stats.warnings.append(message)
 
-    def __call__(self, host: PluginHost, workload: Workload, device: DeviceProfile,
-                 progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, Capture]:
+    def __call__(
+        self,
+        host: PluginHost,
+        workload: Workload,
+        device: DeviceProfile,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[BuiltModel, Capture]:
         if not workload.named:  # a module object: nothing to key it by
             self._capturing()
             return self.original(host, workload, device, progress)
@@ -147,8 +162,14 @@ class CaptureCache:
             return built, captured
         return self._built(entry, workload), entry["capture"]
 
-    def decode_steps(self, host: PluginHost, workload: Workload, device: DeviceProfile, kv_lens: list[int],
-                     progress: Callable[[int], None] | None = None) -> tuple[BuiltModel, dict[int, Capture]]:
+    def decode_steps(
+        self,
+        host: PluginHost,
+        workload: Workload,
+        device: DeviceProfile,
+        kv_lens: list[int],
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[BuiltModel, dict[int, Capture]]:
         """What ``castcore.deploy.pipeline.capture_decode_steps`` gives: the steps found in the cache, and the
         rest captured from one built model."""
         from castcore.deploy.pipeline import capture_decode_steps
@@ -173,8 +194,14 @@ class CaptureCache:
             built = made
         return built, captures
 
-    def mixed(self, host: PluginHost, workload: Workload, device: DeviceProfile, chunks: tuple,
-              capture: Callable[[], tuple[BuiltModel, Capture]]) -> tuple[BuiltModel, Capture]:
+    def mixed(
+        self,
+        host: PluginHost,
+        workload: Workload,
+        device: DeviceProfile,
+        chunks: tuple,
+        capture: Callable[[], tuple[BuiltModel, Capture]],
+    ) -> tuple[BuiltModel, Capture]:
         """What ``capture()`` gives for one mixed batch (castcore.serving.mixed_batch): ``workload`` is its packed row,
         ``chunks`` its sequences as (new tokens, cached tokens, samples), which the key adds."""
         key = digest({"mixed": self.key(host, workload, device), "chunks": [list(c) for c in chunks]})
@@ -202,9 +229,15 @@ class CaptureCache:
     def _keep(self, key: str, built: BuiltModel, captured: Capture) -> None:
         self.stats.captured += 1
         self._intern(captured)
-        entry = {"format": FORMAT, "description": built.description, "notes": list(built.notes),
-                 "config": _plain_config(built.config), "kv_cache_shape": built.kv_cache_shape, "capture": captured,
-                 "layers": _layers(built.model)}
+        entry = {
+            "format": FORMAT,
+            "description": built.description,
+            "notes": list(built.notes),
+            "config": _plain_config(built.config),
+            "kv_cache_shape": built.kv_cache_shape,
+            "capture": captured,
+            "layers": _layers(built.model),
+        }
         if not (self.disk and self._store(key, entry)):
             self.stats.unstored += 1
         self._remember(key, entry)
@@ -220,13 +253,23 @@ class CaptureCache:
         env = self._environment.get(id(host))
         if env is None:
             env = self._environment[id(host)] = environment(host)
-        return digest({"format": FORMAT, "environment": env, "model": model_identity(workload.model),
-                       "workload": workload.options(), "device": self.device_signature(host, workload, device)})
+        return digest(
+            {
+                "format": FORMAT,
+                "environment": env,
+                "model": model_identity(workload.model),
+                "workload": workload.options(),
+                "device": self.device_signature(host, workload, device),
+            }
+        )
 
     def device_signature(self, host: PluginHost, workload: Workload, device: DeviceProfile) -> dict[str, Any]:
         """What of ``device`` the capture depends on (see the module docstring)."""
-        signature: dict[str, Any] = {"whole_ops": sorted((str(op), sorted(map(str, outranking)))
-                                                         for op, outranking in host.outranking(device).items())}
+        signature: dict[str, Any] = {
+            "whole_ops": sorted(
+                (str(op), sorted(map(str, outranking))) for op, outranking in host.outranking(device).items()
+            )
+        }
         if workload.activations is not None or workload.weights in ("fp8-block", "nvfp4", "mxfp4"):
             signature["mma_dtypes"] = sorted(device.mma_flops)  # which products run, and which are refused
         if workload.fuse and not workload.train and host.plugins.pm.hook.fuse_model.get_hookimpls():
@@ -236,10 +279,20 @@ class CaptureCache:
     def _fuse_fingerprint(self, host: PluginHost, workload: Workload, device: DeviceProfile) -> str:
         # The plugins' rewrite depends on the model's modules, which a preset or config.json builds the same at
         # any batch and length; a factory may build another model for each, so it is probed as asked.
-        probe = workload if is_factory(workload.model) else Workload(model=workload.model, dtype=workload.dtype,
-                                                                      batch=1, seq=8)
-        key = digest({"format": FORMAT, "environment": self._environment[id(host)], "device": repr(device),
-                      "model": model_identity(workload.model), "probe": probe.options()})
+        probe = (
+            workload
+            if is_factory(workload.model)
+            else Workload(model=workload.model, dtype=workload.dtype, batch=1, seq=8)
+        )
+        key = digest(
+            {
+                "format": FORMAT,
+                "environment": self._environment[id(host)],
+                "device": repr(device),
+                "model": model_identity(workload.model),
+                "probe": probe.options(),
+            }
+        )
         if key in self._fused:
             return self._fused[key]
         found = self._read_fused(key) if self.disk else None
@@ -249,7 +302,10 @@ class CaptureCache:
             with CAPTURE_LOCK:  # building touches process-wide state, as a capture does
                 built = build(probe)
                 lines = host.fuse(built.model, device)
-            modules = [f"{name}:{type(m).__module__}.{type(m).__qualname__}" for name, m in built.model.named_modules()]
+            modules = [
+                f"{name}:{type(m).__module__}.{type(m).__qualname__}"
+                for name, m in built.model.named_modules()
+            ]
             found = digest({"lines": lines, "modules": modules})
             if self.disk:
                 store.write(key, ".fused", found.encode())
@@ -270,8 +326,10 @@ class CaptureCache:
         except UnicodeDecodeError:
             text = None
         if data is not None and (text is None or len(text) != 64):
-            self._warn(f"discarded the unreadable cache entry {store.captures_dir() / (key + '.fused')}; "
-                       "rebuilding it")
+            self._warn(
+                f"discarded the unreadable cache entry {store.captures_dir() / (key + '.fused')}; "
+                "rebuilding it"
+            )
             return None
         return text
 
@@ -281,9 +339,13 @@ class CaptureCache:
             return None
         try:
             entry = stored.loads(data)
-        except stored.StoredError as exc:  # cut, altered, or an op no longer registered: capture anew, store over
-            self._warn(f"discarded the unreadable cache entry {store.captures_dir() / (key + '.capture')} ({exc}); "
-                       "capturing it again")
+        except (
+            stored.StoredError
+        ) as exc:  # cut, altered, or an op no longer registered: capture anew, store over
+            self._warn(
+                f"discarded the unreadable cache entry {store.captures_dir() / (key + '.capture')} ({exc}); "
+                "capturing it again"
+            )
             return None
         return entry if entry.get("format") == FORMAT else None
 
@@ -294,8 +356,10 @@ class CaptureCache:
             return False
         if store.write(key, ".capture", data):
             return True
-        self._warn(f"the capture cache folder {store.captures_dir()} cannot be written, so nothing is cached for "
-                   "the next run (set XDG_CACHE_HOME to a folder you can write)")
+        self._warn(
+            f"the capture cache folder {store.captures_dir()} cannot be written, so nothing is cached for "
+            "the next run (set XDG_CACHE_HOME to a folder you can write)"
+        )
         return False
 
     def _remember(self, key: str, entry: dict[str, Any]) -> None:
@@ -307,8 +371,13 @@ class CaptureCache:
     def _built(self, entry: dict[str, Any], workload: Workload) -> BuiltModel:
         """What the pipeline reads of a built model after its capture. The model itself is read only to split a
         capture into pipeline stages, by its class name and its decoder layers; a stand-in with those serves."""
-        return BuiltModel(model=_stand_in(*entry["layers"]), description=entry["description"],
-                          notes=list(entry["notes"]), config=entry["config"], kv_cache_shape=entry["kv_cache_shape"])
+        return BuiltModel(
+            model=_stand_in(*entry["layers"]),
+            description=entry["description"],
+            notes=list(entry["notes"]),
+            config=entry["config"],
+            kv_cache_shape=entry["kv_cache_shape"],
+        )
 
 
 def _plain_config(config: Any) -> Any:
@@ -332,7 +401,9 @@ def _layers(model: nn.Module) -> tuple[str, str | None, int]:
     from castcore.deploy.parallel.sequence import decoder_layers
 
     found = decoder_layers(model)
-    return (type(model).__name__, None, 0) if found is None else (type(model).__name__, found[0], len(found[1]))
+    return (
+        (type(model).__name__, None, 0) if found is None else (type(model).__name__, found[0], len(found[1]))
+    )
 
 
 def _stand_in(name: str, path: str | None, count: int) -> nn.Module:
@@ -348,4 +419,3 @@ def _stand_in(name: str, path: str | None, count: int) -> nn.Module:
         holder.add_module(last, nn.ModuleList(nn.Module() for _ in range(count)))
         root.config = SimpleNamespace(num_hidden_layers=count)
     return root
-

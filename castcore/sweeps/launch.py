@@ -57,27 +57,41 @@ ENGINES = ("vllm", "sglang", "trtllm")
 # Each preset's checkpoint on the Hugging Face hub: the repository its castcore/workload/presets file names as its
 # source (Meta-Llama-3.1-405B is now meta-llama/Llama-3.1-405B).
 HUB_IDS = {
-    "deepseek-v3": "deepseek-ai/DeepSeek-V3", "gpt-oss-120b": "openai/gpt-oss-120b",
-    "gpt-oss-20b": "openai/gpt-oss-20b", "kimi-k2": "moonshotai/Kimi-K2-Instruct",
-    "llama-3-70b": "meta-llama/Meta-Llama-3-70B", "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "gpt-oss-20b": "openai/gpt-oss-20b",
+    "kimi-k2": "moonshotai/Kimi-K2-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
     "llama-3.1-405b": "meta-llama/Llama-3.1-405B",
-    "llama-4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct", "mistral-7b": "mistralai/Mistral-7B-v0.1",
-    "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1", "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
-    "qwen2.5-7b": "Qwen/Qwen2.5-7B", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "llama-4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "mistral-7b": "mistralai/Mistral-7B-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
 }
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PERCENTILES = "50,90,95,99"  # castcore simulate reports the median, p90, p95 and p99
 # Online quantization of a bf16 checkpoint, where the engine has a flag for it: (weights, activations) -> flags.
 ONLINE = {
     "vllm": {("fp8", "fp8"): ["--quantization", "fp8"]},
-    "sglang": {("fp8", "fp8"): ["--quantization", "fp8"], ("fp8", None): ["--torchao-config", "fp8wo"],
-               ("int8", None): ["--torchao-config", "int8wo"], ("int8", "int8"): ["--torchao-config", "int8dq"],
-               ("int4", None): ["--torchao-config", "int4wo-128"]},
+    "sglang": {
+        ("fp8", "fp8"): ["--quantization", "fp8"],
+        ("fp8", None): ["--torchao-config", "fp8wo"],
+        ("int8", None): ["--torchao-config", "int8wo"],
+        ("int8", "int8"): ["--torchao-config", "int8dq"],
+        ("int4", None): ["--torchao-config", "int4wo-128"],
+    },
     "trtllm": {},
 }
 CHECKPOINTS = {  # what to serve instead, where no flag quantizes a bf16 checkpoint so
-    ("fp8", None): "a weight-only fp8 checkpoint (the engine's fp8 flag quantizes activations too: price that with "
-                   "activations fp8)",
+    (
+        "fp8",
+        None,
+    ): "a weight-only fp8 checkpoint (the engine's fp8 flag quantizes activations too: price that with "
+    "activations fp8)",
     ("fp8", "fp8"): "an fp8 checkpoint (TensorRT Model Optimizer's FP8)",
     ("fp8-block", None): "an fp8 checkpoint in 128x128 blocks (as DeepSeek-V3 ships)",
     ("int8", None): "an int8 weight-only checkpoint (GPTQ 8-bit or compressed-tensors W8A16)",
@@ -109,10 +123,19 @@ class Deployment:
     @classmethod
     def of(cls, row: dict[str, Any], dtype: str = "bf16") -> Deployment:
         """A plan's row (castcore plan --json's ``best``)."""
-        return cls(model=row["model"], device=row.get("device"), tp=row.get("tp", 1), pp=row.get("pp", 1),
-                   ep=row.get("ep", 1), attention_dp=row.get("attention_dp", 1), dp=row.get("dp", 1),
-                   dtype=row.get("dtype") or dtype, weights=row.get("weights"),
-                   activations=row.get("activations"), kv_cache=row.get("kv_cache"))
+        return cls(
+            model=row["model"],
+            device=row.get("device"),
+            tp=row.get("tp", 1),
+            pp=row.get("pp", 1),
+            ep=row.get("ep", 1),
+            attention_dp=row.get("attention_dp", 1),
+            dp=row.get("dp", 1),
+            dtype=row.get("dtype") or dtype,
+            weights=row.get("weights"),
+            activations=row.get("activations"),
+            kv_cache=row.get("kv_cache"),
+        )
 
 
 @dataclass(frozen=True)
@@ -146,19 +169,35 @@ class LaunchFiles:
         """The commands as a shell script: notes as comments, trtllm-serve's YAML as a heredoc."""
         out = [f"# note: {n}" for n in self.notes]
         if self.options_yaml is not None:
-            out += ["# the options trtllm-serve takes only from its YAML file",
-                    f"cat > {self.options_file} <<'EOF'", *self.options_yaml.splitlines(), "EOF"]
-        out += ["# start the server", shlex.join(self.launch),
-                f"# once it is up, benchmark the same traffic (writes {self.result_file})", shlex.join(self.bench),
-                f"# castcore's simulation of that run, under the benchmark's field names (writes {self.simulate_file})",
-                f"{shlex.join(self.simulate)} > {self.simulate_file}"]
+            out += [
+                "# the options trtllm-serve takes only from its YAML file",
+                f"cat > {self.options_file} <<'EOF'",
+                *self.options_yaml.splitlines(),
+                "EOF",
+            ]
+        out += [
+            "# start the server",
+            shlex.join(self.launch),
+            f"# once it is up, benchmark the same traffic (writes {self.result_file})",
+            shlex.join(self.bench),
+            f"# castcore's simulation of that run, under the benchmark's field names (writes {self.simulate_file})",
+            f"{shlex.join(self.simulate)} > {self.simulate_file}",
+        ]
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "model_id": self.model_id, "launch": shlex.join(self.launch),
-                "options_file": self.options_file, "options_yaml": self.options_yaml,
-                "bench": shlex.join(self.bench), "result_file": self.result_file,
-                "simulate": shlex.join(self.simulate), "simulate_file": self.simulate_file, "notes": self.notes}
+        return {
+            "engine": self.engine,
+            "model_id": self.model_id,
+            "launch": shlex.join(self.launch),
+            "options_file": self.options_file,
+            "options_yaml": self.options_yaml,
+            "bench": shlex.join(self.bench),
+            "result_file": self.result_file,
+            "simulate": shlex.join(self.simulate),
+            "simulate_file": self.simulate_file,
+            "notes": self.notes,
+        }
 
 
 def hub_id(model: str) -> tuple[str, str | None]:
@@ -170,8 +209,10 @@ def hub_id(model: str) -> tuple[str, str | None]:
     if is_factory(model):
         return "MODEL", f"{model} is a Python factory: replace MODEL with the checkpoint it builds"
     folder = str(Path(model).parent)
-    return folder, (f"{folder} holds the config.json castcore priced: put the checkpoint's weights and tokenizer "
-                    "there, or replace it with the checkpoint's hub id")
+    return folder, (
+        f"{folder} holds the config.json castcore priced: put the checkpoint's weights and tokenizer "
+        "there, or replace it with the checkpoint's hub id"
+    )
 
 
 def _moe(config: dict[str, Any]) -> bool:
@@ -191,15 +232,19 @@ def _quantization(engine: str, d: Deployment, config: dict[str, Any], notes: lis
         return []
     found = checkpoint.shipped(d.model, config) if config else None
     if found is not None and found[0].get("weights") == weights:
-        notes.append(f"the checkpoint ships {weights} weights: the engine reads its quantization_config, no flag")
+        notes.append(
+            f"the checkpoint ships {weights} weights: the engine reads its quantization_config, no flag"
+        )
         return []
     flags = ONLINE[engine].get((weights, activations))
     if flags is not None:
         return list(flags)
     wanted = CHECKPOINTS.get((weights, activations), f"a checkpoint of {weights} weights")
-    notes.append(f"no {engine} flag quantizes a bf16 checkpoint to castcore's {weights} weights"
-                 + (f" with {activations} activations" if activations else "")
-                 + f": serve {wanted} as MODEL; the engine reads its quantization_config")
+    notes.append(
+        f"no {engine} flag quantizes a bf16 checkpoint to castcore's {weights} weights"
+        + (f" with {activations} activations" if activations else "")
+        + f": serve {wanted} as MODEL; the engine reads its quantization_config"
+    )
     return []
 
 
@@ -215,8 +260,10 @@ def _kv_cache(engine: str, d: Deployment, notes: list[str]) -> str | None:
 def _dtype(engine: str, d: Deployment, notes: list[str]) -> list[str]:
     if d.dtype in TORCH_DTYPES:
         return ["--dtype", TORCH_DTYPES[d.dtype]] if engine != "trtllm" else []
-    notes.append(f"{engine} has no {d.dtype} mode: it runs fp32 products without TF32 unless the GPU's default "
-                 "allows it")
+    notes.append(
+        f"{engine} has no {d.dtype} mode: it runs fp32 products without TF32 unless the GPU's default "
+        "allows it"
+    )
     return ["--dtype", "float32"] if engine != "trtllm" else []
 
 
@@ -234,21 +281,27 @@ def _replicas(engine: str, d: Deployment, moe: bool, notes: list[str]) -> int:
         why = "vllm serve's data-parallel ranks share a mixture-of-experts model's expert layers"
     if why is None:
         return 1
-    notes.append(f"castcore priced {d.dp} independent replicas and {why}: start {d.dp} of these servers behind a "
-                 "load balancer; the benchmark and the simulation below are one replica's, at its share of the "
-                 "traffic")
+    notes.append(
+        f"castcore priced {d.dp} independent replicas and {why}: start {d.dp} of these servers behind a "
+        "load balancer; the benchmark and the simulation below are one replica's, at its share of the "
+        "traffic"
+    )
     return d.dp
 
 
-def _parallel(engine: str, d: Deployment, replicas: int, notes: list[str]) -> tuple[list[str], dict[str, Any]]:
+def _parallel(
+    engine: str, d: Deployment, replicas: int, notes: list[str]
+) -> tuple[list[str], dict[str, Any]]:
     groups = _attention_groups(d)
     experts = d.ep > 1 or groups > 1
     yaml: dict[str, Any] = {}
     if groups > 1:
         notes.append("castcore simulate refuses attention data parallelism yet: its command below says so")
     if d.ep > 1 and d.ep not in (d.tp, d.tp * groups):
-        notes.append(f"castcore's {say('ep', d.ep)} with {say('tp', d.tp)} splits the experts over fewer devices than "
-                     f"the tensor group: {engine} has no such layout, the flags below split them over the group")
+        notes.append(
+            f"castcore's {say('ep', d.ep)} with {say('tp', d.tp)} splits the experts over fewer devices than "
+            f"the tensor group: {engine} has no such layout, the flags below split them over the group"
+        )
     dp = d.dp if replicas == 1 else 1
     if engine == "vllm":
         flags = ["--tensor-parallel-size", str(d.tp), "--pipeline-parallel-size", str(d.pp)]
@@ -264,9 +317,11 @@ def _parallel(engine: str, d: Deployment, replicas: int, notes: list[str]) -> tu
         return flags + (["--ep-size", str(d.tp * groups)] if experts else []), yaml
     if groups > 1:
         if d.tp > 1:
-            notes.append(f"TensorRT-LLM's attention data parallelism gives every rank its own attention group; "
-                         f"castcore's attention groups of {say('tp', d.tp)} have no counterpart: the flags below "
-                         f"run {d.tp * groups} groups of one device")
+            notes.append(
+                f"TensorRT-LLM's attention data parallelism gives every rank its own attention group; "
+                f"castcore's attention groups of {say('tp', d.tp)} have no counterpart: the flags below "
+                f"run {d.tp * groups} groups of one device"
+            )
         yaml["enable_attention_dp"] = True
     flags = ["--tp_size", str(d.tp * groups), "--pp_size", str(d.pp)]
     return flags + (["--ep_size", str(d.tp * groups)] if experts else []), yaml
@@ -276,23 +331,41 @@ def _limits(engine: str, limits: EngineLimits, notes: list[str]) -> tuple[list[s
     yaml: dict[str, Any] = {}
     share = limits.memory_share_of == PRESETS[engine].memory_share_of
     if not share:
-        notes.append(f"the memory fraction castcore simulated ({limits.kv_memory_fraction:g} of the "
-                     f"{limits.memory_share_of} memory) is not how {engine} counts it: its own default stays")
+        notes.append(
+            f"the memory fraction castcore simulated ({limits.kv_memory_fraction:g} of the "
+            f"{limits.memory_share_of} memory) is not how {engine} counts it: its own default stays"
+        )
     if limits.scheduler_steps > 1:
-        notes.append(f"{engine} schedules every iteration: castcore's {say('scheduler_steps', limits.scheduler_steps)} "
-                     "has no counterpart")
+        notes.append(
+            f"{engine} schedules every iteration: castcore's {say('scheduler_steps', limits.scheduler_steps)} "
+            "has no counterpart"
+        )
     if engine != "trtllm" and limits.kv_policy == "reserve":
-        notes.append(f"{engine} preempts when the KV cache runs out: castcore's {say('kv_policy', 'reserve')} has no "
-                     "counterpart")
+        notes.append(
+            f"{engine} preempts when the KV cache runs out: castcore's {say('kv_policy', 'reserve')} has no "
+            "counterpart"
+        )
     tokens, running = str(limits.max_batched_tokens), str(limits.max_running_requests)
     fraction = [f"{limits.kv_memory_fraction:g}"] if share else []
     if engine == "vllm":
-        flags = ["--max-num-batched-tokens", tokens, "--max-num-seqs", running, "--block-size", str(limits.block_size)]
+        flags = [
+            "--max-num-batched-tokens",
+            tokens,
+            "--max-num-seqs",
+            running,
+            "--block-size",
+            str(limits.block_size),
+        ]
         flags += ["--gpu-memory-utilization", *fraction] if share else []
-        return flags + ["--enable-chunked-prefill" if limits.chunked_prefill else "--no-enable-chunked-prefill"], yaml
+        return flags + [
+            "--enable-chunked-prefill" if limits.chunked_prefill else "--no-enable-chunked-prefill"
+        ], yaml
     if engine == "sglang":
-        flags = ["--chunked-prefill-size", tokens] if limits.chunked_prefill else [
-            "--chunked-prefill-size", "-1", "--max-prefill-tokens", tokens]
+        flags = (
+            ["--chunked-prefill-size", tokens]
+            if limits.chunked_prefill
+            else ["--chunked-prefill-size", "-1", "--max-prefill-tokens", tokens]
+        )
         flags += ["--max-running-requests", running, "--page-size", str(limits.block_size)]
         return flags + (["--mem-fraction-static", *fraction] if share else []), yaml
     flags = ["--max_batch_size", running, "--max_num_tokens", tokens]
@@ -318,20 +391,32 @@ def _share(traffic: Traffic, replicas: int) -> Traffic:
     """One replica's traffic when castcore's replicas run as separate servers."""
     if replicas == 1:
         return traffic
-    return Traffic(traffic.input_tokens, traffic.output_tokens, max(1, traffic.requests // replicas),
-                   None if traffic.rate is None else traffic.rate / replicas,
-                   None if traffic.concurrency is None else max(1, traffic.concurrency // replicas),
-                   traffic.burstiness, traffic.seed)
+    return Traffic(
+        traffic.input_tokens,
+        traffic.output_tokens,
+        max(1, traffic.requests // replicas),
+        None if traffic.rate is None else traffic.rate / replicas,
+        None if traffic.concurrency is None else max(1, traffic.concurrency // replicas),
+        traffic.burstiness,
+        traffic.seed,
+    )
 
 
 def _bench(engine: str, model_id: str, traffic: Traffic, result: str, notes: list[str]) -> list[str]:
-    lengths = ["--random-input-len", str(traffic.input_tokens), "--random-output-len", str(traffic.output_tokens)]
+    lengths = [
+        "--random-input-len",
+        str(traffic.input_tokens),
+        "--random-output-len",
+        str(traffic.output_tokens),
+    ]
     if traffic.rate is not None:
         arrivals = ["--request-rate", f"{traffic.rate:g}"]
         if traffic.burstiness != 1:
             if engine == "sglang":
-                notes.append("sglang.bench_serving draws Poisson arrivals only: castcore's burstiness "
-                             f"{traffic.burstiness:g} has no counterpart there")
+                notes.append(
+                    "sglang.bench_serving draws Poisson arrivals only: castcore's burstiness "
+                    f"{traffic.burstiness:g} has no counterpart there"
+                )
             else:
                 arrivals += ["--burstiness", f"{traffic.burstiness:g}"]
     elif traffic.concurrency is not None:
@@ -341,25 +426,98 @@ def _bench(engine: str, model_id: str, traffic: Traffic, result: str, notes: lis
     common = ["--num-prompts", str(traffic.requests), *arrivals, "--seed", str(traffic.seed)]
     percentiles = ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES]
     if engine == "sglang":
-        notes.append("sglang.bench_serving appends one JSON line with vllm's ttft, tpot and itl names but "
-                     "*_e2e_latency_ms for castcore's *_e2el_ms, and no p90 or p95")
-        return ["python", "-m", "sglang.bench_serving", "--backend", "sglang", "--model", model_id,
-                "--dataset-name", "random", *lengths, "--random-range-ratio", "1", *common, "--output-file", result]
+        notes.append(
+            "sglang.bench_serving appends one JSON line with vllm's ttft, tpot and itl names but "
+            "*_e2e_latency_ms for castcore's *_e2el_ms, and no p90 or p95"
+        )
+        return [
+            "python",
+            "-m",
+            "sglang.bench_serving",
+            "--backend",
+            "sglang",
+            "--model",
+            model_id,
+            "--dataset-name",
+            "random",
+            *lengths,
+            "--random-range-ratio",
+            "1",
+            *common,
+            "--output-file",
+            result,
+        ]
     if engine == "vllm":
-        head = ["vllm", "bench", "serve", "--backend", "vllm", "--model", model_id, "--dataset-name", "random"]
-        return [*head, *lengths, "--random-range-ratio", "0", "--ignore-eos", *common, *percentiles, "--save-result",
-                "--result-filename", result]
-    head = ["python", "-m", "tensorrt_llm.serve.scripts.benchmark_serving", "--backend", "openai", "--model",
-            model_id, "--dataset-name", "random", "--random-ids"]
-    return [*head, *lengths, "--random-range-ratio", "0", "--ignore-eos", *common, *percentiles, "--save-result",
-            "--result-filename", result]
+        head = [
+            "vllm",
+            "bench",
+            "serve",
+            "--backend",
+            "vllm",
+            "--model",
+            model_id,
+            "--dataset-name",
+            "random",
+        ]
+        return [
+            *head,
+            *lengths,
+            "--random-range-ratio",
+            "0",
+            "--ignore-eos",
+            *common,
+            *percentiles,
+            "--save-result",
+            "--result-filename",
+            result,
+        ]
+    head = [
+        "python",
+        "-m",
+        "tensorrt_llm.serve.scripts.benchmark_serving",
+        "--backend",
+        "openai",
+        "--model",
+        model_id,
+        "--dataset-name",
+        "random",
+        "--random-ids",
+    ]
+    return [
+        *head,
+        *lengths,
+        "--random-range-ratio",
+        "0",
+        "--ignore-eos",
+        *common,
+        *percentiles,
+        "--save-result",
+        "--result-filename",
+        result,
+    ]
 
 
-def _simulate(engine: str, d: Deployment, traffic: Traffic, replicas: int, limits: EngineLimits,
-              castcore_options: list[str]) -> list[str]:
-    argv = ["castcore", "simulate", "--model", d.model, *(["--device", d.device] if d.device else []),
-            "--input", str(traffic.input_tokens), "--output", str(traffic.output_tokens),
-            "--requests", str(traffic.requests)]
+def _simulate(
+    engine: str,
+    d: Deployment,
+    traffic: Traffic,
+    replicas: int,
+    limits: EngineLimits,
+    castcore_options: list[str],
+) -> list[str]:
+    argv = [
+        "castcore",
+        "simulate",
+        "--model",
+        d.model,
+        *(["--device", d.device] if d.device else []),
+        "--input",
+        str(traffic.input_tokens),
+        "--output",
+        str(traffic.output_tokens),
+        "--requests",
+        str(traffic.requests),
+    ]
     if traffic.rate is not None:
         gaps = ["--burstiness", f"{traffic.burstiness:g}"] if traffic.burstiness != 1 else []
         argv += ["--rate", f"{traffic.rate:g}", *gaps]
@@ -367,8 +525,15 @@ def _simulate(engine: str, d: Deployment, traffic: Traffic, replicas: int, limit
         argv += ["--concurrency", str(traffic.concurrency)]
     argv += ["--seed", str(traffic.seed), "--engine", engine]
     preset = PRESETS[engine]
-    for name in ("max_running_requests", "max_batched_tokens", "block_size", "kv_memory_fraction", "kv_policy",
-                 "scheduler_steps", "chunked_prefill"):
+    for name in (
+        "max_running_requests",
+        "max_batched_tokens",
+        "block_size",
+        "kv_memory_fraction",
+        "kv_policy",
+        "scheduler_steps",
+        "chunked_prefill",
+    ):
         value = getattr(limits, name)
         if value != getattr(preset, name):
             shown = {True: "on", False: "off"}[value] if name == "chunked_prefill" else f"{value:g}"
@@ -382,8 +547,13 @@ def _simulate(engine: str, d: Deployment, traffic: Traffic, replicas: int, limit
     return [*argv, *castcore_options, "--json"]
 
 
-def launch_files(engine: str, deployment: Deployment, traffic: Traffic, limits: EngineLimits | None = None,
-                 castcore_options: list[str] | tuple[str, ...] = ()) -> LaunchFiles:
+def launch_files(
+    engine: str,
+    deployment: Deployment,
+    traffic: Traffic,
+    limits: EngineLimits | None = None,
+    castcore_options: list[str] | tuple[str, ...] = (),
+) -> LaunchFiles:
     """The launch, benchmark and simulate commands of ``deployment`` under ``traffic`` on ``engine`` (see the module
     docstring). ``limits``: what castcore simulated with (default: the engine's preset); ``castcore_options``: the
     plugin options the simulate command needs (``--device-file F``, ``--no-packs``)."""
@@ -405,9 +575,19 @@ def launch_files(engine: str, deployment: Deployment, traffic: Traffic, limits: 
     bench = _bench(engine, model_id, traffic, result, notes)
     simulate = _simulate(engine, deployment, traffic, replicas, limits, list(castcore_options))
     if engine != "trtllm":
-        head = ["vllm", "serve", model_id] if engine == "vllm" else [
-            "python", "-m", "sglang.launch_server", "--model-path", model_id]
-        launch = [*head, *parallel, *dtype, *quantization, *(["--kv-cache-dtype", kv] if kv else []), *engine_flags]
+        head = (
+            ["vllm", "serve", model_id]
+            if engine == "vllm"
+            else ["python", "-m", "sglang.launch_server", "--model-path", model_id]
+        )
+        launch = [
+            *head,
+            *parallel,
+            *dtype,
+            *quantization,
+            *(["--kv-cache-dtype", kv] if kv else []),
+            *engine_flags,
+        ]
         return LaunchFiles(engine, model_id, launch, bench, simulate, result, notes=notes)
     options = {**yaml, **more}
     if kv:
@@ -415,6 +595,23 @@ def launch_files(engine: str, deployment: Deployment, traffic: Traffic, limits: 
     if deployment.dtype in ("fp16", "fp32", "tf32"):
         options["dtype"] = TORCH_DTYPES.get(deployment.dtype, "float32")
     file = "trtllm-options.yml"
-    launch = ["trtllm-serve", model_id, *parallel, *quantization, *engine_flags, "--extra_llm_api_options", file]
-    return LaunchFiles(engine, model_id, launch, bench, simulate, result, options_file=file,
-                       options_yaml="\n".join(_yaml(options)), notes=notes)
+    launch = [
+        "trtllm-serve",
+        model_id,
+        *parallel,
+        *quantization,
+        *engine_flags,
+        "--extra_llm_api_options",
+        file,
+    ]
+    return LaunchFiles(
+        engine,
+        model_id,
+        launch,
+        bench,
+        simulate,
+        result,
+        options_file=file,
+        options_yaml="\n".join(_yaml(options)),
+        notes=notes,
+    )

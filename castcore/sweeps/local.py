@@ -50,7 +50,11 @@ def death(exitcode: int | None) -> str:
     if exitcode is None:
         return "it stopped answering"
     if exitcode < 0:
-        name = signal.Signals(-exitcode).name if -exitcode in signal.Signals._value2member_map_ else str(-exitcode)
+        name = (
+            signal.Signals(-exitcode).name
+            if -exitcode in signal.Signals._value2member_map_
+            else str(-exitcode)
+        )
         return f"killed by {name}" + (", as the out-of-memory killer does" if name == "SIGKILL" else "")
     return f"exit code {exitcode}"
 
@@ -64,8 +68,9 @@ class LocalBackend:
 
     def _start(self) -> _Worker:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=_serve, args=(child, self.settings), daemon=True,
-                                        name="castcore-sweep-worker")
+        process = self._context.Process(
+            target=_serve, args=(child, self.settings), daemon=True, name="castcore-sweep-worker"
+        )
         process.start()
         child.close()
         return _Worker(process=process, conn=parent)

@@ -33,7 +33,18 @@ from castcore.sweeps.spec import Command, Point, make_points
 from castcore.workload import checkpoint
 from castcore.workload.spec import ModelError, is_factory, load_model_config
 
-PLAN_KEYS = ("model", "input", "output", "dtype", "device", "tp", "pp", "ep", "weights", "price_per_device_hour")
+PLAN_KEYS = (
+    "model",
+    "input",
+    "output",
+    "dtype",
+    "device",
+    "tp",
+    "pp",
+    "ep",
+    "weights",
+    "price_per_device_hour",
+)
 
 
 @dataclass
@@ -60,7 +71,9 @@ class PlanRequest:
     objective: str = "throughput"
     price_per_device_hour: float | None = None
     device_prices: dict[str, float] = field(default_factory=dict)  # a device's own price, over the one above
-    disaggregated: bool = False  # also search disaggregated prefill/decode layouts (castcore.sweeps.plan_disaggregated)
+    disaggregated: bool = (
+        False  # also search disaggregated prefill/decode layouts (castcore.sweeps.plan_disaggregated)
+    )
 
     def price(self, device: str) -> float | None:
         return self.device_prices.get(device, self.price_per_device_hour)
@@ -80,9 +93,12 @@ class PlanRequest:
     def meets(self, row: dict[str, Any]) -> bool:
         """Fits, and meets the latency objectives: a static batch's every request has the same latency, so any
         statistic of them is that latency."""
-        return (not row.get("error") and row.get("fits") is True
-                and (self.ttft_s is None or row["ttft_s"] <= self.ttft_s)
-                and (self.tpot_s is None or row["tpot_s"] <= self.tpot_s))
+        return (
+            not row.get("error")
+            and row.get("fits") is True
+            and (self.ttft_s is None or row["ttft_s"] <= self.ttft_s)
+            and (self.tpot_s is None or row["tpot_s"] <= self.tpot_s)
+        )
 
 
 @dataclass
@@ -94,7 +110,9 @@ class PlanResult:
     layouts: int = 0
     refused: list[dict[str, Any]] = field(default_factory=list)  # layouts the model or device cannot take
     seconds: float = 0.0
-    missed: list[dict[str, Any]] = field(default_factory=list)  # under traffic: layouts that ran but never met,
+    missed: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # under traffic: layouts that ran but never met,
     # each at its last try, with why under "missed"
     verdict: dict[str, Any] | None = None  # with disaggregated layouts: which kind wins and why
 
@@ -116,7 +134,9 @@ def layouts(config: dict[str, Any] | None, device: Any, request: PlanRequest) ->
     text = _text(config or {})
     heads = text.get("num_attention_heads") or text.get("n_head")
     layers = text.get("num_hidden_layers") or text.get("n_layer") or 1
-    experts = next((text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None)
+    experts = next(
+        (text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None
+    )
     if request.tp is not None:
         tps = [t for t in request.tp if t <= limit]
     else:
@@ -135,8 +155,12 @@ def layouts(config: dict[str, Any] | None, device: Any, request: PlanRequest) ->
         while isinstance(experts, int) and tp * groups <= limit:
             eps += [tp * groups] if experts % (tp * groups) == 0 else []
             groups *= 2
-        found += [{"tp": tp, "pp": pp, "ep": ep} for pp in pps for ep in eps
-                  if max(tp, ep) * pp <= limit and (ep <= tp or pp == 1)]
+        found += [
+            {"tp": tp, "pp": pp, "ep": ep}
+            for pp in pps
+            for ep in eps
+            if max(tp, ep) * pp <= limit and (ep <= tp or pp == 1)
+        ]
     return found
 
 
@@ -153,21 +177,39 @@ def _next_batch(batch: int) -> int | None:
 def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any]) -> list[dict[str, Any]]:
     """Every layout on every device with every weight dtype, as a point's values (with ``more``)."""
     config = None if is_factory(request.model) else load_model_config(request.model)
-    lengths = [str(request.input_tokens), str(request.output_tokens)] if request.traffic else [
-        request.input_tokens, request.output_tokens]  # simulate's lengths are text: a length or a distribution
-    chosen = [{"model": request.model, "input": lengths[0], "output": lengths[1], "dtype": request.dtype,
-               "device": name, "weights": weights, "price_per_device_hour": request.price(name), **more, **layout}
-              for name in request.devices for layout in layouts(config, devices[name], request)
-              for weights in request.weights]
+    lengths = (
+        [str(request.input_tokens), str(request.output_tokens)]
+        if request.traffic
+        else [request.input_tokens, request.output_tokens]
+    )  # simulate's lengths are text: a length or a distribution
+    chosen = [
+        {
+            "model": request.model,
+            "input": lengths[0],
+            "output": lengths[1],
+            "dtype": request.dtype,
+            "device": name,
+            "weights": weights,
+            "price_per_device_hour": request.price(name),
+            **more,
+            **layout,
+        }
+        for name in request.devices
+        for layout in layouts(config, devices[name], request)
+        for weights in request.weights
+    ]
     if not chosen:
-        raise ModelError(f"no parallel layout of {request.model} fits in {say('max_devices', request.max_devices)} "
-                         f"on {', '.join(request.devices)}: raise {say('max_devices')} or give {say('tp')}/"
-                         f"{say('pp')} values that fit it")
+        raise ModelError(
+            f"no parallel layout of {request.model} fits in {say('max_devices', request.max_devices)} "
+            f"on {', '.join(request.devices)}: raise {say('max_devices')} or give {say('tp')}/"
+            f"{say('pp')} values that fit it"
+        )
     return chosen
 
 
-def search(request: PlanRequest, command: Command, devices: dict[str, Any],
-           run: Callable[[list[Point]], SweepResult]) -> PlanResult:
+def search(
+    request: PlanRequest, command: Command, devices: dict[str, Any], run: Callable[[list[Point]], SweepResult]
+) -> PlanResult:
     """Search (see the module docstring). ``command`` is castcore serve's; ``devices`` the profiles by name;
     ``run`` runs points through one backend kept for every round."""
     import time
@@ -186,34 +228,72 @@ def search(request: PlanRequest, command: Command, devices: dict[str, Any],
         if not again:
             break
         rows = _round(command, again, run, everything)
-    ranked = sorted((r for r in everything if request.meets(r)),
-                    key=lambda r: (objective_key(request, r, r["output_tokens_per_s_per_device"]), r["devices"],
-                                   r["latency_s"]))
+    ranked = sorted(
+        (r for r in everything if request.meets(r)),
+        key=lambda r: (
+            objective_key(request, r, r["output_tokens_per_s_per_device"]),
+            r["devices"],
+            r["latency_s"],
+        ),
+    )
     fitting = [r for r in first if not r.get("error")]
-    fewest = [min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
-              for name in request.devices if (mine := [r for r in fitting if r["device"] == name])]
-    return PlanResult(request=request, rows=everything, best=ranked[:request.top], fewest=fewest,
-                      layouts=len(chosen), refused=[r for r in first if r.get("error")],
-                      seconds=time.perf_counter() - started)
+    fewest = [
+        min(mine, key=lambda r: (r["devices"], -r["output_tokens_per_s_per_device"]))
+        for name in request.devices
+        if (mine := [r for r in fitting if r["device"] == name])
+    ]
+    return PlanResult(
+        request=request,
+        rows=everything,
+        best=ranked[: request.top],
+        fewest=fewest,
+        layouts=len(chosen),
+        refused=[r for r in first if r.get("error")],
+        seconds=time.perf_counter() - started,
+    )
 
 
-def _round(command: Command, chosen: list[dict[str, Any]], run: Callable[[list[Point]], SweepResult],
-           everything: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _round(
+    command: Command,
+    chosen: list[dict[str, Any]],
+    run: Callable[[list[Point]], SweepResult],
+    everything: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
     points = make_points(command, chosen, chosen[0]["device"])
     rows = run(points).rows
     everything += rows
     return rows
 
 
-def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft: Any = None, tpot: Any = None,
-         rate: float | None = None, concurrency: int | None = None, max_rate: bool = False, requests: int = 500,
-         engine: str = "vllm", devices: list[str] | None = None, max_devices: int = 8, top: int = 5,
-         tp: list[int] | None = None, pp: list[int] | None = None,
-         weights: list[str] | tuple[str, ...] = ("bf16", "int8"), dtype: str = "bf16", objective: str = "throughput",
-         price_per_device_hour: float | None = None, device_prices: list[str] | None = None,
-         disaggregated: bool = False, workers: int | None = None,
-         backend: str = "local", ray_address: str | None = None, plugins: PluginOptions | None = None,
-         progress: bool | None = False) -> PlanResult:
+def plan(
+    model: str,
+    *,
+    input_tokens: int = 2048,
+    output_tokens: int = 256,
+    ttft: Any = None,
+    tpot: Any = None,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    max_rate: bool = False,
+    requests: int = 500,
+    engine: str = "vllm",
+    devices: list[str] | None = None,
+    max_devices: int = 8,
+    top: int = 5,
+    tp: list[int] | None = None,
+    pp: list[int] | None = None,
+    weights: list[str] | tuple[str, ...] = ("bf16", "int8"),
+    dtype: str = "bf16",
+    objective: str = "throughput",
+    price_per_device_hour: float | None = None,
+    device_prices: list[str] | None = None,
+    disaggregated: bool = False,
+    workers: int | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
+    plugins: PluginOptions | None = None,
+    progress: bool | None = False,
+) -> PlanResult:
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
     output tokens/s per device that fit and meet ``ttft``/``tpot`` (seconds, "50ms", or under traffic a statistic
     such as "p99:500ms"), ``fewest`` devices that fit (under traffic: that meet them) per device. With ``rate``,
@@ -228,28 +308,69 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     from castcore.serving.static import check_request
 
     plugins = plugins or PluginOptions()
-    given = {"input_tokens": input_tokens, "output_tokens": output_tokens, "ttft": ttft, "tpot": tpot, "rate": rate,
-             "concurrency": concurrency, "max_rate": max_rate, "requests": requests, "engine": engine,
-             "devices": devices, "max_devices": max_devices, "top": top, "tp": tp, "pp": pp, "weights": weights,
-             "dtype": dtype, "objective": objective, "price_per_device_hour": price_per_device_hour,
-             "device_prices": device_prices, "disaggregated": disaggregated,
-             "workers": workers, "backend": backend, "ray_address": ray_address}
+    given = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "ttft": ttft,
+        "tpot": tpot,
+        "rate": rate,
+        "concurrency": concurrency,
+        "max_rate": max_rate,
+        "requests": requests,
+        "engine": engine,
+        "devices": devices,
+        "max_devices": max_devices,
+        "top": top,
+        "tp": tp,
+        "pp": pp,
+        "weights": weights,
+        "dtype": dtype,
+        "objective": objective,
+        "price_per_device_hour": price_per_device_hour,
+        "device_prices": device_prices,
+        "disaggregated": disaggregated,
+        "workers": workers,
+        "backend": backend,
+        "ray_address": ray_address,
+    }
     values = {name: PLAN[name].check(value) for name, value in given.items()}
     for group in PLAN.exclusive:
         given_together = [name for name in group if values[name] not in (None, False)]
         if len(given_together) > 1:
-            raise ModelError(f"{say(given_together[0])} and {say(given_together[1])} cannot be given together")
-    check_request(model, input_tokens, output_tokens, 1, dtype=dtype)  # the model and the request, as serve does
+            raise ModelError(
+                f"{say(given_together[0])} and {say(given_together[1])} cannot be given together"
+            )
+    check_request(
+        model, input_tokens, output_tokens, 1, dtype=dtype
+    )  # the model and the request, as serve does
     if list(values["weights"]) == list(PLAN["weights"].default) and not is_factory(model):
-        found = checkpoint.shipped(model, load_model_config(model))  # a quantized checkpoint is planned as it ships
+        found = checkpoint.shipped(
+            model, load_model_config(model)
+        )  # a quantized checkpoint is planned as it ships
         if found is not None:
             values["weights"] = [found[0]["weights"]]
-    request = PlanRequest(model=model, input_tokens=input_tokens, output_tokens=output_tokens, ttft=values["ttft"],
-                          tpot=values["tpot"], max_devices=max_devices, top=top, tp=tp, pp=pp, dtype=dtype,
-                          weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
-                          rate=values["rate"], concurrency=concurrency, max_rate=max_rate, requests=requests,
-                          engine=engine, objective=objective, price_per_device_hour=values["price_per_device_hour"],
-                          device_prices=capacity.device_prices(values["device_prices"]), disaggregated=disaggregated)
+    request = PlanRequest(
+        model=model,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        ttft=values["ttft"],
+        tpot=values["tpot"],
+        max_devices=max_devices,
+        top=top,
+        tp=tp,
+        pp=pp,
+        dtype=dtype,
+        weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
+        rate=values["rate"],
+        concurrency=concurrency,
+        max_rate=max_rate,
+        requests=requests,
+        engine=engine,
+        objective=objective,
+        price_per_device_hour=values["price_per_device_hour"],
+        device_prices=capacity.device_prices(values["device_prices"]),
+        disaggregated=disaggregated,
+    )
     capacity.check(request)
     session = open_session(plugins)
     for name in devices or ():
@@ -260,11 +381,14 @@ def plan(model: str, *, input_tokens: int = 2048, output_tokens: int = 256, ttft
     capacity.check_prices(request, session.devices)
     unpowered = [name for name in request.devices if not session.devices[name].tdp_w]
     if objective == "energy" and unpowered:
-        raise ModelError(f"{say('objective', 'energy')} needs each device's power (tdp_w and idle_w in its "
-                         f"profile), which {', '.join(unpowered)} lack: name others with {say('devices')}")
+        raise ModelError(
+            f"{say('objective', 'energy')} needs each device's power (tdp_w and idle_w in its "
+            f"profile), which {', '.join(unpowered)} lack: name others with {say('devices')}"
+        )
     settings = Settings(session=plugins.session_kwargs(), cwd=os.getcwd())
     command = commands()["simulate" if request.traffic else "serve"]
     with backend_for(backend, workers, settings, ray_address) as runner:
+
         def run(points: list[Point]) -> SweepResult:
             return run_points(points, command.axes(), settings, runner=runner, progress=progress)
 

@@ -29,15 +29,19 @@ def candidates(chosen: list[dict[str, Any]], max_devices: int) -> list[dict[str,
     found = []
     for values in chosen:
         instance = max(values["tp"], values["ep"]) * values["pp"]
-        found += [{**values, "prefill_instances": x, "decode_instances": y}
-                  for x in range(1, MOST_INSTANCES + 1) for y in range(1, MOST_INSTANCES + 1)
-                  if (x + y) * instance <= max_devices]
+        found += [
+            {**values, "prefill_instances": x, "decode_instances": y}
+            for x in range(1, MOST_INSTANCES + 1)
+            for y in range(1, MOST_INSTANCES + 1)
+            if (x + y) * instance <= max_devices
+        ]
     return found
 
 
 def last_tries(missed: list[dict[str, Any]], met: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Of the disaggregated tries that missed, each layout's with the most devices, for the layouts none of whose
     ratios met the objectives."""
+
     def layout(row: dict[str, Any]) -> tuple:
         return tuple(row.get(k) for k in ("device", "tp", "pp", "ep", "weights"))
 
@@ -54,9 +58,11 @@ def check(request: Any) -> None:
     from castcore.errors import ModelError
 
     if request.disaggregated and request.rate is None and not request.max_rate:
-        raise ModelError(f"{say('disaggregated', True)} simulates two pools under traffic: give {say('rate')} or "
-                         f"{say('max_rate', True)} (a closed loop across two pools is not simulated, and a static "
-                         "batch has no pools)")
+        raise ModelError(
+            f"{say('disaggregated', True)} simulates two pools under traffic: give {say('rate')} or "
+            f"{say('max_rate', True)} (a closed loop across two pools is not simulated, and a static "
+            "batch has no pools)"
+        )
 
 
 def describe(row: dict[str, Any]) -> str:
@@ -75,8 +81,10 @@ def verdict(request: Any, best: list[dict[str, Any]], figure: str, words: str) -
     searched no disaggregated layout."""
     if not request.disaggregated:
         return None
-    mine = {kind: next((r for r in best if pooled(r) == (kind == "disaggregated")), None)
-            for kind in ("aggregated", "disaggregated")}
+    mine = {
+        kind: next((r for r in best if pooled(r) == (kind == "disaggregated")), None)
+        for kind in ("aggregated", "disaggregated")
+    }
     if not any(mine.values()):
         return {"winner": None, "why": "no layout of either kind meets the objectives", **mine}
     winner = "aggregated" if best and not pooled(best[0]) else "disaggregated"
@@ -84,18 +92,26 @@ def verdict(request: Any, best: list[dict[str, Any]], figure: str, words: str) -
     won, lost = mine[winner], mine[loser]
     if lost is None:
         return {"winner": winner, "why": f"only {winner} layouts meet the objectives at this traffic", **mine}
-    latencies = ", ".join(f"{statistic} {metric.upper()} {_ms(won, statistic, metric)} against "
-                          f"{_ms(lost, statistic, metric)}" for metric in ("tpot", "ttft")
-                          for statistic in [_statistic(request, metric)])
-    why = (f"{_counted(won)} gives {_value(won, figure)} {words} against {_value(lost, figure)} for the best "
-           f"{loser} layout, {_counted(lost)}; {latencies}. ")
-    moved = format_ms(mine['disaggregated']['mean_kv_transfer_ms'])
+    latencies = ", ".join(
+        f"{statistic} {metric.upper()} {_ms(won, statistic, metric)} against {_ms(lost, statistic, metric)}"
+        for metric in ("tpot", "ttft")
+        for statistic in [_statistic(request, metric)]
+    )
+    why = (
+        f"{_counted(won)} gives {_value(won, figure)} {words} against {_value(lost, figure)} for the best "
+        f"{loser} layout, {_counted(lost)}; {latencies}. "
+    )
+    moved = format_ms(mine["disaggregated"]["mean_kv_transfer_ms"])
     if winner == "disaggregated":
-        why += ("Its decode iterations carry no prompt chunks, so tokens come at the decode pool's own pace and "
-                f"each pool is sized to its phase, which outweighs moving each prompt's KV ({moved} on average).")
+        why += (
+            "Its decode iterations carry no prompt chunks, so tokens come at the decode pool's own pace and "
+            f"each pool is sized to its phase, which outweighs moving each prompt's KV ({moved} on average)."
+        )
     else:
-        why += ("Every device serves both phases, while a disaggregated layout holds its devices in whole instances "
-                f"per phase, one pool waiting on the other, and moves each prompt's KV ({moved} on average).")
+        why += (
+            "Every device serves both phases, while a disaggregated layout holds its devices in whole instances "
+            f"per phase, one pool waiting on the other, and moves each prompt's KV ({moved} on average)."
+        )
     return {"winner": winner, "why": why, **mine}
 
 
@@ -111,7 +127,7 @@ def _statistic(request: Any, metric: str) -> str:
 
 
 def _ms(row: dict[str, Any], statistic: str, metric: str) -> str:
-    return format_ms(row[f'{statistic}_{metric}_ms'])
+    return format_ms(row[f"{statistic}_{metric}_ms"])
 
 
 def _value(row: dict[str, Any], field: str) -> str:

@@ -20,8 +20,10 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ModelError(f"{say('backend', 'ray')} needs ray: pip install 'castcore[ray]' (or use the local backend, "
-                         f"{say('workers', any_value('N'))})") from None
+        raise ModelError(
+            f"{say('backend', 'ray')} needs ray: pip install 'castcore[ray]' (or use the local backend, "
+            f"{say('workers', any_value('N'))})"
+        ) from None
     return ray
 
 
@@ -35,10 +37,14 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
     except ValueError:
-        raise ModelError(f"{say('ray_address', address)}: give host:port (or ray://host:port, or auto)") from None
+        raise ModelError(
+            f"{say('ray_address', address)}: give host:port (or ray://host:port, or auto)"
+        ) from None
     except OSError as exc:
-        raise ModelError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}; check "
-                         f"{say('ray_address')} (or RAY_ADDRESS), or drop it for a local Ray instance") from None
+        raise ModelError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}; check "
+            f"{say('ray_address')} (or RAY_ADDRESS), or drop it for a local Ray instance"
+        ) from None
 
 
 class RayBackend:
@@ -65,8 +71,11 @@ class RayBackend:
                 ray.init(num_cpus=self.workers, **quiet)
         except Exception as exc:
             where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
-            raise ModelError(f"cannot reach {where}: {one_line(exc)}; check {say('ray_address')} (or RAY_ADDRESS)"
-                             if self.address else f"cannot start {where}: {one_line(exc)}") from None
+            raise ModelError(
+                f"cannot reach {where}: {one_line(exc)}; check {say('ray_address')} (or RAY_ADDRESS)"
+                if self.address
+                else f"cannot start {where}: {one_line(exc)}"
+            ) from None
         self._started = True
         self._warm_up()
         return self

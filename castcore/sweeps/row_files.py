@@ -25,14 +25,17 @@ def check_out(path: str | Path) -> Path:
     """The output path, if its format is known, its library installed and its folder writable."""
     target = Path(path)
     if target.suffix not in FORMATS:
-        raise OutputError(f"{say('out', str(path))}: name a .parquet, .csv or .jsonl file (the format follows the "
-                          "suffix)")
+        raise OutputError(
+            f"{say('out', str(path))}: name a .parquet, .csv or .jsonl file (the format follows the suffix)"
+        )
     if target.suffix == ".parquet":
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise OutputError(f"{say('out', str(path))}: Parquet needs pyarrow: pip install 'castcore[sweep]', or "
-                              "write .csv or .jsonl") from None
+            raise OutputError(
+                f"{say('out', str(path))}: Parquet needs pyarrow: pip install 'castcore[sweep]', or "
+                "write .csv or .jsonl"
+            ) from None
     return check_output(target, "out")
 
 
@@ -50,8 +53,10 @@ def held(path: Path) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise OutputError(f"{say('out', str(path))} is being written by another castcore sweep; wait for it to "
-                              f"finish or choose another {say('out')}") from None
+            raise OutputError(
+                f"{say('out', str(path))} is being written by another castcore sweep; wait for it to "
+                f"finish or choose another {say('out')}"
+            ) from None
         try:
             yield
         finally:
@@ -76,7 +81,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of an earlier run of this output: the finished file, then its journal (a cut last line skipped)."""
     rows = _read(path) if path.exists() else []
     if journal(path).exists():
-        for line in read_text(journal(path), OutputError, "journal of rows", DATA_BYTES, "JSONL").splitlines():
+        for line in read_text(
+            journal(path), OutputError, "journal of rows", DATA_BYTES, "JSONL"
+        ).splitlines():
             try:
                 rows.append(json.loads(line))
             except (json.JSONDecodeError, RecursionError):
@@ -90,9 +97,10 @@ def _read(path: Path) -> list[dict[str, Any]]:
     except CastcoreError as exc:  # over the bound, not UTF-8: said with the path already
         raise OutputError(f"{say('resume', True)}: {exc}; move it away to start afresh") from None
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
-        raise OutputError(f"{say('resume', True)}: cannot read {path} ({type(exc).__name__}: {exc}); move it away to "
-                          "start afresh") from None
-
+        raise OutputError(
+            f"{say('resume', True)}: cannot read {path} ({type(exc).__name__}: {exc}); move it away to "
+            "start afresh"
+        ) from None
 
 
 def _plain(value: Any) -> Any:
@@ -109,11 +117,13 @@ def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
         table = pa.Table.from_pylist(full) if full else pa.table({c: [] for c in columns})
         write_whole(path, "out", lambda p: pq.write_table(table, p))
     elif path.suffix == ".csv":
+
         def write_csv(target: Path) -> None:
             with target.open("w", newline="", encoding="utf-8") as handle:
                 writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
                 writer.writeheader()
                 writer.writerows(full)
+
         write_whole(path, "out", write_csv)
     else:
         text = "".join(json.dumps(row, default=_plain) + "\n" for row in full)

@@ -23,14 +23,43 @@ if TYPE_CHECKING:
 
 # The figures a plot and a plan read, per command: latency, and throughput per device.
 LATENCY = {"estimate": "step_s", "serve": "latency_s", "simulate": "median_e2el_s"}
-THROUGHPUT = {"estimate": "tokens_per_s_per_device", "serve": "output_tokens_per_s_per_device",
-              "simulate": "output_tokens_per_s_per_device"}
-ESTIMATE = ("time_s", "step_s", "tokens_per_s", "tokens_per_s_per_device", "devices", "flops", "bytes", "calls",
-            "fallback_calls", "ops", "fallback_ops", "fallback_time_share", "weight_bytes", "input_bytes",
-            "kv_cache_bytes", "activation_peak_bytes", "peak_bytes", "device_memory_bytes", "fits")
+THROUGHPUT = {
+    "estimate": "tokens_per_s_per_device",
+    "serve": "output_tokens_per_s_per_device",
+    "simulate": "output_tokens_per_s_per_device",
+}
+ESTIMATE = (
+    "time_s",
+    "step_s",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "devices",
+    "flops",
+    "bytes",
+    "calls",
+    "fallback_calls",
+    "ops",
+    "fallback_ops",
+    "fallback_time_share",
+    "weight_bytes",
+    "input_bytes",
+    "kv_cache_bytes",
+    "activation_peak_bytes",
+    "peak_bytes",
+    "device_memory_bytes",
+    "fits",
+)
 # ServeReport.to_dict()'s keys that are parameters, not figures (the row has them as its axes).
-_SERVE_PARAMETERS = {"model", "device", "input_tokens", "output_tokens", "batch", "max_batch",
-                     "price_per_device_hour", *DEPLOYMENT}
+_SERVE_PARAMETERS = {
+    "model",
+    "device",
+    "input_tokens",
+    "output_tokens",
+    "batch",
+    "max_batch",
+    "price_per_device_hour",
+    *DEPLOYMENT,
+}
 
 
 def estimate_figures(report: Report, workload: Workload) -> dict[str, Any]:
@@ -42,48 +71,81 @@ def estimate_figures(report: Report, workload: Workload) -> dict[str, Any]:
     capacity = int(report.device.memory_bytes)
     coverage = report.coverage()
     figures = {
-        "time_s": report.time_s, "step_s": step,
+        "time_s": report.time_s,
+        "step_s": step,
         "tokens_per_s": tokens * workload.dp / step if step else None,
         "tokens_per_s_per_device": tokens / step / workload.devices if step else None,
-        "devices": workload.devices * workload.dp, "flops": report.flops, "bytes": report.bytes,
-        "calls": len(report.records), "fallback_calls": report.fallback_calls, "ops": coverage["ops"],
-        "fallback_ops": " ".join(coverage["fallback_ops"]), "fallback_time_share": coverage["fallback_time_share"],
-        "weight_bytes": memory.weight_bytes, "input_bytes": memory.input_bytes,
-        "kv_cache_bytes": memory.kv_cache_bytes, "activation_peak_bytes": memory.activation_peak_bytes,
-        "peak_bytes": memory.peak_bytes, "device_memory_bytes": capacity, "fits": memory.peak_bytes <= capacity,
+        "devices": workload.devices * workload.dp,
+        "flops": report.flops,
+        "bytes": report.bytes,
+        "calls": len(report.records),
+        "fallback_calls": report.fallback_calls,
+        "ops": coverage["ops"],
+        "fallback_ops": " ".join(coverage["fallback_ops"]),
+        "fallback_time_share": coverage["fallback_time_share"],
+        "weight_bytes": memory.weight_bytes,
+        "input_bytes": memory.input_bytes,
+        "kv_cache_bytes": memory.kv_cache_bytes,
+        "activation_peak_bytes": memory.activation_peak_bytes,
+        "peak_bytes": memory.peak_bytes,
+        "device_memory_bytes": capacity,
+        "fits": memory.peak_bytes <= capacity,
     }
     return {k: figures[k] for k in ESTIMATE}
 
 
 def serve_figures(report: ServeReport) -> dict[str, Any]:
-    figures = {k: v for k, v in report.to_dict().items()
-               if k not in _SERVE_PARAMETERS and (v is None or isinstance(v, (int, float, str, bool)))}
+    figures = {
+        k: v
+        for k, v in report.to_dict().items()
+        if k not in _SERVE_PARAMETERS and (v is None or isinstance(v, (int, float, str, bool)))
+    }
     steps = report.reports()
     last = report.decode[report.kv_points[-1]]
     fallback = sorted({op for step in steps for op in step.coverage()["fallback_ops"]})
-    return {**figures, "served_batch": report.batch, "prefill_flops": report.prefill.flops,
-            "prefill_bytes": report.prefill.bytes, "decode_flops": last.flops, "decode_bytes": last.bytes,
-            "calls": sum(len(s.records) for s in steps), "fallback_calls": sum(s.fallback_calls for s in steps),
-            "fallback_ops": " ".join(fallback)}
+    return {
+        **figures,
+        "served_batch": report.batch,
+        "prefill_flops": report.prefill.flops,
+        "prefill_bytes": report.prefill.bytes,
+        "decode_flops": last.flops,
+        "decode_bytes": last.bytes,
+        "calls": sum(len(s.records) for s in steps),
+        "fallback_calls": sum(s.fallback_calls for s in steps),
+        "fallback_ops": " ".join(fallback),
+    }
 
 
-def simulate_figures(report: SimulationReport, price: float | None = None, host: Any = None) -> dict[str, Any]:
+def simulate_figures(
+    report: SimulationReport, price: float | None = None, host: Any = None
+) -> dict[str, Any]:
     """vllm bench serve's figures and the engine's, per device the output throughput and the median latency in
     seconds (what a plot reads), the energy when every pool's device profile (from ``host``) gives its power, and
     with a price per device-hour the cost (castcore.report.energy)."""
     from castcore.report.energy import simulation_cost, simulation_energy
 
     data = report.to_dict()
-    figures = {k: v for k, v in data.items() if k not in ("model", "device", "deployment", "engine_limits", "notes",
-                                                         "kv_usage", "never_fit", "engine")}
+    figures = {
+        k: v
+        for k, v in data.items()
+        if k
+        not in ("model", "device", "deployment", "engine_limits", "notes", "kv_usage", "never_fit", "engine")
+    }
     every = sum(use.devices for use in report.pool_use)
-    energy = simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary) if host \
+    energy = (
+        simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
+        if host
         else {}
-    return {**figures, "never_fit": len(report.never_fit), "devices": every,
-            "median_e2el_s": data["median_e2el_ms"] / 1e3,
-            "output_tokens_per_s_per_device": data["output_throughput"] / every,
-            **energy,
-            **simulation_cost(price, every, report.summary, report.iterations_trace)}
+    )
+    return {
+        **figures,
+        "never_fit": len(report.never_fit),
+        "devices": every,
+        "median_e2el_s": data["median_e2el_ms"] / 1e3,
+        "output_tokens_per_s_per_device": data["output_throughput"] / every,
+        **energy,
+        **simulation_cost(price, every, report.summary, report.iterations_trace),
+    }
 
 
 def columns(rows: list[dict[str, Any]], parameters: list[str]) -> list[str]:

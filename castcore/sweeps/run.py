@@ -65,16 +65,24 @@ class Scheduler:
             self.attempts[index] = self.attempts.get(index, 0) + 1
             if self.attempts[index] > RETRIES:
                 failed += 1
-                self.on_row(index, {"error": "the worker running this point died (killed, or out of memory), "
-                                             "and again when the point was retried on its own; run it alone to "
-                                             "see why", "seconds": None})
+                self.on_row(
+                    index,
+                    {
+                        "error": "the worker running this point died (killed, or out of memory), "
+                        "and again when the point was retried on its own; run it alone to "
+                        "see why",
+                        "seconds": None,
+                    },
+                )
                 continue
             retried += 1
             retry = Task(id=next(self._ids), points=[(index, job)])
             self._unfinished[retry.id] = {index}
             self.pending.append(retry)
-        self.deaths.append(f"a worker died ({how}): {retried} unfinished point(s) retried on their own, {failed} "
-                           "marked failed")
+        self.deaths.append(
+            f"a worker died ({how}): {retried} unfinished point(s) retried on their own, {failed} "
+            "marked failed"
+        )
 
 
 class Progress:
@@ -97,8 +105,13 @@ class Progress:
             left = (self.total - self.done) / rate if rate else 0.0
             width = 30
             filled = int(width * self.done / self.total) if self.total else width
-            print(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} points, {rate:.1f}/s, "
-                  f"ETA {_duration(left)}  ", end="", file=self.stream, flush=True)
+            print(
+                f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} points, {rate:.1f}/s, "
+                f"ETA {_duration(left)}  ",
+                end="",
+                file=self.stream,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.enabled and self._drawn:
@@ -145,21 +158,32 @@ def _check_resumable(rows: list[dict[str, Any]], parameters: list[str], grid: se
     """Refuse to resume from rows another sweep (or something else) wrote: each row a sweep writes starts with its
     command's parameters, in order, and is a point of its grid (a grid grown since is fine)."""
     for row in rows:
-        if list(row)[:len(parameters)] != parameters:
+        if list(row)[: len(parameters)] != parameters:
             missing = [p for p in parameters if p not in row]
-            other = [k for k in list(row)[:len(parameters)] if k not in parameters]
-            raise OutputError(f"{say('resume', True)}: {out} holds rows of another sweep (" + "; ".join(
-                filter(None, [f"no column {', '.join(missing[:5])}" if missing else "",
-                              f"columns {', '.join(other[:5])} this command does not have" if other else "",
-                              "its columns in another order" if not (missing or other) else ""]))
-                + f"): move it away, or give another {say('out')}")
+            other = [k for k in list(row)[: len(parameters)] if k not in parameters]
+            raise OutputError(
+                f"{say('resume', True)}: {out} holds rows of another sweep ("
+                + "; ".join(
+                    filter(
+                        None,
+                        [
+                            f"no column {', '.join(missing[:5])}" if missing else "",
+                            f"columns {', '.join(other[:5])} this command does not have" if other else "",
+                            "its columns in another order" if not (missing or other) else "",
+                        ],
+                    )
+                )
+                + f"): move it away, or give another {say('out')}"
+            )
     foreign = [row for row in rows if parameter_key(row, parameters) not in grid]
     if foreign:
         varies = [p for p in parameters if len({str(row.get(p)) for row in rows}) > 1 or p == parameters[0]]
         example = ", ".join(f"{p} = {foreign[0].get(p)!r}" for p in varies[:4])
-        raise OutputError(f"{say('resume', True)}: {out} holds {len(foreign)} row(s) that are no point of this spec "
-                          f"(the first: {example}): it was written by another spec; move it away, or give another "
-                          f"{say('out')}")
+        raise OutputError(
+            f"{say('resume', True)}: {out} holds {len(foreign)} row(s) that are no point of this spec "
+            f"(the first: {example}): it was written by another spec; move it away, or give another "
+            f"{say('out')}"
+        )
 
 
 def group(points: list[Point]) -> list[Task]:
@@ -174,7 +198,9 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-WORKER_BYTES = 1 << 30  # room for one local worker: torch, transformers and a large model's capture (0.4-0.8 GiB)
+WORKER_BYTES = (
+    1 << 30
+)  # room for one local worker: torch, transformers and a large model's capture (0.4-0.8 GiB)
 
 
 def worker_count(asked: int | None, points: int, local: bool = True) -> tuple[int, str | None]:
@@ -210,22 +236,43 @@ def backend_for(name: str, workers: int | None, settings: Settings, ray_address:
     return LocalBackend(workers or default_workers(), settings)
 
 
-def run_points(points: list[Point], parameters: list[str], settings: Settings, *, workers: int | None = None,
-               backend: str = "local", ray_address: str | None = None, out: Path | None = None,
-               resume: bool = False, progress: Progress | bool | None = None, runner: Any = None) -> SweepResult:
+def run_points(
+    points: list[Point],
+    parameters: list[str],
+    settings: Settings,
+    *,
+    workers: int | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
+    out: Path | None = None,
+    resume: bool = False,
+    progress: Progress | bool | None = None,
+    runner: Any = None,
+) -> SweepResult:
     """Run every point not refused (and, with ``resume``, not already in ``out`` without an error); the rows.
     ``runner``: a backend already entered (see backend_for), kept running for the caller's next points."""
     if out is None:
-        return _run_points(points, parameters, settings, workers, backend, ray_address, None, resume, progress,
-                           runner)
+        return _run_points(
+            points, parameters, settings, workers, backend, ray_address, None, resume, progress, runner
+        )
     with row_files.held(out):
-        return _run_points(points, parameters, settings, workers, backend, ray_address, out, resume, progress,
-                           runner)
+        return _run_points(
+            points, parameters, settings, workers, backend, ray_address, out, resume, progress, runner
+        )
 
 
-def _run_points(points: list[Point], parameters: list[str], settings: Settings, workers: int | None, backend: str,
-                ray_address: str | None, out: Path | None, resume: bool, progress: Progress | bool | None,
-                runner: Any) -> SweepResult:
+def _run_points(
+    points: list[Point],
+    parameters: list[str],
+    settings: Settings,
+    workers: int | None,
+    backend: str,
+    ray_address: str | None,
+    out: Path | None,
+    resume: bool,
+    progress: Progress | bool | None,
+    runner: Any,
+) -> SweepResult:
     started = time.perf_counter()
     rows: dict[int, dict[str, Any]] = {}
     earlier: dict[tuple, dict[str, Any]] = {}
@@ -266,10 +313,18 @@ def _run_points(points: list[Point], parameters: list[str], settings: Settings, 
         shown.close()
     ordered = [rows[i] for i in sorted(rows)]  # (--resume took only rows of this grid: see _check_resumable)
     names = columns(ordered, parameters)
-    ordered = [{c: row.get(c) for c in names} for row in ordered]  # every row with every column, None where absent
-    result = SweepResult(rows=ordered, columns=names, stats=scheduler.stats,
-                         deaths=scheduler.deaths, ran=len(todo),
-                         resumed=resumed, seconds=time.perf_counter() - started)
+    ordered = [
+        {c: row.get(c) for c in names} for row in ordered
+    ]  # every row with every column, None where absent
+    result = SweepResult(
+        rows=ordered,
+        columns=names,
+        stats=scheduler.stats,
+        deaths=scheduler.deaths,
+        ran=len(todo),
+        resumed=resumed,
+        seconds=time.perf_counter() - started,
+    )
     if out is not None:
         row_files.write_rows(out, result.rows, result.columns)
         row_files.journal(out).unlink(missing_ok=True)

@@ -111,15 +111,18 @@ def to_spec(option: Option, value: Any) -> Any:
     return from_spec(option, value)
 
 
-def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command], lines: Mapping[str, int] | None = None
-               ) -> Spec:
+def check_spec(
+    data: Mapping[str, Any], commands: Mapping[str, Command], lines: Mapping[str, int] | None = None
+) -> Spec:
     """Check every key and value of a spec (see the module docstring); ModelError names the key, its line when
     ``lines`` are known, and the fix."""
     name = data.get("command")
     if not isinstance(name, str) or name not in commands:  # one command a spec: a list is no axis of it
-        raise ModelError(f"{_where('command', lines)}: name the command: command = "
-                         f"{' or '.join(repr(c) for c in commands)}"
-                         + (f" (got {name!r}; one command a spec)" if name is not None else ""))
+        raise ModelError(
+            f"{_where('command', lines)}: name the command: command = "
+            f"{' or '.join(repr(c) for c in commands)}"
+            + (f" (got {name!r}; one command a spec)" if name is not None else "")
+        )
     command = commands[name]
     keys = command.by_key()
     spec = Spec(command=command, axes={})
@@ -130,14 +133,18 @@ def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command], lines: 
         found = keys.get(key.replace("-", "_"))
         if found is None:
             axes = [k for k, (_, scope) in keys.items() if scope != OUTPUT]
-            raise ModelError(f"{where}: unknown key {key!r} for castcore {name}"
-                             f"{did_you_mean(key.replace('-', '_'), axes)}; its axes: {', '.join(axes)}")
+            raise ModelError(
+                f"{where}: unknown key {key!r} for castcore {name}"
+                f"{did_you_mean(key.replace('-', '_'), axes)}; its axes: {', '.join(axes)}"
+            )
         option, scope = found
         with terms("spec"):
             try:
                 if scope == OUTPUT:
-                    raise ModelError(f"{option.key} is how castcore {name} prints; a sweep writes every point's "
-                                     "figures to --out: drop it")
+                    raise ModelError(
+                        f"{option.key} is how castcore {name} prints; a sweep writes every point's "
+                        "figures to --out: drop it"
+                    )
                 if scope == SESSION:
                     if isinstance(raw, list) and not option.many:
                         raise option.error(raw, "applies to the whole sweep: give one value, not a list")
@@ -145,10 +152,13 @@ def check_spec(data: Mapping[str, Any], commands: Mapping[str, Command], lines: 
                     continue
                 values = raw if isinstance(raw, list) else [raw]
                 if not values:
-                    raise ModelError(f"{option.key} is an empty list, so the grid has no point; give it at least "
-                                     "one value, or drop it for the command's default")
-                spec.axes[option.key] = [to_spec(option, option.check(from_spec(option, _as_written(option, v))))
-                                         for v in values]
+                    raise ModelError(
+                        f"{option.key} is an empty list, so the grid has no point; give it at least "
+                        "one value, or drop it for the command's default"
+                    )
+                spec.axes[option.key] = [
+                    to_spec(option, option.check(from_spec(option, _as_written(option, v)))) for v in values
+                ]
             except ModelError as exc:
                 raise ModelError(f"{where}: {exc}") from None
     _check_together(spec, lines)
@@ -172,20 +182,27 @@ def _check_together(spec: Spec, lines: Mapping[str, int] | None) -> None:
     """Options the command takes only one of (batch and max_batch) refused as the command refuses them."""
     keys = spec.command.by_key()
     for pair in spec.command.options.exclusive:
-        given = [o for o, _ in (keys[spec.command.options[n].key] for n in pair)
-                 if any(v != to_spec(o, o.default) and v is not False for v in spec.axes.get(o.key, ()))]
+        given = [
+            o
+            for o, _ in (keys[spec.command.options[n].key] for n in pair)
+            if any(v != to_spec(o, o.default) and v is not False for v in spec.axes.get(o.key, ()))
+        ]
         if len(given) >= 2:
-            raise ModelError(f"{_where(given[1].key, lines)}: {given[0].key} and {given[1].key} cannot go together; "
-                             "keep one of them")
+            raise ModelError(
+                f"{_where(given[1].key, lines)}: {given[0].key} and {given[1].key} cannot go together; "
+                "keep one of them"
+            )
 
 
 def check_devices(spec: Spec, installed: Mapping[str, Any]) -> None:
     """Every device the spec names is installed (or given by a device file)."""
     for name in spec.axes.get("device", ()):
         if name not in installed:
-            raise ModelError(f"sweep spec: device = {name!r} is not installed; installed: "
-                             f"{', '.join(installed) or 'none'} (castcore devices lists them; add device_file = "
-                             "[\"my.toml\"] for your own)")
+            raise ModelError(
+                f"sweep spec: device = {name!r} is not installed; installed: "
+                f"{', '.join(installed) or 'none'} (castcore devices lists them; add device_file = "
+                '["my.toml"] for your own)'
+            )
 
 
 def check_size(spec: Spec, yes: bool = False) -> int:
@@ -193,8 +210,10 @@ def check_size(spec: Spec, yes: bool = False) -> int:
     size = spec.size
     if size > MAX_POINTS and not yes:
         widest = max(spec.axes, key=lambda a: len(spec.axes[a]))
-        raise ModelError(f"the spec expands to {size:,} points, more than {MAX_POINTS:,}: pass --yes to run them "
-                         f"all, or shorten an axis ({widest} has {len(spec.axes[widest])} values)")
+        raise ModelError(
+            f"the spec expands to {size:,} points, more than {MAX_POINTS:,}: pass --yes to run them "
+            f"all, or shorten an axis ({widest} has {len(spec.axes[widest])} values)"
+        )
     return size
 
 
@@ -239,8 +258,10 @@ def expand(spec: Spec, default_device: str) -> list[Point]:
             at = [p for p, c in zip(points, chosen) if c[axis] == value]
             if all(p.error for p in at):
                 option = spec.command.by_key()[axis][0]
-                raise ModelError(f"sweep spec: {option.spelled(from_spec(option, value), 'spec')} is refused at "
-                                 f"every point: {at[0].error}")
+                raise ModelError(
+                    f"sweep spec: {option.spelled(from_spec(option, value), 'spec')} is refused at "
+                    f"every point: {at[0].error}"
+                )
     return points
 
 

@@ -12,7 +12,10 @@ from typing import Any
 from castcore.plugins.custom_op_dirs import unsafe_reason
 from castcore.plugins.packs import cache_dir, write_cache_file
 
-SUFFIXES = (".capture", ".fused")  # a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
+SUFFIXES = (
+    ".capture",
+    ".fused",
+)  # a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
 
 
 @dataclass
@@ -33,8 +36,12 @@ class Stats:
 
     def since(self, before: dict[str, Any]) -> dict[str, Any]:
         """What was added after ``before`` (an earlier to_dict()): a task's own counts and warnings."""
-        counts = {f.name: getattr(self, f.name) - before.get(f.name, 0) for f in fields(self) if f.name != "warnings"}
-        return {**counts, "warnings": self.warnings[len(before.get("warnings", ())):]}
+        counts = {
+            f.name: getattr(self, f.name) - before.get(f.name, 0)
+            for f in fields(self)
+            if f.name != "warnings"
+        }
+        return {**counts, "warnings": self.warnings[len(before.get("warnings", ())) :]}
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "warnings": list(self.warnings)}
@@ -62,8 +69,10 @@ def read(key: str, suffix: str) -> bytes | None:
         for checked in (folder, path):
             reason = unsafe_reason(checked)
             if reason:
-                raise Refused(f"the capture cache is not used: {reason}; castcore captures anew (castcore cache "
-                              "clear, or set XDG_CACHE_HOME to a folder of your own)")
+                raise Refused(
+                    f"the capture cache is not used: {reason}; castcore captures anew (castcore cache "
+                    "clear, or set XDG_CACHE_HOME to a folder of your own)"
+                )
         return path.read_bytes()
     except Refused:
         raise
@@ -78,13 +87,17 @@ def problem() -> str | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return (f"the capture cache folder {folder} cannot be made ({exc.strerror or exc}), so nothing is cached for "
-                "the next run (set XDG_CACHE_HOME to a folder you can write)")
+        return (
+            f"the capture cache folder {folder} cannot be made ({exc.strerror or exc}), so nothing is cached for "
+            "the next run (set XDG_CACHE_HOME to a folder you can write)"
+        )
     reason = unsafe_reason(folder)
     if reason:
         return f"the capture cache is not used: {reason}; castcore captures anew"
     if not os.access(folder, os.W_OK | os.X_OK):
-        return f"the capture cache folder {folder} is not writable by you, so nothing is cached for the next run"
+        return (
+            f"the capture cache folder {folder} is not writable by you, so nothing is cached for the next run"
+        )
     return None
 
 
@@ -101,23 +114,30 @@ class CacheInfo:
     bytes: int
 
     def lines(self) -> list[str]:
-        return [f"location  {self.location}",
-                f"entries   {self.captures} captures, {self.fused} device rewrites of a model",
-                f"size      {self.bytes / 2**20:,.1f} MiB"]
+        return [
+            f"location  {self.location}",
+            f"entries   {self.captures} captures, {self.fused} device rewrites of a model",
+            f"size      {self.bytes / 2**20:,.1f} MiB",
+        ]
 
 
 def _entries() -> list[Path]:
     folder = captures_dir()
     if not folder.is_dir():
         return []
-    return [p for p in folder.iterdir() if p.is_file() and (p.suffix in SUFFIXES or p.name.endswith(".partial"))]
+    return [
+        p for p in folder.iterdir() if p.is_file() and (p.suffix in SUFFIXES or p.name.endswith(".partial"))
+    ]
 
 
 def info() -> CacheInfo:
     entries = _entries()
-    return CacheInfo(location=captures_dir(), captures=sum(p.suffix == ".capture" for p in entries),
-                     fused=sum(p.suffix == ".fused" for p in entries),
-                     bytes=sum(p.stat().st_size for p in entries))
+    return CacheInfo(
+        location=captures_dir(),
+        captures=sum(p.suffix == ".capture" for p in entries),
+        fused=sum(p.suffix == ".fused" for p in entries),
+        bytes=sum(p.stat().st_size for p in entries),
+    )
 
 
 def clear() -> CacheInfo:

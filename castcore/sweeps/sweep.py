@@ -17,8 +17,18 @@ from castcore.errors import StrictFailure
 from castcore.options.catalog import ESTIMATE, SERVE, SIMULATE, say
 from castcore.plugins.selection import PluginOptions, profiles_without_plugins
 from castcore.sweeps.run import SweepResult
-from castcore.sweeps.spec import (Command, Job, Point, Spec, check_devices, check_size, check_spec, expand, key_lines,
-                                  read_spec)
+from castcore.sweeps.spec import (
+    Command,
+    Job,
+    Point,
+    Spec,
+    check_devices,
+    check_size,
+    check_spec,
+    expand,
+    key_lines,
+    read_spec,
+)
 from castcore.sweeps.work import Settings
 from castcore.workload.spec import DEPLOYMENT, ModelError, build_workload
 
@@ -36,10 +46,18 @@ def _serve_job(values: dict[str, Any]) -> Job:
     batch = "max" if values["max_batch"] else values["batch"]
     deployment = {name: values[name] for name in DEPLOYMENT}
     check_request(values["model"], values["input_tokens"], values["output_tokens"], batch, **deployment)
-    return Job("serve", values["device"], serve={"model": values["model"], "input_tokens": values["input_tokens"],
-                                                 "output_tokens": values["output_tokens"], "batch": batch,
-                                                 "price_per_device_hour": values["price_per_device_hour"],
-                                                 **deployment})
+    return Job(
+        "serve",
+        values["device"],
+        serve={
+            "model": values["model"],
+            "input_tokens": values["input_tokens"],
+            "output_tokens": values["output_tokens"],
+            "batch": batch,
+            "price_per_device_hour": values["price_per_device_hour"],
+            **deployment,
+        },
+    )
 
 
 def _simulate_job(values: dict[str, Any]) -> Job:
@@ -52,8 +70,11 @@ def _simulate_job(values: dict[str, Any]) -> Job:
 
 def commands() -> dict[str, Command]:
     """estimate, serve and simulate as a sweep sees them."""
-    return {"estimate": Command(ESTIMATE, _estimate_job), "serve": Command(SERVE, _serve_job),
-            "simulate": Command(SIMULATE, _simulate_job)}
+    return {
+        "estimate": Command(ESTIMATE, _estimate_job),
+        "serve": Command(SERVE, _serve_job),
+        "simulate": Command(SIMULATE, _simulate_job),
+    }
 
 
 def open_session(plugins: PluginOptions, log: Log | None = None, **extra: Any) -> Any:
@@ -65,13 +86,19 @@ def open_session(plugins: PluginOptions, log: Log | None = None, **extra: Any) -
         if log is not None:
             log(f"warning: {line}")
     if session.config.strict and session.warnings:  # a note (a slow import) is no fault
-        raise StrictFailure(f"{len(session.warnings)} plugin problem(s) and {say('strict', True)} is on"
-                            + (" (above)" if log is not None else f": {'; '.join(session.warnings)}"))
+        raise StrictFailure(
+            f"{len(session.warnings)} plugin problem(s) and {say('strict', True)} is on"
+            + (" (above)" if log is not None else f": {'; '.join(session.warnings)}")
+        )
     return session
 
 
-def check(data: dict[str, Any], plugins: PluginOptions | None = None, yes: bool = False,
-          lines: dict[str, int] | None = None) -> tuple[Spec, PluginOptions, Settings]:
+def check(
+    data: dict[str, Any],
+    plugins: PluginOptions | None = None,
+    yes: bool = False,
+    lines: dict[str, int] | None = None,
+) -> tuple[Spec, PluginOptions, Settings]:
     """Check a spec's keys, values and size (torch-free); the spec, its plugin options with ``plugins`` added,
     and the Settings every worker gets."""
     spec = check_spec(data, commands(), lines)
@@ -80,7 +107,11 @@ def check(data: dict[str, Any], plugins: PluginOptions | None = None, yes: bool 
     session = merged.session_kwargs()
     if spec.session.get("on_error"):
         session["on_error"] = spec.session["on_error"]
-    return spec, merged, Settings(session=session, cwd=os.getcwd(), disk_cache=not spec.session.get("no_cache"))
+    return (
+        spec,
+        merged,
+        Settings(session=session, cwd=os.getcwd(), disk_cache=not spec.session.get("no_cache")),
+    )
 
 
 def points_of(spec: Spec, plugins: PluginOptions, log: Log | None = None) -> list[Point]:
@@ -97,10 +128,20 @@ def points_of(spec: Spec, plugins: PluginOptions, log: Log | None = None) -> lis
     return expand(spec, session.device(None).name)
 
 
-def sweep(grid: dict[str, Any] | str | Path, *, out: str | Path | None = None, workers: int | None = None,
-          backend: str = "local", ray_address: str | None = None, resume: bool = False, yes: bool = False,
-          plot: str | Path | None = None, progress: bool = False, plugins: PluginOptions | None = None,
-          log: Log | None = None) -> SweepResult:
+def sweep(
+    grid: dict[str, Any] | str | Path,
+    *,
+    out: str | Path | None = None,
+    workers: int | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
+    resume: bool = False,
+    yes: bool = False,
+    plot: str | Path | None = None,
+    progress: bool = False,
+    plugins: PluginOptions | None = None,
+    log: Log | None = None,
+) -> SweepResult:
     """Run a sweep: ``grid`` is a spec as a dict (``{"command": "estimate", "model": [...], "batch": [1, 8]}``) or
     the path of a TOML spec. The SweepResult holds every point's row (parameters, figures, ``error``,
     ``seconds``) in grid order, and is itself the sequence of those rows; they are also written to ``out``
@@ -132,11 +173,18 @@ def sweep(grid: dict[str, Any] | str | Path, *, out: str | Path | None = None, w
         points = points_of(spec, merged, log)
         if log is not None:
             refused = sum(1 for p in points if p.error)
-            log(f"{len(points)} {spec.command.name} points ({refused} refused by castcore {spec.command.name}'s "
-                "checks), " + ("Ray" if backend == "ray" else
-                               f"{count} local worker process" + ("es" if count > 1 else "")))
-        result = run_points(points, spec.command.axes(), settings, out=target, resume=resume, runner=runner,
-                            progress=progress)
+            log(
+                f"{len(points)} {spec.command.name} points ({refused} refused by castcore {spec.command.name}'s "
+                "checks), "
+                + (
+                    "Ray"
+                    if backend == "ray"
+                    else f"{count} local worker process" + ("es" if count > 1 else "")
+                )
+            )
+        result = run_points(
+            points, spec.command.axes(), settings, out=target, resume=resume, runner=runner, progress=progress
+        )
     result.command = spec.command.name
     if chart is not None:
         result.plot = draw(result.rows, spec.command.name, chart)

@@ -25,10 +25,15 @@ from castcore.options.catalog import say
 from castcore.tomlfiles import read_json
 from castcore.options.parts import BLOCK_FP8
 
-PRICED = ("fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, and "
-          "ModelOpt's FP8, NVFP4 and W4A8_AWQ")
-MODELOPT = {"FP8": {"weights": "fp8", "activations": "fp8"}, "NVFP4": {"weights": "nvfp4"},
-            "W4A8_AWQ": {"weights": "int4", "activations": "fp8"}}
+PRICED = (
+    "fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, and "
+    "ModelOpt's FP8, NVFP4 and W4A8_AWQ"
+)
+MODELOPT = {
+    "FP8": {"weights": "fp8", "activations": "fp8"},
+    "NVFP4": {"weights": "nvfp4"},
+    "W4A8_AWQ": {"weights": "int4", "activations": "fp8"},
+}
 
 
 def shipped(model: str, config: dict[str, Any]) -> tuple[dict[str, str], str] | None:
@@ -46,8 +51,10 @@ def _quantization_config(model: str, config: dict[str, Any]) -> dict[str, Any] |
     """The config's quantization_config; ModelError when it is there but not an object."""
     found = config.get("quantization_config")
     if found is not None and not isinstance(found, dict):
-        raise ModelError(f"{model}: its quantization_config is a JSON {_kind(found)}, not an object: it must be an "
-                         'object such as {"quant_method": "fp8"}')
+        raise ModelError(
+            f"{model}: its quantization_config is a JSON {_kind(found)}, not an object: it must be an "
+            'object such as {"quant_method": "fp8"}'
+        )
     return found
 
 
@@ -60,14 +67,18 @@ def _modelopt_file(model: str) -> dict[str, Any] | None:
     found = read_json(beside, ModelError, "quantization config")
     quantization = found.get("quantization", {}) if isinstance(found, dict) else found
     if not isinstance(quantization, dict):
-        raise ModelError(f"{beside}: {'its quantization' if isinstance(found, dict) else 'it'} is a JSON "
-                         f"{_kind(quantization)}, not an object: ModelOpt's file is an object whose quantization is "
-                         'an object such as {"quant_algo": "FP8"}')
+        raise ModelError(
+            f"{beside}: {'its quantization' if isinstance(found, dict) else 'it'} is a JSON "
+            f"{_kind(quantization)}, not an object: ModelOpt's file is an object whose quantization is "
+            'an object such as {"quant_algo": "FP8"}'
+        )
     return {"quantization": quantization}
 
 
 def _kind(value: Any) -> str:
-    return {str: "string", list: "array", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+    return {str: "string", list: "array", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), "null"
+    )
 
 
 def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, str]:
@@ -75,8 +86,10 @@ def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, st
     if method == "fp8":
         block = found.get("weight_block_size")
         if block is not None and list(block) != [128, 128]:
-            raise ModelError(f"{model}: its quantization_config's fp8 weight_block_size {list(block)} is not one "
-                             "castcore prices (128x128 blocks, or per-tensor and per-channel scales)")
+            raise ModelError(
+                f"{model}: its quantization_config's fp8 weight_block_size {list(block)} is not one "
+                "castcore prices (128x128 blocks, or per-tensor and per-channel scales)"
+            )
         if block is not None:
             return {"weights": BLOCK_FP8}
         # A dynamic activation scheme quantizes activations as they come (W8A8); a static one was calibrated.
@@ -85,22 +98,28 @@ def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, st
         bits = found.get("bits", found.get("w_bit"))
         if bits in (4, 8):
             return {"weights": f"int{bits}"}
-        raise ModelError(f"{model}: its quantization_config's {method} with {bits} bits is not one castcore prices "
-                         "(4 or 8 bits)")
+        raise ModelError(
+            f"{model}: its quantization_config's {method} with {bits} bits is not one castcore prices "
+            "(4 or 8 bits)"
+        )
     if method == "mxfp4":
         return {"weights": "mxfp4"}
     if method == "modelopt":  # ModelOpt's hf_quant_config.json fields, in config.json
         return _from_modelopt(model, {"quantization": found})
-    raise ModelError(f"{model}: its quantization_config's quant_method {method or '(none)'!r} is not one castcore "
-                     f"prices; castcore prices {PRICED}")
+    raise ModelError(
+        f"{model}: its quantization_config's quant_method {method or '(none)'!r} is not one castcore "
+        f"prices; castcore prices {PRICED}"
+    )
 
 
 def _from_modelopt(model: str, found: dict[str, Any]) -> dict[str, str]:
     quantization = found.get("quantization", {})
     algo = str(quantization.get("quant_algo", "")).upper()
     if algo not in MODELOPT:
-        raise ModelError(f"{model}: its hf_quant_config.json's quant_algo {algo or '(none)'!r} is not one castcore "
-                         f"prices; castcore prices {PRICED}")
+        raise ModelError(
+            f"{model}: its hf_quant_config.json's quant_algo {algo or '(none)'!r} is not one castcore "
+            f"prices; castcore prices {PRICED}"
+        )
     options = dict(MODELOPT[algo])
     if str(quantization.get("kv_cache_quant_algo", "")).upper() == "FP8":
         options["kv_cache"] = "fp8"
@@ -117,8 +136,10 @@ def apply(model: str, config: dict[str, Any], given: dict[str, Any], values: dic
     for name, value in options.items():
         if given.get(name) not in (None, value):
             stands = ", ".join(say(n, v) for n, v in options.items())
-            raise ModelError(f"{say(name, given[name])} contradicts {model}'s own quantization ({where}: "
-                             f"{stands}); drop {say(name)} to price the checkpoint as it ships")
+            raise ModelError(
+                f"{say(name, given[name])} contradicts {model}'s own quantization ({where}: "
+                f"{stands}); drop {say(name)} to price the checkpoint as it ships"
+            )
         values[name] = value
 
 

@@ -37,15 +37,18 @@ def head_config(config: dict[str, Any], head: str, model: str) -> dict[str, Any]
     text = found["text_config"] if "num_hidden_layers" not in found and "text_config" in found else found
     layers = text.get("num_hidden_layers")
     if not isinstance(layers, int):
-        raise ModelError(f"{say('draft_model', head)}: {model}'s config gives no num_hidden_layers to take a "
-                         "layer from")
+        raise ModelError(
+            f"{say('draft_model', head)}: {model}'s config gives no num_hidden_layers to take a layer from"
+        )
     keep = 1
     if head == "mtp":
         keep = text.get("num_nextn_predict_layers") or 0
         if keep < 1:
-            raise ModelError(f"{say('draft_model', 'mtp')}: {model} ships no multi-token-prediction layers "
-                             f"(num_nextn_predict_layers in its config); give {say('draft_model', 'eagle')} or a "
-                             "draft model")
+            raise ModelError(
+                f"{say('draft_model', 'mtp')}: {model} ships no multi-token-prediction layers "
+                f"(num_nextn_predict_layers in its config); give {say('draft_model', 'eagle')} or a "
+                "draft model"
+            )
         if DENSE_FIRST in text:
             text[DENSE_FIRST] = 0
     for key, value in list(text.items()):  # per-layer lists (layer types, windows) keep their first entries
@@ -66,8 +69,10 @@ def draft_source(model: str, config: dict[str, Any], head: str) -> str:
     path = folder / f"{head}-{digest}.json"
     if not (_mine(folder) and _mine(path) and _holds(path, text)):
         if not write_cache_file(path, text) or not _mine(folder):
-            raise ModelError(f"{say('draft_model', head)}: the head's config cannot be kept in {folder} (a folder of "
-                             "your own that only you may write): set XDG_CACHE_HOME to such a folder")
+            raise ModelError(
+                f"{say('draft_model', head)}: the head's config cannot be kept in {folder} (a folder of "
+                "your own that only you may write): set XDG_CACHE_HOME to such a folder"
+            )
     return str(path)
 
 

@@ -47,8 +47,16 @@ def parse_dtype(name: str) -> torch.dtype:
     return torch_dtype(name)
 
 
-def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len: int, train: bool,
-                 all_logits: bool = False) -> BuiltModel:
+def build_preset(
+    spec: str,
+    batch: int,
+    seq: int,
+    dtype: str,
+    phase: str,
+    kv_len: int,
+    train: bool,
+    all_logits: bool = False,
+) -> BuiltModel:
     """One step of a causal LM from a preset or config.json: a prefill of ``batch`` x ``seq`` tokens, or a
     decode of one token per sequence over a KV cache of ``kv_len`` tokens.
 
@@ -57,9 +65,13 @@ def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len
     module, notes = build_causal_lm(load_model_config(spec), parse_dtype(dtype), origin=spec)
     config = module.config
     if phase == "decode":
-        return BuiltModel(model=module, inputs_fn=decode_inputs(module, batch, kv_len, parse_dtype(dtype)),
-                          description=f"{spec} decode, batch {batch}, 1 token over {kv_len} cached, {dtype}",
-                          config=config, notes=notes)
+        return BuiltModel(
+            model=module,
+            inputs_fn=decode_inputs(module, batch, kv_len, parse_dtype(dtype)),
+            description=f"{spec} decode, batch {batch}, 1 token over {kv_len} cached, {dtype}",
+            config=config,
+            notes=notes,
+        )
     input_ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
     kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
     what, logits = "prefill", ""
@@ -75,10 +87,17 @@ def build_preset(spec: str, batch: int, seq: int, dtype: str, phase: str, kv_len
         logits = ", last-token logits"
     else:
         logits = ", logits for every token"
-        notes.append(f"{type(module).__name__} takes no logits_to_keep, so its prefill computes the LM head "
-                     "for every token, not only the last one a server samples from")
-    return BuiltModel(model=module, kwargs=kwargs, config=config, notes=notes,
-                      description=f"{spec} {what}, batch {batch}, {seq} tokens, {dtype}{logits}")
+        notes.append(
+            f"{type(module).__name__} takes no logits_to_keep, so its prefill computes the LM head "
+            "for every token, not only the last one a server samples from"
+        )
+    return BuiltModel(
+        model=module,
+        kwargs=kwargs,
+        config=config,
+        notes=notes,
+        description=f"{spec} {what}, batch {batch}, {seq} tokens, {dtype}{logits}",
+    )
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
@@ -114,6 +133,10 @@ def from_factory(spec: str, **options: Any) -> BuiltModel:
         return BuiltModel(model=made.model, args=made.args, kwargs=dict(made.kwargs), description=spec)
     if isinstance(made, tuple) and made and isinstance(made[0], torch.nn.Module) and len(made) in (2, 3):
         args = made[1] if isinstance(made[1], tuple) else (made[1],)
-        return BuiltModel(model=made[0], args=args, kwargs=made[2] if len(made) == 3 else {}, description=spec)
-    raise ModelError(f"model factory {spec!r} returned {type(made).__name__}; return castcore.build_workload(module, "
-                     "*inputs), (module, args) or (module, args, kwargs)")
+        return BuiltModel(
+            model=made[0], args=args, kwargs=made[2] if len(made) == 3 else {}, description=spec
+        )
+    raise ModelError(
+        f"model factory {spec!r} returned {type(made).__name__}; return castcore.build_workload(module, "
+        "*inputs), (module, args) or (module, args, kwargs)"
+    )

@@ -16,8 +16,14 @@ from typing import Any
 
 import torch
 
-from castcore.hf.attention import (ATTENTION, castcore_attention, castcore_mask, no_attention_backend_note,
-                                   register_attention, supports_attention_backend)
+from castcore.hf.attention import (
+    ATTENTION,
+    castcore_attention,
+    castcore_mask,
+    no_attention_backend_note,
+    register_attention,
+    supports_attention_backend,
+)
 from castcore.hf.cache import CACHE_ARGUMENTS
 from castcore.hf.causal_lm import is_causal_lm
 from castcore.hf.configs import attention_of, attention_set_to
@@ -36,17 +42,23 @@ def prepare(built: BuiltModel) -> BuiltModel:
     elif attention != ATTENTION:
         register_attention(ATTENTION, castcore_attention, castcore_mask)
         built.while_capturing = partial(attention_set_to, model, ATTENTION)
-        built.notes.append(f"castcore ran {name}'s attention as {ATTENTION!r} (transformers' SDPA with the causal "
-                           f"flag, so attention counts the causal half of the query-key pairs) instead of your "
-                           f"{attention!r}, for this estimate only")
+        built.notes.append(
+            f"castcore ran {name}'s attention as {ATTENTION!r} (transformers' SDPA with the causal "
+            f"flag, so attention counts the causal half of the query-key pairs) instead of your "
+            f"{attention!r}, for this estimate only"
+        )
     passed = _passed(model, built.args, built.kwargs)
     if passed is None or "use_cache" in passed or any(name in passed for name in CACHE_ARGUMENTS):
         return built  # the caller chose the cache: leave it, and the capture holds it
     built.kwargs["use_cache"] = False
-    built.notes.append(f"castcore passed use_cache=False to {name}, as its presets do: a prefill then builds no "
-                       "cache object, so identical layers are captured once and replayed; the KV cache it fills "
-                       "is counted in memory from the model's config")
-    tokens = next((passed[k] for k in ("input_ids", "inputs_embeds") if isinstance(passed.get(k), torch.Tensor)), None)
+    built.notes.append(
+        f"castcore passed use_cache=False to {name}, as its presets do: a prefill then builds no "
+        "cache object, so identical layers are captured once and replayed; the KV cache it fills "
+        "is counted in memory from the model's config"
+    )
+    tokens = next(
+        (passed[k] for k in ("input_ids", "inputs_embeds") if isinstance(passed.get(k), torch.Tensor)), None
+    )
     if tokens is not None and tokens.dim() >= 2:
         built.config = model.config
         built.kv_cache_shape = (int(tokens.shape[0]), int(tokens.shape[1]), model.dtype)
@@ -59,6 +71,12 @@ def _passed(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]
         bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
     except (TypeError, ValueError):
         return None  # the call itself will say what is wrong
-    extra = next((v for k, v in bound.arguments.items()
-                  if bound.signature.parameters[k].kind is inspect.Parameter.VAR_KEYWORD), {})
+    extra = next(
+        (
+            v
+            for k, v in bound.arguments.items()
+            if bound.signature.parameters[k].kind is inspect.Parameter.VAR_KEYWORD
+        ),
+        {},
+    )
     return {**bound.arguments, **extra}

@@ -35,8 +35,9 @@ def castcore(folder: Path, *argv: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     env.update(XDG_CACHE_HOME=str(folder / "cache"), TMPDIR=str(folder / "tmp"))
     (folder / "tmp").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "castcore", *argv], capture_output=True, text=True, env=env,
-                          cwd=folder)
+    return subprocess.run(
+        [sys.executable, "-m", "castcore", *argv], capture_output=True, text=True, env=env, cwd=folder
+    )
 
 
 def refused(folder: Path, *argv: str) -> str:
@@ -48,7 +49,8 @@ def refused(folder: Path, *argv: str) -> str:
     assert len(lines) == 1 and lines[0].startswith("castcore: error: "), lines
     assert done.stdout == ""
     assert sorted(p.name for p in folder.iterdir() if p.name not in ("cache", "tmp")) == [
-        name for name in before if name not in ("cache", "tmp")]
+        name for name in before if name not in ("cache", "tmp")
+    ]
     return lines[0]
 
 
@@ -63,18 +65,45 @@ def model_folder(folder: Path, **changes) -> Path:
 SIMULATE = ["simulate", "--model", str(LLAMA), *DEVICE, "--input", "64", "--output", "8"]
 
 
-@pytest.mark.parametrize(("argv", "said"), [
-    (["--requests", "1000000000000", "--rate", "1"], "--requests 1000000000000: is over 1,000,000, castcore's limit"),
-    (["--requests", "100000000", "--rate", "1"], "--requests 100000000: is over 1,000,000"),
-    (["--requests", "10", "--spec-tokens", "100000", "--draft-model", "eagle", "--acceptance", "0.7"],
-     "--spec-tokens 100000: a verification pass of its last token and 100000 draft tokens does not fit the "
-     "--max-batched-tokens 8192 token budget (the vllm preset): give at most --spec-tokens 8191"),
-    (["--requests", "10", "--spec-tokens", "64", "--draft-model", "eagle", "--acceptance", "0.7",
-      "--max-batched-tokens", "32"], "does not fit the --max-batched-tokens 32 token budget: give at most"),
-    (["--requests", "10", "--burstiness", "0.3"], "--burstiness 0.3 shapes the gaps between arrivals at --rate, "
-                                                  "and without it every request arrives at once: give --rate QPS"),
-    (["--requests", "10", "--burstiness", "0.3", "--concurrency", "2"], "without it a closed loop starts"),
-])
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["--requests", "1000000000000", "--rate", "1"],
+            "--requests 1000000000000: is over 1,000,000, castcore's limit",
+        ),
+        (["--requests", "100000000", "--rate", "1"], "--requests 100000000: is over 1,000,000"),
+        (
+            ["--requests", "10", "--spec-tokens", "100000", "--draft-model", "eagle", "--acceptance", "0.7"],
+            "--spec-tokens 100000: a verification pass of its last token and 100000 draft tokens does not fit the "
+            "--max-batched-tokens 8192 token budget (the vllm preset): give at most --spec-tokens 8191",
+        ),
+        (
+            [
+                "--requests",
+                "10",
+                "--spec-tokens",
+                "64",
+                "--draft-model",
+                "eagle",
+                "--acceptance",
+                "0.7",
+                "--max-batched-tokens",
+                "32",
+            ],
+            "does not fit the --max-batched-tokens 32 token budget: give at most",
+        ),
+        (
+            ["--requests", "10", "--burstiness", "0.3"],
+            "--burstiness 0.3 shapes the gaps between arrivals at --rate, "
+            "and without it every request arrives at once: give --rate QPS",
+        ),
+        (
+            ["--requests", "10", "--burstiness", "0.3", "--concurrency", "2"],
+            "without it a closed loop starts",
+        ),
+    ],
+)
 def test_simulate_refuses_counts_and_options_it_would_ignore_or_choke_on(tmp_path, argv, said):
     assert said in refused(tmp_path, *SIMULATE, *argv)
 
@@ -102,15 +131,21 @@ def test_a_dataset_over_the_request_limit_is_refused(tmp_path):
     assert "1,000,001 lines, over 1,000,000, castcore's limit for --requests" in line
 
 
-@pytest.mark.parametrize(("case", "said"), [
-    ("huge", f"over {CONFIG_BYTES // 2**20} MiB, castcore's limit for a model config"),
-    ("loop", "cannot read it: Too many levels of symbolic links"),
-    ("deep", "nested too deep to read as JSON"),
-    ("binary", "not valid JSON: byte 0 is 0x89, not UTF-8 text"),
-    ("string quantization_config", "its quantization_config is a JSON string, not an object"),
-    ("hf_quant_config not JSON", "hf_quant_config.json: not valid JSON"),
-    ("hf_quant_config quantization string", "hf_quant_config.json: its quantization is a JSON string, not an object"),
-])
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("huge", f"over {CONFIG_BYTES // 2**20} MiB, castcore's limit for a model config"),
+        ("loop", "cannot read it: Too many levels of symbolic links"),
+        ("deep", "nested too deep to read as JSON"),
+        ("binary", "not valid JSON: byte 0 is 0x89, not UTF-8 text"),
+        ("string quantization_config", "its quantization_config is a JSON string, not an object"),
+        ("hf_quant_config not JSON", "hf_quant_config.json: not valid JSON"),
+        (
+            "hf_quant_config quantization string",
+            "hf_quant_config.json: its quantization is a JSON string, not an object",
+        ),
+    ],
+)
 def test_a_hostile_model_config_is_one_line(tmp_path, case, said):
     config = tmp_path / "model" / "config.json"
     if case == "string quantization_config":
@@ -129,7 +164,8 @@ def test_a_hostile_model_config_is_one_line(tmp_path, case, said):
         config.write_bytes(b"\x89PNG\r\n\x1a\n")
     elif case.startswith("hf_quant_config"):
         (config.parent / "hf_quant_config.json").write_text(
-            "not json" if case.endswith("not JSON") else json.dumps({"quantization": "fp8"}))
+            "not json" if case.endswith("not JSON") else json.dumps({"quantization": "fp8"})
+        )
     line = refused(tmp_path, "simulate", "--model", str(config), *DEVICE, "--requests", "10")
     assert said in line and str(config.parent) in line
     assert "AttributeError" not in line and "transformers" not in line
@@ -137,22 +173,41 @@ def test_a_hostile_model_config_is_one_line(tmp_path, case, said):
 
 def _serve_results(**changes) -> dict:
     """The fields a serve --json file holds that its page reads."""
-    found = {"model": "tiny-llama", "device": "h100-sxm", "batch": 1, "input_tokens": 16, "output_tokens": 4,
-             "ttft_s": 0.001, "tpot_s": 0.0002, "latency_s": 0.002, "output_tokens_per_s": 2000.0,
-             "output_tokens_per_s_per_device": 2000.0, "devices": 1, "peak_bytes": 1e6, "weight_bytes": 5e5,
-             "kv_cache_bytes": 1e4, "activation_bytes": 1e4, "free_bytes": 8e10, "device_memory_bytes": 8e10,
-             "fits": True, "tpot_fit": {"a_s": 0.0002, "b_s_per_token": 1e-10},
-             "decode_points": [{"kv_len": 16, "time_s": 0.0002}]}
+    found = {
+        "model": "tiny-llama",
+        "device": "h100-sxm",
+        "batch": 1,
+        "input_tokens": 16,
+        "output_tokens": 4,
+        "ttft_s": 0.001,
+        "tpot_s": 0.0002,
+        "latency_s": 0.002,
+        "output_tokens_per_s": 2000.0,
+        "output_tokens_per_s_per_device": 2000.0,
+        "devices": 1,
+        "peak_bytes": 1e6,
+        "weight_bytes": 5e5,
+        "kv_cache_bytes": 1e4,
+        "activation_bytes": 1e4,
+        "free_bytes": 8e10,
+        "device_memory_bytes": 8e10,
+        "fits": True,
+        "tpot_fit": {"a_s": 0.0002, "b_s_per_token": 1e-10},
+        "decode_points": [{"kv_len": 16, "time_s": 0.0002}],
+    }
     return {**found, **changes}
 
 
-@pytest.mark.parametrize(("changes", "said"), [
-    ({"output_tokens": 1e300}, "its output_tokens is 1e+300, not a whole number from 0 to 1,000,000,000"),
-    ({"output_tokens": 4.0}, "its output_tokens is 4.0, not a whole number"),
-    ({"batch": "4"}, "its batch is \"4\", not a whole number"),
-    ({"ttft_s": -1}, "its ttft_s is -1, not a finite number of at least 0"),
-    ({"model": ["a"]}, "its model is [\"a\"], not a name"),
-])
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"output_tokens": 1e300}, "its output_tokens is 1e+300, not a whole number from 0 to 1,000,000,000"),
+        ({"output_tokens": 4.0}, "its output_tokens is 4.0, not a whole number"),
+        ({"batch": "4"}, 'its batch is "4", not a whole number'),
+        ({"ttft_s": -1}, "its ttft_s is -1, not a finite number of at least 0"),
+        ({"model": ["a"]}, 'its model is ["a"], not a name'),
+    ],
+)
 def test_report_checks_a_saved_files_fields(tmp_path, changes, said):
     results = tmp_path / "serve.json"
     results.write_text(json.dumps(_serve_results(**changes)))
@@ -166,7 +221,9 @@ def test_report_of_a_deep_or_huge_results_file_is_one_line(tmp_path):
     assert "nested too deep to read as JSON" in refused(tmp_path, "report", str(deep), "--html", "page.html")
     deep_rows = tmp_path / "rows.jsonl"
     deep_rows.write_text("[" * 200_000 + "\n")
-    assert "cannot read its rows (RecursionError" in refused(tmp_path, "report", str(deep_rows), "--html", "p.html")
+    assert "cannot read its rows (RecursionError" in refused(
+        tmp_path, "report", str(deep_rows), "--html", "p.html"
+    )
     for name in ("huge.json", "huge.csv", "huge.jsonl"):
         with (tmp_path / name).open("wb") as out:
             out.truncate(300 * 2**20)  # sparse: refused by its size, never read
@@ -190,13 +247,26 @@ def test_a_draft_head_planted_in_the_shared_temporary_folder_is_never_read_or_wr
     planted.mkdir(parents=True)
     victim = tmp_path / "victim.txt"
     victim.write_text("theirs")
-    text = json.dumps(draft_heads.head_config(load_model_config(str(LLAMA)), "eagle", str(LLAMA)), sort_keys=True)
+    text = json.dumps(
+        draft_heads.head_config(load_model_config(str(LLAMA)), "eagle", str(LLAMA)), sort_keys=True
+    )
     bad = {**json.loads(text), "num_hidden_layers": 48}
     name = f"eagle-{hashlib.sha256(text.encode()).hexdigest()[:16]}"  # where castcore once kept it
     (planted / f"{name}.json").write_text(json.dumps(bad))
     (planted / f"{name}.tmp").symlink_to(victim)
-    done = castcore(tmp_path, *SIMULATE, "--requests", "10", "--spec-tokens", "2", "--draft-model", "eagle",
-                    "--acceptance", "0.7", "--json")
+    done = castcore(
+        tmp_path,
+        *SIMULATE,
+        "--requests",
+        "10",
+        "--spec-tokens",
+        "2",
+        "--draft-model",
+        "eagle",
+        "--acceptance",
+        "0.7",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     assert victim.read_text() == "theirs"
     heads = list((tmp_path / "cache" / "castcore" / "draft-heads").iterdir())
@@ -252,7 +322,13 @@ def test_a_cut_or_deeply_nested_cache_entry_is_discarded():
 
 def test_durations_keep_their_digits():
     assert [format_ms(v) for v in (0.162, 30.0, 7.9, 0.25, 19_150.4, 0.0)] == [
-        "0.162 ms", "30.0 ms", "7.90 ms", "0.250 ms", "19,150 ms", "0 ms"]
+        "0.162 ms",
+        "30.0 ms",
+        "7.90 ms",
+        "0.250 ms",
+        "19,150 ms",
+        "0 ms",
+    ]
     request = PlanRequest(model=str(LLAMA), ttft=Objective.parse("p99:1us", SIMULATE_OPTIONS["slo_ttft"]))
     row = {"error": None, "never_fit": 0, "p99_ttft_ms": 0.162}
     assert capacity.misses(request, row) == ["p99 TTFT 0.162 ms over 0.00100 ms"]  # not "p99 TTFT 0 ms"

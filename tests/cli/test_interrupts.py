@@ -26,21 +26,39 @@ def _spec(folder: Path) -> Path:
     text, files = Path(H100).read_text(), []
     for i in range(50):
         variant = folder / f"h100-v{i}.toml"
-        variant.write_text(text.replace('name = "h100-sxm"', f'name = "h100-v{i}"')
-                           .replace("compute_efficiency = 0.78", f"compute_efficiency = {0.5 + i / 200:.3f}"))
+        variant.write_text(
+            text.replace('name = "h100-sxm"', f'name = "h100-v{i}"').replace(
+                "compute_efficiency = 0.78", f"compute_efficiency = {0.5 + i / 200:.3f}"
+            )
+        )
         files.append(str(variant))
-    spec = {"command": "estimate", "model": LLAMA, "seq": 16, "batch": list(range(1, 11)),
-            "weights": ["bf16", "int8"], "device": [f"h100-v{i}" for i in range(50)], "no_packs": True,
-            "device_file": files}
+    spec = {
+        "command": "estimate",
+        "model": LLAMA,
+        "seq": 16,
+        "batch": list(range(1, 11)),
+        "weights": ["bf16", "int8"],
+        "device": [f"h100-v{i}" for i in range(50)],
+        "no_packs": True,
+        "device_file": files,
+    }
     path = folder / "spec.toml"
     path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in spec.items()))  # JSON values are TOML here
     return path
 
 
 def _castcore(*argv: str, cache: Path) -> subprocess.Popen:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}, "XDG_CACHE_HOME": str(cache)}
-    return subprocess.Popen([sys.executable, "-m", "castcore", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")},
+        "XDG_CACHE_HOME": str(cache),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "castcore", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _rows(path: Path) -> list[dict]:
@@ -51,13 +69,24 @@ def _rows(path: Path) -> list[dict]:
 def test_a_sweep_killed_and_interrupted_at_random_resumes_to_the_same_rows(tmp_path):
     spec = _spec(tmp_path)
     whole = tmp_path / "whole.csv"
-    done = _castcore("sweep", str(spec), "--out", str(whole), "--workers", "2", "--yes", cache=tmp_path / "c1")
+    done = _castcore(
+        "sweep", str(spec), "--out", str(whole), "--workers", "2", "--yes", cache=tmp_path / "c1"
+    )
     assert done.wait(timeout=300) == 0, done.stderr.read()
     chaos, rng = tmp_path / "chaos.csv", random.Random(2026)
     signals = [signal.SIGINT, signal.SIGKILL, signal.SIGINT, signal.SIGKILL]
     for number, sent in enumerate(signals):
-        run = _castcore("sweep", str(spec), "--out", str(chaos), "--workers", "2", "--yes",
-                        *(["--resume"] if number else []), cache=tmp_path / "c2")
+        run = _castcore(
+            "sweep",
+            str(spec),
+            "--out",
+            str(chaos),
+            "--workers",
+            "2",
+            "--yes",
+            *(["--resume"] if number else []),
+            cache=tmp_path / "c2",
+        )
         time.sleep(rng.uniform(2.0, 6.0))
         run.send_signal(sent)
         code = run.wait(timeout=60)
@@ -68,19 +97,57 @@ def test_a_sweep_killed_and_interrupted_at_random_resumes_to_the_same_rows(tmp_p
         assert code == (130 if sent == signal.SIGINT else -signal.SIGKILL), (code, err)
         if sent == signal.SIGINT:
             assert err.strip().splitlines()[-1] == "castcore: interrupted"
-    last = _castcore("sweep", str(spec), "--out", str(chaos), "--workers", "2", "--yes", "--resume",
-                     cache=tmp_path / "c2")
+    last = _castcore(
+        "sweep", str(spec), "--out", str(chaos), "--workers", "2", "--yes", "--resume", cache=tmp_path / "c2"
+    )
     assert last.wait(timeout=300) == 0, last.stderr.read()
     assert len(_rows(whole)) == 1000 and _rows(chaos) == _rows(whole)
     assert not list(tmp_path.glob(".chaos.csv.*"))  # no journal, lock or temporary left
 
 
-@pytest.mark.parametrize("argv", [
-    ("serve", "--model", LLAMA, "--input", "32", "--output", "8", "--batch", "2", "--weights", "int8", "--kv-cache",
-     "fp8", "--no-packs", "--device-file", H100, "--json"),
-    ("plan", "--model", LLAMA, "--input", "32", "--output", "8", "--tp", "1", "2", "--no-packs", "--device-file", H100,
-     "--workers", "2", "--json"),
-], ids=["serve", "plan"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        (
+            "serve",
+            "--model",
+            LLAMA,
+            "--input",
+            "32",
+            "--output",
+            "8",
+            "--batch",
+            "2",
+            "--weights",
+            "int8",
+            "--kv-cache",
+            "fp8",
+            "--no-packs",
+            "--device-file",
+            H100,
+            "--json",
+        ),
+        (
+            "plan",
+            "--model",
+            LLAMA,
+            "--input",
+            "32",
+            "--output",
+            "8",
+            "--tp",
+            "1",
+            "2",
+            "--no-packs",
+            "--device-file",
+            H100,
+            "--workers",
+            "2",
+            "--json",
+        ),
+    ],
+    ids=["serve", "plan"],
+)
 def test_a_command_killed_midway_then_run_again_gives_what_an_unkilled_one_gives(tmp_path, argv):
     clean = _castcore(*argv, cache=tmp_path / "clean")
     out, err = clean.communicate(timeout=300)

@@ -56,38 +56,66 @@ def _mma(report: castcore.Report, name: str | None = None) -> dict[torch.dtype, 
 
 def _faster(profile: castcore.DeviceProfile, rate: str) -> castcore.DeviceProfile:
     """The profile with its ``rate`` doubled (and another name: estimates are cached by name)."""
-    return replace(profile, name=f"{profile.name}-{rate}-x2",
-                   mma_flops={**profile.mma_flops, rate: 2 * profile.mma_flops[rate]})
+    return replace(
+        profile,
+        name=f"{profile.name}-{rate}-x2",
+        mma_flops={**profile.mma_flops, rate: 2 * profile.mma_flops[rate]},
+    )
 
 
 def test_nvfp4_runs_w4a4_products_at_the_fp4_rate(session, b200):
     base = _estimate(session, b200)
     report = _estimate(session, b200, weights="nvfp4")
-    products, quantized = _records(report, "castcore::block_scaled_mm"), _records(report, "castcore::quantize_blocks")
+    products, quantized = (
+        _records(report, "castcore::block_scaled_mm"),
+        _records(report, "castcore::quantize_blocks"),
+    )
     assert len(products) == len(quantized) == LINEARS
     for product in products:  # NVFP4 activations [16, in / 2] with e4m3 scales per 16, by NVFP4 weights
         a, b, scale_a, scale_b = product.invoke.args[:4]
         assert a.dtype == b.dtype == FP4 and scale_a.dtype == scale_b.dtype == FP8
-        assert scale_a.shape == (SEQ, 2 * a.shape[1] // 16) and scale_b.shape == (b.shape[0], 2 * b.shape[1] // 16)
+        assert scale_a.shape == (SEQ, 2 * a.shape[1] // 16) and scale_b.shape == (
+            b.shape[0],
+            2 * b.shape[1] // 16,
+        )
         assert product.estimate.detail["rates"][f"mma:{FP4}"] == "float4_e2m1fn_x2"
     mma = _mma(report)
     assert mma[FP4] == 2 * SEQ * ELEMENTS  # K counts fp4 values, two per stored element
     assert mma[FP4] + mma[torch.bfloat16] == _mma(base)[torch.bfloat16]  # attention and the LM head stay bf16
     # Half a byte a weight, an e4m3 scale per 16, and two fp32 per-tensor scales (input_scale, alpha) per layer.
-    assert report.memory.weight_bytes == base.memory.weight_bytes - 2 * ELEMENTS + ELEMENTS // 2 + ELEMENTS // 16 \
-        + 8 * LINEARS
-    compute = [sum(r.estimate.compute_s for r in _records(rep, "castcore::block_scaled_mm"))
-               for rep in (report, _estimate(session, _faster(b200, "float4_e2m1fn_x2"), weights="nvfp4"),
-                           _estimate(session, _faster(b200, "float8_e4m3fn"), weights="nvfp4"))]
+    assert (
+        report.memory.weight_bytes
+        == base.memory.weight_bytes - 2 * ELEMENTS + ELEMENTS // 2 + ELEMENTS // 16 + 8 * LINEARS
+    )
+    compute = [
+        sum(r.estimate.compute_s for r in _records(rep, "castcore::block_scaled_mm"))
+        for rep in (
+            report,
+            _estimate(session, _faster(b200, "float4_e2m1fn_x2"), weights="nvfp4"),
+            _estimate(session, _faster(b200, "float8_e4m3fn"), weights="nvfp4"),
+        )
+    ]
     assert compute[1] < compute[0] == compute[2]  # the fp4 rate, and no other
 
 
 def test_nvfp4_on_a_device_without_an_fp4_rate_is_refused_in_one_line(capsys):
-    argv = ["estimate", "--model", str(LLAMA), "--seq", "16", "--no-packs", "--device-file",
-            str(DATA / "h100-sxm.toml")]
+    argv = [
+        "estimate",
+        "--model",
+        str(LLAMA),
+        "--seq",
+        "16",
+        "--no-packs",
+        "--device-file",
+        str(DATA / "h100-sxm.toml"),
+    ]
     assert main([*argv, "--weights", "nvfp4"]) == 2
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]  # past the progress
-    assert len(err) == 1 and err[0].startswith("castcore: error: --weights nvfp4: h100-sxm has no FP4 matrix rate")
+    err = [
+        line for line in capsys.readouterr().err.strip().splitlines() if "error" in line
+    ]  # past the progress
+    assert len(err) == 1 and err[0].startswith(
+        "castcore: error: --weights nvfp4: h100-sxm has no FP4 matrix rate"
+    )
     assert "b200" in err[0] and "--weights fp8" in err[0] and "--weights mxfp4" in err[0]
 
 
@@ -96,11 +124,15 @@ def test_mxfp4_is_weight_only_without_an_fp4_rate(session):
     report = _estimate(session, weights="mxfp4")
     linear = _records(report, "castcore::weight_only_linear")
     assert len(linear) == LINEARS and not _records(report, "castcore::block_scaled_mm")
-    assert all(r.invoke.args[1].dtype == FP4 and r.invoke.args[2].dtype == torch.float8_e8m0fnu for r in linear)
+    assert all(
+        r.invoke.args[1].dtype == FP4 and r.invoke.args[2].dtype == torch.float8_e8m0fnu for r in linear
+    )
     assert _mma(report) == _mma(base)  # products in bf16, the weights dequantized in registers
     gp = sum(r.properties.compute_ops[torch.bfloat16].gp_ops for r in linear)
     assert gp >= DEQUANTIZE * ELEMENTS
-    assert report.memory.weight_bytes == base.memory.weight_bytes - 2 * ELEMENTS + ELEMENTS // 2 + ELEMENTS // 32
+    assert (
+        report.memory.weight_bytes == base.memory.weight_bytes - 2 * ELEMENTS + ELEMENTS // 2 + ELEMENTS // 32
+    )
     assert any("W4A16: the device has no FP4 matrix rate" in note for note in report.notes)
 
 
@@ -110,8 +142,12 @@ def test_mxfp4_with_an_fp4_rate_is_mxfp8_by_mxfp4_at_the_fp8_rate(session, b200)
     assert len(products) == LINEARS and not _records(report, "castcore::weight_only_linear")
     for product in products:
         a, b, scale_a, scale_b = product.invoke.args[:4]
-        assert (a.dtype, b.dtype, scale_a.dtype, scale_b.dtype) == (FP8, FP4, torch.float8_e8m0fnu,
-                                                                      torch.float8_e8m0fnu)
+        assert (a.dtype, b.dtype, scale_a.dtype, scale_b.dtype) == (
+            FP8,
+            FP4,
+            torch.float8_e8m0fnu,
+            torch.float8_e8m0fnu,
+        )
         assert product.estimate.detail["rates"][f"mma:{FP8}"] == "float8_e4m3fn"
     assert _mma(report, "castcore::block_scaled_mm") == {FP8: 2 * SEQ * ELEMENTS}
 
@@ -128,7 +164,9 @@ def test_int4_weights_with_fp8_activations_are_w4a8_at_the_fp8_rate(session):
     int4 = _estimate(session, weights="int4")
     assert report.memory.weight_bytes == int4.memory.weight_bytes < base.memory.weight_bytes
     assert any(n.startswith("--weights int4 --activations fp8: 12 linear layers") for n in report.notes)
-    with pytest.raises(ModelError, match=r"activations='fp8' multiplies fp8 activations by fp8 weights \(or int4"):
+    with pytest.raises(
+        ModelError, match=r"activations='fp8' multiplies fp8 activations by fp8 weights \(or int4"
+    ):
         castcore.build_workload(str(LLAMA), weights="int8", activations="fp8")
     with pytest.raises(ModelError, match=r"^weights='nvfp4' quantizes its activations .*: drop activations$"):
         castcore.build_workload(str(LLAMA), weights="nvfp4", activations="fp8")
@@ -143,7 +181,9 @@ def test_mixture_of_experts_weights_take_the_fp4_formats(session, b200, kind, dt
     grouped = _records(report, "castcore::block_scaled_grouped_mm")
     assert len(grouped) == 2 * LAYERS and not _records(report, "aten::_grouped_mm")
     assert all(r.invoke.args[1].dtype == FP4 and r.invoke.args[1].shape[0] == experts for r in grouped)
-    assert _mma(report, "castcore::block_scaled_grouped_mm") == {dtype: _mma(base, "aten::_grouped_mm")[torch.bfloat16]}
+    assert _mma(report, "castcore::block_scaled_grouped_mm") == {
+        dtype: _mma(base, "aten::_grouped_mm")[torch.bfloat16]
+    }
     block = 16 if kind == "nvfp4" else 32
     expert_elements = LAYERS * experts * 3 * h * i
     packed = [r for r in report.records if r.invoke.name == "castcore::block_scaled_grouped_mm"]
@@ -155,10 +195,12 @@ def test_a_linear_layers_memory_is_its_packed_codes_and_scales(session, b200):
     out_features, in_features = 96, 128
     elements = out_features * in_features
     for kind, scale_bytes in (("nvfp4", elements // 16 + 8), ("mxfp4", elements // 32)):  # + nvfp4's 2 fp32
-        model = torch.nn.Sequential(torch.nn.Linear(in_features, out_features, bias=False)).to(device="meta",
-                                                                                             dtype=torch.bfloat16)
-        work = castcore.build_workload(model, torch.empty(4, in_features, device="meta", dtype=torch.bfloat16),
-                                       weights=kind)
+        model = torch.nn.Sequential(torch.nn.Linear(in_features, out_features, bias=False)).to(
+            device="meta", dtype=torch.bfloat16
+        )
+        work = castcore.build_workload(
+            model, torch.empty(4, in_features, device="meta", dtype=torch.bfloat16), weights=kind
+        )
         report = session.estimate(work, device=b200)
         assert report.memory.weight_bytes == elements // 2 + scale_bytes
 
@@ -179,28 +221,48 @@ def test_gpt_oss_checkpoint_quantizes_its_experts_only(tmp_path, session, b200):
     work = castcore.build_workload(model, seq=SEQ)
     assert (work.weights, work.activations) == ("mxfp4", None)
     base = _estimate(session, model=GPT_OSS)
-    for device, product in ((None, "castcore::weight_only_grouped_mm"), (b200, "castcore::block_scaled_grouped_mm")):
+    for device, product in (
+        (None, "castcore::weight_only_grouped_mm"),
+        (b200, "castcore::block_scaled_grouped_mm"),
+    ):
         report = session.estimate(work, device=device)
         assert len(_records(report, product)) == 2 * LAYERS
         assert not _records(report, "castcore::weight_only_linear")
         assert not _records(report, "castcore::block_scaled_mm")
         elements = LAYERS * experts * 3 * h * i  # gate/up and down of every expert; attention stays bf16
-        assert report.memory.weight_bytes == base.memory.weight_bytes - 2 * elements + elements // 2 + elements // 32
-        assert any("8 more linear layers stay bfloat16, as the checkpoint's modules_to_not_convert says" in note
-                   for note in report.notes)
+        assert (
+            report.memory.weight_bytes
+            == base.memory.weight_bytes - 2 * elements + elements // 2 + elements // 32
+        )
+        assert any(
+            "8 more linear layers stay bfloat16, as the checkpoint's modules_to_not_convert says" in note
+            for note in report.notes
+        )
 
 
-@pytest.mark.parametrize("algo, options", [("NVFP4", ("nvfp4", None, "fp8")), ("W4A8_AWQ", ("int4", "fp8", "fp8"))])
+@pytest.mark.parametrize(
+    "algo, options", [("NVFP4", ("nvfp4", None, "fp8")), ("W4A8_AWQ", ("int4", "fp8", "fp8"))]
+)
 def test_modelopts_nvfp4_and_w4a8_checkpoints_are_priced_as_shipped(tmp_path, algo, options):
     model = _checkpoint(tmp_path, LLAMA)
-    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": algo, "kv_cache_quant_algo": "FP8",
-                                                            "exclude_modules": ["lm_head"]}}))
+    (tmp_path / "hf_quant_config.json").write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt"},
+                "quantization": {
+                    "quant_algo": algo,
+                    "kv_cache_quant_algo": "FP8",
+                    "exclude_modules": ["lm_head"],
+                },
+            }
+        )
+    )
     work = castcore.build_workload(model)
     assert (work.weights, work.activations, work.kv_cache) == options
 
 
 # --- the reference kernels compute what the real ones do ----------------------------------------------------
+
 
 def test_e2m1_codes_decode_to_their_values():
     nibbles = torch.arange(16, dtype=torch.uint8)
@@ -209,11 +271,16 @@ def test_e2m1_codes_decode_to_their_values():
     assert values.flatten().tolist() == list(quantized_ops.E2M1)
 
 
-@pytest.mark.parametrize("a_dtype, block, scale_dtype, global_scale, tolerance", [
-    (FP4, 16, FP8, torch.tensor(0.004), 0.15),  # NVFP4 x NVFP4
-    (FP8, 32, torch.float8_e8m0fnu, None, 0.2),  # MXFP8 x MXFP4
-])
-def test_block_scaled_products_approximate_the_float_product(a_dtype, block, scale_dtype, global_scale, tolerance):
+@pytest.mark.parametrize(
+    "a_dtype, block, scale_dtype, global_scale, tolerance",
+    [
+        (FP4, 16, FP8, torch.tensor(0.004), 0.15),  # NVFP4 x NVFP4
+        (FP8, 32, torch.float8_e8m0fnu, None, 0.2),  # MXFP8 x MXFP4
+    ],
+)
+def test_block_scaled_products_approximate_the_float_product(
+    a_dtype, block, scale_dtype, global_scale, tolerance
+):
     torch.manual_seed(0)
     x, w = torch.randn(6, 128), torch.randn(40, 128)
     qx, sx = ops.quantize_blocks(x, a_dtype, block, scale_dtype, global_scale)
@@ -226,8 +293,16 @@ def test_block_scaled_products_approximate_the_float_product(a_dtype, block, sca
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert (out.float() - exact).norm() / exact.norm() < tolerance
     offs = torch.tensor([2, 6], dtype=torch.int32)  # two experts: the same weight, and its rows reversed
-    grouped = ops.block_scaled_grouped_mm(qx, torch.stack([qw, qw.flip(0)]), sx, torch.stack([sw, sw.flip(0)]), block,
-                                          None if alpha is None else alpha.repeat(2), offs, torch.float32)
+    grouped = ops.block_scaled_grouped_mm(
+        qx,
+        torch.stack([qw, qw.flip(0)]),
+        sx,
+        torch.stack([sw, sw.flip(0)]),
+        block,
+        None if alpha is None else alpha.repeat(2),
+        offs,
+        torch.float32,
+    )
     plain = ops.block_scaled_mm(qx, qw, sx, sw, block, alpha, None, torch.float32)
     torch.testing.assert_close(grouped, torch.cat([plain[:2], plain[2:].flip(-1)]))
 

@@ -12,8 +12,13 @@ import castcore
 from castcore.builtin.fused_ops import kept_keys
 from castcore.cli.main import main
 from castcore.deploy.kernels.fusing import rewrite
-from castcore.hf.attention import (ATTENTION, castcore_attention, castcore_mask, register_attention,
-                                   supports_attention_backend)
+from castcore.hf.attention import (
+    ATTENTION,
+    castcore_attention,
+    castcore_mask,
+    register_attention,
+    supports_attention_backend,
+)
 from castcore.hf.cache import cache_argument
 from castcore.hf.configs import configs
 from castcore.workload.models import BuiltModel
@@ -33,22 +38,37 @@ def real_model(name: str) -> torch.nn.Module:
     # A model written before transformers' attention interface (GPT-J) runs its own eager attention.
     own = not supports_attention_backend(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)])
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                             attn_implementation="eager" if own else ATTENTION).eval()
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager" if own else ATTENTION
+    ).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.2)
     return model
 
 
-@pytest.mark.parametrize("name", ["tiny-llama.json", "tiny-mixtral.json", "tiny-gemma2.json", "tiny-gemma3.json",
-                                  "tiny-gptj.json", "tiny-deepseek-v3.json", "tiny-llama4.json", "tiny-gpt-oss.json",
-                                  "tiny-qwen3-moe.json"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tiny-llama.json",
+        "tiny-mixtral.json",
+        "tiny-gemma2.json",
+        "tiny-gemma3.json",
+        "tiny-gptj.json",
+        "tiny-deepseek-v3.json",
+        "tiny-llama4.json",
+        "tiny-gpt-oss.json",
+        "tiny-qwen3-moe.json",
+    ],
+)
 def test_the_fused_model_computes_what_the_eager_one_does(name):
     from transformers import DynamicCache
 
     model = real_model(name)
-    prompt, step = torch.randint(3, 200, (2, 20)), torch.randint(3, 200, (2, 1))  # past gpt-oss's 16-token window
+    prompt, step = (
+        torch.randint(3, 200, (2, 20)),
+        torch.randint(3, 200, (2, 1)),
+    )  # past gpt-oss's 16-token window
 
     def run():
         cache = {cache_argument(model): DynamicCache(config=model.config)}
@@ -70,8 +90,13 @@ def test_llama_captures_only_fused_kernels_around_its_matmuls_with_the_same_flop
     workloads = {fuse: castcore.build_workload(str(tiny_llama), seq=32, fuse=fuse) for fuse in (True, False)}
     fused, eager = (session.estimate(workloads[fuse]) for fuse in (True, False))
     names = {r.invoke.name for r in fused.records}
-    assert {"castcore::rms_norm", "castcore::add_rms_norm", "castcore::silu_and_mul", "castcore::attention",
-            "castcore::rotary_embedding"} <= names
+    assert {
+        "castcore::rms_norm",
+        "castcore::add_rms_norm",
+        "castcore::silu_and_mul",
+        "castcore::attention",
+        "castcore::rotary_embedding",
+    } <= names
     assert not names & {"aten::pow.Tensor_Scalar", "aten::rsqrt", "aten::silu", "aten::neg"}
     assert fused.totals()["flops"] == pytest.approx(eager.totals()["flops"], rel=0.02)
     assert fused.totals()["bytes"] < 0.8 * eager.totals()["bytes"]
@@ -81,8 +106,9 @@ def test_llama_captures_only_fused_kernels_around_its_matmuls_with_the_same_flop
 
 
 def test_decode_and_tensor_parallel_run_fused(session, tiny_llama):
-    report = session.estimate(castcore.build_workload(str(tiny_llama), batch=2, seq=16, phase="decode", kv_len=40,
-                                                      tp=2))
+    report = session.estimate(
+        castcore.build_workload(str(tiny_llama), batch=2, seq=16, phase="decode", kv_len=40, tp=2)
+    )
     calls = [r for r in report.records if r.invoke.name == "castcore::attention"]
     q, k = calls[0].invoke.args[:2]
     assert (q.shape[1], k.shape[1], k.shape[2]) == (2, 1, 41)  # 4 heads / 2, 2 KV heads / 2, 40 cached + 1
@@ -96,8 +122,9 @@ def test_moe_router_is_one_op(session):
     assert names.count("castcore::topk_softmax") == 2 and "aten::topk" not in names
 
 
-@pytest.mark.parametrize("q_len,kv_len,window", [(5, 5, 0), (1, 9, 0), (4, 9, 0), (12, 12, 4), (3, 10, 4),
-                                                 (6, 6, 10), (1, 30, 8)])
+@pytest.mark.parametrize(
+    "q_len,kv_len,window", [(5, 5, 0), (1, 9, 0), (4, 9, 0), (12, 12, 4), (3, 10, 4), (6, 6, 10), (1, 30, 8)]
+)
 def test_kept_keys_counts_the_mask(q_len, kv_len, window):
     rows = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)
     cols = torch.arange(kv_len).unsqueeze(0)
@@ -105,7 +132,9 @@ def test_kept_keys_counts_the_mask(q_len, kv_len, window):
     assert kept_keys(q_len, kv_len, True, window) == int(keep.sum())
 
 
-@pytest.mark.parametrize("q_len,kv_len,chunk", [(100, 100, 64), (1, 100, 64), (30, 100, 8), (64, 64, 64), (5, 9, 16)])
+@pytest.mark.parametrize(
+    "q_len,kv_len,chunk", [(100, 100, 64), (1, 100, 64), (30, 100, 8), (64, 64, 64), (5, 9, 16)]
+)
 def test_kept_keys_counts_a_chunked_mask(q_len, kv_len, chunk):
     rows = torch.arange(kv_len - q_len, kv_len).unsqueeze(1)
     cols = torch.arange(kv_len).unsqueeze(0)
@@ -113,8 +142,17 @@ def test_kept_keys_counts_a_chunked_mask(q_len, kv_len, chunk):
     assert kept_keys(q_len, kv_len, True, 0, chunk) == int(keep.sum())
 
 
-@pytest.mark.parametrize("q_len,kv_len,window,chunk", [(1, 1000, 100, 0), (4, 1000, 100, 0), (1, 1000, 0, 256),
-                                                       (1, 50, 100, 0), (1000, 1000, 100, 0), (1, 1000, 0, 0)])
+@pytest.mark.parametrize(
+    "q_len,kv_len,window,chunk",
+    [
+        (1, 1000, 100, 0),
+        (4, 1000, 100, 0),
+        (1, 1000, 0, 256),
+        (1, 50, 100, 0),
+        (1000, 1000, 100, 0),
+        (1, 1000, 0, 0),
+    ],
+)
 def test_attention_reads_only_the_keys_its_queries_can_see(session, q_len, kv_len, window, chunk):
     """A decode step over a long cache with a sliding window (or Llama 4's chunks) reads the keys its queries
     reach, not the whole cache; a prompt's queries reach every key."""
@@ -131,9 +169,17 @@ def test_attention_reads_only_the_keys_its_queries_can_see(session, q_len, kv_le
     out = 2 * q_len * 8 * 64 * 2
     assert record.properties.memory_read_bytes == pytest.approx(q.nbytes + 2 * k.nbytes * reached / kv_len)
     assert record.properties.memory_write_bytes == out
-    assert reached == {(1, 1000, 100, 0): 100, (4, 1000, 100, 0): 103, (1, 1000, 0, 256): 1000 - 768,
-                       (1, 50, 100, 0): 50, (1000, 1000, 100, 0): 1000, (1, 1000, 0, 0): 1000}[
-        (q_len, kv_len, window, chunk)]
+    assert (
+        reached
+        == {
+            (1, 1000, 100, 0): 100,
+            (4, 1000, 100, 0): 103,
+            (1, 1000, 0, 256): 1000 - 768,
+            (1, 50, 100, 0): 50,
+            (1000, 1000, 100, 0): 1000,
+            (1, 1000, 0, 0): 1000,
+        }[(q_len, kv_len, window, chunk)]
+    )
 
 
 def test_llama4_chunked_layers_attend_within_their_chunk():
@@ -161,8 +207,17 @@ def test_llama4_chunked_layers_attend_within_their_chunk():
 
 
 def test_eager_flag_prices_the_hugging_face_graph(tiny_llama, h100_file, capsys):
-    argv = ["estimate", "--model", str(tiny_llama), "--seq", "16", "--no-packs", "--device-file", str(h100_file),
-            "--json"]
+    argv = [
+        "estimate",
+        "--model",
+        str(tiny_llama),
+        "--seq",
+        "16",
+        "--no-packs",
+        "--device-file",
+        str(h100_file),
+        "--json",
+    ]
     assert main(argv + ["--eager"]) == 0
     eager = json.loads(capsys.readouterr().out)
     assert main(argv) == 0
@@ -184,9 +239,14 @@ def test_kv_reads_head_reads_grouped_kv_once_per_query_head(session, tiny_llama)
     """A kernel without grouped-KV sharing (TensorRT-LLM's masked MHA before 0.7) reads each K/V head once per
     query head: the same work and the same result, the K/V bytes times the group; by default once per group."""
     step = dict(batch=2, seq=16, phase="decode", kv_len=40)
-    grouped, per_head = (session.estimate(castcore.build_workload(str(tiny_llama), kv_reads=reads, **step))
-                         for reads in ("group", "head"))
-    g, h = ([r for r in report.records if r.invoke.name == "castcore::attention"][0] for report in (grouped, per_head))
+    grouped, per_head = (
+        session.estimate(castcore.build_workload(str(tiny_llama), kv_reads=reads, **step))
+        for reads in ("group", "head")
+    )
+    g, h = (
+        [r for r in report.records if r.invoke.name == "castcore::attention"][0]
+        for report in (grouped, per_head)
+    )
     q, k, v = g.invoke.args[:3]
     assert (q.shape[1], k.shape[1]) == (4, 2)  # a group of two query heads per K/V head
     assert g.invoke.argument("kv_per_query_head") is False and h.invoke.argument("kv_per_query_head") is True
@@ -195,15 +255,26 @@ def test_kv_reads_head_reads_grouped_kv_once_per_query_head(session, tiny_llama)
     assert per_head.time_s > grouped.time_s
     assert "K/V read once per query head" in " ".join(per_head.notes)
     q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
-    args = (q, k, v, 8 ** -0.5, True, 0, 0.0)
+    args = (q, k, v, 8**-0.5, True, 0, 0.0)
     torch.testing.assert_close(torch.ops.castcore.attention(*args, True), torch.ops.castcore.attention(*args))
 
 
 def test_kv_reads_head_needs_the_fused_kernel(tiny_llama, h100_file, capsys):
-    with pytest.raises(castcore.ModelError, match="kv_reads='head' describes castcore's fused attention kernel: "
-                                                  "drop fuse=False"):
+    with pytest.raises(
+        castcore.ModelError,
+        match="kv_reads='head' describes castcore's fused attention kernel: drop fuse=False",
+    ):
         castcore.build_workload(str(tiny_llama), fuse=False, kv_reads="head")
-    argv = ["estimate", "--model", str(tiny_llama), "--seq", "16", "--no-packs", "--device-file", str(h100_file)]
+    argv = [
+        "estimate",
+        "--model",
+        str(tiny_llama),
+        "--seq",
+        "16",
+        "--no-packs",
+        "--device-file",
+        str(h100_file),
+    ]
     assert main(argv + ["--kv-reads", "head", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["kv_reads"] == "head"
     assert main(argv + ["--kv-reads", "head", "--eager"]) == 2
@@ -214,7 +285,9 @@ def test_gptj_own_attention_and_gelu_new_run_as_single_kernels(session):
     """GPT-J keeps its own attention (no attention interface) and spells gelu_new out op by op; deployed, both are
     one kernel each, and the build's note about its eager attention goes, since that no longer runs."""
     gptj = str(DATA / "tiny-gptj.json")
-    fused, eager = (session.estimate(castcore.build_workload(gptj, seq=32, fuse=fuse)) for fuse in (True, False))
+    fused, eager = (
+        session.estimate(castcore.build_workload(gptj, seq=32, fuse=fuse)) for fuse in (True, False)
+    )
     names = [r.invoke.name for r in fused.records]
     assert names.count("castcore::attention") == 2 and names.count("aten::gelu") == 2
     assert not {"aten::tanh", "aten::pow.Tensor_Scalar", "aten::_softmax"} & set(names)
@@ -230,7 +303,9 @@ def test_gptj_own_attention_and_gelu_new_run_as_single_kernels(session):
     # The causal kernel counts the kept half of the query-key pairs; the eager graph all of them.
     call = next(r for r in fused.records if r.invoke.name == "castcore::attention")
     q = call.invoke.args[0]
-    assert sum(c.mma_ops for c in call.properties.compute_ops.values()) == 2 * 4 * 32 * 33 // 2 * 2 * q.shape[-1]
+    assert (
+        sum(c.mma_ops for c in call.properties.compute_ops.values()) == 2 * 4 * 32 * 33 // 2 * 2 * q.shape[-1]
+    )
     decode = session.estimate(castcore.build_workload(gptj, batch=2, seq=16, phase="decode", kv_len=40))
     assert [r.invoke.name for r in decode.records].count("castcore::attention") == 2
 

@@ -56,9 +56,12 @@ def test_a_prompt_decompresses_the_heads_and_its_cache_is_the_latent_one(session
 
 
 def test_tensor_parallel_splits_the_heads_and_keeps_the_latent_cache_whole(session):
-    one = session.estimate(castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63), device="h100-sxm")
-    two = session.estimate(castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63, tp=2),
-                           device="h100-sxm")
+    one = session.estimate(
+        castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63), device="h100-sxm"
+    )
+    two = session.estimate(
+        castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63, tp=2), device="h100-sxm"
+    )
     (q, cache) = next(r for r in two.records if r.invoke.name == "castcore::latent_attention").invoke.args[:2]
     assert q.shape[1] == HEADS // 2 and cache.shape[1] == 1
     assert two.memory.kv_cache_bytes == one.memory.kv_cache_bytes  # every device holds every latent entry
@@ -80,7 +83,9 @@ def test_the_rewrite_computes_what_transformers_does_with_both_rotary_layouts(tm
         def run():
             cache = {cache_argument(model): DynamicCache(config=model.config)}
             with torch.no_grad():
-                return model(prompt, **cache, use_cache=True).logits, model(step, **cache, use_cache=True).logits
+                return model(prompt, **cache, use_cache=True).logits, model(
+                    step, **cache, use_cache=True
+                ).logits
 
         eager = run()
         built = BuiltModel(model=model)
@@ -93,8 +98,28 @@ def test_the_rewrite_computes_what_transformers_does_with_both_rotary_layouts(tm
 
 
 def test_serve_prices_deepseek(h100_file, capsys):
-    assert main(["serve", "--model", DEEPSEEK, "--device-file", str(h100_file), "--no-packs", "--batch", "4",
-                 "--input", "64", "--output", "8", "--tp", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "serve",
+                "--model",
+                DEEPSEEK,
+                "--device-file",
+                str(h100_file),
+                "--no-packs",
+                "--batch",
+                "4",
+                "--input",
+                "64",
+                "--output",
+                "8",
+                "--tp",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     figures = json.loads(capsys.readouterr().out)
     assert figures["ttft_s"] > 0 and figures["tpot_s"] > 0
     # At the longest context, 64 + 8 tokens, one latent entry each (and each layer's length counter).
@@ -102,14 +127,33 @@ def test_serve_prices_deepseek(h100_file, capsys):
 
 
 def test_simulate_says_it_cannot_price_latent_attention_yet(h100_file, capsys):
-    assert main(["simulate", "--model", DEEPSEEK, "--device-file", str(h100_file), "--no-packs", "--requests", "4",
-                 "--input", "32", "--output", "4"]) == 2
+    assert (
+        main(
+            [
+                "simulate",
+                "--model",
+                DEEPSEEK,
+                "--device-file",
+                str(h100_file),
+                "--no-packs",
+                "--requests",
+                "4",
+                "--input",
+                "32",
+                "--output",
+                "4",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "latent attention (MLA)" in err[0], err
 
 
 def test_falcon_multi_query_decodes_with_one_kv_head(session):
-    report = session.estimate(castcore.build_workload(FALCON, phase="decode", batch=1, kv_len=63), device="h100-sxm")
+    report = session.estimate(
+        castcore.build_workload(FALCON, phase="decode", batch=1, kv_len=63), device="h100-sxm"
+    )
     # 2 layers, one K and one V head of 16 dims over 64 tokens, and each layer's length counter.
     assert report.memory.kv_cache_bytes == 2 * 2 * 64 * 1 * 16 * BF16 + 2 * 8
     prefill = session.estimate(castcore.build_workload(FALCON, seq=64), device="h100-sxm")
@@ -118,8 +162,10 @@ def test_falcon_multi_query_decodes_with_one_kv_head(session):
 
 @pytest.mark.parametrize("weights", ["fp8", "int8"])
 def test_quantized_weights_keep_the_absorbed_products_in_the_model_dtype(session, weights):
-    report = session.estimate(castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63, weights=weights),
-                              device="h100-sxm")
+    report = session.estimate(
+        castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63, weights=weights),
+        device="h100-sxm",
+    )
     products = [r for r in report.records if r.invoke.name == "aten::bmm" and "self_attn" in r.invoke.module]
     assert len(products) == 2 * LAYERS and all(r.invoke.args[1].dtype == torch.bfloat16 for r in products)
 
@@ -156,4 +202,6 @@ def test_the_grouped_router_is_priced_as_one_call(session):
     report = session.estimate(castcore.build_workload(DEEPSEEK, seq=64), device="h100-sxm")
     routers = [r for r in report.records if r.invoke.name == "castcore::grouped_topk"]
     assert len(routers) == LAYERS - 1  # the first layer is dense (first_k_dense_replace 1)
-    assert not any(r.invoke.name in ("aten::scatter_.value", "aten::masked_fill.Scalar") for r in report.records)
+    assert not any(
+        r.invoke.name in ("aten::scatter_.value", "aten::masked_fill.Scalar") for r in report.records
+    )

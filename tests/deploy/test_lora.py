@@ -45,7 +45,9 @@ def test_each_token_runs_its_adapters_shrink_and_expand(session):
 def test_mixing_more_adapters_reads_more_adapter_weights(session):
     few, many = (decode(session, lora_rank=16, adapters=n) for n in (4, 64))
     shrink = [grouped(report)[0] for report in (few, many)]  # layer 0's q projection: A is [adapters, 64, 16]
-    read = [r.properties.memory_read_bytes - r.invoke.args[0].nbytes - r.invoke.args[2].nbytes for r in shrink]
+    read = [
+        r.properties.memory_read_bytes - r.invoke.args[0].nbytes - r.invoke.args[2].nbytes for r in shrink
+    ]
     assert read[0] == pytest.approx(64 * 16 * 2 * touched_experts(4, 32))
     assert read[1] == pytest.approx(64 * 16 * 2 * touched_experts(64, 32))
     assert read[1] > read[0]
@@ -53,8 +55,11 @@ def test_mixing_more_adapters_reads_more_adapter_weights(session):
 
 def test_popular_adapters_cut_the_adapter_weights_a_batch_reads(session):
     def shrink(**more):
-        report = session.estimate(castcore.build_workload(LLAMA, phase="decode", batch=32, kv_len=64, lora_rank=16,
-                                                          adapters=64, **more))
+        report = session.estimate(
+            castcore.build_workload(
+                LLAMA, phase="decode", batch=32, kv_len=64, lora_rank=16, adapters=64, **more
+            )
+        )
         first = grouped(report)[0]  # layer 0's q projection: A is [64, 64, 16]
         return first.properties.memory_read_bytes - first.invoke.args[0].nbytes - first.invoke.args[2].nbytes
 
@@ -63,7 +68,9 @@ def test_popular_adapters_cut_the_adapter_weights_a_batch_reads(session):
     # Zipf odds i^-1.2: the most popular of 16 adapters is picked 37% of the time, the least 1.3%; 256 picks miss
     # the least popular 3.4% of the time, so 15.9 are touched. 32 requests over 64 such adapters touch 15.2.
     assert routing.popular_touched(16, 256, 1.2) == pytest.approx(15.89, abs=0.01)
-    assert routing.popular_touched(4, 1, 1.2) == pytest.approx(1.0) and routing.popular_touched(4, 2, 0) == 1.75
+    assert (
+        routing.popular_touched(4, 1, 1.2) == pytest.approx(1.0) and routing.popular_touched(4, 2, 0) == 1.75
+    )
     assert skewed == pytest.approx(64 * 16 * 2 * routing.popular_touched(64, 32, 1.2))
     assert skewed < 0.65 * even
 
@@ -75,16 +82,23 @@ def test_under_tensor_parallelism_each_device_holds_its_share_and_adds_no_commun
     assert adapted.memory.weight_bytes - plain.memory.weight_bytes == 4 * 16 * local * 2
     flops = sum(sum(c.mma_ops for c in r.properties.compute_ops.values()) for r in grouped(adapted))
     assert flops == 2 * 32 * 16 * local
-    collectives = [[r.invoke.name for r in report.records if r.invoke.name.startswith("_c10d_functional::")]
-                   for report in (plain, adapted)]
-    assert collectives[0] and collectives[1] == collectives[0]  # the row-parallel all-reduce carries the adapters'
+    collectives = [
+        [r.invoke.name for r in report.records if r.invoke.name.startswith("_c10d_functional::")]
+        for report in (plain, adapted)
+    ]
+    assert (
+        collectives[0] and collectives[1] == collectives[0]
+    )  # the row-parallel all-reduce carries the adapters'
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["--lora-rank", "16"], "multi-LoRA needs both --lora-rank and --adapters"),
-    (["--lora-rank", "12", "--adapters", "4"], "--lora-rank 12: give a multiple of 8"),
-    (["--adapter-skew", "1.2"], "--adapter-skew 1.2 needs --lora-rank and --adapters"),
-])
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--lora-rank", "16"], "multi-LoRA needs both --lora-rank and --adapters"),
+        (["--lora-rank", "12", "--adapters", "4"], "--lora-rank 12: give a multiple of 8"),
+        (["--adapter-skew", "1.2"], "--adapter-skew 1.2 needs --lora-rank and --adapters"),
+    ],
+)
 def test_bad_lora_options_are_one_line(capsys, argv, said):
     assert main(["estimate", "--model", LLAMA, "--device-file", H100, "--no-packs", *argv]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("castcore: error:")]

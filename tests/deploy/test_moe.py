@@ -11,7 +11,9 @@ import castcore
 from castcore.builtin.formulas.matmul import _grouped_mm, touched_experts
 from castcore.deploy.pipeline import build
 
-MIXTRAL = str(Path(__file__).parents[1] / "data" / "tiny-mixtral.json")  # 4 experts, top-2, hidden 64, ffn 96, bf16
+MIXTRAL = str(
+    Path(__file__).parents[1] / "data" / "tiny-mixtral.json"
+)  # 4 experts, top-2, hidden 64, ffn 96, bf16
 
 
 def _grouped(**options) -> list:
@@ -26,7 +28,7 @@ def _weight_bytes_read(invoke) -> float:
 
 
 def test_touched_experts():
-    assert touched_experts(4, 2) == 4 * (1 - 0.75 ** 2) == 1.75
+    assert touched_experts(4, 2) == 4 * (1 - 0.75**2) == 1.75
     assert touched_experts(8, 2) == 8 * (1 - (7 / 8) ** 2)
     assert touched_experts(4, 10_000) == pytest.approx(4)
     assert touched_experts(1, 5) == 1
@@ -44,7 +46,7 @@ def test_prefill_reads_nearly_every_expert():
     # 2 x 16 tokens, top-2: 64 routed rows; 4 x (1 - (3/4)^64) experts, all but 4e-8 of them.
     gate_up, down = _grouped(seq=16, batch=2)[:2]
     assert gate_up.args[0].shape[0] == 64
-    touched = 4 * (1 - 0.75 ** 64)
+    touched = 4 * (1 - 0.75**64)
     assert _weight_bytes_read(gate_up) == pytest.approx(4 * 64 * 192 * 2 * touched / 4, rel=1e-12)
     assert _weight_bytes_read(down) == pytest.approx(4 * 96 * 64 * 2 * touched / 4, rel=1e-12)
     assert 4 * 64 * 192 * 2 - _weight_bytes_read(gate_up) < 0.01
@@ -54,14 +56,19 @@ def test_prefill_reads_nearly_every_expert():
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_grouped_products_are_priced_in_every_dtype(session, dtype, fuse):
     """torch's fake grouped product takes bf16 only (as its CUDA kernel); engines' MoE kernels run fp16 and fp32."""
+
     def grouped(report):
         return [r for r in report.records if r.invoke.name == "aten::_grouped_mm"]
 
-    base, other = (session.estimate(castcore.build_workload(MIXTRAL, seq=8, dtype=d, fuse=fuse))
-                   for d in ("bf16", dtype))
+    base, other = (
+        session.estimate(castcore.build_workload(MIXTRAL, seq=8, dtype=d, fuse=fuse)) for d in ("bf16", dtype)
+    )
     assert len(grouped(other)) == len(grouped(base)) == 4
     for ours, theirs in zip(grouped(other), grouped(base)):
         assert ours.invoke.outputs()[0].shape == theirs.invoke.outputs()[0].shape
         assert ours.invoke.outputs()[0].dtype == ours.invoke.args[0].dtype != torch.bfloat16
-        assert sum(c.mma_ops for c in ours.properties.compute_ops.values()) == \
-            sum(c.mma_ops for c in theirs.properties.compute_ops.values()) > 0
+        assert (
+            sum(c.mma_ops for c in ours.properties.compute_ops.values())
+            == sum(c.mma_ops for c in theirs.properties.compute_ops.values())
+            > 0
+        )

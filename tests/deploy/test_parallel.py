@@ -32,8 +32,11 @@ def _capture(tp: int, reuse: bool = True):
 
 
 def _mm_flops(captured) -> int:
-    return sum(2 * i.args[0].shape[0] * i.args[0].shape[1] * i.args[1].shape[1]
-               for i in captured.invokes if i.name == "aten::mm")
+    return sum(
+        2 * i.args[0].shape[0] * i.args[0].shape[1] * i.args[1].shape[1]
+        for i in captured.invokes
+        if i.name == "aten::mm"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,9 @@ def test_matmul_flops_per_device_are_one_nth(whole, tp2):
     # Embedding and LM head are vocab-parallel too, so every matmul is split: exactly half.
     # (A model whose vocab does not divide by N keeps its LM head whole: its matmul is then not split.)
     assert _mm_flops(tp2[1]) * 2 == _mm_flops(whole[1])
-    assert [i.name for i in tp2[1].invokes].count("aten::mm") == [i.name for i in whole[1].invokes].count("aten::mm")
+    assert [i.name for i in tp2[1].invokes].count("aten::mm") == [i.name for i in whole[1].invokes].count(
+        "aten::mm"
+    )
 
 
 def test_local_shard_shapes_reach_the_estimators(tp2):
@@ -79,8 +84,9 @@ def test_one_all_reduce_per_attention_and_mlp_block(tp2):
 def test_replayed_layers_record_what_a_full_per_device_capture_does(tp2):
     # tp2 is captured with reuse: layer 1 is replayed from layer 0's local-shard ops and collectives.
     _, full, _ = _capture(2, reuse=False)
-    assert [(i.name, i.module, i.key, i.attrs) for i in tp2[1].invokes] == \
-        [(i.name, i.module, i.key, i.attrs) for i in full.invokes]
+    assert [(i.name, i.module, i.key, i.attrs) for i in tp2[1].invokes] == [
+        (i.name, i.module, i.key, i.attrs) for i in full.invokes
+    ]
     assert tp2[1].weight_storages == full.weight_storages
     assert analyze_memory(tp2[1]).to_dict() == analyze_memory(full).to_dict()
 
@@ -126,9 +132,19 @@ def test_what_cannot_be_split_is_a_clear_error(tmp_path):
             pass
     assert not dist.is_initialized()
     odd = tmp_path / "three-kv-heads.json"
-    odd.write_text(json.dumps({**json.loads(Path(TINY).read_text()), "num_attention_heads": 6,
-                               "num_key_value_heads": 3, "hidden_size": 96}))
-    with pytest.raises(ModelError, match="tp=2: num_key_value_heads = 3 does not divide by 2; .* or a multiple"):
+    odd.write_text(
+        json.dumps(
+            {
+                **json.loads(Path(TINY).read_text()),
+                "num_attention_heads": 6,
+                "num_key_value_heads": 3,
+                "hidden_size": 96,
+            }
+        )
+    )
+    with pytest.raises(
+        ModelError, match="tp=2: num_key_value_heads = 3 does not divide by 2; .* or a multiple"
+    ):
         with tensor_parallel(build(castcore.build_workload(str(odd), phase="decode", kv_len=8)), 2):
             pass
     with pytest.raises(ModelError, match="no attention/MLP projections"):
@@ -139,18 +155,32 @@ def test_what_cannot_be_split_is_a_clear_error(tmp_path):
 
 def test_cli_estimate_tp(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    args = ["estimate", "--model", TINY, "--seq", "16", "--no-packs", "--device-file", str(DATA / "h100-sxm.toml"),
-            "--json"]
-    runs = [subprocess.run([sys.executable, "-m", "castcore", *args, *extra], capture_output=True, text=True,
-                           env=env) for extra in ([], ["--tp", "2"])]
+    args = [
+        "estimate",
+        "--model",
+        TINY,
+        "--seq",
+        "16",
+        "--no-packs",
+        "--device-file",
+        str(DATA / "h100-sxm.toml"),
+        "--json",
+    ]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-m", "castcore", *args, *extra], capture_output=True, text=True, env=env
+        )
+        for extra in ([], ["--tp", "2"])
+    ]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     whole, split = (json.loads(r.stdout) for r in runs)
     assert "tensor parallel 2 (per device)" in split["description"]
     assert split["totals"]["flops"] < whole["totals"]["flops"] * 0.6
     assert split["memory"]["weight_bytes"] / whole["memory"]["weight_bytes"] == pytest.approx(0.5, rel=0.01)
     assert split["memory"]["kv_cache_bytes"] * 2 == whole["memory"]["kv_cache_bytes"]
-    bad = subprocess.run([sys.executable, "-m", "castcore", *args, "--tp", "3"], capture_output=True, text=True,
-                         env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "castcore", *args, "--tp", "3"], capture_output=True, text=True, env=env
+    )
     assert bad.returncode == 2 and "does not divide by 3" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -169,13 +199,19 @@ def test_decode_holds_one_devices_kv_cache():
     assert analyze_memory(whole).kv_cache_bytes == 2 * slots + 2 * 8
     assert analyze_memory(split).kv_cache_bytes == slots + 2 * 8
     (sdpa, *_) = [i for i in split.invokes if "scaled_dot_product" in i.name]
-    assert sdpa.args[0].shape[1:3] == (2, 1) and sdpa.args[1].shape[1:3] == (1, 33)  # local heads, whole cache
+    assert sdpa.args[0].shape[1:3] == (2, 1) and sdpa.args[1].shape[1:3] == (
+        1,
+        33,
+    )  # local heads, whole cache
     assert "tensor parallel 2 (per device)" in workload.description
 
 
 def _grouped_mm_flops(captured) -> int:
-    return sum(2 * i.args[0].shape[0] * i.args[0].shape[1] * i.args[1].shape[2]
-               for i in captured.invokes if i.name == "aten::_grouped_mm")
+    return sum(
+        2 * i.args[0].shape[0] * i.args[0].shape[1] * i.args[1].shape[2]
+        for i in captured.invokes
+        if i.name == "aten::_grouped_mm"
+    )
 
 
 @pytest.mark.parametrize("phase", [{"seq": 16, "batch": 2}, {"phase": "decode", "kv_len": 16}])
@@ -190,7 +226,10 @@ def test_mixtral_experts_are_split_along_their_intermediate_dimension(phase):
     assert info.plan["model.layers.0.mlp.experts"] == "experts"
     assert _grouped_mm_flops(split) * 2 == _grouped_mm_flops(whole) > 0
     shapes = [tuple(i.args[1].shape) for i in split.invokes if i.name == "aten::_grouped_mm"][:2]
-    assert shapes == [(4, 64, 96), (4, 48, 64)]  # gate_up [experts, hidden, 2 x 48], down [experts, 48, hidden]
+    assert shapes == [
+        (4, 64, 96),
+        (4, 48, 64),
+    ]  # gate_up [experts, hidden, 2 x 48], down [experts, 48, hidden]
     reduces = [i.module.rsplit(".", 1)[-1] for i in split.invokes if i.name == "_c10d_functional::all_reduce"]
     assert reduces == ["model"] + ["self_attn", "mlp"] * LAYERS  # the experts' partial sums, after them
     per_device, full = analyze_memory(split).weight_bytes, analyze_memory(whole).weight_bytes
@@ -207,7 +246,9 @@ def test_falcon_fused_qkv_splits_by_column_with_one_replicated_kv_head():
     assert mms["dense"].args[1].shape == (32, 64)  # row-parallel output projection
     assert mms["dense_h_to_4h"].args[1].shape == (64, 128) and mms["dense_4h_to_h"].args[1].shape == (128, 64)
     assert info.plan["transformer.h.0.self_attention.query_key_value"] == "fused_qkv"
-    reduces = [i.module.rsplit(".", 1)[-1] for i in captured.invokes if i.name == "_c10d_functional::all_reduce"]
+    reduces = [
+        i.module.rsplit(".", 1)[-1] for i in captured.invokes if i.name == "_c10d_functional::all_reduce"
+    ]
     assert reduces == ["self_attention", "mlp"] * LAYERS  # embedding and LM head are tied: kept whole
 
 
@@ -217,8 +258,11 @@ GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_si
 def _layer_matmuls(report) -> dict[str, float]:
     """Matrix-unit FLOPs of the first decoder layer's matmuls, by the projection that ran them (the bias adds
     aside: a row-parallel layer adds its whole bias on every device)."""
-    return {r.invoke.module.rsplit(".h.0.", 1)[1]: sum(c.mma_ops for c in r.properties.compute_ops.values())
-            for r in report.records if r.invoke.name in ("aten::addmm", "aten::mm") and ".h.0." in r.invoke.module}
+    return {
+        r.invoke.module.rsplit(".h.0.", 1)[1]: sum(c.mma_ops for c in r.properties.compute_ops.values())
+        for r in report.records
+        if r.invoke.name in ("aten::addmm", "aten::mm") and ".h.0." in r.invoke.module
+    }
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -226,27 +270,57 @@ def test_gpt2_conv1d_layers_are_tensor_parallel(session, tmp_path, fuse):
     # GPT-2's Conv1D weights are [in, out]: c_attn (q, k, v of 4 heads) and c_fc split by column, c_proj by row.
     path = tmp_path / "tiny-gpt2.json"
     path.write_text(json.dumps(GPT2))
-    whole, split = (session.estimate(castcore.build_workload(str(path), seq=16, batch=2, tp=tp, fuse=fuse))
-                    for tp in (1, 2))
+    whole, split = (
+        session.estimate(castcore.build_workload(str(path), seq=16, batch=2, tp=tp, fuse=fuse))
+        for tp in (1, 2)
+    )
     layers = _layer_matmuls(whole)
     assert set(layers) == {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}
     assert {k: v / 2 for k, v in layers.items()} == _layer_matmuls(split)
-    shapes = {r.invoke.module.rsplit(".h.0.", 1)[1]: tuple(r.invoke.args[2].shape) for r in split.records
-              if r.invoke.name == "aten::addmm" and ".h.0." in r.invoke.module}
-    assert shapes == {"attn.c_attn": (64, 96), "attn.c_proj": (32, 64), "mlp.c_fc": (64, 128), "mlp.c_proj": (128, 64)}
-    reduces = [r.invoke.module.rsplit(".", 1)[-1] for r in split.records
-               if r.invoke.name == "_c10d_functional::all_reduce"]
-    assert reduces == ["attn", "mlp"] * 2  # after each layer's attention and MLP (the tied embedding stays whole)
-    (attention, *_) = [r for r in split.records if r.invoke.name in ("castcore::attention",
-                                                                     "aten::_scaled_dot_product_efficient_attention",
-                                                                     "aten::_scaled_dot_product_flash_attention_for_cpu",
-                                                                     "aten::scaled_dot_product_attention")]
+    shapes = {
+        r.invoke.module.rsplit(".h.0.", 1)[1]: tuple(r.invoke.args[2].shape)
+        for r in split.records
+        if r.invoke.name == "aten::addmm" and ".h.0." in r.invoke.module
+    }
+    assert shapes == {
+        "attn.c_attn": (64, 96),
+        "attn.c_proj": (32, 64),
+        "mlp.c_fc": (64, 128),
+        "mlp.c_proj": (128, 64),
+    }
+    reduces = [
+        r.invoke.module.rsplit(".", 1)[-1]
+        for r in split.records
+        if r.invoke.name == "_c10d_functional::all_reduce"
+    ]
+    assert (
+        reduces == ["attn", "mlp"] * 2
+    )  # after each layer's attention and MLP (the tied embedding stays whole)
+    (attention, *_) = [
+        r
+        for r in split.records
+        if r.invoke.name
+        in (
+            "castcore::attention",
+            "aten::_scaled_dot_product_efficient_attention",
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+            "aten::scaled_dot_product_attention",
+        )
+    ]
     assert attention.invoke.args[0].shape[1] == 2  # 2 of the 4 heads per device
 
 
-KV2 = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
-       "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
-       "tie_word_embeddings": False}
+KV2 = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -259,15 +333,25 @@ def test_fewer_kv_heads_than_devices_are_replicated(session, tmp_path, fuse):
 
     check_model_split(str(path), KV2, tp=8)  # spec.py and the sharding agree: allowed
     prefill = session.estimate(castcore.build_workload(str(path), seq=16, batch=2, tp=8, fuse=fuse))
-    mms = {r.invoke.module.rsplit(".", 1)[-1]: r.invoke for r in prefill.records
-           if r.invoke.name == "aten::mm" and ".layers.0." in r.invoke.module}
-    assert [tuple(mms[p].args[1].shape) for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == \
-        [(128, 16), (128, 16), (128, 16), (16, 128)]
-    decode = session.estimate(castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, tp=8,
-                                                      fuse=fuse))
+    mms = {
+        r.invoke.module.rsplit(".", 1)[-1]: r.invoke
+        for r in prefill.records
+        if r.invoke.name == "aten::mm" and ".layers.0." in r.invoke.module
+    }
+    assert [tuple(mms[p].args[1].shape) for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == [
+        (128, 16),
+        (128, 16),
+        (128, 16),
+        (16, 128),
+    ]
+    decode = session.estimate(
+        castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, tp=8, fuse=fuse)
+    )
     # 2 layers x K and V x batch 2 x 32 slots x 1 head x 16 x bf16, and each layer's int64 fill counter.
     assert decode.memory.kv_cache_bytes == 2 * 2 * 2 * 32 * 1 * 16 * 2 + 2 * 8
-    whole = session.estimate(castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, fuse=fuse))
+    whole = session.estimate(
+        castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, fuse=fuse)
+    )
     assert whole.memory.kv_cache_bytes == 2 * 2 * 2 * 32 * 2 * 16 * 2 + 2 * 8
     assert kv_cache_bytes(per_device_config(KV2, 8), 1, 1, "bf16") * 2 == kv_cache_bytes(KV2, 1, 1, "bf16")
 
@@ -277,11 +361,22 @@ def test_projections_no_name_identifies_are_split_by_where_they_sit(session, fus
     """GPT-J names its projections q/k/v_proj, out_proj, fc_in and fc_out: q/k/v and fc_in read the hidden size
     and are split by column, out_proj and fc_out end their blocks and are split by row."""
     gptj = str(DATA / "tiny-gptj.json")
-    whole, split = (session.estimate(castcore.build_workload(gptj, seq=16, batch=2, tp=tp, fuse=fuse))
-                    for tp in (1, 2))
+    whole, split = (
+        session.estimate(castcore.build_workload(gptj, seq=16, batch=2, tp=tp, fuse=fuse)) for tp in (1, 2)
+    )
     layers = _layer_matmuls(whole)
-    assert set(layers) == {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out"}
+    assert set(layers) == {
+        "attn.q_proj",
+        "attn.k_proj",
+        "attn.v_proj",
+        "attn.out_proj",
+        "mlp.fc_in",
+        "mlp.fc_out",
+    }
     assert {k: v / 2 for k, v in layers.items()} == _layer_matmuls(split)
-    reduces = [r.invoke.module.rsplit(".", 1)[-1] for r in split.records
-               if r.invoke.name == "_c10d_functional::all_reduce"]
+    reduces = [
+        r.invoke.module.rsplit(".", 1)[-1]
+        for r in split.records
+        if r.invoke.name == "_c10d_functional::all_reduce"
+    ]
     assert reduces.count("attn") == reduces.count("mlp") == 2  # one after each block of the two layers

@@ -12,7 +12,9 @@ import pytest
 import castcore
 from castcore.cli.main import main
 
-MIXTRAL = str(Path(__file__).parents[1] / "data" / "tiny-mixtral.json")  # 4 experts, top-2, hidden 64, ffn 96, 2 layers
+MIXTRAL = str(
+    Path(__file__).parents[1] / "data" / "tiny-mixtral.json"
+)  # 4 experts, top-2, hidden 64, ffn 96, 2 layers
 LAYERS, EXPERTS, TOP_K, HIDDEN, FFN = 2, 4, 2, 64, 96
 EXPERT_BYTES = LAYERS * EXPERTS * (2 * FFN * HIDDEN + HIDDEN * FFN) * 2  # gate_up and down, bf16
 
@@ -27,8 +29,11 @@ def _expert_weight_bytes(report) -> int:
 
 
 def _calls(report) -> Counter:
-    return Counter(r.invoke.name.split("::")[1] for r in report.records
-                   if r.invoke.name.startswith("_c10d_functional::") and r.invoke.name != "_c10d_functional::wait_tensor")
+    return Counter(
+        r.invoke.name.split("::")[1]
+        for r in report.records
+        if r.invoke.name.startswith("_c10d_functional::") and r.invoke.name != "_c10d_functional::wait_tensor"
+    )
 
 
 PHASES = [{"seq": 16, "batch": 4}, {"phase": "decode", "kv_len": 16, "batch": 4}]
@@ -37,8 +42,10 @@ PHASES = [{"seq": 16, "batch": 4}, {"phase": "decode", "kv_len": 16, "batch": 4}
 @pytest.mark.parametrize("phase", PHASES, ids=["prefill", "decode"])
 @pytest.mark.parametrize("tp,ep", [(1, 2), (2, 2), (2, 4), (4, 2), (1, 4)])
 def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp, ep):
-    whole, split = (session.estimate(castcore.build_workload(MIXTRAL, **phase, **options))
-                    for options in ({}, {"tp": tp, "ep": ep}))
+    whole, split = (
+        session.estimate(castcore.build_workload(MIXTRAL, **phase, **options))
+        for options in ({}, {"tp": tp, "ep": ep})
+    )
     assert _expert_weight_bytes(whole) == EXPERT_BYTES
     # ep < tp: each expert is also split over tp/ep devices, so a device holds 1/tp of the expert weights.
     assert _expert_weight_bytes(split) * max(tp, ep) == EXPERT_BYTES
@@ -50,25 +57,44 @@ def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp,
     # and a reduce_scatter over the tp/ep devices sharing an expert.
     gathers = LAYERS * (tp > 1) + LAYERS * (ep < tp) + (tp > 1)  # + the vocab-parallel logits
     assert calls["all_gather_into_tensor"] == gathers and calls["reduce_scatter_tensor"] == LAYERS * (ep < tp)
-    assert calls["all_reduce"] == (1 + LAYERS) * (tp > 1)  # the embedding and the attention: no MoE all_reduce
-    sizes = {i.attrs["group_size"] for i in (r.invoke for r in split.records)
-             if i.name == "_c10d_functional::all_to_all_single"}
+    assert calls["all_reduce"] == (1 + LAYERS) * (
+        tp > 1
+    )  # the embedding and the attention: no MoE all_reduce
+    sizes = {
+        i.attrs["group_size"]
+        for i in (r.invoke for r in split.records)
+        if i.name == "_c10d_functional::all_to_all_single"
+    }
     assert sizes == {ep}
 
 
 def test_rows_are_balanced_across_the_expert_parallel_devices(session):
     # ep 2 over tp 2, prefill of 4 x 16 tokens: each TP rank routes 32 tokens x top-2 = 64 rows, receives 64.
     report = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2))
-    (dispatch, *_) = [r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"]
-    assert tuple(dispatch.args[0].shape) == (64, HIDDEN) and tuple(dispatch.outputs()[0].shape) == (64, HIDDEN)
+    (dispatch, *_) = [
+        r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"
+    ]
+    assert tuple(dispatch.args[0].shape) == (64, HIDDEN) and tuple(dispatch.outputs()[0].shape) == (
+        64,
+        HIDDEN,
+    )
     gate_up = _grouped(report)[0].invoke
-    assert tuple(gate_up.args[0].shape) == (64, HIDDEN) and tuple(gate_up.args[1].shape) == (2, HIDDEN, 2 * FFN)
+    assert tuple(gate_up.args[0].shape) == (64, HIDDEN) and tuple(gate_up.args[1].shape) == (
+        2,
+        HIDDEN,
+        2 * FFN,
+    )
     assert any(n.startswith("--ep 2: ") and "balanced" in n for n in report.notes)
 
 
-@pytest.mark.parametrize("kernels, prefill, decode", [("normal", "engine", "engine"),
-                                                       ("low-latency", "low-latency", "low-latency"),
-                                                       ("auto", "engine", "low-latency")])
+@pytest.mark.parametrize(
+    "kernels, prefill, decode",
+    [
+        ("normal", "engine", "engine"),
+        ("low-latency", "low-latency", "low-latency"),
+        ("auto", "engine", "low-latency"),
+    ],
+)
 def test_ep_kernels_say_how_dispatch_and_combine_run(session, kernels, prefill, decode):
     """The capture records on each dispatch and combine which kernels run it, for the collectives' estimator
     (castpack-collectives prices "low-latency" as DeepEP's low-latency kernels); every other collective of an
@@ -77,26 +103,38 @@ def test_ep_kernels_say_how_dispatch_and_combine_run(session, kernels, prefill, 
         report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, ep=2, ep_kernels=kernels, **phase))
         a2a = [r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"]
         assert len(a2a) == 2 * LAYERS and {i.attrs.get("kernels") for i in a2a} == {want}
-        others = [r.invoke for r in report.records if r.invoke.name.startswith("_c10d_functional::")
-                  and r.invoke.name != "_c10d_functional::wait_tensor" and r.invoke not in a2a]
+        others = [
+            r.invoke
+            for r in report.records
+            if r.invoke.name.startswith("_c10d_functional::")
+            and r.invoke.name != "_c10d_functional::wait_tensor"
+            and r.invoke not in a2a
+        ]
         assert others and all(i.attrs.get("kernels") == "engine" for i in others)
         assert any("low-latency kernels" in n for n in report.notes) == (want == "low-latency")
 
 
 def test_a_training_step_leaves_its_collectives_to_the_library(session):
     report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, train=True, seq=16, batch=4))
-    collectives = [r.invoke for r in report.records if r.invoke.name.startswith("_c10d_functional::")
-                   and r.invoke.name != "_c10d_functional::wait_tensor"]
+    collectives = [
+        r.invoke
+        for r in report.records
+        if r.invoke.name.startswith("_c10d_functional::") and r.invoke.name != "_c10d_functional::wait_tensor"
+    ]
     assert collectives and not any("kernels" in i.attrs for i in collectives)
 
 
 def test_ep_over_tp_runs_attention_on_a_share_of_the_batch(session):
     # ep 4 over tp 2: 2 attention groups, each with 2 of the 4 sequences; its KV cache is the group's.
-    whole, split = (session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, **o))
-                    for o in ({}, {"tp": 2, "ep": 4}))
+    whole, split = (
+        session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, **o))
+        for o in ({}, {"tp": 2, "ep": 4})
+    )
     (sdpa, *_) = [r.invoke for r in split.records if r.invoke.name == "castcore::attention"]
     assert sdpa.args[0].shape[0] == 2
-    assert split.memory.kv_cache_bytes * 4 == whole.memory.kv_cache_bytes  # half the sequences, half the KV heads
+    assert (
+        split.memory.kv_cache_bytes * 4 == whole.memory.kv_cache_bytes
+    )  # half the sequences, half the KV heads
     assert "2 of 4 sequences" in split.description
 
 
@@ -106,8 +144,11 @@ def test_attention_dp_is_expert_parallelism_wider_than_tensor_parallelism(sessio
     plain = castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=4)
     assert sugar == plain and (plain.ep, plain.attention_dp) == (4, 2)
     assert castcore.build_workload(MIXTRAL, seq=16, tp=2, ep=2).attention_dp == 1
-    with pytest.raises(castcore.ModelError, match=r"attention_dp=2 groups of tp=2 spread the experts over 4 devices: "
-                                                  r"use ep=4, or leave ep out"):
+    with pytest.raises(
+        castcore.ModelError,
+        match=r"attention_dp=2 groups of tp=2 spread the experts over 4 devices: "
+        r"use ep=4, or leave ep out",
+    ):
         castcore.build_workload(MIXTRAL, seq=16, tp=2, ep=2, attention_dp=2)
 
 
@@ -115,7 +156,9 @@ def test_attention_dp_is_expert_parallelism_wider_than_tensor_parallelism(sessio
 def test_a_batch_that_does_not_divide_over_the_attention_groups_is_priced_as_the_busiest(session, phase):
     # 3 sequences on 2 groups: the busiest holds 2, as with 4; 1 sequence leaves one group idle, as with 2.
     def run(batch):
-        return session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=batch, attention_dp=2, phase=phase))
+        return session.estimate(
+            castcore.build_workload(MIXTRAL, seq=16, batch=batch, attention_dp=2, phase=phase)
+        )
 
     three, four, one, two = run(3), run(4), run(1), run(2)
     assert three.time_s == four.time_s and one.time_s == two.time_s
@@ -125,10 +168,13 @@ def test_a_batch_that_does_not_divide_over_the_attention_groups_is_priced_as_the
 
 
 def test_ep_replays_layers_as_a_full_capture_does(session):
-    reused, full = (session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2, reuse=r))
-                    for r in (True, False))
-    assert [(r.invoke.name, r.invoke.module, r.invoke.key) for r in reused.records] == \
-        [(r.invoke.name, r.invoke.module, r.invoke.key) for r in full.records]
+    reused, full = (
+        session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2, reuse=r))
+        for r in (True, False)
+    )
+    assert [(r.invoke.name, r.invoke.module, r.invoke.key) for r in reused.records] == [
+        (r.invoke.name, r.invoke.module, r.invoke.key) for r in full.records
+    ]
     assert reused.memory.to_dict() == full.memory.to_dict()
 
 
@@ -144,7 +190,6 @@ def test_ep_refusals_are_one_line(h100_file, tiny_llama, capsys):
     assert code == 2 and err.startswith("castcore: error: --ep 2") and "no mixture-of-experts" in err
 
 
-
 def test_an_ep_above_tp_without_attention_dp_is_refused_naming_both_readings(h100_file, capsys):
     """vLLM's users read --ep 4 as -tp 4 --enable-expert-parallel, TensorRT-LLM's and SGLang's as DP attention:
     castcore asks which, in one line, before anything is built; either spelling then runs."""
@@ -152,34 +197,64 @@ def test_an_ep_above_tp_without_attention_dp_is_refused_naming_both_readings(h10
     assert code == 2 and err == (
         "castcore: error: --ep 4 leaves open what runs the attention: give --tp 4 --ep 4 (attention and experts over "
         "4 devices, as vLLM's -tp 4 --enable-expert-parallel) or --ep 4 --attention-dp 4 (attention data-parallel "
-        "over 4 groups of 1 device(s), the experts over all of them)")
+        "over 4 groups of 1 device(s), the experts over all of them)"
+    )
     assert "capturing" not in capsys.readouterr().err
     code, err = _cli(h100_file, capsys, "--model", MIXTRAL, "--tp", "2", "--ep", "4", "--batch", "4")
     assert code == 2 and "give --tp 4 --ep 4" in err and "or --tp 2 --ep 4 --attention-dp 2 (" in err
     notes = []
     for spelling in (["--tp", "4", "--ep", "4"], ["--ep", "4", "--attention-dp", "4"]):
-        assert main(["estimate", "--no-packs", "--device-file", str(h100_file), "--seq", "16", "--model", MIXTRAL,
-                     "--batch", "4", *spelling]) == 0
+        assert (
+            main(
+                [
+                    "estimate",
+                    "--no-packs",
+                    "--device-file",
+                    str(h100_file),
+                    "--seq",
+                    "16",
+                    "--model",
+                    MIXTRAL,
+                    "--batch",
+                    "4",
+                    *spelling,
+                ]
+            )
+            == 0
+        )
         notes.append(capsys.readouterr().err)
     assert "each of the 4 tensor-parallel ranks" in notes[0] and "data-parallel" not in notes[0]
     assert "attention runs data-parallel on 4 groups of 1 device" in notes[1]
 
 
-FACTORY = f'''
+FACTORY = f"""
 from castcore.workload.models import build_preset
 
 def make(batch=1, seq=16, phase="prefill", kv_len=None, train=False):
     return build_preset({MIXTRAL!r}, batch=batch, seq=seq, dtype="bf16", phase=phase, kv_len=kv_len, train=train)
-'''
+"""
 
 
 def test_a_factory_model_is_checked_when_built(h100_file, capsys, tmp_path, monkeypatch):
     (tmp_path / "castcore_ep_factory.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "castcore_ep_factory", raising=False)
-    code, err = _cli(h100_file, capsys, "--model", "castcore_ep_factory:make", "--ep", "8", "--attention-dp", "8",
-                     "--batch", "8")
+    code, err = _cli(
+        h100_file,
+        capsys,
+        "--model",
+        "castcore_ep_factory:make",
+        "--ep",
+        "8",
+        "--attention-dp",
+        "8",
+        "--batch",
+        "8",
+    )
     assert code == 2 and err.startswith("castcore: error: ") and "4 experts, which do not divide by 8" in err
     code, err = _cli(h100_file, capsys, "--model", "castcore_ep_factory:make", "--pp", "3")
-    assert code == 2 and err == "castcore: error: --pp 3 is more pipeline stages than the model's 2 layers: use --pp 2 " \
-                                "or less"
+    assert (
+        code == 2
+        and err
+        == "castcore: error: --pp 3 is more pipeline stages than the model's 2 layers: use --pp 2 or less"
+    )

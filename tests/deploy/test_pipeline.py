@@ -22,7 +22,17 @@ def cli_json(capsys, *argv: str) -> dict:
 
 def same_numbers(cli: dict, api: castcore.Report) -> None:
     data = json.loads(api.to_json())  # what the CLI prints, from the API's report
-    for key in ("description", "device", "workload", "notes", "totals", "ops", "modules", "memory", "coverage"):
+    for key in (
+        "description",
+        "device",
+        "workload",
+        "notes",
+        "totals",
+        "ops",
+        "modules",
+        "memory",
+        "coverage",
+    ):
         assert cli[key] == data[key], key
 
 
@@ -31,8 +41,21 @@ def same_numbers(cli: dict, api: castcore.Report) -> None:
 @pytest.mark.parametrize("preset", preset_names())
 def test_cli_and_api_agree_on_every_preset(preset, phase, tp, session, h100_file, capsys):
     options = dict(batch=2, seq=SEQ, phase=phase, kv_len=KV if phase == "decode" else None, tp=tp)
-    argv = ["--model", preset, "--batch", "2", "--seq", str(SEQ), "--phase", phase, "--tp", str(tp),
-            "--no-packs", "--device-file", str(h100_file)] + (["--kv-len", str(KV)] if phase == "decode" else [])
+    argv = [
+        "--model",
+        preset,
+        "--batch",
+        "2",
+        "--seq",
+        str(SEQ),
+        "--phase",
+        phase,
+        "--tp",
+        str(tp),
+        "--no-packs",
+        "--device-file",
+        str(h100_file),
+    ] + (["--kv-len", str(KV)] if phase == "decode" else [])
     try:
         api = session.estimate(castcore.build_workload(preset, **options))
     except castcore.CastcoreError as exc:  # a combination not supported yet fails the same way on both faces
@@ -40,22 +63,60 @@ def test_cli_and_api_agree_on_every_preset(preset, phase, tp, session, h100_file
         assert capsys.readouterr().err.strip().endswith(f"castcore: error: {exc}")
         return
     same_numbers(cli_json(capsys, *argv), api)
-    shipped = castcore.build_workload(preset).weights  # a preset whose checkpoint ships quantized is priced so
-    assert api.workload == {"model": preset, "dtype": "bf16", "train": False, "all_logits": False, "fuse": True,
-                            "weights": shipped, "activations": None, "kv_cache": None, "kv_reads": "group", "sp": False,
-                            "ep": 1, "attention_dp": 1, "ep_kernels": "normal", "expert_skew": None, "pp": 1,
-                            "micro_batches": 1, "lora_rank": None, "adapters": None, "adapter_skew": None,
-                            "dp": 1, "reuse": True,
-                            **options}
+    shipped = castcore.build_workload(
+        preset
+    ).weights  # a preset whose checkpoint ships quantized is priced so
+    assert api.workload == {
+        "model": preset,
+        "dtype": "bf16",
+        "train": False,
+        "all_logits": False,
+        "fuse": True,
+        "weights": shipped,
+        "activations": None,
+        "kv_cache": None,
+        "kv_reads": "group",
+        "sp": False,
+        "ep": 1,
+        "attention_dp": 1,
+        "ep_kernels": "normal",
+        "expert_skew": None,
+        "pp": 1,
+        "micro_batches": 1,
+        "lora_rank": None,
+        "adapters": None,
+        "adapter_skew": None,
+        "dp": 1,
+        "reuse": True,
+        **options,
+    }
 
 
 def test_the_installed_command_prints_what_the_api_returns(session, h100_file, tiny_llama):
-    done = subprocess.run([sys.executable, "-m", "castcore", "estimate", "--json", "--model", str(tiny_llama),
-                           "--seq", "16", "--train", "--no-packs", "--device-file", str(h100_file)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "castcore",
+            "estimate",
+            "--json",
+            "--model",
+            str(tiny_llama),
+            "--seq",
+            "16",
+            "--train",
+            "--no-packs",
+            "--device-file",
+            str(h100_file),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
-    same_numbers(json.loads(done.stdout), session.estimate(castcore.build_workload(str(tiny_llama), seq=16,
-                                                                                    train=True)))
+    same_numbers(
+        json.loads(done.stdout),
+        session.estimate(castcore.build_workload(str(tiny_llama), seq=16, train=True)),
+    )
 
 
 def test_a_module_with_inputs_is_a_workload_too(session):
@@ -66,14 +127,24 @@ def test_a_module_with_inputs_is_a_workload_too(session):
     direct = session.estimate(model, x)
     via_workload = session.estimate(castcore.build_workload(model, x))
     assert direct.totals() == via_workload.totals()
-    assert direct.flops == 2 * 32 * (64 * 128 + 128 * 8) + 32 * 128 + 32 * 128 + 32 * 8  # matmuls, biases, relu
+    assert (
+        direct.flops == 2 * 32 * (64 * 128 + 128 * 8) + 32 * 128 + 32 * 128 + 32 * 8
+    )  # matmuls, biases, relu
     assert direct.workload["model"] == "Sequential"
 
 
-@pytest.mark.parametrize("options, culprit", [
-    (dict(batch=0), "batch=0"), (dict(tp=0), "tp=0"), (dict(seq=-1), "seq=-1"), (dict(kv_len=0), "kv_len=0"),
-    (dict(phase="serve"), "phase"), (dict(dtype="int3"), "dtype"), (dict(phase="decode", train=True), "train=True"),
-])
+@pytest.mark.parametrize(
+    "options, culprit",
+    [
+        (dict(batch=0), "batch=0"),
+        (dict(tp=0), "tp=0"),
+        (dict(seq=-1), "seq=-1"),
+        (dict(kv_len=0), "kv_len=0"),
+        (dict(phase="serve"), "phase"),
+        (dict(dtype="int3"), "dtype"),
+        (dict(phase="decode", train=True), "train=True"),
+    ],
+)
 def test_bad_options_fail_before_anything_is_built(options, culprit):
     with pytest.raises(castcore.ModelError, match=culprit):
         castcore.build_workload("llama-3-8b", **options)

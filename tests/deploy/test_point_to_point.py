@@ -27,24 +27,37 @@ def test_the_op_returns_what_the_peer_receives_and_captures_as_one_call(session)
     assert torch.equal(sent, x) and sent.data_ptr() != x.data_ptr()
     with pytest.raises(RuntimeError, match="devices must be >= 1"):
         torch.ops.castcore.send(x, 0)
-    report = session.estimate(lambda t: torch.ops.castcore.send(t, 2, True), torch.empty(1000, dtype=torch.bfloat16),
-                              device="h100-sxm")
+    report = session.estimate(
+        lambda t: torch.ops.castcore.send(t, 2, True),
+        torch.empty(1000, dtype=torch.bfloat16),
+        device="h100-sxm",
+    )
     [record] = report.records
     assert record.invoke.name == "castcore::send" and str(record.estimate.source) == "core (estimator)"
-    assert record.estimate.time_s == pytest.approx(IB_LATENCY + 2000 / IB + CALL_COST)  # outermost: the network
+    assert record.estimate.time_s == pytest.approx(
+        IB_LATENCY + 2000 / IB + CALL_COST
+    )  # outermost: the network
 
 
 def test_the_core_times_a_send_over_the_level_spanning_both_devices(session):
     h100 = session.device("h100-sxm")
     # 128 MiB between two GPUs of one board: 134217728 / 369e9 = 363.73 us, + 2 us + 10 us = 375.73 us.
     inside = session.resolver.estimate(send_call(KV, 2), h100)
-    assert inside.time_s == pytest.approx(KV / NVLINK + NVLINK_LATENCY + CALL_COST) and inside.time_s * 1e6 == \
-        pytest.approx(375.734, abs=1e-3)
-    assert (inside.detail["level"], str(inside.source), inside.bound) == ("nvlink", "core (estimator)", "comm")
+    assert inside.time_s == pytest.approx(
+        KV / NVLINK + NVLINK_LATENCY + CALL_COST
+    ) and inside.time_s * 1e6 == pytest.approx(375.734, abs=1e-3)
+    assert (inside.detail["level"], str(inside.source), inside.bound) == (
+        "nvlink",
+        "core (estimator)",
+        "comm",
+    )
     assert inside.overhead_s == CALL_COST and inside.comm_s == pytest.approx(inside.time_s - CALL_COST)
     # 16 devices span two boards: InfiniBand, 134217728 / 45e9 = 2982.62 us, + 5 us + 10 us = 2997.62 us.
     across = session.resolver.estimate(send_call(KV, 16), h100)
-    assert across.time_s == pytest.approx(KV / IB + IB_LATENCY + CALL_COST) and across.detail["level"] == "infiniband"
+    assert (
+        across.time_s == pytest.approx(KV / IB + IB_LATENCY + CALL_COST)
+        and across.detail["level"] == "infiniband"
+    )
     assert across.time_s * 1e6 == pytest.approx(2997.616, abs=1e-3)
     # outermost: the network whatever the count (another node, another device type)
     assert session.resolver.estimate(send_call(KV, 2, outermost=True), h100).time_s == across.time_s
@@ -56,15 +69,21 @@ def test_a_full_mesh_gives_one_peer_one_link(session):
     meshed = dataclasses.replace(h100, interconnect=[mesh, *h100.interconnect[1:]])
     # 8 devices, one link per peer: 369 GB/s / 7 for one transfer.
     assert session.resolver.estimate(send_call(1e6, 2), meshed).time_s == pytest.approx(
-        1e6 / (NVLINK / 7) + NVLINK_LATENCY + CALL_COST)
+        1e6 / (NVLINK / 7) + NVLINK_LATENCY + CALL_COST
+    )
 
 
 def test_transfers_keep_todays_formula_without_a_plugin_and_name_who_answered(session):
     h100 = session.device("h100-sxm")
-    assert transfer_time(KV, h100, 2) == transfer_time(KV, h100, 2, resolver=session.resolver) == (
-        pytest.approx(KV / NVLINK + NVLINK_LATENCY + CALL_COST), "nvlink")
-    assert transfer_seconds(h100, 16, True, KV, session.resolver) == (pytest.approx(KV / IB + IB_LATENCY + CALL_COST),
-                                                                      "infiniband")
+    assert (
+        transfer_time(KV, h100, 2)
+        == transfer_time(KV, h100, 2, resolver=session.resolver)
+        == (pytest.approx(KV / NVLINK + NVLINK_LATENCY + CALL_COST), "nvlink")
+    )
+    assert transfer_seconds(h100, 16, True, KV, session.resolver) == (
+        pytest.approx(KV / IB + IB_LATENCY + CALL_COST),
+        "infiniband",
+    )
     bare = dataclasses.replace(h100, interconnect=[])
     with pytest.raises(castcore.ModelError, match="no interconnect to move a prompt's KV cache over"):
         transfer_seconds(bare, 2, True, KV, session.resolver)
@@ -98,15 +117,31 @@ def test_a_plugin_claiming_the_send_prices_every_transfer(tmp_path, h100_file, t
     assert staged.pipeline.transfer_s == pytest.approx(1e-3 + 8192e-9)
     assert staged.pipeline.transfer_by.startswith("file:") and "answered by file:" in staged.notes[-1]
     # A prompt's KV: 200 tokens of tiny-llama's 256 bytes a token.
-    result = session.simulate(str(tiny_llama), device="h100-sxm", input_lengths="200", output_lengths="4",
-                              requests=4, rate=10, prefill_instances=1, decode_instances=1)
+    result = session.simulate(
+        str(tiny_llama),
+        device="h100-sxm",
+        input_lengths="200",
+        output_lengths="4",
+        requests=4,
+        rate=10,
+        prefill_instances=1,
+        decode_instances=1,
+    )
     assert result.summary["mean_kv_transfer_ms"] == pytest.approx(round((1e-3 + 200 * 256e-9) * 1e3, 4))
     assert any("castcore::send, answered by file:" in n for n in result.notes)
 
 
 def test_a_disaggregated_simulate_without_packs_says_the_core_answered(session, tiny_llama):
-    result = session.simulate(str(tiny_llama), device="h100-sxm", input_lengths="200", output_lengths="4",
-                              requests=4, rate=10, prefill_instances=1, decode_instances=1)
+    result = session.simulate(
+        str(tiny_llama),
+        device="h100-sxm",
+        input_lengths="200",
+        output_lengths="4",
+        requests=4,
+        rate=10,
+        prefill_instances=1,
+        decode_instances=1,
+    )
     # Two one-device instances share a board: NVLink, 51200 bytes / 369 GB/s + 2 us + 10 us = 12.139 us.
     assert result.kv_bytes_per_token == 256
     assert result.summary["mean_kv_transfer_ms"] == pytest.approx(round((51200 / NVLINK + 12e-6) * 1e3, 4))

@@ -70,14 +70,18 @@ def _read(report: castcore.Report) -> float:
 def _borrowed(report: castcore.Report) -> set[str]:
     """Rates the roofline took from another dtype (DeviceProfile.rate's "X (no Y rate)"): the unquantized model
     has some (int64 position arithmetic), quantizing must add none."""
-    return {used for r in report.records for used in r.estimate.detail.get("rates", {}).values() if "(no " in used}
+    return {
+        used for r in report.records for used in r.estimate.detail.get("rates", {}).values() if "(no " in used
+    }
 
 
 def _profile(path: Path, **mma: float) -> castcore.DeviceProfile:
     """The profile in ``path`` with some matrix rates changed."""
     data = tomllib.loads(path.read_text())
     data["mma_flops"].update(mma)
-    data["name"] += "".join(f"-{dtype}-{rate:g}" for dtype, rate in mma.items())  # estimates are cached by name
+    data["name"] += "".join(
+        f"-{dtype}-{rate:g}" for dtype, rate in mma.items()
+    )  # estimates are cached by name
     return castcore.device_from_dict(data, origin=str(path))
 
 
@@ -89,7 +93,9 @@ def test_int8_weight_only_halves_the_linear_weights_and_what_a_decode_step_reads
     assert 0.5 < (ELEMENTS + CHANNEL_SCALES) / (2 * ELEMENTS) < 0.52
     assert _read(base) - _read(int8) == ELEMENTS - CHANNEL_SCALES  # every weight read once, as int8
     linear = _records(int8, "castcore::weight_only_linear")
-    assert len(linear) == LAYERS * 6 and not _records(int8, "aten::_int_mm")  # q, k, v, o, merged gate/up, down
+    assert len(linear) == LAYERS * 6 and not _records(
+        int8, "aten::_int_mm"
+    )  # q, k, v, o, merged gate/up, down
     assert all(r.invoke.args[1].dtype == torch.int8 for r in linear)
     # The products still run in bf16; dequantizing costs one multiply-add (2 ops) per weight element per call.
     assert _ops(int8, "mma") == _ops(base, "mma") == {torch.bfloat16: _ops(base, "mma")[torch.bfloat16]}
@@ -112,18 +118,26 @@ def test_int4_weight_only_quarters_the_linear_weights(session):
 
 def test_weight_only_quantization_speeds_up_a_memory_bound_decode(session):
     # llama-3-8b, one sequence over 2048 cached tokens: reading the weights is most of the step.
-    reports = {w: session.estimate(castcore.build_workload("llama-3-8b", phase="decode", kv_len=2048, weights=w))
-               for w in (None, "int8", "int4")}
+    reports = {
+        w: session.estimate(castcore.build_workload("llama-3-8b", phase="decode", kv_len=2048, weights=w))
+        for w in (None, "int8", "int4")
+    }
     weights = {w: r.memory.weight_bytes for w, r in reports.items()}
     assert weights[None] > weights["int8"] > weights["int4"]
     embed_and_head = 2 * 128256 * 4096 * 2  # stay bf16
-    assert (weights["int8"] - embed_and_head) / (weights[None] - embed_and_head) == pytest.approx(0.5, abs=0.005)
-    assert (weights["int4"] - embed_and_head) / (weights[None] - embed_and_head) == pytest.approx(0.25, abs=0.01)
+    assert (weights["int8"] - embed_and_head) / (weights[None] - embed_and_head) == pytest.approx(
+        0.5, abs=0.005
+    )
+    assert (weights["int4"] - embed_and_head) / (weights[None] - embed_and_head) == pytest.approx(
+        0.25, abs=0.01
+    )
     assert reports[None].time_s > reports["int8"].time_s > reports["int4"].time_s
 
 
-@pytest.mark.parametrize("kind, dtype, product", [("int8", torch.int8, "castcore::int8_scaled_mm"),
-                                                  ("fp8", torch.float8_e4m3fn, "aten::_scaled_mm")])
+@pytest.mark.parametrize(
+    "kind, dtype, product",
+    [("int8", torch.int8, "castcore::int8_scaled_mm"), ("fp8", torch.float8_e4m3fn, "aten::_scaled_mm")],
+)
 def test_w8a8_products_count_in_the_quantized_dtype_at_its_rate(session, h100_file, kind, dtype, product):
     base = _estimate(session)
     report = _estimate(session, weights=kind, activations=kind)
@@ -135,12 +149,15 @@ def test_w8a8_products_count_in_the_quantized_dtype_at_its_rate(session, h100_fi
     assert mma[dtype] + mma[torch.bfloat16] == _ops(base, "mma")[torch.bfloat16]
     assert all(r.estimate.detail["rates"][f"mma:{dtype}"] == dtype_name(dtype) for r in products)
     # The epilogue scales the fp32 accumulators: one op per output, counted in fp32 (a rate the device has).
-    assert all(r.properties.compute_ops[torch.float32].gp_ops == r.invoke.outputs()[0].numel() for r in products)
+    assert all(
+        r.properties.compute_ops[torch.float32].gp_ops == r.invoke.outputs()[0].numel() for r in products
+    )
     assert _borrowed(report) == _borrowed(base)
     # The time follows the quantized rate, and no other.
     rate = tomllib.loads(h100_file.read_text())["mma_flops"][dtype_name(dtype)]
-    faster = _estimate(session, device=_profile(h100_file, **{dtype_name(dtype): 2 * rate}), weights=kind,
-                       activations=kind)
+    faster = _estimate(
+        session, device=_profile(h100_file, **{dtype_name(dtype): 2 * rate}), weights=kind, activations=kind
+    )
     other = _estimate(session, device=_profile(h100_file, bfloat16=1e12), weights=kind, activations=kind)
     compute = [sum(r.estimate.compute_s for r in _records(rep, product)) for rep in (report, faster, other)]
     assert compute[1] < compute[0] == compute[2]
@@ -149,16 +166,23 @@ def test_w8a8_products_count_in_the_quantized_dtype_at_its_rate(session, h100_fi
 def test_fp8_block_quantizes_activations_per_group_and_scales_products_per_block(session, h100_file):
     base = _estimate(session)
     report = _estimate(session, weights="fp8-block")
-    products, groups = _records(report, "aten::_scaled_mm"), _records(report, "castcore::quantize_per_token_group")
+    products, groups = (
+        _records(report, "aten::_scaled_mm"),
+        _records(report, "castcore::quantize_per_token_group"),
+    )
     assert len(products) == len(groups) == LAYERS * 6 and not _records(report, "castcore::quantize_per_token")
     for product in products:  # codes [16, in] by [in, out], scales per 1 x 128 group and per 128 x 128 block
         a, b, scale_a, scale_b = product.invoke.args[:4]
         assert tuple(scale_a.shape) == (SEQ, math.ceil(a.shape[1] / 128))
         assert tuple(scale_b.shape) == (math.ceil(b.shape[0] / 128), math.ceil(b.shape[1] / 128))
     assert _ops(report, "mma")[torch.float8_e4m3fn] == 2 * SEQ * ELEMENTS
-    blocks = LAYERS * (4 * 1 + 3 * 1 + 1 * 2)  # q k v o (64 x 64 or less), merged gate/up (320 x 64), down (64 x 160)
+    blocks = LAYERS * (
+        4 * 1 + 3 * 1 + 1 * 2
+    )  # q k v o (64 x 64 or less), merged gate/up (320 x 64), down (64 x 160)
     fp8_block = report.memory.weight_bytes - base.memory.weight_bytes
-    assert fp8_block == ELEMENTS - 2 * ELEMENTS + blocks * 4  # one byte a weight instead of two, fp32 block scales
+    assert (
+        fp8_block == ELEMENTS - 2 * ELEMENTS + blocks * 4
+    )  # one byte a weight instead of two, fp32 block scales
     with pytest.raises(ModelError, match=r"activations='int8' multiplies int8 activations by int8 weights"):
         _estimate(session, weights="fp8-block", activations="int8")
     a100 = castcore.load_device_file(A100)
@@ -185,8 +209,10 @@ def test_eager_int8_w8a8_is_torchs_int_mm_and_a_separate_scaling(session):
     assert len(products) == len(epilogues) == LAYERS * 7  # gate and up stay separate in the eager graph
     assert _ops(report, "mma")[torch.int8] == 2 * SEQ * ELEMENTS
     # The int32 accumulators are written out, then read back and scaled to bf16.
-    assert all(e.invoke.args[0].dtype == torch.int32 and e.invoke.outputs()[0].dtype == torch.bfloat16
-               for e in epilogues)
+    assert all(
+        e.invoke.args[0].dtype == torch.int32 and e.invoke.outputs()[0].dtype == torch.bfloat16
+        for e in epilogues
+    )
 
 
 def test_a100_has_int8_but_no_fp8_matrix_rate(session):
@@ -196,7 +222,9 @@ def test_a100_has_int8_but_no_fp8_matrix_rate(session):
     weight_only = _estimate(session, device=a100, weights="fp8")
     assert torch.float8_e4m3fn not in _ops(weight_only, "mma")
     assert _borrowed(weight_only) == _borrowed(_estimate(session, device=a100))
-    with pytest.raises(ModelError, match=r"activations='fp8': a100-sxm-80gb has no float8_e4m3fn matrix rate"):
+    with pytest.raises(
+        ModelError, match=r"activations='fp8': a100-sxm-80gb has no float8_e4m3fn matrix rate"
+    ):
         _estimate(session, device=a100, weights="fp8", activations="fp8")
 
 
@@ -211,8 +239,12 @@ def test_fp8_kv_cache_halves_the_cache_and_what_fused_attention_reads(session):
     assert fp8.memory.kv_cache_bytes == cache // 2 + counters
     attention = [sum(r.bytes for r in _records(rep, "castcore::attention")) for rep in (base, fp8)]
     assert attention[0] - attention[1] == cache // 2  # keys and values read as fp8
-    writes = [r for r in _records(fp8, "aten::_to_copy") if r.invoke.outputs()[0].dtype == torch.float8_e4m3fn]
-    assert len(writes) == 2 * LAYERS and all(w.invoke.outputs()[0].shape[2] == 1 for w in writes)  # the new token
+    writes = [
+        r for r in _records(fp8, "aten::_to_copy") if r.invoke.outputs()[0].dtype == torch.float8_e4m3fn
+    ]
+    assert len(writes) == 2 * LAYERS and all(
+        w.invoke.outputs()[0].shape[2] == 1 for w in writes
+    )  # the new token
 
 
 def test_a_cache_another_step_cut_to_a_micro_batch_is_kept_in_the_kv_dtype(session):
@@ -229,19 +261,26 @@ def test_eager_attention_dequantizes_the_cache_first(session):
     reads = [r for r in _records(report, "aten::_to_copy") if r.invoke.inputs()[0].dtype == torch.int8]
     kv_heads, head_dim = CONFIG["num_key_value_heads"], CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
     assert len(reads) == 2 * LAYERS  # keys and values of each layer, the whole cache
-    assert all(r.invoke.inputs()[0].shape == (1, kv_heads, KV + 1, head_dim)
-               and r.invoke.outputs()[0].dtype == torch.bfloat16 for r in reads)
+    assert all(
+        r.invoke.inputs()[0].shape == (1, kv_heads, KV + 1, head_dim)
+        and r.invoke.outputs()[0].dtype == torch.bfloat16
+        for r in reads
+    )
 
 
 def test_tensor_parallel_quantizes_each_devices_shard(session):
     whole = _estimate(session, weights="int8")
     shard = _estimate(session, weights="int8", tp=2)
-    codes = [sum(r.invoke.args[1].nbytes for r in _records(rep, "castcore::weight_only_linear"))
-             for rep in (whole, shard)]
+    codes = [
+        sum(r.invoke.args[1].nbytes for r in _records(rep, "castcore::weight_only_linear"))
+        for rep in (whole, shard)
+    ]
     assert codes == [ELEMENTS, ELEMENTS // 2]
     assert shard.memory.weight_bytes == pytest.approx(whole.memory.weight_bytes / 2, rel=0.02)
     assert _records(shard, "_c10d_functional::all_reduce")  # row-parallel outputs still summed across devices
-    decode = _estimate(session, weights="fp8", activations="fp8", kv_cache="fp8", tp=2, phase="decode", kv_len=KV)
+    decode = _estimate(
+        session, weights="fp8", activations="fp8", kv_cache="fp8", tp=2, phase="decode", kv_len=KV
+    )
     assert sum(r.invoke.args[1].numel() for r in _records(decode, "aten::_scaled_mm")) == ELEMENTS // 2
 
 
@@ -258,58 +297,120 @@ def test_mixture_of_experts_weights_are_quantized_too(session):
     grouped = _records(int8, "castcore::weight_only_grouped_mm")
     assert len(grouped) == 2 * LAYERS and all(r.invoke.args[1].dtype == torch.int8 for r in grouped)
     assert _ops(int8, "mma") == _ops(base, "mma")  # dequantized into bf16 products
-    for kind, dtype, product in (("fp8", torch.float8_e4m3fn, "aten::_scaled_grouped_mm"),
-                                 ("int8", torch.int8, "castcore::int8_scaled_grouped_mm")):
+    for kind, dtype, product in (
+        ("fp8", torch.float8_e4m3fn, "aten::_scaled_grouped_mm"),
+        ("int8", torch.int8, "castcore::int8_scaled_grouped_mm"),
+    ):
         w8a8 = _estimate(session, model=MIXTRAL, weights=kind, activations=kind)
-        assert sum(r.properties.compute_ops[dtype].mma_ops for r in _records(w8a8, product)) == \
-            sum(r.properties.compute_ops[torch.bfloat16].mma_ops for r in _records(base, "aten::_grouped_mm"))
+        assert sum(r.properties.compute_ops[dtype].mma_ops for r in _records(w8a8, product)) == sum(
+            r.properties.compute_ops[torch.bfloat16].mma_ops for r in _records(base, "aten::_grouped_mm")
+        )
         assert _borrowed(w8a8) == _borrowed(base)
-    parallel = _estimate(session, model=MIXTRAL, weights="int8", ep=2, batch=2)  # experts split over 2 devices
+    parallel = _estimate(
+        session, model=MIXTRAL, weights="int8", ep=2, batch=2
+    )  # experts split over 2 devices
     assert _records(parallel, "_c10d_functional::all_to_all_single")
     assert _records(parallel, "castcore::weight_only_grouped_mm")[0].invoke.args[1].shape[0] == experts // 2
 
 
-def _cli(capsys, *argv: str, command: str = "estimate", model: Path = LLAMA, device: Path | None = None) -> str:
+def _cli(
+    capsys, *argv: str, command: str = "estimate", model: Path = LLAMA, device: Path | None = None
+) -> str:
     """Run the command with --json; its output."""
-    assert main([command, "--model", str(model), "--no-packs", "--device-file",
-                 str(device or DATA / "h100-sxm.toml"), "--json", *argv]) == 0
+    assert (
+        main(
+            [
+                command,
+                "--model",
+                str(model),
+                "--no-packs",
+                "--device-file",
+                str(device or DATA / "h100-sxm.toml"),
+                "--json",
+                *argv,
+            ]
+        )
+        == 0
+    )
     return capsys.readouterr().out
 
 
 def test_the_command_line_and_the_api_give_the_same_figures(session, capsys):
-    options = {"phase": "decode", "kv_len": KV, "weights": "int8", "activations": "int8", "kv_cache": "fp8", "tp": 2}
-    cli = json.loads(_cli(capsys, "--seq", str(SEQ), "--phase", "decode", "--kv-len", str(KV), "--weights", "int8",
-                          "--activations", "int8", "--kv-cache", "fp8", "--tp", "2"))
+    options = {
+        "phase": "decode",
+        "kv_len": KV,
+        "weights": "int8",
+        "activations": "int8",
+        "kv_cache": "fp8",
+        "tp": 2,
+    }
+    cli = json.loads(
+        _cli(
+            capsys,
+            "--seq",
+            str(SEQ),
+            "--phase",
+            "decode",
+            "--kv-len",
+            str(KV),
+            "--weights",
+            "int8",
+            "--activations",
+            "int8",
+            "--kv-cache",
+            "fp8",
+            "--tp",
+            "2",
+        )
+    )
     api = json.loads(_estimate(session, **options).to_json())
     for key in ("description", "workload", "notes", "totals", "ops", "memory", "coverage"):
         assert cli[key] == api[key], key
-    assert any(note.startswith("--weights int8 --activations int8: 12 linear layers") for note in cli["notes"])
+    assert any(
+        note.startswith("--weights int8 --activations int8: 12 linear layers") for note in cli["notes"]
+    )
 
 
 def test_serve_with_int8_weights_holds_about_half_the_weights(session, tmp_path, capsys):
-    small_vocab = tmp_path / "llama-small-vocab.json"  # so the decoder's linear layers are nearly every weight
+    small_vocab = (
+        tmp_path / "llama-small-vocab.json"
+    )  # so the decoder's linear layers are nearly every weight
     small_vocab.write_text(json.dumps({**CONFIG, "vocab_size": 32}))
     request = ("--input", "16", "--output", "8", "--batch", "2")
     base = json.loads(_cli(capsys, *request, command="serve", model=small_vocab))
-    int8 = json.loads(_cli(capsys, *request, "--weights", "int8", "--kv-cache", "fp8", command="serve",
-                           model=small_vocab))
+    int8 = json.loads(
+        _cli(capsys, *request, "--weights", "int8", "--kv-cache", "fp8", command="serve", model=small_vocab)
+    )
     assert int8["weights"] == "int8" and int8["kv_cache"] == "fp8"
     assert int8["weight_bytes"] == base["weight_bytes"] - ELEMENTS + CHANNEL_SCALES
     assert 0.5 < int8["weight_bytes"] / base["weight_bytes"] < 0.55
     counters = base["kv_cache_bytes"] - kv_cache_bytes(CONFIG, 2, 16 + 8, torch.bfloat16)
     assert int8["kv_cache_bytes"] == (base["kv_cache_bytes"] - counters) // 2 + counters
-    api = session.serve(str(small_vocab), input_tokens=16, output_tokens=8, batch=2, weights="int8", kv_cache="fp8")
+    api = session.serve(
+        str(small_vocab), input_tokens=16, output_tokens=8, batch=2, weights="int8", kv_cache="fp8"
+    )
     assert json.loads(api.to_json()) == int8
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--weights", "fp8", "--activations", "fp8", "--device-file", str(A100)],
-     "--activations fp8: a100-sxm-80gb has no float8_e4m3fn matrix rate"),
-    (["--weights", "fp16"], "--weights fp16 with --dtype bf16"),
-    (["--weights", "int8", "--train"], "--weights, --activations and --kv-cache price quantized inference"),
-    (["--activations", "int8"], "--activations int8 multiplies int8 activations by int8 weights"),
-    (["--kv-cache", "fp8", "--model", "tests.factories.tiny_mlp:make"], "--kv-cache fp8: castcore finds no KV cache"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--weights", "fp8", "--activations", "fp8", "--device-file", str(A100)],
+            "--activations fp8: a100-sxm-80gb has no float8_e4m3fn matrix rate",
+        ),
+        (["--weights", "fp16"], "--weights fp16 with --dtype bf16"),
+        (
+            ["--weights", "int8", "--train"],
+            "--weights, --activations and --kv-cache price quantized inference",
+        ),
+        (["--activations", "int8"], "--activations int8 multiplies int8 activations by int8 weights"),
+        (
+            ["--kv-cache", "fp8", "--model", "tests.factories.tiny_mlp:make"],
+            "--kv-cache fp8: castcore finds no KV cache",
+        ),
+    ],
+)
 def test_a_dtype_a_model_or_device_cannot_use_is_refused_in_one_line(argv, message, capsys):
     model = [] if "--model" in argv else ["--model", str(LLAMA)]
     device = [] if "--device-file" in argv else ["--device-file", str(DATA / "h100-sxm.toml")]
@@ -327,6 +428,7 @@ def test_a_module_without_linear_layers_is_refused(session):
 
 # --- the reference implementations compute what the kernels do ---------------------------------------------
 
+
 def _int4_pack(codes: torch.Tensor) -> torch.Tensor:
     stored = (codes + quantized_ops.INT4_OFFSET).to(torch.uint8)
     return stored[..., 0::2] | (stored[..., 1::2] << 4)
@@ -342,14 +444,22 @@ def test_weight_only_linear_multiplies_by_the_dequantized_weight():
     int8 = torch.randint(-127, 128, (24, 256), dtype=torch.int8)
     channel = torch.rand(24, 1) + 0.5
     bias = torch.randn(24)
-    torch.testing.assert_close(ops.weight_only_linear(x, int8, channel, 256, bias), x @ (int8 * channel).T + bias)
+    torch.testing.assert_close(
+        ops.weight_only_linear(x, int8, channel, 256, bias), x @ (int8 * channel).T + bias
+    )
     fp8 = torch.randn(24, 256).to(torch.float8_e4m3fn)
-    torch.testing.assert_close(ops.weight_only_linear(x, fp8, channel, 256, None), x @ (fp8.float() * channel).T)
+    torch.testing.assert_close(
+        ops.weight_only_linear(x, fp8, channel, 256, None), x @ (fp8.float() * channel).T
+    )
 
 
 def test_grouped_weight_only_runs_each_experts_rows_through_its_weight():
     torch.manual_seed(0)
-    x, codes, scales = torch.randn(7, 64), torch.randint(-127, 128, (3, 16, 64), dtype=torch.int8), torch.rand(3, 16, 1)
+    x, codes, scales = (
+        torch.randn(7, 64),
+        torch.randint(-127, 128, (3, 16, 64), dtype=torch.int8),
+        torch.rand(3, 16, 1),
+    )
     offs = torch.tensor([2, 2, 7], dtype=torch.int32)  # expert 1 gets no rows
     out = ops.weight_only_grouped_mm(x, codes, scales, offs, 64)
     expected = torch.cat([x[:2] @ (codes[0] * scales[0]).T, x[2:] @ (codes[2] * scales[2]).T])
@@ -362,7 +472,9 @@ def test_per_token_quantization_round_trips(dtype):
     x = torch.randn(6, 128) * torch.logspace(-2, 2, 6).unsqueeze(1)
     codes, scale = ops.quantize_per_token(x, dtype)
     assert codes.dtype == dtype and scale.shape == (6, 1)
-    assert torch.equal(codes.float().abs().amax(-1), torch.full((6,), 127.0 if dtype == torch.int8 else 448.0))
+    assert torch.equal(
+        codes.float().abs().amax(-1), torch.full((6,), 127.0 if dtype == torch.int8 else 448.0)
+    )
     error = (codes.float() * scale - x).abs() / x.abs().amax(-1, keepdim=True)
     assert error.max() < (0.5 / 127 * 1.001 if dtype == torch.int8 else 0.07)
 

@@ -47,25 +47,43 @@ def test_a_good_file_loads(tmp_path):
     assert profile.mma_flops == {"bfloat16": 1e13}
     assert profile.interconnect[0].devices == 4
     assert profile.interconnect[0].topology == "switch"
-    assert profile.interconnect[0].reduction_efficiency == 0.0  # no in-network reduction unless the file says so
+    assert (
+        profile.interconnect[0].reduction_efficiency == 0.0
+    )  # no in-network reduction unless the file says so
 
 
-@pytest.mark.parametrize("change, message", [
-    (("memory_bandwidth = 1e11", "memory_bandwidth = -1"), "'memory_bandwidth' = -1"),
-    (("bfloat16 = 1e13", "bfloat17 = 1e13"), "'mma_flops.bfloat17' is not a torch dtype name"),
-    (('"interconnect.link" = "test value"', ""), "no source for interconnect.link"),
-    (('mma_flops = "test value"', ""), "no source for mma_flops.bfloat16"),
-    (('vendor = "test"', 'vendor = "test"\ncolour = "red"'), "unknown field(s) colour"),
-    (("devices = 4", "devices = 0"), "'interconnect[0].devices' must be a whole number"),
-    (("devices = 4", "devices = 4\nreduction_efficiency = 1.5"), "'interconnect[0].reduction_efficiency' = 1.5"),
-    (("devices = 4", 'devices = 4\ntopology = "ring"\nreduction_efficiency = 0.5'),
-     "'interconnect[0].reduction_efficiency' needs topology 'switch'"),
-    (("devices = 4", "devices = 4\nreduction_latency_s = -1"), "'interconnect[0].reduction_latency_s' = -1"),
-    (("devices = 4", "devices = 4\none_shot_latency_s = 5e-6"),
-     "'interconnect[0]' gives part of the engine all-reduce; give all of engine_allreduce_max_bytes"),
-    (("devices = 4", "devices = 4\none_shot_bandwidth = -1"), "'interconnect[0].one_shot_bandwidth' = -1"),
-    (("vendor", "[vendor"), "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("memory_bandwidth = 1e11", "memory_bandwidth = -1"), "'memory_bandwidth' = -1"),
+        (("bfloat16 = 1e13", "bfloat17 = 1e13"), "'mma_flops.bfloat17' is not a torch dtype name"),
+        (('"interconnect.link" = "test value"', ""), "no source for interconnect.link"),
+        (('mma_flops = "test value"', ""), "no source for mma_flops.bfloat16"),
+        (('vendor = "test"', 'vendor = "test"\ncolour = "red"'), "unknown field(s) colour"),
+        (("devices = 4", "devices = 0"), "'interconnect[0].devices' must be a whole number"),
+        (
+            ("devices = 4", "devices = 4\nreduction_efficiency = 1.5"),
+            "'interconnect[0].reduction_efficiency' = 1.5",
+        ),
+        (
+            ("devices = 4", 'devices = 4\ntopology = "ring"\nreduction_efficiency = 0.5'),
+            "'interconnect[0].reduction_efficiency' needs topology 'switch'",
+        ),
+        (
+            ("devices = 4", "devices = 4\nreduction_latency_s = -1"),
+            "'interconnect[0].reduction_latency_s' = -1",
+        ),
+        (
+            ("devices = 4", "devices = 4\none_shot_latency_s = 5e-6"),
+            "'interconnect[0]' gives part of the engine all-reduce; give all of engine_allreduce_max_bytes",
+        ),
+        (
+            ("devices = 4", "devices = 4\none_shot_bandwidth = -1"),
+            "'interconnect[0].one_shot_bandwidth' = -1",
+        ),
+        (("vendor", "[vendor"), "not valid TOML"),
+    ],
+)
 def test_mistakes_name_the_file_and_field(tmp_path, change, message):
     path = _write(tmp_path, GOOD.replace(*change, 1))
     with pytest.raises(DeviceError) as info:
@@ -79,8 +97,11 @@ def test_missing_file_is_a_clear_error(tmp_path):
         castcore.load_device_file(tmp_path / "nope.toml")
 
 
-@pytest.mark.parametrize("path", sorted(PACK_PROFILES.glob("*.toml")) + [Path(__file__).parents[1] / "data" / "h100-sxm.toml"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted(PACK_PROFILES.glob("*.toml")) + [Path(__file__).parents[1] / "data" / "h100-sxm.toml"],
+    ids=lambda p: p.name,
+)
 def test_shipped_profiles_load_with_every_number_sourced(path):
     profile = castcore.load_device_file(path)
     assert profile.sources
@@ -95,7 +116,9 @@ def test_device_file_works_with_no_pack_and_is_the_default(session):
 def test_unknown_device_lists_installed(session):
     with pytest.raises(DeviceError, match="unknown device 'a100'; installed: h100-sxm"):
         session.device("a100")
-    with pytest.raises(DeviceError, match=r"unknown device 'h100' \(did you mean 'h100-sxm'\?\); installed: h100-sxm"):
+    with pytest.raises(
+        DeviceError, match=r"unknown device 'h100' \(did you mean 'h100-sxm'\?\); installed: h100-sxm"
+    ):
         session.device("h100")
 
 
@@ -104,10 +127,13 @@ def test_no_devices_at_all_says_how_to_get_one():
         castcore.Session(load_packs=[]).device()
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"\x89PNG\r\n\x1a\n\x00\x00", "not valid TOML"),
-    (None, "is a directory; name the device file itself"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "not valid TOML"),
+        (None, "is a directory; name the device file itself"),
+    ],
+)
 def test_a_device_file_that_is_not_toml_is_one_line(content, message, tmp_path, capsys):
     from castcore.cli.main import main
 

@@ -21,8 +21,14 @@ sys.path.insert(0, str(ROOT / "bench"))  # the fidelity code is benchmark code, 
 from fidelity import local, report  # noqa: E402
 from fidelity.collectives import in_metric, plan_collective, without_switch_reduction  # noqa: E402
 from fidelity.ops import NotExpressible, OpPlan, attention_work, plan_memory  # noqa: E402
-from fidelity.published import (OP_LEVEL, estimate_point, load_points, make_session, percentage_error,  # noqa: E402
-                                plan)
+from fidelity.published import (
+    OP_LEVEL,
+    estimate_point,
+    load_points,
+    make_session,
+    percentage_error,  # noqa: E402
+    plan,
+)
 from fidelity.serving import MODEL_FILES, MODELS, plan_serve  # noqa: E402
 from fidelity.split import document_ids, split_point, used_for_fitting  # noqa: E402
 
@@ -38,26 +44,46 @@ def point(point_id: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Fitted or held out
 
+
 def test_document_ids_are_arxiv_papers_issues_and_file_paths():
-    text = ("github.com/zzc0721/torch-performance-test-data/issues/79 ('H100'), Shah et al., arXiv:2407.08608, "
-            "Fig. 5; stas00/ml-engineering compute/accelerator/README.md MAMF table; see vllm-project/vllm#23280 and "
-            "github.com/NVIDIA/cutlass/pull/12")
-    assert document_ids(text) == {"zzc0721/torch-performance-test-data#79", "arXiv:2407.08608",
-                                  "compute/accelerator/README.md", "vllm-project/vllm#23280", "NVIDIA/cutlass#12"}
+    text = (
+        "github.com/zzc0721/torch-performance-test-data/issues/79 ('H100'), Shah et al., arXiv:2407.08608, "
+        "Fig. 5; stas00/ml-engineering compute/accelerator/README.md MAMF table; see vllm-project/vllm#23280 and "
+        "github.com/NVIDIA/cutlass/pull/12"
+    )
+    assert document_ids(text) == {
+        "zzc0721/torch-performance-test-data#79",
+        "arXiv:2407.08608",
+        "compute/accelerator/README.md",
+        "vllm-project/vllm#23280",
+        "NVIDIA/cutlass#12",
+    }
 
 
 def test_a_point_is_fitted_when_a_profile_constant_cites_its_document():
-    issue = {"source": {"document": "github.com/zzc0721/torch-performance-test-data/issues/79, BF16 8192: 797.51"}}
+    issue = {
+        "source": {"document": "github.com/zzc0721/torch-performance-test-data/issues/79, BF16 8192: 797.51"}
+    }
     # The repository's table of every issue stands for each of them.
-    table = {"compute_efficiency": "797.51/989.4 (github.com/zzc0721/torch-performance-test-data database.md)",
-             "memory_bandwidth": "datasheet"}
-    assert split_point(issue, table) == ("fitted", {"zzc0721/torch-performance-test-data#79": ["compute_efficiency"]})
-    assert split_point(issue, {"compute_efficiency": "zzc0721/torch-performance-test-data#80"})[0] == "held-out"
+    table = {
+        "compute_efficiency": "797.51/989.4 (github.com/zzc0721/torch-performance-test-data database.md)",
+        "memory_bandwidth": "datasheet",
+    }
+    assert split_point(issue, table) == (
+        "fitted",
+        {"zzc0721/torch-performance-test-data#79": ["compute_efficiency"]},
+    )
+    assert (
+        split_point(issue, {"compute_efficiency": "zzc0721/torch-performance-test-data#80"})[0] == "held-out"
+    )
     # A repository's file is not its pull request.
     pr = {"source": {"document": "github.com/vllm-project/vllm/pull/23280, torch-bf16 column"}}
     assert split_point(pr, {"mma_tile": "vllm-project/vllm docs/contributing/profiling.md"})[0] == "held-out"
-    rows = [{"device": "d", "fitted_by": {"a#1": ["x", "y"]}}, {"device": "d", "fitted_by": {"a#1": ["y", "z"]}},
-            {"device": "d", "fitted_by": {}}]
+    rows = [
+        {"device": "d", "fitted_by": {"a#1": ["x", "y"]}},
+        {"device": "d", "fitted_by": {"a#1": ["y", "z"]}},
+        {"device": "d", "fitted_by": {}},
+    ]
     assert used_for_fitting(rows) == {"d": {"a#1": ["x", "y", "z"]}}
 
 
@@ -70,6 +96,7 @@ def test_split_of_real_points_on_the_test_profile():
 
 # ---------------------------------------------------------------------------------------------
 # Every point: planned, or not expressible with a reason
+
 
 def test_every_point_has_a_plan_or_says_why_not():
     points = load_points()
@@ -97,22 +124,35 @@ def test_model_configs_name_their_source_and_load():
         config = load_model_config(str(MODELS / name))
         # The source names the Hugging Face repository of a model that maps to this file.
         named = [model for model, file in MODEL_FILES.items() if file == name]
-        assert any(f"huggingface.co/{model}" in config["_source"] for model in named), (name, config["_source"])
+        assert any(f"huggingface.co/{model}" in config["_source"] for model in named), (
+            name,
+            config["_source"],
+        )
         assert config["torch_dtype"] in ("float16", "bfloat16")
 
 
 def test_serve_points_become_serve_calls_with_the_stated_deployment():
     fp8 = plan_serve(point("h100-trtllm061-llama-2-70b-bs64-2048-2048-tp2"))
-    assert (fp8["batch"], fp8["input_tokens"], fp8["output_tokens"], fp8["metric"]) == (64, 2048, 2048,
-                                                                                        "output_tokens_per_s")
-    assert fp8["deployment"] == {"dtype": "fp16", "tp": 2, "pp": 1, "weights": "fp8", "activations": "fp8",
-                                 "kv_cache": "fp8", "kv_reads": "head"}  # TensorRT-LLM 0.6.1: masked MHA
+    assert (fp8["batch"], fp8["input_tokens"], fp8["output_tokens"], fp8["metric"]) == (
+        64,
+        2048,
+        2048,
+        "output_tokens_per_s",
+    )
+    assert fp8["deployment"] == {
+        "dtype": "fp16",
+        "tp": 2,
+        "pp": 1,
+        "weights": "fp8",
+        "activations": "fp8",
+        "kv_cache": "fp8",
+        "kv_reads": "head",
+    }  # TensorRT-LLM 0.6.1: masked MHA
     assert any("masked MHA kernel" in n for n in fp8["notes"])
     assert "kv_reads" not in plan_serve(point("h200-trtllm07a-llama-2-70b-bs960-128-128"))["deployment"]
     nim = plan_serve(point("h100x2-nim18-llama-3.3-70b-tpot-5000-500"))
     assert nim["deployment"]["dtype"] == "bf16" and "kv_cache" not in nim["deployment"]
     assert any("KV cache dtype not stated" in n for n in nim["notes"])
-
 
 
 def test_continuous_batching_points_are_simulated_as_they_ran():
@@ -132,13 +172,14 @@ def test_continuous_batching_points_are_simulated_as_they_ran():
 # ---------------------------------------------------------------------------------------------
 # Estimates in the source's metric
 
+
 def test_gemm_point_reproduces_the_hand_computed_roofline():
     h100 = castcore.load_device_file(H100_FILE)  # no tiles: the plain roofline
     row = estimate_point(point("h100-gemm-bf16-4096"), make_session(packs=()), h100)
     n = 4096
-    seconds = 2 * n ** 3 / (h100.mma_flops["bfloat16"] * h100.compute_efficiency) + h100.mma_op_cost_s
+    seconds = 2 * n**3 / (h100.mma_flops["bfloat16"] * h100.compute_efficiency) + h100.mma_op_cost_s
     assert row["how"]["calls"] == ["aten::mm"] and row["how"]["bound"] == "compute"
-    assert row["estimated"] == pytest.approx(2 * n ** 3 / seconds / 1e12)  # TFLOPS by the source's 2*m*n*k
+    assert row["estimated"] == pytest.approx(2 * n**3 / seconds / 1e12)  # TFLOPS by the source's 2*m*n*k
     assert row["error_pct"] == pytest.approx(percentage_error(row["estimated"], 788.72))
     assert row["split"] == "fitted" and "zzc0721/torch-performance-test-data#79" in row["fitted_by"]
 
@@ -151,7 +192,11 @@ def test_attention_runs_the_deployed_kernel_and_counts_work_as_flashattention():
     captured = castcore.capture(decode.fn, *decode.inputs)
     (call,) = captured.invokes
     assert call.name == "castcore::attention"
-    assert [tuple(t.shape) for t in call.inputs()] == [(16, 32, 1, 128), (16, 32, 2000, 128), (16, 32, 2000, 128)]
+    assert [tuple(t.shape) for t in call.inputs()] == [
+        (16, 32, 1, 128),
+        (16, 32, 2000, 128),
+        (16, 32, 2000, 128),
+    ]
     assert any("paged" in n for n in decode.notes)
 
 
@@ -170,7 +215,7 @@ def test_memory_points_run_fused_or_eager_ops_as_the_source_did():
 
 
 def test_collective_figures_follow_nccl_tests_definitions():
-    s, t = 2 ** 30, 0.01  # 1 GiB in 10 ms: algbw 107.4 GB/s
+    s, t = 2**30, 0.01  # 1 GiB in 10 ms: algbw 107.4 GB/s
     assert in_metric("algbw", "GB/s", "all_reduce", s, 8, t) == pytest.approx(s / t / 1e9)
     assert in_metric("busbw", "GB/s", "all_reduce", s, 8, t) == pytest.approx(s / t / 1e9 * 2 * 7 / 8)
     assert in_metric("busbw", "GB/s", "all_gather", s, 8, t) == pytest.approx(s / t / 1e9 * 7 / 8)
@@ -178,7 +223,9 @@ def test_collective_figures_follow_nccl_tests_definitions():
 
 
 def test_a_tf32_point_is_captured_with_tf32_allowed_and_priced_at_the_tf32_rate():
-    row = estimate_point(point("h100-gemm-tf32-4096"), make_session(packs=()), castcore.load_device_file(H100_FILE))
+    row = estimate_point(
+        point("h100-gemm-tf32-4096"), make_session(packs=()), castcore.load_device_file(H100_FILE)
+    )
     assert row["how"]["rates"] == {"mma:tf32": "tf32"}
     assert torch.get_float32_matmul_precision() == "highest"
 
@@ -187,57 +234,101 @@ def test_a_source_that_turned_nvls_off_is_estimated_without_the_switchs_reductio
     assert plan_collective(point("h200x8-allreduce-ring-16gib"))["no_switch_reduction"]
     assert plan_collective(point("h100x8-allreduce-ring-2to4gib"))["no_switch_reduction"]
     assert not plan_collective(point("h200x8-allreduce-16gib"))["no_switch_reduction"]  # NCCL's default
-    nvidia = castcore.load_device_file(ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles"
-                                       / "h100-sxm5-80gb.toml")
+    nvidia = castcore.load_device_file(
+        ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles" / "h100-sxm5-80gb.toml"
+    )
     assert nvidia.interconnect[0].name == "nvlink" and nvidia.interconnect[0].reduction_efficiency > 0
     off = without_switch_reduction(nvidia)
     assert all(level.reduction_efficiency == 0 for level in off.interconnect)
-    assert [level.bandwidth for level in off.interconnect] == [level.bandwidth for level in nvidia.interconnect]
+    assert [level.bandwidth for level in off.interconnect] == [
+        level.bandwidth for level in nvidia.interconnect
+    ]
 
 
 def test_ttft_point_is_the_prefill_estimate_in_ms():
     session = make_session(packs=())
     a100 = castcore.load_device_file(A100_FILE)
     row = estimate_point(point("a100-trtllm05-llama-2-7b-ttft-128-tp1"), session, a100)
-    prefill = session.estimate(castcore.build_workload(str(MODELS / "llama-2-7b.json"), seq=128, dtype="fp16"),
-                               device=a100)
+    prefill = session.estimate(
+        castcore.build_workload(str(MODELS / "llama-2-7b.json"), seq=128, dtype="fp16"), device=a100
+    )
     assert row["estimated"] == pytest.approx(prefill.time_s * 1e3)
     assert row["unit"] == "ms" and row["metric"] == "ttft_s"
 
 
 def test_a_request_castcore_refuses_is_not_expressible_with_its_reason():
-    row = estimate_point(point("h200-trtllm07a-llama-2-70b-bs96-128-4096"), make_session(packs=()),
-                         castcore.load_device_file(H100_FILE))
+    row = estimate_point(
+        point("h200-trtllm07a-llama-2-70b-bs96-128-4096"),
+        make_session(packs=()),
+        castcore.load_device_file(H100_FILE),
+    )
     assert "context of 4096" in row["not_expressible"] and "error_pct" not in row
 
 
 # ---------------------------------------------------------------------------------------------
 # Summary and Markdown
 
+
 def _row(i, category, split, error):
-    return {"id": i, "category": category, "device": "d", "split": split, "error_pct": error, "measured": 1.0,
-            "estimated": 1 + error / 100, "unit": "ms", "workload": f"w{i}", "notes": []}
+    return {
+        "id": i,
+        "category": category,
+        "device": "d",
+        "split": split,
+        "error_pct": error,
+        "measured": 1.0,
+        "estimated": 1 + error / 100,
+        "unit": "ms",
+        "workload": f"w{i}",
+        "notes": [],
+    }
 
 
 def test_summary_gives_median_and_worst_per_category_and_split():
-    rows = [_row("g1", "gemm", "held-out", 10.0), _row("g2", "gemm", "held-out", -30.0),
-            _row("g3", "gemm", "fitted", 2.0), _row("m1", "memory", "held-out", 5.0),
-            _row("s1", "serve", "held-out", 70.0), _row("s2", "serve", "held-out", -10.0),
-            {"id": "x", "category": "serve", "device": "d", "split": "held-out", "not_expressible": "why"}]
+    rows = [
+        _row("g1", "gemm", "held-out", 10.0),
+        _row("g2", "gemm", "held-out", -30.0),
+        _row("g3", "gemm", "fitted", 2.0),
+        _row("m1", "memory", "held-out", 5.0),
+        _row("s1", "serve", "held-out", 70.0),
+        _row("s2", "serve", "held-out", -10.0),
+        {"id": "x", "category": "serve", "device": "d", "split": "held-out", "not_expressible": "why"},
+    ]
     summary = report.summarize(rows)
     gemm = summary["by_split"]["held-out"]["GEMM"]
-    assert (gemm["points"], gemm["median_abs_error_pct"], gemm["worst_abs_error_pct"], gemm["worst_id"]) == \
-        (2, 20.0, 30.0, "g2")
-    assert summary["by_split"]["held-out"]["op-level"]["median_abs_error_pct"] == statistics.median([10, 30, 5])
+    assert (gemm["points"], gemm["median_abs_error_pct"], gemm["worst_abs_error_pct"], gemm["worst_id"]) == (
+        2,
+        20.0,
+        30.0,
+        "g2",
+    )
+    assert summary["by_split"]["held-out"]["op-level"]["median_abs_error_pct"] == statistics.median(
+        [10, 30, 5]
+    )
     assert summary["by_split"]["fitted"]["GEMM"]["points"] == 1
-    assert summary["held_out"] == {"op_level_median_pct": 10.0, "end_to_end_median_pct": 40.0, "worst_pct": 70.0}
-    assert summary["targets_met"] == {"op_level_median_pct": True, "end_to_end_median_pct": False,
-                                      "worst_pct": False}
+    assert summary["held_out"] == {
+        "op_level_median_pct": 10.0,
+        "end_to_end_median_pct": 40.0,
+        "worst_pct": 70.0,
+    }
+    assert summary["targets_met"] == {
+        "op_level_median_pct": True,
+        "end_to_end_median_pct": False,
+        "worst_pct": False,
+    }
     assert summary["counts"]["not_expressible"] == 1 and summary["worst_held_out_id"] == "s1"
 
-    text = report.markdown({"summary": summary, "rows": rows, "fitting_documents": {"d": {"a#1": ["x"]}},
-                            "local": None, "wall_s": 1.0, "published_wall_s": 1.0},
-                           {"date": "today", "machine": "m", "cpus": 2, "python": "3"})
+    text = report.markdown(
+        {
+            "summary": summary,
+            "rows": rows,
+            "fitting_documents": {"d": {"a#1": ["x"]}},
+            "local": None,
+            "wall_s": 1.0,
+            "published_wall_s": 1.0,
+        },
+        {"date": "today", "machine": "m", "cpus": 2, "python": "3"},
+    )
     assert "| GEMM | held-out | 2 | 20.0% | 30.0% | g2 |" in text
     assert "x (d): not expressible: why" in text and "**not met**" in text and "`a#1` (x)" in text
     assert all(f"| {r['id']} |" in text for r in rows if "error_pct" in r)
@@ -246,28 +337,45 @@ def test_summary_gives_median_and_worst_per_category_and_split():
 # ---------------------------------------------------------------------------------------------
 # This machine
 
+
 def test_calibration_shapes_are_not_the_scored_shapes():
     suite = local.operator_suite()
     calibrated = {s for shapes in local.CALIBRATION.values() for s in shapes}
     assert not calibrated & local.scored_shapes(suite)
     assert {op.family for op in suite} == set(local.FAMILIES)
-    assert [op.name for op in suite if op.unscored] == ["sdpa 1x8x1024x128 bf16", "sdpa causal 1x8x1024x128 bf16"]
+    assert [op.name for op in suite if op.unscored] == [
+        "sdpa 1x8x1024x128 bf16",
+        "sdpa causal 1x8x1024x128 bf16",
+    ]
 
 
 def test_local_run_estimates_and_times_each_op_and_leaves_unscored_ones_out():
-    ops = [local.SuiteOp("mm 40x48x56 fp32", "matmul", torch.mm, ((40, 48), (48, 56))),
-           local.SuiteOp("add 1000 fp32", "pointwise", torch.add, ((1000,), (1000,))),
-           local.SuiteOp("sdpa 1x2x32x16 fp32", "attention", local._sdpa, ((1, 2, 32, 16),) * 3),
-           local.SuiteOp("sdpa 1x2x32x16 bf16", "attention", local._sdpa, ((1, 2, 32, 16),) * 3, torch.bfloat16,
-                         "shown only")]
+    ops = [
+        local.SuiteOp("mm 40x48x56 fp32", "matmul", torch.mm, ((40, 48), (48, 56))),
+        local.SuiteOp("add 1000 fp32", "pointwise", torch.add, ((1000,), (1000,))),
+        local.SuiteOp("sdpa 1x2x32x16 fp32", "attention", local._sdpa, ((1, 2, 32, 16),) * 3),
+        local.SuiteOp(
+            "sdpa 1x2x32x16 bf16",
+            "attention",
+            local._sdpa,
+            ((1, 2, 32, 16),) * 3,
+            torch.bfloat16,
+            "shown only",
+        ),
+    ]
     result = local.run_local(budget_s=0.0, ops=ops)
     assert [r["name"] for r in result["rows"]] == [op.name for op in ops]
     for row in result["rows"]:
         assert row["measured_s"] > 0 and row["median_s"] >= row["measured_s"] and row["estimated_s"] > 0
         assert row["error_pct"] == percentage_error(row["estimated_s"], row["measured_s"])
     assert result["rows"][0]["aten"] == ["aten::mm"] and result["rows"][0]["flops"] == 2 * 40 * 48 * 56
-    assert result["summary"]["overall"]["ops"] == 3 and result["summary"]["by_family"]["attention"]["ops"] == 1
-    assert result["calibration"]["shapes"] == local.CALIBRATION and "compute_efficiency = 1.0" in result["profile_toml"]
+    assert (
+        result["summary"]["overall"]["ops"] == 3 and result["summary"]["by_family"]["attention"]["ops"] == 1
+    )
+    assert (
+        result["calibration"]["shapes"] == local.CALIBRATION
+        and "compute_efficiency = 1.0" in result["profile_toml"]
+    )
     assert result["bf16_sdpa"]["sdpa_bf16_gflops"] > 0
     text = "\n".join(local.local_markdown(result))
     assert "(not scored)" in text and "mm 40x48x56 fp32" in text and "bf16 SDPA is shown, not scored" in text
@@ -276,7 +384,10 @@ def test_local_run_estimates_and_times_each_op_and_leaves_unscored_ones_out():
 def test_run_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     import fidelity.run as run
 
-    out, only = tmp_path / "fidelity.json", "cb-a100-vllm060-llama-3.1-8b-sharegpt-rps4-itl"  # not expressible
+    out, only = (
+        tmp_path / "fidelity.json",
+        "cb-a100-vllm060-llama-3.1-8b-sharegpt-rps4-itl",
+    )  # not expressible
     monkeypatch.setattr(sys, "argv", ["run.py", "--no-local", "--only", only, "--out", str(out)])
     run.main()
     data = json.loads(out.read_text())

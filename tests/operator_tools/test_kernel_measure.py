@@ -26,8 +26,14 @@ H100_FILE = str(ROOT / "tests" / "data" / "h100-sxm.toml")
 
 
 def _script(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(KERNELS / "gpu_measure.py"), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(KERNELS / "gpu_measure.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+    )
 
 
 def test_list_needs_no_gpu_and_names_every_family():
@@ -36,7 +42,9 @@ def test_list_needs_no_gpu_and_names_every_family():
     lines = done.stdout.splitlines()
     *points, total = lines
     assert {line.split()[0] for line in points} == set(gpu_measure.FAMILIES)
-    assert total.startswith(f"{len(points)} points: ") and len(points) == len(gpu_measure.grid(gpu_measure.FAMILIES))
+    assert total.startswith(f"{len(points)} points: ") and len(points) == len(
+        gpu_measure.grid(gpu_measure.FAMILIES)
+    )
     # The brief's grid: 8 m x 9 (n, k) GEMMs each dtype, a quantize per (m, k), 11 prefill shapes per head layout.
     counts = {f: sum(line.split()[0] == f for line in points) for f in gpu_measure.FAMILIES}
     assert counts["gemm_bf16"] == counts["gemm_fp8"] == 72 and counts["fp8_quantize"] == 40
@@ -89,13 +97,30 @@ class _Event:
 @pytest.fixture
 def cpu_as_gpu(monkeypatch):
     """gpu_measure's CUDA calls answered on the CPU, with small shapes; graph capture fails (no CUDA)."""
-    for name, value in {"is_available": lambda: True, "synchronize": lambda *a: None, "empty_cache": lambda: None,
-                        "get_device_name": lambda *a: "NVIDIA H100 80GB HBM3", "Event": _Event,
-                        "get_device_properties": lambda *a: SimpleNamespace(multi_processor_count=132)}.items():
+    for name, value in {
+        "is_available": lambda: True,
+        "synchronize": lambda *a: None,
+        "empty_cache": lambda: None,
+        "get_device_name": lambda *a: "NVIDIA H100 80GB HBM3",
+        "Event": _Event,
+        "get_device_properties": lambda *a: SimpleNamespace(multi_processor_count=132),
+    }.items():
         monkeypatch.setattr(torch.cuda, name, value)
-    small = {"DEVICE": "cpu", "GEMM_SHAPES": [("small", 64, 32)], "GEMM_M": [1, 16], "HEADS": [(4, 2), (2, 2)],
-             "HEAD_DIM": 16, "PREFILL_SEQ": [8, 16], "MAX_TOKENS": 32, "DECODE_BATCH": [1, 2], "DECODE_KV": [8, 32],
-             "NORM_TOKENS": [1, 8], "NORM_HIDDEN": [64], "SWIGLU_HALF": 32, "TARGET_S": 1e-4}
+    small = {
+        "DEVICE": "cpu",
+        "GEMM_SHAPES": [("small", 64, 32)],
+        "GEMM_M": [1, 16],
+        "HEADS": [(4, 2), (2, 2)],
+        "HEAD_DIM": 16,
+        "PREFILL_SEQ": [8, 16],
+        "MAX_TOKENS": 32,
+        "DECODE_BATCH": [1, 2],
+        "DECODE_KV": [8, 32],
+        "NORM_TOKENS": [1, 8],
+        "NORM_HIDDEN": [64],
+        "SWIGLU_HALF": 32,
+        "TARGET_S": 1e-4,
+    }
     for name, value in small.items():
         monkeypatch.setattr(gpu_measure, name, value)
 
@@ -132,36 +157,85 @@ def test_a_spent_budget_still_writes_what_was_measured(cpu_as_gpu, tmp_path, cap
 
 
 def _row(family: str, time_s: float, **shape) -> dict:
-    return {"family": family, "op": gpu_measure.OPS[family], "dtype": "bfloat16", **shape, "time_s": time_s,
-            "graph_time_s": time_s * 0.9, "reps": 10, "gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132,
-            "torch": "2.11.0", "cuda": "12.8", "date": "2026-01-01T00:00:00+00:00", "tool": gpu_measure.TOOL}
+    return {
+        "family": family,
+        "op": gpu_measure.OPS[family],
+        "dtype": "bfloat16",
+        **shape,
+        "time_s": time_s,
+        "graph_time_s": time_s * 0.9,
+        "reps": 10,
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "sm_count": 132,
+        "torch": "2.11.0",
+        "cuda": "12.8",
+        "date": "2026-01-01T00:00:00+00:00",
+        "tool": gpu_measure.TOOL,
+    }
 
 
 def test_score_reports_castcores_own_estimate_over_the_measured_time(tmp_path):
     import castcore
 
-    rows = [_row("gemm_bf16", 30e-6, layer="made up", m=16, n=6144, k=4096),
-            _row("rms_norm", 9e-6, tokens=4096, hidden=4096),
-            _row("attention_decode", 40e-6, batch=8, seq=1, kv_len=2048, q_heads=32, kv_heads=8, head_dim=128,
-                 tokens=8, gqa="enable_gqa", causal=False, backend="flash_attention")]
+    rows = [
+        _row("gemm_bf16", 30e-6, layer="made up", m=16, n=6144, k=4096),
+        _row("rms_norm", 9e-6, tokens=4096, hidden=4096),
+        _row(
+            "attention_decode",
+            40e-6,
+            batch=8,
+            seq=1,
+            kv_len=2048,
+            q_heads=32,
+            kv_heads=8,
+            head_dim=128,
+            tokens=8,
+            gqa="enable_gqa",
+            causal=False,
+            backend="flash_attention",
+        ),
+    ]
     measured = tmp_path / "k.jsonl"
     measured.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done = subprocess.run([sys.executable, str(KERNELS / "score.py"), str(measured), "--device-file", H100_FILE,
-                           "--device", "h100-sxm", "--out", str(tmp_path / "score.md")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(KERNELS / "score.py"),
+            str(measured),
+            "--device-file",
+            H100_FILE,
+            "--device",
+            "h100-sxm",
+            "--out",
+            str(tmp_path / "score.md"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     scored = json.loads((tmp_path / "score.json").read_text())
 
     # The same calls, written here by hand, through castcore's public API.
     session = castcore.Session(device_files=[H100_FILE])
     meta = dict(dtype=torch.bfloat16, device="meta")
-    gemm = session.estimate(torch.mm, torch.empty(16, 4096, **meta), torch.empty(4096, 6144, **meta),
-                            device="h100-sxm").time_s
-    norm = session.estimate(lambda x, w: F.rms_norm(x, (4096,), w, eps=1e-6), torch.empty(4096, 4096, **meta),
-                            torch.empty(4096, **meta), device="h100-sxm").time_s
-    decode = session.estimate(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-                              torch.empty(8, 32, 1, 128, **meta), torch.empty(8, 8, 2048, 128, **meta),
-                              torch.empty(8, 8, 2048, 128, **meta), device="h100-sxm").time_s
+    gemm = session.estimate(
+        torch.mm, torch.empty(16, 4096, **meta), torch.empty(4096, 6144, **meta), device="h100-sxm"
+    ).time_s
+    norm = session.estimate(
+        lambda x, w: F.rms_norm(x, (4096,), w, eps=1e-6),
+        torch.empty(4096, 4096, **meta),
+        torch.empty(4096, **meta),
+        device="h100-sxm",
+    ).time_s
+    decode = session.estimate(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        torch.empty(8, 32, 1, 128, **meta),
+        torch.empty(8, 8, 2048, 128, **meta),
+        torch.empty(8, 8, 2048, 128, **meta),
+        device="h100-sxm",
+    ).time_s
     expected = [gemm / 30e-6 - 1, norm / 9e-6 - 1, decode / 40e-6 - 1]
     assert [r["error"] for r in scored] == pytest.approx(expected, rel=1e-12)
     assert [r["estimated_s"] for r in scored] == pytest.approx([gemm, norm, decode], rel=1e-12)
@@ -174,8 +248,10 @@ def test_score_reports_castcores_own_estimate_over_the_measured_time(tmp_path):
 
 
 def test_score_summary_statistics():
-    results = [{"gpu": "g", "profile": "p", "family": "f", "error": e, "measured_s": 1.0, "estimated_s": 1.0 + e}
-               for e in (-0.5, -0.1, 0.0, 0.1, 0.3, 1.0)]
+    results = [
+        {"gpu": "g", "profile": "p", "family": "f", "error": e, "measured_s": 1.0, "estimated_s": 1.0 + e}
+        for e in (-0.5, -0.1, 0.0, 0.1, 0.3, 1.0)
+    ]
     results.append({"gpu": "g", "profile": "p", "family": "f", "skipped": "why"})
     (line,) = score.summarise(results)
     assert line["points"] == 6 and line["skipped"] == 1
@@ -192,8 +268,10 @@ def test_score_maps_gpu_names_to_the_nvidia_packs_profiles():
     profiles = sorted((ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles").glob("*.toml"))
     session = castcore.Session(load_packs=[], device_files=profiles)
     assert set(score.GPU_PROFILES.values()) <= set(session.devices)
-    rows = [_row("swiglu", 20e-6, tokens=256, hidden=14336) | {"gpu": gpu}
-            for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "Some Other GPU")]
+    rows = [
+        _row("swiglu", 20e-6, tokens=256, hidden=14336) | {"gpu": gpu}
+        for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "Some Other GPU")
+    ]
     scored = score.score(rows, session)
     assert [r["profile"] for r in scored] == ["h200-sxm", "h100-sxm5-80gb", None]
     assert all(r["ops"] == ["aten::silu", "aten::mul.Tensor"] for r in scored[:2])

@@ -28,7 +28,9 @@ def test_measure_a_function_measured_against_estimated(session):
     def block(x, w):
         return torch.relu(x @ w)
 
-    report = castcore.measure(block, torch.empty(32, 16), torch.empty(16, 8), session=session, warmup=1, repeat=3)
+    report = castcore.measure(
+        block, torch.empty(32, 16), torch.empty(16, 8), session=session, warmup=1, repeat=3
+    )
     assert [r.op for r in report.rows] == ["aten::mm", "aten::relu"]
     for row in report.rows:
         assert row.error == "" and row.measured_s > 0 and row.min_s > 0 and row.estimated_s > 0
@@ -39,8 +41,14 @@ def test_measure_a_function_measured_against_estimated(session):
 
 def test_registered_op_uses_its_input_gen_fn(session):
     GENERATED.clear()
-    report = castcore.measure(gather_rows, torch.empty(10, 4), torch.zeros(6, dtype=torch.int64),
-                              session=session, warmup=1, repeat=2)
+    report = castcore.measure(
+        gather_rows,
+        torch.empty(10, 4),
+        torch.zeros(6, dtype=torch.int64),
+        session=session,
+        warmup=1,
+        repeat=2,
+    )
     (row,) = report.rows
     assert row.op == "measure_test::gather_rows" and row.measured_s > 0
     assert row.estimated_s > 0 and "fallback" in row.answered_by
@@ -82,8 +90,24 @@ def test_cli_calibrate_then_measure_on_that_profile(tmp_path, capsys, monkeypatc
     ops = tmp_path / "ops.py"
     ops.write_text("import torch\ndef block(x, w):\n    return torch.tanh(x @ w)\n", encoding="utf-8")
     capsys.readouterr()
-    assert main(["measure", f"{ops}:block", "--input", "16x8:fp32", "--input", "8x4:fp32", "--repeat", "2",
-                 "--device-file", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "measure",
+                f"{ops}:block",
+                "--input",
+                "16x8:fp32",
+                "--input",
+                "8x4:fp32",
+                "--repeat",
+                "2",
+                "--device-file",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["device"] == "this-cpu" and [r["op"] for r in report["rows"]] == ["aten::mm", "aten::tanh"]
     assert all(r["measured_s"] > 0 for r in report["rows"])

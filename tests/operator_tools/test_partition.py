@@ -12,7 +12,7 @@ import castcore
 from castcore.cli.main import main
 from castcore.operator_tools.partition import PartitionError
 
-OPS = textwrap.dedent('''
+OPS = textwrap.dedent("""
     import torch
     import castcore
 
@@ -27,16 +27,16 @@ OPS = textwrap.dedent('''
     @castcore.register_op("(h t) k^ -> h t k^", name="part_test::heads")
     def heads(x, h: int = 8):
         return x.reshape(h, x.shape[0] // h, x.shape[1])
-''')
+""")
 
-ALL_REDUCE_ESTIMATOR = textwrap.dedent('''
+ALL_REDUCE_ESTIMATOR = textwrap.dedent("""
     import torch
     import castcore
 
     @castcore.register_op_estimator(torch.ops._c10d_functional.all_reduce.default)
     def all_reduce(invoke, device):
         return 1e-3 * invoke.attrs["group_size"]
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_every_named_dim_is_listed_with_per_device_shapes(ops, session):
     assert by_dim["m"].input_shapes == [(1024, 1024), (1024, 2048)]
     assert by_dim["m"].output_shapes == [(1024, 2048)]
     assert by_dim["k"].input_shapes == [(4096, 256), (256, 2048)]
-    assert by_dim["k"].output_shapes == [(4096, 2048)]   # each device holds a partial sum of the whole output
+    assert by_dim["k"].output_shapes == [(4096, 2048)]  # each device holds a partial sum of the whole output
     assert by_dim["m"].collective is None
     assert all(s.estimate.time_s > 0 for s in plan.splits)
     assert by_dim["m"].estimate.time_s < plan.whole.time_s
@@ -114,12 +114,37 @@ def test_partition_rejects_unregistered_ops_and_bad_ways(session):
 def test_cli_partition_json(ops, h100_file, capsys, monkeypatch):
     monkeypatch.setenv("CASTCORE_LOAD_PACKS", "")
     path, _, _ = ops
-    code = main(["partition", f"{path}:matmul", "--ways", "2", "--input", "512x256", "--input", "256x128:fp32",
-                 "--device-file", str(h100_file)])
+    code = main(
+        [
+            "partition",
+            f"{path}:matmul",
+            "--ways",
+            "2",
+            "--input",
+            "512x256",
+            "--input",
+            "256x128:fp32",
+            "--device-file",
+            str(h100_file),
+        ]
+    )
     assert code == 0
     assert "best: split" in capsys.readouterr().out
-    code = main(["partition", f"{path}:heads", "--ways", "2", "--input", "64x16", "--arg", "h=4", "--json",
-                 "--device-file", str(h100_file)])
+    code = main(
+        [
+            "partition",
+            f"{path}:heads",
+            "--ways",
+            "2",
+            "--input",
+            "64x16",
+            "--arg",
+            "h=4",
+            "--json",
+            "--device-file",
+            str(h100_file),
+        ]
+    )
     plan = json.loads(capsys.readouterr().out)
     assert code == 0 and plan["op"] == "part_test::heads"
     assert {s["dim"]: s["legal"] for s in plan["splits"]} == {"h": True, "t": True, "k": False}
@@ -130,16 +155,43 @@ def test_cli_partition_errors_are_one_line(ops, h100_file, capsys, monkeypatch):
     path, _, _ = ops
     assert main(["partition", f"{path}:nothing", "--ways", "2", "--device-file", str(h100_file)]) == 2
     assert "has no 'nothing'" in capsys.readouterr().err
-    assert main(["partition", f"{path}:matmul", "--ways", "2", "--input", "4x8", "--input", "9x2",
-                 "--device-file", str(h100_file)]) == 2
+    assert (
+        main(
+            [
+                "partition",
+                f"{path}:matmul",
+                "--ways",
+                "2",
+                "--input",
+                "4x8",
+                "--input",
+                "9x2",
+                "--device-file",
+                str(h100_file),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "'k' is 9 here but 8" in err and "^" in err
 
 
 def test_numbers_in_an_annotation_are_lengths_in_every_split(ops, capsys, h100_file):
     path, _, _ = ops
-    argv = ["partition", f"{path}:fixed", "--ways", "2", "--input", "4x64", "--input", "64x32", "--json",
-            "--no-packs", "--device-file", str(h100_file)]
+    argv = [
+        "partition",
+        f"{path}:fixed",
+        "--ways",
+        "2",
+        "--input",
+        "4x64",
+        "--input",
+        "64x32",
+        "--json",
+        "--no-packs",
+        "--device-file",
+        str(h100_file),
+    ]
     assert main(argv) == 0
     plan = json.loads(capsys.readouterr().out)
     splits = {s["dim"]: s for s in plan["splits"]}

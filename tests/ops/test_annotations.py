@@ -8,7 +8,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from castcore.ops.annotations import FROZEN, SPATIAL, SUM, AnnotationError, Atom, Dim, OpAnnotation, Shape, parse
+from castcore.ops.annotations import (
+    FROZEN,
+    SPATIAL,
+    SUM,
+    AnnotationError,
+    Atom,
+    Dim,
+    OpAnnotation,
+    Shape,
+    parse,
+)
 from castcore.ops.binding import bind
 
 
@@ -16,17 +26,20 @@ def t(*shape):
     return SimpleNamespace(shape=shape)
 
 
-@pytest.mark.parametrize("text", [
-    "m k+, k+ n -> m n",
-    "n c h^ w^, c, c -> n c h^ w^",
-    "(h^ m^) kd+, kd+ n -> h^ m^ n",
-    "a (b c) -> (a b) c",
-    "4 k+, k+ d -> 8 d",
-    "* d^, s -> * s",
-    "a^ b^, ? -> a^ b^",
-    "*, * -> *, *",
-    "a -> a",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "m k+, k+ n -> m n",
+        "n c h^ w^, c, c -> n c h^ w^",
+        "(h^ m^) kd+, kd+ n -> h^ m^ n",
+        "a (b c) -> (a b) c",
+        "4 k+, k+ d -> 8 d",
+        "* d^, s -> * s",
+        "a^ b^, ? -> a^ b^",
+        "*, * -> *, *",
+        "a -> a",
+    ],
+)
 def test_the_guide_examples_parse_and_print_back(text):
     assert str(parse(text)) == text
 
@@ -50,31 +63,34 @@ def test_caret_points_at_the_fault():
     assert lines[2].index("^") - lines[1].index("m") == 6
 
 
-@pytest.mark.parametrize("text, position, words", [
-    ("a b", 3, "missing '->'"),
-    ("a -> b -> c", 7, "second '->'"),
-    ("m k -> m n", 9, "appears in no input"),
-    ("a -> a+", 5, "sum-reduced"),
-    ("a+^ -> a", 2, "second mark"),
-    ("(a (b)) -> a", 3, "cannot nest"),
-    ("(a b -> a", 0, "never closed"),
-    ("a) -> a", 1, "without a matching"),
-    ("() -> a", 1, "empty brackets"),
-    ("a, , b -> a", 3, "empty tensor"),
-    ("4+ -> 4", 1, "numeric"),
-    ("* b * -> b", 4, "second '*'"),
-    ("*+ -> *", 1, "'*' takes no"),
-    ("(a *) -> a", 3, "hidden dim"),
-    ("a ? -> a", 2, "whole argument"),
-    ("x -> *", 5, "in no input"),
-    ("-> a", 0, "no inputs"),
-    ("a ->", 4, "no outputs"),
-    ("1a -> 1", 0, "start with a digit"),
-    ("a+b -> a", 2, "separate dims"),
-    ("a $ -> a", 2, "unexpected '$'"),
-    ("a - > a", 2, "'->'"),
-    ("+a -> a", 0, "must directly follow"),
-])
+@pytest.mark.parametrize(
+    "text, position, words",
+    [
+        ("a b", 3, "missing '->'"),
+        ("a -> b -> c", 7, "second '->'"),
+        ("m k -> m n", 9, "appears in no input"),
+        ("a -> a+", 5, "sum-reduced"),
+        ("a+^ -> a", 2, "second mark"),
+        ("(a (b)) -> a", 3, "cannot nest"),
+        ("(a b -> a", 0, "never closed"),
+        ("a) -> a", 1, "without a matching"),
+        ("() -> a", 1, "empty brackets"),
+        ("a, , b -> a", 3, "empty tensor"),
+        ("4+ -> 4", 1, "numeric"),
+        ("* b * -> b", 4, "second '*'"),
+        ("*+ -> *", 1, "'*' takes no"),
+        ("(a *) -> a", 3, "hidden dim"),
+        ("a ? -> a", 2, "whole argument"),
+        ("x -> *", 5, "in no input"),
+        ("-> a", 0, "no inputs"),
+        ("a ->", 4, "no outputs"),
+        ("1a -> 1", 0, "start with a digit"),
+        ("a+b -> a", 2, "separate dims"),
+        ("a $ -> a", 2, "unexpected '$'"),
+        ("a - > a", 2, "'->'"),
+        ("+a -> a", 0, "must directly follow"),
+    ],
+)
 def test_malformed_annotations(text, position, words):
     with pytest.raises(AnnotationError) as info:
         parse(text)
@@ -97,19 +113,22 @@ def test_hidden_dims_come_from_same_named_arguments_or_inference():
     assert bind(parse("(h t) k, t -> h k"), [t(12, 5), t(4)]).output_shapes == [(3, 5)]
 
 
-@pytest.mark.parametrize("text, args, kwargs, position, words", [
-    ("m k+, k+ n -> m n", [t(4, 8), t(9, 2)], {}, 6, "is 9 here but 8"),
-    ("(h t) k -> h t k", [t(1024, 8)], {}, 0, "pass an argument named h or t"),
-    ("(h t) k -> h t k", [t(1000, 8)], {"h": 7}, 3, "cannot be split"),
-    ("(h t) k -> h t k", [t(1024, 8)], {"h": 8, "t": 64}, 0, "multiply to 512"),
-    ("a b -> a", [t(4)], {}, 0, "has 1 dims"),
-    ("4 k -> k", [t(5, 2)], {}, 0, "fixed at 4"),
-    ("a, b -> a", [t(3)], {}, 3, "1 positional"),
-    ("a, b -> a", [t(3), None], {}, 3, "annotate it '?'"),
-    ("* a, * -> *", [t(2, 3, 4), t(2, 4)], {}, 5, "'*' is [2, 4] here"),
-    ("a -> a, ?", [t(3)], {}, 8, "'?' output"),
-    ("a b -> a", [t(4, 3)], {"b": 5}, 2, "same-named argument"),
-])
+@pytest.mark.parametrize(
+    "text, args, kwargs, position, words",
+    [
+        ("m k+, k+ n -> m n", [t(4, 8), t(9, 2)], {}, 6, "is 9 here but 8"),
+        ("(h t) k -> h t k", [t(1024, 8)], {}, 0, "pass an argument named h or t"),
+        ("(h t) k -> h t k", [t(1000, 8)], {"h": 7}, 3, "cannot be split"),
+        ("(h t) k -> h t k", [t(1024, 8)], {"h": 8, "t": 64}, 0, "multiply to 512"),
+        ("a b -> a", [t(4)], {}, 0, "has 1 dims"),
+        ("4 k -> k", [t(5, 2)], {}, 0, "fixed at 4"),
+        ("a, b -> a", [t(3)], {}, 3, "1 positional"),
+        ("a, b -> a", [t(3), None], {}, 3, "annotate it '?'"),
+        ("* a, * -> *", [t(2, 3, 4), t(2, 4)], {}, 5, "'*' is [2, 4] here"),
+        ("a -> a, ?", [t(3)], {}, 8, "'?' output"),
+        ("a b -> a", [t(4, 3)], {"b": 5}, 2, "same-named argument"),
+    ],
+)
 def test_annotations_inconsistent_with_inputs(text, args, kwargs, position, words):
     with pytest.raises(AnnotationError) as info:
         bind(parse(text), args, kwargs)
@@ -119,6 +138,7 @@ def test_annotations_inconsistent_with_inputs(text, args, kwargs, position, word
 
 # ---------------------------------------------------------------------------------------------
 # Fuzzing
+
 
 @given(st.text(max_size=40))
 @settings(max_examples=400)
@@ -218,15 +238,18 @@ def test_generated_annotations_round_trip(case):
     assert parse(str(parsed)) == parsed
 
 
-@given(annotations(), st.lists(st.lists(st.integers(0, 6), max_size=5), min_size=3, max_size=3),
-       st.dictionaries(st.sampled_from(NAMES), st.integers(1, 4), max_size=3))
+@given(
+    annotations(),
+    st.lists(st.lists(st.integers(0, 6), max_size=5), min_size=3, max_size=3),
+    st.dictionaries(st.sampled_from(NAMES), st.integers(1, 4), max_size=3),
+)
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 def test_fitting_random_shapes_never_crashes(case, shapes, kwargs):
     text, _ = case
     anno = parse(text)
     args = [t(*s) for s in shapes]
     try:
-        fitted = bind(anno, args[:len(anno.inputs)], kwargs)
+        fitted = bind(anno, args[: len(anno.inputs)], kwargs)
     except AnnotationError:
         return
     assert all(all(n >= 0 for n in shape) for shape in fitted.output_shapes)

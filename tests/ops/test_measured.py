@@ -21,8 +21,10 @@ HERE = Path(__file__).parents[1]
 SOURCE = "# source: measurement, test bench (made up for the test), 2026-01-01\n"
 # mm(a[m,k], b[k,n]): the default key is m,k,k,n; k and n are fixed here, m is measured at 128 and 512.
 MM_TABLE = SOURCE + "m,k,k2,n,dtype,time_s\n128,64,64,32,float32,1e-05\n512,64,64,32,float32,1.6e-04\n"
-DECLARE = ("import torch, castcore\n"
-           "castcore.register_measured_table(torch.ops.aten.mm.default, 'tables/mm.csv', device='h100-sxm')\n")
+DECLARE = (
+    "import torch, castcore\n"
+    "castcore.register_measured_table(torch.ops.aten.mm.default, 'tables/mm.csv', device='h100-sxm')\n"
+)
 
 
 def op_dir(tmp_path: Path, table: str = MM_TABLE, declare: str = DECLARE) -> Path:
@@ -37,7 +39,12 @@ def op_dir(tmp_path: Path, table: str = MM_TABLE, declare: str = DECLARE) -> Pat
 
 @pytest.fixture
 def table_session(tmp_path, h100_file, monkeypatch) -> castcore.Session:
-    for var in ("CASTCORE_CUSTOM_OP_PATH", "CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_STRICT"):
+    for var in (
+        "CASTCORE_CUSTOM_OP_PATH",
+        "CASTCORE_LOAD_PACKS",
+        "CASTCORE_DISABLE_PACKS",
+        "CASTCORE_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
     return castcore.Session(load_packs=[], device_files=[h100_file], custom_op_dirs=[op_dir(tmp_path)])
 
@@ -65,14 +72,18 @@ def test_interpolates_between_two_grid_points_in_log_space(table_session):
     assert est.time_s == pytest.approx(4e-05, rel=1e-12)
     assert est.detail["lookup"] == "interpolated"
     assert est.detail["scheme"] == SCHEME_GRID
-    assert [(p["sizes"], p["weight"]) for p in est.detail["points"]] == [([128, 64, 64, 32], 0.5),
-                                                                          ([512, 64, 64, 32], 0.5)]
+    assert [(p["sizes"], p["weight"]) for p in est.detail["points"]] == [
+        ([128, 64, 64, 32], 0.5),
+        ([512, 64, 64, 32], 0.5),
+    ]
 
 
 def test_bilinear_interpolation_uses_the_four_corners(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text(SOURCE + "m,n,dtype,time_s\n"
-                    "100,10,bf16,1e-5\n100,1000,bf16,2e-5\n10000,10,bf16,4e-5\n10000,1000,bf16,8e-5\n")
+    path.write_text(
+        SOURCE + "m,n,dtype,time_s\n"
+        "100,10,bf16,1e-5\n100,1000,bf16,2e-5\n10000,10,bf16,4e-5\n10000,1000,bf16,8e-5\n"
+    )
     table = load_measured_table(path)
     # (1000, 100) is the log-midpoint of both axes: the geometric mean of the corners, (1*2*4*8)^(1/4) = 2*sqrt(2).
     est = table.lookup_sizes((1000, 100), torch.bfloat16)
@@ -86,8 +97,9 @@ def test_bilinear_interpolation_uses_the_four_corners(tmp_path):
 
 def test_scattered_points_use_nearest_neighbours_and_say_so(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text(SOURCE + "m,n,dtype,time_s\n100,10,float32,1e-5\n10000,1000,float32,4e-5\n"
-                    "100,1000,float32,2e-5\n")  # (10000, 10) is missing: not a full grid
+    path.write_text(
+        SOURCE + "m,n,dtype,time_s\n100,10,float32,1e-5\n10000,1000,float32,4e-5\n100,1000,float32,2e-5\n"
+    )  # (10000, 10) is missing: not a full grid
     est = load_measured_table(path).lookup_sizes((1000, 100), torch.float32)
     assert est.detail["lookup"] == "nearest"
     assert "[10000, 10] is not measured" in est.detail["note"]
@@ -116,13 +128,16 @@ def test_a_table_without_source_is_refused_naming_the_file(tmp_path):
     assert info.claims == []
 
 
-@pytest.mark.parametrize("bad_row, message", [
-    ("256,64,64,32,float32", r"line 5: 5 fields, but the header has 6"),
-    ("256,64,sixty-four,32,float32,1e-5", r"line 5: k2 is 'sixty-four', not a number"),
-    ("256,64,64,32,float32,-1e-5", r"line 5: time_s is '-1e-5'; it must be a positive"),
-    ("256,64,64,32,floaty,1e-5", r"line 5: dtype 'floaty' is not a torch dtype"),
-    ("128,64,64,32,float32,2e-5", r"line 5: repeats the point of line 3"),
-])
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        ("256,64,64,32,float32", r"line 5: 5 fields, but the header has 6"),
+        ("256,64,sixty-four,32,float32,1e-5", r"line 5: k2 is 'sixty-four', not a number"),
+        ("256,64,64,32,float32,-1e-5", r"line 5: time_s is '-1e-5'; it must be a positive"),
+        ("256,64,64,32,floaty,1e-5", r"line 5: dtype 'floaty' is not a torch dtype"),
+        ("128,64,64,32,float32,2e-5", r"line 5: repeats the point of line 3"),
+    ],
+)
 def test_a_malformed_row_is_refused_naming_the_line(tmp_path, bad_row, message):
     path = tmp_path / "mm.csv"
     path.write_text(MM_TABLE + bad_row + "\n")
@@ -131,11 +146,13 @@ def test_a_malformed_row_is_refused_naming_the_line(tmp_path, bad_row, message):
 
 
 def test_key_function_and_path_relative_to_the_declaring_file(tmp_path, h100_file):
-    declare = ("import torch, castcore\n"
-               "def mnk(invoke):\n"
-               "    a, b = invoke.args\n"
-               "    return a.shape[0], b.shape[1], a.shape[1]\n"
-               "castcore.register_measured_table(torch.ops.aten.mm.default, 'tables/mm.csv', device='h100-*', key=mnk)\n")
+    declare = (
+        "import torch, castcore\n"
+        "def mnk(invoke):\n"
+        "    a, b = invoke.args\n"
+        "    return a.shape[0], b.shape[1], a.shape[1]\n"
+        "castcore.register_measured_table(torch.ops.aten.mm.default, 'tables/mm.csv', device='h100-*', key=mnk)\n"
+    )
     ops = op_dir(tmp_path, table=SOURCE + "m,n,k,dtype,time_s\n128,32,64,float32,3e-6\n", declare=declare)
     session = castcore.Session(load_packs=[], device_files=[h100_file], custom_op_dirs=[ops])
     est = mm_estimate(session, 128)
@@ -146,10 +163,18 @@ def test_key_function_and_path_relative_to_the_declaring_file(tmp_path, h100_fil
 
 
 def test_measure_table_writes_a_sourced_table_that_reads_back(tmp_path):
-    cases = [(torch.empty(8, 4, device="meta"), torch.empty(4, 2, device="meta")),
-             (torch.empty(16, 4, device="meta"), torch.empty(4, 2, device="meta"))]
-    table = measure_table(torch.ops.aten.mm.default, cases, tmp_path / "mm.csv",
-                                   columns=("m", "k", "k2", "n"), warmup=1, repeat=3)
+    cases = [
+        (torch.empty(8, 4, device="meta"), torch.empty(4, 2, device="meta")),
+        (torch.empty(16, 4, device="meta"), torch.empty(4, 2, device="meta")),
+    ]
+    table = measure_table(
+        torch.ops.aten.mm.default,
+        cases,
+        tmp_path / "mm.csv",
+        columns=("m", "k", "k2", "n"),
+        warmup=1,
+        repeat=3,
+    )
     lines = (tmp_path / "mm.csv").read_text().splitlines()
     assert lines[0].startswith("# source: measurement, castcore measure_table of aten::mm")
     assert lines[1] == "m,k,k2,n,dtype,time_s"
@@ -158,7 +183,7 @@ def test_measure_table_writes_a_sourced_table_that_reads_back(tmp_path):
     assert table.lookup_sizes((16, 4, 4, 2), torch.float32).time_s == measured
 
 
-FACTORY = '''
+FACTORY = """
 import torch
 
 class TwoMatmuls(torch.nn.Module):
@@ -170,7 +195,7 @@ def make():
     # (256 x 64) @ (64 x 32) lies inside the table; (4096 x 64) @ (64 x 32) beyond its largest m, 512.
     return TwoMatmuls(), (torch.empty(256, 64, dtype=f), torch.empty(64, 32, dtype=f),
                           torch.empty(4096, 64, dtype=f), torch.empty(64, 32, dtype=f))
-'''
+"""
 
 
 def test_dynamic_audit_shows_the_table_and_the_roofline_answering_one_op(tmp_path):
@@ -180,9 +205,30 @@ def test_dynamic_audit_shows_the_table_and_the_roofline_answering_one_op(tmp_pat
     (factories / "two_matmuls.py").write_text(FACTORY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     env["PYTHONPATH"] = str(factories)
-    done = subprocess.run([sys.executable, "-m", "castcore", "audit", "--json", "--model", "two_matmuls:make",
-                           "--custom-op-dir", str(ops), "--no-packs", "--device-file", str(HERE / "data" / "h100-sxm.toml"),
-                           "--device", "h100-sxm", "--op", "aten::mm"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "castcore",
+            "audit",
+            "--json",
+            "--model",
+            "two_matmuls:make",
+            "--custom-op-dir",
+            str(ops),
+            "--no-packs",
+            "--device-file",
+            str(HERE / "data" / "h100-sxm.toml"),
+            "--device",
+            "h100-sxm",
+            "--op",
+            "aten::mm",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     (mm,) = json.loads(done.stdout)
     assert mm["op"] == "aten::mm" and mm["calls"] == 2

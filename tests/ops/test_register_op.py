@@ -204,8 +204,10 @@ _LIBRARY.impl("triple", lambda x: x * 3, "CPU")
 torch.library.register_fake("fwd_only_test::triple", lambda x: torch.empty_like(x), lib=_LIBRARY)
 
 
-@pytest.mark.parametrize("op, name", [(forward_only, "fwd_only_test::double"),
-                                      (torch.ops.fwd_only_test.triple, "fwd_only_test::triple")])
+@pytest.mark.parametrize(
+    "op, name",
+    [(forward_only, "fwd_only_test::double"), (torch.ops.fwd_only_test.triple, "fwd_only_test::triple")],
+)
 def test_a_forward_only_custom_op_in_a_training_step_is_a_one_line_error(op, name):
     class Model(torch.nn.Module):
         def __init__(self):
@@ -215,7 +217,9 @@ def test_a_forward_only_custom_op_in_a_training_step_is_a_one_line_error(op, nam
         def forward(self, x):
             return op(x @ self.w)
 
-    session = castcore.Session(load_packs=[], device_files=[Path(__file__).parents[1] / "data" / "h100-sxm.toml"])
+    session = castcore.Session(
+        load_packs=[], device_files=[Path(__file__).parents[1] / "data" / "h100-sxm.toml"]
+    )
     assert len(session.estimate(Model(), torch.empty(3, 4)).records) == 2  # forward only: fine
     with pytest.raises(castcore.CaptureError) as info:
         session.estimate(Model(), torch.empty(3, 4), train=True)

@@ -21,7 +21,7 @@ from castcore.ops.register import lookup
 
 DEVICE_FILE = Path(__file__).parents[1] / "data" / "h100-sxm.toml"
 
-CUSTOM_OPS = '''
+CUSTOM_OPS = """
 import torch
 
 # file: custom_ops.py
@@ -29,16 +29,16 @@ def operator(x: torch.Tensor, w: torch.Tensor, h: float) -> torch.Tensor:
     out = torch.matmul(x, w)
     out = out.view(h, out.size(0) // h, out.size(1))
     return out
-'''
+"""
 
-MATMUL_MAIN = '''
+MATMUL_MAIN = """
 # file: main.py
 import castcore as nnscaler
 from custom_ops import operator
 nnscaler.register_op('(h^ m^) kd+, kd+ n -> h^ m^ n', name='matmul_custom')(operator)
-'''
+"""
 
-INSTANCE_NORM = '''
+INSTANCE_NORM = """
 import torch
 import torch.nn as nn
 import castcore as nnscaler
@@ -46,30 +46,30 @@ import castcore as nnscaler
 @nnscaler.register_op('n c h^ w^, c, c -> n c h^ w^', name='my_instance_norm')
 def my_instance_norm(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor):
     return nn.functional.instance_norm(input, weight=weight, bias=bias)
-'''
+"""
 
-THIRD_PARTY = '''
+THIRD_PARTY = """
 def func(x, b = 4):
     return x.reshape(x.shape[0] * b, x.shape[1] // b)
-'''
+"""
 
 # The guide's three forms for a function from elsewhere (the decorator's body, "...", written out).
 FUNC_FORMS = {
-    "call": '''
+    "call": """
 import castcore as nnscaler
 from third_party import func
 
 nnscaler.register_op('a (b c) -> (a b) c')(func)
-''',
-    "decorator": '''
+""",
+    "decorator": """
 import castcore as nnscaler
 from third_party import func
 
 @nnscaler.register_op('a (b c) -> (a b) c')
 def func(x, b = 4):
     return x.reshape(x.shape[0] * b, x.shape[1] // b)
-''',
-    "anno_fn": '''
+""",
+    "anno_fn": """
 import castcore as nnscaler
 from third_party import func
 
@@ -77,11 +77,11 @@ def anno_fn(*inputs, **kwargs):
     return 'a (b c) -> (a b) c'
 
 nnscaler.register_op(anno_fn)(func)
-''',
+""",
 }
 
 # The guide's two examples of a '?' output (its placeholders written out); both are called op1.
-DEPENDENT_OUTPUT = '''
+DEPENDENT_OUTPUT = """
 import torch
 import castcore as nnscaler
 
@@ -93,9 +93,9 @@ def op1(x: torch.Tensor):
     x = x * 2
     y = some_func(x)
     return x, y
-'''
+"""
 
-CONSTANT_OUTPUT = '''
+CONSTANT_OUTPUT = """
 import torch
 import castcore as nnscaler
 
@@ -104,9 +104,9 @@ def op1(x: torch.Tensor):
     x = x * 2
     y = 10
     return x, y
-'''
+"""
 
-INPLACE = '''
+INPLACE = """
 import torch
 from typing import Tuple
 import castcore as nnscaler
@@ -117,9 +117,9 @@ def inplace_operator(x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, to
     x.add_(y)
     z = x + y
     return x, z
-'''
+"""
 
-OPTIONAL_REPLICATED = '''
+OPTIONAL_REPLICATED = """
 import torch
 from typing import Optional
 import castcore as nnscaler
@@ -130,9 +130,9 @@ def optional_op(x: torch.Tensor, y: Optional[torch.Tensor]) -> torch.Tensor:
     if y is not None:
         out += y
     return out
-'''
+"""
 
-OPTIONAL_ANNO_FN = '''
+OPTIONAL_ANNO_FN = """
 import torch
 from typing import Optional
 import castcore as nnscaler
@@ -148,10 +148,10 @@ def optional_op(x: torch.Tensor, y: Optional[torch.Tensor]) -> torch.Tensor:
     if y is None:
         return x
     return x + y
-'''
+"""
 
 # The guide's torch.autograd.Function forms, with a forward and backward written out.
-FUNCTION = '''
+FUNCTION = """
 class MyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w):
@@ -162,17 +162,19 @@ class MyFunction(torch.autograd.Function):
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
         return grad @ w.t() * SCALE, x.t() @ grad * SCALE
-'''
+"""
 FUNCTION_FORMS = {
     "decorator": "import torch\nimport castcore as nnscaler\nSCALE = 2.0\nannotation = 'm k, k n -> m n'\n\n"
-                 "@nnscaler.register_op(annotation)" + FUNCTION,
-    "class": "import torch\nimport castcore as nnscaler\nSCALE = 3.0\nannotation = 'm k, k n -> m n'\n" + FUNCTION
-             + "\nnnscaler.register_op(annotation)(MyFunction)\n",
-    "apply": "import torch\nimport castcore as nnscaler\nSCALE = 4.0\nannotation = 'm k, k n -> m n'\n" + FUNCTION
-             + "\nnnscaler.register_op(annotation)(MyFunction.apply)\n",
+    "@nnscaler.register_op(annotation)" + FUNCTION,
+    "class": "import torch\nimport castcore as nnscaler\nSCALE = 3.0\nannotation = 'm k, k n -> m n'\n"
+    + FUNCTION
+    + "\nnnscaler.register_op(annotation)(MyFunction)\n",
+    "apply": "import torch\nimport castcore as nnscaler\nSCALE = 4.0\nannotation = 'm k, k n -> m n'\n"
+    + FUNCTION
+    + "\nnnscaler.register_op(annotation)(MyFunction.apply)\n",
 }
 
-COMPILED = '''
+COMPILED = """
 import torch
 import castcore as nnscaler
 
@@ -181,7 +183,7 @@ def my_function(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 nnscaler.register_op('* -> *')(my_function)
-'''
+"""
 
 
 def load(folder: Path, main_name: str, main: str, **helpers: str):
@@ -221,8 +223,12 @@ def test_the_call_form_on_an_imported_function_makes_its_later_calls_one_op(tmp_
 def test_the_decorator_form(tmp_path):
     guide = load(tmp_path / "norm", "guide_instance_norm", INSTANCE_NORM)
     x, weight, bias = torch.randn(2, 3, 4, 4), torch.randn(3), torch.randn(3)
-    assert names(castcore.capture(guide.my_instance_norm, x, weight, bias)) == ["castcore_user::my_instance_norm"]
-    torch.testing.assert_close(guide.my_instance_norm(x, weight, bias), F.instance_norm(x, weight=weight, bias=bias))
+    assert names(castcore.capture(guide.my_instance_norm, x, weight, bias)) == [
+        "castcore_user::my_instance_norm"
+    ]
+    torch.testing.assert_close(
+        guide.my_instance_norm(x, weight, bias), F.instance_norm(x, weight=weight, bias=bias)
+    )
 
 
 @pytest.mark.parametrize("form", FUNC_FORMS)
@@ -230,7 +236,7 @@ def test_the_three_forms_for_a_function_from_elsewhere(tmp_path, form):
     guide = load(tmp_path / form, f"guide_func_{form}", FUNC_FORMS[form], third_party=THIRD_PARTY)
     (invoke,) = castcore.capture(guide.func, torch.empty(3, 8)).invokes
     assert invoke.name == lookup(guide.func).qualname and invoke.outputs()[0].shape == (12, 2)
-    assert torch.equal(guide.func(torch.arange(16.).view(2, 8)), torch.arange(16.).view(8, 2))
+    assert torch.equal(guide.func(torch.arange(16.0).view(2, 8)), torch.arange(16.0).view(8, 2))
 
 
 def test_outputs_annotated_question_mark_keep_their_values(tmp_path):
@@ -257,7 +263,9 @@ def test_a_question_mark_output_that_needs_tensor_values_is_one_line(tmp_path):
     def needs_values(x):
         return x, int(x.sum())
 
-    with pytest.raises(castcore.CaptureError, match=r"forms_test::needs_values: its '\?' output .* fake tensors"):
+    with pytest.raises(
+        castcore.CaptureError, match=r"forms_test::needs_values: its '\?' output .* fake tensors"
+    ):
         castcore.capture(needs_values, torch.empty(3))
     assert needs_values(torch.ones(3))[1] == 3
 
@@ -288,11 +296,15 @@ def test_optional_tensor_replicated(tmp_path):
 def test_optional_tensor_with_an_annotation_function_in_a_fresh_process(tmp_path):
     # The guide gives both optional-tensor examples the same name: each runs in a process of its own.
     script = tmp_path / "guide_optional_anno_fn.py"
-    script.write_text(OPTIONAL_ANNO_FN + textwrap.dedent('''
+    script.write_text(
+        OPTIONAL_ANNO_FN
+        + textwrap.dedent("""
         x = torch.ones(2, 3)
         print([[i.name for i in nnscaler.capture(optional_op, x, y).invokes] for y in (None, x)])
         print(optional_op(x, None).tolist(), optional_op(x, x).tolist())
-    '''), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     ops, results = done.stdout.splitlines()
@@ -328,13 +340,19 @@ def test_autograd_function_forms_are_one_op_forward_and_one_backward(tmp_path, f
 
 
 def test_two_autograd_functions_of_one_name_are_two_ops_each_running_its_own_forward(tmp_path):
-    first = load(tmp_path / "one", "guide_function_one", FUNCTION_FORMS["class"].replace("SCALE = 3.0", "SCALE = 5.0"))
-    second = load(tmp_path / "two", "guide_function_two", FUNCTION_FORMS["class"].replace("SCALE = 3.0", "SCALE = 7.0"))
+    first = load(
+        tmp_path / "one", "guide_function_one", FUNCTION_FORMS["class"].replace("SCALE = 3.0", "SCALE = 5.0")
+    )
+    second = load(
+        tmp_path / "two", "guide_function_two", FUNCTION_FORMS["class"].replace("SCALE = 3.0", "SCALE = 7.0")
+    )
     ops = {lookup(first.MyFunction).qualname, lookup(second.MyFunction).qualname}
     assert len(ops) == 2
     x, w = torch.ones(1, 2), torch.ones(2, 1)
     assert first.MyFunction.apply(x, w).item() == 10.0 and second.MyFunction.apply(x, w).item() == 14.0
-    captured = castcore.capture(lambda x, w: (first.MyFunction.apply(x, w), second.MyFunction.apply(x, w)), x, w)
+    captured = castcore.capture(
+        lambda x, w: (first.MyFunction.apply(x, w), second.MyFunction.apply(x, w)), x, w
+    )
     assert set(names(captured)) == ops
 
 
@@ -347,7 +365,8 @@ def test_the_compiled_form(tmp_path):
 def test_an_estimator_file_claims_the_op_it_registers_at_import_time(tmp_path):
     ops = tmp_path / "ops"
     ops.mkdir()
-    (ops / "fused.py").write_text(textwrap.dedent('''
+    (ops / "fused.py").write_text(
+        textwrap.dedent("""
         import torch
         import castcore
 
@@ -358,14 +377,18 @@ def test_an_estimator_file_claims_the_op_it_registers_at_import_time(tmp_path):
         @castcore.register_op_estimator(torch.ops.forms_test.fused.default)  # before any call of the op
         def fused_time(invoke, device):
             return 0.25
-    '''), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     mine = castcore.Session(load_packs=[], device_files=[DEVICE_FILE], custom_op_dirs=[ops])
-    report = mine.estimate(lambda a, b: torch.ops.forms_test.fused(a, b), torch.empty(4, 8), torch.empty(8, 2))
+    report = mine.estimate(
+        lambda a, b: torch.ops.forms_test.fused(a, b), torch.empty(4, 8), torch.empty(8, 2)
+    )
     (record,) = report.records
     assert record.invoke.name == "forms_test::fused" and record.estimate.time_s == 0.25
 
 
-INPUT_GEN = '''
+INPUT_GEN = """
 import torch
 import castcore as nnscaler
 
@@ -386,16 +409,31 @@ def input_gen_fn(node):
     return tuple(inputs)
 
 nnscaler.register_op('a^ b^, c^ -> c^ b^', input_gen_fn=input_gen_fn)(mock_select)
-'''
+"""
 
 
 def test_castcore_measure_uses_an_input_gen_fn_in_the_guides_form(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("CASTCORE_LOAD_PACKS", "")
     ops = tmp_path / "select_ops.py"
     ops.write_text(INPUT_GEN, encoding="utf-8")
-    assert main(["measure", f"{ops}:mock_select", "--input", "10x4:fp32", "--input", "6:int64", "--repeat", "2",
-                 "--device-file", str(DEVICE_FILE), "--json"]) == 0
+    assert (
+        main(
+            [
+                "measure",
+                f"{ops}:mock_select",
+                "--input",
+                "10x4:fp32",
+                "--input",
+                "6:int64",
+                "--repeat",
+                "2",
+                "--device-file",
+                str(DEVICE_FILE),
+                "--json",
+            ]
+        )
+        == 0
+    )
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert row["op"] == "castcore_user::mock_select" and row["error"] == "" and row["measured_s"] > 0
     assert Path(f"{ops}.called").read_text() == "yes"
-

@@ -15,8 +15,15 @@ from castcore.options.option import terms
 from castcore.sweeps.sweep import commands
 
 
-REQUIRED = {"sweep": ["x.toml"], "plan": ["--model", "m"], "partition": ["m:f", "--ways", "2"], "measure": ["m:f"],
-            "new-pack": ["castpack-x"], "cache": ["info"], "report": ["r.json", "--html", "r.html"]}
+REQUIRED = {
+    "sweep": ["x.toml"],
+    "plan": ["--model", "m"],
+    "partition": ["m:f", "--ways", "2"],
+    "measure": ["m:f"],
+    "new-pack": ["castpack-x"],
+    "cache": ["info"],
+    "report": ["r.json", "--html", "r.html"],
+}
 
 
 def test_every_command_is_in_the_catalog():
@@ -45,16 +52,22 @@ def test_the_sweep_axes_and_the_workload_are_the_catalog():
 
 
 def test_build_workload_refuses_a_keyword_it_does_not_take_naming_the_close_one():
-    with pytest.raises(castcore.ModelError, match=r"build_workload has no option 'micro_batch' \(did you mean "
-                                                  r"'micro_batches'\?\)"):
+    with pytest.raises(
+        castcore.ModelError,
+        match=r"build_workload has no option 'micro_batch' \(did you mean "
+        r"'micro_batches'\?\)",
+    ):
         castcore.build_workload("llama-3-8b", micro_batch=2)
 
 
-@pytest.mark.parametrize(("kind", "batch", "eager", "placeholder"), [
-    ("python", "batch=0", "fuse=False", "tp=N"),
-    ("cli", "--batch 0", "--eager", "--tp N"),
-    ("spec", "batch = 0", "eager = true", "tp = N"),
-])
+@pytest.mark.parametrize(
+    ("kind", "batch", "eager", "placeholder"),
+    [
+        ("python", "batch=0", "fuse=False", "tp=N"),
+        ("cli", "--batch 0", "--eager", "--tp N"),
+        ("spec", "batch = 0", "eager = true", "tp = N"),
+    ],
+)
 def test_an_option_is_spelled_in_each_callers_terms(kind, batch, eager, placeholder):
     from castcore.options.catalog import any_value
 
@@ -72,4 +85,3 @@ def test_the_reference_tables_list_every_catalog_option_of_each_command():
     assert all(flag.startswith("--") for flag in flags())
     assert {"--batch", "--max-batch", "--eager", "--kv-reads", "--ttft", "--resume"} <= flags()
     assert "--bacth" not in flags()
-

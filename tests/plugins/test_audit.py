@@ -17,8 +17,21 @@ THROWAWAY, RIVAL = "castpack-throwaway 9.9.9", "castpack-rival 1.2.3"
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    str(HERE / "packs" / "castpack-throwaway"), str(HERE / "packs" / "castpack-rival")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(HERE / "packs" / "castpack-throwaway"),
+            str(HERE / "packs" / "castpack-rival"),
+        ],
+        check=True,
+    )
     return target
 
 
@@ -26,8 +39,13 @@ def cli(site: Path | None, *args: str, cwd: Path = HERE) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     if site:
         env["PYTHONPATH"] = str(site)
-    return subprocess.run([sys.executable, "-m", "castcore", *args, "--device-file",
-                           str(HERE / "data" / "h100-sxm.toml")], capture_output=True, text=True, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "castcore", *args, "--device-file", str(HERE / "data" / "h100-sxm.toml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def rows_by(done, key=("device", "op")) -> dict:
@@ -40,7 +58,10 @@ def test_static_audit_names_winner_shadowed_and_conflict(site):
     mm = rows[("h100-sxm", "aten::mm")]
     # Packs register sorted by name and the last registered is asked first: throwaway beats rival.
     assert mm["winner"]["plugin"] == THROWAWAY
-    assert [(c["plugin"], c["kind"]) for c in mm["shadowed"]] == [(RIVAL, "estimator"), ("core", "properties")]
+    assert [(c["plugin"], c["kind"]) for c in mm["shadowed"]] == [
+        (RIVAL, "estimator"),
+        ("core", "properties"),
+    ]
     assert mm["status"] == "CONFLICT"
 
 
@@ -78,13 +99,29 @@ def test_priority_config_changes_the_winner_and_audit_shows_it(site, tmp_path):
 
 
 def test_dynamic_audit_shows_who_answers_and_uncovered_ops(site, tmp_path):
-    rows = rows_by(cli(site, "audit", "--json", "--model", str(HERE / "data" / "tiny-llama.json"), "--seq", "8",
-                       "--device", "h100-sxm"), key=("op",))
+    rows = rows_by(
+        cli(
+            site,
+            "audit",
+            "--json",
+            "--model",
+            str(HERE / "data" / "tiny-llama.json"),
+            "--seq",
+            "8",
+            "--device",
+            "h100-sxm",
+        ),
+        key=("op",),
+    )
     assert rows[("aten::mm",)]["answered_by"] == [f"{THROWAWAY} (estimator)"]
-    assert rows[("aten::mm",)]["calls"] == 13  # 6 per layer (gate and up merged by the deployed kernels), the head
+    assert (
+        rows[("aten::mm",)]["calls"] == 13
+    )  # 6 per layer (gate and up merged by the deployed kernels), the head
     assert rows[("aten::mm",)]["status"] == "CONFLICT"
     assert rows[("castcore::attention",)]["answered_by"] == ["core (properties)"]
-    no_pack = rows_by(cli(None, "audit", "--json", "--model", "factories.tiny_mlp:with_custom_op"), key=("op",))
+    no_pack = rows_by(
+        cli(None, "audit", "--json", "--model", "factories.tiny_mlp:with_custom_op"), key=("op",)
+    )
     assert no_pack[("castcore_factories::mystery",)]["status"] == "UNCOVERED"
     assert no_pack[("castcore_factories::mystery",)]["answered_by"] == ["core (fallback)"]
     assert no_pack[("aten::addmm",)]["status"] == "ok"

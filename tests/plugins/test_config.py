@@ -28,7 +28,8 @@ def test_tool_castcore_in_pyproject_is_found_from_a_subdirectory(tmp_path):
     (project / "pyproject.toml").write_text(
         '[project]\nname = "demo"\n\n[tool.castcore]\n'
         'priority = ["b", "a"]\ndisable = ["c"]\nload_packs = ["a", "b"]\ncustom_op_dirs = ["my_ops"]\n'
-        'device_files = ["devices/npu.toml"]\ndefault_device = "h100-sxm"\nstrict = true\non_error = "fallback"\n')
+        'device_files = ["devices/npu.toml"]\ndefault_device = "h100-sxm"\nstrict = true\non_error = "fallback"\n'
+    )
     config = castcore.load_config(cwd=project / "src" / "pkg", environ={})
     assert config.origin == str(project / "pyproject.toml")
     assert config.priority == ("b", "a")
@@ -97,14 +98,18 @@ def test_strict_must_be_a_boolean(tmp_path):
 @pytest.fixture
 def project(tmp_path) -> Path:
     (tmp_path / "castcore.toml").write_text(
-        'load_packs = ["from_file"]\ndisable = ["off_in_file"]\ncustom_op_dirs = ["file_ops"]\n')
+        'load_packs = ["from_file"]\ndisable = ["off_in_file"]\ncustom_op_dirs = ["file_ops"]\n'
+    )
     return tmp_path
 
 
 def test_empty_castcore_load_packs_loads_none(project):
     assert castcore.load_config(cwd=project, environ={"CASTCORE_LOAD_PACKS": ""}).load_packs == ()
     assert castcore.load_config(cwd=project, environ={}).load_packs == ("from_file",)
-    assert castcore.load_config(cwd=project, environ={"CASTCORE_LOAD_PACKS": "a, b,"}).load_packs == ("a", "b")
+    assert castcore.load_config(cwd=project, environ={"CASTCORE_LOAD_PACKS": "a, b,"}).load_packs == (
+        "a",
+        "b",
+    )
 
 
 def test_castcore_disable_packs_overrides_the_file(project):
@@ -118,8 +123,10 @@ def test_castcore_custom_op_path_dirs_come_first_in_order(project, tmp_path):
     assert config.custom_op_dirs == (one, two, project / "file_ops")  # earlier wins
 
 
-@pytest.mark.parametrize("value, strict", [("1", True), ("true", True), ("YES", True), ("on", True),
-                                           ("0", False), ("", False), ("false", False)])
+@pytest.mark.parametrize(
+    "value, strict",
+    [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("", False), ("false", False)],
+)
 def test_castcore_strict(tmp_path, value, strict):
     assert castcore.load_config(cwd=tmp_path, environ={"CASTCORE_STRICT": value}).strict is strict
 
@@ -138,10 +145,20 @@ def test_castcore_strict_makes_a_broken_plugin_fail_the_command(tmp_path):
     (tmp_path / "broken.py").write_text("def oops(:\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     args = [sys.executable, "-m", "castcore", "devices", "--no-packs", "--device-file", str(DEVICE_FILE)]
-    relaxed = subprocess.run(args, env=dict(env, CASTCORE_CUSTOM_OP_PATH=str(tmp_path)), cwd=tmp_path,
-                             capture_output=True, text=True)
-    strict = subprocess.run(args, env=dict(env, CASTCORE_CUSTOM_OP_PATH=str(tmp_path), CASTCORE_STRICT="1"),
-                            cwd=tmp_path, capture_output=True, text=True)
+    relaxed = subprocess.run(
+        args,
+        env=dict(env, CASTCORE_CUSTOM_OP_PATH=str(tmp_path)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    strict = subprocess.run(
+        args,
+        env=dict(env, CASTCORE_CUSTOM_OP_PATH=str(tmp_path), CASTCORE_STRICT="1"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert relaxed.returncode == 0, relaxed.stderr
     assert "broken.py" in relaxed.stderr
     assert strict.returncode == 1, strict.stderr
@@ -209,8 +226,10 @@ def packs(tmp_path_factory) -> dict[str, dict]:
         shutil.copytree(PACKS / name, root / name, ignore=shutil.ignore_patterns("build", "*.egg-info"))
         copies.append(str(root / name))
     site = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), *copies],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), *copies],
+        check=True,
+    )
     ops = root / "ops"
     ops.mkdir()
     (ops / "mm.py").write_text(USER_MM)
@@ -222,12 +241,16 @@ def packs(tmp_path_factory) -> dict[str, dict]:
             (cwd / "castcore.toml").write_text(castcore_toml)
         if tool_table is not None:
             (cwd / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.castcore]\n' + tool_table)
-        specs[name] = {"cwd": str(cwd), "device_file": str(DEVICE_FILE),
-                       "env": {k: v.format(ops=ops) for k, v in env.items()}}
+        specs[name] = {
+            "cwd": str(cwd),
+            "device_file": str(DEVICE_FILE),
+            "env": {k: v.format(ops=ops) for k, v in env.items()},
+        }
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(specs)], env=env, cwd=root,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(specs)], env=env, cwd=root, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     results["_ops"] = str(ops)
@@ -238,8 +261,10 @@ def test_without_priority_the_later_name_answers(packs):
     assert packs["default"]["mm"] == [PRIO_B, 0.25]
 
 
-@pytest.mark.parametrize("scenario, answer", [("priority_a", [PRIO_A, 0.125]), ("priority_a_b", [PRIO_A, 0.125]),
-                                              ("priority_b_a", [PRIO_B, 0.25])])
+@pytest.mark.parametrize(
+    "scenario, answer",
+    [("priority_a", [PRIO_A, 0.125]), ("priority_a_b", [PRIO_A, 0.125]), ("priority_b_a", [PRIO_B, 0.25])],
+)
 def test_priority_reorders_packs_claiming_the_same_op_first_named_wins(packs, scenario, answer):
     assert packs[scenario]["mm"] == answer
     assert packs[scenario]["status"]["prio_a"] == packs[scenario]["status"]["prio_b"] == "loaded"
@@ -271,22 +296,34 @@ def test_custom_op_path_file_beats_both_packs(packs):
     assert packs["custom_op_path"]["mm"] == [f"file:{Path(packs['_ops']) / 'mm.py'} (estimator)", 2.0]
 
 
-@pytest.mark.parametrize("scenario, setting, unknown", [("unknown_priority", "priority", "prio_c"),
-                                                        ("unknown_load", "load_packs", "nosuch"),
-                                                        ("unknown_disable_env", "disable", "nosuch")])
-def test_a_pack_name_matching_no_installed_pack_is_an_error_listing_the_installed(packs, scenario, setting, unknown):
+@pytest.mark.parametrize(
+    "scenario, setting, unknown",
+    [
+        ("unknown_priority", "priority", "prio_c"),
+        ("unknown_load", "load_packs", "nosuch"),
+        ("unknown_disable_env", "disable", "nosuch"),
+    ],
+)
+def test_a_pack_name_matching_no_installed_pack_is_an_error_listing_the_installed(
+    packs, scenario, setting, unknown
+):
     message = packs[scenario]["config_error"]
     assert setting in message and unknown in message
     installed = message.split("installed packs:")[1]
     assert "prio_a" in installed and "prio_b" in installed
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("castcore.toml", b"\x89PNG\r\n\x1a\n", "not valid TOML"),
-    ("pyproject.toml", b"[tool]\ncastcore = 5\n", "'tool.castcore' must be a table of settings"),
-    ("pyproject.toml", b"tool = 5\n", "'tool' must be a table"),
-])
-def test_a_config_file_castcore_cannot_read_is_one_line(name, content, message, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("castcore.toml", b"\x89PNG\r\n\x1a\n", "not valid TOML"),
+        ("pyproject.toml", b"[tool]\ncastcore = 5\n", "'tool.castcore' must be a table of settings"),
+        ("pyproject.toml", b"tool = 5\n", "'tool' must be a table"),
+    ],
+)
+def test_a_config_file_castcore_cannot_read_is_one_line(
+    name, content, message, tmp_path, monkeypatch, capsys
+):
     from castcore.cli.main import main
 
     (tmp_path / name).write_bytes(content)

@@ -22,19 +22,24 @@ DEVICE_FILE = HERE / "data" / "h100-sxm.toml"
 
 
 def mm_file(seconds: float) -> str:
-    return f'''
+    return f"""
 import torch
 import castcore
 
 @castcore.register_op_estimator(torch.ops.aten.mm.default)
 def mm(invoke, device):
     return {seconds}
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, tmp_path):
-    for var in ("CASTCORE_CUSTOM_OP_PATH", "CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_STRICT"):
+    for var in (
+        "CASTCORE_CUSTOM_OP_PATH",
+        "CASTCORE_LOAD_PACKS",
+        "CASTCORE_DISABLE_PACKS",
+        "CASTCORE_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
@@ -113,8 +118,13 @@ def test_config_and_session_option_turn_the_default_directories_off(tmp_path, mo
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    return subprocess.run([sys.executable, "-m", "castcore", *args, "--no-packs", "--device-file", str(DEVICE_FILE)],
-                          capture_output=True, text=True, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "castcore", *args, "--no-packs", "--device-file", str(DEVICE_FILE)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def test_castcore_packs_lists_the_default_directories_their_files_and_the_flag_turns_them_off(tmp_path):
@@ -128,7 +138,9 @@ def test_castcore_packs_lists_the_default_directories_their_files_and_the_flag_t
     assert rows[str(root / "custom_op" / "mm.py")]["status"] == "loaded"
     assert rows[str(mine / "mm.py")]["status"] == "loaded"
     # A file that is not loaded says why.
-    assert rows[str(root / "custom_op" / "_helpers.py")]["status"].startswith("skipped: its name starts with _")
+    assert rows[str(root / "custom_op" / "_helpers.py")]["status"].startswith(
+        "skipped: its name starts with _"
+    )
 
     off = cli(root, "packs", "--no-default-custom-op-dirs")
     assert off.returncode == 0, off.stderr
@@ -136,7 +148,7 @@ def test_castcore_packs_lists_the_default_directories_their_files_and_the_flag_t
     assert f"{mine} (user default, turned off)" in off.stdout
 
 
-HELPER_USER = '''
+HELPER_USER = """
 import torch
 import castcore
 from _helpers import SECONDS
@@ -145,7 +157,7 @@ import mylib
 @castcore.register_op_estimator(torch.ops.aten.mm.default)
 def mm(invoke, device):
     return SECONDS * mylib.FACTOR
-'''
+"""
 
 
 def test_a_file_imports_its_helpers_and_sibling_modules(tmp_path):
@@ -167,7 +179,7 @@ def test_two_directories_each_import_their_own_helper_of_one_name(tmp_path):
     for folder, seconds, op in ((first, 5.0, "mm"), (second, 6.0, "relu")):
         folder.mkdir()
         (folder / "_helpers.py").write_text(f"SECONDS = {seconds}\n")
-        (folder / "ops.py").write_text(f'''
+        (folder / "ops.py").write_text(f"""
 import torch
 import castcore
 from _helpers import SECONDS
@@ -175,21 +187,25 @@ from _helpers import SECONDS
 @castcore.register_op_estimator(torch.ops.aten.{op}.default)
 def answer(invoke, device):
     return SECONDS
-''')
+""")
     session = new_session(custom_op_dirs=[first, second])
-    report = session.estimate(lambda a, b: torch.mm(a, b).relu(), torch.empty(8, 4, device="meta"),
-                              torch.empty(4, 2, device="meta"), device="h100-sxm")
+    report = session.estimate(
+        lambda a, b: torch.mm(a, b).relu(),
+        torch.empty(8, 4, device="meta"),
+        torch.empty(4, 2, device="meta"),
+        device="h100-sxm",
+    )
     assert {r.invoke.name: r.estimate.time_s for r in report.records} == {"aten::mm": 5.0, "aten::relu": 6.0}
 
 
-HELPER_WITH_CLAIM = '''
+HELPER_WITH_CLAIM = """
 import torch
 import castcore
 
 @castcore.register_op_estimator(torch.ops.aten.relu.default)
 def relu(invoke, device):
     return 7.0
-'''
+"""
 
 
 def test_a_claim_made_in_a_helper_belongs_to_the_file_that_imports_it(tmp_path):

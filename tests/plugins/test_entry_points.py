@@ -29,7 +29,7 @@ print(json.dumps({{
 }}))
 """
 
-USER_FILE = '''
+USER_FILE = """
 import torch
 import castcore
 
@@ -40,15 +40,27 @@ def mm(invoke, device):
 @castcore.register_op_properties(torch.ops.aten.relu.default)
 def relu(invoke, device):
     return invoke.memory_access_properties().add(invoke.args[0].dtype, gp=3 * invoke.args[0].numel())
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def pack_site(tmp_path_factory) -> Path:
     """castpack-throwaway pip-installed (for real, with its entry point) into a fresh target folder."""
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    str(HERE / "packs" / "castpack-throwaway")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(HERE / "packs" / "castpack-throwaway"),
+        ],
+        check=True,
+    )
     return target
 
 
@@ -93,7 +105,7 @@ def test_user_file_beats_the_pack_and_its_properties_are_used(pack_site, tmp_pat
     assert ops["aten::cumsum"][:2] == ["castpack-throwaway 9.9.9", "properties"]
 
 
-CONCURRENT = '''
+CONCURRENT = """
 import sys, threading
 from pathlib import Path
 import castcore
@@ -118,15 +130,16 @@ for _ in range(10):
     for t in threads:
         t.join()
 print(len(failures), failures[:1])
-'''
+"""
 
 
 def test_sessions_made_at_once_in_threads_all_find_the_pack(pack_site, tmp_path):
     """Loading a custom-op directory edits sys.path, which another thread's entry-point scan reads."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pack_site), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", CONCURRENT, str(tmp_path)], env=env, capture_output=True, text=True,
-                          cwd=HERE)
+    done = subprocess.run(
+        [sys.executable, "-c", CONCURRENT, str(tmp_path)], env=env, capture_output=True, text=True, cwd=HERE
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("0 []"), done.stdout
 
@@ -135,16 +148,29 @@ def test_without_a_profile_marked_default_the_device_chosen_is_said(pack_site):
     """castpack-ascend marks the default device; with only castpack-throwaway's profile, that one is used and a
     note says why and how to get the usual default, before the capture; a --device given needs no note."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(pack_site), env.get("PYTHONPATH")])),
-               CASTCORE_LOAD_PACKS="throwaway")
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(pack_site), env.get("PYTHONPATH")])),
+        CASTCORE_LOAD_PACKS="throwaway",
+    )
     model = ["--model", str(HERE / "data" / "tiny-llama.json"), "--seq", "8", "--no-default-custom-op-dirs"]
-    done = subprocess.run([sys.executable, "-m", "castcore", "estimate", *model], env=env, capture_output=True,
-                          text=True, cwd=HERE)
+    done = subprocess.run(
+        [sys.executable, "-m", "castcore", "estimate", *model],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+    )
     assert done.returncode == 0, done.stderr
     assert "on throwaway-npu" in done.stdout
     assert done.stderr.splitlines()[0] == (
         "castcore: note: no installed profile is marked default (castpack-ascend marks ascend-910b3: pip install "
-        "castpack-ascend); using throwaway-npu, the first installed by name (--device chooses another)")
-    chosen = subprocess.run([sys.executable, "-m", "castcore", "estimate", *model, "--device", "throwaway-npu"],
-                            env=env, capture_output=True, text=True, cwd=HERE)
+        "castpack-ascend); using throwaway-npu, the first installed by name (--device chooses another)"
+    )
+    chosen = subprocess.run(
+        [sys.executable, "-m", "castcore", "estimate", *model, "--device", "throwaway-npu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+    )
     assert chosen.returncode == 0 and "marked default" not in chosen.stderr

@@ -58,10 +58,14 @@ def pip_install(pack_dirs: list[str], target: Path, scratch: Path) -> None:
     copies = []
     for name in pack_dirs:
         copy = scratch / name
-        shutil.copytree(PACKS / name, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        shutil.copytree(
+            PACKS / name, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+        )
         copies.append(str(copy))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    *copies], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), *copies],
+        check=True,
+    )
 
 
 def run_probes(specs: dict[str, dict], cwd: Path) -> dict[str, dict]:
@@ -69,10 +73,18 @@ def run_probes(specs: dict[str, dict], cwd: Path) -> dict[str, dict]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     procs = {}
     for name, spec in specs.items():
-        env = dict(base, PYTHONPATH=os.pathsep.join(filter(None, [str(spec["site"]), base.get("PYTHONPATH")])))
+        env = dict(
+            base, PYTHONPATH=os.pathsep.join(filter(None, [str(spec["site"]), base.get("PYTHONPATH")]))
+        )
         payload = json.dumps({"device_file": str(DEVICE_FILE), "overrides": spec.get("overrides", {})})
-        procs[name] = subprocess.Popen([sys.executable, "-c", PROBE, payload], env=env, cwd=cwd, text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", PROBE, payload],
+            env=env,
+            cwd=cwd,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
     results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=600)
@@ -86,16 +98,30 @@ def probes(tmp_path_factory) -> dict[str, dict]:
     """Every bad pack installed next to a good one (castpack-throwaway), probed three ways."""
     root = tmp_path_factory.mktemp("isolation")
     site = root / "site"
-    pip_install(["castpack-throwaway", "castpack-broken-import", "castpack-twin-a", "castpack-twin-b",
-                 "castpack-dupdev-a", "castpack-dupdev-b", "castpack-badspec"], site, root)
+    pip_install(
+        [
+            "castpack-throwaway",
+            "castpack-broken-import",
+            "castpack-twin-a",
+            "castpack-twin-b",
+            "castpack-dupdev-a",
+            "castpack-dupdev-b",
+            "castpack-badspec",
+        ],
+        site,
+        root,
+    )
     without_broken = root / "site-without-broken"
     shutil.copytree(site, without_broken, ignore=shutil.ignore_patterns("castpack_broken_import*"))
     (root / "cwd").mkdir()
-    return run_probes({
-        "all": {"site": site},
-        "dupdev_a_first": {"site": site, "overrides": {"priority": ["dupdev_a"]}},
-        "without_broken": {"site": without_broken},
-    }, cwd=root / "cwd")
+    return run_probes(
+        {
+            "all": {"site": site},
+            "dupdev_a_first": {"site": site, "overrides": {"priority": ["dupdev_a"]}},
+            "without_broken": {"site": without_broken},
+        },
+        cwd=root / "cwd",
+    )
 
 
 # --- packs -----------------------------------------------------------------------------------------
@@ -173,20 +199,40 @@ def _inputs():
 
 @pytest.fixture(autouse=True)
 def _no_castcore_env(monkeypatch):
-    for var in ("CASTCORE_CUSTOM_OP_PATH", "CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_STRICT"):
+    for var in (
+        "CASTCORE_CUSTOM_OP_PATH",
+        "CASTCORE_LOAD_PACKS",
+        "CASTCORE_DISABLE_PACKS",
+        "CASTCORE_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
 def make_session(*dirs: Path, **overrides) -> castcore.Session:
     """No installed pack, the H100 test profile, and the given custom-op directories."""
-    return castcore.Session(castcore.Config(), load_packs=[], device_files=[DEVICE_FILE],
-                            custom_op_dirs=[str(d) for d in dirs], **overrides)
+    return castcore.Session(
+        castcore.Config(),
+        load_packs=[],
+        device_files=[DEVICE_FILE],
+        custom_op_dirs=[str(d) for d in dirs],
+        **overrides,
+    )
 
 
 def run(session: castcore.Session) -> dict[str, tuple]:
     report = session.estimate(_fn, *_inputs(), device="h100-sxm")
-    return {r.invoke.name: (str(r.estimate.source), r.estimate.time_s, r.estimate.compute_s, r.estimate.memory_s,
-                            r.estimate.comm_s, r.estimate.overhead_s, r.estimate.bound) for r in report.records}
+    return {
+        r.invoke.name: (
+            str(r.estimate.source),
+            r.estimate.time_s,
+            r.estimate.compute_s,
+            r.estimate.memory_s,
+            r.estimate.comm_s,
+            r.estimate.overhead_s,
+            r.estimate.bound,
+        )
+        for r in report.records
+    }
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +261,9 @@ def test_custom_op_file_with_a_syntax_error_is_reported_with_its_line(tmp_path, 
     assert info_of(session, folder / "good.py").status == "loaded"
     ops = run(session)
     assert ops["aten::relu"][:2] == (f"file:{folder / 'good.py'} (estimator)", 3.0)
-    assert {k: v for k, v in ops.items() if k != "aten::relu"} == {k: v for k, v in clean.items() if k != "aten::relu"}
+    assert {k: v for k, v in ops.items() if k != "aten::relu"} == {
+        k: v for k, v in clean.items() if k != "aten::relu"
+    }
 
 
 WRONG_ARGS = """
@@ -294,14 +342,22 @@ BAD_ANSWERS = {
     "not-a-number": (ESTIMATOR, "return 'fast'", "returned str"),
     "negative-part": (ESTIMATOR, "return castcore.Estimate(time_s=1e-3, memory_s=-1.0)", "negative"),
     "properties-raise": (PROPERTIES, "raise KeyError('k')", "KeyError"),
-    "negative-bytes": (PROPERTIES, "return castcore.PerformanceProperties(memory_read_bytes=-4096)",
-                       "memory_read_bytes = -4096"),
-    "nan-bytes": (PROPERTIES, "return castcore.PerformanceProperties(memory_write_bytes=math.nan)",
-                  "memory_write_bytes"),
+    "negative-bytes": (
+        PROPERTIES,
+        "return castcore.PerformanceProperties(memory_read_bytes=-4096)",
+        "memory_read_bytes = -4096",
+    ),
+    "nan-bytes": (
+        PROPERTIES,
+        "return castcore.PerformanceProperties(memory_write_bytes=math.nan)",
+        "memory_write_bytes",
+    ),
     "properties-not-properties": (PROPERTIES, "return 2.0e6", "not PerformanceProperties"),
-    "compute-ops-not-ComputeOps": (PROPERTIES,
-                                   "return castcore.PerformanceProperties(compute_ops={torch.float32: 2.0e6})",
-                                   "compute_ops"),
+    "compute-ops-not-ComputeOps": (
+        PROPERTIES,
+        "return castcore.PerformanceProperties(compute_ops={torch.float32: 2.0e6})",
+        "compute_ops",
+    ),
 }
 
 

@@ -22,8 +22,13 @@ def test_our_call_order_is_pluggys_firstresult_order():
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     calls: list[str] = []
-    for name, opts in [("core", {"trylast": True}), ("pack-a", {}), ("pack-b", {}),
-                       ("eager", {"tryfirst": True}), ("user", {})]:
+    for name, opts in [
+        ("core", {"trylast": True}),
+        ("pack-a", {}),
+        ("pack-b", {}),
+        ("eager", {"tryfirst": True}),
+        ("user", {}),
+    ]:
         pm.register(_plugin(name, calls, **opts), name=name)
     pm.hook.estimate_op(invoke=None, device=None)  # every implementation passes, so all are called
     assert calls == ["eager", "user", "pack-b", "pack-a", "core"]

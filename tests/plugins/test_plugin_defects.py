@@ -27,7 +27,12 @@ DEVICE_FILE = HERE / "data" / "h100-sxm.toml"
 
 @pytest.fixture(autouse=True)
 def _no_castcore_env(monkeypatch):
-    for var in ("CASTCORE_CUSTOM_OP_PATH", "CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_STRICT"):
+    for var in (
+        "CASTCORE_CUSTOM_OP_PATH",
+        "CASTCORE_LOAD_PACKS",
+        "CASTCORE_DISABLE_PACKS",
+        "CASTCORE_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -38,8 +43,10 @@ def install_pack(site: Path, dist: str, source: str, requires: tuple[str, ...] =
     (site / module / "__init__.py").write_text(source)
     meta = site / f"{module}-1.0.0.dist-info"
     meta.mkdir()
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0.0\n"
-                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    (meta / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0.0\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
     entry = dist.removeprefix("castpack-")
     (meta / "entry_points.txt").write_text(f"[castcore]\n{entry} = {module}\n")
     return entry
@@ -48,14 +55,17 @@ def install_pack(site: Path, dist: str, source: str, requires: tuple[str, ...] =
 # A clock only the packs move, so that an import's measured time is what the pack says and not the machine's speed:
 # a pack's ``import stopped_clock; stopped_clock.now += 2.5`` is an import of exactly 2.5 s, every other one of 0 s.
 STOPPED_CLOCK = "now = 0.0\n\n\ndef clock():\n    return now\n"
-WITH_STOPPED_CLOCK = ("import sys, runpy, stopped_clock, castcore.plugins.registration as r\n"
-                      "r.clock = stopped_clock.clock\n"
-                      "sys.argv[0] = 'castcore'\n"
-                      "runpy.run_module('castcore', run_name='__main__', alter_sys=True)\n")
+WITH_STOPPED_CLOCK = (
+    "import sys, runpy, stopped_clock, castcore.plugins.registration as r\n"
+    "r.clock = stopped_clock.clock\n"
+    "sys.argv[0] = 'castcore'\n"
+    "runpy.run_module('castcore', run_name='__main__', alter_sys=True)\n"
+)
 
 
-def cli(site: Path | None, packs: list[str], *args: str, cwd: Path = HERE,
-        stopped_clock: bool = False) -> subprocess.CompletedProcess:
+def cli(
+    site: Path | None, packs: list[str], *args: str, cwd: Path = HERE, stopped_clock: bool = False
+) -> subprocess.CompletedProcess:
     """``python -m castcore ARGS`` with only ``packs`` loaded; with ``stopped_clock``, imports are timed by
     STOPPED_CLOCK (written into ``site``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
@@ -67,23 +77,29 @@ def cli(site: Path | None, packs: list[str], *args: str, cwd: Path = HERE,
         assert site, "the stopped clock lives in the site folder"
         (site / "stopped_clock.py").write_text(STOPPED_CLOCK)
         launch = ["-c", WITH_STOPPED_CLOCK]
-    return subprocess.run([sys.executable, *launch, *args, "--device-file", str(DEVICE_FILE)],
-                          capture_output=True, text=True, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, *launch, *args, "--device-file", str(DEVICE_FILE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def session_with(folder: Path, **overrides) -> castcore.Session:
-    return castcore.Session(castcore.Config(), load_packs=[], device_files=[DEVICE_FILE],
-                            custom_op_dirs=[folder], **overrides)
+    return castcore.Session(
+        castcore.Config(), load_packs=[], device_files=[DEVICE_FILE], custom_op_dirs=[folder], **overrides
+    )
 
 
-MM = '''
+MM = """
 import torch
 import castcore
 
 @castcore.register_op_estimator(torch.ops.aten.mm.default)
 def mm(invoke, device):
     return {seconds}
-'''
+"""
 
 
 # --- override: a user's file wins without a CONFLICT ---------------------------------------------------------
@@ -107,7 +123,7 @@ def test_a_users_file_over_a_pack_is_override_user_and_strict_passes(tmp_path):
     assert settled.returncode == 0 and "override (user)" in settled.stdout, settled.stdout + settled.stderr
 
 
-TWICE = '''
+TWICE = """
 import torch
 import castcore
 
@@ -126,7 +142,7 @@ def relu_a100(invoke, device):
 @castcore.register_op_estimator(torch.ops.aten.relu.default, device="h100-*")
 def relu_h100(invoke, device):
     return 2.0
-'''
+"""
 
 
 def test_a_plugin_claiming_one_op_twice_is_warned_about_naming_both_functions(tmp_path):
@@ -216,10 +232,10 @@ def test_a_custom_op_path_that_is_a_file_says_so(tmp_path):
 
 # --- packs for another castcore, slow packs, sys.exit in a pack ------------------------------------------------
 
-MARKS_IMPORT = '''
+MARKS_IMPORT = """
 import os
 open(os.path.join(os.path.dirname(__file__), "imported"), "w").close()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +274,9 @@ def test_a_pack_requiring_a_newer_castcore_is_refused_by_name_before_it_runs(bad
 def test_a_pack_needing_a_newer_plugin_api_is_refused_by_name(bad_packs):
     _, done = bad_packs
     status = _row(done, "api-two")["status"]
-    assert status.startswith("failed: refused: it declares CASTCORE_API = 2, and this castcore supports plugin API 1")
+    assert status.startswith(
+        "failed: refused: it declares CASTCORE_API = 2, and this castcore supports plugin API 1"
+    )
 
 
 def test_a_slow_pack_gets_a_note_with_its_import_time(bad_packs):
@@ -280,37 +298,46 @@ def test_a_slow_import_is_no_fault_under_strict(bad_packs):
 
 # --- the audit's device globs ----------------------------------------------------------------------------------
 
-TYPO_GLOB = '''
+TYPO_GLOB = """
 import torch
 import castcore
 
 @castcore.register_op_estimator(torch.ops.aten.mm.default, device="h10-*")
 def mm(invoke, device):
     return 1.0
-'''
+"""
 
 
-@pytest.mark.parametrize("command", [["audit"], ["estimate", "--model", str(HERE / "data" / "tiny-llama.json"), "--seq", "8"],
-                                     ["serve", "--model", str(HERE / "data" / "tiny-llama.json"), "--input", "8", "--output",
-                                      "2"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["audit"],
+        ["estimate", "--model", str(HERE / "data" / "tiny-llama.json"), "--seq", "8"],
+        ["serve", "--model", str(HERE / "data" / "tiny-llama.json"), "--input", "8", "--output", "2"],
+    ],
+)
 def test_a_device_glob_matching_no_device_is_warned_about_in_every_command(tmp_path, command):
     ops = ops_dir(tmp_path, typo=TYPO_GLOB)
     done = cli(None, [], *command, "--strict", "--custom-op-dir", str(ops))
     assert done.returncode == 0, done.stderr  # a likely typo, but no fault: --strict passes
-    line = (f"castcore: warning: file:{ops / 'typo.py'}: mm claims aten::mm on devices 'h10-*', which matches no "
-            "installed device (h100-sxm)")
+    line = (
+        f"castcore: warning: file:{ops / 'typo.py'}: mm claims aten::mm on devices 'h10-*', which matches no "
+        "installed device (h100-sxm)"
+    )
     assert done.stderr.splitlines().count(line) == 1
 
 
 def test_a_device_glob_matching_no_device_is_a_session_note(tmp_path):
     ops = ops_dir(tmp_path, typo=TYPO_GLOB)
     session = castcore.Session(load_packs=[], device_files=[DEVICE_FILE], custom_op_dirs=[ops])
-    assert any("claims aten::mm on devices 'h10-*', which matches no installed device" in n for n in session.notes)
+    assert any(
+        "claims aten::mm on devices 'h10-*', which matches no installed device" in n for n in session.notes
+    )
 
 
 # --- the default session and claims declared after it ---------------------------------------------------------
 
-LATE_CLAIM = '''
+LATE_CLAIM = """
 import json
 import torch
 import castcore
@@ -324,7 +351,7 @@ def relu(invoke, device):
 
 after = castcore.estimate(torch.relu, x).records[0].estimate
 print(json.dumps([str(before.source), str(after.source), after.time_s]))
-'''
+"""
 
 
 def test_the_default_session_answers_with_claims_declared_after_it_was_made(tmp_path):

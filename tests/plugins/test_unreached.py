@@ -15,7 +15,7 @@ import castcore
 DATA = Path(__file__).parents[1] / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
 
-MM = '''
+MM = """
 import torch
 import pytest
 
@@ -24,8 +24,8 @@ import castcore
 @castcore.register_op_estimator(torch.ops.aten.mm.default)
 def mm(invoke, device):
     return 1e-3
-'''
-LINEAR = '''
+"""
+LINEAR = """
 import torch
 import pytest
 
@@ -34,8 +34,8 @@ import castcore
 @castcore.register_op_estimator(torch.ops.aten.linear.default)
 def linear(invoke, device):
     return 2e-3
-'''
-SILU = '''
+"""
+SILU = """
 import torch
 import pytest
 
@@ -44,7 +44,7 @@ import castcore
 @castcore.register_op_estimator(torch.ops.aten.silu.default)
 def silu(invoke, device):
     return 1e-6
-'''
+"""
 
 
 def _folder(root: Path, name: str, text: str) -> Path:
@@ -55,8 +55,9 @@ def _folder(root: Path, name: str, text: str) -> Path:
 
 
 def _session(*folders: Path) -> castcore.Session:
-    return castcore.Session(load_packs=[], device_files=[H100], custom_op_dirs=list(folders),
-                            default_custom_op_dirs=False)
+    return castcore.Session(
+        load_packs=[], device_files=[H100], custom_op_dirs=list(folders), default_custom_op_dirs=False
+    )
 
 
 def test_an_earlier_claim_on_an_op_a_whole_op_would_hide_takes_effect(tmp_path):
@@ -87,18 +88,32 @@ def test_a_claim_the_deployed_kernels_replace_is_one_warning_and_an_audit_row(tm
     silu = _folder(tmp_path, "silu", SILU)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     base = [sys.executable, "-m", "castcore"]
-    plugins = ["--model", LLAMA, "--seq", "8", "--no-packs", "--device-file", H100, "--custom-op-dir", str(silu),
-               "--no-default-custom-op-dirs"]
+    plugins = [
+        "--model",
+        LLAMA,
+        "--seq",
+        "8",
+        "--no-packs",
+        "--device-file",
+        H100,
+        "--custom-op-dir",
+        str(silu),
+        "--no-default-custom-op-dirs",
+    ]
     deployed = subprocess.run([*base, "estimate", *plugins], capture_output=True, text=True, env=env)
     assert deployed.returncode == 0, deployed.stderr
-    line = (f"castcore: warning: file:{silu / 'silu.py'}: its estimator for aten::silu (silu) is not reached in "
-            "this workload: the deployed kernels run castcore::silu_and_mul instead (--eager prices the graph op "
-            "by op)")
+    line = (
+        f"castcore: warning: file:{silu / 'silu.py'}: its estimator for aten::silu (silu) is not reached in "
+        "this workload: the deployed kernels run castcore::silu_and_mul instead (--eager prices the graph op "
+        "by op)"
+    )
     assert deployed.stderr.splitlines().count(line) == 1
     eager = subprocess.run([*base, "estimate", *plugins, "--eager"], capture_output=True, text=True, env=env)
     assert eager.returncode == 0 and "not reached" not in eager.stderr
     assert "aten::silu" in eager.stdout and f"file:{silu / 'silu.py'}" in eager.stdout
-    audit = subprocess.run([*base, "audit", *plugins, "--op", "aten::silu"], capture_output=True, text=True, env=env)
+    audit = subprocess.run(
+        [*base, "audit", *plugins, "--op", "aten::silu"], capture_output=True, text=True, env=env
+    )
     assert audit.returncode == 0, audit.stderr
     row = next(line for line in audit.stdout.splitlines() if line.startswith("aten::silu"))
     assert "unreached in this workload" in row and "castcore::silu_and_mul runs instead" in row
@@ -108,8 +123,20 @@ def test_a_claim_the_deployed_kernels_replace_is_one_warning_and_an_audit_row(tm
 def ascend_env(tmp_path_factory) -> dict[str, str]:
     """castpack-ascend pip-installed (for real, with its entry points) into a fresh target folder, first on the path."""
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    str(Path(__file__).parents[2] / "packs" / "castpack-ascend")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(Path(__file__).parents[2] / "packs" / "castpack-ascend"),
+        ],
+        check=True,
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")]))
     return env
@@ -136,9 +163,11 @@ def test_a_pack_whose_own_rewrite_hides_its_estimators_gets_no_warning_but_an_au
     silu = _folder(tmp_path, "silu", SILU)
     hidden = _castcore(ascend_env, "estimate", *model, "--custom-op-dir", str(silu))
     warnings = [line for line in hidden.stderr.splitlines() if "not reached" in line]
-    assert warnings == [f"castcore: warning: file:{silu / 'silu.py'}: its estimator for aten::silu (silu) is not "
-                        "reached in this workload: the deployed kernels run ascend::swiglu instead (--eager prices "
-                        "the graph op by op)"]
+    assert warnings == [
+        f"castcore: warning: file:{silu / 'silu.py'}: its estimator for aten::silu (silu) is not "
+        "reached in this workload: the deployed kernels run ascend::swiglu instead (--eager prices "
+        "the graph op by op)"
+    ]
 
 
 def test_a_packs_rewrite_note_appears_only_on_the_devices_it_serves(ascend_env):

@@ -64,8 +64,7 @@ def test_identical_calls_are_resolved_once(session):
         calls.append(invoke.index)
         return castcore.PerformanceProperties(memory_read_bytes=1)
 
-    table = ClaimTable([Claim(torch.ops.aten.relu.default, "properties", count,
-                                                              None, False, "test")])
+    table = ClaimTable([Claim(torch.ops.aten.relu.default, "properties", count, None, False, "test")])
     session.plugins.pm.register(table, name="test-table")
     x = torch.empty(4, 4, device="meta")
     session.estimate(lambda t: [torch.relu(t) for _ in range(5)], x)

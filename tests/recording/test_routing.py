@@ -15,13 +15,15 @@ import castcore
 from castcore.cli.main import main
 from castcore.recording import routing
 
-MIXTRAL = str(Path(__file__).parents[1] / "data" / "tiny-mixtral.json")  # 4 experts, top-2, hidden 64, ffn 96, 2 layers
+MIXTRAL = str(
+    Path(__file__).parents[1] / "data" / "tiny-mixtral.json"
+)  # 4 experts, top-2, hidden 64, ffn 96, 2 layers
 
 
 def test_loads_are_the_power_laws_quantiles_scaled_to_the_routed_rows():
     # 10 tokens x top-2 = 20 rows over 4 experts: draws on [1, 0.8 x 10 = 8]; at exponent 1 the law is
     # log-uniform, so the quantiles 1/8, 3/8, 5/8, 7/8 sit at 8^q.
-    draws = [8 ** q for q in (7 / 8, 5 / 8, 3 / 8, 1 / 8)]
+    draws = [8**q for q in (7 / 8, 5 / 8, 3 / 8, 1 / 8)]
     assert routing.expert_loads(4, 10, 2, 1.0) == pytest.approx([20 * d / sum(draws) for d in draws])
     # Exponent 2 on [1, 8]: x = 1 / (1 - q (1 - 1/8)).
     draws = [1 / (1 - q * 7 / 8) for q in (7 / 8, 5 / 8, 3 / 8, 1 / 8)]
@@ -86,8 +88,10 @@ def test_with_ep_the_busiest_device_receives_its_skewed_share(session):
     # ep 2 over tp 2, prefill of 4 x 16 tokens: each rank routes 32 tokens x top-2 = 64 rows; the EP group
     # routes 64 tokens over 4 experts, 2 a rank.
     report = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2, expert_skew=1.2))
-    dispatch = next(r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single")
-    draws = [((51.2 ** -0.2 - 1) * q + 1) ** (1 / -0.2) for q in (1 / 8, 3 / 8, 5 / 8, 7 / 8)]
+    dispatch = next(
+        r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"
+    )
+    draws = [((51.2**-0.2 - 1) * q + 1) ** (1 / -0.2) for q in (1 / 8, 3 / 8, 5 / 8, 7 / 8)]
     hottest = max(draws) / sum(draws)
     received = round((hottest + (1 - hottest) / 3) * 128)
     assert received > 64
@@ -99,7 +103,21 @@ def test_with_ep_the_busiest_device_receives_its_skewed_share(session):
 
 def test_the_option_from_the_command_line(h100_file, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["castcore"])
-    assert main(["estimate", "--model", MIXTRAL, "--device-file", str(h100_file), "--expert-skew", "1.2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                MIXTRAL,
+                "--device-file",
+                str(h100_file),
+                "--expert-skew",
+                "1.2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["workload"]["expert_skew"] == 1.2
     assert main(["estimate", "--model", MIXTRAL, "--device-file", str(h100_file), "--expert-skew", "0"]) == 2
     err = capsys.readouterr().err.strip()

@@ -30,14 +30,23 @@ def claims(*ops: str, seconds: float = 1e-3) -> str:
     """A custom-op file claiming each op (``torch.ops...`` expression) with a fixed time."""
     lines = ["import torch", "import castcore"]
     for i, op in enumerate(ops):
-        lines += [f"@castcore.register_op_estimator({op})", f"def claim_{i}(invoke, device):",
-                  f"    return {seconds}", ""]
+        lines += [
+            f"@castcore.register_op_estimator({op})",
+            f"def claim_{i}(invoke, device):",
+            f"    return {seconds}",
+            "",
+        ]
     return "\n".join(lines)
 
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch):
-    for var in ("CASTCORE_CUSTOM_OP_PATH", "CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_STRICT"):
+    for var in (
+        "CASTCORE_CUSTOM_OP_PATH",
+        "CASTCORE_LOAD_PACKS",
+        "CASTCORE_DISABLE_PACKS",
+        "CASTCORE_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -56,8 +65,9 @@ def meta(*shape: int) -> torch.Tensor:
 
 def test_a_claimed_library_op_is_one_call_its_claim_answers(tmp_path):
     session = make_session(tmp_path, "torch.ops.castcore_whole_test.double_mm.default")
-    report = session.estimate(lambda a, b: torch.ops.castcore_whole_test.double_mm(a, b), meta(8, 4), meta(4, 2),
-                              device=DEVICE)
+    report = session.estimate(
+        lambda a, b: torch.ops.castcore_whole_test.double_mm(a, b), meta(8, 4), meta(4, 2), device=DEVICE
+    )
     (record,) = report.records
     assert record.invoke.op is DOUBLE_MM
     assert [t.shape for t in record.invoke.inputs()] == [(8, 4), (4, 2)]
@@ -68,15 +78,19 @@ def test_a_claimed_library_op_is_one_call_its_claim_answers(tmp_path):
 
 def test_unclaimed_it_decomposes_as_before(tmp_path):
     session = make_session(tmp_path)
-    report = session.estimate(lambda a, b: torch.ops.castcore_whole_test.double_mm(a, b), meta(8, 4), meta(4, 2),
-                              device=DEVICE)
+    report = session.estimate(
+        lambda a, b: torch.ops.castcore_whole_test.double_mm(a, b), meta(8, 4), meta(4, 2), device=DEVICE
+    )
     assert names(report) == ["aten::mm", "aten::mul.Tensor"]
 
 
 def test_only_the_device_a_claim_covers_keeps_the_op_whole(tmp_path):
-    folder = ops_dir(tmp_path, other="import torch\nimport castcore\n\n"
-                     "@castcore.register_op_estimator(torch.ops.aten.linear.default, device='other-*')\n"
-                     "def linear(invoke, device):\n    return 1.0\n")
+    folder = ops_dir(
+        tmp_path,
+        other="import torch\nimport castcore\n\n"
+        "@castcore.register_op_estimator(torch.ops.aten.linear.default, device='other-*')\n"
+        "def linear(invoke, device):\n    return 1.0\n",
+    )
     session = castcore.Session(custom_op_dirs=[folder], load_packs=[], device_files=[DATA / "h100-sxm.toml"])
     assert aten.linear.default not in session.whole_ops(DEVICE)
     assert aten.linear.default in session.whole_ops()  # no device: the claims for any
@@ -88,33 +102,44 @@ def test_claimed_linear_answers_for_nn_linear_and_matmul_for_the_operator(tmp_pa
     session = make_session(tmp_path, "torch.ops.aten.linear.default", "torch.ops.aten.matmul.default")
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8, bias=False))
     report = session.estimate(model.to("meta"), meta(2, 5, 16), device=DEVICE)
-    assert names(report) == ["aten::linear", "aten::relu", "aten::linear"]  # bias-free linear's matmul is inside
+    assert names(report) == [
+        "aten::linear",
+        "aten::relu",
+        "aten::linear",
+    ]  # bias-free linear's matmul is inside
     assert [r.invoke.module for r in report.records] == ["Sequential.0", "Sequential.1", "Sequential.2"]
     first = report.records[0].invoke
     assert [t.shape for t in first.inputs()] == [(2, 5, 16), (32, 16), (32,)]
     assert first.outputs()[0].shape == (2, 5, 32)
-    assert {str(r.estimate.source).split(" (")[0] for r in report.records if r.invoke.name == "aten::linear"} == {
-        f"file:{tmp_path / 'ops' / 'whole.py'}"}
+    assert {
+        str(r.estimate.source).split(" (")[0] for r in report.records if r.invoke.name == "aten::linear"
+    } == {f"file:{tmp_path / 'ops' / 'whole.py'}"}
     report = session.estimate(lambda a, b: a @ b, meta(3, 4, 8), meta(8, 2), device=DEVICE)
     assert names(report) == ["aten::matmul"]
 
 
 def test_reuse_replays_whole_ops_exactly(tmp_path):
     session = make_session(tmp_path, "torch.ops.aten.linear.default")
-    reports = [session.estimate(castcore.build_workload(str(DATA / "tiny-llama.json"), seq=16, reuse=reuse),
-                                device=DEVICE) for reuse in (False, True)]
+    reports = [
+        session.estimate(
+            castcore.build_workload(str(DATA / "tiny-llama.json"), seq=16, reuse=reuse), device=DEVICE
+        )
+        for reuse in (False, True)
+    ]
     full, reused = reports
     assert Counter(names(full))["aten::linear"] == 13  # 6 per layer (gate and up merged) and the head
-    assert [(r.invoke.key, r.invoke.module) for r in reused.records] == \
-        [(r.invoke.key, r.invoke.module) for r in full.records]
+    assert [(r.invoke.key, r.invoke.module) for r in reused.records] == [
+        (r.invoke.key, r.invoke.module) for r in full.records
+    ]
     assert reused.time_s == full.time_s
     assert reused.memory.to_dict() == full.memory.to_dict()
 
 
 def test_a_training_step_keeps_the_forward_whole_and_backpropagates_through_the_decomposition(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to("meta")
-    claimed = make_session(tmp_path, "torch.ops.aten.linear.default").estimate(model, meta(4, 16), train=True,
-                                                                                device=DEVICE)
+    claimed = make_session(tmp_path, "torch.ops.aten.linear.default").estimate(
+        model, meta(4, 16), train=True, device=DEVICE
+    )
     plain = make_session(tmp_path / "plain").estimate(model, meta(4, 16), train=True, device=DEVICE)
     # The forward's t + addmm per layer became one linear; the backward is the same calls either way.
     assert Counter(names(plain)) - Counter(names(claimed)) == {"aten::t": 2, "aten::addmm": 2}
@@ -151,17 +176,23 @@ def test_the_kernel_is_gone_after_a_capture_even_a_failed_one():
 def test_static_audit_lists_as_winners_only_claims_that_can_answer(tmp_path):
     session = make_session(tmp_path, "torch.ops.aten.linear.default", "torch.ops.prim.device.default")
     rows = {r.op: r for r in audit.static_audit(session, [DEVICE])}
-    assert rows["aten::linear"].status == "ok"  # kept whole: the file answers, the core's formula is behind it
+    assert (
+        rows["aten::linear"].status == "ok"
+    )  # kept whole: the file answers, the core's formula is behind it
     assert str(rows["aten::linear"].winner) == f"file:{tmp_path / 'ops' / 'whole.py'} (estimator)"
     assert [c.plugin for c in rows["aten::linear"].shadowed] == ["core"]
-    assert rows["aten::matmul"].status == audit.DECOMPOSED  # only the core claims it: its formula never answers
+    assert (
+        rows["aten::matmul"].status == audit.DECOMPOSED
+    )  # only the core claims it: its formula never answers
     assert rows["aten::matmul"].winner is None
     assert [c.plugin for c in rows["aten::matmul"].shadowed] == ["core"]
     assert rows["aten::matmul"].to_dict()["winner"] is None
     assert rows["prim::device"].status == audit.NOT_RECORDED and rows["prim::device"].winner is None
     text = audit.format_audit(list(rows.values()))
     assert next(line for line in text.splitlines() if line.startswith("aten::matmul ")).split()[1:3] == [
-        "decomposed", "-"]
+        "decomposed",
+        "-",
+    ]
     assert text.splitlines()[-1].endswith(f"1 not recorded among {len(rows)} rows")
 
 

@@ -25,8 +25,9 @@ def _profile(tmp_path: Path, bands: str = BANDS, source: str = SOURCE) -> Path:
     return path
 
 
-@pytest.mark.parametrize("phase, attention", [({}, "attention_prefill"),
-                                              ({"phase": "decode", "kv_len": 32}, "attention_decode")])
+@pytest.mark.parametrize(
+    "phase, attention", [({}, "attention_prefill"), ({"phase": "decode", "kv_len": 32}, "attention_decode")]
+)
 def test_each_op_row_carries_its_familys_band(tmp_path, phase, attention):
     session = castcore.Session(load_packs=[], device_files=[_profile(tmp_path)])
     workload = castcore.build_workload(str(DATA / "tiny-llama.json"), seq=16, **phase)
@@ -39,8 +40,18 @@ def test_each_op_row_carries_its_familys_band(tmp_path, phase, attention):
 
 
 def test_the_cli_prints_bands_in_json_and_csv(tmp_path, capsys):
-    argv = ["estimate", "--model", str(DATA / "tiny-llama.json"), "--seq", "16", "--no-packs",
-            "--device-file", str(_profile(tmp_path)), "--device", "banded"]
+    argv = [
+        "estimate",
+        "--model",
+        str(DATA / "tiny-llama.json"),
+        "--seq",
+        "16",
+        "--no-packs",
+        "--device-file",
+        str(_profile(tmp_path)),
+        "--device",
+        "banded",
+    ]
     assert main([*argv, "--json"]) == 0
     ops = {row["op"]: row for row in json.loads(capsys.readouterr().out)["ops"]}
     assert ops["aten::mm"]["error_band"]["held_out_median_abs_error"] == 0.09
@@ -70,7 +81,9 @@ def test_block_scaled_products_and_experts_have_their_own_families(tmp_path):
     blocks = session.estimate(product, x, w, torch.empty(64, 2), torch.empty(4, 2).t(), device="banded")
     assert band(per_token) == {"family": "gemm_fp8", "held_out_median_abs_error": 0.2}
     assert band(blocks) == {"family": "gemm_fp8_block", "held_out_median_abs_error": 0.15}
-    experts = session.estimate(castcore.build_workload(str(DATA / "tiny-mixtral.json"), seq=16), device="banded")
+    experts = session.estimate(
+        castcore.build_workload(str(DATA / "tiny-mixtral.json"), seq=16), device="banded"
+    )
     rows = {row["op"]: row["error_band"] for row in experts.to_dict()["ops"]}
     assert rows["aten::_grouped_mm"] == {"family": "moe", "held_out_median_abs_error": 0.12}
 
@@ -80,10 +93,18 @@ def test_a_profile_without_bands_gives_none(session, tiny_llama):
     assert all(row["error_band"] is None for row in report.to_dict()["ops"])
 
 
-@pytest.mark.parametrize("bands, source, message", [
-    ("\n[error_bands]\nsoftmax = 0.1\n", SOURCE, "'error_bands' must be a table of family = held-out median"),
-    (BANDS, "", "no source for error_bands.attention_prefill"),
-    ("\n[error_bands]\ngemm_bf16 = -0.1\n", SOURCE, "'error_bands.gemm_bf16' = -0.1")])
+@pytest.mark.parametrize(
+    "bands, source, message",
+    [
+        (
+            "\n[error_bands]\nsoftmax = 0.1\n",
+            SOURCE,
+            "'error_bands' must be a table of family = held-out median",
+        ),
+        (BANDS, "", "no source for error_bands.attention_prefill"),
+        ("\n[error_bands]\ngemm_bf16 = -0.1\n", SOURCE, "'error_bands.gemm_bf16' = -0.1"),
+    ],
+)
 def test_bad_bands_name_the_field(tmp_path, bands, source, message):
     with pytest.raises(DeviceError, match=message.replace("(", r"\(").replace(".", r"\.")):
         castcore.load_device_file(_profile(tmp_path, bands, source))

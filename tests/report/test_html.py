@@ -25,7 +25,7 @@ SOURCE = '"error_bands" = "test value"\n'
 def outside_plotly(page: str) -> str:
     """The page without the plotly.js bundle inlined in its head (a library's own text, URLs of its docs inside)."""
     start = page.index("<script>") + len("<script>")
-    return page[:start] + page[page.index("</script>", start):]
+    return page[:start] + page[page.index("</script>", start) :]
 
 
 def assert_self_contained(path: Path) -> str:
@@ -44,8 +44,12 @@ def assert_self_contained(path: Path) -> str:
 def tables(page: str) -> dict[str, list[list[str]]]:
     """Each table's rows (cell texts) by its id."""
     found = {}
-    for name, body in re.findall(r'<table class="cc-table" id="([\w-]+)">.*?<tbody>(.*?)</tbody>', page, re.DOTALL):
-        found[name] = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body)]
+    for name, body in re.findall(
+        r'<table class="cc-table" id="([\w-]+)">.*?<tbody>(.*?)</tbody>', page, re.DOTALL
+    ):
+        found[name] = [
+            re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body)
+        ]
     return found
 
 
@@ -65,8 +69,13 @@ def estimated(tmp_path_factory):
             assert main([*argv, "--json", "--html", str(folder / "estimate.html")]) == 0
         finally:
             sys.stdout = out
-    return {"folder": folder, "json": json.loads(capture.read_text()), "page": folder / "estimate.html",
-            "profile": profile, "file": capture}
+    return {
+        "folder": folder,
+        "json": json.loads(capture.read_text()),
+        "page": folder / "estimate.html",
+        "profile": profile,
+        "file": capture,
+    }
 
 
 def test_an_estimate_page_is_one_self_contained_file_with_the_jsons_figures(estimated):
@@ -81,13 +90,18 @@ def test_an_estimate_page_is_one_self_contained_file_with_the_jsons_figures(esti
     for section in ('id="totals"', 'id="ops"', 'id="layers"', 'id="roofline"', 'id="memory"'):
         assert section in page
     # The total's band: each banded op's time times its band, added up.
-    spread = sum(op["time_s"] * op["error_band"]["held_out_median_abs_error"] for op in report["ops"]
-                 if op["error_band"])
+    spread = sum(
+        op["time_s"] * op["error_band"]["held_out_median_abs_error"]
+        for op in report["ops"]
+        if op["error_band"]
+    )
     assert spread > 0
     from castcore.report.html.document import seconds
 
     assert f"{seconds(report['totals']['time_s'])} ± {seconds(spread)}" in page
-    assert "shapes: %{customdata[1]}" in page and "16x64 bfloat16" in page  # the roofline's hover: the call's shapes
+    assert (
+        "shapes: %{customdata[1]}" in page and "16x64 bfloat16" in page
+    )  # the roofline's hover: the call's shapes
 
 
 def test_the_memory_curve_peaks_where_the_report_says(estimated):
@@ -123,15 +137,47 @@ def _run(argv: list[str], capsys) -> dict:
 
 
 def test_serve_and_simulate_pages_show_their_figures(tmp_path, capsys):
-    serve = _run(["serve", "--model", LLAMA, "--input", "32", "--output", "8", "--batch", "2", *PLUGINS,
-                  "--html", str(tmp_path / "serve.html")], capsys)
+    serve = _run(
+        [
+            "serve",
+            "--model",
+            LLAMA,
+            "--input",
+            "32",
+            "--output",
+            "8",
+            "--batch",
+            "2",
+            *PLUGINS,
+            "--html",
+            str(tmp_path / "serve.html"),
+        ],
+        capsys,
+    )
     page = assert_self_contained(tmp_path / "serve.html")
     assert 'id="chart-itl"' in page and 'id="chart-memory"' in page and "ops-table-0" in tables(page)
     from castcore.report.html.document import seconds
 
     assert seconds(serve["ttft_s"]) in page
-    simulated = _run(["simulate", "--model", LLAMA, "--requests", "40", "--input", "32", "--output", "8", "--rate",
-                      "20", *PLUGINS, "--html", str(tmp_path / "simulate.html")], capsys)
+    simulated = _run(
+        [
+            "simulate",
+            "--model",
+            LLAMA,
+            "--requests",
+            "40",
+            "--input",
+            "32",
+            "--output",
+            "8",
+            "--rate",
+            "20",
+            *PLUGINS,
+            "--html",
+            str(tmp_path / "simulate.html"),
+        ],
+        capsys,
+    )
     page = assert_self_contained(tmp_path / "simulate.html")
     for chart in ("chart-ttft", "chart-tpot", "chart-itl", "chart-throughput", "chart-kv", "chart-batches"):
         assert f'id="{chart}"' in page
@@ -150,33 +196,71 @@ def test_serve_and_simulate_pages_show_their_figures(tmp_path, capsys):
 
 def test_sweep_and_plan_pages_mark_the_front_and_the_chosen(tmp_path, capsys):
     spec = tmp_path / "spec.toml"
-    spec.write_text(f'command = "serve"\nmodel = {json.dumps(LLAMA)}\nbatch = [1, 4]\ntp = [1, 2]\ninput = 32\n'
-                    f'output = 8\ndevice_file = [{json.dumps(H100)}]\nno_packs = true\n')
+    spec.write_text(
+        f'command = "serve"\nmodel = {json.dumps(LLAMA)}\nbatch = [1, 4]\ntp = [1, 2]\ninput = 32\n'
+        f"output = 8\ndevice_file = [{json.dumps(H100)}]\nno_packs = true\n"
+    )
     out = tmp_path / "rows.csv"
-    assert main(["sweep", str(spec), "--out", str(out), "--workers", "1", "--html", str(tmp_path / "sweep.html")]) == 0
+    assert (
+        main(
+            ["sweep", str(spec), "--out", str(out), "--workers", "1", "--html", str(tmp_path / "sweep.html")]
+        )
+        == 0
+    )
     page = assert_self_contained(tmp_path / "sweep.html")
     rows = tables(page)["candidates-table"]
     assert len(rows) == 4 and page.count('<tr class="chosen">') == 1
     # The chosen row is the one of highest throughput per device; castcore report reads the CSV back alike.
     assert main(["report", str(out), "--html", str(tmp_path / "later.html")]) == 0
     assert tables(assert_self_contained(tmp_path / "later.html"))["candidates-table"] == rows
-    plan = _run(["plan", "--model", LLAMA, "--input", "32", "--output", "8", "--tp", "1", "--weights", "bf16",
-                 "--ttft", "1ms", "--workers", "1", *PLUGINS, "--html", str(tmp_path / "plan.html")], capsys)
+    plan = _run(
+        [
+            "plan",
+            "--model",
+            LLAMA,
+            "--input",
+            "32",
+            "--output",
+            "8",
+            "--tp",
+            "1",
+            "--weights",
+            "bf16",
+            "--ttft",
+            "1ms",
+            "--workers",
+            "1",
+            *PLUGINS,
+            "--html",
+            str(tmp_path / "plan.html"),
+        ],
+        capsys,
+    )
     page = assert_self_contained(tmp_path / "plan.html")
     chosen = re.search(r'<tr class="chosen">(.*?)</tr>', page).group(1)
     assert f">{plan['best'][0]['served_batch']}<" in chosen
     assert "TTFT p99 objective 1 ms" in page  # the objective drawn as a line on the front's TTFT axis
-    assert len(tables(page)["candidates-table"]) > len(plan["best"])  # every point evaluated, not only the best
+    assert len(tables(page)["candidates-table"]) > len(
+        plan["best"]
+    )  # every point evaluated, not only the best
 
 
-@pytest.mark.parametrize("content, said", [
-    ('{"traceEvents": []}', "not a castcore results file: it has none of the fields"),
-    ("[1, 2]", "not a castcore results file: a JSON list, not an object"),
-    ("{not json", "not valid JSON"),
-    ('{"ops": [], "modules": [], "coverage": {}}', "castcore estimate --json of another version: it lacks "
-                                                  "description, device, totals, notes"),
-    ('{"engine": "vllm", "kv_usage": []}', "castcore simulate --json of another version: it lacks completed"),
-])
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        ('{"traceEvents": []}', "not a castcore results file: it has none of the fields"),
+        ("[1, 2]", "not a castcore results file: a JSON list, not an object"),
+        ("{not json", "not valid JSON"),
+        (
+            '{"ops": [], "modules": [], "coverage": {}}',
+            "castcore estimate --json of another version: it lacks description, device, totals, notes",
+        ),
+        (
+            '{"engine": "vllm", "kv_usage": []}',
+            "castcore simulate --json of another version: it lacks completed",
+        ),
+    ],
+)
 def test_a_file_of_another_kind_or_version_is_one_line_and_no_page(tmp_path, capsys, content, said):
     results = tmp_path / "results.json"
     results.write_text(content)
@@ -186,12 +270,19 @@ def test_a_file_of_another_kind_or_version_is_one_line_and_no_page(tmp_path, cap
     assert list(tmp_path.iterdir()) == [results]  # no page, no temporary left
 
 
-@pytest.mark.parametrize("name, content, said", [
-    ("rows.jsonl", "", "an empty sweep: the file has no rows"),
-    ("rows.csv", "model,device,batch\n", "an empty sweep: the file has no rows"),
-    ("rows.jsonl", '{"model": "x", "device": "y"}\n', "not rows of castcore sweep: the rows hold none of"),
-    ("rows.txt", "hello", "castcore report reads .json, .jsonl, .csv and .parquet files"),
-])
+@pytest.mark.parametrize(
+    "name, content, said",
+    [
+        ("rows.jsonl", "", "an empty sweep: the file has no rows"),
+        ("rows.csv", "model,device,batch\n", "an empty sweep: the file has no rows"),
+        (
+            "rows.jsonl",
+            '{"model": "x", "device": "y"}\n',
+            "not rows of castcore sweep: the rows hold none of",
+        ),
+        ("rows.txt", "hello", "castcore report reads .json, .jsonl, .csv and .parquet files"),
+    ],
+)
 def test_an_empty_or_foreign_sweep_is_one_line_and_no_page(tmp_path, capsys, name, content, said):
     results = tmp_path / name
     results.write_text(content)
@@ -205,8 +296,10 @@ def test_a_page_that_cannot_be_written_fails_before_the_work(tmp_path, capsys):
     argv = ["estimate", "--model", LLAMA, "--seq", "16", *PLUGINS]
     assert main([*argv, "--html", str(tmp_path / "missing" / "page.html")]) == 2
     err = capsys.readouterr()
-    assert err.err == f"castcore: error: --html {tmp_path / 'missing' / 'page.html'}: the folder " \
-                      f"{tmp_path / 'missing'} does not exist; create it first\n"
+    assert (
+        err.err == f"castcore: error: --html {tmp_path / 'missing' / 'page.html'}: the folder "
+        f"{tmp_path / 'missing'} does not exist; create it first\n"
+    )
     assert err.out == ""  # failed before the estimate was printed, or made
     assert main([*argv, "--html", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
@@ -226,8 +319,11 @@ def test_a_page_that_fails_while_written_leaves_nothing_behind(tmp_path, monkeyp
 
     real = write.write_whole  # the real one, the page's writer swapped for one that fails halfway
     monkeypatch.setattr(write, "write_whole", lambda path, option, _: real(path, option, full_disk))
-    with pytest.raises(castcore.CastcoreError, match=r"html='.*page.html': No space left on device; nothing was "
-                                                     r"written"):
+    with pytest.raises(
+        castcore.CastcoreError,
+        match=r"html='.*page.html': No space left on device; nothing was "
+        r"written",
+    ):
         castcore.write_html(report, target)
     assert target.read_text() == "the page of an earlier run" and list(tmp_path.iterdir()) == [target]
 
@@ -239,7 +335,9 @@ def test_without_plotly_the_error_names_the_fix(tmp_path, capsys, monkeypatch):
     results = tmp_path / "r.json"
     results.write_text("{}")
     assert main(["report", str(results), "--html", str(tmp_path / "page.html")]) == 2
-    assert capsys.readouterr().err == ("castcore: error: an HTML page needs plotly: pip install 'castcore[html]'\n")
+    assert capsys.readouterr().err == (
+        "castcore: error: an HTML page needs plotly: pip install 'castcore[html]'\n"
+    )
     with pytest.raises(PageError, match=re.escape("pip install 'castcore[html]'")):
         castcore.write_html(object(), tmp_path / "page.html")
     assert list(tmp_path.iterdir()) == [results]
@@ -271,17 +369,39 @@ def test_the_python_api_writes_serve_and_simulate_pages(tmp_path):
 
 # What a person reads: number formats, bins, axes, groups (the pure-Python parts; tests_browser/ checks them drawn).
 
-@pytest.mark.parametrize("value, text", [(19150.3, "19,150"), (0.23906, "0.2391"), (12345678.9, "12,345,679"),
-                                         (2.0, "2"), (0.0, "0"), (-0.5, "-0.5"), (9.99996, "10"), (1e-6, "0.000001"),
-                                         (None, "-"), (float("nan"), "-")])
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (19150.3, "19,150"),
+        (0.23906, "0.2391"),
+        (12345678.9, "12,345,679"),
+        (2.0, "2"),
+        (0.0, "0"),
+        (-0.5, "-0.5"),
+        (9.99996, "10"),
+        (1e-6, "0.000001"),
+        (None, "-"),
+        (float("nan"), "-"),
+    ],
+)
 def test_numbers_read_as_a_person_writes_them(value, text):
     from castcore.report.html.document import decimal
 
     assert decimal(value) == text
 
 
-@pytest.mark.parametrize("ms, text", [(19150.0, "19.15 s"), (1234567.0, "1,235 s"), (0.2391, "239.1 us"),
-                                      (2.5, "2.5 ms"), (0.0001234, "123.4 ns"), (None, "-")])
+@pytest.mark.parametrize(
+    "ms, text",
+    [
+        (19150.0, "19.15 s"),
+        (1234567.0, "1,235 s"),
+        (0.2391, "239.1 us"),
+        (2.5, "2.5 ms"),
+        (0.0001234, "123.4 ns"),
+        (None, "-"),
+    ],
+)
 def test_a_duration_in_ms_takes_the_unit_that_reads_best(ms, text):
     from castcore.report.html.document import millis
 
@@ -304,7 +424,7 @@ def test_a_narrow_bulk_with_stragglers_gets_several_bars_and_says_what_it_left_o
 def test_a_wide_spread_is_binned_on_a_log_scale_and_one_value_is_one_bar():
     from castcore.report.html.charts import histogram
 
-    found = histogram([1.0 * 1.1 ** i for i in range(100)])  # 1 to 12,527: about four decades
+    found = histogram([1.0 * 1.1**i for i in range(100)])  # 1 to 12,527: about four decades
     ratios = [b / a for a, b in zip(found["edges"], found["edges"][1:])]
     assert found["log"] and max(ratios) == pytest.approx(min(ratios))  # equal bins in log10
     assert sum(found["counts"]) + found["below"] + found["above"] == 100
@@ -312,8 +432,9 @@ def test_a_wide_spread_is_binned_on_a_log_scale_and_one_value_is_one_bar():
     assert single["counts"] == [10] and single["edges"][0] < 2.0 < single["edges"][1]
 
 
-@pytest.mark.parametrize("high, top, step", [(0, 1, 1), (3, 3, 1), (9.2, 10, 2), (21.6, 25, 5), (64, 80, 20),
-                                             (1234, 1500, 500)])
+@pytest.mark.parametrize(
+    "high, top, step", [(0, 1, 1), (3, 3, 1), (9.2, 10, 2), (21.6, 25, 5), (64, 80, 20), (1234, 1500, 500)]
+)
 def test_a_count_axis_starts_at_zero_with_whole_number_ticks(high, top, step):
     from castcore.report.html.charts import count_axis
 
@@ -323,30 +444,43 @@ def test_a_count_axis_starts_at_zero_with_whole_number_ticks(high, top, step):
 
 def _modules(times: dict[str, float]) -> list[dict]:
     total = sum(times.values())
-    return [{"module": m, "calls": 1, "time_s": t, "share": t / total, "flops": 1.0, "bytes": 2.0}
-            for m, t in times.items()]
+    return [
+        {"module": m, "calls": 1, "time_s": t, "share": t / total, "flops": 1.0, "bytes": 2.0}
+        for m, t in times.items()
+    ]
 
 
 def test_layers_come_in_numeric_order_and_identical_runs_fold_into_one():
     from castcore.report.html.estimate import layer_groups, module_kinds
 
-    times = {f"m.layers.{i}.{part}": (2e-3 if part == "mlp" and 4 <= i < 8 else 1e-3)
-             for i in range(12) for part in ("mlp", "attn")}
+    times = {
+        f"m.layers.{i}.{part}": (2e-3 if part == "mlp" and 4 <= i < 8 else 1e-3)
+        for i in range(12)
+        for part in ("mlp", "attn")
+    }
     times.update({"m.layers.11": 5e-4, "m.lm_head": 3e-3})
     groups = layer_groups(_modules(dict(sorted(times.items()))))  # text order: layers.0, 1, 10, 11, 2, ...
     assert [(g["name"], g["layers"]) for g in groups] == [
-        ("m.layers.0-3 (x4)", 4), ("m.layers.4-7 (x4)", 4), ("m.layers.8-10 (x3)", 3), ("m.layers.11", 1),
-        ("m.lm_head", 1)]
+        ("m.layers.0-3 (x4)", 4),
+        ("m.layers.4-7 (x4)", 4),
+        ("m.layers.8-10 (x3)", 3),
+        ("m.layers.11", 1),
+        ("m.lm_head", 1),
+    ]
     assert [g["each_s"] for g in groups] == pytest.approx([2e-3, 3e-3, 2e-3, 2.5e-3, 3e-3])
     kinds = {k["module"]: k for k in module_kinds(_modules(times))}
-    assert kinds["m.layers.N.mlp"]["count"] == 12 and kinds["m.layers.N.mlp"]["time_s"] == pytest.approx(16e-3)
+    assert kinds["m.layers.N.mlp"]["count"] == 12 and kinds["m.layers.N.mlp"]["time_s"] == pytest.approx(
+        16e-3
+    )
     assert kinds["m.layers.N"]["count"] == 1 and sum(k["share"] for k in kinds.values()) == pytest.approx(1.0)
 
 
 def test_a_figure_column_and_its_header_align_right_and_a_text_column_left():
     from castcore.report.html.document import table
 
-    html = table("t", ["name", "time", "note"], [["a", ("1 ms", 1e-3), "x"], ["b", None, "-"], ["c", 3, None]])
+    html = table(
+        "t", ["name", "time", "note"], [["a", ("1 ms", 1e-3), "x"], ["b", None, "-"], ["c", 3, None]]
+    )
     assert re.findall(r"<th(?: [^>]*)?>", html) == ["<th>", '<th class="num">', "<th>"]
     assert '<td class="num" data-v="">-</td>' in html and '<td class="num" data-v="3.0">3</td>' in html
 
@@ -357,15 +491,27 @@ def test_the_estimate_page_groups_its_modules_with_the_flat_table_one_click_away
     modules = estimated["json"]["modules"]
     kinds = found["module-kinds-table"]
     assert len(kinds) < len(modules) and sum(int(row[1]) for row in kinds) == len(modules)
-    assert re.search(r'<details><summary>every module, one row each \([\d,]+ rows\)</summary>.*?id="modules-table"',
-                     page, re.DOTALL)
+    assert re.search(
+        r'<details><summary>every module, one row each \([\d,]+ rows\)</summary>.*?id="modules-table"',
+        page,
+        re.DOTALL,
+    )
     assert "LlamaForCausalLM.model.layers.0-1 (x2)" in [row[0] for row in found["layers-table"]]  # two alike
 
 
 def test_the_simulate_page_states_the_dtypes_and_draws_the_slo_targets(tmp_path):
     session = castcore.Session(load_packs=[], device_files=[H100])
-    simulated = session.simulate(LLAMA, requests=30, input_lengths="uniform:16:64", output_lengths=8, rate=20,
-                                 weights="fp8", activations="fp8", slo_ttft=0.3e-3, slo_tpot=1.0)
+    simulated = session.simulate(
+        LLAMA,
+        requests=30,
+        input_lengths="uniform:16:64",
+        output_lengths=8,
+        rate=20,
+        weights="fp8",
+        activations="fp8",
+        slo_ttft=0.3e-3,
+        slo_tpot=1.0,
+    )
     page = assert_self_contained(castcore.write_html(simulated, tmp_path / "simulate.html"))
     assert "weights fp8, activations fp8, KV cache bf16" in page
     assert "TTFT at most 300 us, TPOT at most 1 s" in page  # stated, and in the table's SLO column

@@ -56,7 +56,11 @@ def test_views_do_not_add_memory():
         return x.view(-1).view(512, 512).t() + b
 
     captured = castcore.capture(f, x_1mib())
-    view_ops = [n for n in names(captured) if n in ("aten::view", "aten::transpose.int", "aten::t", "aten::slice.Tensor")]
+    view_ops = [
+        n
+        for n in names(captured)
+        if n in ("aten::view", "aten::transpose.int", "aten::t", "aten::slice.Tensor")
+    ]
     assert len(view_ops) >= 6
     report = analyze_memory(captured)
     assert report.peak_bytes == 3 * MiB  # x, a, and the sum; no view is an allocation
@@ -71,8 +75,13 @@ def test_inplace_ops_do_not_add_memory():
         return a
 
     captured = castcore.capture(f, x_1mib())
-    assert names(captured) == ["aten::add_.Tensor", "aten::mul.Tensor", "aten::add_.Tensor", "aten::mul_.Tensor",
-                               "aten::relu_"]
+    assert names(captured) == [
+        "aten::add_.Tensor",
+        "aten::mul.Tensor",
+        "aten::add_.Tensor",
+        "aten::mul_.Tensor",
+        "aten::relu_",
+    ]
     report = analyze_memory(captured)
     assert report.peak_bytes == 2 * MiB
     assert [s.index for s in report.top_live] == [1]  # the one allocation, made by the out-of-place mul
@@ -89,11 +98,15 @@ def test_tiny_llama_weights_and_peak(tiny_llama, tmp_path, tied):
     captured = castcore.capture(model, *workload.args, **workload.kwargs)
     report = analyze_memory(captured)
 
-    unique = {id(t): t for t in [*model.parameters(), *model.buffers()]}  # both iterators skip tied duplicates
+    unique = {
+        id(t): t for t in [*model.parameters(), *model.buffers()]
+    }  # both iterators skip tied duplicates
     expected = sum(t.numel() * t.element_size() for t in unique.values())
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     assert report.weight_bytes == expected
-    assert report.input_bytes == 2 * 16 * 8 + 8  # int64 input_ids, and the last position's index (logits_to_keep)
+    assert (
+        report.input_bytes == 2 * 16 * 8 + 8
+    )  # int64 input_ids, and the last position's index (logits_to_keep)
     assert report.peak_bytes > report.weight_bytes + report.input_bytes
     root, _, path_in_model = report.peak_module.partition(".")
     assert root == type(model).__name__ and path_in_model
@@ -111,12 +124,22 @@ def test_fits_and_the_warning(h100_file):
     assert not any("does not fit" in line for line in lines)
     assert "peak memory  3.00 MiB of 80.00 GiB on h100-sxm" in "\n".join(lines)
 
-    small = castcore.device_from_dict({"name": "tiny", "vendor": "test", "mma_flops": {}, "gp_flops": {},
-                                       "memory_bytes": MiB, "memory_bandwidth": 1e12,
-                                       "sources": {"memory_bytes": "test value", "memory_bandwidth": "test value"}})
+    small = castcore.device_from_dict(
+        {
+            "name": "tiny",
+            "vendor": "test",
+            "mma_flops": {},
+            "gp_flops": {},
+            "memory_bytes": MiB,
+            "memory_bandwidth": 1e12,
+            "sources": {"memory_bytes": "test value", "memory_bandwidth": "test value"},
+        }
+    )
     assert not report.fits(small.memory_bytes)
     lines = report.summary_lines(small)
-    assert lines[-1] == ("warning: does not fit: needs 3.00 MiB of 1.00 MiB; try --tp 4 or a smaller --batch/--seq")
+    assert lines[-1] == (
+        "warning: does not fit: needs 3.00 MiB of 1.00 MiB; try --tp 4 or a smaller --batch/--seq"
+    )
 
     with_cache = analyze_memory(castcore.capture(lambda x: x * 2, x_1mib()), kv_cache_bytes=5 * MiB)
     assert with_cache.peak_bytes == 7 * MiB
@@ -125,6 +148,10 @@ def test_fits_and_the_warning(h100_file):
 
 def test_kv_cache_bytes_llama_3_8b():
     config = load_model_config("llama-3-8b")
-    assert kv_cache_bytes(config, batch=1, kv_len=8192, dtype=torch.bfloat16) == 2 * 32 * 8192 * 8 * 128 * 2 == 2**30
+    assert (
+        kv_cache_bytes(config, batch=1, kv_len=8192, dtype=torch.bfloat16)
+        == 2 * 32 * 8192 * 8 * 128 * 2
+        == 2**30
+    )
     assert kv_cache_bytes(config, 4, 8192, "fp32") == 8 * 2**30
     assert kv_cache_bytes({**config, "head_dim": 64}, 1, 8192, torch.bfloat16) == 2**29

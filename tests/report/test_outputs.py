@@ -13,15 +13,27 @@ from castcore.cli.main import main
 
 
 def estimate(tiny_llama, h100_file, *extra: str) -> list[str]:
-    return ["estimate", "--model", str(tiny_llama), "--seq", "8", "--no-packs", "--device-file", str(h100_file),
-            *extra]
+    return [
+        "estimate",
+        "--model",
+        str(tiny_llama),
+        "--seq",
+        "8",
+        "--no-packs",
+        "--device-file",
+        str(h100_file),
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("option", ["--trace", "--plot"])
 def test_a_directory_is_refused_by_name(option, tmp_path, tiny_llama, h100_file, capsys):
     assert main(estimate(tiny_llama, h100_file, option, str(tmp_path))) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.strip() == f"castcore: error: {option} {tmp_path} is a directory; give a file name inside it"
+    assert (
+        out == ""
+        and err.strip() == f"castcore: error: {option} {tmp_path} is a directory; give a file name inside it"
+    )
     assert list(tmp_path.iterdir()) == []  # no dir.png beside it, nothing inside
 
 
@@ -33,8 +45,9 @@ def test_a_missing_folder_is_refused_before_the_work(option, tmp_path, tiny_llam
     assert out == "" and "does not exist; create it first" in err and "capturing" not in err
 
 
-def test_a_failed_write_leaves_the_old_file_and_prints_no_report(tmp_path, tiny_llama, h100_file, capsys,
-                                                                 monkeypatch):
+def test_a_failed_write_leaves_the_old_file_and_prints_no_report(
+    tmp_path, tiny_llama, h100_file, capsys, monkeypatch
+):
     trace = tmp_path / "trace.json"
     trace.write_text("the old trace", encoding="utf-8")
     real = Path.write_text
@@ -49,7 +62,9 @@ def test_a_failed_write_leaves_the_old_file_and_prints_no_report(tmp_path, tiny_
     assert main(estimate(tiny_llama, h100_file, "--json", "--trace", str(trace))) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.strip().endswith(f"castcore: error: --trace {trace}: No space left on device; nothing was written")
+    assert err.strip().endswith(
+        f"castcore: error: --trace {trace}: No space left on device; nothing was written"
+    )
     assert trace.read_text(encoding="utf-8") == "the old trace"
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
 

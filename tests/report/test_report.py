@@ -72,10 +72,31 @@ def test_trace_is_chrome_trace_events_one_slice_per_call(report):
 
 def test_cli_writes_trace_and_roofline_png(tiny_llama, h100_file, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    done = subprocess.run([sys.executable, "-m", "castcore", "estimate", "--model", str(tiny_llama), "--seq", "16",
-                           "--no-packs", "--device-file", str(h100_file), "--trace", str(tmp_path / "t.json"),
-                           "--plot", str(tmp_path / "r.png"), "--csv", "--by", "module"],
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "castcore",
+            "estimate",
+            "--model",
+            str(tiny_llama),
+            "--seq",
+            "16",
+            "--no-packs",
+            "--device-file",
+            str(h100_file),
+            "--trace",
+            str(tmp_path / "t.json"),
+            "--plot",
+            str(tmp_path / "r.png"),
+            "--csv",
+            "--by",
+            "module",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("module,calls,time_s")
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
@@ -84,8 +105,17 @@ def test_cli_writes_trace_and_roofline_png(tiny_llama, h100_file, tmp_path):
 
 def test_strict_fails_when_anything_falls_back(h100_file):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    command = [sys.executable, "-m", "castcore", "estimate", "--model", "tests.factories.tiny_mlp:with_custom_op",
-               "--no-packs", "--device-file", str(h100_file)]
+    command = [
+        sys.executable,
+        "-m",
+        "castcore",
+        "estimate",
+        "--model",
+        "tests.factories.tiny_mlp:with_custom_op",
+        "--no-packs",
+        "--device-file",
+        str(h100_file),
+    ]
     root = h100_file.parents[2]
     relaxed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
     assert relaxed.returncode == 0, relaxed.stderr
@@ -99,7 +129,8 @@ def test_memory_warns_when_the_model_does_not_fit(session):
     workload = build(build_workload("llama-3-70b", seq=8))
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     assert report.memory.weight_bytes == sum(p.numel() * 2 for p in workload.model.parameters()) + sum(
-        b.numel() * b.element_size() for b in workload.model.buffers())
+        b.numel() * b.element_size() for b in workload.model.buffers()
+    )
     assert not report.memory.fits(report.device)
     assert "does not fit" in report.format_table()
 
@@ -108,11 +139,24 @@ def test_json_never_prints_infinity(session, tmp_path, h100_file, capsys):
     (tmp_path / "huge.py").write_text(
         "import torch\nimport castcore\n\n"
         "@castcore.register_op_estimator(torch.ops.aten.mm.default)\n"
-        "def mm(invoke, device):\n    return 1e308\n", encoding="utf-8")
+        "def mm(invoke, device):\n    return 1e308\n",
+        encoding="utf-8",
+    )
     from castcore.cli.main import main
 
-    argv = ["estimate", "--json", "--model", "tests/data/tiny-llama.json", "--seq", "8", "--no-packs",
-            "--device-file", str(h100_file), "--custom-op-dir", str(tmp_path)]
+    argv = [
+        "estimate",
+        "--json",
+        "--model",
+        "tests/data/tiny-llama.json",
+        "--seq",
+        "8",
+        "--no-packs",
+        "--device-file",
+        str(h100_file),
+        "--custom-op-dir",
+        str(tmp_path),
+    ]
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and "overflow to infinity" in err and "aten::mm" in err

@@ -14,7 +14,11 @@ from castcore.serving.mixed_batch import Chunk, capture_mixed
 from castcore.serving.step_time import StepTimes, agreement, random_batches
 
 DATA = Path(__file__).parents[1] / "data"
-LLAMA, MIXTRAL, H100 = str(DATA / "tiny-llama.json"), str(DATA / "tiny-mixtral.json"), str(DATA / "h100-sxm.toml")
+LLAMA, MIXTRAL, H100 = (
+    str(DATA / "tiny-llama.json"),
+    str(DATA / "tiny-mixtral.json"),
+    str(DATA / "h100-sxm.toml"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +33,13 @@ def test_a_packed_prefill_is_the_prefill_and_decodes_read_every_cached_token(ses
     # (16 + 16) x 2 bytes.
     assert alone.flops == prefill.flops and alone.bytes - prefill.bytes == 2 * 16 * 2 * 32 * 2
     assert alone.time_s == pytest.approx(prefill.time_s, rel=0.01)
-    short, long = (capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, kv)] * 4, "h100-sxm")
-                   for kv in (10, 200))
-    attention = [[r for r in rep.records if r.invoke.name == "castcore::varlen_attention"] for rep in (short, long)]
+    short, long = (
+        capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, kv)] * 4, "h100-sxm")
+        for kv in (10, 200)
+    )
+    attention = [
+        [r for r in rep.records if r.invoke.name == "castcore::varlen_attention"] for rep in (short, long)
+    ]
     assert len(attention[0]) == 2  # one kernel a layer, whatever the sequences
     # Keys and values read: (cached + new) tokens x 2 KV heads x 16 x (K and V) x 2 bytes, per sequence.
     assert attention[1][0].bytes - attention[0][0].bytes == 4 * (200 - 10) * 2 * 16 * 2 * 2
@@ -45,19 +53,46 @@ def test_the_step_time_model_agrees_with_a_direct_capture_within_3_percent(sessi
 
 
 def _simulate(capsys, *more: str) -> dict:
-    argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--requests", "60", "--input",
-            "uniform:20:120", "--output", "16", "--json", *more]
+    argv = [
+        "simulate",
+        "--model",
+        LLAMA,
+        "--device-file",
+        H100,
+        "--no-packs",
+        "--requests",
+        "60",
+        "--input",
+        "uniform:20:120",
+        "--output",
+        "16",
+        "--json",
+        *more,
+    ]
     assert main(argv) == 0
     return json.loads(capsys.readouterr().out)
 
 
 def test_simulate_reports_vllm_bench_serve_figures_reproducibly(capsys):
     first = _simulate(capsys, "--rate", "40", "--seed", "3", "--slo-ttft", "1s")
-    for name in ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-                 "output_throughput", "total_token_throughput", "request_goodput", "preemptions",
-                 "mean_running_batch", "kv_usage", *(f"{stat}_{metric}_ms" for stat in ("mean", "median", "std", "p90",
-                                                                                      "p99")
-                                                     for metric in ("ttft", "tpot", "itl", "e2el"))):
+    for name in (
+        "completed",
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "request_goodput",
+        "preemptions",
+        "mean_running_batch",
+        "kv_usage",
+        *(
+            f"{stat}_{metric}_ms"
+            for stat in ("mean", "median", "std", "p90", "p99")
+            for metric in ("ttft", "tpot", "itl", "e2el")
+        ),
+    ):
         assert name in first, name
     assert first["completed"] == 60 and first["total_output_tokens"] == 60 * 16
     assert first["request_goodput"] == pytest.approx(first["request_throughput"])  # every TTFT is under 1 s
@@ -74,27 +109,47 @@ def test_simulate_reports_vllm_bench_serve_figures_reproducibly(capsys):
 def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, capsys):
     device = tmp_path / "small.toml"
     device.write_text(Path(H100).read_text().replace("memory_bytes = 85899345920", "memory_bytes = 2097152"))
-    argv = ["simulate", "--model", LLAMA, "--device-file", str(device), "--no-packs", "--requests", "40", "--input",
-            "100", "--output", "100", "--json", "--max-batched-tokens", "256"]
+    argv = [
+        "simulate",
+        "--model",
+        LLAMA,
+        "--device-file",
+        str(device),
+        "--no-packs",
+        "--requests",
+        "40",
+        "--input",
+        "100",
+        "--output",
+        "100",
+        "--json",
+        "--max-batched-tokens",
+        "256",
+    ]
     assert main(argv) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["completed"] == 40 and figures["preemptions"] > 0 and figures["never_fit"] == []
     assert figures["kv_blocks"] * 16 < 40 * 200  # the cache cannot hold every request at once
-    assert main([*argv, "--kv-policy", "reserve"]) == 0  # TensorRT-LLM's default: wait for room, never preempt
+    assert (
+        main([*argv, "--kv-policy", "reserve"]) == 0
+    )  # TensorRT-LLM's default: wait for room, never preempt
     reserved = json.loads(capsys.readouterr().out)
     assert reserved["completed"] == 40 and reserved["preemptions"] == 0
     assert reserved["engine_limits"]["kv_policy"] == "reserve"
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["--rate", "0"], "--rate 0.0: must be a number above zero"),
-    (["--concurrency", "0"], "--concurrency 0: must be a whole number of at least 1"),
-    (["--input", "normal:100:-5"], "--input normal:100:-5: "),
-    (["--input", "300"], "beyond the model's position limit of 256"),
-    (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
-    (["--scheduler-steps", "0"], "--scheduler-steps 0: must be a whole number of at least 1"),
-    (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
-])
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--rate", "0"], "--rate 0.0: must be a number above zero"),
+        (["--concurrency", "0"], "--concurrency 0: must be a whole number of at least 1"),
+        (["--input", "normal:100:-5"], "--input normal:100:-5: "),
+        (["--input", "300"], "beyond the model's position limit of 256"),
+        (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
+        (["--scheduler-steps", "0"], "--scheduler-steps 0: must be a whole number of at least 1"),
+        (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
     assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -104,14 +159,18 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
 def test_a_malformed_dataset_line_is_named(tmp_path, capsys):
     dataset = tmp_path / "trace.jsonl"
     dataset.write_text('{"input_tokens": 10, "output_tokens": 5}\n{"input_tokens": 10}\n')
-    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--dataset", str(dataset)]) == 2
+    assert (
+        main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--dataset", str(dataset)])
+        == 2
+    )
     assert "line 2" in capsys.readouterr().err
 
 
 def test_the_python_api_gives_what_the_command_prints(capsys):
     figures = _simulate(capsys, "--concurrency", "4")
     report = castcore.Session(load_packs=[], device_files=[H100]).simulate(
-        LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, concurrency=4)
+        LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, concurrency=4
+    )
     assert report.to_dict()["output_throughput"] == pytest.approx(figures["output_throughput"])
     with pytest.raises(castcore.ModelError, match=r"^rate=-1: must be a number above zero$"):
         castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, rate=-1)
@@ -126,11 +185,21 @@ def test_each_iteration_prices_its_own_attention(session):
 
 
 def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():
-    grid = {"command": "simulate", "model": LLAMA, "requests": 20, "input": "uniform:10:60", "output": 8,
-            "rate": [20, 80], "device_file": [H100], "no_packs": True}
+    grid = {
+        "command": "simulate",
+        "model": LLAMA,
+        "requests": 20,
+        "input": "uniform:10:60",
+        "output": 8,
+        "rate": [20, 80],
+        "device_file": [H100],
+        "no_packs": True,
+    }
     rows = castcore.sweep(grid, workers=1)
     assert [row["rate"] for row in rows] == [20.0, 80.0]
-    assert all(row["error"] is None and row["completed"] == 20 and row["total_output_tokens"] == 160 for row in rows)
+    assert all(
+        row["error"] is None and row["completed"] == 20 and row["total_output_tokens"] == 160 for row in rows
+    )
     assert rows[1]["duration"] < rows[0]["duration"]  # the same requests arrive four times as fast
     with pytest.raises(castcore.ModelError, match=r"every point is refused: .*position limit of 256"):
         castcore.sweep({**grid, "input": 400}, workers=1)
@@ -144,7 +213,8 @@ def test_the_trace_shows_every_iteration_and_request(tmp_path, capsys):
     requests = [e for e in events if e["name"].startswith("request ")]
     assert len(iterations) == figures["iterations"] and len(requests) == 60
     assert sum(e["args"]["decode_tokens"] + e["args"]["prefill_tokens"] for e in iterations) >= (
-        figures["total_input_tokens"] + figures["total_output_tokens"] - 60)  # the last token of each is not run
+        figures["total_input_tokens"] + figures["total_output_tokens"] - 60
+    )  # the last token of each is not run
 
 
 def test_a_mixed_batch_splits_attention_even_where_a_pack_rewrites_it(tmp_path):
@@ -153,18 +223,29 @@ def test_a_mixed_batch_splits_attention_even_where_a_pack_rewrites_it(tmp_path):
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "rewriting.py").write_text(
         "import pathlib\nimport castcore.pack\n\n@castcore.pack.hookimpl\ndef fuse_model(model, device):\n"
-        f"    pathlib.Path({str(asked)!r}).write_text('asked')\n")
+        f"    pathlib.Path({str(asked)!r}).write_text('asked')\n"
+    )
     session = castcore.Session(load_packs=[], device_files=[H100], custom_op_dirs=[str(tmp_path / "plugins")])
-    report = capture_mixed(session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, 50), Chunk(8, 0)], "h100-sxm")
-    assert sum(r.invoke.name == "castcore::varlen_attention" for r in report.records) == 2 and not asked.exists()
+    report = capture_mixed(
+        session.pipeline, castcore.build_workload(LLAMA), [Chunk(1, 50), Chunk(8, 0)], "h100-sxm"
+    )
+    assert (
+        sum(r.invoke.name == "castcore::varlen_attention" for r in report.records) == 2 and not asked.exists()
+    )
     session.estimate(castcore.build_workload(LLAMA, seq=8), device="h100-sxm")
     assert asked.exists()  # an estimate asks the pack, as always
 
 
 def test_a_model_keeping_its_own_attention_is_refused_not_priced_as_one_prompt(session):
-    with pytest.raises(castcore.ModelError, match="its attention does not run through castcore's fused attention"):
-        capture_mixed(session.pipeline, castcore.build_workload(str(DATA / "tiny-falcon.json")),
-                      [Chunk(1, 50), Chunk(8, 0)], "h100-sxm")
+    with pytest.raises(
+        castcore.ModelError, match="its attention does not run through castcore's fused attention"
+    ):
+        capture_mixed(
+            session.pipeline,
+            castcore.build_workload(str(DATA / "tiny-falcon.json")),
+            [Chunk(1, 50), Chunk(8, 0)],
+            "h100-sxm",
+        )
 
 
 def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tmp_path, monkeypatch):
@@ -175,7 +256,9 @@ def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tm
     runs = []
     for _ in range(2):  # a new cache each time, as a new process has: the second finds every capture on disk
         cache = CaptureCache()
-        report = castcore.Session(load_packs=[], device_files=[H100], capture_step=cache).simulate(LLAMA, **options)
+        report = castcore.Session(load_packs=[], device_files=[H100], capture_step=cache).simulate(
+            LLAMA, **options
+        )
         runs.append((report.summary, cache.stats))
     (first, made), (second, found) = runs
     assert made.captured >= 3 and made.loaded == 0  # the ladder's mixed batches and the KV probe
@@ -207,8 +290,23 @@ def test_the_plot_draws_the_distributions_and_throughput(tmp_path, capsys):
     assert figures["completed"] == 60
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 20_000
     assert [p.name for p in tmp_path.iterdir()] == ["run.png"]  # no temporary left beside it
-    assert main(["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--input", "100", "--plot",
-                 str(tmp_path / "missing" / "run.png")]) == 2
+    assert (
+        main(
+            [
+                "simulate",
+                "--model",
+                LLAMA,
+                "--device-file",
+                H100,
+                "--no-packs",
+                "--input",
+                "100",
+                "--plot",
+                str(tmp_path / "missing" / "run.png"),
+            ]
+        )
+        == 2
+    )
     assert "the folder" in capsys.readouterr().err
 
 
@@ -222,9 +320,15 @@ def test_pipeline_stages_split_an_iteration_and_serve_micro_batches_in_flight(se
         assert staged(chunks) >= max(2 * max(stages), sum(stages))
     decoding = [Chunk(1, 50)] * 8
     assert staged.stage_times(decoding)[1] > staged.stage_times([Chunk(1, 50, samples=False)] * 8)[1]
-    offline = {pp: castcore.Session(load_packs=[], device_files=[H100]).simulate(
-        LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, pp=pp) for pp in (1, 2)}
-    assert offline[2].summary["completed"] == 60 and "pipeline-parallel: 2 micro-batches" in offline[2].notes[-1]
+    offline = {
+        pp: castcore.Session(load_packs=[], device_files=[H100]).simulate(
+            LLAMA, requests=60, input_lengths="uniform:20:120", output_lengths=16, pp=pp
+        )
+        for pp in (1, 2)
+    }
+    assert (
+        offline[2].summary["completed"] == 60 and "pipeline-parallel: 2 micro-batches" in offline[2].notes[-1]
+    )
     # Each device holds half the layers' keys and values: twice the blocks (the tiny weights hardly count).
     assert offline[2].kv_blocks / offline[1].kv_blocks == pytest.approx(2, rel=0.01)
     # A token passes both stages and the send between them, and the last stage also runs the LM head.
@@ -232,16 +336,46 @@ def test_pipeline_stages_split_an_iteration_and_serve_micro_batches_in_flight(se
 
 
 def test_a_run_where_no_request_can_be_served_is_one_line(capsys):
-    argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--requests", "3", "--input", "200",
-            "--output", "8", "--chunked-prefill", "off", "--max-batched-tokens", "64"]
+    argv = [
+        "simulate",
+        "--model",
+        LLAMA,
+        "--device-file",
+        H100,
+        "--no-packs",
+        "--requests",
+        "3",
+        "--input",
+        "200",
+        "--output",
+        "8",
+        "--chunked-prefill",
+        "off",
+        "--max-batched-tokens",
+        "64",
+    ]
     assert main(argv) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
-    assert len(err) == 1 and err[0].startswith("castcore: error: no request can be served: all 3 never fit; "), err
+    assert len(err) == 1 and err[0].startswith(
+        "castcore: error: no request can be served: all 3 never fit; "
+    ), err
     assert "Traceback" not in err[0]
 
 
-@pytest.mark.parametrize("n, said", [(2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"), (21, "21st"),
-                                     (22, "22nd"), (101, "101st"), (113, "113th")])
+@pytest.mark.parametrize(
+    "n, said",
+    [
+        (2, "2nd"),
+        (3, "3rd"),
+        (4, "4th"),
+        (11, "11th"),
+        (12, "12th"),
+        (21, "21st"),
+        (22, "22nd"),
+        (101, "101st"),
+        (113, "113th"),
+    ],
+)
 def test_the_replica_notes_count_requests_in_english_ordinals(n, said):
     from castcore.serving.traffic import _ordinal
 

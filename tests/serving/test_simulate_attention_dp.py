@@ -36,8 +36,16 @@ def test_each_attention_group_schedules_its_own_requests(session):
 
 
 def test_an_attention_data_parallel_decode_pool(session):
-    report = session.simulate(MOE, **TRAFFIC, requests=8, rate=20.0, prefill_instances=1, decode_instances=1,
-                              prefill_deployment="tp=2 ep=2", decode_deployment="ep=2 attention_dp=2")
+    report = session.simulate(
+        MOE,
+        **TRAFFIC,
+        requests=8,
+        rate=20.0,
+        prefill_instances=1,
+        decode_instances=1,
+        prefill_deployment="tp=2 ep=2",
+        decode_deployment="ep=2 attention_dp=2",
+    )
     assert report.summary["completed"] == 8 and report.summary["devices"] == 4
     assert report.deployment["decode"]["attention_dp"] == 2 and report.deployment["prefill"]["tp"] == 2
     assert [u.devices for u in report.pool_use] == [2, 2]

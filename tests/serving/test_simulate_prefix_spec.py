@@ -17,8 +17,23 @@ from castcore.workload.spec import load_model_config
 
 DATA = Path(__file__).parents[1] / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
-BASE = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--input", "200", "--output", "32",
-        "--requests", "40", "--rate", "20", "--json"]
+BASE = [
+    "simulate",
+    "--model",
+    LLAMA,
+    "--device-file",
+    H100,
+    "--no-packs",
+    "--input",
+    "200",
+    "--output",
+    "32",
+    "--requests",
+    "40",
+    "--rate",
+    "20",
+    "--json",
+]
 
 
 def run(capsys, *more: str) -> dict:
@@ -30,8 +45,12 @@ def test_acceptance_is_a_rate_per_position_or_their_list():
     assert speculation.acceptance_rates("0.5", 3) == [0.5, 0.25, 0.125]
     assert speculation.acceptance_rates("0.9,0.7,0.5", 3) == [0.9, 0.7, 0.5]
     assert speculation.tokens_per_step([0.9, 0.7, 0.5]) == pytest.approx(3.1)
-    for text, said in (("1.5", "from 0 to 1"), ("0.9,0.7", "2 positions for"),
-                       ("0.5,0.7,0.2", "cannot rise"), ("high", "give a rate")):
+    for text, said in (
+        ("1.5", "from 0 to 1"),
+        ("0.9,0.7", "2 positions for"),
+        ("0.5,0.7,0.2", "cannot rise"),
+        ("high", "give a rate"),
+    ):
         with pytest.raises(ModelError, match=said):
             speculation.acceptance_rates(text, 3)
 
@@ -51,7 +70,11 @@ def test_a_step_adds_the_drafts_prefill_and_its_k_decode_steps():
     prompt, verify = (200, 0, True), (4, 100, True)  # a prompt's last chunk; a decode carrying 3 drafts
     assert step([prompt, verify]) == pytest.approx(1.0 + 0.1 + 2 * 0.1)
     # The draft prefills the chunk and drafts the first token together, then drafts the other two (priced once, x 2).
-    assert calls == [("model", [prompt, verify]), ("draft", [prompt, (1, 100, True)]), ("draft", [(1, 100, True)])]
+    assert calls == [
+        ("model", [prompt, verify]),
+        ("draft", [prompt, (1, 100, True)]),
+        ("draft", [(1, 100, True)]),
+    ]
 
 
 def test_a_shared_prefix_is_prefilled_once_and_lowers_time_to_first_token(capsys):
@@ -70,8 +93,10 @@ def test_accepted_drafts_cut_the_steps_and_time_per_token(tmp_path, capsys):
     small = tmp_path / "draft.json"
     small.write_text(json.dumps(config))
     plain = run(capsys)
-    good, poor = (run(capsys, "--spec-tokens", "3", "--acceptance", rate, "--draft-model", str(small))
-                  for rate in ("0.9", "0.1"))
+    good, poor = (
+        run(capsys, "--spec-tokens", "3", "--acceptance", rate, "--draft-model", str(small))
+        for rate in ("0.9", "0.1")
+    )
     assert good["spec_tokens_per_step"] == pytest.approx(1 + 0.9 + 0.81 + 0.729)
     assert good["completed"] == poor["completed"] == plain["completed"] == 40
     # The same passes keep more tokens: fewer iterations, less time per token. (On this tiny model every step is
@@ -81,9 +106,11 @@ def test_accepted_drafts_cut_the_steps_and_time_per_token(tmp_path, capsys):
 
 
 def test_a_dataset_names_its_prefixes(tmp_path):
-    lines = ['{"input_tokens": 600, "output_tokens": 8, "prefix_id": "system", "prefix_tokens": 512}',
-             '{"input_tokens": 700, "output_tokens": 8, "prefix_id": "system", "prefix_tokens": 512}',
-             '{"input_tokens": 650, "output_tokens": 8}']
+    lines = [
+        '{"input_tokens": 600, "output_tokens": 8, "prefix_id": "system", "prefix_tokens": 512}',
+        '{"input_tokens": 700, "output_tokens": 8, "prefix_id": "system", "prefix_tokens": 512}',
+        '{"input_tokens": 650, "output_tokens": 8}',
+    ]
     path = tmp_path / "requests.jsonl"
     path.write_text("\n".join(lines))
     found = read_dataset(path)
@@ -93,14 +120,26 @@ def test_a_dataset_names_its_prefixes(tmp_path):
         read_dataset(path)
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["--prefix-len", "300"], "--prefix-len 300: request 0 has a 200-token prompt, not longer than the prefix"),
-    (["--prefix-len", "100", "--prefix-hit-rate", "1.5"], "--prefix-hit-rate 1.5: a share of the requests, at most 1"),
-    (["--prefix-hit-rate", "0.5"], "--prefix-hit-rate 0.5 needs --prefix-len"),
-    (["--spec-tokens", "2", "--acceptance", "1.2", "--draft-model", LLAMA], "--acceptance 1.2: an acceptance rate"),
-    (["--spec-tokens", "2"], "--spec-tokens 2 needs --draft-model"),
-    (["--acceptance", "0.5"], "--acceptance needs --spec-tokens"),
-])
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["--prefix-len", "300"],
+            "--prefix-len 300: request 0 has a 200-token prompt, not longer than the prefix",
+        ),
+        (
+            ["--prefix-len", "100", "--prefix-hit-rate", "1.5"],
+            "--prefix-hit-rate 1.5: a share of the requests, at most 1",
+        ),
+        (["--prefix-hit-rate", "0.5"], "--prefix-hit-rate 0.5 needs --prefix-len"),
+        (
+            ["--spec-tokens", "2", "--acceptance", "1.2", "--draft-model", LLAMA],
+            "--acceptance 1.2: an acceptance rate",
+        ),
+        (["--spec-tokens", "2"], "--spec-tokens 2 needs --draft-model"),
+        (["--acceptance", "0.5"], "--acceptance needs --spec-tokens"),
+    ],
+)
 def test_bad_options_are_one_line_and_exit_2(capsys, argv, said):
     assert main([*BASE, *argv]) == 2
     captured = capsys.readouterr()
@@ -122,7 +161,9 @@ def test_a_draft_head_is_the_model_cut_to_its_layers():
     mtp = draft_heads.head_config(deepseek, "mtp", "deepseek-v3")
     # One multi-token-prediction layer, a mixture-of-experts one like the model's own after its 3 dense layers.
     assert (mtp["num_hidden_layers"], mtp["first_k_dense_replace"]) == (1, 0)
-    assert "num_nextn_predict_layers" not in mtp and deepseek["num_hidden_layers"] == 61  # the model is untouched
+    assert (
+        "num_nextn_predict_layers" not in mtp and deepseek["num_hidden_layers"] == 61
+    )  # the model is untouched
     gpt_oss = load_model_config("gpt-oss-20b")
     eagle = draft_heads.head_config(gpt_oss, "eagle", "gpt-oss-20b")
     assert eagle["num_hidden_layers"] == 1 and eagle["layer_types"] == gpt_oss["layer_types"][:1]
@@ -134,7 +175,9 @@ def test_a_draft_head_is_the_model_cut_to_its_layers():
 
 def test_an_eagle_head_drafts_with_the_models_own_embedding_and_head(tmp_path, capsys):
     config = json.loads((DATA / "tiny-llama.json").read_text())
-    config["num_hidden_layers"] = 1  # the same layer as a draft model of its own, which holds its embedding and head
+    config["num_hidden_layers"] = (
+        1  # the same layer as a draft model of its own, which holds its embedding and head
+    )
     own = tmp_path / "draft.json"
     own.write_text(json.dumps(config))
     head = run(capsys, "--spec-tokens", "2", "--acceptance", "0.8", "--draft-model", "eagle")
@@ -148,7 +191,11 @@ def test_an_eagle_head_drafts_with_the_models_own_embedding_and_head(tmp_path, c
 def test_mtp_needs_a_model_that_ships_it(capsys):
     assert main([*BASE, "--spec-tokens", "1", "--acceptance", "0.8", "--draft-model", "mtp"]) == 2
     err = capsys.readouterr().err
-    assert "ships no multi-token-prediction layers" in err and "--draft-model eagle" in err and err.count("\n") == 1
+    assert (
+        "ships no multi-token-prediction layers" in err
+        and "--draft-model eagle" in err
+        and err.count("\n") == 1
+    )
 
 
 def test_an_mtp_head_drafts_with_the_layers_the_config_declares(tmp_path, capsys):
@@ -156,7 +203,21 @@ def test_an_mtp_head_drafts_with_the_layers_the_config_declares(tmp_path, capsys
     config["num_nextn_predict_layers"] = 1
     model = tmp_path / "with-mtp.json"
     model.write_text(json.dumps(config))
-    assert main([*BASE[:2], str(model), *BASE[3:], "--spec-tokens", "2", "--acceptance", "0.9,0.6",
-                 "--draft-model", "mtp"]) == 0
+    assert (
+        main(
+            [
+                *BASE[:2],
+                str(model),
+                *BASE[3:],
+                "--spec-tokens",
+                "2",
+                "--acceptance",
+                "0.9,0.6",
+                "--draft-model",
+                "mtp",
+            ]
+        )
+        == 0
+    )
     found = json.loads(capsys.readouterr().out)
     assert found["spec_tokens_per_step"] == pytest.approx(2.5) and found["completed"] == 40

@@ -46,7 +46,12 @@ def test_chunked_prefill_split_by_budget():
     batches, step = recorder(samples=samples)
     result = simulate([Req(0, 10, 2)], engine(budget=4), 100, step)
     assert batches == [[(4, 0)], [(4, 4)], [(2, 8)], [(1, 10)]]
-    assert samples == [[False], [False], [True], [True]]  # only the chunk that ends the prompt samples a token
+    assert samples == [
+        [False],
+        [False],
+        [True],
+        [True],
+    ]  # only the chunk that ends the prompt samples a token
     assert result.finished[0].token_times == [3.0, 4.0]
 
 
@@ -160,17 +165,24 @@ def test_each_preset_has_numbers_and_sources(name):
 
 
 def test_documented_values():
-    assert (PRESETS["vllm"].max_batched_tokens, PRESETS["vllm"].block_size, PRESETS["vllm"].kv_memory_fraction) == (
-        8192, 16, 0.9)
+    assert (
+        PRESETS["vllm"].max_batched_tokens,
+        PRESETS["vllm"].block_size,
+        PRESETS["vllm"].kv_memory_fraction,
+    ) == (8192, 16, 0.9)
     assert PRESETS["sglang"].block_size == 1 and PRESETS["sglang"].max_batched_tokens == 8192
     assert (PRESETS["trtllm"].max_running_requests, PRESETS["trtllm"].memory_share_of) == (2048, "free")
 
 
 def test_overrides_apply_and_bad_ones_are_refused_in_one_line():
     assert limits("vllm", block_size=32, chunked_prefill=False).block_size == 32
-    for bad, option in [({"block_size": 0}, "block_size"), ({"max_batched_tokens": 2.5}, "max_batched_tokens"),
-                        ({"kv_memory_fraction": 1.5}, "kv_memory_fraction"),
-                        ({"chunked_prefill": "yes"}, "chunked_prefill"), ({"colour": 1}, "'colour'")]:
+    for bad, option in [
+        ({"block_size": 0}, "block_size"),
+        ({"max_batched_tokens": 2.5}, "max_batched_tokens"),
+        ({"kv_memory_fraction": 1.5}, "kv_memory_fraction"),
+        ({"chunked_prefill": "yes"}, "chunked_prefill"),
+        ({"colour": 1}, "'colour'"),
+    ]:
         with pytest.raises(ModelError) as error:
             limits("vllm", **bad)
         assert option in str(error.value) and "\n" not in str(error.value)
@@ -206,8 +218,15 @@ def test_a_cached_prefix_is_skipped_and_its_blocks_held_once():
     assert result.trace.kv_used[2] == pytest.approx(0.4)
     # A request whose prefix is the whole prompt still computes its last token.
     batches, step = recorder()
-    simulate([Req(0, 32, 1, 0.0, prefix_id=1, prefix_tokens=32), Req(1, 32, 1, 5.0, prefix_id=1, prefix_tokens=32)],
-             engine(block=16), 10, step)
+    simulate(
+        [
+            Req(0, 32, 1, 0.0, prefix_id=1, prefix_tokens=32),
+            Req(1, 32, 1, 5.0, prefix_id=1, prefix_tokens=32),
+        ],
+        engine(block=16),
+        10,
+        step,
+    )
     assert batches[1] == [(16, 16)]
 
 

@@ -13,10 +13,21 @@ from castcore.simulation.scheduler import Scheduler
 
 
 def scheduler_for(requests, kv_blocks=100, **overrides):
-    engine = EngineLimits(**{"max_running_requests": 8, "max_batched_tokens": 100, "chunked_prefill": True,
-                             "block_size": 4, "kv_memory_fraction": 0.9, "memory_share_of": "device", **overrides})
+    engine = EngineLimits(
+        **{
+            "max_running_requests": 8,
+            "max_batched_tokens": 100,
+            "chunked_prefill": True,
+            "block_size": 4,
+            "kv_memory_fraction": 0.9,
+            "memory_share_of": "device",
+            **overrides,
+        }
+    )
     states = [RequestState.of(r) for r in requests]
-    scheduler = Scheduler(engine, BlockPool(kv_blocks, engine.block_size), Policies.of(engine, states, None, None))
+    scheduler = Scheduler(
+        engine, BlockPool(kv_blocks, engine.block_size), Policies.of(engine, states, None, None)
+    )
     for state in states:
         scheduler.add(state)
     return scheduler, states
@@ -40,7 +51,9 @@ def test_a_request_goes_from_waiting_to_running_to_finished_and_gives_its_blocks
 def test_a_preempted_request_waits_again_holding_nothing():
     # 3 blocks of 2 tokens: both prompts fit (1 block each); then the first's decode takes the last free block, and
     # the second, asking for one more, is the latest admitted: it is preempted itself.
-    scheduler, (first, second) = scheduler_for([Request(0, 2, 4), Request(1, 2, 4)], kv_blocks=3, block_size=2)
+    scheduler, (first, second) = scheduler_for(
+        [Request(0, 2, 4), Request(1, 2, 4)], kv_blocks=3, block_size=2
+    )
     scheduler.update(scheduler.schedule(), 1.0)
     batch = scheduler.schedule()
     assert batch.preempted and batch.requests == [first]
@@ -54,7 +67,9 @@ def test_the_preset_chooses_the_kv_policy_and_the_decisions():
     trtllm = Policies.of(limits("trtllm"), states, None, None)
     vllm = Policies.of(limits("vllm", scheduler_steps=3), states, None, (2, 1.5))
     assert isinstance(trtllm.kv, Reserve) and isinstance(vllm.kv, OnDemand)
-    assert trtllm.kv.admission_tokens(states[0], 0, 4) == 14 and vllm.kv.admission_tokens(states[0], 0, 4) == 4
+    assert (
+        trtllm.kv.admission_tokens(states[0], 0, 4) == 14 and vllm.kv.admission_tokens(states[0], 0, 4) == 4
+    )
     assert isinstance(vllm.decisions, MultiStep) and isinstance(vllm.decoding, Speculation)
     assert [vllm.decisions.deciding(True) for _ in range(5)] == [True, False, False, True, False]
     assert vllm.decisions.deciding(False)  # nothing left running: decide at once

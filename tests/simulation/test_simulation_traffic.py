@@ -28,6 +28,7 @@ def _one_line_error(call, *culprits: str) -> str:
 
 # Lengths
 
+
 def test_fixed_lengths():
     assert Lengths.parse("512").sample(random.Random(0), 3) == [512, 512, 512]
     assert Lengths.parse(64) == Lengths.fixed(64)
@@ -53,7 +54,7 @@ def test_normal_lengths_have_their_mean_and_are_clamped_to_one():
 def test_lognormal_lengths_are_given_by_their_median():
     draws = Lengths.parse("lognormal:100:0.5").sample(random.Random(3), 4000)
     assert statistics.median(draws) == pytest.approx(100, abs=5)
-    assert statistics.fmean(draws) == pytest.approx(100 * math.exp(0.5 ** 2 / 2), rel=0.05)
+    assert statistics.fmean(draws) == pytest.approx(100 * math.exp(0.5**2 / 2), rel=0.05)
     assert min(draws) >= 1
 
 
@@ -63,22 +64,25 @@ def test_lengths_are_reproducible_with_a_seed():
     assert lengths.sample(random.Random(7), 50) != lengths.sample(random.Random(8), 50)
 
 
-@pytest.mark.parametrize("text, why", [
-    ("normal:100:-1", "STD must not be negative"),
-    ("uniform:1024:256", "LOW must not exceed HIGH"),
-    ("uniform:0:10", "LOW must be a whole number of at least 1"),
-    ("uniform:1.5:10", "LOW must be a whole number"),
-    ("lognormal:100:0", "SIGMA must be greater than 0"),
-    ("lognormal:0:1", "MEDIAN must be at least 1"),
-    ("normal:0:1", "MEAN must be at least 1"),
-    ("gamma:2:3", "not one of the forms"),
-    ("uniform:5", "not one of the forms"),
-    ("long", "not one of the forms"),
-    ("normal:a:b", "must be numbers"),
-    ("normal:nan:1", "finite numbers"),
-    ("0", "the length must be a whole number of at least 1"),
-    ("512.5", "the length must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("normal:100:-1", "STD must not be negative"),
+        ("uniform:1024:256", "LOW must not exceed HIGH"),
+        ("uniform:0:10", "LOW must be a whole number of at least 1"),
+        ("uniform:1.5:10", "LOW must be a whole number"),
+        ("lognormal:100:0", "SIGMA must be greater than 0"),
+        ("lognormal:0:1", "MEDIAN must be at least 1"),
+        ("normal:0:1", "MEAN must be at least 1"),
+        ("gamma:2:3", "not one of the forms"),
+        ("uniform:5", "not one of the forms"),
+        ("long", "not one of the forms"),
+        ("normal:a:b", "must be numbers"),
+        ("normal:nan:1", "finite numbers"),
+        ("0", "the length must be a whole number of at least 1"),
+        ("512.5", "the length must be a whole number"),
+    ],
+)
 def test_impossible_lengths_are_refused_naming_the_text(text, why):
     message = _one_line_error(lambda: Lengths.parse(text), repr(text), why)
     assert "uniform:LOW:HIGH" in message  # the accepted forms
@@ -91,6 +95,7 @@ def test_impossible_lengths_from_python_are_refused_too():
 
 # Requests
 
+
 def test_make_requests_draws_reproducible_requests():
     requests = make_requests(20, Lengths.parse("uniform:10:20"), Lengths.parse("normal:50:5"), seed=4)
     assert requests == make_requests(20, Lengths.parse("uniform:10:20"), Lengths.parse("normal:50:5"), seed=4)
@@ -101,22 +106,27 @@ def test_make_requests_draws_reproducible_requests():
 
 def test_read_dataset_takes_both_key_styles_and_skips_blank_lines(tmp_path):
     path = tmp_path / "trace.jsonl"
-    path.write_text('{"input_tokens": 512, "output_tokens": 128, "arrival_s": 0.5}\n\n'
-                    '{"prompt_len": 30, "output_len": 7, "timestamp": 1}\n   \n')
+    path.write_text(
+        '{"input_tokens": 512, "output_tokens": 128, "arrival_s": 0.5}\n\n'
+        '{"prompt_len": 30, "output_len": 7, "timestamp": 1}\n   \n'
+    )
     assert read_dataset(path) == [Request(0, 512, 128, 0.5), Request(1, 30, 7, 1.0)]
     path.write_text('{"prompt_len": 30, "output_len": 7, "conversation_id": "x"}\n')
     assert read_dataset(str(path)) == [Request(0, 30, 7, None)]
 
 
-@pytest.mark.parametrize("third_line, culprit", [
-    ('{"input_tokens": 5, "output_tokens": ', "not JSON"),
-    ('[5, 6]', "not a JSON object"),
-    ('{"input_tokens": 5}', "output None"),
-    ('{"input_tokens": 0, "output_tokens": 3}', "input 0"),
-    ('{"input_tokens": 5.5, "output_tokens": 3}', "input 5.5"),
-    ('{"input_tokens": true, "output_tokens": 3}', "input True"),
-    ('{"input_tokens": 5, "output_tokens": 3, "arrival_s": -1}', "arrival -1"),
-])
+@pytest.mark.parametrize(
+    "third_line, culprit",
+    [
+        ('{"input_tokens": 5, "output_tokens": ', "not JSON"),
+        ("[5, 6]", "not a JSON object"),
+        ('{"input_tokens": 5}', "output None"),
+        ('{"input_tokens": 0, "output_tokens": 3}', "input 0"),
+        ('{"input_tokens": 5.5, "output_tokens": 3}', "input 5.5"),
+        ('{"input_tokens": true, "output_tokens": 3}', "input True"),
+        ('{"input_tokens": 5, "output_tokens": 3, "arrival_s": -1}', "arrival -1"),
+    ],
+)
 def test_a_malformed_line_is_named_by_its_number(tmp_path, third_line, culprit):
     path = tmp_path / "trace.jsonl"
     path.write_text('{"input_tokens": 5, "output_tokens": 3}\n\n' + third_line + "\n")
@@ -133,8 +143,9 @@ def test_an_empty_or_unreadable_dataset_is_refused(tmp_path):
 
 def test_a_dataset_gives_every_request_an_arrival_time_or_none(tmp_path):
     path = tmp_path / "trace.jsonl"
-    path.write_text('{"input_tokens": 5, "output_tokens": 3}\n{"input_tokens": 5, "output_tokens": 3, '
-                    '"arrival_s": 2}\n')
+    path.write_text(
+        '{"input_tokens": 5, "output_tokens": 3}\n{"input_tokens": 5, "output_tokens": 3, "arrival_s": 2}\n'
+    )
     _one_line_error(lambda: read_dataset(path), "line 2 has an arrival time", "line 1 has none")
 
 
@@ -147,12 +158,15 @@ def test_check_lengths_refuses_requests_beyond_the_position_limit():
 
 # Arrivals
 
+
 @pytest.mark.parametrize("burstiness, spread", [(1.0, 1.0), (4.0, 0.5), (0.25, 2.0)])
 def test_gamma_arrivals_keep_the_rate_and_their_burstiness(burstiness, spread):
     times = poisson(4.0, burstiness, 5000, seed=5)
     gaps = [b - a for a, b in zip([0.0, *times], times)]
     assert all(gap >= 0 for gap in gaps)
-    assert statistics.fmean(gaps) == pytest.approx(1 / 4.0, rel=1e-9)  # vLLM scales the last arrival to n / rate
+    assert statistics.fmean(gaps) == pytest.approx(
+        1 / 4.0, rel=1e-9
+    )  # vLLM scales the last arrival to n / rate
     # A gamma of shape k has coefficient of variation 1 / sqrt(k): 1 for Poisson, less for even, more for bursty.
     assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(spread, rel=0.1)
 
@@ -163,18 +177,21 @@ def test_arrivals_are_reproducible_with_a_seed():
     assert Arrivals.offline().times(3, seed=0) == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("build, culprit", [
-    (lambda: Arrivals.at_rate(0), "rate=0"),
-    (lambda: Arrivals.at_rate(-2.5), "rate=-2.5"),
-    (lambda: Arrivals.at_rate(math.inf), "rate=inf"),
-    (lambda: Arrivals.at_rate(math.nan), "rate=nan"),
-    (lambda: Arrivals.at_rate(1, burstiness=0), "burstiness=0"),
-    (lambda: poisson(1, -1, 5, seed=0), "burstiness=-1"),
-    (lambda: Arrivals.closed_loop(0), "concurrency=0"),
-    (lambda: Arrivals.closed_loop(-3), "concurrency=-3"),
-    (lambda: Arrivals.closed_loop(2.5), "concurrency=2.5"),
-    (lambda: Arrivals("bursty"), "'bursty'"),
-])
+@pytest.mark.parametrize(
+    "build, culprit",
+    [
+        (lambda: Arrivals.at_rate(0), "rate=0"),
+        (lambda: Arrivals.at_rate(-2.5), "rate=-2.5"),
+        (lambda: Arrivals.at_rate(math.inf), "rate=inf"),
+        (lambda: Arrivals.at_rate(math.nan), "rate=nan"),
+        (lambda: Arrivals.at_rate(1, burstiness=0), "burstiness=0"),
+        (lambda: poisson(1, -1, 5, seed=0), "burstiness=-1"),
+        (lambda: Arrivals.closed_loop(0), "concurrency=0"),
+        (lambda: Arrivals.closed_loop(-3), "concurrency=-3"),
+        (lambda: Arrivals.closed_loop(2.5), "concurrency=2.5"),
+        (lambda: Arrivals("bursty"), "'bursty'"),
+    ],
+)
 def test_bad_arrivals_are_refused(build, culprit):
     _one_line_error(build, culprit)
 
@@ -195,6 +212,7 @@ def test_schedule_keeps_a_traces_times_and_draws_the_rest():
 
 # Metrics
 
+
 def test_percentile_matches_numpys_linear_method():
     # Expected values worked by hand: rank = p / 100 * (n - 1) in the sorted list, interpolated linearly.
     assert percentile([1, 2, 3, 4], 50) == 2.5
@@ -211,24 +229,47 @@ def test_percentile_matches_numpys_linear_method():
 def _three_requests() -> list[Finished]:
     """ttft 0.5/0.8/0.25 s, e2el 0.8/0.8/1.0 s, tpot 0.15 s and 0.25 s (the one-token request has none), ITLs
     0.1, 0.2 and 0.25 three times."""
-    return [Finished(0, 10, 3, 0.0, 0.5, 0.8, [0.5, 0.6, 0.8]),
-            Finished(1, 20, 1, 0.2, 1.0, 1.0, [1.0]),
-            Finished(2, 30, 4, 1.0, 1.25, 2.0, [1.25, 1.5, 1.75, 2.0], preemptions=1)]
+    return [
+        Finished(0, 10, 3, 0.0, 0.5, 0.8, [0.5, 0.6, 0.8]),
+        Finished(1, 20, 1, 0.2, 1.0, 1.0, [1.0]),
+        Finished(2, 30, 4, 1.0, 1.25, 2.0, [1.25, 1.5, 1.75, 2.0], preemptions=1),
+    ]
 
 
 def test_summary_of_three_requests_worked_by_hand():
     s = summarize(_three_requests())
     expected = {
-        "duration": 2.0, "completed": 3, "total_input_tokens": 60, "total_output_tokens": 8,
-        "request_throughput": 1.5, "output_throughput": 4.0, "total_token_throughput": 34.0,
-        "mean_ttft_ms": 1550 / 3, "median_ttft_ms": 500, "std_ttft_ms": math.sqrt(455000 / 9),
-        "p90_ttft_ms": 740, "p95_ttft_ms": 770, "p99_ttft_ms": 794,
-        "mean_tpot_ms": 200, "median_tpot_ms": 200, "std_tpot_ms": 50, "p90_tpot_ms": 240, "p95_tpot_ms": 245,
+        "duration": 2.0,
+        "completed": 3,
+        "total_input_tokens": 60,
+        "total_output_tokens": 8,
+        "request_throughput": 1.5,
+        "output_throughput": 4.0,
+        "total_token_throughput": 34.0,
+        "mean_ttft_ms": 1550 / 3,
+        "median_ttft_ms": 500,
+        "std_ttft_ms": math.sqrt(455000 / 9),
+        "p90_ttft_ms": 740,
+        "p95_ttft_ms": 770,
+        "p99_ttft_ms": 794,
+        "mean_tpot_ms": 200,
+        "median_tpot_ms": 200,
+        "std_tpot_ms": 50,
+        "p90_tpot_ms": 240,
+        "p95_tpot_ms": 245,
         "p99_tpot_ms": 249,
-        "mean_itl_ms": 210, "median_itl_ms": 250, "std_itl_ms": math.sqrt(3400), "p90_itl_ms": 250,
-        "p95_itl_ms": 250, "p99_itl_ms": 250,
-        "mean_e2el_ms": 2600 / 3, "median_e2el_ms": 800, "std_e2el_ms": math.sqrt(80000 / 9),
-        "p90_e2el_ms": 960, "p95_e2el_ms": 980, "p99_e2el_ms": 996,
+        "mean_itl_ms": 210,
+        "median_itl_ms": 250,
+        "std_itl_ms": math.sqrt(3400),
+        "p90_itl_ms": 250,
+        "p95_itl_ms": 250,
+        "p99_itl_ms": 250,
+        "mean_e2el_ms": 2600 / 3,
+        "median_e2el_ms": 800,
+        "std_e2el_ms": math.sqrt(80000 / 9),
+        "p90_e2el_ms": 960,
+        "p95_e2el_ms": 980,
+        "p99_e2el_ms": 996,
         "preemptions": 1,
     }
     assert s.keys() == expected.keys() | {"request_goodput"}
@@ -248,5 +289,7 @@ def test_goodput_counts_requests_meeting_every_slo():
 def test_format_table_reads_like_vllms_printout():
     table = format_table(summarize(_three_requests(), slo_ttft_ms=600))
     assert "Successful requests:" in table and "Request goodput (req/s):" in table
-    assert any(line.startswith("P99 TPOT (ms):") and line.split()[-1] == "249.00" for line in table.splitlines())
+    assert any(
+        line.startswith("P99 TPOT (ms):") and line.split()[-1] == "249.00" for line in table.splitlines()
+    )
     assert "Request goodput" not in format_table(summarize(_three_requests()))

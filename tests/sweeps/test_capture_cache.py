@@ -31,12 +31,22 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 def cli(*argv: str, cache_home: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    return subprocess.run([sys.executable, "-m", "castcore", *argv, "--no-packs", "--device-file", H100],
-                          capture_output=True, text=True, env={**env, "XDG_CACHE_HOME": str(cache_home)})
+    return subprocess.run(
+        [sys.executable, "-m", "castcore", *argv, "--no-packs", "--device-file", H100],
+        capture_output=True,
+        text=True,
+        env={**env, "XDG_CACHE_HOME": str(cache_home)},
+    )
 
 
-@pytest.mark.parametrize("options", [dict(seq=16), dict(phase="decode", batch=2, kv_len=24, kv_cache="fp8"),
-                                     dict(seq=16, tp=2, weights="int8")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(seq=16),
+        dict(phase="decode", batch=2, kv_len=24, kv_cache="fp8"),
+        dict(seq=16, tp=2, weights="int8"),
+    ],
+)
 def test_a_stored_capture_reads_back_to_the_same_report(session, options):
     workload = castcore.build_workload(LLAMA, **options)
     device = session.device()
@@ -45,10 +55,12 @@ def test_a_stored_capture_reads_back_to_the_same_report(session, options):
     back = stored.loads(stored.dumps(entry))
     assert back["notes"] == built.notes and back["kv_cache_shape"] == built.kv_cache_shape
     again = back["capture"]
-    assert [(i.op, i.args, i.kwargs, i.out, i.module, i.index, i.attrs) for i in again.invokes] == \
-        [(i.op, i.args, i.kwargs, i.out, i.module, i.index, i.attrs) for i in captured.invokes]
-    assert [t.storage for i in again.invokes for t in i.inputs()] == \
-        [t.storage for i in captured.invokes for t in i.inputs()]  # not part of equality: checked apart
+    assert [(i.op, i.args, i.kwargs, i.out, i.module, i.index, i.attrs) for i in again.invokes] == [
+        (i.op, i.args, i.kwargs, i.out, i.module, i.index, i.attrs) for i in captured.invokes
+    ]
+    assert [t.storage for i in again.invokes for t in i.inputs()] == [
+        t.storage for i in captured.invokes for t in i.inputs()
+    ]  # not part of equality: checked apart
     for name in ("weight_storages", "input_storages", "output_storages", "state_storages"):
         assert getattr(again, name) == getattr(captured, name)
     first, second = (session.estimate_capture(c, device) for c in (captured, again))
@@ -62,10 +74,13 @@ def test_loading_never_runs_code(tmp_path):
         def __reduce__(self):
             return (open, (str(ran), "w"))
 
-    for data in (zlib.compress(pickle.dumps({"capture": Payload()})),  # the old format, or a planted pickle
-                 zlib.compress(json.dumps({"capture": {}, "x": ["d", "__builtins__"]}).encode()),
-                 zlib.compress(json.dumps({"x": ["O", "aten::no_such_op", "default"]}).encode()),
-                 zlib.compress(b"\xff\xfe not json"), b"not even compressed"):
+    for data in (
+        zlib.compress(pickle.dumps({"capture": Payload()})),  # the old format, or a planted pickle
+        zlib.compress(json.dumps({"capture": {}, "x": ["d", "__builtins__"]}).encode()),
+        zlib.compress(json.dumps({"x": ["O", "aten::no_such_op", "default"]}).encode()),
+        zlib.compress(b"\xff\xfe not json"),
+        b"not even compressed",
+    ):
         with pytest.raises(stored.StoredError):
             stored.loads(data)
     assert not ran.exists()
@@ -91,13 +106,16 @@ def fuse_model(model, device):
 
 
 def _estimate(cache_step: CaptureCache, ops: Path | None = None, **options) -> castcore.Report:
-    session = castcore.Session(load_packs=[], device_files=[H100], custom_op_dirs=[ops] if ops else [],
-                               capture_step=cache_step)
+    session = castcore.Session(
+        load_packs=[], device_files=[H100], custom_op_dirs=[ops] if ops else [], capture_step=cache_step
+    )
     return session.estimate(castcore.build_workload(LLAMA, seq=16, **options))
 
 
 def test_corrupt_entries_are_discarded_with_one_warning_and_rebuilt(cache, tmp_path):
-    ops = tmp_path / "ops"  # a plugin with a fuse_model hook: its rewrite's fingerprint is cached too (.fused)
+    ops = (
+        tmp_path / "ops"
+    )  # a plugin with a fuse_model hook: its rewrite's fingerprint is cached too (.fused)
     ops.mkdir()
     (ops / "fuse.py").write_text(FUSE_NOTHING)
     first = CaptureCache()
@@ -143,7 +161,9 @@ def test_a_cache_folder_every_user_may_write_is_refused(cache):
     assert report.time_s > 0
 
 
-@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="changing a file's owner needs root")
+@pytest.mark.skipif(
+    not hasattr(os, "getuid") or os.getuid() != 0, reason="changing a file's owner needs root"
+)
 def test_an_entry_another_user_owns_is_refused(cache):
     _estimate(CaptureCache())
     for path in cache.iterdir():
@@ -183,17 +203,23 @@ def test_a_second_serve_loads_every_step_and_gives_the_same_figures(tmp_path):
     assert json.loads(first.stdout) == json.loads(second.stdout)
     assert "loaded the capture from castcore's cache" in second.stderr
     assert "castcore: capturing" in first.stderr and "capturing" not in second.stderr
-    assert len(list((tmp_path / "castcore" / "captures").glob("*.capture"))) == 4  # the prefill, 3 decode steps
+    assert (
+        len(list((tmp_path / "castcore" / "captures").glob("*.capture"))) == 4
+    )  # the prefill, 3 decode steps
 
 
 def test_a_loaded_capture_needs_no_transformers(tmp_path):
     """What makes a second run quick: the model is neither built nor imported."""
-    code = ("import sys, castcore; from castcore.sweeps.capture import CaptureCache\n"
-            "c = CaptureCache(); s = castcore.Session(load_packs=[], device_files=[sys.argv[1]], capture_step=c)\n"
-            "r = s.estimate(castcore.build_workload(sys.argv[2], seq=16))\n"
-            "print(c.stats.loaded, 'transformers' in sys.modules, r.time_s)")
+    code = (
+        "import sys, castcore; from castcore.sweeps.capture import CaptureCache\n"
+        "c = CaptureCache(); s = castcore.Session(load_packs=[], device_files=[sys.argv[1]], capture_step=c)\n"
+        "r = s.estimate(castcore.build_workload(sys.argv[2], seq=16))\n"
+        "print(c.stats.loaded, 'transformers' in sys.modules, r.time_s)"
+    )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", code, H100, LLAMA], capture_output=True, text=True, env=env)
-            for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", code, H100, LLAMA], capture_output=True, text=True, env=env)
+        for _ in range(2)
+    ]
     assert [r.stdout.split()[:2] for r in runs] == [["0", "True"], ["1", "False"]], runs[1].stderr
     assert runs[0].stdout.split()[2] == runs[1].stdout.split()[2]

@@ -20,35 +20,68 @@ from castcore.workload.spec import load_model_config, preset_names
 ROOT = Path(__file__).parents[2]
 DATA = ROOT / "tests" / "data"
 LLAMA = str(DATA / "tiny-llama.json")
-PLAN = ["plan", "--model", LLAMA, "--input", "32", "--output", "8", "--tp", "1", "2", "--device-file",
-        str(DATA / "h100-sxm.toml"), "--no-packs", "--workers", "2"]
+PLAN = [
+    "plan",
+    "--model",
+    LLAMA,
+    "--input",
+    "32",
+    "--output",
+    "8",
+    "--tp",
+    "1",
+    "2",
+    "--device-file",
+    str(DATA / "h100-sxm.toml"),
+    "--no-packs",
+    "--workers",
+    "2",
+]
 
 
 def test_vllm_tp_8_fp8():
-    files = launch_files("vllm", Deployment("llama-3-70b", device="h100-sxm", tp=8, weights="fp8", activations="fp8",
-                                            kv_cache="fp8"), Traffic(1024, 256, 500, rate=4.0, seed=3))
+    files = launch_files(
+        "vllm",
+        Deployment("llama-3-70b", device="h100-sxm", tp=8, weights="fp8", activations="fp8", kv_cache="fp8"),
+        Traffic(1024, 256, 500, rate=4.0, seed=3),
+    )
     assert shlex.join(files.launch) == (
         "vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 8 --pipeline-parallel-size 1 --dtype bfloat16 "
         "--quantization fp8 --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs 1024 --block-size 16 "
-        "--gpu-memory-utilization 0.9 --enable-chunked-prefill")
+        "--gpu-memory-utilization 0.9 --enable-chunked-prefill"
+    )
     assert shlex.join(files.bench) == (
         "vllm bench serve --backend vllm --model meta-llama/Meta-Llama-3-70B --dataset-name random "
         "--random-input-len 1024 --random-output-len 256 --random-range-ratio 0 --ignore-eos --num-prompts 500 "
         "--request-rate 4 --seed 3 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 "
-        "--save-result --result-filename vllm-bench.json")
+        "--save-result --result-filename vllm-bench.json"
+    )
     assert shlex.join(files.simulate) == (
         "castcore simulate --model llama-3-70b --device h100-sxm --input 1024 --output 256 --requests 500 --rate 4 "
-        "--seed 3 --engine vllm --tp 8 --weights fp8 --activations fp8 --kv-cache fp8 --json")
+        "--seed 3 --engine vllm --tp 8 --weights fp8 --activations fp8 --kv-cache fp8 --json"
+    )
     assert files.notes == [] and files.options_yaml is None
     assert files.lines()[-1] == shlex.join(files.simulate) + " > castcore-simulate.json"
 
 
 def test_the_simulate_command_parses_as_castcore_simulate():
-    files = launch_files("sglang", Deployment("mixtral-8x7b", device="h100-sxm", tp=2, ep=2, dp=2),
-                         Traffic(512, 64, 100, concurrency=16), castcore_options=["--no-packs"])
+    files = launch_files(
+        "sglang",
+        Deployment("mixtral-8x7b", device="h100-sxm", tp=2, ep=2, dp=2),
+        Traffic(512, 64, 100, concurrency=16),
+        castcore_options=["--no-packs"],
+    )
     args = build_parser().parse_args(files.simulate[1:])
-    assert (args.command, args.model, args.tp, args.ep, args.dp, args.concurrency, args.engine, args.json) == (
-        "simulate", "mixtral-8x7b", 2, 2, 2, 16, "sglang", True)
+    assert (
+        args.command,
+        args.model,
+        args.tp,
+        args.ep,
+        args.dp,
+        args.concurrency,
+        args.engine,
+        args.json,
+    ) == ("simulate", "mixtral-8x7b", 2, 2, 2, 16, "sglang", True)
 
 
 def test_sglang_attention_dp_and_ep():
@@ -57,42 +90,59 @@ def test_sglang_attention_dp_and_ep():
     assert shlex.join(files.launch) == (
         "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp-size 8 --pp-size 1 --dp-size 4 "
         "--enable-dp-attention --ep-size 8 --dtype bfloat16 --kv-cache-dtype fp8_e4m3 --chunked-prefill-size 8192 "
-        "--max-running-requests 4096 --page-size 1 --mem-fraction-static 0.835")
+        "--max-running-requests 4096 --page-size 1 --mem-fraction-static 0.835"
+    )
     assert shlex.join(files.bench) == (
         "python -m sglang.bench_serving --backend sglang --model deepseek-ai/DeepSeek-V3 --dataset-name random "
         "--random-input-len 2048 --random-output-len 512 --random-range-ratio 1 --num-prompts 256 --request-rate inf "
-        "--max-concurrency 64 --seed 0 --output-file sglang-bench.jsonl")
+        "--max-concurrency 64 --seed 0 --output-file sglang-bench.jsonl"
+    )
     assert any("refuses attention data parallelism" in n for n in files.notes)
     # The checkpoint ships fp8 blocks: weights=None prices it so, and no quantization flag is needed.
     assert not any("quantization" in flag or "torchao" in flag for flag in files.launch)
     # --ep above --tp says the same layout.
-    same = launch_files("sglang", Deployment("deepseek-v3", device="h200", tp=2, ep=8, kv_cache="fp8"),
-                        Traffic(2048, 512, 256, concurrency=64))
+    same = launch_files(
+        "sglang",
+        Deployment("deepseek-v3", device="h200", tp=2, ep=8, kv_cache="fp8"),
+        Traffic(2048, 512, 256, concurrency=64),
+    )
     assert same.launch == files.launch
 
 
 def test_trtllm_with_pipeline_stages_and_its_yaml():
     deployment = Deployment("llama-3-70b", device="h100-sxm", tp=4, pp=2, kv_cache="fp8")
     engine = limits("trtllm", chunked_prefill=True, max_batched_tokens=4096)
-    files = launch_files("trtllm", deployment, Traffic(1024, 128, 300, rate=2.5, burstiness=0.5), engine,
-                         castcore_options=["--device-file", "my h100.toml"])
+    files = launch_files(
+        "trtllm",
+        deployment,
+        Traffic(1024, 128, 300, rate=2.5, burstiness=0.5),
+        engine,
+        castcore_options=["--device-file", "my h100.toml"],
+    )
     assert shlex.join(files.launch) == (
         "trtllm-serve meta-llama/Meta-Llama-3-70B --tp_size 4 --pp_size 2 --max_batch_size 2048 --max_num_tokens 4096 "
-        "--kv_cache_free_gpu_memory_fraction 0.9 --enable_chunked_prefill --extra_llm_api_options trtllm-options.yml")
-    assert files.options_yaml == ("kv_cache_config:\n  tokens_per_block: 32\n  dtype: fp8\nscheduler_config:\n"
-                                  "  capacity_scheduler_policy: GUARANTEED_NO_EVICT")
+        "--kv_cache_free_gpu_memory_fraction 0.9 --enable_chunked_prefill --extra_llm_api_options trtllm-options.yml"
+    )
+    assert files.options_yaml == (
+        "kv_cache_config:\n  tokens_per_block: 32\n  dtype: fp8\nscheduler_config:\n"
+        "  capacity_scheduler_policy: GUARANTEED_NO_EVICT"
+    )
     assert shlex.join(files.bench) == (
         "python -m tensorrt_llm.serve.scripts.benchmark_serving --backend openai --model meta-llama/Meta-Llama-3-70B "
         "--dataset-name random --random-ids --random-input-len 1024 --random-output-len 128 --random-range-ratio 0 "
         "--ignore-eos --num-prompts 300 --request-rate 2.5 --burstiness 0.5 --seed 0 --percentile-metrics "
-        "ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --save-result --result-filename trtllm-bench.json")
+        "ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --save-result --result-filename trtllm-bench.json"
+    )
     assert shlex.join(files.simulate) == (
         "castcore simulate --model llama-3-70b --device h100-sxm --input 1024 --output 128 --requests 300 --rate 2.5 "
         "--burstiness 0.5 --seed 0 --engine trtllm --max-batched-tokens 4096 --chunked-prefill on --tp 4 --pp 2 "
-        "--kv-cache fp8 --device-file 'my h100.toml' --json")
+        "--kv-cache fp8 --device-file 'my h100.toml' --json"
+    )
     lines = files.lines()
-    assert lines[lines.index("cat > trtllm-options.yml <<'EOF'") + 1:lines.index("EOF")] == \
-        files.options_yaml.splitlines()
+    assert (
+        lines[lines.index("cat > trtllm-options.yml <<'EOF'") + 1 : lines.index("EOF")]
+        == files.options_yaml.splitlines()
+    )
 
 
 def test_what_an_engine_lacks_is_a_note_never_a_flag():
@@ -123,24 +173,49 @@ def test_every_preset_has_the_hub_id_its_source_names():
 
 
 def _plan(tmp_path, *more):
-    return subprocess.run([sys.executable, "-m", "castcore", *PLAN, *more], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    return subprocess.run(
+        [sys.executable, "-m", "castcore", *PLAN, *more],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
 
 
 def test_plan_emit_prints_the_best_deployments_commands(tmp_path):
-    done = _plan(tmp_path, "--weights", "bf16", "--rate", "40", "--requests", "40", "--ttft", "p90:50ms",
-                 "--emit", "vllm", "--json")
+    done = _plan(
+        tmp_path,
+        "--weights",
+        "bf16",
+        "--rate",
+        "40",
+        "--requests",
+        "40",
+        "--ttft",
+        "p90:50ms",
+        "--emit",
+        "vllm",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     top, emit = found["best"][0], found["emit"]
     assert (top["tp"], top["pp"], top["dp"]) == (1, 1, 1)
-    assert emit["launch"].startswith(f"vllm serve {DATA} --tensor-parallel-size 1 --pipeline-parallel-size 1 ")
+    assert emit["launch"].startswith(
+        f"vllm serve {DATA} --tensor-parallel-size 1 --pipeline-parallel-size 1 "
+    )
     assert emit["simulate"] == (
         f"castcore simulate --model {LLAMA} --device h100-sxm --input 32 --output 8 --requests 40 --rate 40 --seed 0 "
-        f"--engine vllm --device-file {DATA / 'h100-sxm.toml'} --no-packs --json")
+        f"--engine vllm --device-file {DATA / 'h100-sxm.toml'} --no-packs --json"
+    )
     # The simulate command gives the plan's own figures for that row.
-    simulated = subprocess.run([sys.executable, "-m", *shlex.split(emit["simulate"])], capture_output=True,
-                               text=True, cwd=ROOT, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    simulated = subprocess.run(
+        [sys.executable, "-m", *shlex.split(emit["simulate"])],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
     assert simulated.returncode == 0, simulated.stderr
     figures = json.loads(simulated.stdout)
     assert figures["p90_ttft_ms"] == pytest.approx(top["p90_ttft_ms"])
@@ -159,11 +234,32 @@ def test_plan_emit_as_text_follows_the_plan(tmp_path):
     assert lines[-1].startswith(f"castcore simulate --model {LLAMA} --device h100-sxm --input 32 --output 8 ")
 
 
-@pytest.mark.parametrize("more, said", [
-    (["--weights", "bf16", "--max-devices", "1", "--rate", "40", "--requests", "8", "--ttft", "p99:1us", "--emit",
-      "vllm"], "--emit vllm: no deployment meets the objectives"),
-    (["--rate", "4", "--emit", "sglang"], "--emit sglang with --engine vllm: the plan simulates vllm's scheduler"),
-])
+@pytest.mark.parametrize(
+    "more, said",
+    [
+        (
+            [
+                "--weights",
+                "bf16",
+                "--max-devices",
+                "1",
+                "--rate",
+                "40",
+                "--requests",
+                "8",
+                "--ttft",
+                "p99:1us",
+                "--emit",
+                "vllm",
+            ],
+            "--emit vllm: no deployment meets the objectives",
+        ),
+        (
+            ["--rate", "4", "--emit", "sglang"],
+            "--emit sglang with --engine vllm: the plan simulates vllm's scheduler",
+        ),
+    ],
+)
 def test_plan_emit_refuses_in_one_line_and_prints_nothing(tmp_path, more, said):
     done = _plan(tmp_path, *more)
     assert done.returncode == 2 and done.stdout == ""
@@ -179,11 +275,40 @@ def test_an_unknown_engine_is_refused_by_the_parser(capsys):
 
 
 def test_simulate_emit_prints_the_same_runs_commands(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "castcore", "simulate", "--model", LLAMA, "--input", "32", "--output",
-                           "8", "--requests", "20", "--concurrency", "4", "--engine", "trtllm", "--block-size", "64",
-                           "--tp", "2", "--device-file", str(DATA / "h100-sxm.toml"), "--no-packs", "--emit", "trtllm",
-                           "--json"], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "castcore",
+            "simulate",
+            "--model",
+            LLAMA,
+            "--input",
+            "32",
+            "--output",
+            "8",
+            "--requests",
+            "20",
+            "--concurrency",
+            "4",
+            "--engine",
+            "trtllm",
+            "--block-size",
+            "64",
+            "--tp",
+            "2",
+            "--device-file",
+            str(DATA / "h100-sxm.toml"),
+            "--no-packs",
+            "--emit",
+            "trtllm",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     emit = found["emit"]
@@ -191,21 +316,45 @@ def test_simulate_emit_prints_the_same_runs_commands(tmp_path):
     assert "  tokens_per_block: 64" in emit["options_yaml"].splitlines()
     assert emit["simulate"] == (
         f"castcore simulate --model {LLAMA} --input 32 --output 8 --requests 20 --concurrency 4 --seed 0 "
-        f"--engine trtllm --block-size 64 --tp 2 --device-file {DATA / 'h100-sxm.toml'} --no-packs --json")
+        f"--engine trtllm --block-size 64 --tp 2 --device-file {DATA / 'h100-sxm.toml'} --no-packs --json"
+    )
     assert "--max-concurrency 4 " in emit["bench"] and found["completed"] == 20
 
 
-@pytest.mark.parametrize("more, said", [
-    (["--engine", "vllm", "--emit", "sglang"], "--emit sglang with --engine vllm: the simulation runs vllm's"),
-    (["--input", "uniform:8:32", "--emit", "vllm"], "--emit vllm prints a benchmark of random prompts of fixed "
-                                                    "lengths"),
-])
+@pytest.mark.parametrize(
+    "more, said",
+    [
+        (
+            ["--engine", "vllm", "--emit", "sglang"],
+            "--emit sglang with --engine vllm: the simulation runs vllm's",
+        ),
+        (
+            ["--input", "uniform:8:32", "--emit", "vllm"],
+            "--emit vllm prints a benchmark of random prompts of fixed lengths",
+        ),
+    ],
+)
 def test_simulate_emit_refuses_in_one_line(capsys, more, said):
     from castcore.cli.main import main
 
-    argv = ["simulate", "--model", LLAMA, "--input", "32", "--output", "8", "--device-file",
-            str(DATA / "h100-sxm.toml"), "--no-packs"]
+    argv = [
+        "simulate",
+        "--model",
+        LLAMA,
+        "--input",
+        "32",
+        "--output",
+        "8",
+        "--device-file",
+        str(DATA / "h100-sxm.toml"),
+        "--no-packs",
+    ]
     assert main(argv + more) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
-    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("castcore: error: ") and said in lines[0]
+    assert (
+        captured.out == ""
+        and len(lines) == 1
+        and lines[0].startswith("castcore: error: ")
+        and said in lines[0]
+    )

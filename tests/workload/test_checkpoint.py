@@ -15,7 +15,12 @@ from castcore.workload.spec import ModelError
 
 DATA = Path(__file__).parents[1] / "data"
 H100 = str(DATA / "h100-sxm.toml")
-BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+BLOCK = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
 
 
 def _config(tmp_path: Path, quantization: dict | None = None, name: str = "config.json") -> str:
@@ -28,14 +33,17 @@ def _config(tmp_path: Path, quantization: dict | None = None, name: str = "confi
     return str(folder / "config.json")
 
 
-@pytest.mark.parametrize("quantization, options", [
-    (BLOCK, {"weights": "fp8-block", "activations": None}),
-    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, {"weights": "fp8", "activations": "fp8"}),
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, {"weights": "int4", "activations": None}),
-    ({"quant_method": "awq", "bits": 8}, {"weights": "int8", "activations": None}),
-    ({"quant_method": "mxfp4"}, {"weights": "mxfp4", "activations": None}),
-    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, {"weights": "int4", "activations": "fp8"}),
-])
+@pytest.mark.parametrize(
+    "quantization, options",
+    [
+        (BLOCK, {"weights": "fp8-block", "activations": None}),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, {"weights": "fp8", "activations": "fp8"}),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, {"weights": "int4", "activations": None}),
+        ({"quant_method": "awq", "bits": 8}, {"weights": "int8", "activations": None}),
+        ({"quant_method": "mxfp4"}, {"weights": "mxfp4", "activations": None}),
+        ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, {"weights": "int4", "activations": "fp8"}),
+    ],
+)
 def test_a_quantized_checkpoint_is_priced_as_it_ships(tmp_path, session, quantization, options):
     model = _config(tmp_path, quantization)
     work = castcore.build_workload(model, seq=16)
@@ -49,22 +57,48 @@ def test_a_quantized_checkpoint_is_priced_as_it_ships(tmp_path, session, quantiz
 
 def test_modelopts_file_beside_the_config_says_fp8_weights_activations_and_cache(tmp_path):
     model = _config(tmp_path)
-    Path(model).with_name("hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    Path(model).with_name("hf_quant_config.json").write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt"},
+                "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+            }
+        )
+    )
     work = castcore.build_workload(model)
     assert (work.weights, work.activations, work.kv_cache) == ("fp8", "fp8", "fp8")
 
 
-@pytest.mark.parametrize("quantization, argv, said", [
-    (BLOCK, ["--weights", "int8"], "--weights int8 contradicts {model}'s own quantization (its quantization_config: "
-                                   "--weights fp8-block); drop --weights to price the checkpoint as it ships"),
-    ({"quant_method": "bitsandbytes"}, [], "{model}: its quantization_config's quant_method 'bitsandbytes' is not "
-                                           "one castcore prices; castcore prices fp8"),
-    ({"quant_method": "fp8", "weight_block_size": [64, 64]}, [], "weight_block_size [64, 64] is not one castcore "
-                                                                 "prices"),
-    ({"quant_method": "gptq", "bits": 3}, [], "gptq with 3 bits is not one castcore prices (4 or 8 bits)"),
-])
-def test_a_flag_against_the_checkpoint_or_an_unpriced_method_is_one_line(tmp_path, capsys, quantization, argv, said):
+@pytest.mark.parametrize(
+    "quantization, argv, said",
+    [
+        (
+            BLOCK,
+            ["--weights", "int8"],
+            "--weights int8 contradicts {model}'s own quantization (its quantization_config: "
+            "--weights fp8-block); drop --weights to price the checkpoint as it ships",
+        ),
+        (
+            {"quant_method": "bitsandbytes"},
+            [],
+            "{model}: its quantization_config's quant_method 'bitsandbytes' is not "
+            "one castcore prices; castcore prices fp8",
+        ),
+        (
+            {"quant_method": "fp8", "weight_block_size": [64, 64]},
+            [],
+            "weight_block_size [64, 64] is not one castcore prices",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 3},
+            [],
+            "gptq with 3 bits is not one castcore prices (4 or 8 bits)",
+        ),
+    ],
+)
+def test_a_flag_against_the_checkpoint_or_an_unpriced_method_is_one_line(
+    tmp_path, capsys, quantization, argv, said
+):
     model = _config(tmp_path, quantization)
     assert main(["estimate", "--model", model, "--no-packs", "--device-file", H100, *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -79,6 +113,13 @@ def test_the_deepseek_preset_ships_fp8_in_blocks():
 
 def test_plan_searches_a_quantized_checkpoint_in_its_own_quantization(tmp_path):
     model = _config(tmp_path, BLOCK)
-    result = plan(model, input_tokens=64, output_tokens=8, devices=["h100-sxm"], max_devices=2,
-                  plugins=castcore.PluginOptions(device_file=[H100], no_packs=True), workers=1)
+    result = plan(
+        model,
+        input_tokens=64,
+        output_tokens=8,
+        devices=["h100-sxm"],
+        max_devices=2,
+        plugins=castcore.PluginOptions(device_file=[H100], no_packs=True),
+        workers=1,
+    )
     assert result.rows and {row["weights"] for row in result.rows} == {"fp8-block"}

@@ -17,7 +17,9 @@ from castcore.deploy.kernels.fusing import rewrite
 from castcore.workload.models import BuiltModel
 from tests.deploy.test_fusing import real_model
 
-GPT_OSS = str(Path(__file__).parents[1] / "data" / "tiny-gpt-oss.json")  # 2 layers: sliding (16) then full; 4 experts
+GPT_OSS = str(
+    Path(__file__).parents[1] / "data" / "tiny-gpt-oss.json"
+)  # 2 layers: sliding (16) then full; 4 experts
 
 
 def _logits(model, prompt, step):
@@ -44,7 +46,9 @@ def test_fused_gpt_oss_gives_transformers_own_eager_logits():
     built = BuiltModel(model=model)
     done, stayed = rewrite(built)
     assert stayed == []
-    assert any("clamped SwiGLU" in line for line in done) and any("castcore::attention" in line for line in done)
+    assert any("clamped SwiGLU" in line for line in done) and any(
+        "castcore::attention" in line for line in done
+    )
     with built.while_capturing():
         got = _logits(model, prompt, step)
     for w, g in zip(want, got):
@@ -62,22 +66,35 @@ def _invokes(session, **options):
 def test_gpt_oss_captures_deployed_kernels_with_sinks_and_windows(session):
     invokes = _invokes(session, seq=24)
     names = {i.name for i in invokes}
-    assert {"castcore::clamped_swiglu", "castcore::moe_permute", "castcore::moe_unpermute", "castcore::topk_softmax",
-            "castcore::rotary_embedding"} <= names
+    assert {
+        "castcore::clamped_swiglu",
+        "castcore::moe_permute",
+        "castcore::moe_unpermute",
+        "castcore::topk_softmax",
+        "castcore::rotary_embedding",
+    } <= names
     attention = [i for i in invokes if i.name == "castcore::attention"]
     assert [i.argument("window") for i in attention] == [16, 0]  # sliding, then full, as layer_types says
     assert all(tuple(i.args[-1].shape) == (4,) for i in attention)  # one sink per head
     unpermute = [i for i in invokes if i.name == "castcore::moe_unpermute"]
-    assert all(i.args[3] is not None and tuple(i.args[3].shape) == (4, 64) for i in unpermute)  # the down bias
+    assert all(
+        i.args[3] is not None and tuple(i.args[3].shape) == (4, 64) for i in unpermute
+    )  # the down bias
 
 
-@pytest.mark.parametrize("options, heads, gate_up_bias", [
-    ({"tp": 2}, 2, (4, 32)),  # every expert split over 2 devices: half of 2 x 32 intermediate columns
-    ({"ep": 2}, 4, (2, 64)),  # 2 whole experts per device
-    ({"tp": 2, "ep": 2}, 2, (2, 64))])
+@pytest.mark.parametrize(
+    "options, heads, gate_up_bias",
+    [
+        ({"tp": 2}, 2, (4, 32)),  # every expert split over 2 devices: half of 2 x 32 intermediate columns
+        ({"ep": 2}, 4, (2, 64)),  # 2 whole experts per device
+        ({"tp": 2, "ep": 2}, 2, (2, 64)),
+    ],
+)
 def test_gpt_oss_splits_across_devices(session, options, heads, gate_up_bias):
     invokes = _invokes(session, seq=16, **options)
     attention = [i for i in invokes if i.name == "castcore::attention"]
-    assert attention and all(i.args[0].shape[1] == heads and tuple(i.args[-1].shape) == (heads,) for i in attention)
+    assert attention and all(
+        i.args[0].shape[1] == heads and tuple(i.args[-1].shape) == (heads,) for i in attention
+    )
     swiglu = [i for i in invokes if i.name == "castcore::clamped_swiglu"]
     assert swiglu and all(tuple(i.args[1].shape) == gate_up_bias for i in swiglu)

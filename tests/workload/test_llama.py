@@ -22,7 +22,9 @@ def test_mm_flops_equal_hand_count(session, tiny_llama):
     kv = cfg["num_key_value_heads"] * head_dim
     # Per layer: q, k, v, o projections, then gate, up, down; then the LM head for each sequence's last token.
     per_layer = [(h, h), (h, kv), (h, kv), (h, h), (h, inter), (h, inter), (inter, h)]
-    expected = sum(2 * tokens * k * n for k, n in per_layer) * cfg["num_hidden_layers"] + 2 * batch * h * vocab
+    expected = (
+        sum(2 * tokens * k * n for k, n in per_layer) * cfg["num_hidden_layers"] + 2 * batch * h * vocab
+    )
 
     mm = [r for r in report.records if r.invoke.name == "aten::mm"]
     assert len(mm) == 7 * cfg["num_hidden_layers"] + 1
@@ -38,8 +40,11 @@ def test_attention_reaches_the_estimator_as_one_causal_op(session, tiny_llama):
         assert record.invoke.argument("is_causal") is True
         assert record.invoke.module.endswith("self_attn")
     # (The rotary tables are a float32 bmm before transformers 5.16: not attention.)
-    assert not any(r.invoke.name in ("aten::bmm", "aten::_softmax") for r in report.records
-                   if not r.invoke.module.endswith("rotary_emb"))
+    assert not any(
+        r.invoke.name in ("aten::bmm", "aten::_softmax")
+        for r in report.records
+        if not r.invoke.module.endswith("rotary_emb")
+    )
 
 
 def test_weights_are_never_allocated_and_model_is_untouched(session, tiny_llama):

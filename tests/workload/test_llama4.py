@@ -10,7 +10,9 @@ import pytest
 
 import castcore
 
-LLAMA4 = str(Path(__file__).parents[1] / "data" / "tiny-llama4.json")  # 4 experts top-1, hidden 64, inter 32, 2 layers
+LLAMA4 = str(
+    Path(__file__).parents[1] / "data" / "tiny-llama4.json"
+)  # 4 experts top-1, hidden 64, inter 32, 2 layers
 
 
 def _records(session, **options):
@@ -26,17 +28,23 @@ def test_llama4_standard_blocks_are_single_kernels(session):
     assert "aten::view_as_complex" not in names and "aten::pow.Tensor_Scalar" not in names
 
 
-@pytest.mark.parametrize("options, experts, gate_up", [
-    ({"tp": 2}, 4, (4, 64, 32)),  # every expert split over 2 devices: [experts, hidden, 2 x inter / 2]
-    ({"ep": 2}, 2, (2, 64, 64)),
-    ({"tp": 2, "ep": 2}, 2, (2, 64, 64))])
+@pytest.mark.parametrize(
+    "options, experts, gate_up",
+    [
+        ({"tp": 2}, 4, (4, 64, 32)),  # every expert split over 2 devices: [experts, hidden, 2 x inter / 2]
+        ({"ep": 2}, 2, (2, 64, 64)),
+        ({"tp": 2, "ep": 2}, 2, (2, 64, 64)),
+    ],
+)
 def test_llama4_experts_split_across_devices(session, options, experts, gate_up):
     grouped = [r.invoke for r in _records(session, seq=16, **options) if r.invoke.name == "aten::_grouped_mm"]
     assert grouped and tuple(grouped[0].args[1].shape) == gate_up
 
 
-@pytest.mark.parametrize("weights, product", [("int8", "castcore::weight_only_grouped_mm"),
-                                              ("fp8-block", "aten::_scaled_grouped_mm")])
+@pytest.mark.parametrize(
+    "weights, product",
+    [("int8", "castcore::weight_only_grouped_mm"), ("fp8-block", "aten::_scaled_grouped_mm")],
+)
 def test_llama4_experts_take_quantized_weights(session, weights, product):
     names = [r.invoke.name for r in _records(session, seq=16, weights=weights)]
     assert names.count(product) == 4 and "aten::_grouped_mm" not in names  # two products in each of 2 layers

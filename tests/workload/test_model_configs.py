@@ -15,12 +15,28 @@ ESTIMATES = {
     "gpt2": {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 256},
     "gptj": {"n_layer": 2, "n_head": 4, "n_embd": 64, "rotary_dim": 8, "n_positions": 256},
     "llama": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128},  # heads from the defaults
-    "opt": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "ffn_dim": 128,
-            "word_embed_proj_dim": 64},
-    "gpt_neox": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128},
+    "opt": {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "ffn_dim": 128,
+        "word_embed_proj_dim": 64,
+    },
+    "gpt_neox": {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+    },
     "phi": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128},
-    "gemma": {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 64,
-              "intermediate_size": 128, "head_dim": 16},
+    "gemma": {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "head_dim": 16,
+    },
 }
 
 
@@ -42,14 +58,17 @@ def test_older_architectures_estimate_with_their_kv_cache(model_type, tmp_path, 
     assert report.memory.kv_cache_bytes == 2 * config.num_hidden_layers * 2 * 16 * kv_heads * head_dim * 2
 
 
-@pytest.mark.parametrize("data, message", [
-    ([1, 2], "holds a JSON list, not an object"),
-    ({"hidden_size": 64}, "has no 'model_type'"),
-    ({"model_type": "blorp"}, "'model_type' = 'blorp' is not a transformers model type"),
-    ({"model_type": "llama", "hidden_size": "64"}, "transformers refuses this llama config"),
-    ({"model_type": "t5", "d_model": 64, "num_layers": 2}, "t5 is not a causal language model"),
-    ({"model_type": "vit", "hidden_size": 64}, "vit is not a causal language model"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ([1, 2], "holds a JSON list, not an object"),
+        ({"hidden_size": 64}, "has no 'model_type'"),
+        ({"model_type": "blorp"}, "'model_type' = 'blorp' is not a transformers model type"),
+        ({"model_type": "llama", "hidden_size": "64"}, "transformers refuses this llama config"),
+        ({"model_type": "t5", "d_model": 64, "num_layers": 2}, "t5 is not a causal language model"),
+        ({"model_type": "vit", "hidden_size": 64}, "vit is not a causal language model"),
+    ],
+)
 def test_a_config_castcore_cannot_build_is_one_line(data, message, tmp_path, h100_file, capsys):
     spec = write(tmp_path, data)
     code = main(["estimate", "--model", spec, "--seq", "8", "--no-packs", "--device-file", str(h100_file)])

@@ -11,13 +11,26 @@ from castcore.workload.spec import ModelError, build_workload, load_model_config
 from castcore.deploy.pipeline import build
 
 PRESET_PARAMS = {  # published parameter counts (billions), and half the last digit they are published to
-    "llama-3-8b": (8.0, 0.05), "llama-3-70b": (70.6, 0.05), "qwen2.5-7b": (7.6, 0.05), "mistral-7b": (7.2, 0.05),
-    "mixtral-8x7b": (46.7, 0.05), "mixtral-8x22b": (141, 0.5), "llama-3.1-405b": (405, 1),  # "405B" (406 on the hub)
-    "qwen3-30b-a3b": (30.5, 0.05), "qwen3-235b-a22b": (235, 0.5),
-    "deepseek-v3": (671, 0.5),  # without its multi-token-prediction module, which serving does not run by default
+    "llama-3-8b": (8.0, 0.05),
+    "llama-3-70b": (70.6, 0.05),
+    "qwen2.5-7b": (7.6, 0.05),
+    "mistral-7b": (7.2, 0.05),
+    "mixtral-8x7b": (46.7, 0.05),
+    "mixtral-8x22b": (141, 0.5),
+    "llama-3.1-405b": (405, 1),  # "405B" (406 on the hub)
+    "qwen3-30b-a3b": (30.5, 0.05),
+    "qwen3-235b-a22b": (235, 0.5),
+    "deepseek-v3": (
+        671,
+        0.5,
+    ),  # without its multi-token-prediction module, which serving does not run by default
     "kimi-k2": (1000, 50),  # "1 trillion total parameters"
-    "gpt-oss-20b": (20.9, 0.05), "gpt-oss-120b": (116.8, 0.05),  # the model card's totals
-    "llama-4-scout": (109, 1.5),  # "109B total" counts its vision tower, which the preset (the language model) leaves out
+    "gpt-oss-20b": (20.9, 0.05),
+    "gpt-oss-120b": (116.8, 0.05),  # the model card's totals
+    "llama-4-scout": (
+        109,
+        1.5,
+    ),  # "109B total" counts its vision tower, which the preset (the language model) leaves out
 }
 
 
@@ -27,8 +40,9 @@ def test_presets_are_the_published_models():
         model = build(build_workload(name, seq=8)).model
         count = sum(p.numel() for p in model.parameters())
         assert count / 1e9 == pytest.approx(billions, abs=within), name
-        assert load_model_config(name)["_source"].startswith(("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/",
-                                                              "Qwen/", "openai/")), name
+        assert load_model_config(name)["_source"].startswith(
+            ("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/", "Qwen/", "openai/")
+        ), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
 
 
@@ -48,8 +62,16 @@ def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
 
 def test_training_step_records_the_backward(session, tiny_llama):
     # Training computes logits at every position: compare with a forward that does too.
-    every = build_preset(str(tiny_llama), batch=1, seq=16, dtype="bf16", phase="prefill", kv_len=16, train=False,
-                         all_logits=True)
+    every = build_preset(
+        str(tiny_llama),
+        batch=1,
+        seq=16,
+        dtype="bf16",
+        phase="prefill",
+        kv_len=16,
+        train=False,
+        all_logits=True,
+    )
     forward = session.estimate(every.model, kwargs=every.kwargs)
     train = session.estimate(build_workload(str(tiny_llama), seq=16, train=True))
     mm_forward = sum(r.flops for r in forward.records if r.invoke.name == "aten::mm")
@@ -72,16 +94,21 @@ def test_mixture_of_experts_captures_with_balanced_routing(session):
 def test_factory_model_with_example_inputs(session):
     report = session.estimate(build_workload("tests.factories.tiny_mlp:make", batch=4, dtype="fp32"))
     assert report.flops >= 2 * 4 * (32 * 64 + 64 * 8)
-    assert [r.invoke.module for r in report.records if r.invoke.name == "aten::addmm"] == ["Sequential.0",
-                                                                                           "Sequential.2"]
+    assert [r.invoke.module for r in report.records if r.invoke.name == "aten::addmm"] == [
+        "Sequential.0",
+        "Sequential.2",
+    ]
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("tests.factories.tiny_mlp:not_a_model", "returned int"),
-    ("tests.factories.nowhere:make", "cannot load model factory"),
-    ("no-such-preset", "unknown model 'no-such-preset'"),
-    ("missing.json", "missing.json: no such model config"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("tests.factories.tiny_mlp:not_a_model", "returned int"),
+        ("tests.factories.nowhere:make", "cannot load model factory"),
+        ("no-such-preset", "unknown model 'no-such-preset'"),
+        ("missing.json", "missing.json: no such model config"),
+    ],
+)
 def test_bad_model_specs_say_what_is_accepted(spec, message):
     with pytest.raises(ModelError, match=message):
         build(build_workload(spec))
@@ -96,7 +123,8 @@ def test_factory_module_in_the_working_directory_is_found(tmp_path, monkeypatch)
     (tmp_path / "castcore_test_cwd_models.py").write_text(
         "import torch\n"
         "def make(batch=1):\n"
-        "    return torch.nn.Linear(4, 4), (torch.empty(batch, 4, device='meta'),)\n")
+        "    return torch.nn.Linear(4, 4), (torch.empty(batch, 4, device='meta'),)\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
     workload = build(build_workload("castcore_test_cwd_models:make", batch=3))
@@ -120,15 +148,18 @@ def test_softcapped_attention_matches_transformers_eager_attention():
     torch.testing.assert_close(ours, theirs)
     window = torch.ones(6, 6, dtype=torch.bool).tril().triu(-2)  # a boolean sliding-window mask
     ours, _ = _attention(module, q, k, v, window, scaling=0.25, softcap=20.0)
-    theirs, _ = eager_attention_forward(module, q, k, v, torch.zeros(6, 6).masked_fill(~window, float("-inf")),
-                                        scaling=0.25, softcap=20.0)
+    theirs, _ = eager_attention_forward(
+        module, q, k, v, torch.zeros(6, 6).masked_fill(~window, float("-inf")), scaling=0.25, softcap=20.0
+    )
     torch.testing.assert_close(ours, theirs)
 
 
 def test_gemma2_counts_its_softcapped_attention_in_full(session):
     workload = build(build_workload("tests/data/tiny-gemma2.json", seq=12))
     report = session.estimate(workload.model, kwargs=workload.kwargs)
-    scores = [r for r in report.records if r.invoke.name == "aten::bmm" and r.invoke.module.endswith("self_attn")]
+    scores = [
+        r for r in report.records if r.invoke.name == "aten::bmm" and r.invoke.module.endswith("self_attn")
+    ]
     # Per layer: QK^T and PV over every query-key pair, 4 heads of 16 over 12 tokens (eager attention
     # computes the masked half too).
     assert len(scores) == 4
@@ -139,7 +170,9 @@ def test_gemma2_counts_its_softcapped_attention_in_full(session):
 
 def test_a_model_without_the_attention_interface_runs_with_a_note(session):
     workload = build(build_workload("tests/data/tiny-falcon.json", seq=8))
-    assert len(workload.notes) == 1 and "FalconForCausalLM" in workload.notes[0] and "sdpa" in workload.notes[0]
+    assert (
+        len(workload.notes) == 1 and "FalconForCausalLM" in workload.notes[0] and "sdpa" in workload.notes[0]
+    )
     report = session.estimate(workload.model, kwargs=workload.kwargs)
     assert report.flops > 0 and report.time_s > 0
 

@@ -14,15 +14,41 @@ from castcore.workload.spec import build_workload
 from castcore.deploy.pipeline import build
 
 CONFIGS = {
-    "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500,
-              "max_position_embeddings": 256, "tie_word_embeddings": False},
-    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
-              "max_position_embeddings": 256, "tie_word_embeddings": True},
-    "mixtral": {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500, "num_local_experts": 4,
-                "num_experts_per_tok": 2, "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "llama": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 500,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "qwen2": {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 300,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
+    "mixtral": {
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 500,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
 }
 # torch's fake-tensor grouped matmul (transformers' default for experts) takes bf16 only.
 DTYPES = {"mixtral": torch.bfloat16}
@@ -54,13 +80,19 @@ def test_a_stock_model_counts_what_its_preset_counts(session, tmp_path, name, me
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CONFIGS[name]))
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[model.dtype]
-    preset = session.estimate(build_workload(str(path), batch=BATCH, seq=SEQ, dtype=dtype, fuse=False))  # as written
+    preset = session.estimate(
+        build_workload(str(path), batch=BATCH, seq=SEQ, dtype=dtype, fuse=False)
+    )  # as written
     # The preset's prefill computes the last token's logits; a server calls its model the same way.
     report = session.estimate(model, _input_ids(), kwargs={"logits_to_keep": torch.full((1,), SEQ - 1)})
     assert report.flops == pytest.approx(preset.flops, rel=1e-3)
     assert [r.invoke.name for r in report.records] == [r.invoke.name for r in preset.records]
-    assert report.memory.kv_cache_bytes == preset.memory.kv_cache_bytes == \
-        kv_cache_bytes(CONFIGS[name], BATCH, SEQ, model.dtype) > 0
+    assert (
+        report.memory.kv_cache_bytes
+        == preset.memory.kv_cache_bytes
+        == kv_cache_bytes(CONFIGS[name], BATCH, SEQ, model.dtype)
+        > 0
+    )
     assert any("attention as 'castcore'" in note and "'sdpa'" in note for note in report.notes)
     assert any("use_cache=False" in note for note in report.notes)
     # The user's model is left as it was.
@@ -71,11 +103,13 @@ def test_a_stock_model_counts_what_its_preset_counts(session, tmp_path, name, me
 @pytest.mark.parametrize("meta", [True, False], ids=["meta", "cpu-weights"])
 def test_layers_after_the_first_are_replayed(session, monkeypatch, meta):
     model = _stock(CONFIGS["llama"], meta)
-    (first, *others), = repeated_layers(model)
+    ((first, *others),) = repeated_layers(model)
     assert len(others) == 2
     calls = []
     original = type(first).forward
-    monkeypatch.setattr(type(first), "forward", lambda self, *a, **k: calls.append(self) or original(self, *a, **k))
+    monkeypatch.setattr(
+        type(first), "forward", lambda self, *a, **k: calls.append(self) or original(self, *a, **k)
+    )
     session.estimate(model, _input_ids())
     assert calls == [first]
 
@@ -107,8 +141,13 @@ def test_the_callers_cache_choice_is_kept(kwargs):
 
 
 def test_a_model_without_the_attention_interface_keeps_its_attention_with_a_note(session):
-    config = {"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "vocab_size": 256}
+    config = {
+        "model_type": "falcon",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 256,
+    }
     model = _stock(config, meta=True)
     built = build(build_workload(model, _input_ids()))
     assert "FalconForCausalLM cannot take castcore's attention path" in built.notes[0]

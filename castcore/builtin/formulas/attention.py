@@ -61,7 +61,9 @@ def _kept_pairs(invoke: OpInvoke, q_len: int, kv_len: int) -> int:
     return causal_pairs(q_len, kv_len) if invoke.argument("is_causal", False) else q_len * kv_len
 
 
-def attention_properties(invoke: OpInvoke, layout: str = "bhsd", backward: bool = False) -> PerformanceProperties:
+def attention_properties(
+    invoke: OpInvoke, layout: str = "bhsd", backward: bool = False
+) -> PerformanceProperties:
     """Matrix work over the kept pairs only (a causal call keeps about half), softmax work per kept score,
     one more vector op per score for an explicit mask or bias; every input read and output written once."""
     heads, q_len, kv_len, qk_dim, v_dim = _dims(invoke, layout)
@@ -71,8 +73,11 @@ def attention_properties(invoke: OpInvoke, layout: str = "bhsd", backward: bool 
     masked = any(invoke.argument(name) is not None for name in ("attn_mask", "attn_bias", "bias"))
     props = invoke.memory_access_properties()
     props.kernel = "attention"
-    return props.add(product_dtype(invoke, invoke.argument("query").dtype), mma=2 * pairs * products,
-                     gp=(softmax + masked) * pairs)
+    return props.add(
+        product_dtype(invoke, invoke.argument("query").dtype),
+        mma=2 * pairs * products,
+        gp=(softmax + masked) * pairs,
+    )
 
 
 _FORWARD_BHSD = [
@@ -118,7 +123,11 @@ def _kernel_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     return attention_properties(invoke, "bshd", backward=True)
 
 
-for _ops, _fn in ((_FORWARD_BHSD, _forward), (_BACKWARD_BHSD, _backward),
-                  (_FORWARD_BSHD, _kernel_forward), (_BACKWARD_BSHD, _kernel_backward)):
+for _ops, _fn in (
+    (_FORWARD_BHSD, _forward),
+    (_BACKWARD_BHSD, _backward),
+    (_FORWARD_BSHD, _kernel_forward),
+    (_BACKWARD_BSHD, _kernel_backward),
+):
     for _op in _ops:
         register_op_properties(_op)(_fn)

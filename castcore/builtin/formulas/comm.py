@@ -25,7 +25,9 @@ def send_level(profile: DeviceProfile, devices: int, outermost: bool = False) ->
     return levels[-1] if outermost else next((lv for lv in levels if lv.devices >= devices), levels[-1])
 
 
-def send_seconds(nbytes: float, profile: DeviceProfile, devices: int, outermost: bool = False) -> tuple[float, str]:
+def send_seconds(
+    nbytes: float, profile: DeviceProfile, devices: int, outermost: bool = False
+) -> tuple[float, str]:
     """(seconds, level name) of a send of ``nbytes`` between two of ``devices`` (see the module docstring)."""
     level = send_level(profile, devices, outermost)
     bandwidth = level.bandwidth * level.efficiency
@@ -40,6 +42,16 @@ def send_estimate(invoke: OpInvoke, device: DeviceProfile) -> Estimate:
     outermost = bool(invoke.argument("outermost", False))
     seconds, level = send_seconds(x.nbytes, device, devices, outermost)
     overhead = device.comm_op_cost_s
-    return Estimate(time_s=seconds, comm_s=seconds - overhead, overhead_s=overhead, bound="comm",
-                    detail={"collective": "send", "level": level, "bytes": x.nbytes, "devices": devices,
-                            "outermost": outermost})
+    return Estimate(
+        time_s=seconds,
+        comm_s=seconds - overhead,
+        overhead_s=overhead,
+        bound="comm",
+        detail={
+            "collective": "send",
+            "level": level,
+            "bytes": x.nbytes,
+            "devices": devices,
+            "outermost": outermost,
+        },
+    )

@@ -87,8 +87,11 @@ def _varlen_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     causal, window, chunk = invoke.argument("causal"), invoke.argument("window"), invoke.argument("chunk")
     q, k, v = invoke.args[:3]
     new = invoke.argument("new")
-    props = _attention_properties(invoke, q.shape[1] * sum(kept_keys(n, c + n, causal, window, chunk) for n, c in
-                                                           zip(new, invoke.argument("cached"))))
+    props = _attention_properties(
+        invoke,
+        q.shape[1]
+        * sum(kept_keys(n, c + n, causal, window, chunk) for n, c in zip(new, invoke.argument("cached"))),
+    )
     props.memory_write_bytes += sum(new) * k.shape[1] * (k.shape[-1] + v.shape[-1]) * k.dtype.itemsize
     return props
 
@@ -116,7 +119,9 @@ def _attention_properties(invoke: OpInvoke, pairs: int) -> PerformanceProperties
     props.kernel = "attention"
     props.add(product_dtype(invoke, q.dtype), mma=2 * pairs * (dim + v.shape[-1]))
     # The online softmax runs on the fp32 scores whatever the inputs' dtype (fp8 has no vector arithmetic).
-    return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=(SOFTMAX_OPS_PER_SCORE + capped) * pairs)
+    return props.add(
+        torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=(SOFTMAX_OPS_PER_SCORE + capped) * pairs
+    )
 
 
 @register_op_properties(OPS["topk_softmax"])

@@ -26,7 +26,9 @@ def matmul_properties(invoke: OpInvoke, a, extra_gp_per_output: int = 0) -> Perf
     batched = getattr(b, "dim", lambda: 2)() > 2 and out.dim() > 2
     m = out.shape[-2] if batched else out.numel() // max(n, 1)
     props.matmuls.append((out.numel() // max(m * n, 1) if batched else 1, m, n, k))
-    return props.add(product_dtype(invoke, a.dtype), mma=2 * out.numel() * k, gp=extra_gp_per_output * out.numel())
+    return props.add(
+        product_dtype(invoke, a.dtype), mma=2 * out.numel() * k, gp=extra_gp_per_output * out.numel()
+    )
 
 
 def product_dtype(invoke: OpInvoke, dtype: torch.dtype) -> torch.dtype | str:
@@ -104,7 +106,9 @@ def grouped_mm_properties(invoke: OpInvoke, weights: tuple = ()) -> PerformanceP
     return props.add(torch.float32 if scaled else a.dtype, gp=(has_bias + scaled) * out.numel())
 
 
-GROUPED = "grouped_mm"  # the kernel family of every grouped (mixture-of-experts) product: grouped_mm_efficiency
+GROUPED = (
+    "grouped_mm"  # the kernel family of every grouped (mixture-of-experts) product: grouped_mm_efficiency
+)
 
 
 def routed_experts(invoke: OpInvoke, experts: int, rows: int) -> float:
@@ -172,8 +176,12 @@ def _convolution_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     transposed = bool(invoke.argument("transposed"))
     forward = conv_mma(input, weight, grad_output, transposed)
     read = grad_output.nbytes + want_input * weight.nbytes + want_weight * input.nbytes
-    props = PerformanceProperties(memory_read_bytes=read, memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
-    return props.add(grad_output.dtype, mma=(want_input + want_weight) * forward, gp=want_bias * grad_output.numel())
+    props = PerformanceProperties(
+        memory_read_bytes=read, memory_write_bytes=sum(t.nbytes for t in invoke.outputs())
+    )
+    return props.add(
+        grad_output.dtype, mma=(want_input + want_weight) * forward, gp=want_bias * grad_output.numel()
+    )
 
 
 # One LSTM cell per step and hidden unit, past the gate products: sigmoid on three gates, tanh on the
@@ -195,8 +203,11 @@ def _lstm_layer(invoke: OpInvoke, device) -> PerformanceProperties:
     # x W_ih^T + h W_hh^T, each gate value then gets its two biases (3 adds, 1 without biases).
     rows, gates, inputs, hidden = _lstm_sizes(invoke)
     adds = 3 if invoke.argument("has_biases") else 1
-    return invoke.memory_access_properties().add(invoke.args[0].dtype, mma=2 * rows * gates * (inputs + hidden),
-                                                 gp=rows * (adds * gates + LSTM_CELL * hidden))
+    return invoke.memory_access_properties().add(
+        invoke.args[0].dtype,
+        mma=2 * rows * gates * (inputs + hidden),
+        gp=rows * (adds * gates + LSTM_CELL * hidden),
+    )
 
 
 @register_op_properties(aten.mkldnn_rnn_layer_backward.default)
@@ -204,5 +215,8 @@ def _lstm_layer_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     # Per weight matrix, one product for the input's (or previous step's) gradient and one for the
     # weight's: twice the forward's matrix work. The bias gradient sums the gate gradients.
     rows, gates, inputs, hidden = _lstm_sizes(invoke)
-    return invoke.memory_access_properties().add(invoke.args[0].dtype, mma=4 * rows * gates * (inputs + hidden),
-                                                 gp=rows * (gates + LSTM_CELL_BACKWARD * hidden))
+    return invoke.memory_access_properties().add(
+        invoke.args[0].dtype,
+        mma=4 * rows * gates * (inputs + hidden),
+        gp=rows * (gates + LSTM_CELL_BACKWARD * hidden),
+    )

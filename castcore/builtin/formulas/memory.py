@@ -23,12 +23,28 @@ def _memory_only(invoke: OpInvoke, device) -> PerformanceProperties:
 
 
 # Pure data movement: memory-only is the formula, not a fallback.
-for _op in (aten._to_copy.default, aten.clone.default, aten.cat.default, aten.stack.default,
-            aten.contiguous.default, aten.lift_fresh_copy.default, aten.constant_pad_nd.default,
-            aten.repeat.default, aten.roll.default, aten.flip.default, aten.tril.default, aten.triu.default,
-            aten.slice_backward.default, aten.select_backward.default, aten.diagonal_backward.default,
-            aten.unfold_backward.default, aten.slice_scatter.default, aten.select_scatter.default,
-            aten.as_strided_scatter.default, aten._local_scalar_dense.default):
+for _op in (
+    aten._to_copy.default,
+    aten.clone.default,
+    aten.cat.default,
+    aten.stack.default,
+    aten.contiguous.default,
+    aten.lift_fresh_copy.default,
+    aten.constant_pad_nd.default,
+    aten.repeat.default,
+    aten.roll.default,
+    aten.flip.default,
+    aten.tril.default,
+    aten.triu.default,
+    aten.slice_backward.default,
+    aten.select_backward.default,
+    aten.diagonal_backward.default,
+    aten.unfold_backward.default,
+    aten.slice_scatter.default,
+    aten.select_scatter.default,
+    aten.as_strided_scatter.default,
+    aten._local_scalar_dense.default,
+):
     register_op_properties(_op)(_memory_only)
 
 
@@ -45,31 +61,56 @@ def _copy_(invoke: OpInvoke, device) -> PerformanceProperties:
 @register_op_properties(aten._copy_from_and_resize.default)
 def _copy_from(invoke: OpInvoke, device) -> PerformanceProperties:
     # A backend's copy of self into dst (resized to self's shape first): reads self, writes the result.
-    return PerformanceProperties(memory_read_bytes=invoke.args[0].nbytes,
-                                 memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
+    return PerformanceProperties(
+        memory_read_bytes=invoke.args[0].nbytes, memory_write_bytes=sum(t.nbytes for t in invoke.outputs())
+    )
 
 
 @register_op_properties(aten.resize.default)
 @register_op_properties(aten.resize_as.default)
 def _resized_copy(invoke: OpInvoke, device) -> PerformanceProperties:
     # The functional resize_: a clone of self, then resized (growing it allocates, writes nothing).
-    return PerformanceProperties(memory_read_bytes=invoke.args[0].nbytes, memory_write_bytes=invoke.args[0].nbytes)
+    return PerformanceProperties(
+        memory_read_bytes=invoke.args[0].nbytes, memory_write_bytes=invoke.args[0].nbytes
+    )
 
 
 # The copying forms of view ops (what functionalization emits): each reads what its view would select,
 # at most all of self (an expand or unfold reads an element more than once, from cache), and writes it.
-VIEW_COPIES = (aten.expand_copy.default, aten.permute_copy.default, aten.view_copy.default, aten.view_copy.dtype,
-               aten.alias_copy.default, aten._reshape_copy.default, aten._reshape_alias_copy.default,
-               aten.as_strided_copy.default, aten.diagonal_copy.default, aten.narrow_copy.default,
-               aten.select_copy.int, aten.slice_copy.Tensor, aten.split_copy.Tensor, aten.split_with_sizes_copy.default,
-               aten.squeeze_copy.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims, aten.unsqueeze_copy.default,
-               aten.t_copy.default, aten.transpose_copy.int, aten.unbind_copy.int, aten.unfold_copy.default,
-               aten.detach_copy.default, aten.view_as_real_copy.default, aten.view_as_complex_copy.default)
+VIEW_COPIES = (
+    aten.expand_copy.default,
+    aten.permute_copy.default,
+    aten.view_copy.default,
+    aten.view_copy.dtype,
+    aten.alias_copy.default,
+    aten._reshape_copy.default,
+    aten._reshape_alias_copy.default,
+    aten.as_strided_copy.default,
+    aten.diagonal_copy.default,
+    aten.narrow_copy.default,
+    aten.select_copy.int,
+    aten.slice_copy.Tensor,
+    aten.split_copy.Tensor,
+    aten.split_with_sizes_copy.default,
+    aten.squeeze_copy.default,
+    aten.squeeze_copy.dim,
+    aten.squeeze_copy.dims,
+    aten.unsqueeze_copy.default,
+    aten.t_copy.default,
+    aten.transpose_copy.int,
+    aten.unbind_copy.int,
+    aten.unfold_copy.default,
+    aten.detach_copy.default,
+    aten.view_as_real_copy.default,
+    aten.view_as_complex_copy.default,
+)
 
 
 def _view_copy(invoke: OpInvoke, device) -> PerformanceProperties:
     written = sum(t.nbytes for t in invoke.outputs())
-    return PerformanceProperties(memory_read_bytes=min(invoke.args[0].nbytes, written), memory_write_bytes=written)
+    return PerformanceProperties(
+        memory_read_bytes=min(invoke.args[0].nbytes, written), memory_write_bytes=written
+    )
 
 
 for _op in VIEW_COPIES:
@@ -78,8 +119,14 @@ for _op in VIEW_COPIES:
 
 # Nearest-neighbour resampling is a gather: each output element is one input element copied. Its backward
 # adds each output gradient into the input element it came from.
-NEAREST = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
-           "_upsample_nearest_exact2d", "_upsample_nearest_exact3d")
+NEAREST = (
+    "upsample_nearest1d",
+    "upsample_nearest2d",
+    "upsample_nearest3d",
+    "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d",
+    "_upsample_nearest_exact3d",
+)
 
 
 def _nearest_backward(invoke: OpInvoke, device) -> PerformanceProperties:
@@ -98,8 +145,9 @@ def gathered(invoke: OpInvoke) -> PerformanceProperties:
     """A gather: reads the index tensors and as many source elements as it writes."""
     indices = invoke.inputs()[1:]
     out = invoke.outputs()[0]
-    return PerformanceProperties(memory_read_bytes=sum(t.nbytes for t in indices) + out.nbytes,
-                                 memory_write_bytes=out.nbytes)
+    return PerformanceProperties(
+        memory_read_bytes=sum(t.nbytes for t in indices) + out.nbytes, memory_write_bytes=out.nbytes
+    )
 
 
 @register_op_properties(aten.embedding.default)
@@ -115,12 +163,20 @@ def _is_inplace(invoke: OpInvoke) -> bool:
     return invoke.op._schema.name.endswith("_")
 
 
-def scattered(invoke: OpInvoke, target: TensorMeta, indices: list[TensorMeta], count: int,
-              source: TensorMeta | None, accumulate: bool) -> PerformanceProperties:
+def scattered(
+    invoke: OpInvoke,
+    target: TensorMeta,
+    indices: list[TensorMeta],
+    count: int,
+    source: TensorMeta | None,
+    accumulate: bool,
+) -> PerformanceProperties:
     """Writes ``count`` elements of ``target`` from ``source`` (read-modify-write when accumulating),
     reading the index tensors whole; out of place, ``target`` is first copied to the output."""
     touched = count * target.element_size()
-    source_bytes = min(count, source.numel()) * source.element_size() if source is not None else 0  # may broadcast
+    source_bytes = (
+        min(count, source.numel()) * source.element_size() if source is not None else 0
+    )  # may broadcast
     read = sum(t.nbytes for t in indices) + source_bytes + accumulate * touched
     write = touched
     if not _is_inplace(invoke):
@@ -147,7 +203,9 @@ def _scatter(invoke: OpInvoke, device) -> PerformanceProperties:
     # One element written per index element.
     index = invoke.argument("index")
     accumulate = "add" in invoke.op._schema.name or invoke.argument("reduce") is not None
-    return scattered(invoke, invoke.args[0], [index], index.numel(), _tensor(invoke.argument("src")), accumulate)
+    return scattered(
+        invoke, invoke.args[0], [index], index.numel(), _tensor(invoke.argument("src")), accumulate
+    )
 
 
 @register_op_properties(aten.index_add.default)
@@ -202,8 +260,10 @@ def _embedding_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     grad_output, indices = invoke.args[:2]
     grad_weight = invoke.outputs()[0]
     rows = grad_output.numel() * grad_weight.element_size()  # read-modify-write of the touched rows
-    props = PerformanceProperties(memory_read_bytes=grad_output.nbytes + indices.nbytes + rows,
-                                  memory_write_bytes=grad_weight.nbytes + rows)
+    props = PerformanceProperties(
+        memory_read_bytes=grad_output.nbytes + indices.nbytes + rows,
+        memory_write_bytes=grad_weight.nbytes + rows,
+    )
     return props.add(grad_weight.dtype, gp=grad_output.numel())
 
 
@@ -221,7 +281,9 @@ def _embedding_bag(invoke: OpInvoke, device) -> PerformanceProperties:
     gathered = indices.numel() * weight.shape[-1]
     out = invoke.outputs()[0]
     reads = sum(t.nbytes for t in invoke.inputs()[1:]) + gathered * weight.element_size()
-    props = PerformanceProperties(memory_read_bytes=reads, memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
+    props = PerformanceProperties(
+        memory_read_bytes=reads, memory_write_bytes=sum(t.nbytes for t in invoke.outputs())
+    )
     mean = invoke.argument("mode") == BAG_MEAN
     return props.add(weight.dtype, gp=gathered * (1 + (weights is not None)) + mean * DIV * out.numel())
 
@@ -235,8 +297,10 @@ def _embedding_bag_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     grad_weight = invoke.outputs()[0]
     added = grad.numel() if invoke.argument("mode") == BAG_MAX else indices.numel() * grad.shape[-1]
     rows = added * grad_weight.element_size()  # read-modify-write of the touched rows
-    props = PerformanceProperties(memory_read_bytes=sum(t.nbytes for t in invoke.inputs()) + rows,
-                                  memory_write_bytes=grad_weight.nbytes + rows)
+    props = PerformanceProperties(
+        memory_read_bytes=sum(t.nbytes for t in invoke.inputs()) + rows,
+        memory_write_bytes=grad_weight.nbytes + rows,
+    )
     return props.add(grad_weight.dtype, gp=added)
 
 
@@ -270,17 +334,57 @@ def _random(invoke: OpInvoke, device) -> PerformanceProperties:
 
 # Allocation without initialisation, bookkeeping, and views torch does not tag as views (in-place ones change
 # self's shape, set_ points self at other storage, the unsafe splits are views without alias marks): no work.
-FREE = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default, aten.new_empty.default,
-        aten.new_empty_strided.default, aten.empty_like.default, aten._unsafe_view.default, aten.resize_.default,
-        aten.resize_as_.default, aten._resize_output_.default, aten._assert_tensor_metadata.default,
-        torch.ops.prim.device.default, aten.lift.default, aten.set_.default, aten.set_.source_Tensor,
-        aten.set_.source_Tensor_storage_offset, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
-        aten.as_strided_.default, aten.detach_.default, aten.t_.default, aten.transpose_.default,
-        aten.swapaxes_.default, aten.swapdims_.default, aten.squeeze_.default, aten.squeeze_.dim,
-        aten.squeeze_.dims, aten.unsqueeze_.default, aten.unsafe_split.Tensor,
-        aten.unsafe_split_with_sizes.default, aten.unsafe_chunk.default}
+FREE = {
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.empty_permuted.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+    aten.empty_like.default,
+    aten._unsafe_view.default,
+    aten.resize_.default,
+    aten.resize_as_.default,
+    aten._resize_output_.default,
+    aten._assert_tensor_metadata.default,
+    torch.ops.prim.device.default,
+    aten.lift.default,
+    aten.set_.default,
+    aten.set_.source_Tensor,
+    aten.set_.source_Tensor_storage_offset,
+    aten.set_.source_Storage,
+    aten.set_.source_Storage_storage_offset,
+    aten.as_strided_.default,
+    aten.detach_.default,
+    aten.t_.default,
+    aten.transpose_.default,
+    aten.swapaxes_.default,
+    aten.swapdims_.default,
+    aten.squeeze_.default,
+    aten.squeeze_.dim,
+    aten.squeeze_.dims,
+    aten.unsqueeze_.default,
+    aten.unsafe_split.Tensor,
+    aten.unsafe_split_with_sizes.default,
+    aten.unsafe_chunk.default,
+}
 # Fills: write the output, read nothing.
-FILLS = {aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default, aten.arange.start,
-         aten.arange.start_step, aten.scalar_tensor.default, aten.new_ones.default, aten.new_zeros.default,
-         aten.new_full.default, aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
-         aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.linspace.default, aten.eye.default}
+FILLS = {
+    aten.zeros.default,
+    aten.ones.default,
+    aten.full.default,
+    aten.arange.default,
+    aten.arange.start,
+    aten.arange.start_step,
+    aten.scalar_tensor.default,
+    aten.new_ones.default,
+    aten.new_zeros.default,
+    aten.new_full.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.full_like.default,
+    aten.fill_.Scalar,
+    aten.fill_.Tensor,
+    aten.zero_.default,
+    aten.linspace.default,
+    aten.eye.default,
+}

@@ -28,30 +28,80 @@ RANDOM = 4  # one draw of a counter-based generator (Philox), per element
 
 # Vector operations per output element, by op name (every overload and the in-place form share it).
 OPS_PER_ELEMENT: dict[str, int] = {
-    "div": DIV, "true_divide": DIV, "reciprocal": DIV, "floor_divide": DIV + 1, "remainder": DIV + 2,
-    "fmod": DIV + 2, "sqrt": SQRT, "rsqrt": SQRT,
-    "exp": TRANSCENDENTAL, "exp2": TRANSCENDENTAL, "expm1": TRANSCENDENTAL, "log": TRANSCENDENTAL,
-    "log2": TRANSCENDENTAL, "log10": TRANSCENDENTAL, "log1p": TRANSCENDENTAL, "sin": TRANSCENDENTAL,
-    "cos": TRANSCENDENTAL, "tan": TRANSCENDENTAL, "atan": TRANSCENDENTAL, "erf": TRANSCENDENTAL,
-    "erfc": TRANSCENDENTAL, "erfinv": TRANSCENDENTAL, "xlogy": TRANSCENDENTAL + 1,
-    "atan2": TRANSCENDENTAL + DIV, "logit": TRANSCENDENTAL + DIV + 1,
-    "sigmoid": SIGMOID, "tanh": TANH, "silu": SIGMOID + 1, "softplus": SOFTPLUS, "mish": SOFTPLUS + TANH + 1,
-    "elu": TRANSCENDENTAL + 3, "celu": TRANSCENDENTAL + DIV + 3, "selu": TRANSCENDENTAL + 4,
-    "hardswish": 4, "hardsigmoid": 3, "hardtanh": 2, "clamp": 2, "leaky_relu": 2,
-    "lerp": 3, "addcmul": 3, "addcdiv": DIV + 2,
-    "sigmoid_backward": 3, "tanh_backward": 3,  # g * y * (1 - y), g * (1 - y * y)
+    "div": DIV,
+    "true_divide": DIV,
+    "reciprocal": DIV,
+    "floor_divide": DIV + 1,
+    "remainder": DIV + 2,
+    "fmod": DIV + 2,
+    "sqrt": SQRT,
+    "rsqrt": SQRT,
+    "exp": TRANSCENDENTAL,
+    "exp2": TRANSCENDENTAL,
+    "expm1": TRANSCENDENTAL,
+    "log": TRANSCENDENTAL,
+    "log2": TRANSCENDENTAL,
+    "log10": TRANSCENDENTAL,
+    "log1p": TRANSCENDENTAL,
+    "sin": TRANSCENDENTAL,
+    "cos": TRANSCENDENTAL,
+    "tan": TRANSCENDENTAL,
+    "atan": TRANSCENDENTAL,
+    "erf": TRANSCENDENTAL,
+    "erfc": TRANSCENDENTAL,
+    "erfinv": TRANSCENDENTAL,
+    "xlogy": TRANSCENDENTAL + 1,
+    "atan2": TRANSCENDENTAL + DIV,
+    "logit": TRANSCENDENTAL + DIV + 1,
+    "sigmoid": SIGMOID,
+    "tanh": TANH,
+    "silu": SIGMOID + 1,
+    "softplus": SOFTPLUS,
+    "mish": SOFTPLUS + TANH + 1,
+    "elu": TRANSCENDENTAL + 3,
+    "celu": TRANSCENDENTAL + DIV + 3,
+    "selu": TRANSCENDENTAL + 4,
+    "hardswish": 4,
+    "hardsigmoid": 3,
+    "hardtanh": 2,
+    "clamp": 2,
+    "leaky_relu": 2,
+    "lerp": 3,
+    "addcmul": 3,
+    "addcdiv": DIV + 2,
+    "sigmoid_backward": 3,
+    "tanh_backward": 3,  # g * y * (1 - y), g * (1 - y * y)
     "silu_backward": SIGMOID + 4,  # g * s * (1 + x * (1 - s)), s = sigmoid(x)
     "native_dropout_backward": 2,  # g * mask * scale
-    "log_sigmoid_forward": SOFTPLUS, "log_sigmoid_backward": SIGMOID + 2, "softplus_backward": SIGMOID + 2,
-    "mish_backward": SOFTPLUS + TANH + SIGMOID + 4, "glu": SIGMOID + 1, "glu_backward": SIGMOID + 4,
-    "elu_backward": 3, "leaky_relu_backward": 2, "hardtanh_backward": 2, "hardsigmoid_backward": 3,
-    "hardswish_backward": 4, "_prelu_kernel": 2,
+    "log_sigmoid_forward": SOFTPLUS,
+    "log_sigmoid_backward": SIGMOID + 2,
+    "softplus_backward": SIGMOID + 2,
+    "mish_backward": SOFTPLUS + TANH + SIGMOID + 4,
+    "glu": SIGMOID + 1,
+    "glu_backward": SIGMOID + 4,
+    "elu_backward": 3,
+    "leaky_relu_backward": 2,
+    "hardtanh_backward": 2,
+    "hardsigmoid_backward": 3,
+    "hardswish_backward": 4,
+    "_prelu_kernel": 2,
 }
 # Elementwise ops torch does not tag ``pointwise`` in any overload.
 UNTAGGED_POINTWISE = {
-    "floor_divide", "hardswish", "hardswish_backward", "log_sigmoid_forward", "log_sigmoid_backward",
-    "softplus_backward", "elu_backward", "leaky_relu_backward", "hardtanh_backward", "hardsigmoid_backward",
-    "mish_backward", "_prelu_kernel", "glu", "glu_backward",
+    "floor_divide",
+    "hardswish",
+    "hardswish_backward",
+    "log_sigmoid_forward",
+    "log_sigmoid_backward",
+    "softplus_backward",
+    "elu_backward",
+    "leaky_relu_backward",
+    "hardtanh_backward",
+    "hardsigmoid_backward",
+    "mish_backward",
+    "_prelu_kernel",
+    "glu",
+    "glu_backward",
 }
 
 # gelu(x) = x/2 * (1 + erf(x/sqrt 2)), or with approximate="tanh": x/2 * (1 + tanh(c * (x + 0.044715 x^3)))
@@ -101,7 +151,9 @@ def is_pointwise(op: Any) -> bool:
     if base_name(op) in UNTAGGED_POINTWISE:
         return True
     packet = getattr(aten, base_name(op), None)
-    return packet is not None and any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+    return packet is not None and any(
+        torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads()
+    )
 
 
 def compute_dtype(invoke: OpInvoke) -> torch.dtype | None:

@@ -47,8 +47,9 @@ def _weight_only_grouped_mm(invoke: OpInvoke, device) -> PerformanceProperties:
     props = invoke.memory_access_properties()
     props.memory_read_bytes -= (qweight.nbytes + scales.nbytes) * (1 - touched / max(1, experts))
     props.kernel = GROUPED
-    return props.add(x.dtype, mma=2 * rows * out_features * columns,
-                     gp=DEQUANTIZE * touched * out_features * columns)
+    return props.add(
+        x.dtype, mma=2 * rows * out_features * columns, gp=DEQUANTIZE * touched * out_features * columns
+    )
 
 
 @register_op_properties(OPS["quantize_per_token"])

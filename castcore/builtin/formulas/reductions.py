@@ -17,9 +17,14 @@ aten = torch.ops.aten
 # Ops tagged ``reduction``: (vector ops per input element, per output element); default (1, 0): one
 # add, max or compare per element read. The variance is a mean pass plus (x - mean)^2 accumulated.
 REDUCTION_OPS: dict[str, tuple[int, int]] = {
-    "mean": (1, 1), "var": (4, 1), "std": (4, 1 + SQRT), "var_mean": (4, 2), "std_mean": (4, 2 + SQRT),
+    "mean": (1, 1),
+    "var": (4, 1),
+    "std": (4, 1 + SQRT),
+    "var_mean": (4, 2),
+    "std_mean": (4, 2 + SQRT),
     "logsumexp": (3 + TRANSCENDENTAL, 1 + TRANSCENDENTAL),  # max, subtract, exp, sum; then log, add max
-    "norm": (2, SQRT), "linalg_vector_norm": (2, SQRT),  # x * x accumulated, then sqrt (p = 2)
+    "norm": (2, SQRT),
+    "linalg_vector_norm": (2, SQRT),  # x * x accumulated, then sqrt (p = 2)
 }
 
 
@@ -174,8 +179,9 @@ def _pool(invoke: OpInvoke, device) -> PerformanceProperties:
 def _max_pool_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     # Zero grad_input, then add each grad_output element at its index; the forward input is not read.
     grad_output, indices, grad_input = invoke.args[0], invoke.argument("indices"), invoke.outputs()[0]
-    props = PerformanceProperties(memory_read_bytes=grad_output.nbytes + indices.nbytes,
-                                  memory_write_bytes=grad_input.nbytes)
+    props = PerformanceProperties(
+        memory_read_bytes=grad_output.nbytes + indices.nbytes, memory_write_bytes=grad_input.nbytes
+    )
     return props.add(grad_output.dtype, gp=grad_output.numel())
 
 
@@ -202,8 +208,9 @@ def _nll_loss(invoke: OpInvoke, device) -> PerformanceProperties:
     # Gathers one log-probability per target (and its class weight), and sums them.
     x, target, weight = invoke.args[0], invoke.args[1], invoke.argument("weight")
     touched = target.numel() * (x.element_size() + (weight.element_size() if weight is not None else 0))
-    props = PerformanceProperties(memory_read_bytes=target.nbytes + touched,
-                                  memory_write_bytes=sum(t.nbytes for t in invoke.outputs()))
+    props = PerformanceProperties(
+        memory_read_bytes=target.nbytes + touched, memory_write_bytes=sum(t.nbytes for t in invoke.outputs())
+    )
     return props.add(x.dtype, gp=(1 + (weight is not None)) * target.numel())
 
 
@@ -213,6 +220,10 @@ def _nll_loss_backward(invoke: OpInvoke, device) -> PerformanceProperties:
     # Writes a zeroed grad_input of the input's shape with one value per target; the input is not read.
     grad_output, target, weight = invoke.args[0], invoke.argument("target"), invoke.argument("weight")
     grad_input = invoke.outputs()[0]
-    read = grad_output.nbytes + target.nbytes + (target.numel() * weight.element_size() if weight is not None else 0)
+    read = (
+        grad_output.nbytes
+        + target.nbytes
+        + (target.numel() * weight.element_size() if weight is not None else 0)
+    )
     props = PerformanceProperties(memory_read_bytes=read, memory_write_bytes=grad_input.nbytes)
     return props.add(grad_input.dtype, gp=(1 + (weight is not None)) * target.numel())

@@ -39,8 +39,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from castcore.hf.attention import (ATTENTION, attention_chunk, castcore_attention, no_attention_backend_note,
-                                   own_causal_attn, register_attention, replace_own_attn, sdpa_mask)
+from castcore.hf.attention import (
+    ATTENTION,
+    attention_chunk,
+    castcore_attention,
+    no_attention_backend_note,
+    own_causal_attn,
+    register_attention,
+    replace_own_attn,
+    sdpa_mask,
+)
 from castcore.hf.causal_lm import is_transformers_module
 from castcore.hf.configs import attention_of, set_attention
 from castcore.hf.rotary import half_angle_rotary, rotary_swapped, standard_rotary
@@ -64,7 +72,7 @@ def fuse(host: PluginHost, built: BuiltModel, device: DeviceProfile, kv_reads: s
     ``kv_reads`` "head": the attention kernel reads grouped K/V once per query head (see castcore::attention)."""
     by_plugin: dict[str, list[str]] = {}
     # A mixed batch splits castcore's own attention per sequence; a pack's attention kernel cannot be split yet.
-    for line in ([] if packing_on() else host.fuse(built.model, device)):  # "label: what it did"
+    for line in [] if packing_on() else host.fuse(built.model, device):  # "label: what it did"
         label, _, done = line.partition(": ")
         by_plugin.setdefault(label, []).append(done)
     core, eager = rewrite(built, kv_reads)
@@ -82,7 +90,10 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for layer in [m for m in model.modules() if _is_fusable_layer(m)]:
         layer.forward = types.MethodType(_fused_layer_forward, layer)
         done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
-    moe_parts, blocks = set(), []  # a block whose router and experts were rewritten runs no eager kernel itself
+    moe_parts, blocks = (
+        set(),
+        [],
+    )  # a block whose router and experts were rewritten runs no eager kernel itself
     for name, module in list(model.named_modules()):
         if not name or not is_transformers_module(module):
             continue
@@ -103,8 +114,10 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         elif type(module).__name__ in _TANH_GELUS:
             setattr(parent, attr, TanhGelu())
             done["GELU written out op by op (gelu_new) -> one aten::gelu kernel, tanh approximation"] += 1
-        elif type(module).__name__.endswith("RMSNorm") or (type(module).__name__.endswith("MLP") and not any(
-                type(child).__name__ in _TANH_GELUS for child in module.children())):
+        elif type(module).__name__.endswith("RMSNorm") or (
+            type(module).__name__.endswith("MLP")
+            and not any(type(child).__name__ in _TANH_GELUS for child in module.children())
+        ):
             blocks.append(module)
     for module in blocks:
         if not any(id(child) in moe_parts for child in module.children()):
@@ -113,10 +126,17 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for module in latent:
         rewrite_latent(module)
     if latent:
-        done["multi-head latent attention -> castcore::attention over decompressed heads (prompts), "
-             "castcore::latent_attention over the latent cache (decode)"] += len(latent)
-    attention_modules = [m for m in model.modules() if is_transformers_module(m)
-                         and type(m).__name__.endswith("Attention") and not getattr(m, "castcore_latent", False)]
+        done[
+            "multi-head latent attention -> castcore::attention over decompressed heads (prompts), "
+            "castcore::latent_attention over the latent cache (decode)"
+        ] += len(latent)
+    attention_modules = [
+        m
+        for m in model.modules()
+        if is_transformers_module(m)
+        and type(m).__name__.endswith("Attention")
+        and not getattr(m, "castcore_latent", False)
+    ]
     for module in attention_modules:  # read by both fused paths below
         module.castcore_kv_per_query_head = kv_reads == "head"
     reads = " (K/V read once per query head)" if kv_reads == "head" else ""
@@ -131,25 +151,34 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         if stale in built.notes:
             built.notes.remove(stale)
     elif attention_modules:
-        eager[f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"] += \
-            len(attention_modules)
+        eager[
+            f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"
+        ] += len(attention_modules)
     rotary = standard_rotary(model)
     if rotary:
         if attention_modules:
             done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
         outer = built.while_capturing
         built.while_capturing = lambda: _both(outer(), rotary_swapped(rotary, _fused_rotary))
-    return [f"{count} {kind}" for kind, count in done.items()], [f"{count} {kind}" for kind, count in eager.items()]
+    return [f"{count} {kind}" for kind, count in done.items()], [
+        f"{count} {kind}" for kind, count in eager.items()
+    ]
 
 
 # --- norms ---------------------------------------------------------------------------------------------
+
 
 def _norm_parts(module: nn.Module) -> tuple[nn.Parameter, float, float] | None:
     """(weight, eps, offset) of an RMSNorm module, offset 1 for Gemma's (1 + weight) norms."""
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    if not (type(module).__name__.endswith("RMSNorm") and isinstance(weight, nn.Parameter) and weight.dim() == 1
-            and isinstance(eps, float) and not list(module.children())):
+    if not (
+        type(module).__name__.endswith("RMSNorm")
+        and isinstance(weight, nn.Parameter)
+        and weight.dim() == 1
+        and isinstance(eps, float)
+        and not list(module.children())
+    ):
         return None
     return weight, eps, 1.0 if type(module).__name__.startswith("Gemma") else 0.0
 
@@ -170,9 +199,13 @@ class TanhGelu(nn.Module):
 
 def _is_weightless_head_norm(module: nn.Module, parent: nn.Module) -> bool:
     """Llama 4's qk norm: x / rms(x) over each head, no weight (vLLM runs it as an RMSNorm without one)."""
-    return (type(module).__name__.endswith("L2Norm") and isinstance(getattr(module, "eps", None), float)
-            and not list(module.parameters()) and isinstance(getattr(parent, "head_dim", None), int)
-            and isinstance(getattr(parent, "q_proj", None), nn.Linear))
+    return (
+        type(module).__name__.endswith("L2Norm")
+        and isinstance(getattr(module, "eps", None), float)
+        and not list(module.parameters())
+        and isinstance(getattr(parent, "head_dim", None), int)
+        and isinstance(getattr(parent, "q_proj", None), nn.Linear)
+    )
 
 
 class FusedRMSNorm(nn.Module):
@@ -192,8 +225,10 @@ class FusedRMSNorm(nn.Module):
 
 _LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
 # Llama 4's layer names its MLP feed_forward and returns a tensor under a tuple annotation (5.5.0-5.24.0).
-_LLAMA4_LAYER = ("Llama4TextDecoderLayer", {"input_layernorm", "self_attn", "post_attention_layernorm",
-                                            "feed_forward"})
+_LLAMA4_LAYER = (
+    "Llama4TextDecoderLayer",
+    {"input_layernorm", "self_attn", "post_attention_layernorm", "feed_forward"},
+)
 
 
 def _is_fusable_layer(module: nn.Module) -> bool:
@@ -202,9 +237,12 @@ def _is_fusable_layer(module: nn.Module) -> bool:
     if (children != _LAYER_PARTS and not llama4) or not is_transformers_module(module):
         return False
     returns = inspect.signature(type(module).forward).return_annotation
-    return ((llama4 or returns in (torch.Tensor, "torch.Tensor")) and _is_rms_norm(module.post_attention_layernorm)
-            and is_transformers_module(module.input_layernorm)
-            and is_transformers_module(module.post_attention_layernorm))
+    return (
+        (llama4 or returns in (torch.Tensor, "torch.Tensor"))
+        and _is_rms_norm(module.post_attention_layernorm)
+        and is_transformers_module(module.input_layernorm)
+        and is_transformers_module(module.post_attention_layernorm)
+    )
 
 
 def _fused_layer_forward(self, hidden_states, *args, **kwargs):
@@ -214,7 +252,9 @@ def _fused_layer_forward(self, hidden_states, *args, **kwargs):
     attended = self.self_attn(self.input_layernorm(hidden_states), **kwargs)
     attended = attended[0] if isinstance(attended, tuple) else attended
     norm = self.post_attention_layernorm
-    weight, eps, offset = (norm.weight, norm.eps, norm.offset) if isinstance(norm, FusedRMSNorm) else _norm_parts(norm)
+    weight, eps, offset = (
+        (norm.weight, norm.eps, norm.offset) if isinstance(norm, FusedRMSNorm) else _norm_parts(norm)
+    )
     normed, residual = ops.add_rms_norm(attended, hidden_states, weight, eps, offset)
     out = self.mlp(normed) if hasattr(self, "mlp") else self.feed_forward(normed)
     return residual + (out[0] if isinstance(out, tuple) else out).view(residual.shape)
@@ -222,13 +262,19 @@ def _fused_layer_forward(self, hidden_states, *args, **kwargs):
 
 # --- gated MLPs --------------------------------------------------------------------------------------------
 
+
 def _gated_activation(module: nn.Module) -> tuple[str, str] | None:
     """("silu_and_mul", "") or ("gelu_and_mul", approximate) for a bias-free gated MLP, else None."""
     parts = [getattr(module, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
     if not all(isinstance(p, nn.Linear) and p.bias is None for p in parts):
         return None
-    if {name for name, _ in module.named_children()} - {"gate_proj", "up_proj", "down_proj", "act_fn",
-                                                        "activation_fn"}:
+    if {name for name, _ in module.named_children()} - {
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "act_fn",
+        "activation_fn",
+    }:
         return None
     if parts[0].weight.shape != parts[1].weight.shape:
         return None
@@ -250,44 +296,90 @@ class FusedGatedMLP(nn.Module):
         super().__init__()
         self.kernel, self.approximate = _gated_activation(mlp)
         gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
-        self.gate_up_proj = nn.Linear(gate.shape[1], 2 * gate.shape[0], bias=False, device=gate.device,
-                                      dtype=gate.dtype)
+        self.gate_up_proj = nn.Linear(
+            gate.shape[1], 2 * gate.shape[0], bias=False, device=gate.device, dtype=gate.dtype
+        )
         with torch.no_grad():
             self.gate_up_proj.weight = nn.Parameter(torch.cat([gate, up]), requires_grad=gate.requires_grad)
         self.down_proj = mlp.down_proj
 
     def forward(self, x):
         merged = self.gate_up_proj(x)
-        act = ops.silu_and_mul(merged) if self.kernel == "silu_and_mul" else ops.gelu_and_mul(merged, self.approximate)
+        act = (
+            ops.silu_and_mul(merged)
+            if self.kernel == "silu_and_mul"
+            else ops.gelu_and_mul(merged, self.approximate)
+        )
         return self.down_proj(act)
 
 
 # --- attention and rotary ----------------------------------------------------------------------------------
 
+
 def _fused_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
     """No mask tensor without padding: the fused kernel applies causality and the sliding window itself."""
     if attention_mask is None:
         return None
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(
+        batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
+    )
 
 
-def _fused_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-                     sliding_window=None, s_aux=None, **kwargs):
+def _fused_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    softcap=None,
+    sliding_window=None,
+    s_aux=None,
+    **kwargs,
+):
     if attention_mask is not None or dropout:  # padding or dropout: the eager path prices them
-        return castcore_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                     softcap=softcap, sliding_window=sliding_window, s_aux=s_aux, **kwargs)
+        return castcore_attention(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            softcap=softcap,
+            sliding_window=sliding_window,
+            s_aux=s_aux,
+            **kwargs,
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    options = (float(scale), bool(getattr(module, "is_causal", True)), int(sliding_window or 0),
-               float(softcap or 0.0), bool(getattr(module, "castcore_kv_per_query_head", False)), s_aux,
-               attention_chunk(module))
-    out = packed_attention(query, key, value, *options)  # a mixed batch's sequences, each at its own KV length
+    options = (
+        float(scale),
+        bool(getattr(module, "is_causal", True)),
+        int(sliding_window or 0),
+        float(softcap or 0.0),
+        bool(getattr(module, "castcore_kv_per_query_head", False)),
+        s_aux,
+        attention_chunk(module),
+    )
+    out = packed_attention(
+        query, key, value, *options
+    )  # a mixed batch's sequences, each at its own KV length
     return (ops.attention(query, key, value, *options) if out is None else out), None
 
 
 def _fused_own_attn(self, query, key, value, attention_mask=None, *args, **kwargs):
     # castcore builds these models without padding, so the mask the model made is the causal one the op applies.
-    out = ops.attention(query, key, value, 1.0 / float(self.scale_attn), True, 0, 0.0,
-                        bool(getattr(self, "castcore_kv_per_query_head", False)))
+    out = ops.attention(
+        query,
+        key,
+        value,
+        1.0 / float(self.scale_attn),
+        True,
+        0,
+        0.0,
+        bool(getattr(self, "castcore_kv_per_query_head", False)),
+    )
     return out.transpose(1, 2), None  # back to [batch, heads, seq, dim], which the model then merges
 
 
@@ -308,21 +400,31 @@ def _fused_rotary(original):
         bound.apply_defaults()
         q, k, cos, sin = (bound.arguments[n] for n in ("q", "k", "cos", "sin"))
         width = cos.shape[-1] * (2 if half else 1)  # gpt-oss holds each angle once, as the op may take them
-        if (bound.arguments["unsqueeze_dim"] != 1 or cos.dim() != 3 or q.dim() != 4 or width != q.shape[-1]
-                or bound.arguments.get("position_ids") is not None):
+        if (
+            bound.arguments["unsqueeze_dim"] != 1
+            or cos.dim() != 3
+            or q.dim() != 4
+            or width != q.shape[-1]
+            or bound.arguments.get("position_ids") is not None
+        ):
             return original(*args, **kwargs)  # a partial or differently laid out rotary: priced as it runs
         return ops.rotary_embedding(q, k, cos, sin)
+
     return apply_rotary_pos_emb
 
 
 def _fused_complex_rotary(original):
     """Llama 4's rotary: q and k [batch, seq, heads, dim] in rotated pairs times complex angles [batch, seq,
     dim / 2]. The op returns them in the halves layout, the same permutation of both, which changes no score."""
+
     def apply_rotary_emb(xq, xk, freqs_cis):
         if xq.dim() != 4 or freqs_cis.dim() != 3 or 2 * freqs_cis.shape[-1] != xq.shape[-1]:
             return original(xq, xk, freqs_cis)
-        q, k = ops.rotary_embedding(xq.transpose(1, 2), xk.transpose(1, 2), freqs_cis.real, freqs_cis.imag, True)
+        q, k = ops.rotary_embedding(
+            xq.transpose(1, 2), xk.transpose(1, 2), freqs_cis.real, freqs_cis.imag, True
+        )
         return q.transpose(1, 2), k.transpose(1, 2)
+
     return apply_rotary_emb
 
 

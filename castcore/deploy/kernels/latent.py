@@ -29,16 +29,21 @@ ops = torch.ops.castcore
 PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 DECODE_QUERIES = 1  # a sequence with this many new tokens is a decode step: the absorbed form
 # castcore simulate checks for a latent model before it captures; a mixed batch captured directly meets it here.
-NOT_IN_MIXED_BATCHES = ("castcore simulate does not price latent attention (MLA) in a mixed batch yet: use castcore "
-                        "serve or estimate for this model")
+NOT_IN_MIXED_BATCHES = (
+    "castcore simulate does not price latent attention (MLA) in a mixed batch yet: use castcore "
+    "serve or estimate for this model"
+)
 
 
 def is_latent_attention(module: nn.Module) -> bool:
     """transformers' MLA attention with cos/sin rotary tables (DeepSeek-V3's; DeepSeek-V2 rotates with complex
     frequencies and keeps its own forward)."""
     config = getattr(module, "config", None)
-    return (all(hasattr(module, name) for name in PARTS) and isinstance(getattr(config, "kv_lora_rank", None), int)
-            and hasattr(config, "rope_interleave"))
+    return (
+        all(hasattr(module, name) for name in PARTS)
+        and isinstance(getattr(config, "kv_lora_rank", None), int)
+        and hasattr(config, "rope_interleave")
+    )
 
 
 def rewrite(module: nn.Module) -> None:
@@ -56,24 +61,39 @@ def _absorbed(kv_b_proj: nn.Module, heads: int, rows: int, rank: int, dtype: tor
     return (weight.to_local() if hasattr(weight, "to_local") else weight).view(heads, rows, rank)
 
 
-def _forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, past_key_values=None,
-             **kwargs):
+def _forward(
+    self,
+    hidden_states,
+    position_embeddings=None,
+    attention_mask=None,
+    cache=None,
+    past_key_values=None,
+    **kwargs,
+):
     if packing_on():
         raise ModelError(NOT_IN_MIXED_BATCHES)
     config = self.config
-    nope, rope, v_dim, rank = (config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim,
-                               config.kv_lora_rank)
+    nope, rope, v_dim, rank = (
+        config.qk_nope_head_dim,
+        config.qk_rope_head_dim,
+        config.v_head_dim,
+        config.kv_lora_rank,
+    )
     batch, seq = hidden_states.shape[:2]
-    q = (self.q_proj(hidden_states) if getattr(self, "q_proj", None) is not None
-         else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states))))
+    q = (
+        self.q_proj(hidden_states)
+        if getattr(self, "q_proj", None) is not None
+        else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    )
     q = q.view(batch, seq, -1, nope + rope).transpose(1, 2)  # [batch, local heads, seq, 192]
     heads = q.shape[1]
     q_nope, q_rot = q.split([nope, rope], dim=-1)
     compressed, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
     compressed = self.kv_a_layernorm(compressed)
     cos, sin = position_embeddings
-    q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot.view(batch, 1, seq, rope), cos, sin,
-                                        bool(config.rope_interleave))
+    q_rot, k_rot = ops.rotary_embedding(
+        q_rot, k_rot.view(batch, 1, seq, rope), cos, sin, bool(config.rope_interleave)
+    )
     latent = torch.cat([compressed.view(batch, 1, seq, rank), k_rot], dim=-1)  # the cache entry, written once
     cache = cache if cache is not None else past_key_values
     if cache is not None:  # the values slot holds nothing: the entry is the keys
@@ -84,12 +104,20 @@ def _forward(self, hidden_states, position_embeddings=None, attention_mask=None,
         absorbed = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
         query = torch.cat([absorbed.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
         out = ops.latent_attention(query, latent, rank, float(scale), True)  # [batch, seq, heads, rank]
-        out = torch.bmm(out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2))
+        out = torch.bmm(
+            out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2)
+        )
         out = out.view(heads, batch, seq, v_dim).permute(1, 2, 0, 3)
     else:  # decompressed: every key's latent entry through kv_b_proj (an fp8 cache dequantized first)
         keys, whole = latent.shape[2], latent.to(hidden_states.dtype)
-        k_nope, values = self.kv_b_proj(whole[:, 0, :, :rank]).view(batch, keys, heads, nope + v_dim).transpose(
-            1, 2).split([nope, v_dim], dim=-1)
+        k_nope, values = (
+            self.kv_b_proj(whole[:, 0, :, :rank])
+            .view(batch, keys, heads, nope + v_dim)
+            .transpose(1, 2)
+            .split([nope, v_dim], dim=-1)
+        )
         key = torch.cat([k_nope, whole[:, :, :, rank:].expand(batch, heads, keys, rope)], dim=-1)
-        out = ops.attention(torch.cat([q_nope, q_rot], dim=-1), key, values, float(scale), True, 0, 0.0, False)
+        out = ops.attention(
+            torch.cat([q_nope, q_rot], dim=-1), key, values, float(scale), True, 0, 0.0, False
+        )
     return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None

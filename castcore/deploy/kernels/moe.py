@@ -45,26 +45,35 @@ def rewrite_moe(module: nn.Module) -> str | None:
     if _is_dense_routed_moe(module):
         _adopt_dense_experts(module.experts)
         module.forward = types.MethodType(_fused_dense_routed_moe_forward, module)
-        return ("MoE block run through every expert (Llama 4) -> top-k routing, castcore::moe_permute + grouped "
-                "GEMMs + castcore::silu_and_mul + castcore::moe_unpermute, and its shared expert")
+        return (
+            "MoE block run through every expert (Llama 4) -> top-k routing, castcore::moe_permute + grouped "
+            "GEMMs + castcore::silu_and_mul + castcore::moe_unpermute, and its shared expert"
+        )
     if _is_silu_experts(module):
         _fuse_experts(module, _silu_gate)
         return "MoE experts -> castcore::moe_permute + grouped GEMMs + castcore::silu_and_mul + castcore::moe_unpermute"
     if _is_clamped_swiglu_experts(module):
         _fuse_experts(module, _clamped_swiglu_gate)
-        return ("MoE experts with biases and clamped SwiGLU (gpt-oss) -> castcore::moe_permute + grouped GEMMs + "
-                "castcore::clamped_swiglu + castcore::moe_unpermute")
+        return (
+            "MoE experts with biases and clamped SwiGLU (gpt-oss) -> castcore::moe_permute + grouped GEMMs + "
+            "castcore::clamped_swiglu + castcore::moe_unpermute"
+        )
     return None
 
 
 # --- routers ---------------------------------------------------------------------------------------------------
 
+
 def _is_top_k_router(module: nn.Module) -> bool:
     """transformers' plain top-k routers: a weight (and gpt-oss's bias), top_k, softmax and top-k. gpt-oss takes
     the softmax of the k best logits, which is the renormalised top k of the softmax over all of them."""
     own = {name for name, _ in module.named_parameters(recurse=False)}
-    return (type(module).__name__.endswith("TopKRouter") and own in ({"weight"}, {"weight", "bias"})
-            and isinstance(module.top_k, int) and not list(module.children()))
+    return (
+        type(module).__name__.endswith("TopKRouter")
+        and own in ({"weight"}, {"weight", "bias"})
+        and isinstance(module.top_k, int)
+        and not list(module.children())
+    )
 
 
 def _fused_router_forward(self, hidden_states):
@@ -76,32 +85,56 @@ def _fused_router_forward(self, hidden_states):
 
 def _grouped_router_forward(self, hidden_states):
     logits = nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim).float(), self.weight.float())
-    weights, indices = ops.grouped_topk(logits, self.e_score_correction_bias, self.num_group, self.topk_group,
-                                        self.top_k, bool(self.norm_topk_prob), float(self.routed_scaling_factor))
+    weights, indices = ops.grouped_topk(
+        logits,
+        self.e_score_correction_bias,
+        self.num_group,
+        self.topk_group,
+        self.top_k,
+        bool(self.norm_topk_prob),
+        float(self.routed_scaling_factor),
+    )
     return logits, weights, indices
 
 
 def _grouped_routing(self, router_logits):
-    weights, indices = ops.grouped_topk(router_logits, self.gate.e_score_correction_bias, self.n_group,
-                                        self.topk_group, self.top_k, bool(self.norm_topk_prob),
-                                        float(self.routed_scaling_factor))
+    weights, indices = ops.grouped_topk(
+        router_logits,
+        self.gate.e_score_correction_bias,
+        self.n_group,
+        self.topk_group,
+        self.top_k,
+        bool(self.norm_topk_prob),
+        float(self.routed_scaling_factor),
+    )
     return indices, weights
 
 
 # --- experts ---------------------------------------------------------------------------------------------------
 
+
 def _is_silu_experts(module: nn.Module) -> bool:
     """transformers' grouped-GEMM experts (3-D gate_up_proj / down_proj) with SiLU gating and no biases."""
-    return (len(_expert_weights(module)) == 2 and is_default_gated_experts(module)
-            and type(getattr(module, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
+    return (
+        len(_expert_weights(module)) == 2
+        and is_default_gated_experts(module)
+        and type(getattr(module, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
+    )
 
 
 def _is_clamped_swiglu_experts(module: nn.Module) -> bool:
     """gpt-oss's experts: [experts, in, out] weights with biases, gate and up interleaved, a clamped SwiGLU."""
-    return (set(_expert_weights(module)) == {"gate_up_proj", "down_proj"} and getattr(module, "has_bias", False)
-            and getattr(module, "is_transposed", False) and type(module).__name__ == "GptOssExperts"
-            and all(isinstance(getattr(module, n, None), nn.Parameter) for n in ("gate_up_proj_bias", "down_proj_bias"))
-            and all(isinstance(getattr(module, n, None), float) for n in ("alpha", "limit")))
+    return (
+        set(_expert_weights(module)) == {"gate_up_proj", "down_proj"}
+        and getattr(module, "has_bias", False)
+        and getattr(module, "is_transposed", False)
+        and type(module).__name__ == "GptOssExperts"
+        and all(
+            isinstance(getattr(module, n, None), nn.Parameter)
+            for n in ("gate_up_proj_bias", "down_proj_bias")
+        )
+        and all(isinstance(getattr(module, n, None), float) for n in ("alpha", "limit"))
+    )
 
 
 def _silu_gate(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -124,25 +157,38 @@ def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     function. Its ops carry the top-k for a routing skew (castcore.recording.routing)."""
     with expert_routing(top_k=top_k_index.shape[-1]):
         rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
-        if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the expert's input
+        if getattr(
+            self, "castcore_weights_on_input", False
+        ):  # Llama 4: the router weight scales the expert's input
             rows = rows * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
             top_k_weights = torch.ones_like(top_k_weights)
         transposed = bool(getattr(self, "is_transposed", False))
         out = self.castcore_gate(_grouped(rows, self.gate_up_proj, offsets, transposed), offsets)
         bias = getattr(self, "down_proj_bias", None) if getattr(self, "has_bias", False) else None
-        return ops.moe_unpermute(_grouped(out, self.down_proj, offsets, transposed), order, top_k_weights, bias,
-                                 offsets if bias is not None else None)
+        return ops.moe_unpermute(
+            _grouped(out, self.down_proj, offsets, transposed),
+            order,
+            top_k_weights,
+            bias,
+            offsets if bias is not None else None,
+        )
 
 
 # --- Llama 4 ---------------------------------------------------------------------------------------------------
+
 
 def _is_dense_routed_moe(module: nn.Module) -> bool:
     """transformers' Llama 4 MoE block, which runs every token through every expert, the unchosen ones with a
     router score of sigmoid(-inf) = 0: experts with [experts, in, out] weights, a linear router, a shared expert."""
     experts = getattr(module, "experts", None)
-    return (type(module).__name__ == "Llama4TextMoe" and isinstance(getattr(module, "router", None), nn.Linear)
-            and all(getattr(experts, n, None) is not None and getattr(experts, n).dim() == 3
-                    for n in ("gate_up_proj", "down_proj")))
+    return (
+        type(module).__name__ == "Llama4TextMoe"
+        and isinstance(getattr(module, "router", None), nn.Linear)
+        and all(
+            getattr(experts, n, None) is not None and getattr(experts, n).dim() == 3
+            for n in ("gate_up_proj", "down_proj")
+        )
+    )
 
 
 def _adopt_dense_experts(experts: nn.Module) -> None:
@@ -157,8 +203,11 @@ def _fused_dense_routed_moe_forward(self, hidden_states):
     input (apply_router_weight_on_input), only the chosen experts' rows through the grouped GEMMs, plus the shared
     expert. Returns what transformers' block returns: (output, router logits)."""
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    logits = self.router(hidden_states) if type(self.router).forward is nn.Linear.forward else \
-        nn.functional.linear(hidden_states, self.router.weight)
+    logits = (
+        self.router(hidden_states)
+        if type(self.router).forward is nn.Linear.forward
+        else nn.functional.linear(hidden_states, self.router.weight)
+    )
     values, indices = torch.topk(logits, self.top_k, dim=1)
     routed = self.experts(hidden_states, indices, torch.sigmoid(values.float()))
     return self.shared_expert(hidden_states) + routed, logits

@@ -39,9 +39,18 @@ def packed(chunks: Sequence[Chunk], kv_dtype: torch.dtype) -> Iterator[None]:
         _plan.reset(token)
 
 
-def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, causal: bool,
-                     window: int, softcap: float, kv_per_query_head: bool,
-                     sinks: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor | None:
+def packed_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window: int,
+    softcap: float,
+    kv_per_query_head: bool,
+    sinks: torch.Tensor | None = None,
+    chunk: int = 0,
+) -> torch.Tensor | None:
     """Under ``packed``: the packed row's attention as one ``castcore::varlen_attention`` kernel, each chunk's
     queries against its cached keys and values (in the cache's dtype) plus its own; None outside ``packed``.
     ``query`` is [1, heads, tokens, dim] of the packed row."""
@@ -49,10 +58,24 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if plan is None:
         return None
     if query.shape[0] != 1 or query.shape[2] != sum(c.new for c in plan.chunks):
-        raise ModelError("a mixed batch runs its tokens packed in one row; this attention call has "
-                         f"{tuple(query.shape)} queries")
+        raise ModelError(
+            "a mixed batch runs its tokens packed in one row; this attention call has "
+            f"{tuple(query.shape)} queries"
+        )
     keys = sum(c.cached + c.new for c in plan.chunks)
     k = key.new_empty((1, key.shape[1], keys, key.shape[-1]), dtype=plan.kv_dtype)
     v = value.new_empty((1, value.shape[1], keys, value.shape[-1]), dtype=plan.kv_dtype)
-    return ops.varlen_attention(query, k, v, [c.new for c in plan.chunks], [c.cached for c in plan.chunks], scale,
-                                causal, window, softcap, kv_per_query_head, sinks, chunk)
+    return ops.varlen_attention(
+        query,
+        k,
+        v,
+        [c.new for c in plan.chunks],
+        [c.cached for c in plan.chunks],
+        scale,
+        causal,
+        window,
+        softcap,
+        kv_per_query_head,
+        sinks,
+        chunk,
+    )

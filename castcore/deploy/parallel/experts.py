@@ -65,18 +65,24 @@ def shard_experts(model: torch.nn.Module, groups: ExpertGroups) -> int:
     forward; the number of modules changed. ModelError when the model has none, or E does not divide by ep."""
     found = experts_modules(model)
     if not found:
-        raise ModelError(f"{say('ep', groups.ep_size)}: {type(model).__name__} has no mixture-of-experts layers "
-                         "(no experts module with 3-D gate_up_proj/down_proj weights) to split; drop "
-                         f"{say('ep')}")
+        raise ModelError(
+            f"{say('ep', groups.ep_size)}: {type(model).__name__} has no mixture-of-experts layers "
+            "(no experts module with 3-D gate_up_proj/down_proj weights) to split; drop "
+            f"{say('ep')}"
+        )
     for path, experts in found:
         if not is_experts_module(experts):
-            raise ModelError(f"{say('ep', groups.ep_size)}: {path} ({type(experts).__name__}) is not a transformers "
-                             f"experts module castcore can split; drop {say('ep')}")
+            raise ModelError(
+                f"{say('ep', groups.ep_size)}: {path} ({type(experts).__name__}) is not a transformers "
+                f"experts module castcore can split; drop {say('ep')}"
+            )
         for name in _expert_weights(experts):
             shape = tuple(getattr(experts, name).shape)
             if shape[0] % groups.ep_size:
-                raise ModelError(f"{say('ep', groups.ep_size)}: {path} has {shape[0]} experts, which do not divide "
-                                 f"by {groups.ep_size}; use an {say('ep')} that divides {shape[0]}")
+                raise ModelError(
+                    f"{say('ep', groups.ep_size)}: {path} has {shape[0]} experts, which do not divide "
+                    f"by {groups.ep_size}; use an {say('ep')} that divides {shape[0]}"
+                )
             _replace(experts, name, (shape[0] // groups.ep_size, *shape[1:]))
             bias = getattr(experts, f"{name}_bias", None)
             if isinstance(bias, torch.nn.Parameter):
@@ -107,20 +113,26 @@ def _busiest_rows(local_experts: int, ranks: int, tokens: int, top_k: int) -> in
 def _expert_parallel_forward(groups: ExpertGroups):
     import torch.distributed._functional_collectives as funcol
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
-        with routing.expert_routing(top_k=top_k_index.shape[-1]):  # the body stays here: quantize swaps _grouped
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        with routing.expert_routing(
+            top_k=top_k_index.shape[-1]
+        ):  # the body stays here: quantize swaps _grouped
             tokens, hidden = hidden_states.shape
             top_k = top_k_index.shape[-1]
             share = -(-tokens // groups.token_share)  # this rank's tokens (the larger share)
             if share < tokens:
-                hidden_states, top_k_index, top_k_weights = (t.narrow(0, 0, share)
-                                                             for t in (hidden_states, top_k_index, top_k_weights))
+                hidden_states, top_k_index, top_k_weights = (
+                    t.narrow(0, 0, share) for t in (hidden_states, top_k_index, top_k_weights)
+                )
             rows = share * top_k
             # Dispatch: the routed copies sorted by expert, then sent to the devices holding their experts.
             order = torch.sort(top_k_index.reshape(-1)).indices
             routed = hidden_states[order // top_k]
-            if getattr(self, "castcore_weights_on_input", False):  # Llama 4: the router weight scales the input
+            if getattr(
+                self, "castcore_weights_on_input", False
+            ):  # Llama 4: the router weight scales the input
                 routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
                 top_k_weights = torch.ones_like(top_k_weights)
             splits = _splits(rows, groups.ep_size)
@@ -139,11 +151,17 @@ def _expert_parallel_forward(groups: ExpertGroups):
             transposed = bool(getattr(self, "is_transposed", False))
             gate_up = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
             out = _grouped(received, gate_up, offsets, transposed)
-            if hasattr(self, "castcore_gate"):  # the fused activation (castcore.deploy.kernels.moe), first bias in it
+            if hasattr(
+                self, "castcore_gate"
+            ):  # the fused activation (castcore.deploy.kernels.moe), first bias in it
                 out = self.castcore_gate(out, offsets)
             else:
                 if bias:
-                    out.add_((self.gate_up_proj_bias if getattr(self, "has_gate", True) else self.up_proj_bias)[ids])
+                    out.add_(
+                        (self.gate_up_proj_bias if getattr(self, "has_gate", True) else self.up_proj_bias)[
+                            ids
+                        ]
+                    )
                 out = self._apply_gate(out) if getattr(self, "has_gate", True) else self.act_fn(out)
             out = _grouped(out, self.down_proj, offsets, transposed)
             if bias:

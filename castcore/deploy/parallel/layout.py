@@ -35,8 +35,11 @@ class Layout:
 
     def describe(self) -> str:
         """``tp 2 x pp 2 = 4 devices x 2 replicas``: the parallel layout of one replica, and the replicas."""
-        parts = [f"{name} {value}" + (" (sp)" if name == "tp" and self.sp else "")
-                 for name, value in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)) if value > 1]
+        parts = [
+            f"{name} {value}" + (" (sp)" if name == "tp" and self.sp else "")
+            for name, value in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp))
+            if value > 1
+        ]
         text = " x ".join(parts) + f" = {self.devices} devices" if parts else "1 device"
         return text + (f" x {self.dp} replicas" if self.dp > 1 else "")
 
@@ -51,9 +54,11 @@ def plan_layout(workload: Workload) -> Layout:
         local = -(-kv_batch // pp)
     else:
         if kv_batch % m:
-            raise ModelError(f"{say('micro_batches', m)} with {say('ep', ep)} over {say('tp', tp)}: each of {groups} "
-                             f"attention groups runs {m} micro-batches of its {kv_batch} sequences, which must divide "
-                             f"by {m}: use such a {say('batch')}")
+            raise ModelError(
+                f"{say('micro_batches', m)} with {say('ep', ep)} over {say('tp', tp)}: each of {groups} "
+                f"attention groups runs {m} micro-batches of its {kv_batch} sequences, which must divide "
+                f"by {m}: use such a {say('batch')}"
+            )
         local = kv_batch // m
     sp = workload.sp and workload.phase == "prefill"
     return Layout(tp=tp, sp=sp, ep=ep, pp=pp, micro_batches=m, dp=workload.dp, batch=local, kv_batch=kv_batch)

@@ -45,18 +45,23 @@ def check_interconnect(profile: DeviceProfile, workload: Workload) -> None:
     if devices == 1:
         return
     asked = (" " if current_terms() == "cli" else ", ").join(
-        say(k, v) for k, v in (("tp", workload.tp), ("ep", workload.ep), ("pp", workload.pp)) if v > 1)
+        say(k, v) for k, v in (("tp", workload.tp), ("ep", workload.ep), ("pp", workload.pp)) if v > 1
+    )
     levels = profile.interconnect
     if not levels:
-        raise ModelError(f"{asked} needs {devices} devices joined by an interconnect, but device {profile.name!r} has "
-                         f"no [[interconnect]] levels in its profile ({profile.origin or 'no file'}); add them, or "
-                         f"run on one device ({say('dp')} adds replicas, which need none)")
+        raise ModelError(
+            f"{asked} needs {devices} devices joined by an interconnect, but device {profile.name!r} has "
+            f"no [[interconnect]] levels in its profile ({profile.origin or 'no file'}); add them, or "
+            f"run on one device ({say('dp')} adds replicas, which need none)"
+        )
     largest = max(levels, key=lambda level: level.devices)
     if devices > largest.devices:
         names = ", ".join(f"{level.name}: {level.devices} devices" for level in levels)
-        raise ModelError(f"{asked} needs {devices} devices in one replica, more than the largest interconnect level of "
-                         f"device {profile.name!r} joins ({names}); use at most {largest.devices} (tp or ep, times pp), "
-                         f"and {say('dp')} for more replicas")
+        raise ModelError(
+            f"{asked} needs {devices} devices in one replica, more than the largest interconnect level of "
+            f"device {profile.name!r} joins ({names}); use at most {largest.devices} (tp or ep, times pp), "
+            f"and {say('dp')} for more replicas"
+        )
 
 
 @contextmanager
@@ -69,8 +74,10 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
         check_stages(built.model, workload.pp)
     notes = _notes(workload, layout)
     if workload.sp and layout.sp and experts_modules(built.model):
-        raise ModelError(f"{say('sp', True)}: sequence parallelism of mixture-of-experts blocks is not supported yet; "
-                         f"drop {say('sp')}")
+        raise ModelError(
+            f"{say('sp', True)}: sequence parallelism of mixture-of-experts blocks is not supported yet; "
+            f"drop {say('sp')}"
+        )
     world = max(tp, ep)
     if world == 1:
         _rebatch(built, workload, layout)
@@ -85,19 +92,32 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
         if tp > 1:
             layout.tensor = apply_tensor_parallel(built, tp_mesh, tp, sp=layout.sp, experts=ep == 1)
         if ep > 1:
-            low_latency = workload.ep_kernels == "low-latency" or (workload.ep_kernels == "auto"
-                                                                  and workload.phase == "decode")
+            low_latency = workload.ep_kernels == "low-latency" or (
+                workload.ep_kernels == "auto" and workload.phase == "decode"
+            )
             groups = dataclasses.replace(groups, kernels="low-latency" if low_latency else None)
             count = shard_experts(built.model, groups)
             built.description += f", expert parallel {ep}" + ("" if tp > 1 else " (per device)")
-            routed = ("taken as balanced (tokens x top_k / ep rows per device" if not workload.expert_skew else
-                      f"skewed ({say('expert_skew', workload.expert_skew)}: the busiest device's rows")
-            notes.append(f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "
-                         f"{routed}, split evenly over its experts), dispatched and combined by all_to_all"
-                         + (" as low-latency kernels run it (every rank sends straight to every other, one step)"
-                            if low_latency else "")
-                         + (f" after each of the {tp} tensor-parallel ranks takes 1/{tp} of the tokens, all-gathered "
-                            "after the combine" if tp > 1 else ""))
+            routed = (
+                "taken as balanced (tokens x top_k / ep rows per device"
+                if not workload.expert_skew
+                else f"skewed ({say('expert_skew', workload.expert_skew)}: the busiest device's rows"
+            )
+            notes.append(
+                f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "
+                f"{routed}, split evenly over its experts), dispatched and combined by all_to_all"
+                + (
+                    " as low-latency kernels run it (every rank sends straight to every other, one step)"
+                    if low_latency
+                    else ""
+                )
+                + (
+                    f" after each of the {tp} tensor-parallel ranks takes 1/{tp} of the tokens, all-gathered "
+                    "after the combine"
+                    if tp > 1
+                    else ""
+                )
+            )
         if layout.sp:
             sequence_parallel(built, tp_mesh, tp, workload.seq, layout.tensor)
         _rebatch(built, workload, layout)
@@ -112,10 +132,13 @@ def _meshes(tp: int, ep: int, init_device_mesh) -> tuple[Any, ExpertGroups | Non
         if ep == 1:
             return tp_mesh, None
         if ep == tp:
-            return tp_mesh, ExpertGroups(ep=tp_mesh, etp=None, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp)
+            return tp_mesh, ExpertGroups(
+                ep=tp_mesh, etp=None, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp
+            )
         split = init_device_mesh("cpu", (ep, tp // ep), mesh_dim_names=("ep", "etp"))
-        return tp_mesh, ExpertGroups(ep=split["ep"], etp=split["etp"], tp=tp_mesh, ep_size=ep, etp_size=tp // ep,
-                                     token_share=tp)
+        return tp_mesh, ExpertGroups(
+            ep=split["ep"], etp=split["etp"], tp=tp_mesh, ep_size=ep, etp_size=tp // ep, token_share=tp
+        )
     ep_mesh = init_device_mesh("cpu", (ep,))
     tp_mesh = init_device_mesh("cpu", (ep // tp, tp), mesh_dim_names=("dp", "tp"))["tp"] if tp > 1 else None
     return tp_mesh, ExpertGroups(ep=ep_mesh, etp=None, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp)
@@ -125,31 +148,46 @@ def _notes(workload: Workload, layout: Layout) -> list[str]:
     """What a user should know about how the deployment was cut to one device."""
     notes = []
     if workload.sp and not layout.sp:
-        notes.append("--sp: a decode step (one token per sequence) cannot be split by sequence, so it runs as plain "
-                     "tensor parallelism")
+        notes.append(
+            "--sp: a decode step (one token per sequence) cannot be split by sequence, so it runs as plain "
+            "tensor parallelism"
+        )
     if workload.ep > workload.tp:
         groups = workload.ep // workload.tp
-        notes.append(f"--ep {workload.ep} over --tp {workload.tp} (--attention-dp {groups}): attention runs "
-                     f"data-parallel on {groups} groups of "
-                     f"{workload.tp} device{'s' if workload.tp > 1 else ''}; this device's group holds "
-                     f"{layout.kv_batch} of the {workload.batch} sequences")
+        notes.append(
+            f"--ep {workload.ep} over --tp {workload.tp} (--attention-dp {groups}): attention runs "
+            f"data-parallel on {groups} groups of "
+            f"{workload.tp} device{'s' if workload.tp > 1 else ''}; this device's group holds "
+            f"{layout.kv_batch} of the {workload.batch} sequences"
+        )
         if workload.batch % groups:  # priced as the busiest group, which every step waits for
             idle = groups - workload.batch if workload.batch < groups else 0
-            notes.append(f"the batch of {workload.batch} does not divide over {groups} attention groups: priced as the "
-                         f"busiest, with {layout.kv_batch} sequence{'s' if layout.kv_batch > 1 else ''}"
-                         + (f"; {idle} group{'s' if idle > 1 else ''} idle" if idle else ""))
+            notes.append(
+                f"the batch of {workload.batch} does not divide over {groups} attention groups: priced as the "
+                f"busiest, with {layout.kv_batch} sequence{'s' if layout.kv_batch > 1 else ''}"
+                + (f"; {idle} group{'s' if idle > 1 else ''} idle" if idle else "")
+            )
     if workload.pp > 1 and workload.phase == "decode":
-        notes.append(f"--pp {workload.pp}: a decode step runs micro-batches of {layout.batch} sequences, "
-                     f"{workload.pp} in flight so the stages overlap"
-                     + ("" if layout.kv_batch >= workload.pp else
-                        f"; with {layout.kv_batch} sequences for {workload.pp} stages the pipeline idles part of "
-                        "each round"))
+        notes.append(
+            f"--pp {workload.pp}: a decode step runs micro-batches of {layout.batch} sequences, "
+            f"{workload.pp} in flight so the stages overlap"
+            + (
+                ""
+                if layout.kv_batch >= workload.pp
+                else f"; with {layout.kv_batch} sequences for {workload.pp} stages the pipeline idles part of "
+                "each round"
+            )
+        )
         if workload.micro_batches > 1:
-            notes.append("--micro-batches applies to the prefill; decode steps keep pp micro-batches in flight")
+            notes.append(
+                "--micro-batches applies to the prefill; decode steps keep pp micro-batches in flight"
+            )
     if workload.dp > 1:
-        notes.append(f"--dp {workload.dp}: {workload.dp} replicas of this deployment ({workload.devices * workload.dp} "
-                     "devices in all); per-device figures are one replica's, throughput is x "
-                     f"{workload.dp} (castcore serve)")
+        notes.append(
+            f"--dp {workload.dp}: {workload.dp} replicas of this deployment ({workload.devices * workload.dp} "
+            "devices in all); per-device figures are one replica's, throughput is x "
+            f"{workload.dp} (castcore serve)"
+        )
     return notes
 
 
@@ -159,8 +197,10 @@ def _rebatch(built: BuiltModel, workload: Workload, layout: Layout) -> None:
         return
     batch, local = workload.batch, layout.batch
     if not workload.named:
-        raise ModelError(f"{say('micro_batches')}, {say('pp')} decode steps and {say('ep')} over {say('tp')} split the "
-                         "batch castcore makes; for your own module pass one device's inputs and drop them")
+        raise ModelError(
+            f"{say('micro_batches')}, {say('pp')} decode steps and {say('ep')} over {say('tp')} split the "
+            "batch castcore makes; for your own module pass one device's inputs and drop them"
+        )
     cut, changed = _cut_inputs(batch, local)
     if built.inputs_fn is not None:
         inner = built.inputs_fn
@@ -168,14 +208,20 @@ def _rebatch(built: BuiltModel, workload: Workload, layout: Layout) -> None:
         def make():
             args, kwargs = inner()
             return cut(args), {k: _cut_cache(v, batch, local) for k, v in cut(kwargs).items()}
+
         built.inputs_fn = make
     else:
         built.args, built.kwargs = cut(built.args), cut(built.kwargs)
         if not changed:
-            raise ModelError(f"the model's inputs have no batch dimension of {batch} to split into {local}; drop "
-                             f"{say('micro_batches')} / {say('ep')} over {say('tp')}")
-        built.kv_cache_shape = (layout.kv_batch, workload.seq, built.kv_cache_shape[2] if built.kv_cache_shape
-                                else _dtype(workload))
+            raise ModelError(
+                f"the model's inputs have no batch dimension of {batch} to split into {local}; drop "
+                f"{say('micro_batches')} / {say('ep')} over {say('tp')}"
+            )
+        built.kv_cache_shape = (
+            layout.kv_batch,
+            workload.seq,
+            built.kv_cache_shape[2] if built.kv_cache_shape else _dtype(workload),
+        )
     built.description += f", {local} of {batch} sequences per device step"
 
 
@@ -200,6 +246,7 @@ def _cut_inputs(batch: int, local: int):
         if isinstance(value, dict):
             return {k: cut(v) for k, v in value.items()}
         return value
+
     return cut, changed
 
 
@@ -207,8 +254,13 @@ def _cut_cache(value: Any, batch: int, local: int) -> Any:
     """A static KV cache made for ``batch`` sequences re-made for ``local`` (its layers initialized anew)."""
     for layer in getattr(value, "layers", None) or ():
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[0] == batch \
-                and hasattr(layer, "lazy_initialization"):
-            layer.lazy_initialization(keys.narrow(0, 0, local).narrow(2, 0, 0),
-                                      values.narrow(0, 0, local).narrow(2, 0, 0))
+        if (
+            isinstance(keys, torch.Tensor)
+            and keys.dim() == 4
+            and keys.shape[0] == batch
+            and hasattr(layer, "lazy_initialization")
+        ):
+            layer.lazy_initialization(
+                keys.narrow(0, 0, local).narrow(2, 0, 0), values.narrow(0, 0, local).narrow(2, 0, 0)
+            )
     return value

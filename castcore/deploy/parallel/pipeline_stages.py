@@ -64,12 +64,16 @@ def check_stages(model: torch.nn.Module, stages: int) -> tuple[str, int]:
     """The decoder layers' path and count; ModelError when there are none or fewer than ``stages``."""
     found = decoder_layers(model)
     if found is None:
-        raise ModelError(f"{say('pp', stages)}: {type(model).__name__} has no decoder layers (an nn.ModuleList) to "
-                         f"split into stages; drop {say('pp')}")
+        raise ModelError(
+            f"{say('pp', stages)}: {type(model).__name__} has no decoder layers (an nn.ModuleList) to "
+            f"split into stages; drop {say('pp')}"
+        )
     path, layers = found
     if stages > len(layers):
-        raise ModelError(f"{say('pp', stages)} is more pipeline stages than the model's {len(layers)} layers: use "
-                         f"{say('pp', len(layers))} or less")
+        raise ModelError(
+            f"{say('pp', stages)} is more pipeline stages than the model's {len(layers)} layers: use "
+            f"{say('pp', len(layers))} or less"
+        )
     return path, len(layers)
 
 
@@ -81,14 +85,16 @@ def assign(modules: list[str], prefix: str, counts: list[int]) -> list[int]:
     def layer_of(module: str) -> int | None:
         if not module.startswith(prefix + "."):
             return None
-        head = module[len(prefix) + 1:].split(".", 1)[0]
+        head = module[len(prefix) + 1 :].split(".", 1)[0]
         return int(head) if head.isdigit() else None
 
     layer = [layer_of(m) for m in modules]
     seen = [i for i, j in enumerate(layer) if j is not None]
     if not seen:
-        raise ModelError(f"{say('pp', len(counts))}: no op ran inside the decoder layers {prefix}.*, so there is "
-                         "nothing to split")
+        raise ModelError(
+            f"{say('pp', len(counts))}: no op ran inside the decoder layers {prefix}.*, so there is "
+            "nothing to split"
+        )
     stages, current = [], 0
     for i, j in enumerate(layer):
         if j is not None:
@@ -117,7 +123,9 @@ class StageFigures:
     step_s: float = 0.0  # prefill: TTFT; decode: TPOT
     bubble_s: float = 0.0
     formula: str = ""
-    transfer_by: str = ""  # who answered the castcore::send between stages, e.g. "castpack-collectives (estimator)"
+    transfer_by: str = (
+        ""  # who answered the castcore::send between stages, e.g. "castpack-collectives (estimator)"
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -135,10 +143,15 @@ class PipelineReport(Report):
         return {**super().to_dict(), "pipeline": self.pipeline.to_dict()}
 
 
-def transfer_time(nbytes: float, profile: DeviceProfile, devices: int, outermost: bool = False,
-                  what: str = f"{say('pp')}: device {{name!r}} has no [[interconnect]] levels to send activations "
-                              "over", resolver: Resolver | None = None, module: str = "pipeline stage send"
-                  ) -> tuple[float, str]:
+def transfer_time(
+    nbytes: float,
+    profile: DeviceProfile,
+    devices: int,
+    outermost: bool = False,
+    what: str = f"{say('pp')}: device {{name!r}} has no [[interconnect]] levels to send activations over",
+    resolver: Resolver | None = None,
+    module: str = "pipeline stage send",
+) -> tuple[float, str]:
     """A point-to-point send of ``nbytes`` between two of ``devices`` together, over the innermost interconnect level
     spanning them, or the ``outermost``; ModelError ``what`` without levels. The seconds and the level's name are
     ``send_estimate``'s."""
@@ -151,9 +164,15 @@ def sent_over(estimate: Estimate, profile: DeviceProfile, devices: int, outermos
     return estimate.detail.get("level") or send_level(profile, devices, outermost).name
 
 
-def send_estimate(nbytes: float, profile: DeviceProfile, devices: int, outermost: bool = False,
-                  what: str = "device {name!r} has no [[interconnect]] levels to send over",
-                  resolver: Resolver | None = None, module: str = "") -> Estimate:
+def send_estimate(
+    nbytes: float,
+    profile: DeviceProfile,
+    devices: int,
+    outermost: bool = False,
+    what: str = "device {name!r} has no [[interconnect]] levels to send over",
+    resolver: Resolver | None = None,
+    module: str = "",
+) -> Estimate:
     """The Estimate of a synthetic castcore::send call (castcore.builtin.comm_ops) of ``nbytes``, asked of
     ``resolver`` (a plugin host's: a pack claiming the op answers before the core's default,
     castcore.builtin.formulas.comm); None asks the core's default alone."""
@@ -191,25 +210,42 @@ def _sub_captures(captured: Capture, indexes: list[list[int]], layout: Layout) -
             if s in seen:
                 per_sequence = seen[s] == layout.batch and layout.kv_batch != layout.batch
                 state[s] = nbytes * layout.kv_batch // layout.batch if per_sequence else nbytes
-        parts.append(Capture(
-            invokes=[captured.invokes[i] for i in ix],
-            weight_storages={s: b for s, b in captured.weight_storages.items()
-                             if s in seen or (stage == 0 and s in unread)},
-            input_storages={s: b for s, b in captured.input_storages.items() if s in seen},
-            output_storages={s for s in captured.output_storages if s in seen}, state_storages=state))
+        parts.append(
+            Capture(
+                invokes=[captured.invokes[i] for i in ix],
+                weight_storages={
+                    s: b
+                    for s, b in captured.weight_storages.items()
+                    if s in seen or (stage == 0 and s in unread)
+                },
+                input_storages={s: b for s, b in captured.input_storages.items() if s in seen},
+                output_storages={s for s in captured.output_storages if s in seen},
+                state_storages=state,
+            )
+        )
     return parts
 
 
 def _boundary_bytes(report: Report, owner: list[int]) -> int:
     """The activation one stage hands the next: the output of its last op, the largest over the boundaries."""
-    sizes = [report.records[i].invoke.outputs()[0].nbytes for i in range(len(owner) - 1)
-             if owner[i] != owner[i + 1] and report.records[i].invoke.outputs()]
+    sizes = [
+        report.records[i].invoke.outputs()[0].nbytes
+        for i in range(len(owner) - 1)
+        if owner[i] != owner[i + 1] and report.records[i].invoke.outputs()
+    ]
     return max(sizes, default=0)
 
 
-def pipeline_report(report: Report, captured: Capture, model: torch.nn.Module, layout: Layout, phase: str,
-                    profile: DeviceProfile, kv_cache_bytes: int = 0, resolver: Resolver | None = None
-                    ) -> PipelineReport:
+def pipeline_report(
+    report: Report,
+    captured: Capture,
+    model: torch.nn.Module,
+    layout: Layout,
+    phase: str,
+    profile: DeviceProfile,
+    kv_cache_bytes: int = 0,
+    resolver: Resolver | None = None,
+) -> PipelineReport:
     """Split a whole-model Report (and its capture) into ``layout.pp`` stages: see the module docstring.
     ``kv_cache_bytes`` is the prefill's KV cache of every layer, shared out by layers; ``resolver`` (the plugin
     host's) answers the sends between stages (None: the core's default)."""
@@ -220,44 +256,69 @@ def pipeline_report(report: Report, captured: Capture, model: torch.nn.Module, l
     times = [sum(report.records[i].estimate.time_s for i in ix) for ix in indexes]
     memories: list[MemoryReport] = [
         analyze_memory(part, kv_cache_bytes=kv_cache_bytes // total_layers * count)
-        for part, count in zip(_sub_captures(captured, indexes, layout), counts)]
+        for part, count in zip(_sub_captures(captured, indexes, layout), counts)
+    ]
     slowest = max(range(layout.pp), key=times.__getitem__)
     heaviest = max(range(layout.pp), key=lambda s: memories[s].peak_bytes)
     nbytes = _boundary_bytes(report, owner)
-    sent = send_estimate(nbytes, profile, layout.devices, what=f"{say('pp')}: device {{name!r}} has no "
-                         "[[interconnect]] levels to send activations over", resolver=resolver,
-                         module="pipeline stage send")
+    sent = send_estimate(
+        nbytes,
+        profile,
+        layout.devices,
+        what=f"{say('pp')}: device {{name!r}} has no [[interconnect]] levels to send activations over",
+        resolver=resolver,
+        module="pipeline stage send",
+    )
     transfer, level = sent.time_s, sent_over(sent, profile, layout.devices)
     n, t = layout.pp, times[slowest]
-    pipeline = StageFigures(phase=phase, stages=n, micro_batches=layout.micro_batches, layers=counts,
-                        stage_times_s=times, stage_flops=[sum(report.records[i].flops for i in ix) for ix in indexes],
-                        stage_weight_bytes=[m.weight_bytes for m in memories],
-                        stage_peak_bytes=[m.peak_bytes for m in memories],
-                        transfer_bytes=nbytes, transfer_s=transfer, level=level, slowest=slowest, heaviest=heaviest,
-                        transfer_by=str(sent.source or ""))
+    pipeline = StageFigures(
+        phase=phase,
+        stages=n,
+        micro_batches=layout.micro_batches,
+        layers=counts,
+        stage_times_s=times,
+        stage_flops=[sum(report.records[i].flops for i in ix) for ix in indexes],
+        stage_weight_bytes=[m.weight_bytes for m in memories],
+        stage_peak_bytes=[m.peak_bytes for m in memories],
+        transfer_bytes=nbytes,
+        transfer_s=transfer,
+        level=level,
+        slowest=slowest,
+        heaviest=heaviest,
+        transfer_by=str(sent.source or ""),
+    )
     if phase == "decode":
         in_flight = -(-layout.kv_batch // layout.batch)
         pipeline.micro_batches = in_flight
         pipeline.step_s = n * t + (n - 1) * transfer
         pipeline.bubble_s = max(0, n - in_flight) * t
-        pipeline.formula = (f"TPOT = {n} stages x {format_seconds(t)} + {n - 1} transfers x "
-                            f"{format_seconds(transfer)} = {format_seconds(pipeline.step_s)} ({in_flight} micro-batches "
-                            f"of {layout.batch} in flight" + (f"; the pipeline idles {n - in_flight} of every {n} stage "
-                                                              "steps" if in_flight < n else "") + ")")
+        pipeline.formula = (
+            f"TPOT = {n} stages x {format_seconds(t)} + {n - 1} transfers x "
+            f"{format_seconds(transfer)} = {format_seconds(pipeline.step_s)} ({in_flight} micro-batches "
+            f"of {layout.batch} in flight"
+            + (f"; the pipeline idles {n - in_flight} of every {n} stage steps" if in_flight < n else "")
+            + ")"
+        )
     else:
         m = layout.micro_batches
         pipeline.step_s = (m + n - 1) * t + (n - 1) * transfer
         pipeline.bubble_s = (n - 1) * t
-        pipeline.formula = (f"TTFT = ({m} micro-batches + {n} stages - 1) x {format_seconds(t)} + {n - 1} transfers x "
-                            f"{format_seconds(transfer)} = {format_seconds(pipeline.step_s)} (GPipe; bubble "
-                            f"{format_seconds(pipeline.bubble_s)})")
+        pipeline.formula = (
+            f"TTFT = ({m} micro-batches + {n} stages - 1) x {format_seconds(t)} + {n - 1} transfers x "
+            f"{format_seconds(transfer)} = {format_seconds(pipeline.step_s)} (GPipe; bubble "
+            f"{format_seconds(pipeline.bubble_s)})"
+        )
     records = [report.records[i] for i in indexes[slowest]]
     described = f"{report.description}, pipeline stage {slowest + 1} of {n} (the slowest; per device)"
     staged = PipelineReport(records, report.device, described, memory=memories[heaviest], pipeline=pipeline)
     staged.notes = [
         f"--pp {n}: layers per stage {counts} (vLLM's split); per-stage times of one micro-batch "
-        + ", ".join(format_seconds(x) for x in times) + f"; {pipeline.formula}",
-        (f"--pp {n}: {nbytes:,} bytes sent between stages, {format_seconds(transfer)} each over {level} "
-         f"(castcore::send, answered by {pipeline.transfer_by}); memory is stage {heaviest + 1}'s "
-         "(the heaviest)")]
+        + ", ".join(format_seconds(x) for x in times)
+        + f"; {pipeline.formula}",
+        (
+            f"--pp {n}: {nbytes:,} bytes sent between stages, {format_seconds(transfer)} each over {level} "
+            f"(castcore::send, answered by {pipeline.transfer_by}); memory is stage {heaviest + 1}'s "
+            "(the heaviest)"
+        ),
+    ]
     return staged

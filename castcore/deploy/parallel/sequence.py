@@ -47,9 +47,11 @@ def block_children(layer: torch.nn.Module, path: str) -> list[torch.nn.Module]:
     children = dict(layer.named_children())
     found = [next((children[n] for n in names if n in children), None) for names in (ATTENTION, MLP)]
     if None in found:
-        raise ModelError(f"{say('sp', True)}: {path} has no attention block named {'/'.join(ATTENTION)} and MLP "
-                         f"named {'/'.join(MLP)}; sequence parallelism covers decoder layers built that way (drop "
-                         f"{say('sp')})")
+        raise ModelError(
+            f"{say('sp', True)}: {path} has no attention block named {'/'.join(ATTENTION)} and MLP "
+            f"named {'/'.join(MLP)}; sequence parallelism covers decoder layers built that way (drop "
+            f"{say('sp')})"
+        )
     return found
 
 
@@ -76,6 +78,7 @@ class _Tokens:
 def _first_layer(tokens: _Tokens, summed: bool):
     """A pre-hook on the first layer: the embedding's partial sums reduce-scattered to this device's tokens (a
     replicated embedding's output just cut to them)."""
+
     def local(x: torch.Tensor) -> torch.Tensor:
         tokens.batch, tokens.seq = x.shape[0], x.shape[1]
         if summed:
@@ -86,11 +89,13 @@ def _first_layer(tokens: _Tokens, summed: bool):
         if args and isinstance(args[0], torch.Tensor):
             return (local(args[0]), *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": local(kwargs["hidden_states"])}
+
     return hook
 
 
 def _gather_input(tokens: _Tokens):
     """A pre-hook all-gathering a block's input tokens back to [batch, seq, hidden], by position or keyword."""
+
     def whole(x: torch.Tensor) -> torch.Tensor:
         return tokens.gather(x).view(tokens.batch, tokens.seq, x.shape[-1])
 
@@ -100,12 +105,14 @@ def _gather_input(tokens: _Tokens):
         if args and isinstance(args[0], torch.Tensor):
             return (whole(args[0]), *args[1:]), kwargs
         return None
+
     return hook
 
 
 def _gather_output(tokens: _Tokens, last_only: bool):
     """A forward hook on the base model: the final hidden states all-gathered for the LM head; for last-token
     logits each device's share of the sequences' last tokens only, as [batch, 1, hidden]."""
+
     def gathered(x: torch.Tensor) -> torch.Tensor:
         if not last_only:
             return tokens.gather(x).view(tokens.batch, tokens.seq, x.shape[-1])
@@ -118,6 +125,7 @@ def _gather_output(tokens: _Tokens, last_only: bool):
             return (gathered(out[0]), *out[1:])
         out.last_hidden_state = gathered(out.last_hidden_state)
         return out
+
     return hook
 
 
@@ -147,11 +155,15 @@ def sequence_parallel(built: BuiltModel, mesh: Any, n: int, seq: int, info: Tens
     model = built.model
     found = decoder_layers(model)
     if found is None or not hasattr(model, "base_model"):
-        raise ModelError(f"{say('sp', True)}: {type(model).__name__} is not a transformers model with decoder "
-                         f"layers; sequence parallelism covers the causal LMs castcore builds (drop {say('sp')})")
+        raise ModelError(
+            f"{say('sp', True)}: {type(model).__name__} is not a transformers model with decoder "
+            f"layers; sequence parallelism covers the causal LMs castcore builds (drop {say('sp')})"
+        )
     if seq % n:
-        raise ModelError(f"{say('sp', True)} splits the sequence over {say('tp', n)} devices: use a {say('seq')} that "
-                         f"divides by {n}")
+        raise ModelError(
+            f"{say('sp', True)} splits the sequence over {say('tp', n)} devices: use a {say('seq')} that "
+            f"divides by {n}"
+        )
     tokens = _Tokens(mesh, n)
     path, layers = found
     for index, layer in enumerate(layers):

@@ -46,14 +46,30 @@ from castcore.report.memory import config_field, language_config
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import ModelError
 
-COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "gate_up_proj", "dense_h_to_4h",
-           "q_b_proj", "kv_b_proj")  # MLA's per-head projections; its latent ones stay whole, as in vLLM
+COLWISE = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "gate_proj",
+    "up_proj",
+    "gate_up_proj",
+    "dense_h_to_4h",
+    "q_b_proj",
+    "kv_b_proj",
+)  # MLA's per-head projections; its latent ones stay whole, as in vLLM
 ROWWISE = ("o_proj", "down_proj", "dense_4h_to_h")
 FUSED_QKV = ("query_key_value",)  # its sibling ``dense`` is the attention's output projection
 EXPERT_WEIGHTS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")  # 3-D Parameters of an experts module
-CONV1D = {"c_attn": "conv1d_colwise", "c_fc": "conv1d_colwise", "c_proj": "conv1d_rowwise"}  # GPT-2's [in, out]
+CONV1D = {
+    "c_attn": "conv1d_colwise",
+    "c_fc": "conv1d_colwise",
+    "c_proj": "conv1d_rowwise",
+}  # GPT-2's [in, out]
 KV_PROJECTIONS = ("k_proj", "v_proj")
-ROW_KINDS = ("rowwise", "conv1d_rowwise")  # the block outputs: an all_reduce (a reduce_scatter under --sp) after them
+ROW_KINDS = (
+    "rowwise",
+    "conv1d_rowwise",
+)  # the block outputs: an all_reduce (a reduce_scatter under --sp) after them
 
 
 @dataclass
@@ -79,9 +95,12 @@ def _check_divisible(model: torch.nn.Module, n: int) -> None:
         if name == "num_key_value_heads" and isinstance(value, int) and value and not n % value:
             continue  # fewer KV heads than devices: each device holds one, replicated (vLLM's rule)
         if isinstance(value, int) and value % n:
-            raise ModelError(f"{say('tp', n)}: {name} = {value} does not divide by {n}; tensor parallelism splits "
-                             f"it evenly across devices (choose a {say('tp')} that divides it"
-                             + (", or a multiple of it" if name == "num_key_value_heads" else "") + ")")
+            raise ModelError(
+                f"{say('tp', n)}: {name} = {value} does not divide by {n}; tensor parallelism splits "
+                f"it evenly across devices (choose a {say('tp')} that divides it"
+                + (", or a multiple of it" if name == "num_key_value_heads" else "")
+                + ")"
+            )
 
 
 def replicated_kv(model: torch.nn.Module, n: int) -> bool:
@@ -91,8 +110,9 @@ def replicated_kv(model: torch.nn.Module, n: int) -> bool:
     return isinstance(kv, int) and 0 < kv < n and n % kv == 0
 
 
-def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
-               experts: bool = True) -> tuple[dict[str, Any], TensorParallel]:
+def build_plan(
+    model: torch.nn.Module, n: int, sp: bool = False, experts: bool = True
+) -> tuple[dict[str, Any], TensorParallel]:
     """The parallelize_module plan: every nn.Linear named like a projection (Llama, Mistral, Qwen2, Falcon's
     and GPT-NeoX's MLPs). Fused QKV projections, replicated KV heads, GPT-2's Conv1D layers and 3-D expert
     weights are in ``info.plan`` as "fused_qkv", "kv_replicated", "conv1d_colwise"/"conv1d_rowwise" and "experts",
@@ -112,7 +132,9 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
             info.plan[path] = "experts"
         if is_conv1d(module) and leaf in CONV1D:
             info.plan[path] = CONV1D[leaf]
-        if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):  # gpt-oss: one attention sink per head
+        if isinstance(
+            getattr(module, "sinks", None), torch.nn.Parameter
+        ):  # gpt-oss: one attention sink per head
             info.plan[path] = "sinks"
         if not isinstance(module, torch.nn.Linear):
             continue
@@ -127,26 +149,34 @@ def build_plan(model: torch.nn.Module, n: int, sp: bool = False,
             info.plan[path] = "fused_qkv"
     for path, kind in _by_structure(model, info.plan).items():
         if kind != "local_heads":
-            plan[path] = ((RowwiseParallel(output_layouts=Partial()) if sp else RowwiseParallel())
-                          if kind == "rowwise" else ColwiseParallel())
+            plan[path] = (
+                (RowwiseParallel(output_layouts=Partial()) if sp else RowwiseParallel())
+                if kind == "rowwise"
+                else ColwiseParallel()
+            )
         info.plan[path] = kind
     if not any(kind in ROW_KINDS for kind in info.plan.values()):
-        raise ModelError(f"{say('tp', n)}: found no attention/MLP projections named {', '.join(COLWISE + ROWWISE)} "
-                         f"(or a fused {', '.join(FUSED_QKV)} with its dense) as nn.Linear in "
-                         f"{type(model).__name__}; castcore's tensor-parallel plan covers Llama-style models "
-                         "(Llama, Mistral, Qwen2, Mixtral), Falcon, GPT-NeoX and GPT-2")
+        raise ModelError(
+            f"{say('tp', n)}: found no attention/MLP projections named {', '.join(COLWISE + ROWWISE)} "
+            f"(or a fused {', '.join(FUSED_QKV)} with its dense) as nn.Linear in "
+            f"{type(model).__name__}; castcore's tensor-parallel plan covers Llama-style models "
+            "(Llama, Mistral, Qwen2, Mixtral), Falcon, GPT-NeoX and GPT-2"
+        )
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     names = {id(m): p for p, m in model.named_modules()}
     tied = embed is not None and head is not None and head.weight is embed.weight
-    for module, kind, style in ((embed, "embedding_sp" if sp else "embedding",
-                                 lambda: RowwiseParallel(input_layouts=Replicate())),
-                                (head, "lm_head", lambda: ColwiseParallel(output_layouts=Replicate()))):
+    for module, kind, style in (
+        (embed, "embedding_sp" if sp else "embedding", lambda: RowwiseParallel(input_layouts=Replicate())),
+        (head, "lm_head", lambda: ColwiseParallel(output_layouts=Replicate())),
+    ):
         if module is None or id(module) not in names:
             continue
         path = names[id(module)]
         if module.weight.shape[0] % n or tied:
-            info.replicated.append(f"{path} ({'tied to the embedding' if tied else 'vocab does not divide by ' + str(n)})")
+            info.replicated.append(
+                f"{path} ({'tied to the embedding' if tied else 'vocab does not divide by ' + str(n)})"
+            )
             continue
         info.plan[path] = kind
         if kind != "embedding_sp":  # sequence parallelism shards it by hand
@@ -165,16 +195,24 @@ def _by_structure(model: torch.nn.Module, planned: dict[str, str]) -> dict[str, 
         return {}
     found = {}
     for path, block in model.named_modules():
-        linears = [(f"{path}.{name}" if path else name, child) for name, child in block.named_children()
-                   if isinstance(child, torch.nn.Linear)]
+        linears = [
+            (f"{path}.{name}" if path else name, child)
+            for name, child in block.named_children()
+            if isinstance(child, torch.nn.Linear)
+        ]
         if len(linears) < 2 or any(planned.get(p) in ROW_KINDS for p, _ in linears):
             continue
         ends = [p for p, linear in linears if linear.out_features == hidden]
         if not ends:
             continue
         found[ends[-1]] = "rowwise"
-        found.update({p: "colwise" for p, linear in linears
-                      if p != ends[-1] and p not in planned and linear.in_features == hidden})
+        found.update(
+            {
+                p: "colwise"
+                for p, linear in linears
+                if p != ends[-1] and p not in planned and linear.in_features == hidden
+            }
+        )
         if len(linears) >= 4:
             found[path] = "local_heads"
     return found
@@ -186,24 +224,34 @@ def _has_fused_qkv(module: torch.nn.Module) -> bool:
 
 def _expert_weights(module: torch.nn.Module) -> list[str]:
     """The names of ``module``'s own 3-D expert Parameters ([experts, ...]), if it is an experts module."""
-    return [name for name, param in module.named_parameters(recurse=False)
-            if name in EXPERT_WEIGHTS and param.dim() == 3]
+    return [
+        name
+        for name, param in module.named_parameters(recurse=False)
+        if name in EXPERT_WEIGHTS and param.dim() == 3
+    ]
 
 
 def _replace(module: torch.nn.Module, name: str, shape: tuple[int, ...]) -> None:
     """Swap a parameter for one device's shard: a meta tensor of the local shape (no weights are held)."""
     old = getattr(module, name)
-    setattr(module, name, torch.nn.Parameter(torch.empty(shape, dtype=old.dtype, device="meta"),
-                                             requires_grad=old.requires_grad))
+    setattr(
+        module,
+        name,
+        torch.nn.Parameter(
+            torch.empty(shape, dtype=old.dtype, device="meta"), requires_grad=old.requires_grad
+        ),
+    )
 
 
 def _shard_dim(module: torch.nn.Module, name: str, dim: int, n: int, path: str, option: str = "tp") -> None:
     """Keep 1/n of ``name`` along ``dim``; ModelError naming ``option`` (its Python name) when it does not divide."""
     shape = list(getattr(module, name).shape)
     if shape[dim] % n:
-        raise ModelError(f"{say(option, n)}: {path}.{name} has {shape[dim]} rows along the dimension it splits "
-                         f"(shape {tuple(shape)}), which does not divide by {n}; choose a {say(option)} that divides "
-                         "it")
+        raise ModelError(
+            f"{say(option, n)}: {path}.{name} has {shape[dim]} rows along the dimension it splits "
+            f"(shape {tuple(shape)}), which does not divide by {n}; choose a {say(option)} that divides "
+            "it"
+        )
     shape[dim] //= n
     _replace(module, name, tuple(shape))
 
@@ -211,9 +259,13 @@ def _shard_dim(module: torch.nn.Module, name: str, dim: int, n: int, path: str, 
 def _local_heads(attention: torch.nn.Module, heads: int, kv_heads: int, n: int) -> None:
     """The attention module's head counts as one device holds them (one KV head when there are fewer than n)."""
     local_heads, local_kv = heads // n, max(1, kv_heads // n)
-    for attr, whole, local in (("num_heads", heads, local_heads), ("num_attention_heads", heads, local_heads),
-                               ("num_kv_heads", kv_heads, local_kv), ("num_key_value_heads", kv_heads, local_kv),
-                               ("num_key_value_groups", heads // max(kv_heads, 1), local_heads // local_kv)):
+    for attr, whole, local in (
+        ("num_heads", heads, local_heads),
+        ("num_attention_heads", heads, local_heads),
+        ("num_kv_heads", kv_heads, local_kv),
+        ("num_key_value_heads", kv_heads, local_kv),
+        ("num_key_value_groups", heads // max(kv_heads, 1), local_heads // local_kv),
+    ):
         if getattr(attention, attr, None) == whole:
             setattr(attention, attr, local)
 
@@ -222,15 +274,21 @@ def _shard_fused_qkv(model: torch.nn.Module, path: str, n: int) -> None:
     """One device's fused QKV projection: heads/n query heads, kv_heads/n key/value heads (or one replicated
     KV head when kv_heads < n, as vLLM does), and the attention module's head counts made local."""
     attention, linear = model.get_submodule(path.rpartition(".")[0]), model.get_submodule(path)
-    heads = next((getattr(attention, a) for a in ("num_heads", "num_attention_heads") if hasattr(attention, a)),
-                 None) or config_field(_config(model), "num_attention_heads")
-    head_dim = getattr(attention, "head_dim", None) or getattr(attention, "head_size", None) \
+    heads = next(
+        (getattr(attention, a) for a in ("num_heads", "num_attention_heads") if hasattr(attention, a)), None
+    ) or config_field(_config(model), "num_attention_heads")
+    head_dim = (
+        getattr(attention, "head_dim", None)
+        or getattr(attention, "head_size", None)
         or linear.in_features // heads
+    )
     kv_heads = (linear.out_features // head_dim - heads) // 2
     if heads % n or (kv_heads % n and n % kv_heads):
-        raise ModelError(f"{say('tp', n)}: {path} has {heads} query heads and {kv_heads} key/value heads; tensor "
-                         f"parallelism needs the query heads to divide by {n} and the key/value heads to divide "
-                         f"by {n} or {n} to be a multiple of them (then each device holds one KV head)")
+        raise ModelError(
+            f"{say('tp', n)}: {path} has {heads} query heads and {kv_heads} key/value heads; tensor "
+            f"parallelism needs the query heads to divide by {n} and the key/value heads to divide "
+            f"by {n} or {n} to be a multiple of them (then each device holds one KV head)"
+        )
     rows = (heads // n + 2 * max(1, kv_heads // n)) * head_dim
     _replace(linear, "weight", (rows, linear.in_features))
     if linear.bias is not None:
@@ -292,12 +350,18 @@ def _shard_experts(model: torch.nn.Module, path: str, mesh: Any, n: int) -> None
 def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "tp") -> None:
     """Every expert's matrices split n ways along the intermediate dimension (gate/up by column, down by row)."""
     if not is_experts_module(experts):
-        raise ModelError(f"{say(option, n)}: {path} ({type(experts).__name__}) is not a transformers experts module "
-                         f"castcore can split; drop {say(option)}")
-    transposed = bool(getattr(experts, "is_transposed", False))  # [experts, in, out] rather than [experts, out, in]
+        raise ModelError(
+            f"{say(option, n)}: {path} ({type(experts).__name__}) is not a transformers experts module "
+            f"castcore can split; drop {say(option)}"
+        )
+    transposed = bool(
+        getattr(experts, "is_transposed", False)
+    )  # [experts, in, out] rather than [experts, out, in]
     for name in _expert_weights(experts):
         column = name != "down_proj"
-        _shard_dim(experts, name, (2 if transposed else 1) if column else (1 if transposed else 2), n, path, option)
+        _shard_dim(
+            experts, name, (2 if transposed else 1) if column else (1 if transposed else 2), n, path, option
+        )
         bias = getattr(experts, f"{name}_bias", None)
         if column and isinstance(bias, torch.nn.Parameter):
             _shard_dim(experts, f"{name}_bias", 1, n, path, option)
@@ -322,8 +386,12 @@ def shard_by_hand(model: torch.nn.Module, mesh: Any, info: TensorParallel, sp: b
         elif kind == "local_heads":
             config = _config(model)
             heads = config_field(config, "num_attention_heads")
-            _local_heads(model.get_submodule(path), heads, config_field(config, "num_key_value_heads") or heads,
-                         info.size)
+            _local_heads(
+                model.get_submodule(path),
+                heads,
+                config_field(config, "num_key_value_heads") or heads,
+                info.size,
+            )
 
 
 def per_device_config(config: Any, n: int) -> Any:
@@ -336,7 +404,11 @@ def per_device_config(config: Any, n: int) -> Any:
         return config
     kv_heads = config_field(text, "num_key_value_heads") or heads
     head_dim = config_field(text, "head_dim") or config_field(text, "hidden_size") // heads
-    changes = {"num_attention_heads": heads // n, "num_key_value_heads": max(1, kv_heads // n), "head_dim": head_dim}
+    changes = {
+        "num_attention_heads": heads // n,
+        "num_key_value_heads": max(1, kv_heads // n),
+        "head_dim": head_dim,
+    }
     if isinstance(text, dict):
         shard = {**text, **changes}
     else:
@@ -369,8 +441,10 @@ def fake_process_group(world: int, option: str = "tp") -> Iterator[None]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        raise ModelError(f"{say(option, world)} starts its own fake process group, but torch.distributed is already "
-                         "initialized; destroy it first, or shard the model yourself and call castcore.capture")
+        raise ModelError(
+            f"{say(option, world)} starts its own fake process group, but torch.distributed is already "
+            "initialized; destroy it first, or shard the model yourself and call castcore.capture"
+        )
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         yield
@@ -378,8 +452,9 @@ def fake_process_group(world: int, option: str = "tp") -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def apply_tensor_parallel(built: BuiltModel | torch.nn.Module, mesh: Any, n: int, sp: bool = False,
-                          experts: bool = True) -> TensorParallel:
+def apply_tensor_parallel(
+    built: BuiltModel | torch.nn.Module, mesh: Any, n: int, sp: bool = False, experts: bool = True
+) -> TensorParallel:
     """Shard a model over the 1-D ``mesh`` of ``n`` ranks: the plan, parallelize_module, what is done by hand,
     and for a BuiltModel the inputs (one device's KV cache), description and config of one device."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -388,9 +463,11 @@ def apply_tensor_parallel(built: BuiltModel | torch.nn.Module, mesh: Any, n: int
     inputs_fn = built.inputs_fn if isinstance(built, BuiltModel) else None
     per_device = getattr(inputs_fn, "per_device", None)
     if inputs_fn is not None and per_device is None:
-        raise ModelError(f"{say('tp', n)}: this workload's inputs_fn builds its inputs (a KV cache) for the whole "
-                         "model, not one device; give the function a per_device(n) attribute returning one device's "
-                         "inputs_fn, as castcore's decode step does")
+        raise ModelError(
+            f"{say('tp', n)}: this workload's inputs_fn builds its inputs (a KV cache) for the whole "
+            "model, not one device; give the function a per_device(n) attribute returning one device's "
+            "inputs_fn, as castcore's decode step does"
+        )
     plan, info = build_plan(model, n, sp=sp, experts=experts)
     parallelize_module(model, mesh, plan)
     shard_by_hand(model, mesh, info, sp=sp)

@@ -52,7 +52,9 @@ if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
 
 ops = torch.ops.castcore
-BLOCK_SCALED = "block-scaled"  # a module's quantization: quantized activations times quantized weights, per block
+BLOCK_SCALED = (
+    "block-scaled"  # a module's quantization: quantized activations times quantized weights, per block
+)
 FP4_RATE, FP8_RATE = "float4_e2m1fn_x2", "float8_e4m3fn"  # the profile's mma_flops keys
 # format: (input columns per weight scale, the scales' dtype); nvfp4 adds fp32 per-tensor scales.
 FORMATS = {"nvfp4": (16, torch.float8_e4m3fn), "mxfp4": (32, torch.float8_e8m0fnu)}
@@ -64,38 +66,54 @@ def pairing(kind: str, activations: str | None, device: DeviceProfile | None) ->
     which castcore.deploy.quantize.apply decides). ModelError for NVFP4 on a device without an FP4 rate."""
     rates = device.mma_flops if device is not None else {FP4_RATE: 0, FP8_RATE: 0}
     if kind == "nvfp4" and FP4_RATE not in rates:
-        raise ModelError(f"{say('weights', 'nvfp4')}: {device.name} has no FP4 matrix rate ({FP4_RATE}), which "
-                         "NVFP4's W4A4 products run at; choose a device whose profile has one (a Blackwell such as "
-                         f"b200), or use {say('weights', 'fp8')} or {say('weights', 'mxfp4')}")
+        raise ModelError(
+            f"{say('weights', 'nvfp4')}: {device.name} has no FP4 matrix rate ({FP4_RATE}), which "
+            "NVFP4's W4A4 products run at; choose a device whose profile has one (a Blackwell such as "
+            f"b200), or use {say('weights', 'fp8')} or {say('weights', 'mxfp4')}"
+        )
     if kind == "nvfp4" or (kind == "mxfp4" and FP4_RATE in rates and FP8_RATE in rates):
         return BLOCK_SCALED
     return BLOCK_SCALED if (kind, activations) == ("int4", "fp8") else None
 
 
-def codes(out_features: int, in_features: int, kind: str, dtype: torch.dtype, device: Any,
-          experts: int | None = None) -> tuple[nn.Parameter, nn.Parameter, int]:
+def codes(
+    out_features: int,
+    in_features: int,
+    kind: str,
+    dtype: torch.dtype,
+    device: Any,
+    experts: int | None = None,
+) -> tuple[nn.Parameter, nn.Parameter, int]:
     """(packed E2M1 codes [.., out, in / 2], block scales [.., out, in / block], block) of an fp4 weight."""
     block, scale_dtype = FORMATS[kind]
     if in_features % block:
-        raise ModelError(f"{say('weights', kind)} scales blocks of {block} input columns, and a weight here has "
-                         f"{in_features}; use {say('weights', 'int4')} or {say('weights', 'fp8')}")
+        raise ModelError(
+            f"{say('weights', kind)} scales blocks of {block} input columns, and a weight here has "
+            f"{in_features}; use {say('weights', 'int4')} or {say('weights', 'fp8')}"
+        )
     lead = () if experts is None else (experts,)
     packed = torch.empty((*lead, out_features, in_features // 2), dtype=FP4, device=device)
     scales = torch.empty((*lead, out_features, in_features // block), dtype=scale_dtype, device=device)
     return nn.Parameter(packed, requires_grad=False), nn.Parameter(scales, requires_grad=False), block
 
 
-def per_tensor_scales(module: nn.Module, prefix: str, kind: str, device: Any, experts: int | None = None) -> None:
+def per_tensor_scales(
+    module: nn.Module, prefix: str, kind: str, device: Any, experts: int | None = None
+) -> None:
     """NVFP4's fp32 per-tensor scales, as ``<prefix>input_scale`` for the activations and ``<prefix>alpha``, the
     activations' and the weight's multiplied (one per expert for experts), which the product's epilogue applies
     (vLLM folds them so at load); None for the other formats."""
-    scales = (torch.empty((), device=device), torch.empty(() if experts is None else (experts,), device=device))
+    scales = (
+        torch.empty((), device=device),
+        torch.empty(() if experts is None else (experts,), device=device),
+    )
     for name, scale in zip(("input_scale", "alpha"), scales):
         setattr(module, prefix + name, nn.Parameter(scale, requires_grad=False) if kind == "nvfp4" else None)
 
 
-def _activations(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
-                 input_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _activations(
+    rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, input_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The activations quantized as the weight's format pairs them: NVFP4 (the weight's scales are e4m3), MXFP8
     (e8m0), or fp8 per token (int4 weights)."""
     if weight.dtype != FP4:
@@ -108,37 +126,64 @@ def _activations(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
 def linear_product(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     codes_, scale = _activations(rows, module.qweight, module.weight_scale, module.input_scale)
-    out = ops.block_scaled_mm(codes_, module.qweight, scale, module.weight_scale, module.group_size, module.alpha,
-                              module.bias, x.dtype)
+    out = ops.block_scaled_mm(
+        codes_,
+        module.qweight,
+        scale,
+        module.weight_scale,
+        module.group_size,
+        module.alpha,
+        module.bias,
+        x.dtype,
+    )
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def grouped_product(module: nn.Module, rows: torch.Tensor, weight: torch.Tensor, name: str,
-                    offs: torch.Tensor) -> torch.Tensor:
+def grouped_product(
+    module: nn.Module, rows: torch.Tensor, weight: torch.Tensor, name: str, offs: torch.Tensor
+) -> torch.Tensor:
     scales = getattr(module, f"{name}_scale")
     codes_, scale = _activations(rows, weight, scales, getattr(module, f"{name}_input_scale"))
-    return ops.block_scaled_grouped_mm(codes_, weight, scale, scales, getattr(module, f"{name}_group_size"),
-                                       getattr(module, f"{name}_alpha"), offs, rows.dtype)
+    return ops.block_scaled_grouped_mm(
+        codes_,
+        weight,
+        scale,
+        scales,
+        getattr(module, f"{name}_group_size"),
+        getattr(module, f"{name}_alpha"),
+        offs,
+        rows.dtype,
+    )
 
 
 def describe(kind: str, quantization: str | None, experts: int, model_dtype: str) -> tuple[str, str, str]:
     """(the weights' layout, how the products run, the --activations said) for a note."""
     grouped = ", castcore::block_scaled_grouped_mm for the experts" if experts else ""
     if kind == "int4":
-        return ("int4, two per byte, with a scale per 128 input columns",
-                "activations quantized per token to fp8 (castcore::quantize_per_token), the int4 codes converted to "
-                f"fp8 in registers and the products at the fp8 rate (castcore::block_scaled_mm{grouped})",
-                " --activations fp8")
+        return (
+            "int4, two per byte, with a scale per 128 input columns",
+            "activations quantized per token to fp8 (castcore::quantize_per_token), the int4 codes converted to "
+            f"fp8 in registers and the products at the fp8 rate (castcore::block_scaled_mm{grouped})",
+            " --activations fp8",
+        )
     block, scale_dtype = FORMATS[kind]
-    layout = (f"fp4 (e2m1), two per byte, with a {str(scale_dtype).removeprefix('torch.')} scale per {block} "
-              f"input columns" + (" and fp32 per-tensor scales" if kind == "nvfp4" else ""))
+    layout = (
+        f"fp4 (e2m1), two per byte, with a {str(scale_dtype).removeprefix('torch.')} scale per {block} "
+        f"input columns" + (" and fp32 per-tensor scales" if kind == "nvfp4" else "")
+    )
     if quantization is None:
-        how = (f"castcore::weight_only_linear{', castcore::weight_only_grouped_mm' if experts else ''} dequantize in "
-               f"registers, products in {model_dtype} (W4A16: the device has no FP4 matrix rate)")
+        how = (
+            f"castcore::weight_only_linear{', castcore::weight_only_grouped_mm' if experts else ''} dequantize in "
+            f"registers, products in {model_dtype} (W4A16: the device has no FP4 matrix rate)"
+        )
     elif kind == "nvfp4":
-        how = ("activations quantized to NVFP4 per 16 columns (castcore::quantize_blocks), W4A4 products at the fp4 "
-               f"rate (castcore::block_scaled_mm{grouped})")
+        how = (
+            "activations quantized to NVFP4 per 16 columns (castcore::quantize_blocks), W4A4 products at the fp4 "
+            f"rate (castcore::block_scaled_mm{grouped})"
+        )
     else:
-        how = ("activations quantized to MXFP8 per 32 columns (castcore::quantize_blocks), MXFP8 x MXFP4 products "
-               f"at the fp8 rate (castcore::block_scaled_mm{grouped})")
+        how = (
+            "activations quantized to MXFP8 per 32 columns (castcore::quantize_blocks), MXFP8 x MXFP4 products "
+            f"at the fp8 rate (castcore::block_scaled_mm{grouped})"
+        )
     return layout, how, ""

@@ -10,10 +10,24 @@ from castcore.errors import CastcoreError
 
 INSTALL = "pip install 'castcore[html]'"
 # No logo link to Plotly's site, and no button that would send the chart anywhere: the page stays offline.
-CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": False,
-          "modeBarButtonsToRemove": ["sendDataToCloud", "select2d", "lasso2d"]}
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
+CONFIG = {
+    "displaylogo": False,
+    "responsive": True,
+    "showSendToCloud": False,
+    "modeBarButtonsToRemove": ["sendDataToCloud", "select2d", "lasso2d"],
+}
+COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 
 
 class PageError(CastcoreError, ValueError):
@@ -37,15 +51,25 @@ def plotly_js() -> str:
     return get_plotlyjs()
 
 
-def figure(data: list[Any], title: str, x: str, y: str, height: int = 420, grid: Any = None, **layout: Any) -> Any:
+def figure(
+    data: list[Any], title: str, x: str, y: str, height: int = 420, grid: Any = None, **layout: Any
+) -> Any:
     """A figure of ``data`` (traces) with the page's layout: titled axes, hover on the nearest point; on ``grid``
     (plotly's make_subplots) when given."""
     go = graph_objects()
     fig = go.Figure(data=data) if grid is None else grid
-    fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 15}}, height=height, template="plotly_white",
-                      margin={"l": 70, "r": 30, "t": 50, "b": 60}, hovermode="closest",
-                      legend={"orientation": "h", "y": -0.2}, **layout)
-    fig.update_layout(xaxis_title=x, yaxis_title=y)  # the first axes only: a second y axis keeps its own title
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 15}},
+        height=height,
+        template="plotly_white",
+        margin={"l": 70, "r": 30, "t": 50, "b": 60},
+        hovermode="closest",
+        legend={"orientation": "h", "y": -0.2},
+        **layout,
+    )
+    fig.update_layout(
+        xaxis_title=x, yaxis_title=y
+    )  # the first axes only: a second y axis keeps its own title
     return fig
 
 
@@ -77,8 +101,15 @@ def histogram(values: list[float], most: int = 60) -> dict[str, Any]:
     start, stop = scale(low), scale(high)
     if stop <= start:  # one value: one bar around it
         edges = [low - (abs(low) * 1e-3 or 1e-12), high + (abs(high) * 1e-3 or 1e-12)]
-        return {"edges": edges, "counts": [len(ordered)], "log": False, "below": 0, "above": 0,
-                "smallest": ordered[0], "largest": ordered[-1]}
+        return {
+            "edges": edges,
+            "counts": [len(ordered)],
+            "log": False,
+            "below": 0,
+            "above": 0,
+            "smallest": ordered[0],
+            "largest": ordered[-1],
+        }
     width = 2 * (scale(_quantile(ordered, 0.75)) - scale(_quantile(ordered, 0.25))) / len(ordered) ** (1 / 3)
     bins = max(5, min(most, math.ceil((stop - start) / width) if width > 0 else most // 3))
     step = (stop - start) / bins
@@ -91,8 +122,15 @@ def histogram(values: list[float], most: int = 60) -> dict[str, Any]:
             above += 1
         else:
             counts[min(int((scale(value) - start) / step), bins - 1)] += 1
-    return {"edges": edges, "counts": counts, "log": log, "below": below, "above": above, "smallest": ordered[0],
-            "largest": ordered[-1]}
+    return {
+        "edges": edges,
+        "counts": counts,
+        "log": log,
+        "below": below,
+        "above": above,
+        "smallest": ordered[0],
+        "largest": ordered[-1],
+    }
 
 
 def count_axis(high: float, ticks: int = 5) -> dict[str, Any]:
@@ -100,8 +138,12 @@ def count_axis(high: float, ticks: int = 5) -> dict[str, Any]:
     step = 1
     while step * ticks < high:  # 1, 2, 5, 10, 20, 50, ...
         step = step * 5 // 2 if str(step)[0] == "2" else step * 2
-    return {"range": [0, step * max(1, math.ceil(high / step))], "dtick": step, "tickformat": ",d",
-            "rangemode": "tozero"}
+    return {
+        "range": [0, step * max(1, math.ceil(high / step))],
+        "dtick": step,
+        "tickformat": ",d",
+        "rangemode": "tozero",
+    }
 
 
 def downsample(count: int, limit: int) -> list[range]:

@@ -127,7 +127,9 @@ def _cell(cell: Cell, figures: bool) -> str:
     return f'<td class="num" data-v="{"" if found is None else repr(found)}">{esc(text)}</td>'
 
 
-def table(name: str, headers: Sequence[str], rows: Iterable[Sequence[Cell]], chosen: Iterable[int] = ()) -> str:
+def table(
+    name: str, headers: Sequence[str], rows: Iterable[Sequence[Cell]], chosen: Iterable[int] = ()
+) -> str:
     """A table the page's script sorts (click a header; again to reverse) and filters (the box above it). Rows whose
     index is in ``chosen`` are highlighted. A column of figures (blanks aside) is right-aligned, its header too."""
     marked, rows = set(chosen), [list(row) for row in rows]
@@ -136,23 +138,29 @@ def table(name: str, headers: Sequence[str], rows: Iterable[Sequence[Cell]], cho
     body = []
     for index, row in enumerate(rows):
         mark = ' class="chosen"' if index in marked else ""
-        body.append(f'<tr{mark}>{"".join(_cell(cell, figures[n]) for n, cell in enumerate(row))}</tr>')
-    head = "".join(f'<th class="num">{esc(h)}</th>' if figures[n] else f"<th>{esc(h)}</th>"
-                   for n, h in enumerate(headers))
-    return (f'<div class="table-tools"><input class="cc-filter" type="search" data-table="{esc(name)}" '
-            f'placeholder="filter rows (every word must match)" aria-label="filter {esc(name)}">'
-            f'<span class="note" id="{esc(name)}-count">{len(body)} rows</span></div>'
-            f'<div class="table-wrap"><table class="cc-table" id="{esc(name)}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+        body.append(f"<tr{mark}>{''.join(_cell(cell, figures[n]) for n, cell in enumerate(row))}</tr>")
+    head = "".join(
+        f'<th class="num">{esc(h)}</th>' if figures[n] else f"<th>{esc(h)}</th>"
+        for n, h in enumerate(headers)
+    )
+    return (
+        f'<div class="table-tools"><input class="cc-filter" type="search" data-table="{esc(name)}" '
+        f'placeholder="filter rows (every word must match)" aria-label="filter {esc(name)}">'
+        f'<span class="note" id="{esc(name)}-count">{len(body)} rows</span></div>'
+        f'<div class="table-wrap"><table class="cc-table" id="{esc(name)}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def render(title: str, lede: str, sections: Sequence[str], source: str) -> str:
     """The whole page: plotly.js, the style and the table script inline, nothing fetched when it opens."""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<meta name="generator" content="castcore"><title>{esc(title)}</title>'
-            f"<style>{STYLE}</style><script>{plotly_js()}</script></head><body>"
-            f'<header><h1>{esc(title)}</h1><p class="lede">{esc(lede)}</p></header><main>{"".join(sections)}'
-            f"<footer>made by castcore from {esc(source)}; estimates, not measurements. Every chart is Plotly's: "
-            f"hover for the figures, drag to zoom, double-click to reset, click a legend entry to hide it.</footer>"
-            f"</main><script>{SCRIPT}</script></body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="generator" content="castcore"><title>{esc(title)}</title>'
+        f"<style>{STYLE}</style><script>{plotly_js()}</script></head><body>"
+        f'<header><h1>{esc(title)}</h1><p class="lede">{esc(lede)}</p></header><main>{"".join(sections)}'
+        f"<footer>made by castcore from {esc(source)}; estimates, not measurements. Every chart is Plotly's: "
+        f"hover for the figures, drag to zoom, double-click to reset, click a legend entry to hide it.</footer>"
+        f"</main><script>{SCRIPT}</script></body></html>\n"
+    )

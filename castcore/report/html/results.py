@@ -20,25 +20,70 @@ SWEEP_FORMATS = (".jsonl", ".csv", ".parquet")
 # A command's --json object: the fields that say which command wrote it, then every field its page reads.
 SIGNS = {
     "estimate": (("ops", "modules", "coverage"), ("description", "device", "totals", "notes")),
-    "serve": (("ttft_s", "tpot_fit", "decode_points"), ("model", "device", "batch", "input_tokens", "output_tokens",
-                                                         "latency_s", "output_tokens_per_s", "devices", "peak_bytes",
-                                                         "weight_bytes", "kv_cache_bytes", "activation_bytes",
-                                                         "free_bytes", "device_memory_bytes", "fits")),
-    "simulate": (("engine", "kv_usage", "completed"), ("model", "device", "duration", "request_throughput",
-                                                       "output_throughput", "median_ttft_ms", "p99_ttft_ms",
-                                                       "median_tpot_ms", "iterations", "mean_running_batch",
-                                                       "kv_blocks", "preemptions")),
+    "serve": (
+        ("ttft_s", "tpot_fit", "decode_points"),
+        (
+            "model",
+            "device",
+            "batch",
+            "input_tokens",
+            "output_tokens",
+            "latency_s",
+            "output_tokens_per_s",
+            "devices",
+            "peak_bytes",
+            "weight_bytes",
+            "kv_cache_bytes",
+            "activation_bytes",
+            "free_bytes",
+            "device_memory_bytes",
+            "fits",
+        ),
+    ),
+    "simulate": (
+        ("engine", "kv_usage", "completed"),
+        (
+            "model",
+            "device",
+            "duration",
+            "request_throughput",
+            "output_throughput",
+            "median_ttft_ms",
+            "p99_ttft_ms",
+            "median_tpot_ms",
+            "iterations",
+            "mean_running_batch",
+            "kv_blocks",
+            "preemptions",
+        ),
+    ),
     "plan": (("best", "fewest", "layouts"), ("model", "input_tokens", "output_tokens", "devices")),
 }
 # What each scalar field a page reads must hold: a whole count (within castcore's bound on counts), a finite number
 # of at least zero, a name; a file saying otherwise was not written by castcore, or was altered.
 COUNTS = ("batch", "input_tokens", "output_tokens", "iterations", "kv_blocks", "preemptions", "completed")
-NUMBERS = ("ttft_s", "latency_s", "output_tokens_per_s", "peak_bytes", "weight_bytes", "kv_cache_bytes",
-           "activation_bytes", "device_memory_bytes", "duration", "request_throughput", "output_throughput",
-           "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_running_batch")
+NUMBERS = (
+    "ttft_s",
+    "latency_s",
+    "output_tokens_per_s",
+    "peak_bytes",
+    "weight_bytes",
+    "kv_cache_bytes",
+    "activation_bytes",
+    "device_memory_bytes",
+    "duration",
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "mean_running_batch",
+)
 NAMES = ("model", "device")
-WRITERS = ("castcore estimate/serve/simulate/plan --json > FILE.json, or castcore sweep --out FILE "
-           "(.jsonl, .csv, .parquet)")
+WRITERS = (
+    "castcore estimate/serve/simulate/plan --json > FILE.json, or castcore sweep --out FILE "
+    "(.jsonl, .csv, .parquet)"
+)
 
 
 def _fail(path: Path, why: str) -> PageError:
@@ -55,7 +100,9 @@ def read_results(path: str | Path) -> dict[str, Any]:
         if not rows:
             raise _fail(path, "an empty sweep: the file has no rows")
         if not all(isinstance(row, dict) for row in rows):
-            raise _fail(path, f"not rows of castcore sweep: each line must be an object (write one with {WRITERS})")
+            raise _fail(
+                path, f"not rows of castcore sweep: each line must be an object (write one with {WRITERS})"
+            )
         columns = list(dict.fromkeys(k for row in rows for k in row))
         try:
             data = sweep_data(rows, columns)
@@ -66,28 +113,44 @@ def read_results(path: str | Path) -> dict[str, Any]:
         raise _fail(path, f"castcore report reads .json, .jsonl, .csv and .parquet files ({WRITERS})")
     found = read_json(path, PageError, "results file", DATA_BYTES)
     kind = _kind(path, found)
-    return {"kind": kind, "results": found, "source": f"the results file {path.name} (castcore {kind} --json)"}
+    return {
+        "kind": kind,
+        "results": found,
+        "source": f"the results file {path.name} (castcore {kind} --json)",
+    }
 
 
 def _kind(path: Path, found: Any) -> str:
     """The command that wrote ``found``; another program's file, or one another castcore wrote, is refused."""
     if not isinstance(found, dict):
-        raise _fail(path, f"not a castcore results file: a JSON {type(found).__name__}, not an object (write one with "
-                    f"{WRITERS})")
+        raise _fail(
+            path,
+            f"not a castcore results file: a JSON {type(found).__name__}, not an object (write one with "
+            f"{WRITERS})",
+        )
     for kind, (signs, needed) in SIGNS.items():
         if all(key in found for key in signs):
             missing = [key for key in needed if key not in found]
             if missing:
-                raise _fail(path, f"castcore {kind} --json of another version: it lacks {', '.join(missing)}; write "
-                            "it again with this castcore")
+                raise _fail(
+                    path,
+                    f"castcore {kind} --json of another version: it lacks {', '.join(missing)}; write "
+                    "it again with this castcore",
+                )
             _check_fields(path, found)
             return kind
         if sum(key in found for key in signs) >= 2:
             lacking = [key for key in signs if key not in found]
-            raise _fail(path, f"castcore {kind} --json of another version: it lacks {', '.join(lacking)}; write it "
-                        "again with this castcore")
-    raise _fail(path, f"not a castcore results file: it has none of the fields of estimate, serve, simulate or plan "
-                f"--json (write one with {WRITERS})")
+            raise _fail(
+                path,
+                f"castcore {kind} --json of another version: it lacks {', '.join(lacking)}; write it "
+                "again with this castcore",
+            )
+    raise _fail(
+        path,
+        f"not a castcore results file: it has none of the fields of estimate, serve, simulate or plan "
+        f"--json (write one with {WRITERS})",
+    )
 
 
 def _check_fields(path: Path, found: dict[str, Any]) -> None:
@@ -103,8 +166,11 @@ def _check_fields(path: Path, found: dict[str, Any]) -> None:
         else:
             continue
         if not fits:
-            raise _fail(path, f"its {key} is {_shown(value)}, not {wanted}: not as castcore writes it (write it "
-                        "again with this castcore)")
+            raise _fail(
+                path,
+                f"its {key} is {_shown(value)}, not {wanted}: not as castcore writes it (write it "
+                "again with this castcore)",
+            )
 
 
 def _shown(value: Any) -> str:
@@ -120,6 +186,7 @@ def _rows(path: Path) -> list[Any]:
     except CastcoreError as exc:  # over the bound, not UTF-8: said with the path already
         raise PageError(str(exc)) from None
     except Exception as exc:  # pyarrow's, csv's and json's own errors alike
-        raise _fail(path, f"cannot read its rows ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                    ) from None
-
+        raise _fail(
+            path,
+            f"cannot read its rows ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+        ) from None

@@ -27,8 +27,13 @@ def page_html(data: dict[str, Any]) -> str:
     from castcore.report.html import estimate, search, serving
 
     kind = data.get("kind")
-    builders = {"estimate": estimate.estimate_sections, "serve": serving.serve_sections,
-                "simulate": serving.simulate_sections, "sweep": search.sweep_sections, "plan": search.plan_sections}
+    builders = {
+        "estimate": estimate.estimate_sections,
+        "serve": serving.serve_sections,
+        "simulate": serving.simulate_sections,
+        "sweep": search.sweep_sections,
+        "plan": search.plan_sections,
+    }
     if kind not in builders:
         raise PageError(f"no page for results of kind {kind!r}; castcore makes pages of {', '.join(KINDS)}")
     title, lede, sections = builders[kind](data["results"], data.get("detail"))
@@ -58,8 +63,10 @@ def page_data(result: Any, session: Any = None) -> dict[str, Any]:
         return search.plan_data(result)
     if hasattr(result, "rows") and hasattr(result, "columns"):
         return search.sweep_data(result.rows, result.columns, getattr(result, "command", ""))
-    raise PageError(f"no page for a {type(result).__name__}: give what castcore.estimate, serve, simulate, sweep or "
-                    "plan returned, or a results file to castcore report")
+    raise PageError(
+        f"no page for a {type(result).__name__}: give what castcore.estimate, serve, simulate, sweep or "
+        "plan returned, or a results file to castcore report"
+    )
 
 
 def write_html(result: Any, path: str | Path, session: Any = None) -> Path:

@@ -7,7 +7,19 @@ MEMORY_BANDWIDTH = 2e12
 
 @castcore.hookimpl
 def device_profiles():
-    numbers = {"mma_flops": {"bfloat16": 1e14}, "gp_flops": {"float32": 1e13},
-               "memory_bytes": 1e10, "memory_bandwidth": MEMORY_BANDWIDTH}
-    return [castcore.device_from_dict({"name": "dup-npu", "vendor": "dupdev-b", **numbers,
-                                       "sources": {k: "test value" for k in numbers}})]
+    numbers = {
+        "mma_flops": {"bfloat16": 1e14},
+        "gp_flops": {"float32": 1e13},
+        "memory_bytes": 1e10,
+        "memory_bandwidth": MEMORY_BANDWIDTH,
+    }
+    return [
+        castcore.device_from_dict(
+            {
+                "name": "dup-npu",
+                "vendor": "dupdev-b",
+                **numbers,
+                "sources": {k: "test value" for k in numbers},
+            }
+        )
+    ]

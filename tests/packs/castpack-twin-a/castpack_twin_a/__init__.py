@@ -12,7 +12,14 @@ def _mm(invoke, device):
 
 @castcore.hookimpl
 def device_profiles():
-    numbers = {"mma_flops": {"bfloat16": 1e14}, "gp_flops": {"float32": 1e13},
-               "memory_bytes": 1e10, "memory_bandwidth": 1e12}
-    return [castcore.device_from_dict({"name": "twin-a-npu", "vendor": "test", **numbers,
-                                       "sources": {k: "test value" for k in numbers}})]
+    numbers = {
+        "mma_flops": {"bfloat16": 1e14},
+        "gp_flops": {"float32": 1e13},
+        "memory_bytes": 1e10,
+        "memory_bandwidth": 1e12,
+    }
+    return [
+        castcore.device_from_dict(
+            {"name": "twin-a-npu", "vendor": "test", **numbers, "sources": {k: "test value" for k in numbers}}
+        )
+    ]
