@@ -205,9 +205,9 @@ if TYPE_CHECKING:
     from castcore.sweeps.plan import PlanResult, plan
     from castcore.sweeps.run import SweepResult
     from castcore.sweeps.sweep import sweep
-    from castcore.serving.static import ServeReport
+    from castcore.serving.serve_report import ServeReport
     from castcore.session import Session, default_session, estimate, serve, simulate
-    from castcore.serving.traffic import SimulationReport
+    from castcore.serving.simulation_report import SimulationReport
     from castcore.workload.spec import ModelError, Workload, build_workload
 
     __version__: str

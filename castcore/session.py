@@ -18,8 +18,8 @@ from castcore.report.records import Report
 from castcore.serving import static
 from castcore.workload.models import BuiltModel
 from castcore.deploy.pipeline import CaptureStep, Pipeline, build
-from castcore.serving.static import ServeReport
-from castcore.serving.traffic import SimulationReport
+from castcore.serving.serve_report import ServeReport
+from castcore.serving.simulation_report import SimulationReport
 from castcore.serving.traffic import simulate_traffic
 from castcore.workload.spec import DEFAULT_MODEL, ModelError, Workload, build_workload
 

@@ -23,7 +23,8 @@ from castcore.report.output_files import check_output, write_whole
 
 
 def run(args: argparse.Namespace) -> int:
-    from castcore.serving.traffic import check, simulate_traffic
+    from castcore.serving.simulation_plan import check
+    from castcore.serving.traffic import simulate_traffic
 
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
     plan = check(

@@ -19,12 +19,11 @@ the transfer included in the gap between the first and second tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from castcore.errors import ModelError
-from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
+from castcore.options.catalog import DEPLOYMENT_NAMES, say
 from castcore.simulation import engine as engine_model
 from castcore.simulation.chunks import StepTime
 from castcore.simulation.metrics import Finished, format_ms
@@ -33,71 +32,26 @@ from castcore.serving.kv_capacity import kv_capacity, step_times, with_draft
 from castcore.serving.metering import Metered, pool_use
 from castcore.serving.speculation import speculative_step
 from castcore.deploy.parallel.pipeline_stages import send_estimate, sent_over
-from castcore.workload.spec import build_workload
+from castcore.serving.simulation_report import SimulationReport, report_of
+from castcore.workload.spec import Workload, build_workload
 
-
-@dataclass(frozen=True)
-class Pools:
-    prefill_instances: int
-    decode_instances: int
-    prefill: Any  # the Workload of a prefill instance
-    decode: Any  # and of a decode instance
-    prefill_device: Any
-    decode_device: Any
-
-
-def pools_of(given: dict[str, Any], options: dict[str, Any], device: Any = None) -> Pools | None:
-    """The two pools from ``--prefill-instances``, ``--decode-instances`` and their deployments, or None."""
-    x, y = given["prefill_instances"], given["decode_instances"]
-    if x is None and y is None:
-        for name in ("prefill_deployment", "decode_deployment"):
-            if given[name] is not None:
-                raise ModelError(
-                    f"{say(name)} needs {say('prefill_instances')} and {say('decode_instances')}"
-                )
-        return None
-    if x is None or y is None:
-        raise ModelError(
-            f"disaggregated serving needs both {say('prefill_instances')} and {say('decode_instances')}"
-        )
-    if given["concurrency"] is not None:
-        raise ModelError(
-            f"{say('concurrency')} with disaggregated pools is not simulated; give {say('rate')}"
-        )
-    workloads, devices = [], []
-    for name in ("prefill_deployment", "decode_deployment"):
-        changed, pool_device = _deployment(name, given[name], device)
-        workloads.append(build_workload(options.get("model"), **{**_without_model(options), **changed}))
-        devices.append(pool_device)
-    return Pools(x, y, workloads[0], workloads[1], devices[0], devices[1])
-
-
-def _without_model(options: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in options.items() if k != "model"}
-
-
-def _deployment(name: str, text: str | None, device: Any) -> tuple[dict[str, Any], Any]:
-    """``key=value`` pairs of deployment options (and ``device``), checked as their options check them."""
-    found: dict[str, Any] = {}
-    for pair in (text or "").replace(",", " ").split():
-        key, _, value = pair.partition("=")
-        key = key.replace("-", "_")
-        if key != "device" and key not in DEPLOYMENT_NAMES or not value:
-            raise ModelError(
-                f"{say(name, text)}: {pair!r} is not OPTION=VALUE of a deployment option "
-                f"({', '.join(('device', *DEPLOYMENT_NAMES))})"
-            )
-        if key == "device":
-            device = value
-            continue
-        option = SIMULATE[key]
-        found[key] = option.check(int(value) if option.kind == "int" and value.isdigit() else value)
-    return found, device
+if TYPE_CHECKING:
+    from castcore.deploy.pipeline import Pipeline
+    from castcore.devices.costs import Estimate
+    from castcore.devices.profile import DeviceProfile
+    from castcore.plugins.resolve import Resolver
+    from castcore.serving.pools import Pools
+    from castcore.serving.simulation_plan import Simulation
+    from castcore.serving.step_time import StepTimes
 
 
 def kv_send(
-    profile: Any, devices_together: int, same_device: bool, nbytes: float, resolver: Any = None
-) -> Any:
+    profile: DeviceProfile,
+    devices_together: int,
+    same_device: bool,
+    nbytes: float,
+    resolver: Resolver | None = None,
+) -> Estimate:
     """The Estimate of one device's share of a prompt's KV sent to its decode peer: a castcore::send (as a pipeline
     stage's, castcore.deploy.parallel.pipeline_stages.send_estimate) over the level spanning both instances, the outermost when
     they are different devices, answered by ``resolver``'s plugins (None: the core's default)."""
@@ -114,7 +68,11 @@ def kv_send(
 
 
 def transfer_seconds(
-    profile: Any, devices_together: int, same_device: bool, nbytes: float, resolver: Any = None
+    profile: DeviceProfile,
+    devices_together: int,
+    same_device: bool,
+    nbytes: float,
+    resolver: Resolver | None = None,
 ) -> tuple[float, str]:
     """(seconds, level) of ``kv_send``."""
     estimate = kv_send(profile, devices_together, same_device, nbytes, resolver)
@@ -126,18 +84,20 @@ class Pool:
     """One pool's step-time model as its engines call it (metered, the draft's steps added under speculative
     decoding), its meters and its KV capacity."""
 
-    steps: Any
+    steps: StepTimes
     step: StepTime
     meters: list[Metered]
     blocks: int
     per_token: int  # bytes of a token's KV, the draft's cache's included
 
 
-def _pool(pipeline: Any, plan: Any, workload: Any, device: Any) -> Pool:
+def _pool(
+    pipeline: Pipeline, plan: Simulation, workload: Workload, device: str | DeviceProfile | None
+) -> Pool:
     steps = step_times(pipeline, workload, device, plan.limits)
     blocks, per_token = kv_capacity(pipeline, steps, plan.limits, steps.profile)
     meters = [Metered(steps)]
-    if not plan.speculation:
+    if not plan.speculation or plan.draft is None:
         return Pool(steps, meters[0], meters, blocks, per_token)
     # The draft runs on each pool with the pool's deployment: it prefills the prompts on the prefill pool (its cache
     # moves with the model's) and drafts on the decode pool.
@@ -155,11 +115,12 @@ def _pool(pipeline: Any, plan: Any, workload: Any, device: Any) -> Pool:
     )
 
 
-def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
-    """Simulate ``plan`` (a checked Simulation with ``pools``) and return its SimulationReport, which
-    ``report(plan, results, finished, ...)`` assembles (castcore.serving.traffic.report_of); a pool without a
-    device of its own runs on ``device``."""
-    pools, limits = plan.pools, plan.limits
+def run(
+    pipeline: Pipeline, plan: Simulation, pools: Pools, device: str | DeviceProfile | None
+) -> SimulationReport:
+    """Simulate ``plan`` (a checked Simulation) on ``pools`` (its own) and return its SimulationReport; a pool
+    without a device of its own runs on ``device``."""
+    limits = plan.limits
     pre = _pool(pipeline, plan, pools.prefill, pools.prefill_device or device)
     dec = _pool(pipeline, plan, pools.decode, pools.decode_device or device)
     pre_profile, dec_profile = pre.steps.profile, dec.steps.profile
@@ -202,7 +163,7 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
             for i in first
             if by_index[i].output_tokens > 1
         ),
-        key=lambda r: r.arrival_s,
+        key=lambda r: r.arrival_s or 0.0,  # at a rate: every request has its arrival
     )
     decoded = [
         engine_model.simulate(decode_requests[n::dy], limits, dec.blocks, dec.step, None, plan.speculation)
@@ -239,7 +200,7 @@ def run(pipeline: Any, plan: Any, device: Any, report: Callable) -> Any:
         "mean_kv_transfer_ms": round(mean_moved * 1e3, 4),
         "devices": x * pools.prefill.devices + y * pools.decode.devices,
     }
-    return report(
+    return report_of(
         plan,
         [*prefilled, *decoded],
         finished,

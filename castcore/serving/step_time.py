@@ -168,9 +168,9 @@ class StepTimes:
             )
         return parts.at(x)
 
-    def stage_times(self, chunks: Sequence[Chunk | tuple]) -> list[float]:
+    def stage_times(self, given: Sequence[Chunk | tuple]) -> list[float]:
         """Seconds of each pipeline stage's share of the iteration (one stage without ``--pp``)."""
-        chunks = [c if isinstance(c, Chunk) else Chunk(*c) for c in chunks]
+        chunks = [c if isinstance(c, Chunk) else Chunk(*c) for c in given]
         tokens = sum(c.new for c in chunks)
         sampled = sum(1 for c in chunks if c.samples)
         body = self._body.get(tokens)
@@ -232,11 +232,11 @@ class Stages:
 
         built = build(replace(base, pp=1, batch=1, seq=8, phase="prefill", kv_len=None))
         path, layers = check_stages(built.model, base.pp)
-        hidden = getattr(built.config, "hidden_size", None) or getattr(built.config, "n_embd", 0)
+        hidden = int(getattr(built.config, "hidden_size", None) or getattr(built.config, "n_embd", 0) or 0)
         return cls(
             prefix=f"{type(built.model).__name__}.{path}",
             counts=stage_layers(layers, base.pp),
-            activation_bytes=int(hidden) * torch_dtype(base.dtype).itemsize,
+            activation_bytes=hidden * torch_dtype(base.dtype).itemsize,
             devices=max(base.tp, base.ep) * base.pp,
         )
 

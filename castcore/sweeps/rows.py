@@ -17,8 +17,8 @@ from castcore.workload.spec import DEPLOYMENT
 
 if TYPE_CHECKING:
     from castcore.report.records import Report
-    from castcore.serving.static import ServeReport
-    from castcore.serving.traffic import SimulationReport
+    from castcore.serving.serve_report import ServeReport
+    from castcore.serving.simulation_report import SimulationReport
     from castcore.workload.spec import Workload
 
 # The figures a plot and a plan read, per command: latency, and throughput per device.
@@ -63,7 +63,7 @@ _SERVE_PARAMETERS = {
 
 
 def estimate_figures(report: Report, workload: Workload) -> dict[str, Any]:
-    from castcore.serving.static import step_time
+    from castcore.serving.serve_report import step_time
 
     step = step_time(report)
     tokens = workload.batch * (1 if workload.phase == "decode" else workload.seq)

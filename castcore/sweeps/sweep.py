@@ -61,7 +61,7 @@ def _serve_job(values: dict[str, Any]) -> Job:
 
 
 def _simulate_job(values: dict[str, Any]) -> Job:
-    from castcore.serving.traffic import check
+    from castcore.serving.simulation_plan import check
 
     options = {k: v for k, v in values.items() if k not in ("model", "device")}
     check(values["model"], **options)  # the options, the lengths or dataset, the model's position limit

@@ -143,6 +143,11 @@ class PipelineReport(Report):
         return {**super().to_dict(), "pipeline": self.pipeline.to_dict()}
 
 
+def stage_figures(report: Report) -> StageFigures | None:
+    """The pipeline's figures of a report made under --pp, else None."""
+    return report.pipeline if isinstance(report, PipelineReport) else None
+
+
 def transfer_time(
     nbytes: float,
     profile: DeviceProfile,
