@@ -13,22 +13,27 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from castcore.report.energy import PoolUse, busy_s
+from castcore.simulation.chunks import Chunk
+
+if TYPE_CHECKING:
+    from castcore.serving.step_time import StepTimes
+    from castcore.workload.spec import Workload
 
 
 class Metered:
     """``steps`` (a StepTimes) as the engine calls it, adding each iteration's busy seconds to ``busy_s``."""
 
-    def __init__(self, steps: Any):
+    def __init__(self, steps: StepTimes):
         self.steps = steps
         self.busy_s = 0.0
         self._shares: dict[int, float] = {}  # ladder point -> its capture's busy share
 
-    def __call__(self, batch: Sequence[Any]) -> float:
+    def __call__(self, batch: Sequence[Chunk]) -> float:
         seconds = self.steps(batch)
-        tokens = sum(c[0] if isinstance(c, tuple) else c.new for c in batch)
+        tokens = sum(c.new for c in batch)
         self.busy_s += seconds * self.share(tokens)
         return seconds
 
@@ -49,7 +54,7 @@ class Metered:
         return min(max((1 - w) * self._share_at(low) + w * self._share_at(high), 0.0), 1.0)
 
 
-def pool_use(device: str, workload: Any, instances: int, metered: list[Metered]) -> PoolUse:
+def pool_use(device: str, workload: Workload, instances: int, metered: list[Metered]) -> PoolUse:
     """A pool of ``instances`` of ``workload`` on ``device``, busy as its schedulers' meters say: each iteration
     runs on its scheduler's devices (an instance's, or one attention data-parallel group's), 1/pp of its layers
     each."""

@@ -38,7 +38,7 @@ def prepare(built: BuiltModel) -> BuiltModel:
         return built
     name, attention = type(model).__name__, attention_of(model)
     if not supports_attention_backend(model):
-        built.notes.append(no_attention_backend_note(name, attention))
+        built.notes.append(no_attention_backend_note(name, str(attention)))
     elif attention != ATTENTION:
         register_attention(ATTENTION, castcore_attention, castcore_mask)
         built.while_capturing = partial(attention_set_to, model, ATTENTION)
@@ -61,7 +61,8 @@ def prepare(built: BuiltModel) -> BuiltModel:
     )
     if tokens is not None and tokens.dim() >= 2:
         built.config = model.config
-        built.kv_cache_shape = (int(tokens.shape[0]), int(tokens.shape[1]), model.dtype)
+        dtype: torch.dtype = getattr(model, "dtype")  # transformers models have it; torch modules do not declare it
+        built.kv_cache_shape = (int(tokens.shape[0]), int(tokens.shape[1]), dtype)
     return built
 
 
@@ -71,7 +72,7 @@ def _passed(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]
         bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
     except (TypeError, ValueError):
         return None  # the call itself will say what is wrong
-    extra = next(
+    extra: dict[str, Any] = next(
         (
             v
             for k, v in bound.arguments.items()

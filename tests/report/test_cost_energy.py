@@ -30,6 +30,7 @@ from castcore.sweeps.plan import PlanRequest, PlanResult, search
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.sweep import check, commands
 from castcore.serving.metering import Metered, pool_use
+from castcore.simulation.chunks import Chunk
 
 DATA = Path(__file__).parents[1] / "data"
 LLAMA = str(DATA / "tiny-llama.json")
@@ -185,7 +186,7 @@ def test_an_iterations_busy_time_comes_from_the_ladder_captures_around_it():
     assert metered.share(1) == pytest.approx(0.2) and metered.share(64) == pytest.approx(0.8)
     assert metered.share(32) == pytest.approx(0.2 + 0.6 * 31 / 63)  # on the line between them
     assert metered.share(500) == pytest.approx(0.8)  # not past the last capture
-    assert metered([(16, 0, True), (16, 100, True)]) == pytest.approx(0.032)  # the engine's time, unchanged
+    assert metered([Chunk(16, 0, True), Chunk(16, 100, True)]) == pytest.approx(0.032)  # the engine's time
     assert metered.busy_s == pytest.approx(0.032 * (0.2 + 0.6 * 31 / 63))
 
 
