@@ -83,6 +83,9 @@ class SimulationReport:
             "deployment": self.deployment,
             "notes": self.notes,
             "partial": self.partial,
+            # the objectives goodput counts against, so a page made from this JSON can draw them
+            "slo_ttft_ms": None if self.slo_ttft_s is None else self.slo_ttft_s * 1e3,
+            "slo_tpot_ms": None if self.slo_tpot_s is None else self.slo_tpot_s * 1e3,
         }
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -129,7 +129,18 @@ def simulate_figures(
         k: v
         for k, v in data.items()
         if k
-        not in ("model", "device", "deployment", "engine_limits", "notes", "kv_usage", "never_fit", "engine")
+        not in (
+            "model",
+            "device",
+            "deployment",
+            "engine_limits",
+            "notes",
+            "kv_usage",
+            "never_fit",
+            "engine",
+            "slo_ttft_ms",
+            "slo_tpot_ms",  # the point's own parameters
+        )
     }
     every = sum(use.devices for use in report.pool_use)
     energy = (

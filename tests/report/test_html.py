@@ -519,3 +519,17 @@ def test_the_simulate_page_states_the_dtypes_and_draws_the_slo_targets(tmp_path)
     assert latency["time to first token"][-1] == "300 us" and latency["inter-token latency"][-1] == "-"
     assert "SLO target 1 s beyond" in page  # TPOT's target far right of its bars: drawn at the edge, said
     assert not re.search(r"\d\.\d+e[+-]\d+ ms", outside_plotly(page))
+
+
+def test_a_saved_simulation_keeps_its_slo_targets_for_a_page_made_later(tmp_path):
+    session = castcore.Session(load_packs=[], device_files=[H100])
+    simulated = session.simulate(
+        LLAMA, requests=10, input_lengths=32, output_lengths=4, rate=20, slo_ttft=0.3e-3, slo_tpot=1.0
+    )
+    saved = tmp_path / "simulate.json"
+    saved.write_text(simulated.to_json())
+    assert json.loads(saved.read_text())["slo_ttft_ms"] == pytest.approx(0.3)
+    assert main(["report", str(saved), "--html", str(tmp_path / "later.html")]) == 0
+    page = (tmp_path / "later.html").read_text()
+    assert "TTFT at most 300 us, TPOT at most 1 s" in page  # as the run's own page states them
+    assert "does not record the SLO targets" not in page

@@ -290,14 +290,7 @@ def simulate_data(report: Any, figures: dict[str, Any] | None = None) -> dict[st
                 for b in buckets
             ],
         }
-    # The targets are the run's, not in its --json: a page made of a file says so.
-    slo = {
-        f"slo_{k}_ms": None
-        if getattr(report, f"slo_{k}_s", None) is None
-        else getattr(report, f"slo_{k}_s") * 1e3
-        for k in SLOS
-    }
-    return {"kind": "simulate", "results": {**report.to_dict(), **slo, **(figures or {})}, "detail": detail}
+    return {"kind": "simulate", "results": {**report.to_dict(), **(figures or {})}, "detail": detail}
 
 
 def targets(results: dict[str, Any]) -> dict[str, float]:
@@ -375,8 +368,8 @@ def simulate_sections(results: dict[str, Any], detail: dict[str, Any] | None) ->
                 if slo
                 else "No SLO target was given (--slo-ttft, --slo-tpot), so none is drawn."
                 if "slo_ttft_ms" in results
-                else "A results file does not record the SLO targets "
-                "(--slo-ttft, --slo-tpot); a page made with --html on the run draws them."
+                else "This results file, saved by an earlier castcore, does not record the SLO targets "
+                "(--slo-ttft, --slo-tpot)."
             ),
         )
     )
