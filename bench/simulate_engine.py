@@ -1,4 +1,4 @@
-"""Time of the engine model's event loop alone (``castcore.simulation.engine.simulate``): 2,000 requests of 1,024
+"""Time of the engine model's event loop alone (``castcore.simulation.engine.run_engine``): 2,000 requests of 1,024
 input and 512 output tokens on the vLLM preset, offline (all at 0) and at 20 requests/s (Poisson, seed 0).
 
     python bench/simulate_engine.py [--runs 5] [--out bench/results/simulate_engine.md]
@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from castcore.simulation.engine import simulate
+from castcore.simulation.engine import run_engine
 from castcore.simulation.presets import limits
 from castcore.simulation.requests import Request
 
@@ -59,7 +59,7 @@ def main() -> None:
         seconds = []
         for _ in range(args.runs):
             started = time.perf_counter()
-            result = simulate(requests, engine, KV_BLOCKS, step_time)
+            result = run_engine(requests, engine, KV_BLOCKS, step_time)
             seconds.append(time.perf_counter() - started)
         rows.append(
             f"| {name} | {statistics.median(seconds):.3f} | {result.iterations} | {result.preemptions} | "

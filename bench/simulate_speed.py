@@ -86,9 +86,9 @@ def parts() -> dict[str, float]:
         min(plan.limits.max_running_requests, plan.limits.max_batched_tokens),
     )
     blocks, _ = kv_capacity(session.pipeline, steps, plan.limits, steps.profile)
-    engine.simulate(plan.requests, plan.limits, blocks, steps)  # makes the ladder captures it needs
+    engine.run_engine(plan.requests, plan.limits, blocks, steps)  # makes the ladder captures it needs
     first = time.perf_counter()
-    engine.simulate(
+    engine.run_engine(
         plan.requests, plan.limits, blocks, steps
     )  # every capture made: the loop and its step times
     looped = time.perf_counter()

@@ -137,7 +137,7 @@ def run(
         x * pools.prefill.attention_dp,
         y * pools.decode.attention_dp,
     )  # schedulers: one per attention group
-    prefilled = [engine_model.simulate(prompts[n::px], limits, pre.blocks, pre.step) for n in range(px)]
+    prefilled = [engine_model.run_engine(prompts[n::px], limits, pre.blocks, pre.step) for n in range(px)]
     first = {f.index: f for result in prefilled for f in result.finished}
     same = pre_profile.name == dec_profile.name
     together = pools.prefill.devices + pools.decode.devices
@@ -166,7 +166,7 @@ def run(
         key=lambda r: r.arrival_s or 0.0,  # at a rate: every request has its arrival
     )
     decoded = [
-        engine_model.simulate(decode_requests[n::dy], limits, dec.blocks, dec.step, None, plan.speculation)
+        engine_model.run_engine(decode_requests[n::dy], limits, dec.blocks, dec.step, None, plan.speculation)
         for n in range(dy)
     ]
     later = {f.index: f for result in decoded for f in result.finished}

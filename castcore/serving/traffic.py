@@ -66,7 +66,7 @@ def simulate_traffic(
         step = speculation.speculative_step(metered[0], metered[1], plan.speculation[0])
     for n in range(schedulers):
         results.append(
-            engine_model.simulate(
+            engine_model.run_engine(
                 plan.requests[n::schedulers],
                 mine,
                 blocks // base.pp,

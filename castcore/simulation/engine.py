@@ -84,7 +84,7 @@ class EngineResult:
     cached_tokens: int = 0  # prompt tokens those admissions did not compute
 
 
-def simulate(
+def run_engine(
     requests: Sequence[Request],
     limits: EngineLimits,
     kv_blocks: int,

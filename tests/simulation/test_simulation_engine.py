@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from castcore.errors import ModelError
-from castcore.simulation.engine import simulate
+from castcore.simulation.engine import run_engine
 from castcore.simulation.presets import PRESETS, EngineLimits, limits
 from castcore.simulation.requests import Request as Req
 
@@ -32,7 +32,7 @@ def recorder(seconds=1.0, samples=None):
 
 def test_one_request_alone():
     batches, step = recorder()
-    result = simulate([Req(0, 10, 3)], engine(), 100, step)
+    result = run_engine([Req(0, 10, 3)], engine(), 100, step)
     assert batches == [[(10, 0)], [(1, 10)], [(1, 11)]]
     assert result.iterations == 3
     (done,) = result.finished
@@ -44,7 +44,7 @@ def test_one_request_alone():
 def test_chunked_prefill_split_by_budget():
     samples: list = []
     batches, step = recorder(samples=samples)
-    result = simulate([Req(0, 10, 2)], engine(budget=4), 100, step)
+    result = run_engine([Req(0, 10, 2)], engine(budget=4), 100, step)
     assert batches == [[(4, 0)], [(4, 4)], [(2, 8)], [(1, 10)]]
     assert samples == [
         [False],
@@ -57,14 +57,14 @@ def test_chunked_prefill_split_by_budget():
 
 def test_without_chunking_the_whole_prompt_waits_for_budget():
     batches, step = recorder()
-    simulate([Req(0, 3, 2), Req(1, 4, 1)], engine(budget=5, chunked=False), 100, step)
+    run_engine([Req(0, 3, 2), Req(1, 4, 1)], engine(budget=5, chunked=False), 100, step)
     assert batches[0] == [(3, 0)]  # the second prompt does not fit the 2 tokens left
     assert batches[1] == [(1, 3), (4, 0)]
 
 
 def test_max_running_requests_respected():
     batches, step = recorder()
-    result = simulate([Req(i, 4, 5) for i in range(5)], engine(running=2), 100, step)
+    result = run_engine([Req(i, 4, 5) for i in range(5)], engine(running=2), 100, step)
     assert max(result.trace.running) == 2
     assert max(len(b) for b in batches) == 2
     assert len(result.finished) == 5
@@ -73,7 +73,7 @@ def test_max_running_requests_respected():
 def test_blocks_exhausted_preempts_the_latest_and_it_still_finishes():
     # Blocks of 2 tokens, 4 in all; each request peaks at 2 + 4 - 1 = 5 KV tokens = 3 blocks.
     batches, step = recorder()
-    result = simulate([Req(0, 2, 4), Req(1, 2, 4)], engine(block=2), 4, step)
+    result = run_engine([Req(0, 2, 4), Req(1, 2, 4)], engine(block=2), 4, step)
     assert result.preemptions == 1
     by_index = {f.index: f for f in result.finished}
     assert by_index[0].preemptions == 0 and by_index[1].preemptions == 1
@@ -88,7 +88,7 @@ def test_the_reserve_policy_admits_only_what_fits_whole_and_never_preempts():
 
     batches, step = recorder()
     reserving = dataclasses.replace(engine(block=2), kv_policy="reserve")
-    result = simulate([Req(0, 2, 4), Req(1, 2, 4)], reserving, 4, step)
+    result = run_engine([Req(0, 2, 4), Req(1, 2, 4)], reserving, 4, step)
     assert result.preemptions == 0 and len(result.finished) == 2
     assert batches[:4] == [[(2, 0)], [(1, 2)], [(1, 3)], [(1, 4)]]  # request 1 starts when request 0 has left
     assert batches[4] == [(2, 0)]
@@ -102,21 +102,21 @@ def test_multi_step_scheduling_admits_only_at_a_decision():
     # two decodes); request 1 arrives at 0.5 and waits for the decision at t=3, though budget and blocks are free.
     batches, step = recorder()
     multi = dataclasses.replace(engine(), scheduler_steps=3)
-    result = simulate([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5)], multi, 100, step)
+    result = run_engine([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5)], multi, 100, step)
     assert batches[:4] == [[(4, 0)], [(1, 4)], [(1, 5)], [(1, 6), (2, 0)]]
     by_index = {f.index: f for f in result.finished}
     assert by_index[1].first_token_s == 4.0  # one step at a time, it would have been admitted at t=1: 2.0
-    single = simulate([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5)], engine(), 100, recorder()[1])
+    single = run_engine([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5)], engine(), 100, recorder()[1])
     assert {f.index: f for f in single.finished}[1].first_token_s == 2.0
     # Request 1 leaves at t=5 and request 0 at t=5 too (its fifth token): nothing runs, so the next decision is at
     # once for a request arriving later.
-    late = simulate([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5), Req(2, 3, 1, 10.0)], multi, 100, step)
+    late = run_engine([Req(0, 4, 5, 0.0), Req(1, 2, 2, 0.5), Req(2, 3, 1, 10.0)], multi, 100, step)
     assert {f.index: f for f in late.finished}[2].first_token_s == 11.0
 
 
 def test_request_too_big_for_the_cache_is_reported_and_others_finish():
     _, step = recorder()
-    result = simulate([Req(0, 4, 2), Req(1, 100, 2), Req(2, 4, 2)], engine(block=4), 10, step)
+    result = run_engine([Req(0, 4, 2), Req(1, 100, 2), Req(2, 4, 2)], engine(block=4), 10, step)
     assert [n.index for n in result.never_fit] == [1]
     assert "needs 26 KV blocks" in result.never_fit[0].why
     assert sorted(f.index for f in result.finished) == [0, 2]
@@ -124,13 +124,13 @@ def test_request_too_big_for_the_cache_is_reported_and_others_finish():
 
 def test_prompt_over_budget_without_chunking_never_fits():
     _, step = recorder()
-    result = simulate([Req(0, 50, 2)], engine(budget=10, chunked=False), 100, step)
+    result = run_engine([Req(0, 50, 2)], engine(budget=10, chunked=False), 100, step)
     assert not result.finished and "without chunked prefill" in result.never_fit[0].why
 
 
 def test_concurrency_two_keeps_at_most_two_in_the_system():
     _, step = recorder()
-    result = simulate([Req(i, 4, 2 + i) for i in range(4)], engine(), 100, step, concurrency=2)
+    result = run_engine([Req(i, 4, 2 + i) for i in range(4)], engine(), 100, step, concurrency=2)
     finished = {f.index: f for f in result.finished}
     assert (finished[0].arrival_s, finished[1].arrival_s) == (0.0, 0.0)
     assert finished[2].arrival_s == finished[0].finish_s == 2.0
@@ -141,9 +141,9 @@ def test_concurrency_two_keeps_at_most_two_in_the_system():
 
 def test_offline_and_rate_arrivals():
     _, step = recorder()
-    offline = simulate([Req(0, 4, 2), Req(1, 4, 2)], engine(), 100, step)
+    offline = run_engine([Req(0, 4, 2), Req(1, 4, 2)], engine(), 100, step)
     assert [f.first_token_s for f in offline.finished] == [1.0, 1.0]
-    at_rate = simulate([Req(0, 4, 2, 0.0), Req(1, 4, 2, 5.0)], engine(), 100, step)
+    at_rate = run_engine([Req(0, 4, 2, 0.0), Req(1, 4, 2, 5.0)], engine(), 100, step)
     late = next(f for f in at_rate.finished if f.index == 1)
     assert (late.arrival_s, late.first_token_s, late.finish_s) == (5.0, 6.0, 7.0)
     assert list(at_rate.trace.time) == [0.0, 1.0, 5.0, 6.0]  # idle time jumps to the arrival
@@ -151,7 +151,7 @@ def test_offline_and_rate_arrivals():
 
 def test_kv_usage_is_bounded():
     _, step = recorder(0.001)
-    result = simulate([Req(i, 8, 400) for i in range(30)], engine(running=4), 1000, step)
+    result = run_engine([Req(i, 8, 400) for i in range(30)], engine(running=4), 1000, step)
     assert result.iterations > 2000 and len(result.kv_usage) <= 2000
     assert all(0 <= share <= 1 for _, share in result.kv_usage)
 
@@ -200,7 +200,7 @@ def test_ctrl_c_ends_the_run_with_the_requests_finished_so_far():
         return 1.0
 
     # Two short requests finish in the first iterations; the long one is still decoding at the sixth.
-    result = simulate([Req(0, 4, 2), Req(1, 4, 3), Req(2, 4, 50)], engine(), 100, step)
+    result = run_engine([Req(0, 4, 2), Req(1, 4, 3), Req(2, 4, 50)], engine(), 100, step)
     assert result.partial and result.iterations == 5
     assert sorted(f.index for f in result.finished) == [0, 1]
 
@@ -211,14 +211,14 @@ def test_a_cached_prefix_is_skipped_and_its_blocks_held_once():
     batches, step = recorder()
     first = Req(0, 50, 2, 0.0, prefix_id=7, prefix_tokens=40)
     second = Req(1, 50, 2, 5.0, prefix_id=7, prefix_tokens=40)
-    result = simulate([first, second], engine(block=16), 10, step)
+    result = run_engine([first, second], engine(block=16), 10, step)
     assert batches[0] == [(50, 0)] and batches[2] == [(18, 32)]
     assert (result.prefix_hits, result.cached_tokens) == (1, 32)
     # While the second runs it holds its own 2 blocks (tokens 32-51) beside the 2 cached ones: 4 of 10 in use.
     assert result.trace.kv_used[2] == pytest.approx(0.4)
     # A request whose prefix is the whole prompt still computes its last token.
     batches, step = recorder()
-    simulate(
+    run_engine(
         [
             Req(0, 32, 1, 0.0, prefix_id=1, prefix_tokens=32),
             Req(1, 32, 1, 5.0, prefix_id=1, prefix_tokens=32),
@@ -234,9 +234,9 @@ def test_speculative_decoding_verifies_k_drafts_and_keeps_the_accepted_tokens():
     # k = 2 drafts, 2.5 tokens kept a step on average: after the prompt's token, steps keep 2, 3 (1 + the carried
     # half, capped at what is left) ...; each verification pass runs 3 new tokens.
     batches, step = recorder()
-    result = simulate([Req(0, 10, 6)], engine(), 100, step, speculation=(2, 2.5))
+    result = run_engine([Req(0, 10, 6)], engine(), 100, step, speculation=(2, 2.5))
     assert batches == [[(10, 0)], [(3, 10)], [(3, 12)]]
     (done,) = result.finished
     assert done.token_times == [1.0, 2.0, 2.0, 3.0, 3.0, 3.0]
     # Without it, one token a step.
-    assert simulate([Req(0, 10, 6)], engine(), 100, recorder()[1]).iterations == 6
+    assert run_engine([Req(0, 10, 6)], engine(), 100, recorder()[1]).iterations == 6
