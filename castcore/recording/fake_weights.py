@@ -6,14 +6,11 @@ no weight is ever allocated.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from castcore.recording.dtensor import dtensor_type, local_shards
-
-if TYPE_CHECKING:
-    from castcore.recording.recorder import _Recorder
 
 
 class FakeWeights:
@@ -23,7 +20,7 @@ class FakeWeights:
     replays is never touched by an op, so it only needs a storage id (``storage``); its fake is
     made, under that id, only if the layer has to run after all (``fake``)."""
 
-    def __init__(self, recorder: _Recorder):
+    def __init__(self, recorder):  # the capture's recorder, which numbers storages
         self.recorder = recorder
         self._fakes: dict[int, torch.Tensor] = {}  # id(tensor) -> its fake
         self._unbacked: dict[int, tuple[int, int]] = {}  # id(tensor) -> (storage id, bytes), no fake yet
