@@ -38,8 +38,8 @@ _EXPORTS = {
     "MemoryReport": "castcore.report.memory",
     "DeviceProfile": "castcore.devices.profile",
     "Interconnect": "castcore.devices.profile",
-    "load_device_file": "castcore.devices.profile",
-    "device_from_dict": "castcore.devices.profile",
+    "load_device_file": "castcore.devices.profile_files",
+    "device_from_dict": "castcore.devices.profile_files",
     "Config": "castcore.plugins.config",
     "load_config": "castcore.plugins.config",
     "capture": "castcore.recording.recorder",
@@ -168,13 +168,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from castcore.devices.profile import (
-        DeviceError,
-        DeviceProfile,
-        Interconnect,
-        device_from_dict,
-        load_device_file,
-    )
+    from castcore.devices.profile import DeviceError, DeviceProfile, Interconnect
+    from castcore.devices.profile_files import device_from_dict, load_device_file
     from castcore.errors import CastcoreError, StrictFailure
     from castcore.ops.annotations import AnnotationError, CustomOpError
     from castcore.ops.register import register_op

@@ -8,7 +8,8 @@ from __future__ import annotations
 from castcore.builtin import formulas
 from castcore.devices.costs import ComputeOps, Estimate, PerformanceProperties, Source
 from castcore.devices.dtypes import dtype_name
-from castcore.devices.profile import DeviceProfile, Interconnect, device_from_dict, package_profiles
+from castcore.devices.profile import DeviceProfile, Interconnect
+from castcore.devices.profile_files import device_from_dict, package_profiles
 from castcore.devices.roofline import roofline
 from castcore.devices.tiles import tiled_matmul
 from castcore.ops.register import register_op

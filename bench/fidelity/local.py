@@ -182,7 +182,8 @@ def calibrate_local():
 
 
 def local_profile(calibration):
-    from castcore.devices.profile import device_from_dict, tomllib
+    from castcore.devices.profile_files import device_from_dict
+    from castcore.tomlfiles import tomllib
     from castcore.operator_tools.timing import profile_toml
 
     text = profile_toml(calibration, name="local-calibrated")

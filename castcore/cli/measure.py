@@ -14,7 +14,7 @@ from castcore.options.catalog import CALIBRATE, MEASURE
 
 def run_measure(args: argparse.Namespace) -> int:
     from castcore.ops.register import lookup
-    from castcore.operator_tools.partition import example_inputs, load_callable
+    from castcore.operator_tools.command_line_op import example_inputs, load_callable
     from castcore.operator_tools.timing import measure
 
     session = make_session(args)

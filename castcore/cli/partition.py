@@ -10,7 +10,8 @@ from castcore.options.catalog import PARTITION
 
 
 def run(args: argparse.Namespace) -> int:
-    from castcore.operator_tools.partition import example_inputs, load_target, partition
+    from castcore.operator_tools.command_line_op import example_inputs, load_target
+    from castcore.operator_tools.partition import partition
 
     session = make_session(args)
     record = load_target(args.op)

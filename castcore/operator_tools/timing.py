@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from castcore.devices.dtypes import dtype_name
-from castcore.devices.profile import DeviceProfile, device_from_dict
+from castcore.devices.profile import DeviceProfile
+from castcore.devices.profile_files import device_from_dict
 from castcore.ops.annotations import CustomOpError
 from castcore.ops.register import lookup
 from castcore.recording.invoke import OpInvoke, TensorMeta

@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from castcore.hf.versions import version_warnings
-from castcore.devices.profile import DeviceError, DeviceProfile, load_device_file, package_profiles_in
+from castcore.devices.profile import DeviceError, DeviceProfile
+from castcore.devices.profile_files import load_device_file, package_profiles_in
 from castcore.errors import did_you_mean
 from castcore.options.catalog import say
 from castcore.plugins.claims import ClaimTable, declared_count

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from castcore.devices.profile import load_device_file, package_profiles_in
+from castcore.devices.profile_files import load_device_file, package_profiles_in
 from castcore.plugins.config import load_config
 from castcore.plugins.packs import pack_infos, packs_without_profile_hooks, profile_folders
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import castcore
-from castcore.devices.profile import DeviceError, device_from_dict
+from castcore.devices.profile import DeviceError
+from castcore.devices.profile_files import device_from_dict
 from castcore.devices.tiles import tiled_matmul
 
 PEAK = 1e15

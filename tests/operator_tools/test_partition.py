@@ -43,7 +43,7 @@ ALL_REDUCE_ESTIMATOR = textwrap.dedent("""
 def ops(tmp_path_factory):
     path = tmp_path_factory.mktemp("ops") / "part_ops.py"
     path.write_text(OPS, encoding="utf-8")
-    from castcore.operator_tools.partition import load_target
+    from castcore.operator_tools.command_line_op import load_target
 
     return path, load_target(f"{path}:matmul"), load_target(f"{path}:heads")
 

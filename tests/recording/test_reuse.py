@@ -8,7 +8,7 @@ import torch
 import castcore
 from castcore.hf.cache import cache_argument
 from castcore.workload.spec import build_workload
-from castcore.recording.reuse import repeated_layers
+from castcore.recording.repeated_layers import repeated_layers
 from castcore.deploy.pipeline import build
 
 

@@ -11,7 +11,8 @@ import pytest
 
 import castcore
 from castcore.cli.main import main
-from castcore.devices.profile import DeviceError, device_from_dict, load_device_file
+from castcore.devices.profile import DeviceError
+from castcore.devices.profile_files import device_from_dict, load_device_file
 from castcore.options.option import Objective
 from castcore.report.energy import (
     PhaseTime,

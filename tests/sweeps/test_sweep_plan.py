@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import castcore
-from castcore.devices.profile import load_device_file
+from castcore.devices.profile_files import load_device_file
 from castcore.options.catalog import PLAN
 from castcore.options.option import Objective
 from castcore.sweeps import capacity

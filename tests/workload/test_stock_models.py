@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from castcore.hf.cache import cache_argument
-from castcore.recording.reuse import repeated_layers
+from castcore.recording.repeated_layers import repeated_layers
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.spec import build_workload
 from castcore.deploy.pipeline import build
