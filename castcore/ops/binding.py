@@ -52,17 +52,15 @@ class Binding:
 
 
 def resolve(
-    annotation: str | Callable | OpAnnotation,
+    annotation: str | Callable[..., str] | OpAnnotation,
     args: Sequence[Any],
     kwargs: Mapping[str, Any] | None = None,
-    names: Sequence[str] = (),
 ) -> OpAnnotation:
     """The OpAnnotation for one call: a callable annotation is called with the inputs first."""
     if isinstance(annotation, OpAnnotation):
         return annotation
-    if callable(annotation):
-        annotation = annotation(*args, **(kwargs or {}))
-    return parse(annotation)
+    text = annotation(*args, **(kwargs or {})) if callable(annotation) else annotation
+    return parse(text)
 
 
 def bind(
