@@ -17,7 +17,7 @@ class RegisteredOp:
 
     qualname: str  # "ns::name"
     fn: Callable  # what runs for real
-    annotation: str | Callable  # as given
+    annotation: str | Callable[..., str]  # as given
     parsed: OpAnnotation | None  # None when the annotation is a callable of the inputs
     params: list[str]  # parameter names, in order
     defaults: dict[str, Any]
@@ -25,7 +25,7 @@ class RegisteredOp:
     mutates: tuple[str, ...] = ()
     overloads: dict[tuple, Any] = field(default_factory=dict)  # argument types -> OpOverload
     wrapper: Callable | None = None
-    plain: Callable | None = None  # fn without torch.compile: what runs on fake tensors
+    plain: Callable = field(kw_only=True)  # fn without torch.compile: what runs on fake tensors
     origin: tuple = ()  # where the registered function is written (_origin)
     # Per overload, which outputs are inputs returned (output index -> input index), once known.
     aliases: dict[tuple, dict[int, int]] = field(default_factory=dict)

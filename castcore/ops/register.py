@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from castcore.ops.annotations import AnnotationError, parse
+from castcore.ops.annotations import parse
 from castcore.ops.kernels import declared_type, define, fits, value_type
 from castcore.ops.record import RegisteredOp
 
@@ -35,7 +35,7 @@ _LOCK = threading.Lock()
 
 
 def register_op(
-    annotation: str | Callable,
+    annotation: str | Callable[..., str],
     name: str | None = None,
     input_gen_fn: Callable | None = None,
     *,
@@ -77,13 +77,11 @@ def register_op(
             )
         if parsed is not None and len(parsed.inputs) > len(params):
             extra = parsed.inputs[len(params)]
-            raise AnnotationError(
+            raise parsed.error(
                 f"{label} has {len(params)} parameters but the annotation describes "
                 f"{len(parsed.inputs)} inputs",
-                annotation,
                 extra.pos,
-                name or label,
-            )
+            ).for_op(name or label)
         with _LOCK:
             record = _BY_ORIGIN.get(origin)
             if record is not None and (name is None or _qualname(name) == record.qualname):
@@ -115,8 +113,8 @@ def register_op(
         call.apply = record.wrapper = call  # type: ignore[attr-defined]  # so MyFunction.apply(...) keeps working
         call.__castcore_op__ = record  # type: ignore[attr-defined]
         if function_class is not None:  # later MyFunction.apply(...) calls are the op
-            function_class.apply = staticmethod(call)
-            function_class.__castcore_op__ = record
+            setattr(function_class, "apply", staticmethod(call))  # the Function's own classmethod, replaced
+            _mark(function_class, record)
             return function_class if target is function_class else call
         _mark(target, record)
         home = sys.modules.get(getattr(target, "__module__", None) or "")
@@ -170,7 +168,9 @@ def lookup(target: Any) -> RegisteredOp:
 # What was registered
 
 
-def _target_parts(target: Any) -> tuple[type | None, Callable, Callable, Callable, str, tuple]:
+def _target_parts(
+    target: Any,
+) -> tuple[type[torch.autograd.Function] | None, Callable, Callable, Callable, str, tuple]:
     """(autograd Function class or None, what runs, what runs on fakes, whose signature, label, origin)."""
     owner = getattr(target, "__self__", None)
     if isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and target.__name__ == "apply":
@@ -201,7 +201,7 @@ def _origin(code_of: Any, named: Any) -> tuple:
     return *place, getattr(named, "__qualname__", None) or repr(named)
 
 
-def _takes_ctx(function_class: type | None) -> bool:
+def _takes_ctx(function_class: type[torch.autograd.Function] | None) -> bool:
     """An autograd Function's forward takes ctx first unless it defines setup_context."""
     return (
         function_class is not None and function_class.setup_context is torch.autograd.Function.setup_context

@@ -88,6 +88,7 @@ class MeasuredTable:
 
     def lookup(self, invoke: OpInvoke) -> Estimate | None:
         """The table's estimate of ``invoke``, or None when it is outside the table (then the next plugin answers)."""
+        sizes: tuple[float, ...]
         if self.key is None:
             sizes = default_key(invoke)
             if len(sizes) != len(self.columns):
@@ -109,7 +110,7 @@ class MeasuredTable:
         if not table:
             return None
         sizes = tuple(float(s) for s in sizes)
-        detail = {
+        detail: dict[str, object] = {
             "table": str(self.path),
             "table_source": self.source,
             "dtype": dtype,
@@ -184,13 +185,12 @@ class MeasuredTable:
     def estimator(self, module: str | None = None) -> Callable[[OpInvoke, Any], Estimate | None]:
         """``fn(invoke, device)`` for ``register_op_estimator``; named after the table in the audit."""
 
-        def estimate(invoke, device):
+        def estimate(invoke: OpInvoke, device: object) -> Estimate | None:
             return self.lookup(invoke)
 
         estimate.__name__ = estimate.__qualname__ = f"measured_table[{self.path.name}]"
         if module is not None:
             estimate.__module__ = module
-        estimate.table = self
         return estimate
 
 
@@ -236,7 +236,9 @@ def load_measured_table(path: str | Path, key: SIZE_KEY | None = None, op: Any =
         raise MeasuredTableError(f"{path}: no such measured table") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MeasuredTableError(f"{path}: cannot read the measured table: {exc}") from None
-    source, header, points = None, None, {}
+    source: str | None = None
+    header: list[str] | None = None
+    points: dict[str, dict[tuple[float, ...], tuple[float, int]]] = {}
     time_col = dtype_col = -1
     size_cols: list[int] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -298,6 +300,7 @@ def load_measured_table(path: str | Path, key: SIZE_KEY | None = None, op: Any =
         raise MeasuredTableError(f"{path}: no header and no rows" + ("" if source else ", and no source"))
     if not points:
         raise MeasuredTableError(f"{path}: a header but no measured rows")
+    assert source is not None  # a header without a source raised above
     return MeasuredTable(
         path=path, source=source, columns=tuple(header[i] for i in size_cols), points=points, key=key, op=op
     )
