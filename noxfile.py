@@ -34,6 +34,7 @@ TYPED = [
     "castcore/simulation",
     "castcore/session.py",
     "castcore/options",
+    "castcore/ops",
     "castcore/tomlfiles.py",
     "castcore/errors.py",
 ]

@@ -61,7 +61,8 @@ def prepare(built: BuiltModel) -> BuiltModel:
     )
     if tokens is not None and tokens.dim() >= 2:
         built.config = model.config
-        dtype: torch.dtype = getattr(model, "dtype")  # transformers models have it; torch modules do not declare it
+        # transformers models have a dtype; torch modules do not declare one
+        dtype: torch.dtype = getattr(model, "dtype")
         built.kv_cache_shape = (int(tokens.shape[0]), int(tokens.shape[1]), dtype)
     return built
 
