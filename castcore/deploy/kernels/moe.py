@@ -25,7 +25,7 @@ from castcore.hf.layers import grouped_router_kind, is_default_gated_experts
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.recording.routing import expert_routing
 from castcore.deploy.parallel.experts import _grouped
-from castcore.deploy.parallel.tensor import _expert_weights
+from castcore.deploy.parallel.tensor_plan import _expert_weights
 
 ops = torch.ops.castcore
 

@@ -53,7 +53,7 @@ from castcore.options.parts import BLOCK_FP8
 from castcore.deploy.quantize import fp4
 from castcore.workload import checkpoint
 from castcore.workload.models import BuiltModel
-from castcore.deploy.parallel.tensor import EXPERT_WEIGHTS, _expert_weights
+from castcore.deploy.parallel.tensor_plan import EXPERT_WEIGHTS, _expert_weights
 from castcore.workload.spec import ModelError, Workload, is_factory, load_model_config
 
 if TYPE_CHECKING:
