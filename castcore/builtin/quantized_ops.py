@@ -2,7 +2,7 @@
 
 Each is a ``torch.library`` custom op in the ``castcore`` namespace with a reference implementation (what the
 kernel computes, on real tensors) and a fake one (so it captures on the meta device as one call). Their work is
-counted in ``castcore.builtin.formulas.quantized``; ``castcore.deploy.quantize.apply`` makes models call them.
+counted in ``castcore.builtin.formulas.quantized``; ``castcore.deploy.quantize.layers`` makes models call them.
 
 Weight layouts (``qweight`` [out, in'] for a linear layer, [experts, out, in'] for MoE experts):
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import castcore
-from castcore.builtin.fused_ops import kept_keys
+from castcore.builtin.attention_ops import kept_keys
 from castcore.cli.main import main
 from castcore.deploy.kernels.fusing import rewrite
 from castcore.hf.attention import (

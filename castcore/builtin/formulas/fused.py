@@ -11,7 +11,8 @@ from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
 from castcore.builtin.formulas.matmul import product_dtype
 from castcore.builtin.formulas.pointwise import GELU, SIGMOID, TANH
 from castcore.builtin.formulas.reductions import SOFTMAX_OPS_PER_ELEMENT
-from castcore.builtin.fused_ops import OPS, kept_keys
+from castcore.builtin.attention_ops import kept_keys
+from castcore.builtin.fused_ops import OPS
 from castcore.devices.costs import PerformanceProperties
 from castcore.plugins.claims import register_op_properties
 from castcore.recording.invoke import OpInvoke

@@ -11,14 +11,14 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
   ``castcore::silu_and_mul`` / ``castcore::gelu_and_mul``; a GELU spelled out op by op (GPT-J's gelu_new) ->
   one ``aten::gelu`` with the tanh approximation;
 - the rotary embedding of queries and keys -> ``castcore::rotary_embedding`` (the model's own
-  ``apply_rotary_pos_emb`` is swapped for the capture only);
+  ``apply_rotary_pos_emb`` is swapped for the capture only; castcore.deploy.kernels.attention);
 - multi-head latent attention (DeepSeek-V3, Kimi K2) -> decompressed heads and ``castcore::attention`` for
   prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.deploy.kernels.latent);
 - attention -> ``castcore::attention``: causal, sliding-window and chunked (Llama 4) masks and attention
   sinks (gpt-oss) as arguments, grouped KV heads read once, no repeated keys and values, the output written in
   the layout the next projection reads; a model with its own causal ``_attn`` (GPT-J) has that method swapped
   for the same op. A decode step of a chunked layer reads the keys transformers' cache keeps for it (up to one
-  chunk), an upper bound on the keys of the current chunk;
+  chunk), an upper bound on the keys of the current chunk (castcore.deploy.kernels.attention);
 - mixture-of-experts routers and experts -> ``castcore::topk_softmax`` or ``castcore::grouped_topk``,
   ``castcore::moe_permute``, the two grouped GEMMs with the fused activation between them, and
   ``castcore::moe_unpermute`` (castcore.deploy.kernels.moe).
@@ -39,23 +39,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from castcore.hf.attention import (
-    ATTENTION,
-    attention_chunk,
-    castcore_attention,
-    no_attention_backend_note,
-    own_causal_attn,
-    register_attention,
-    replace_own_attn,
-    sdpa_mask,
-)
+from castcore.hf.attention import no_attention_backend_note, own_causal_attn, replace_own_attn
 from castcore.hf.causal_lm import is_transformers_module
-from castcore.hf.configs import attention_of, set_attention
-from castcore.hf.rotary import half_angle_rotary, rotary_swapped, standard_rotary
+from castcore.hf.configs import attention_of
+from castcore.hf.rotary import rotary_swapped, standard_rotary
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.deploy.kernels.latent import is_latent_attention
 from castcore.deploy.kernels.latent import rewrite as rewrite_latent
-from castcore.deploy.kernels.packing import packed_attention, packing_on
+from castcore.deploy.kernels.attention import fused_own_attn, fused_rotary, use_fused_attention
+from castcore.deploy.kernels.packing import packing_on
 from castcore.workload.models import BuiltModel
 from castcore.deploy.kernels.moe import rewrite_moe
 
@@ -63,7 +55,6 @@ if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
     from castcore.plugins.host import PluginHost
 
-FUSED_ATTENTION = "castcore_fused"
 ops = torch.ops.castcore
 
 
@@ -140,11 +131,11 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for module in attention_modules:  # read by both fused paths below
         module.castcore_kv_per_query_head = kv_reads == "head"
     reads = " (K/V read once per query head)" if kv_reads == "head" else ""
-    if attention_modules and _use_fused_attention(model):  # the interface path
+    if attention_modules and use_fused_attention(model):  # the interface path
         done[f"attention -> castcore::attention{reads}"] += len(attention_modules)
     elif attention_modules and all(own_causal_attn(m) for m in attention_modules):
         for module in attention_modules:
-            replace_own_attn(module, _fused_own_attn)
+            replace_own_attn(module, fused_own_attn)
         done[f"attention (the model's own _attn) -> castcore::attention{reads}"] += len(attention_modules)
         # Its eager attention no longer runs: the note that says so at build time is not true of this capture.
         stale = no_attention_backend_note(type(model).__name__, attention_of(model))
@@ -159,7 +150,7 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         if attention_modules:
             done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
         outer = built.while_capturing
-        built.while_capturing = lambda: _both(outer(), rotary_swapped(rotary, _fused_rotary))
+        built.while_capturing = lambda: _both(outer(), rotary_swapped(rotary, fused_rotary))
     return [f"{count} {kind}" for kind, count in done.items()], [
         f"{count} {kind}" for kind, count in eager.items()
     ]
@@ -311,121 +302,6 @@ class FusedGatedMLP(nn.Module):
             else ops.gelu_and_mul(merged, self.approximate)
         )
         return self.down_proj(act)
-
-
-# --- attention and rotary ----------------------------------------------------------------------------------
-
-
-def _fused_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
-    """No mask tensor without padding: the fused kernel applies causality and the sliding window itself."""
-    if attention_mask is None:
-        return None
-    return sdpa_mask(
-        batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
-    )
-
-
-def _fused_attention(
-    module,
-    query,
-    key,
-    value,
-    attention_mask,
-    dropout=0.0,
-    scaling=None,
-    softcap=None,
-    sliding_window=None,
-    s_aux=None,
-    **kwargs,
-):
-    if attention_mask is not None or dropout:  # padding or dropout: the eager path prices them
-        return castcore_attention(
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=scaling,
-            softcap=softcap,
-            sliding_window=sliding_window,
-            s_aux=s_aux,
-            **kwargs,
-        )
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    options = (
-        float(scale),
-        bool(getattr(module, "is_causal", True)),
-        int(sliding_window or 0),
-        float(softcap or 0.0),
-        bool(getattr(module, "castcore_kv_per_query_head", False)),
-        s_aux,
-        attention_chunk(module),
-    )
-    out = packed_attention(
-        query, key, value, *options
-    )  # a mixed batch's sequences, each at its own KV length
-    return (ops.attention(query, key, value, *options) if out is None else out), None
-
-
-def _fused_own_attn(self, query, key, value, attention_mask=None, *args, **kwargs):
-    # castcore builds these models without padding, so the mask the model made is the causal one the op applies.
-    out = ops.attention(
-        query,
-        key,
-        value,
-        1.0 / float(self.scale_attn),
-        True,
-        0,
-        0.0,
-        bool(getattr(self, "castcore_kv_per_query_head", False)),
-    )
-    return out.transpose(1, 2), None  # back to [batch, heads, seq, dim], which the model then merges
-
-
-def _use_fused_attention(model: nn.Module) -> bool:
-    """Switch every config on castcore's attention path to the fused one; False when the model has its own."""
-    register_attention(FUSED_ATTENTION, _fused_attention, _fused_mask)
-    return set_attention(model, FUSED_ATTENTION, only_from=ATTENTION)
-
-
-def _fused_rotary(original):
-    if original.__name__ == "apply_rotary_emb":
-        return _fused_complex_rotary(original)
-    signature = inspect.signature(original)
-    half = half_angle_rotary(original)
-
-    def apply_rotary_pos_emb(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        q, k, cos, sin = (bound.arguments[n] for n in ("q", "k", "cos", "sin"))
-        width = cos.shape[-1] * (2 if half else 1)  # gpt-oss holds each angle once, as the op may take them
-        if (
-            bound.arguments["unsqueeze_dim"] != 1
-            or cos.dim() != 3
-            or q.dim() != 4
-            or width != q.shape[-1]
-            or bound.arguments.get("position_ids") is not None
-        ):
-            return original(*args, **kwargs)  # a partial or differently laid out rotary: priced as it runs
-        return ops.rotary_embedding(q, k, cos, sin)
-
-    return apply_rotary_pos_emb
-
-
-def _fused_complex_rotary(original):
-    """Llama 4's rotary: q and k [batch, seq, heads, dim] in rotated pairs times complex angles [batch, seq,
-    dim / 2]. The op returns them in the halves layout, the same permutation of both, which changes no score."""
-
-    def apply_rotary_emb(xq, xk, freqs_cis):
-        if xq.dim() != 4 or freqs_cis.dim() != 3 or 2 * freqs_cis.shape[-1] != xq.shape[-1]:
-            return original(xq, xk, freqs_cis)
-        q, k = ops.rotary_embedding(
-            xq.transpose(1, 2), xk.transpose(1, 2), freqs_cis.real, freqs_cis.imag, True
-        )
-        return q.transpose(1, 2), k.transpose(1, 2)
-
-    return apply_rotary_emb
 
 
 @contextmanager

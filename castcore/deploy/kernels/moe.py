@@ -25,7 +25,7 @@ from castcore.hf.layers import grouped_router_kind, is_default_gated_experts
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.recording.routing import expert_routing
 from castcore.deploy.parallel.experts import _grouped
-from castcore.deploy.parallel.tensor import _expert_weights
+from castcore.deploy.parallel.tensor_plan import _expert_weights
 
 ops = torch.ops.castcore
 
@@ -153,7 +153,7 @@ def _fuse_experts(module: nn.Module, gate) -> None:
 def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """As vLLM's fused MoE runs: dispatch (gather + sort) in one kernel, the two grouped GEMMs with the gated
     activation between them, and the weighted combine in one kernel. ``_grouped`` is looked up by name, so a
-    quantized deployment swaps in its own product (castcore.deploy.quantize.apply): the body stays in this one
+    quantized deployment swaps in its own product (castcore.deploy.quantize.layers): the body stays in this one
     function. Its ops carry the top-k for a routing skew (castcore.recording.routing)."""
     with expert_routing(top_k=top_k_index.shape[-1]):
         rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)

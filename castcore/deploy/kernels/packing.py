@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from castcore.builtin import fused_ops  # noqa: F401  (defines torch.ops.castcore.varlen_attention)
+from castcore.builtin import attention_ops  # noqa: F401  (defines torch.ops.castcore.varlen_attention)
 from castcore.errors import ModelError
 from castcore.simulation.chunks import Chunk
 

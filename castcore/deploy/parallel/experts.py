@@ -34,7 +34,8 @@ from castcore.hf.layers import is_experts_module
 from castcore.options.catalog import say
 from castcore.recording import routing
 from castcore.recording.hints import collective_kernels
-from castcore.deploy.parallel.tensor import _expert_weights, _replace, split_experts
+from castcore.deploy.parallel.tensor_plan import _expert_weights
+from castcore.deploy.parallel.tensor_shards import _replace, split_experts
 from castcore.workload.spec import ModelError
 
 

@@ -12,7 +12,7 @@ from castcore.options.catalog import say
 from castcore.workload.spec import ModelError, Workload
 
 if TYPE_CHECKING:
-    from castcore.deploy.parallel.tensor import TensorParallel
+    from castcore.deploy.parallel.tensor_plan import TensorParallel
 
 
 @dataclass

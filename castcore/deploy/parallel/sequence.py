@@ -22,7 +22,8 @@ import torch
 
 from castcore.options.catalog import say
 from castcore.workload.models import BuiltModel
-from castcore.deploy.parallel.tensor import ROW_KINDS, TensorParallel, _replace
+from castcore.deploy.parallel.tensor_plan import ROW_KINDS, TensorParallel
+from castcore.deploy.parallel.tensor_shards import _replace
 from castcore.workload.spec import ModelError
 
 ATTENTION = ("self_attn", "attn", "attention", "self_attention")

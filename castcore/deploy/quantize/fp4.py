@@ -1,6 +1,6 @@
 """4-bit floating-point weights (--weights nvfp4, mxfp4) and int4 weights with fp8 activations (W4A8).
 
-castcore.deploy.quantize.apply calls this module for these formats; their layouts are castcore.builtin.quantized_ops's.
+castcore.deploy.quantize.apply and castcore.deploy.quantize.layers call this module for these formats; their layouts are castcore.builtin.quantized_ops's.
 
 - ``--weights nvfp4``: E2M1 codes two per byte, one float8_e4m3fn scale per 16 input columns and fp32 per-tensor
   scales, with activations quantized as they come to NVFP4 too, per 16 columns over a calibrated per-tensor scale
