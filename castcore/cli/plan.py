@@ -9,7 +9,8 @@ from typing import Any
 
 from castcore.cli.common import note
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS, PLAN
+from castcore.options.parts import AXIS
+from castcore.options.plan import PLAN
 from castcore.cli.page import page_path, write_page
 from castcore.plugins.selection import PluginOptions
 

@@ -17,7 +17,8 @@ from castcore.cli.common import (
     warn,
 )
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS, SIMULATE
+from castcore.options.parts import AXIS
+from castcore.options.traffic import SIMULATE
 from castcore.cli.page import page_path, simulation_figures, write_page
 from castcore.report.output_files import check_output, write_whole
 

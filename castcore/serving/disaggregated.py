@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
+from castcore.options.catalog import DEPLOYMENT_NAMES, say
+from castcore.options.traffic import SIMULATE
 from castcore.simulation import engine as engine_model
 from castcore.simulation.chunks import StepTime
 from castcore.simulation.metrics import Finished, format_ms

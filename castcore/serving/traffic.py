@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import AXIS, DEPLOYMENT_NAMES, ENGINE_OPTIONS, SIMULATE, say
+from castcore.options.catalog import DEPLOYMENT_NAMES, say
+from castcore.options.parts import AXIS
+from castcore.options.traffic import ENGINE_OPTIONS, SIMULATE
 from castcore.options.option import Placeholder
 from castcore.plugins.audit import plugins_elsewhere
 from castcore.report.memory import config_field, format_bytes, language_config
@@ -309,7 +311,7 @@ def simulate_traffic(
     pipeline: Pipeline, model: str | Simulation = DEFAULT_MODEL, *, device: Any = None, **options: Any
 ) -> SimulationReport:
     """Simulate serving (see the module docstring). ``options``: ``castcore simulate``'s by their Python names
-    (castcore.options.catalog.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
+    (castcore.options.traffic.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
     ``check`` made."""
     plan = model if isinstance(model, Simulation) else check(model, **options)
     if plan.pools:

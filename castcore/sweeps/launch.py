@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import SIMULATE, say
+from castcore.options.catalog import say
+from castcore.options.traffic import SIMULATE
 from castcore.simulation.presets import PRESETS, EngineLimits
 from castcore.workload import checkpoint
 from castcore.workload.spec import is_factory, load_model_config, preset_names
