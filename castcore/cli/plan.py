@@ -201,7 +201,9 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
     """The launch files of the best deployment (castcore.sweeps.launch)."""
     from castcore.errors import ModelError
     from castcore.options.catalog import say
-    from castcore.sweeps.launch import Deployment, Traffic, launch_files
+    from castcore.sweeps.launch import launch_files
+    from castcore.sweeps.launch_bench import Traffic
+    from castcore.sweeps.launch_server import Deployment
 
     request = result.request
     if not result.best:

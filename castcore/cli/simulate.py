@@ -105,7 +105,9 @@ def _emit(args: argparse.Namespace, checked) -> Any:
     from castcore.cli.plan import plugin_flags
     from castcore.errors import ModelError
     from castcore.options.catalog import say
-    from castcore.sweeps.launch import Deployment, Traffic, launch_files
+    from castcore.sweeps.launch import launch_files
+    from castcore.sweeps.launch_bench import Traffic
+    from castcore.sweeps.launch_server import Deployment
 
     if args.emit != args.engine:
         raise ModelError(
