@@ -86,41 +86,17 @@ def bench_command(engine: str, model_id: str, traffic: Traffic, result: str, not
             "--output-file",
             result,
         ]
+    # vllm bench serve and TensorRT-LLM's client take the same flags after their own head
     if engine == "vllm":
-        head = [
-            "vllm",
-            "bench",
-            "serve",
-            "--backend",
-            "vllm",
-            "--model",
-            model_id,
-            "--dataset-name",
-            "random",
-        ]
-        return [
-            *head,
-            *lengths,
-            "--random-range-ratio",
-            "0",
-            "--ignore-eos",
-            *common,
-            *percentiles,
-            "--save-result",
-            "--result-filename",
-            result,
-        ]
-    head = [
-        "python",
-        "-m",
-        "tensorrt_llm.serve.scripts.benchmark_serving",
-        "--backend",
-        "openai",
+        head = ["vllm", "bench", "serve", "--backend", "vllm"]
+    else:
+        head = ["python", "-m", "tensorrt_llm.serve.scripts.benchmark_serving", "--backend", "openai"]
+    head += [
         "--model",
         model_id,
         "--dataset-name",
         "random",
-        "--random-ids",
+        *(["--random-ids"] if engine == "trtllm" else []),
     ]
     return [
         *head,
