@@ -7,7 +7,8 @@ import json
 
 from castcore.cli.common import StrictFailure, make_session
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AUDIT, AXIS
+from castcore.options.parts import AXIS
+from castcore.options.tools import AUDIT
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from castcore.cli.options import add_options
-from castcore.options.catalog import CACHE
+from castcore.options.tools import CACHE
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import json
 
 from castcore.cli.common import make_session
 from castcore.cli.options import add_options
-from castcore.options.catalog import DEVICES
+from castcore.options.tools import DEVICES
 from castcore.plugins.selection import PluginOptions, profiles_without_plugins
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from castcore.cli.common import make_session
 from castcore.cli.options import add_options
-from castcore.options.catalog import CALIBRATE, MEASURE
+from castcore.options.tools import CALIBRATE, MEASURE
 
 
 def run_measure(args: argparse.Namespace) -> int:

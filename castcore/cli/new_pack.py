@@ -15,7 +15,7 @@ from types import ModuleType
 
 from castcore.cli.options import add_options
 from castcore.errors import CastcoreError
-from castcore.options.catalog import NEW_PACK
+from castcore.options.tools import NEW_PACK
 
 TEMPLATE = Path(__file__).parent.parent / "pack_template"
 HOOK = TEMPLATE / "hooks" / "pre_gen_project.py"

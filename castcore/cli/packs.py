@@ -7,7 +7,7 @@ import json
 
 from castcore.cli.common import make_session
 from castcore.cli.options import add_options
-from castcore.options.catalog import PACKS
+from castcore.options.tools import PACKS
 
 
 def _status(info) -> str:

@@ -6,7 +6,7 @@ import argparse
 
 from castcore.cli.common import make_session
 from castcore.cli.options import add_options
-from castcore.options.catalog import PARTITION
+from castcore.options.tools import PARTITION
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,8 +9,10 @@ from typing import Any
 
 from castcore.cli.common import note
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS, PLAN
 from castcore.cli.page import page_path, write_page
+from castcore.cli.plan_text import format_layout, format_plan
+from castcore.options.parts import AXIS
+from castcore.options.plan import PLAN
 from castcore.plugins.selection import PluginOptions
 
 ENERGY_AND_COST = (
@@ -23,225 +25,6 @@ ENERGY_AND_COST = (
     "usd_per_million_output_tokens",
 )
 NONE_MEETS = 3  # the exit status when no layout fits and meets the objectives (plan --help says so)
-
-
-def _seconds(value: float) -> str:
-    from castcore.report.records import format_seconds
-
-    return format_seconds(value)
-
-
-def _layout(row: dict[str, Any], dtype: str) -> str:
-    if row.get("prefill_instances"):
-        from castcore.sweeps.plan_disaggregated import describe
-
-        return f"{describe(row)}, {row['weights'] or dtype} weights"
-    parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep", "dp") if (row.get(k) or 1) > 1] or ["1 device"]
-    return " x ".join(parts) + f", {row['weights'] or dtype} weights"
-
-
-def _table(
-    header: tuple[str, ...], cells: list[tuple[str, ...]], left: tuple[int, ...] = (1, 3)
-) -> list[str]:
-    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
-    return [
-        "  ".join(
-            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
-        ).rstrip()
-        for row in [header, *cells]
-    ]
-
-
-# The column an --objective other than throughput adds: its header, the row's figure and how it is written.
-OBJECTIVE_COLUMNS = {
-    "cost": ("$/M out tok", "usd_per_million_output_tokens", "{:,.4g}"),
-    "energy": ("out tok/J", "output_tokens_per_joule", "{:,.3g}"),
-}
-OBJECTIVE_WORDS = {
-    "cost": "the fewest $ per million output tokens",
-    "energy": "the most output tokens per joule",
-}
-
-
-def _objective_column(
-    request: Any, rows: list[dict[str, Any]]
-) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The header and each row's cell of the objective's column; none for throughput."""
-    if request.objective not in OBJECTIVE_COLUMNS:
-        return (), [() for _ in rows]
-    header, key, form = OBJECTIVE_COLUMNS[request.objective]
-    return (header,), [("-" if r.get(key) is None else form.format(r[key]),) for r in rows]
-
-
-def _rate(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
-def _traffic(request: Any) -> str:
-    if request.max_rate:
-        return "the highest request rate each deployment sustains"
-    if request.rate is not None:
-        return f"{request.rate:g} requests/s (Poisson)"
-    return f"{request.concurrency} requests in flight (closed loop)"
-
-
-def _objectives(request: Any) -> list[str]:
-    return [
-        f"{name} {objective.statistic} <= {_seconds(objective.seconds)}"
-        for name, objective in (("TTFT", request.ttft), ("TPOT", request.tpot))
-        if objective is not None
-    ]
-
-
-def format_traffic_plan(result: Any) -> str:
-    """A plan under traffic (castcore.sweeps.capacity): the simulated deployments that meet the objectives."""
-    request = result.request
-    slos = _objectives(request)
-    lines = [
-        f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens, "
-        f"{_traffic(request)}, {' and '.join(slos) or 'no latency objective'}",
-        f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} simulations of "
-        f"{request.requests} requests, {request.engine} engine) in {result.seconds:.1f} s",
-        "",
-    ]
-    shown = {
-        "ttft": request.ttft.statistic if request.ttft else "p99",
-        "tpot": request.tpot.statistic if request.tpot else "p99",
-    }
-    if result.best:
-        extra, more = _objective_column(request, result.best)
-        header = (
-            "#",
-            "device",
-            "devices",
-            "layout",
-            *(f"{m.upper()} {shown[m]}" for m in ("ttft", "tpot")),
-            "tok/s/device",
-            *(("max req/s", "req/s/device") if request.max_rate else ()),
-            *extra,
-        )
-        cells = [
-            (
-                str(n),
-                r["device"],
-                str(r["devices"]),
-                _layout(r, request.dtype),
-                *(_seconds(r[f"{shown[m]}_{m}_ms"] / 1e3) for m in ("ttft", "tpot")),
-                f"{r['output_tokens_per_s_per_device']:,.1f}",
-                *((_rate(r["max_rate"]), _rate(r["max_rate"] / r["devices"])) if request.max_rate else ()),
-                *cell,
-            )
-            for n, (r, cell) in enumerate(zip(result.best, more), 1)
-        ]
-        lines.append(
-            f"best {len(result.best)} by "
-            + OBJECTIVE_WORDS.get(
-                request.objective,
-                "the highest request rate per device" if request.max_rate else "output tokens/s per device",
-            )
-            + " within the objectives"
-        )
-        lines += _table(header, cells)
-    else:
-        lines.append(
-            "no layout meets the objectives under this traffic: relax --ttft/--tpot, lower the rate, raise "
-            "--max-devices, or add --weights int4"
-        )
-    if result.missed:
-        lines += ["", "missed the objectives (layout at its last try: why)"]
-        lines += [f"  {r['device']} {_layout(r, request.dtype)}: {r['missed']}" for r in result.missed]
-    _refused(lines, result)
-    if result.verdict:
-        winner = result.verdict["winner"]
-        lines += ["", f"{winner} wins: {result.verdict['why']}" if winner else result.verdict["why"]]
-    lines.append("")
-    if result.fewest:
-        lines.append("fewest devices that meet the objectives")
-        lines += [_fewest(r, request.dtype) for r in result.fewest]
-    return "\n".join(lines)
-
-
-def _fewest(row: dict[str, Any], dtype: str, more: str = "") -> str:
-    return f"  {row['device']}: {row['devices']} device{'s' if row['devices'] > 1 else ''} ({_layout(row, dtype)}){more}"
-
-
-def _refused(lines: list[str], result: Any) -> None:
-    if result.refused:
-        lines += ["", "refused or not fitting at batch 1 (layouts: reason)"]
-        reasons: dict[str, list[str]] = {}
-        for row in result.refused:
-            reasons.setdefault(row["error"], []).append(
-                f"{row['device']} {_layout(row, result.request.dtype)}"
-            )
-        lines += [f"  {'; '.join(where)}: {why}" for why, where in reasons.items()]
-
-
-def format_plan(result: Any) -> str:
-    from castcore.report.memory import format_bytes
-
-    request = result.request
-    if request.traffic:
-        return format_traffic_plan(result)
-    slos = [f"TTFT <= {_seconds(request.ttft_s)}"] if request.ttft_s else []
-    slos += [f"TPOT <= {_seconds(request.tpot_s)}"] if request.tpot_s else []
-    lines = [
-        f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens"
-        + (f", {' and '.join(slos)}" if slos else ", no latency objective"),
-        f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} serve points, "
-        f"{len(result.refused)} layouts refused or not fitting at batch 1) in {result.seconds:.1f} s",
-        "",
-    ]
-    if result.best:
-        extra, more = _objective_column(request, result.best)
-        header = (
-            "#",
-            "device",
-            "devices",
-            "layout",
-            "batch",
-            "TTFT",
-            "TPOT",
-            "tok/s/device",
-            *extra,
-            "peak/device",
-        )
-        cells = [
-            (
-                str(n),
-                r["device"],
-                str(r["devices"]),
-                _layout(r, request.dtype),
-                str(r["served_batch"]),
-                _seconds(r["ttft_s"]),
-                _seconds(r["tpot_s"]),
-                f"{r['output_tokens_per_s_per_device']:,.1f}",
-                *cell,
-                format_bytes(r["peak_bytes"]),
-            )
-            for n, (r, cell) in enumerate(zip(result.best, more), 1)
-        ]
-        lines.append(
-            f"best {len(result.best)} by "
-            + OBJECTIVE_WORDS.get(request.objective, "output tokens/s per device")
-            + " (fit in memory"
-            + (", meet the objectives)" if slos else ")")
-        )
-        lines += _table(header, cells)
-    else:
-        lines.append(
-            "no layout fits and meets the objectives: relax --ttft/--tpot, raise --max-devices, or add "
-            "--weights int4"
-        )
-    _refused(lines, result)
-    lines.append("")
-    if result.fewest:
-        lines.append("fewest devices that fit at all")
-        lines += [_fewest(r, request.dtype, f", up to batch {r['served_batch']}") for r in result.fewest]
-    else:
-        lines.append(
-            f"no layout of at most {request.max_devices} devices holds even batch 1: raise --max-devices"
-        )
-    return "\n".join(lines)
 
 
 def plan_json(result: Any) -> dict[str, Any]:
@@ -389,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             best = _launched(result)
             number = result.best.index(best) + 1
             print(
-                f"\nlaunch files for #{number} ({best['device']}, {_layout(best, result.request.dtype)}) on "
+                f"\nlaunch files for #{number} ({best['device']}, {format_layout(best, result.request.dtype)}) on "
                 f"{args.emit}"
                 + (
                     ", the best aggregated deployment (disaggregated pools have none yet)"
@@ -418,7 +201,9 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
     """The launch files of the best deployment (castcore.sweeps.launch)."""
     from castcore.errors import ModelError
     from castcore.options.catalog import say
-    from castcore.sweeps.launch import Deployment, Traffic, launch_files
+    from castcore.sweeps.launch import launch_files
+    from castcore.sweeps.launch_bench import Traffic
+    from castcore.sweeps.launch_server import Deployment
 
     request = result.request
     if not result.best:

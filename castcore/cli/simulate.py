@@ -17,7 +17,8 @@ from castcore.cli.common import (
     warn,
 )
 from castcore.cli.options import add_options, values
-from castcore.options.catalog import AXIS, SIMULATE
+from castcore.options.parts import AXIS
+from castcore.options.traffic import SIMULATE
 from castcore.cli.page import page_path, simulation_figures, write_page
 from castcore.report.output_files import check_output, write_whole
 
@@ -105,7 +106,9 @@ def _emit(args: argparse.Namespace, checked) -> Any:
     from castcore.cli.plan import plugin_flags
     from castcore.errors import ModelError
     from castcore.options.catalog import say
-    from castcore.sweeps.launch import Deployment, Traffic, launch_files
+    from castcore.sweeps.launch import launch_files
+    from castcore.sweeps.launch_bench import Traffic
+    from castcore.sweeps.launch_server import Deployment
 
     if args.emit != args.engine:
         raise ModelError(

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import DEPLOYMENT_NAMES, SIMULATE, say
+from castcore.options.catalog import DEPLOYMENT_NAMES, say
+from castcore.options.traffic import SIMULATE
 from castcore.workload.spec import Workload, build_workload
 
 if TYPE_CHECKING:

@@ -9,7 +9,9 @@ from typing import Any
 
 from castcore.deploy.kernels.latent import NOT_IN_MIXED_BATCHES
 from castcore.errors import ModelError
-from castcore.options.catalog import AXIS, DEPLOYMENT_NAMES, ENGINE_OPTIONS, SIMULATE, say
+from castcore.options.catalog import DEPLOYMENT_NAMES, say
+from castcore.options.parts import AXIS
+from castcore.options.traffic import ENGINE_OPTIONS, SIMULATE
 from castcore.options.option import Placeholder
 from castcore.report.memory import config_field, language_config
 from castcore.serving import speculation

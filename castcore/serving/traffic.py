@@ -39,7 +39,7 @@ def simulate_traffic(
     **options: object,
 ) -> SimulationReport:
     """Simulate serving (see the module docstring). ``options``: ``castcore simulate``'s by their Python names
-    (castcore.options.catalog.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
+    (castcore.options.traffic.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
     ``check`` made."""
     plan = model if isinstance(model, Simulation) else check(model, **options)
     if plan.pools:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import MOST_REQUESTS, say
+from castcore.options.catalog import say
+from castcore.options.traffic import MOST_REQUESTS
 from castcore.simulation.lengths import Lengths
 from castcore.tomlfiles import DATA_BYTES, read_text
 

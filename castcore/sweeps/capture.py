@@ -9,7 +9,8 @@ profile, every device no pack rewrites for. What a pack's rewrite does is found 
 and the class of every module afterwards; that fingerprint is cached on disk too.
 
 The key also holds castcore's, torch's and transformers' versions, a digest of castcore's and every plugin's
-source files (an edited checkout is a new version), and the content of a config.json or factory module.
+source files (an edited checkout is a new version), and the content of a config.json or factory module
+(castcore.sweeps.capture_key makes these).
 
 ``CaptureCache()`` takes and returns what ``castcore.deploy.pipeline.capture_workload`` does; given to a
 pipeline as its capture step (``castcore.Session(capture_step=CaptureCache())``), it serves that session's
@@ -18,23 +19,18 @@ pipeline as its capture step (``castcore.Session(capture_step=CaptureCache())``)
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
-from functools import lru_cache
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from castcore.recording import stored
 from castcore.recording.recorder import CAPTURE_LOCK, Capture
 from castcore.sweeps import store
+from castcore.sweeps.capture_key import digest, environment, model_identity
 from castcore.sweeps.store import Stats
 from castcore.workload.models import BuiltModel
 from castcore.workload.spec import Workload, is_factory
@@ -43,74 +39,9 @@ if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
     from castcore.plugins.host import PluginHost
 
-CASTCORE_FOLDER = (
-    Path(__file__).resolve().parents[1]
-)  # castcore's own sources: this file is castcore/sweeps/capture.py
-FORMAT = (
-    3  # of a stored entry (3: JSON through castcore.recording.stored); a new one makes every old key miss
-)
+# Of a stored entry (3: JSON through castcore.recording.stored); a new one makes every old key miss.
+FORMAT = 3
 MEMORY_ENTRIES = 32
-
-
-def digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
-
-
-@lru_cache(maxsize=None)
-def _source_digest(folder: Path) -> str:
-    """The content of a package's Python files: an edited checkout is a new version."""
-    files = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]
-    found = hashlib.sha256()
-    for path in files:
-        if path.is_file():
-            found.update(str(path.relative_to(folder.parent)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return found.hexdigest()
-
-
-def _version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def environment(host: PluginHost) -> str:
-    """castcore, torch, transformers and every loaded plugin, versions and sources."""
-    plugins = []
-    for name, plugin in host.plugins.pm.list_name_plugin():
-        source = getattr(plugin, "__file__", None)
-        if source:
-            path = Path(source)
-            plugins.append((name, _source_digest(path.parent if path.name == "__init__.py" else path)))
-        else:
-            plugins.append((name, type(plugin).__qualname__))
-    labels = sorted(f"{info.label} {info.status}" for info in host.plugins.infos)
-    return digest(
-        {
-            "castcore": [_version("castcore"), _source_digest(CASTCORE_FOLDER)],
-            "torch": torch.__version__,
-            "transformers": _version("transformers"),
-            "plugins": sorted(plugins),
-            "labels": labels,
-        }
-    )
-
-
-def model_identity(model: str) -> str:
-    """A preset's name; a config.json's or factory module's content, so an edited one is a new model."""
-    path = Path(model)
-    if not is_factory(model) and path.suffix == ".json" and path.is_file():
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    if is_factory(model):
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(model.partition(":")[0])
-        except (ImportError, ValueError):
-            found = None
-        if found is not None and found.origin and Path(found.origin).is_file():
-            return f"{model} {hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()}"
-    return model
 
 
 class CaptureCache:

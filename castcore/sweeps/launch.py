@@ -17,6 +17,9 @@ What an engine cannot take as a flag is one note line, never a wrong flag: a qua
 checkpoint quantized beforehand, a KV cache dtype it lacks, replicas it cannot start as one server (then the
 commands are one replica's, at its share of the traffic).
 
+castcore.sweeps.launch_server writes the server's flags, castcore.sweeps.launch_bench the benchmark's and
+castcore simulate's commands.
+
 Flag names were checked against each engine's own sources and documentation (read 2026-11-27):
 
 - vLLM: engine arguments (docs.vllm.ai, "Engine Arguments" and the ``vllm serve`` CLI reference; vllm-project/vllm
@@ -48,9 +51,20 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import ModelError
-from castcore.options.catalog import SIMULATE, say
+from castcore.options.catalog import say
 from castcore.simulation.presets import PRESETS, EngineLimits
-from castcore.workload import checkpoint
+from castcore.sweeps.launch_bench import Traffic, bench_command, replica_traffic, simulate_command
+from castcore.sweeps.launch_server import (
+    TORCH_DTYPES,
+    Deployment,
+    dtype_flags,
+    is_moe,
+    kv_cache_dtype,
+    limit_flags,
+    parallel_flags,
+    quantization_flags,
+    server_replicas,
+)
 from castcore.workload.spec import is_factory, load_model_config, preset_names
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -72,84 +86,6 @@ HUB_IDS = {
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
 }
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-PERCENTILES = "50,90,95,99"  # castcore simulate reports the median, p90, p95 and p99
-# Online quantization of a bf16 checkpoint, where the engine has a flag for it: (weights, activations) -> flags.
-ONLINE = {
-    "vllm": {("fp8", "fp8"): ["--quantization", "fp8"]},
-    "sglang": {
-        ("fp8", "fp8"): ["--quantization", "fp8"],
-        ("fp8", None): ["--torchao-config", "fp8wo"],
-        ("int8", None): ["--torchao-config", "int8wo"],
-        ("int8", "int8"): ["--torchao-config", "int8dq"],
-        ("int4", None): ["--torchao-config", "int4wo-128"],
-    },
-    "trtllm": {},
-}
-CHECKPOINTS = {  # what to serve instead, where no flag quantizes a bf16 checkpoint so
-    (
-        "fp8",
-        None,
-    ): "a weight-only fp8 checkpoint (the engine's fp8 flag quantizes activations too: price that with "
-    "activations fp8)",
-    ("fp8", "fp8"): "an fp8 checkpoint (TensorRT Model Optimizer's FP8)",
-    ("fp8-block", None): "an fp8 checkpoint in 128x128 blocks (as DeepSeek-V3 ships)",
-    ("int8", None): "an int8 weight-only checkpoint (GPTQ 8-bit or compressed-tensors W8A16)",
-    ("int8", "int8"): "an int8 W8A8 checkpoint (compressed-tensors or SmoothQuant)",
-    ("int4", None): "an int4 checkpoint with a scale per 128 columns (GPTQ or AWQ)",
-    ("int4", "fp8"): "an int4-weight fp8-activation checkpoint (TensorRT Model Optimizer's W4A8_AWQ)",
-    ("nvfp4", None): "an NVFP4 checkpoint (TensorRT Model Optimizer's)",
-    ("mxfp4", None): "an MXFP4 checkpoint (as gpt-oss ships)",
-}
-KV_DTYPES = {"vllm": "fp8", "sglang": "fp8_e4m3", "trtllm": "fp8"}  # castcore's fp8 KV cache: e4m3
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What runs: castcore's options of the same names (``weights`` None: the model dtype)."""
-
-    model: str
-    device: str | None = None
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    attention_dp: int = 1
-    dp: int = 1
-    dtype: str = "bf16"
-    weights: str | None = None
-    activations: str | None = None
-    kv_cache: str | None = None
-
-    @classmethod
-    def of(cls, row: dict[str, Any], dtype: str = "bf16") -> Deployment:
-        """A plan's row (castcore plan --json's ``best``)."""
-        return cls(
-            model=row["model"],
-            device=row.get("device"),
-            tp=row.get("tp", 1),
-            pp=row.get("pp", 1),
-            ep=row.get("ep", 1),
-            attention_dp=row.get("attention_dp", 1),
-            dp=row.get("dp", 1),
-            dtype=row.get("dtype") or dtype,
-            weights=row.get("weights"),
-            activations=row.get("activations"),
-            kv_cache=row.get("kv_cache"),
-        )
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """Requests of fixed lengths: at ``rate`` per second (gamma gaps of shape ``burstiness``, 1 Poisson), or a
-    closed loop of ``concurrency``, or (neither) all at once."""
-
-    input_tokens: int
-    output_tokens: int
-    requests: int = 500
-    rate: float | None = None
-    concurrency: int | None = None
-    burstiness: float = 1.0
-    seed: int = 0
 
 
 @dataclass
@@ -215,168 +151,6 @@ def hub_id(model: str) -> tuple[str, str | None]:
     )
 
 
-def _moe(config: dict[str, Any]) -> bool:
-    text = config.get("text_config") or config
-    return any(text.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
-
-
-def _attention_groups(d: Deployment) -> int:
-    """Attention data-parallel groups: --attention-dp, or --ep above --tp (see castcore's --ep)."""
-    return d.ep // d.tp if d.ep > d.tp else d.attention_dp
-
-
-def _quantization(engine: str, d: Deployment, config: dict[str, Any], notes: list[str]) -> list[str]:
-    weights = None if d.weights in (None, d.dtype) else d.weights
-    activations = None if d.activations in (None, d.dtype) else d.activations
-    if weights is None:
-        return []
-    found = checkpoint.shipped(d.model, config) if config else None
-    if found is not None and found[0].get("weights") == weights:
-        notes.append(
-            f"the checkpoint ships {weights} weights: the engine reads its quantization_config, no flag"
-        )
-        return []
-    flags = ONLINE[engine].get((weights, activations))
-    if flags is not None:
-        return list(flags)
-    wanted = CHECKPOINTS.get((weights, activations), f"a checkpoint of {weights} weights")
-    notes.append(
-        f"no {engine} flag quantizes a bf16 checkpoint to castcore's {weights} weights"
-        + (f" with {activations} activations" if activations else "")
-        + f": serve {wanted} as MODEL; the engine reads its quantization_config"
-    )
-    return []
-
-
-def _kv_cache(engine: str, d: Deployment, notes: list[str]) -> str | None:
-    if d.kv_cache in (None, d.dtype):
-        return None
-    if d.kv_cache == "fp8":
-        return KV_DTYPES[engine]
-    notes.append(f"{engine} has no {d.kv_cache} KV cache: it runs in the model dtype there")
-    return None
-
-
-def _dtype(engine: str, d: Deployment, notes: list[str]) -> list[str]:
-    if d.dtype in TORCH_DTYPES:
-        return ["--dtype", TORCH_DTYPES[d.dtype]] if engine != "trtllm" else []
-    notes.append(
-        f"{engine} has no {d.dtype} mode: it runs fp32 products without TF32 unless the GPU's default "
-        "allows it"
-    )
-    return ["--dtype", "float32"] if engine != "trtllm" else []
-
-
-def _replicas(engine: str, d: Deployment, moe: bool, notes: list[str]) -> int:
-    """How many copies of the printed server castcore's ``dp`` stands for (1: the server itself holds them)."""
-    if d.dp == 1:
-        return 1
-    groups = _attention_groups(d)
-    why = None
-    if engine == "trtllm":
-        why = "trtllm-serve starts no data-parallel replicas"
-    elif groups > 1:
-        why = f"{engine}'s data-parallel ranks are the attention groups here"
-    elif engine == "vllm" and moe:
-        why = "vllm serve's data-parallel ranks share a mixture-of-experts model's expert layers"
-    if why is None:
-        return 1
-    notes.append(
-        f"castcore priced {d.dp} independent replicas and {why}: start {d.dp} of these servers behind a "
-        "load balancer; the benchmark and the simulation below are one replica's, at its share of the "
-        "traffic"
-    )
-    return d.dp
-
-
-def _parallel(
-    engine: str, d: Deployment, replicas: int, notes: list[str]
-) -> tuple[list[str], dict[str, Any]]:
-    groups = _attention_groups(d)
-    experts = d.ep > 1 or groups > 1
-    yaml: dict[str, Any] = {}
-    if groups > 1:
-        notes.append("castcore simulate refuses attention data parallelism yet: its command below says so")
-    if d.ep > 1 and d.ep not in (d.tp, d.tp * groups):
-        notes.append(
-            f"castcore's {say('ep', d.ep)} with {say('tp', d.tp)} splits the experts over fewer devices than "
-            f"the tensor group: {engine} has no such layout, the flags below split them over the group"
-        )
-    dp = d.dp if replicas == 1 else 1
-    if engine == "vllm":
-        flags = ["--tensor-parallel-size", str(d.tp), "--pipeline-parallel-size", str(d.pp)]
-        if groups * dp > 1:
-            flags += ["--data-parallel-size", str(groups * dp)]
-        return flags + (["--enable-expert-parallel"] if experts else []), yaml
-    if engine == "sglang":
-        flags = ["--tp-size", str(d.tp * groups), "--pp-size", str(d.pp)]
-        if groups > 1:
-            flags += ["--dp-size", str(groups), "--enable-dp-attention"]
-        elif dp > 1:
-            flags += ["--dp-size", str(dp)]
-        return flags + (["--ep-size", str(d.tp * groups)] if experts else []), yaml
-    if groups > 1:
-        if d.tp > 1:
-            notes.append(
-                f"TensorRT-LLM's attention data parallelism gives every rank its own attention group; "
-                f"castcore's attention groups of {say('tp', d.tp)} have no counterpart: the flags below "
-                f"run {d.tp * groups} groups of one device"
-            )
-        yaml["enable_attention_dp"] = True
-    flags = ["--tp_size", str(d.tp * groups), "--pp_size", str(d.pp)]
-    return flags + (["--ep_size", str(d.tp * groups)] if experts else []), yaml
-
-
-def _limits(engine: str, limits: EngineLimits, notes: list[str]) -> tuple[list[str], dict[str, Any]]:
-    yaml: dict[str, Any] = {}
-    share = limits.memory_share_of == PRESETS[engine].memory_share_of
-    if not share:
-        notes.append(
-            f"the memory fraction castcore simulated ({limits.kv_memory_fraction:g} of the "
-            f"{limits.memory_share_of} memory) is not how {engine} counts it: its own default stays"
-        )
-    if limits.scheduler_steps > 1:
-        notes.append(
-            f"{engine} schedules every iteration: castcore's {say('scheduler_steps', limits.scheduler_steps)} "
-            "has no counterpart"
-        )
-    if engine != "trtllm" and limits.kv_policy == "reserve":
-        notes.append(
-            f"{engine} preempts when the KV cache runs out: castcore's {say('kv_policy', 'reserve')} has no "
-            "counterpart"
-        )
-    tokens, running = str(limits.max_batched_tokens), str(limits.max_running_requests)
-    fraction = [f"{limits.kv_memory_fraction:g}"] if share else []
-    if engine == "vllm":
-        flags = [
-            "--max-num-batched-tokens",
-            tokens,
-            "--max-num-seqs",
-            running,
-            "--block-size",
-            str(limits.block_size),
-        ]
-        flags += ["--gpu-memory-utilization", *fraction] if share else []
-        return flags + [
-            "--enable-chunked-prefill" if limits.chunked_prefill else "--no-enable-chunked-prefill"
-        ], yaml
-    if engine == "sglang":
-        flags = (
-            ["--chunked-prefill-size", tokens]
-            if limits.chunked_prefill
-            else ["--chunked-prefill-size", "-1", "--max-prefill-tokens", tokens]
-        )
-        flags += ["--max-running-requests", running, "--page-size", str(limits.block_size)]
-        return flags + (["--mem-fraction-static", *fraction] if share else []), yaml
-    flags = ["--max_batch_size", running, "--max_num_tokens", tokens]
-    flags += ["--kv_cache_free_gpu_memory_fraction", *fraction] if share else []
-    flags += ["--enable_chunked_prefill"] if limits.chunked_prefill else []
-    yaml["kv_cache_config"] = {"tokens_per_block": limits.block_size}
-    policy = "GUARANTEED_NO_EVICT" if limits.kv_policy == "reserve" else "MAX_UTILIZATION"
-    yaml["scheduler_config"] = {"capacity_scheduler_policy": policy}
-    return flags, yaml
-
-
 def _yaml(data: dict[str, Any], indent: str = "") -> list[str]:
     out = []
     for key, value in data.items():
@@ -385,166 +159,6 @@ def _yaml(data: dict[str, Any], indent: str = "") -> list[str]:
         else:
             out.append(f"{indent}{key}: {str(value).lower() if isinstance(value, bool) else value}")
     return out
-
-
-def _share(traffic: Traffic, replicas: int) -> Traffic:
-    """One replica's traffic when castcore's replicas run as separate servers."""
-    if replicas == 1:
-        return traffic
-    return Traffic(
-        traffic.input_tokens,
-        traffic.output_tokens,
-        max(1, traffic.requests // replicas),
-        None if traffic.rate is None else traffic.rate / replicas,
-        None if traffic.concurrency is None else max(1, traffic.concurrency // replicas),
-        traffic.burstiness,
-        traffic.seed,
-    )
-
-
-def _bench(engine: str, model_id: str, traffic: Traffic, result: str, notes: list[str]) -> list[str]:
-    lengths = [
-        "--random-input-len",
-        str(traffic.input_tokens),
-        "--random-output-len",
-        str(traffic.output_tokens),
-    ]
-    if traffic.rate is not None:
-        arrivals = ["--request-rate", f"{traffic.rate:g}"]
-        if traffic.burstiness != 1:
-            if engine == "sglang":
-                notes.append(
-                    "sglang.bench_serving draws Poisson arrivals only: castcore's burstiness "
-                    f"{traffic.burstiness:g} has no counterpart there"
-                )
-            else:
-                arrivals += ["--burstiness", f"{traffic.burstiness:g}"]
-    elif traffic.concurrency is not None:
-        arrivals = ["--request-rate", "inf", "--max-concurrency", str(traffic.concurrency)]
-    else:
-        arrivals = ["--request-rate", "inf"]
-    common = ["--num-prompts", str(traffic.requests), *arrivals, "--seed", str(traffic.seed)]
-    percentiles = ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES]
-    if engine == "sglang":
-        notes.append(
-            "sglang.bench_serving appends one JSON line with vllm's ttft, tpot and itl names but "
-            "*_e2e_latency_ms for castcore's *_e2el_ms, and no p90 or p95"
-        )
-        return [
-            "python",
-            "-m",
-            "sglang.bench_serving",
-            "--backend",
-            "sglang",
-            "--model",
-            model_id,
-            "--dataset-name",
-            "random",
-            *lengths,
-            "--random-range-ratio",
-            "1",
-            *common,
-            "--output-file",
-            result,
-        ]
-    if engine == "vllm":
-        head = [
-            "vllm",
-            "bench",
-            "serve",
-            "--backend",
-            "vllm",
-            "--model",
-            model_id,
-            "--dataset-name",
-            "random",
-        ]
-        return [
-            *head,
-            *lengths,
-            "--random-range-ratio",
-            "0",
-            "--ignore-eos",
-            *common,
-            *percentiles,
-            "--save-result",
-            "--result-filename",
-            result,
-        ]
-    head = [
-        "python",
-        "-m",
-        "tensorrt_llm.serve.scripts.benchmark_serving",
-        "--backend",
-        "openai",
-        "--model",
-        model_id,
-        "--dataset-name",
-        "random",
-        "--random-ids",
-    ]
-    return [
-        *head,
-        *lengths,
-        "--random-range-ratio",
-        "0",
-        "--ignore-eos",
-        *common,
-        *percentiles,
-        "--save-result",
-        "--result-filename",
-        result,
-    ]
-
-
-def _simulate(
-    engine: str,
-    d: Deployment,
-    traffic: Traffic,
-    replicas: int,
-    limits: EngineLimits,
-    castcore_options: list[str],
-) -> list[str]:
-    argv = [
-        "castcore",
-        "simulate",
-        "--model",
-        d.model,
-        *(["--device", d.device] if d.device else []),
-        "--input",
-        str(traffic.input_tokens),
-        "--output",
-        str(traffic.output_tokens),
-        "--requests",
-        str(traffic.requests),
-    ]
-    if traffic.rate is not None:
-        gaps = ["--burstiness", f"{traffic.burstiness:g}"] if traffic.burstiness != 1 else []
-        argv += ["--rate", f"{traffic.rate:g}", *gaps]
-    elif traffic.concurrency is not None:
-        argv += ["--concurrency", str(traffic.concurrency)]
-    argv += ["--seed", str(traffic.seed), "--engine", engine]
-    preset = PRESETS[engine]
-    for name in (
-        "max_running_requests",
-        "max_batched_tokens",
-        "block_size",
-        "kv_memory_fraction",
-        "kv_policy",
-        "scheduler_steps",
-        "chunked_prefill",
-    ):
-        value = getattr(limits, name)
-        if value != getattr(preset, name):
-            shown = {True: "on", False: "off"}[value] if name == "chunked_prefill" else f"{value:g}"
-            argv += [SIMULATE[name].cli, shown]
-    argv += ["--dtype", d.dtype] if d.dtype != "bf16" else []
-    for name in ("tp", "pp", "ep", "attention_dp"):
-        argv += [SIMULATE[name].cli, str(getattr(d, name))] if getattr(d, name) > 1 else []
-    argv += ["--dp", str(d.dp)] if d.dp > 1 and replicas == 1 else []
-    for name in ("weights", "activations", "kv_cache"):
-        argv += [SIMULATE[name].cli, getattr(d, name)] if getattr(d, name) else []
-    return [*argv, *castcore_options, "--json"]
 
 
 def launch_files(
@@ -564,16 +178,16 @@ def launch_files(
     notes: list[str] = []
     model_id, where = hub_id(deployment.model)
     notes += [where] if where else []
-    replicas = _replicas(engine, deployment, _moe(config), notes)
-    parallel, yaml = _parallel(engine, deployment, replicas, notes)
-    quantization = _quantization(engine, deployment, config, notes)
-    kv = _kv_cache(engine, deployment, notes)
-    engine_flags, more = _limits(engine, limits, notes)
-    dtype = _dtype(engine, deployment, notes)
-    traffic = _share(traffic, replicas)
+    replicas = server_replicas(engine, deployment, is_moe(config), notes)
+    parallel, yaml = parallel_flags(engine, deployment, replicas, notes)
+    quantization = quantization_flags(engine, deployment, config, notes)
+    kv = kv_cache_dtype(engine, deployment, notes)
+    engine_flags, more = limit_flags(engine, limits, notes)
+    dtype = dtype_flags(engine, deployment, notes)
+    traffic = replica_traffic(traffic, replicas)
     result = f"{engine}-bench.json" + ("l" if engine == "sglang" else "")
-    bench = _bench(engine, model_id, traffic, result, notes)
-    simulate = _simulate(engine, deployment, traffic, replicas, limits, list(castcore_options))
+    bench = bench_command(engine, model_id, traffic, result, notes)
+    simulate = simulate_command(engine, deployment, traffic, replicas, limits, list(castcore_options))
     if engine != "trtllm":
         head = (
             ["vllm", "serve", model_id]

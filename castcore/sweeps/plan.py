@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from castcore.options.catalog import PLAN, say
+from castcore.options.catalog import say
+from castcore.options.plan import PLAN
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
 from castcore.sweeps import plan_disaggregated

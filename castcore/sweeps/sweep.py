@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from castcore.errors import StrictFailure
-from castcore.options.catalog import ESTIMATE, SERVE, SIMULATE, say
+from castcore.options.catalog import ESTIMATE, SERVE, say
+from castcore.options.traffic import SIMULATE
 from castcore.plugins.selection import PluginOptions, profiles_without_plugins
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from castcore.errors import ModelError
-from castcore.options.catalog import SIMULATE as SIMULATE_OPTIONS
+from castcore.options.traffic import SIMULATE as SIMULATE_OPTIONS
 from castcore.options.option import Objective
 from castcore.recording import stored
 from castcore.simulation.metrics import format_ms

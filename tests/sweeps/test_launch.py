@@ -14,7 +14,9 @@ import pytest
 
 from castcore.cli.main import build_parser
 from castcore.simulation.presets import limits
-from castcore.sweeps.launch import HUB_IDS, Deployment, Traffic, hub_id, launch_files
+from castcore.sweeps.launch import HUB_IDS, hub_id, launch_files
+from castcore.sweeps.launch_bench import Traffic
+from castcore.sweeps.launch_server import Deployment
 from castcore.workload.spec import load_model_config, preset_names
 
 ROOT = Path(__file__).parents[2]

@@ -14,7 +14,7 @@ import pytest
 
 import castcore
 from castcore.devices.profile_files import load_device_file
-from castcore.options.catalog import PLAN
+from castcore.options.plan import PLAN
 from castcore.options.option import Objective
 from castcore.sweeps import capacity
 from castcore.sweeps.plan import PlanRequest, PlanResult, layouts, search
