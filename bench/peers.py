@@ -388,9 +388,8 @@ def main() -> None:
         Path(tempfile.gettempdir()) / "peers-quick.json" if args.quick else "bench/results/peers.json"
     )
     versions = figures.peer_versions(PEERS, "bench/peers.py", "peers")
-    logging.getLogger("__name__").setLevel(
-        logging.ERROR
-    )  # llm-analysis logs every figure at INFO on that logger
+    # llm-analysis logs every figure at INFO on that logger
+    logging.getLogger("__name__").setLevel(logging.ERROR)
 
     import castcore
 

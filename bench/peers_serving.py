@@ -271,11 +271,12 @@ class Castcore:
             )
             classes[kind] += record.estimate.time_s * 1e3
             calls += kind == "collectives" and not record.invoke.name.endswith("wait_tensor")
+        # calls: waits not counted
         return {
             "total": report.time_s * 1e3,
             **classes,
             "collective_calls": calls,
-        }  # calls: waits not counted
+        }
 
 
 def aic_classes(ops: dict) -> dict:
@@ -564,6 +565,7 @@ class Vidur:
             "--no-metrics_config_store_plots",
         ]
         try:
+            # nothing is downloaded
             done = subprocess.run(
                 command,
                 cwd=self.workdir,
@@ -571,7 +573,7 @@ class Vidur:
                 text=True,
                 timeout=VIDUR_TIMEOUT_S,
                 env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            )  # nothing is downloaded
+            )
         except subprocess.TimeoutExpired:
             return not_run(("timed out", f"Vidur ran past {VIDUR_TIMEOUT_S} s"))
         if done.returncode != 0:
@@ -692,9 +694,8 @@ def compare(s: Scenario, cc: dict, peer: dict, castcore: Castcore) -> dict:
         return {}
     ratios = {m: cc[m] / peer[m] for m in text.METRICS if cc.get(m) and peer.get(m)}
     extra = {}
-    if (
-        "step_ops_ms" not in peer
-    ):  # Vidur: castcore's mean over the make-ups of Vidur's prompt-carrying iterations
+    # Vidur: castcore's mean over the make-ups of Vidur's prompt-carrying iterations
+    if "step_ops_ms" not in peer:
         if peer.get("mix_step_ms"):
             priced = [
                 (castcore.step_ms(s, tokens, decodes, prompts), n)
@@ -707,9 +708,8 @@ def compare(s: Scenario, cc: dict, peer: dict, castcore: Castcore) -> dict:
         return {"ratios": ratios, **extra}
     if "mix_step_ms" in peer:
         extra["castcore_mix_step_ms"] = castcore.step_ms(s, peer["mix_prompt_tokens"], peer["mix_decodes"])
-        if (
-            peer["decode_step_ms"] > 0
-        ):  # none when every step of AIConfigurator's request life carries a prompt
+        # none when every step of AIConfigurator's request life carries a prompt
+        if peer["decode_step_ms"] > 0:
             extra["castcore_decode_step_ms"] = castcore.step_ms(s, 0, peer["batch"])
             extra["decode_classes_ms"] = {
                 "castcore": castcore.classes_ms(s, "decode", peer["batch"], s.isl + s.osl // 2),

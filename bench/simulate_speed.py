@@ -88,9 +88,8 @@ def parts() -> dict[str, float]:
     blocks, _ = kv_capacity(session.pipeline, steps, plan.limits, steps.profile)
     engine.run_engine(plan.requests, plan.limits, blocks, steps)  # makes the ladder captures it needs
     first = time.perf_counter()
-    engine.run_engine(
-        plan.requests, plan.limits, blocks, steps
-    )  # every capture made: the loop and its step times
+    # every capture made: the loop and its step times
+    engine.run_engine(plan.requests, plan.limits, blocks, steps)
     looped = time.perf_counter()
     return {"check": checked - started, "captures and first run": first - checked, "loop": looped - first}
 

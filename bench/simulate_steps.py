@@ -49,9 +49,8 @@ def main() -> None:
     for model, options in DEPLOYMENTS:
         started = time.perf_counter()
         steps = StepTimes(session.pipeline, castcore.build_workload(model, **options), "h100-sxm", 8192, 256)
-        for chunks in batches(20) + batches(
-            20, seed=1
-        ):  # the ladder captures these batches need, made on first use
+        # the ladder captures these batches need, made on first use
+        for chunks in batches(20) + batches(20, seed=1):
             steps(chunks)
         built = time.perf_counter() - started
         started = time.perf_counter()

@@ -211,9 +211,8 @@ def main() -> None:
         for backend in ["local"] + ([] if args.no_ray else ["ray", "ray-cluster"]):
             cache = folder / f"cache-{backend}"
             address, env, head = None, {}, None
-            if (
-                backend == "ray-cluster"
-            ):  # a Ray instance already running, as on a cluster: started outside the runs
+            # a Ray instance already running, as on a cluster: started outside the runs
+            if backend == "ray-cluster":
                 address = f"127.0.0.1:{RAY_PORT}"
                 token = folder / "ray-token"  # Ray's token authentication, with a token of this run's own
                 token.write_text(secrets.token_hex(32))

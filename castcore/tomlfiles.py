@@ -18,9 +18,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = ["CONFIG_BYTES", "DATA_BYTES", "parse_json", "read_json", "read_text", "read_toml", "tomllib"]
 
-CONFIG_BYTES = (
-    4 * 2**20
-)  # a config.json, a quantization config, a spec or a device file: kilobytes in practice
+# a config.json, a quantization config, a spec or a device file: kilobytes in practice
+CONFIG_BYTES = 4 * 2**20
 DATA_BYTES = 256 * 2**20  # results, sweep rows and datasets: what castcore wrote, or a million requests
 
 

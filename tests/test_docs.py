@@ -128,9 +128,8 @@ def test_every_device_an_example_names_is_one_the_packs_install_or_its_device_fi
                 continue  # the device file given names its device
             for name in re.findall(r"--device[ =]([\w.-]+)|\bdevice=[\"']([\w.-]+)[\"']", example):
                 name = "".join(name)
-                if (
-                    name not in shipped and name not in ("meta", "cpu") and not name.isupper()
-                ):  # D: a placeholder
+                # D: a placeholder
+                if name not in shipped and name not in ("meta", "cpu") and not name.isupper():
                     wrong.append(f"{page.relative_to(ROOT)}: {name}")
     assert wrong == []
 

@@ -120,9 +120,8 @@ def estimate_point(point: dict[str, Any], session, profile) -> dict[str, Any]:
         "date": point.get("date"),
         "source_note": point.get("note", ""),
     }
-    if (
-        point["category"] == "simulate"
-    ):  # the report groups these by metric family (fidelity.simulated.FAMILIES)
+    # the report groups these by metric family (fidelity.simulated.FAMILIES)
+    if point["category"] == "simulate":
         row.update(
             family=METRICS.get(point["workload"].get("metric"), ("", ""))[1],
             engine=point["workload"].get("engine"),

@@ -56,24 +56,27 @@ PROFILES = {
     "b200_sxm": "b200",
     "l40s": "l40s",
 }
+# where the all-reduce constants came from
 FITTED = {
     ("h100_sxm", "vllm"),
     ("a100_sxm", "vllm"),
     ("b200_sxm", "vllm"),
     ("l40s", "vllm"),
-}  # where the all-reduce constants came from
+}
 ATTENTION_FITTED = {("h100_sxm", "vllm"), ("a100_sxm", "vllm")}  # attention_op_cost_s and attention_wave_s
+# (A100's vLLM table has power-law rows only)
 MOE_FITTED = {
     ("h100_sxm", "vllm"),
     ("b200_sxm", "vllm"),
     ("l40s", "vllm"),  # grouped_mm_efficiency: balanced rows
     ("a100_sxm", "sglang"),
-}  # (A100's vLLM table has power-law rows only)
+}
+# where fp8's mma_efficiency came from
 GEMM_FITTED = {
     ("h100_sxm", "vllm"),
     ("b200_sxm", "vllm"),
     ("l40s", "vllm"),
-}  # where fp8's mma_efficiency came from
+}
 
 
 def table(system: str, family: str, engine: str, name: str) -> list[dict]:
@@ -262,13 +265,14 @@ def score_moe(sample: int = 300) -> list[dict]:
 
     for system, device in PROFILES.items():
         for engine in ("vllm", "sglang"):
+            # grouped GEMM rows 16-byte aligned
             rows = [
                 r
                 for r in table(system, "moe", engine, "moe_perf.parquet")
                 if r["moe_dtype"] == "bfloat16"
                 and r["moe_ep_size"] == 1
                 and r["inter_size"] % (8 * r["moe_tp_size"]) == 0
-            ]  # grouped GEMM rows 16-byte aligned
+            ]
             random.Random(0).shuffle(rows)
             for routing in ("balanced", "power law"):
                 mine = [r for r in rows if (r["distribution"] == "balanced") == (routing == "balanced")][
@@ -283,9 +287,8 @@ def score_moe(sample: int = 300) -> list[dict]:
                     )
                     inter = row["inter_size"] // row["moe_tp_size"]
                     skew = 0.0 if routing == "balanced" else float(row["distribution"].rsplit("_", 1)[1])
-                    with expert_routing(
-                        skew=skew, top_k=k
-                    ):  # the table's power law, as --expert-skew prices it
+                    # the table's power law, as --expert-skew prices it
+                    with expert_routing(skew=skew, top_k=k):
                         estimated = session.estimate(
                             _experts_block,
                             meta(t, hidden),

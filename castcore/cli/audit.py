@@ -19,9 +19,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = {k: v for k, v in values(args, AUDIT, AXIS).items() if k != "model"}
     workload = build_workload(args.model, **options) if args.model else None
-    session = make_session(
-        args
-    )  # prints, among the session's notes, claims on device globs that match nothing
+    # prints, among the session's notes, claims on device globs that match nothing
+    session = make_session(args)
     if workload is not None:
         device = session.device(args.device)
         _, captured = capture_workload(session, workload, device)

@@ -28,9 +28,8 @@ from castcore.workload.spec import build_workload
 
 def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in values(args, ESTIMATE, AXIS).items() if k not in ("model", "device")}
-    workload = build_workload(
-        args.model, **options
-    )  # bad options and unwritable files fail before anything loads
+    # bad options and unwritable files fail before anything loads
+    workload = build_workload(args.model, **options)
     trace = check_output(args.trace, "trace") if args.trace else None
     plot = check_output(args.plot, "plot") if args.plot else None
     html = page_path(args)

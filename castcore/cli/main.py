@@ -110,9 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"castcore: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # after CastcoreError: an OutputError is an OSError too
-        if (
-            exc.errno not in _OUTPUT_ERRORS or exc.filename is not None
-        ):  # a file's error is the command's to word
+        # a file's error is the command's to word
+        if exc.errno not in _OUTPUT_ERRORS or exc.filename is not None:
             raise
         _discard_stdout()
         print(f"castcore: error: cannot write standard output: {exc.strerror}", file=sys.stderr)

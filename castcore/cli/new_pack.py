@@ -60,9 +60,8 @@ def new_pack(name: str, output_dir: str | Path = ".", no_input: bool = False) ->
 
     log = logging.getLogger("cookiecutter")
     level = log.level
-    log.setLevel(
-        logging.CRITICAL
-    )  # it logs a traceback for a failed hook, burying the hook's one-line message
+    # it logs a traceback for a failed hook, burying the hook's one-line message
+    log.setLevel(logging.CRITICAL)
     try:
         made = cookiecutter(
             str(TEMPLATE), no_input=no_input, extra_context={"pack_name": name}, output_dir=str(output_dir)

@@ -28,9 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from castcore.serving.traffic import simulate_traffic
 
     options = {k: v for k, v in values(args, SIMULATE, AXIS).items() if k not in ("model", "device")}
-    plan = check(
-        args.model, **options
-    )  # bad options, lengths or datasets fail before any plugin or model loads
+    # bad options, lengths or datasets fail before any plugin or model loads
+    plan = check(args.model, **options)
     emitted = _emit(args, plan) if args.emit else None
     trace = check_output(args.trace, "trace") if args.trace else None
     plot = check_output(args.plot, "plot") if args.plot else None

@@ -150,6 +150,7 @@ def _fuse_shard_capture(
         )
     with built.while_capturing(), parallelize(built, workload), warnings.catch_warnings():
         quantize(built, workload, device)  # after sharding: quantized weights are one device's shard
+        # around the projections
         built.notes += lora.attach(
             built.model,
             workload.lora_rank,
@@ -157,15 +158,14 @@ def _fuse_shard_capture(
             workload.tp,
             torch_dtype(workload.dtype),
             workload.adapter_skew,
-        )  # around the projections
+        )
         # torch only warns when it backprops through an op with no autograd kernel, and drops its gradient.
         warnings.filterwarnings("error", message=_NO_AUTOGRAD_WARNING)
         captures = {workload.cached_tokens: _capture(host, workload, device, built, progress)}
         for kv_len in more_kv:
             remake = getattr(built.inputs_fn, "with_kv_len", None)
-            if (
-                remake is None
-            ):  # inputs rebuilt for a pipeline stage or an expert group: the caller captures anew
+            # inputs rebuilt for a pipeline stage or an expert group: the caller captures anew
+            if remake is None:
                 break
             built.inputs_fn = remake(kv_len)
             captures[kv_len] = _capture(host, workload, device, built, progress)
@@ -350,9 +350,8 @@ class Pipeline:
             except ValueError as exc:
                 notes.append(f"the KV cache a prefill fills is not counted: {exc}")
         report = self.estimate_capture(captured, profile, description=description, kv_cache_bytes=cache)
-        if (
-            workload.pp > 1
-        ):  # one device runs one stage: the slowest stage's records, the heaviest stage's memory
+        # one device runs one stage: the slowest stage's records, the heaviest stage's memory
+        if workload.pp > 1:
             report = pipeline_report(
                 report,
                 captured,

@@ -28,11 +28,12 @@ ENGINE_ALLREDUCE = (
     "two_shot_latency_s",
     "two_shot_bandwidth",
 )
+# a collective library's protocols, as Interconnect.protocol_latency_s orders them
 PROTOCOLS = (
     "LL",
     "LL128",
     "Simple",
-)  # a collective library's protocols, as Interconnect.protocol_latency_s orders them
+)
 
 
 class DeviceError(CastcoreError, ValueError):
@@ -97,9 +98,8 @@ class DeviceProfile:
     interconnect: tuple[Interconnect, ...] = ()
     # Shape-aware pricing (castcore.devices.tiles), all optional: without them the plain roofline applies.
     compute_units: int = 0  # SMs / AI cores a matrix product's tiles are spread over
-    mma_tile: Mapping[str, tuple[tuple[int, int, int], ...]] = field(
-        default_factory=dict
-    )  # dtype -> kernel tiles
+    # dtype -> kernel tiles
+    mma_tile: Mapping[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     mma_unit: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # dtype -> one MMA instruction
     attention_efficiency: float = (
         0.0  # fraction of the matrix peak a fused attention kernel reaches (0: compute_efficiency)

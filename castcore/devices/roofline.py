@@ -52,9 +52,8 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     if compute_s == 0 and memory_s == 0:
         return Estimate(time_s=0.0, bound="none", source=source)
     overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s
-    if (
-        props.kernel == "attention" and device.attention_op_cost_s
-    ):  # its scheduling and prologue, measured per call
+    # its scheduling and prologue, measured per call
+    if props.kernel == "attention" and device.attention_op_cost_s:
         overhead_s = device.attention_op_cost_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")

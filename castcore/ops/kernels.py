@@ -264,9 +264,8 @@ def _differentiate(record: RegisteredOp, lib: torch.library.Library, qual: str, 
         return [a.new_empty_strided(a.shape, a.stride()) if need else None for a, need in zip(inputs, needs)]
 
     lib.impl(backward_name, backward_real, "CompositeExplicitAutograd")
-    lib.impl(
-        backward_name, torch.library.fallthrough_kernel, "Autograd"
-    )  # its real kernel runs autograd itself
+    # its real kernel runs autograd itself
+    lib.impl(backward_name, torch.library.fallthrough_kernel, "Autograd")
     torch.library.register_fake(f"{record.namespace}::{backward_name}", backward_fake, lib=lib)
     backward_op = getattr(
         getattr(getattr(torch.ops, record.namespace), f"{name}_backward"), overload or "default"

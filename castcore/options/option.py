@@ -19,9 +19,8 @@ from typing import Any
 from castcore.errors import ModelError, did_you_mean
 
 TERMS = ("python", "cli", "spec")
-COUNT_LIMIT = (
-    10**9
-)  # beyond any count a deployment has, and below what would exhaust memory as a count of things
+# beyond any count a deployment has, and below what would exhaust memory as a count of things
+COUNT_LIMIT = 10**9
 _terms: ContextVar[str] = ContextVar("castcore_option_terms", default="python")
 _ABSENT = object()
 

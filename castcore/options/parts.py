@@ -18,15 +18,17 @@ BLOCK_FP8 = (
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", BLOCK_FP8, "int8", "int4", "nvfp4", "mxfp4")
 ACTIVATION_DTYPES = ("int8", "fp8")  # W8A8 with weights of the same kind; fp8 with int4 weights is W4A8
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")
+# a fused attention kernel reads each grouped K/V head once, or once per query head
 KV_READS = (
     "group",
     "head",
-)  # a fused attention kernel reads each grouped K/V head once, or once per query head
+)
+# expert-parallel dispatch and combine, as DeepEP's two kernel sets
 EP_KERNELS = (
     "normal",
     "low-latency",
     "auto",
-)  # expert-parallel dispatch and combine, as DeepEP's two kernel sets
+)
 
 # Scopes: an "axis" is a point's parameter (a sweep varies it); a "session" option sets up plugins and devices
 # (one setting for a whole sweep); an "output" option says how a command prints (no meaning in a sweep).

@@ -190,9 +190,8 @@ class OpInvoke:
         if self._key is None:
             key = (self.op, self.args, tuple(self.kwargs.items()), self.out, tuple(self.attrs.items()))
             try:
-                self._key = CallKey(
-                    key
-                )  # the usual case: arguments are already tuples, TensorMetas and plain values
+                # the usual case: arguments are already tuples, TensorMetas and plain values
+                self._key = CallKey(key)
             except TypeError:
                 self._key = CallKey(
                     (

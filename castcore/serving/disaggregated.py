@@ -133,10 +133,11 @@ def run(
         )
     x, y = pools.prefill_instances, pools.decode_instances
     prompts = [replace(r, output_tokens=1) for r in plan.requests]
+    # schedulers: one per attention group
     px, dy = (
         x * pools.prefill.attention_dp,
         y * pools.decode.attention_dp,
-    )  # schedulers: one per attention group
+    )
     prefilled = [engine_model.run_engine(prompts[n::px], limits, pre.blocks, pre.step) for n in range(px)]
     first = {f.index: f for result in prefilled for f in result.finished}
     same = pre_profile.name == dec_profile.name

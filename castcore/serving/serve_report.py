@@ -30,9 +30,8 @@ class ServeReport:
     input_tokens: int
     output_tokens: int
     batch: int
-    deployment: dict[
-        str, Any
-    ]  # build_workload's deployment options (dtype, fuse, weights, tp, ep, pp, dp, ...)
+    # build_workload's deployment options (dtype, fuse, weights, tp, ep, pp, dp, ...)
+    deployment: dict[str, Any]
     prefill: Report
     decode: dict[int, Report]
     fit: tuple[float, float]

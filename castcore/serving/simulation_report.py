@@ -37,16 +37,13 @@ class SimulationReport:
     deployment: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     partial: bool = False  # Ctrl-C ended the run: the figures are of the requests finished by then
-    finished: list = field(
-        default_factory=list, repr=False
-    )  # every request's times (castcore.simulation.metrics)
+    # every request's times (castcore.simulation.metrics)
+    finished: list = field(default_factory=list, repr=False)
     iterations_trace: Any = field(default=None, repr=False)  # the first replica's iterations (engine.Trace)
     slo_ttft_s: float | None = None  # the goodput objectives, drawn by ``plot``
     slo_tpot_s: float | None = None
-    pool_use: list = field(
-        default_factory=list, repr=False
-    )  # each pool's busy device-seconds, for the energy
-    # (castcore.report.energy.PoolUse)
+    # each pool's busy device-seconds, for the energy (castcore.report.energy.PoolUse)
+    pool_use: list = field(default_factory=list, repr=False)
 
     def to_trace(self) -> dict[str, Any]:
         """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""

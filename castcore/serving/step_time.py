@@ -56,9 +56,8 @@ class _Parts:
     """Ops of one kind between two ladder points: those that estimate alike, with their parts at each point."""
 
     points: list[int]  # the two token (or sampling-sequence) counts
-    ops: list[
-        tuple[int, list[tuple[float, float, float]]]
-    ]  # (how many, [(compute, memory, rest) at each point])
+    # (how many, [(compute, memory, rest) at each point])
+    ops: list[tuple[int, list[tuple[float, float, float]]]]
 
     @classmethod
     def of(cls, points: list[int], per_point: list[list[OpRecord]]) -> _Parts:

@@ -95,9 +95,8 @@ def simulate_traffic(
             f"with 1/{base.pp} of the KV blocks and running requests; an iteration's period is {base.pp} "
             "times its slowest stage, at least one pass through every stage with the activation sends"
         )
-    elsewhere = plugins_elsewhere(
-        pipeline.host, steps.profile.name
-    )  # their rewrites are no news on this device
+    # their rewrites are no news on this device
+    elsewhere = plugins_elsewhere(pipeline.host, steps.profile.name)
     rewriters = [
         label
         for impl in pipeline.host.plugins.pm.hook.fuse_model.get_hookimpls()

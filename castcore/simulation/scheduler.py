@@ -80,9 +80,8 @@ class Scheduler:
             tokens = state.prompt + state.generated
             left = tokens - state.computed
             new = min(left + draft if state.decoding else left, budget)  # a verification pass: k drafts too
-            need = (
-                blocks_for(state.computed + new, block_size) - state.shared - state.held
-            )  # <= 0 under Reserve
+            # <= 0 under Reserve
+            need = blocks_for(state.computed + new, block_size) - state.shared - state.held
             victim = None
             while need > pool.free and victim is not state:
                 victim = running.pop()

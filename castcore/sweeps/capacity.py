@@ -159,12 +159,13 @@ def _replicas(
             why = misses(request, row)
             if not why:
                 met.append(row)
+            # a disaggregated layout scales by its ratios
             elif (
                 not row.get("error")
                 and not row.get("never_fit")
                 and not plan_disaggregated.pooled(row)
                 and row["devices"] * 2 <= request.max_devices
-            ):  # a disaggregated layout scales by its ratios
+            ):
                 again.append({**_layout(row), **traffic, "dp": row["dp"] * 2})
             elif not row.get("error"):  # the last try of this layout
                 missed.append({**row, "missed": "; ".join(why)})

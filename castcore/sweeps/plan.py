@@ -111,10 +111,8 @@ class PlanResult:
     layouts: int = 0
     refused: list[dict[str, Any]] = field(default_factory=list)  # layouts the model or device cannot take
     seconds: float = 0.0
-    missed: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # under traffic: layouts that ran but never met,
-    # each at its last try, with why under "missed"
+    # under traffic: layouts that ran but never met, each at its last try, with why under "missed"
+    missed: list[dict[str, Any]] = field(default_factory=list)
     verdict: dict[str, Any] | None = None  # with disaggregated layouts: which kind wins and why
 
 
@@ -178,11 +176,12 @@ def _next_batch(batch: int) -> int | None:
 def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any]) -> list[dict[str, Any]]:
     """Every layout on every device with every weight dtype, as a point's values (with ``more``)."""
     config = None if is_factory(request.model) else load_model_config(request.model)
+    # simulate's lengths are text: a length or a distribution
     lengths = (
         [str(request.input_tokens), str(request.output_tokens)]
         if request.traffic
         else [request.input_tokens, request.output_tokens]
-    )  # simulate's lengths are text: a length or a distribution
+    )
     chosen = [
         {
             "model": request.model,
@@ -341,13 +340,11 @@ def plan(
             raise ModelError(
                 f"{say(given_together[0])} and {say(given_together[1])} cannot be given together"
             )
-    check_request(
-        model, input_tokens, output_tokens, 1, dtype=dtype
-    )  # the model and the request, as serve does
+    # the model and the request, as serve does
+    check_request(model, input_tokens, output_tokens, 1, dtype=dtype)
     if list(values["weights"]) == list(PLAN["weights"].default) and not is_factory(model):
-        found = checkpoint.shipped(
-            model, load_model_config(model)
-        )  # a quantized checkpoint is planned as it ships
+        # a quantized checkpoint is planned as it ships
+        found = checkpoint.shipped(model, load_model_config(model))
         if found is not None:
             values["weights"] = [found[0]["weights"]]
     request = PlanRequest(

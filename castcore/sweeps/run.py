@@ -198,9 +198,8 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-WORKER_BYTES = (
-    1 << 30
-)  # room for one local worker: torch, transformers and a large model's capture (0.4-0.8 GiB)
+# room for one local worker: torch, transformers and a large model's capture (0.4-0.8 GiB)
+WORKER_BYTES = 1 << 30
 
 
 def worker_count(asked: int | None, points: int, local: bool = True) -> tuple[int, str | None]:
@@ -313,9 +312,8 @@ def _run_points(
         shown.close()
     ordered = [rows[i] for i in sorted(rows)]  # (--resume took only rows of this grid: see _check_resumable)
     names = columns(ordered, parameters)
-    ordered = [
-        {c: row.get(c) for c in names} for row in ordered
-    ]  # every row with every column, None where absent
+    # every row with every column, None where absent
+    ordered = [{c: row.get(c) for c in names} for row in ordered]
     result = SweepResult(
         rows=ordered,
         columns=names,

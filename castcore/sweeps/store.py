@@ -12,10 +12,11 @@ from typing import Any
 from castcore.plugins.custom_op_dirs import unsafe_reason
 from castcore.plugins.packs import cache_dir, write_cache_file
 
+# a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
 SUFFIXES = (
     ".capture",
     ".fused",
-)  # a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
+)
 
 
 @dataclass

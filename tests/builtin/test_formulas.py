@@ -538,9 +538,8 @@ def answered(session, op, args, out) -> Call:
 
 def test_copies_read_their_source_and_write_their_result(session):
     big, row = TensorMeta((8, 16), torch.float32), TensorMeta((16,), torch.float32)
-    copied = the(
-        run(session, aten.copy, meta(8, 16), meta(16)), "aten::copy"
-    )  # self's shape, filled from src
+    # self's shape, filled from src
+    copied = the(run(session, aten.copy, meta(8, 16), meta(16)), "aten::copy")
     assert (copied.props.memory_read_bytes, copied.props.memory_write_bytes) == (64, 512)
     moved = answered(session, aten._copy_from.default, (row, big), big)  # self copied into dst
     assert (moved.props.memory_read_bytes, moved.props.memory_write_bytes) == (64, 512)

@@ -110,9 +110,8 @@ def test_nvfp4_on_a_device_without_an_fp4_rate_is_refused_in_one_line(capsys):
         str(DATA / "h100-sxm.toml"),
     ]
     assert main([*argv, "--weights", "nvfp4"]) == 2
-    err = [
-        line for line in capsys.readouterr().err.strip().splitlines() if "error" in line
-    ]  # past the progress
+    # past the progress
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
     assert len(err) == 1 and err[0].startswith(
         "castcore: error: --weights nvfp4: h100-sxm has no FP4 matrix rate"
     )

@@ -65,10 +65,11 @@ def test_the_fused_model_computes_what_the_eager_one_does(name):
     from transformers import DynamicCache
 
     model = real_model(name)
+    # past gpt-oss's 16-token window
     prompt, step = (
         torch.randint(3, 200, (2, 20)),
         torch.randint(3, 200, (2, 1)),
-    )  # past gpt-oss's 16-token window
+    )
 
     def run():
         cache = {cache_argument(model): DynamicCache(config=model.config)}

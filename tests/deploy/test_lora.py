@@ -86,9 +86,8 @@ def test_under_tensor_parallelism_each_device_holds_its_share_and_adds_no_commun
         [r.invoke.name for r in report.records if r.invoke.name.startswith("_c10d_functional::")]
         for report in (plain, adapted)
     ]
-    assert (
-        collectives[0] and collectives[1] == collectives[0]
-    )  # the row-parallel all-reduce carries the adapters'
+    # the row-parallel all-reduce carries the adapters'
+    assert collectives[0] and collectives[1] == collectives[0]
 
 
 @pytest.mark.parametrize(

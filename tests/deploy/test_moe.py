@@ -11,9 +11,8 @@ import castcore
 from castcore.builtin.formulas.matmul import _grouped_mm, touched_experts
 from castcore.deploy.pipeline import build
 
-MIXTRAL = str(
-    Path(__file__).parents[1] / "data" / "tiny-mixtral.json"
-)  # 4 experts, top-2, hidden 64, ffn 96, bf16
+# 4 experts, top-2, hidden 64, ffn 96, bf16
+MIXTRAL = str(Path(__file__).parents[1] / "data" / "tiny-mixtral.json")
 
 
 def _grouped(**options) -> list:

@@ -199,10 +199,11 @@ def test_decode_holds_one_devices_kv_cache():
     assert analyze_memory(whole).kv_cache_bytes == 2 * slots + 2 * 8
     assert analyze_memory(split).kv_cache_bytes == slots + 2 * 8
     (sdpa, *_) = [i for i in split.invokes if "scaled_dot_product" in i.name]
+    # local heads, whole cache
     assert sdpa.args[0].shape[1:3] == (2, 1) and sdpa.args[1].shape[1:3] == (
         1,
         33,
-    )  # local heads, whole cache
+    )
     assert "tensor parallel 2 (per device)" in workload.description
 
 
@@ -226,10 +227,11 @@ def test_mixtral_experts_are_split_along_their_intermediate_dimension(phase):
     assert info.plan["model.layers.0.mlp.experts"] == "experts"
     assert _grouped_mm_flops(split) * 2 == _grouped_mm_flops(whole) > 0
     shapes = [tuple(i.args[1].shape) for i in split.invokes if i.name == "aten::_grouped_mm"][:2]
+    # gate_up [experts, hidden, 2 x 48], down [experts, 48, hidden]
     assert shapes == [
         (4, 64, 96),
         (4, 48, 64),
-    ]  # gate_up [experts, hidden, 2 x 48], down [experts, 48, hidden]
+    ]
     reduces = [i.module.rsplit(".", 1)[-1] for i in split.invokes if i.name == "_c10d_functional::all_reduce"]
     assert reduces == ["model"] + ["self_attn", "mlp"] * LAYERS  # the experts' partial sums, after them
     per_device, full = analyze_memory(split).weight_bytes, analyze_memory(whole).weight_bytes
@@ -293,9 +295,8 @@ def test_gpt2_conv1d_layers_are_tensor_parallel(session, tmp_path, fuse):
         for r in split.records
         if r.invoke.name == "_c10d_functional::all_reduce"
     ]
-    assert (
-        reduces == ["attn", "mlp"] * 2
-    )  # after each layer's attention and MLP (the tied embedding stays whole)
+    # after each layer's attention and MLP (the tied embedding stays whole)
+    assert reduces == ["attn", "mlp"] * 2
     (attention, *_) = [
         r
         for r in split.records

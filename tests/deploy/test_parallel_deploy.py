@@ -52,9 +52,8 @@ def test_a_replica_larger_than_the_interconnect_is_refused(tmp_path, h100_file, 
     device = _profile(tmp_path, h100_file, FOUR)
     argv = [command, "--no-packs", "--device-file", str(device), "--model", str(tiny_llama)]
     argv += ["--seq", "16"] if command == "estimate" else ["--input", "16", "--output", "4"]
-    assert (
-        main([*argv, "--tp", "2", "--pp", "2", "--dp", "8"]) == 0
-    )  # 4 devices a replica: fits; replicas need none
+    # 4 devices a replica: fits; replicas need none
+    assert main([*argv, "--tp", "2", "--pp", "2", "--dp", "8"]) == 0
     capsys.readouterr()
     assert main([*argv, "--tp", "4", "--pp", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -12,9 +12,8 @@ import pytest
 import castcore
 from castcore.cli.main import main
 
-MIXTRAL = str(
-    Path(__file__).parents[1] / "data" / "tiny-mixtral.json"
-)  # 4 experts, top-2, hidden 64, ffn 96, 2 layers
+# 4 experts, top-2, hidden 64, ffn 96, 2 layers
+MIXTRAL = str(Path(__file__).parents[1] / "data" / "tiny-mixtral.json")
 LAYERS, EXPERTS, TOP_K, HIDDEN, FFN = 2, 4, 2, 64, 96
 EXPERT_BYTES = LAYERS * EXPERTS * (2 * FFN * HIDDEN + HIDDEN * FFN) * 2  # gate_up and down, bf16
 
@@ -57,9 +56,8 @@ def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp,
     # and a reduce_scatter over the tp/ep devices sharing an expert.
     gathers = LAYERS * (tp > 1) + LAYERS * (ep < tp) + (tp > 1)  # + the vocab-parallel logits
     assert calls["all_gather_into_tensor"] == gathers and calls["reduce_scatter_tensor"] == LAYERS * (ep < tp)
-    assert calls["all_reduce"] == (1 + LAYERS) * (
-        tp > 1
-    )  # the embedding and the attention: no MoE all_reduce
+    # the embedding and the attention: no MoE all_reduce
+    assert calls["all_reduce"] == (1 + LAYERS) * (tp > 1)
     sizes = {
         i.attrs["group_size"]
         for i in (r.invoke for r in split.records)
@@ -132,9 +130,8 @@ def test_ep_over_tp_runs_attention_on_a_share_of_the_batch(session):
     )
     (sdpa, *_) = [r.invoke for r in split.records if r.invoke.name == "castcore::attention"]
     assert sdpa.args[0].shape[0] == 2
-    assert (
-        split.memory.kv_cache_bytes * 4 == whole.memory.kv_cache_bytes
-    )  # half the sequences, half the KV heads
+    # half the sequences, half the KV heads
+    assert split.memory.kv_cache_bytes * 4 == whole.memory.kv_cache_bytes
     assert "2 of 4 sequences" in split.description
 
 

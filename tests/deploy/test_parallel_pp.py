@@ -57,10 +57,11 @@ def test_memory_is_the_heaviest_stages(session, tiny_llama):
     pipe = staged.pipeline
     assert sum(pipe.stage_weight_bytes) == whole.memory.weight_bytes
     layer = (2 * 64 * 64 + 2 * 64 * 32 + 2 * 160 * 64 + 64 * 160 + 2 * 64) * 2
+    # + rotary buffers
     assert pipe.stage_weight_bytes == [
         500 * 64 * 2 + layer + 2 * 8 * 4,
         layer + 64 * 2 + 500 * 64 * 2,
-    ]  # + rotary buffers
+    ]
     assert (
         staged.memory.peak_bytes == max(pipe.stage_peak_bytes)
         and staged.memory.weight_bytes == pipe.stage_weight_bytes[pipe.heaviest]

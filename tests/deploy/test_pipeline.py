@@ -127,9 +127,8 @@ def test_a_module_with_inputs_is_a_workload_too(session):
     direct = session.estimate(model, x)
     via_workload = session.estimate(castcore.build_workload(model, x))
     assert direct.totals() == via_workload.totals()
-    assert (
-        direct.flops == 2 * 32 * (64 * 128 + 128 * 8) + 32 * 128 + 32 * 128 + 32 * 8
-    )  # matmuls, biases, relu
+    # matmuls, biases, relu
+    assert direct.flops == 2 * 32 * (64 * 128 + 128 * 8) + 32 * 128 + 32 * 128 + 32 * 8
     assert direct.workload["model"] == "Sequential"
 
 

@@ -34,9 +34,8 @@ def test_the_op_returns_what_the_peer_receives_and_captures_as_one_call(session)
     )
     [record] = report.records
     assert record.invoke.name == "castcore::send" and str(record.estimate.source) == "core (estimator)"
-    assert record.estimate.time_s == pytest.approx(
-        IB_LATENCY + 2000 / IB + CALL_COST
-    )  # outermost: the network
+    # outermost: the network
+    assert record.estimate.time_s == pytest.approx(IB_LATENCY + 2000 / IB + CALL_COST)
 
 
 def test_the_core_times_a_send_over_the_level_spanning_both_devices(session):

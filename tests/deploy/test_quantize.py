@@ -79,9 +79,8 @@ def _profile(path: Path, **mma: float) -> castcore.DeviceProfile:
     """The profile in ``path`` with some matrix rates changed."""
     data = tomllib.loads(path.read_text())
     data["mma_flops"].update(mma)
-    data["name"] += "".join(
-        f"-{dtype}-{rate:g}" for dtype, rate in mma.items()
-    )  # estimates are cached by name
+    # estimates are cached by name
+    data["name"] += "".join(f"-{dtype}-{rate:g}" for dtype, rate in mma.items())
     return castcore.device_from_dict(data, origin=str(path))
 
 
@@ -93,9 +92,8 @@ def test_int8_weight_only_halves_the_linear_weights_and_what_a_decode_step_reads
     assert 0.5 < (ELEMENTS + CHANNEL_SCALES) / (2 * ELEMENTS) < 0.52
     assert _read(base) - _read(int8) == ELEMENTS - CHANNEL_SCALES  # every weight read once, as int8
     linear = _records(int8, "castcore::weight_only_linear")
-    assert len(linear) == LAYERS * 6 and not _records(
-        int8, "aten::_int_mm"
-    )  # q, k, v, o, merged gate/up, down
+    # q, k, v, o, merged gate/up, down
+    assert len(linear) == LAYERS * 6 and not _records(int8, "aten::_int_mm")
     assert all(r.invoke.args[1].dtype == torch.int8 for r in linear)
     # The products still run in bf16; dequantizing costs one multiply-add (2 ops) per weight element per call.
     assert _ops(int8, "mma") == _ops(base, "mma") == {torch.bfloat16: _ops(base, "mma")[torch.bfloat16]}
@@ -176,13 +174,11 @@ def test_fp8_block_quantizes_activations_per_group_and_scales_products_per_block
         assert tuple(scale_a.shape) == (SEQ, math.ceil(a.shape[1] / 128))
         assert tuple(scale_b.shape) == (math.ceil(b.shape[0] / 128), math.ceil(b.shape[1] / 128))
     assert _ops(report, "mma")[torch.float8_e4m3fn] == 2 * SEQ * ELEMENTS
-    blocks = LAYERS * (
-        4 * 1 + 3 * 1 + 1 * 2
-    )  # q k v o (64 x 64 or less), merged gate/up (320 x 64), down (64 x 160)
+    # q k v o (64 x 64 or less), merged gate/up (320 x 64), down (64 x 160)
+    blocks = LAYERS * (4 * 1 + 3 * 1 + 1 * 2)
     fp8_block = report.memory.weight_bytes - base.memory.weight_bytes
-    assert (
-        fp8_block == ELEMENTS - 2 * ELEMENTS + blocks * 4
-    )  # one byte a weight instead of two, fp32 block scales
+    # one byte a weight instead of two, fp32 block scales
+    assert fp8_block == ELEMENTS - 2 * ELEMENTS + blocks * 4
     with pytest.raises(ModelError, match=r"activations='int8' multiplies int8 activations by int8 weights"):
         _estimate(session, weights="fp8-block", activations="int8")
     a100 = castcore.load_device_file(A100)
@@ -242,9 +238,8 @@ def test_fp8_kv_cache_halves_the_cache_and_what_fused_attention_reads(session):
     writes = [
         r for r in _records(fp8, "aten::_to_copy") if r.invoke.outputs()[0].dtype == torch.float8_e4m3fn
     ]
-    assert len(writes) == 2 * LAYERS and all(
-        w.invoke.outputs()[0].shape[2] == 1 for w in writes
-    )  # the new token
+    # the new token
+    assert len(writes) == 2 * LAYERS and all(w.invoke.outputs()[0].shape[2] == 1 for w in writes)
 
 
 def test_a_cache_another_step_cut_to_a_micro_batch_is_kept_in_the_kv_dtype(session):
@@ -306,9 +301,8 @@ def test_mixture_of_experts_weights_are_quantized_too(session):
             r.properties.compute_ops[torch.bfloat16].mma_ops for r in _records(base, "aten::_grouped_mm")
         )
         assert _borrowed(w8a8) == _borrowed(base)
-    parallel = _estimate(
-        session, model=MIXTRAL, weights="int8", ep=2, batch=2
-    )  # experts split over 2 devices
+    # experts split over 2 devices
+    parallel = _estimate(session, model=MIXTRAL, weights="int8", ep=2, batch=2)
     assert _records(parallel, "_c10d_functional::all_to_all_single")
     assert _records(parallel, "castcore::weight_only_grouped_mm")[0].invoke.args[1].shape[0] == experts // 2
 
@@ -372,9 +366,8 @@ def test_the_command_line_and_the_api_give_the_same_figures(session, capsys):
 
 
 def test_serve_with_int8_weights_holds_about_half_the_weights(session, tmp_path, capsys):
-    small_vocab = (
-        tmp_path / "llama-small-vocab.json"
-    )  # so the decoder's linear layers are nearly every weight
+    # so the decoder's linear layers are nearly every weight
+    small_vocab = tmp_path / "llama-small-vocab.json"
     small_vocab.write_text(json.dumps({**CONFIG, "vocab_size": 32}))
     request = ("--input", "16", "--output", "8", "--batch", "2")
     base = json.loads(_cli(capsys, *request, command="serve", model=small_vocab))

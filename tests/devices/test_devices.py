@@ -47,9 +47,8 @@ def test_a_good_file_loads(tmp_path):
     assert profile.mma_flops == {"bfloat16": 1e13}
     assert profile.interconnect[0].devices == 4
     assert profile.interconnect[0].topology == "switch"
-    assert (
-        profile.interconnect[0].reduction_efficiency == 0.0
-    )  # no in-network reduction unless the file says so
+    # no in-network reduction unless the file says so
+    assert profile.interconnect[0].reduction_efficiency == 0.0
 
 
 @pytest.mark.parametrize(

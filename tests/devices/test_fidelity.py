@@ -139,6 +139,7 @@ def test_serve_points_become_serve_calls_with_the_stated_deployment():
         2048,
         "output_tokens_per_s",
     )
+    # TensorRT-LLM 0.6.1: masked MHA
     assert fp8["deployment"] == {
         "dtype": "fp16",
         "tp": 2,
@@ -147,7 +148,7 @@ def test_serve_points_become_serve_calls_with_the_stated_deployment():
         "activations": "fp8",
         "kv_cache": "fp8",
         "kv_reads": "head",
-    }  # TensorRT-LLM 0.6.1: masked MHA
+    }
     assert any("masked MHA kernel" in n for n in fp8["notes"])
     assert "kv_reads" not in plan_serve(point("h200-trtllm07a-llama-2-70b-bs960-128-128"))["deployment"]
     nim = plan_serve(point("h100x2-nim18-llama-3.3-70b-tpot-5000-500"))
@@ -384,10 +385,11 @@ def test_local_run_estimates_and_times_each_op_and_leaves_unscored_ones_out():
 def test_run_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     import fidelity.run as run
 
+    # not expressible
     out, only = (
         tmp_path / "fidelity.json",
         "cb-a100-vllm060-llama-3.1-8b-sharegpt-rps4-itl",
-    )  # not expressible
+    )
     monkeypatch.setattr(sys, "argv", ["run.py", "--no-local", "--only", only, "--out", str(out)])
     run.main()
     data = json.loads(out.read_text())

@@ -49,9 +49,8 @@ def test_one_tile_more_than_the_units_costs_a_second_wave():
 
 def test_padding_to_the_tile_is_paid_and_skinny_products_split_k():
     device = profile()
-    seconds, how = tiled_matmul(
-        device, torch.bfloat16, 1, 1, 128, 4096, PEAK
-    )  # one row: one tile of 128 rows
+    # one row: one tile of 128 rows
+    seconds, how = tiled_matmul(device, torch.bfloat16, 1, 1, 128, 4096, PEAK)
     assert how["split_k"] == 4 and how["tiles"] == 1
     assert seconds == pytest.approx(2 * 128 * 128 * 4096 / 4 / (PEAK / 4))
     assert how["tile_efficiency"] == pytest.approx(1 / 128)
@@ -109,9 +108,8 @@ def test_estimates_use_the_tiles_for_real_torch_products():
     tiled = session.estimate(lambda a, b: a @ b, a, b, device=device).records[0].estimate
     flat = session.estimate(lambda a, b: a @ b, a, b, device=plain).records[0].estimate
     assert tiled.detail["tiling"]["waves"] == 2
-    assert tiled.compute_s == pytest.approx(
-        flat.compute_s * 8 / 5
-    )  # 5 tiles on 4 units: 8 tile-times of work 5
+    # 5 tiles on 4 units: 8 tile-times of work 5
+    assert tiled.compute_s == pytest.approx(flat.compute_s * 8 / 5)
 
 
 def test_attention_runs_at_the_kernels_own_efficiency():

@@ -97,9 +97,10 @@ def test_bilinear_interpolation_uses_the_four_corners(tmp_path):
 
 def test_scattered_points_use_nearest_neighbours_and_say_so(tmp_path):
     path = tmp_path / "t.csv"
+    # (10000, 10) is missing: not a full grid
     path.write_text(
         SOURCE + "m,n,dtype,time_s\n100,10,float32,1e-5\n10000,1000,float32,4e-5\n100,1000,float32,2e-5\n"
-    )  # (10000, 10) is missing: not a full grid
+    )
     est = load_measured_table(path).lookup_sizes((1000, 100), torch.float32)
     assert est.detail["lookup"] == "nearest"
     assert "[10000, 10] is not measured" in est.detail["note"]

@@ -82,9 +82,8 @@ WEIGHTS = "16-bit weights in another dtype than the model's are not a quantizati
 
 
 def test_a_weight_only_quantization_refusal_in_python_terms(session):
-    workload = castcore.build_workload(
-        LLAMA, seq=16, weights="fp16"
-    )  # a 16-bit dtype that is not the model's
+    # a 16-bit dtype that is not the model's
+    workload = castcore.build_workload(LLAMA, seq=16, weights="fp16")
     said = f"weights='fp16' with dtype='bf16': {WEIGHTS}; use dtype='fp16', or weights=fp8, int8 or int4"
     with pytest.raises(castcore.ModelError, match=f"^{re.escape(said)}$"):
         session.estimate(workload)

@@ -114,9 +114,8 @@ def test_dynamic_audit_shows_who_answers_and_uncovered_ops(site, tmp_path):
         key=("op",),
     )
     assert rows[("aten::mm",)]["answered_by"] == [f"{THROWAWAY} (estimator)"]
-    assert (
-        rows[("aten::mm",)]["calls"] == 13
-    )  # 6 per layer (gate and up merged by the deployed kernels), the head
+    # 6 per layer (gate and up merged by the deployed kernels), the head
+    assert rows[("aten::mm",)]["calls"] == 13
     assert rows[("aten::mm",)]["status"] == "CONFLICT"
     assert rows[("castcore::attention",)]["answered_by"] == ["core (properties)"]
     no_pack = rows_by(

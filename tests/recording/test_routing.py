@@ -15,9 +15,8 @@ import castcore
 from castcore.cli.main import main
 from castcore.recording import routing
 
-MIXTRAL = str(
-    Path(__file__).parents[1] / "data" / "tiny-mixtral.json"
-)  # 4 experts, top-2, hidden 64, ffn 96, 2 layers
+# 4 experts, top-2, hidden 64, ffn 96, 2 layers
+MIXTRAL = str(Path(__file__).parents[1] / "data" / "tiny-mixtral.json")
 
 
 def test_loads_are_the_power_laws_quantiles_scaled_to_the_routed_rows():

@@ -102,11 +102,12 @@ def test_claimed_linear_answers_for_nn_linear_and_matmul_for_the_operator(tmp_pa
     session = make_session(tmp_path, "torch.ops.aten.linear.default", "torch.ops.aten.matmul.default")
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8, bias=False))
     report = session.estimate(model.to("meta"), meta(2, 5, 16), device=DEVICE)
+    # bias-free linear's matmul is inside
     assert names(report) == [
         "aten::linear",
         "aten::relu",
         "aten::linear",
-    ]  # bias-free linear's matmul is inside
+    ]
     assert [r.invoke.module for r in report.records] == ["Sequential.0", "Sequential.1", "Sequential.2"]
     first = report.records[0].invoke
     assert [t.shape for t in first.inputs()] == [(2, 5, 16), (32, 16), (32,)]
@@ -176,14 +177,12 @@ def test_the_kernel_is_gone_after_a_capture_even_a_failed_one():
 def test_static_audit_lists_as_winners_only_claims_that_can_answer(tmp_path):
     session = make_session(tmp_path, "torch.ops.aten.linear.default", "torch.ops.prim.device.default")
     rows = {r.op: r for r in audit.static_audit(session, [DEVICE])}
-    assert (
-        rows["aten::linear"].status == "ok"
-    )  # kept whole: the file answers, the core's formula is behind it
+    # kept whole: the file answers, the core's formula is behind it
+    assert rows["aten::linear"].status == "ok"
     assert str(rows["aten::linear"].winner) == f"file:{tmp_path / 'ops' / 'whole.py'} (estimator)"
     assert [c.plugin for c in rows["aten::linear"].shadowed] == ["core"]
-    assert (
-        rows["aten::matmul"].status == audit.DECOMPOSED
-    )  # only the core claims it: its formula never answers
+    # only the core claims it: its formula never answers
+    assert rows["aten::matmul"].status == audit.DECOMPOSED
     assert rows["aten::matmul"].winner is None
     assert [c.plugin for c in rows["aten::matmul"].shadowed] == ["core"]
     assert rows["aten::matmul"].to_dict()["winner"] is None

@@ -139,9 +139,8 @@ def test_a_simulated_runs_energy_holds_every_device_for_the_run():
     # iterations were busy 24 s of whole-model time and a device runs half the layers (pp 2) of each: 12 s.
     # Per position 140 W x 20 s + 560 W x 12 s = 9,520 J, for each of a replica's 4 positions.
     replica = SimpleNamespace(devices=4, pp=2, attention_dp=1)
-    use = pool_use(
-        "gpu", replica, 2, [SimpleNamespace(busy_s=20.0), SimpleNamespace(busy_s=4.0)]
-    )  # model + draft
+    # model + draft
+    use = pool_use("gpu", replica, 2, [SimpleNamespace(busy_s=20.0), SimpleNamespace(busy_s=4.0)])
     assert (use.devices, use.busy_device_s) == (8, 48.0)
     found = simulation_energy([(POWER, use)], {"duration": 10.0, "total_output_tokens": 1000})
     assert found["energy_j"] == pytest.approx(4 * (140 * 20 + 560 * 12))
@@ -159,13 +158,14 @@ def test_two_pools_of_two_devices_each_draw_their_own_power():
     assert found["utilization"] == pytest.approx(35 / 60) and found[
         "output_tokens_per_joule"
     ] == pytest.approx(0.01)
+    # a pool without power numbers
     assert (
         simulation_energy(
             [(POWER, PoolUse("a", 2, 5.0)), (SimpleNamespace(tdp_w=0.0), PoolUse("b", 4, 1.0))],
             {"duration": 10.0, "total_output_tokens": 1},
         )
         == {}
-    )  # a pool without power numbers
+    )
 
 
 class _Ladder:
@@ -216,9 +216,8 @@ def test_serve_draws_the_limit_when_every_op_is_busy_and_prices_each_phase(tmp_p
 
 def test_a_simulation_without_launch_costs_is_busy_throughout(tmp_path):
     session = castcore.Session(load_packs=[], device_files=[_without_overheads(tmp_path)])
-    report = session.simulate(
-        LLAMA, requests=20, input_lengths="32", output_lengths="8"
-    )  # all at once: no gaps
+    # all at once: no gaps
+    report = session.simulate(LLAMA, requests=20, input_lengths="32", output_lengths="8")
     found = simulation_energy([(session.device(None), use) for use in report.pool_use], report.summary)
     assert found["utilization"] == pytest.approx(1.0)
     assert found["energy_j"] == pytest.approx(700 * report.summary["duration"])

@@ -99,9 +99,8 @@ def test_an_estimate_page_is_one_self_contained_file_with_the_jsons_figures(esti
     from castcore.report.html.document import seconds
 
     assert f"{seconds(report['totals']['time_s'])} ± {seconds(spread)}" in page
-    assert (
-        "shapes: %{customdata[1]}" in page and "16x64 bfloat16" in page
-    )  # the roofline's hover: the call's shapes
+    # the roofline's hover: the call's shapes
+    assert "shapes: %{customdata[1]}" in page and "16x64 bfloat16" in page
 
 
 def test_the_memory_curve_peaks_where_the_report_says(estimated):
@@ -240,9 +239,8 @@ def test_sweep_and_plan_pages_mark_the_front_and_the_chosen(tmp_path, capsys):
     chosen = re.search(r'<tr class="chosen">(.*?)</tr>', page).group(1)
     assert f">{plan['best'][0]['served_batch']}<" in chosen
     assert "TTFT p99 objective 1 ms" in page  # the objective drawn as a line on the front's TTFT axis
-    assert len(tables(page)["candidates-table"]) > len(
-        plan["best"]
-    )  # every point evaluated, not only the best
+    # every point evaluated, not only the best
+    assert len(tables(page)["candidates-table"]) > len(plan["best"])
 
 
 @pytest.mark.parametrize(

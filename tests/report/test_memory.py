@@ -98,15 +98,13 @@ def test_tiny_llama_weights_and_peak(tiny_llama, tmp_path, tied):
     captured = castcore.capture(model, *workload.args, **workload.kwargs)
     report = analyze_memory(captured)
 
-    unique = {
-        id(t): t for t in [*model.parameters(), *model.buffers()]
-    }  # both iterators skip tied duplicates
+    # both iterators skip tied duplicates
+    unique = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     expected = sum(t.numel() * t.element_size() for t in unique.values())
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     assert report.weight_bytes == expected
-    assert (
-        report.input_bytes == 2 * 16 * 8 + 8
-    )  # int64 input_ids, and the last position's index (logits_to_keep)
+    # int64 input_ids, and the last position's index (logits_to_keep)
+    assert report.input_bytes == 2 * 16 * 8 + 8
     assert report.peak_bytes > report.weight_bytes + report.input_bytes
     root, _, path_in_model = report.peak_module.partition(".")
     assert root == type(model).__name__ and path_in_model

@@ -93,9 +93,8 @@ def test_ttft_is_the_prefill_and_memory_holds_the_whole_context(session, served,
     assert served.ttft_s == prefill.time_s
     cfg = json.loads(tiny_llama.read_text())
     kv_bytes = 2 * cfg["num_hidden_layers"] * BATCH * (INPUT + OUTPUT) * cfg["num_key_value_heads"] * 16 * 2
-    assert (
-        kv_bytes <= served.memory()["kv_cache_bytes"] < kv_bytes + 64
-    )  # and the cache's few position counters
+    # and the cache's few position counters
+    assert kv_bytes <= served.memory()["kv_cache_bytes"] < kv_bytes + 64
 
 
 def test_interpolated_decode_equals_stepping_every_token(session, served, tiny_llama):

@@ -130,9 +130,8 @@ def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, ca
     figures = json.loads(capsys.readouterr().out)
     assert figures["completed"] == 40 and figures["preemptions"] > 0 and figures["never_fit"] == []
     assert figures["kv_blocks"] * 16 < 40 * 200  # the cache cannot hold every request at once
-    assert (
-        main([*argv, "--kv-policy", "reserve"]) == 0
-    )  # TensorRT-LLM's default: wait for room, never preempt
+    # TensorRT-LLM's default: wait for room, never preempt
+    assert main([*argv, "--kv-policy", "reserve"]) == 0
     reserved = json.loads(capsys.readouterr().out)
     assert reserved["completed"] == 40 and reserved["preemptions"] == 0
     assert reserved["engine_limits"]["kv_policy"] == "reserve"
@@ -212,9 +211,10 @@ def test_the_trace_shows_every_iteration_and_request(tmp_path, capsys):
     iterations = [e for e in events if e["name"] == "iteration"]
     requests = [e for e in events if e["name"].startswith("request ")]
     assert len(iterations) == figures["iterations"] and len(requests) == 60
+    # the last token of each is not run
     assert sum(e["args"]["decode_tokens"] + e["args"]["prefill_tokens"] for e in iterations) >= (
         figures["total_input_tokens"] + figures["total_output_tokens"] - 60
-    )  # the last token of each is not run
+    )
 
 
 def test_a_mixed_batch_splits_attention_even_where_a_pack_rewrites_it(tmp_path):

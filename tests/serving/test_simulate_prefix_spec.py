@@ -161,9 +161,8 @@ def test_a_draft_head_is_the_model_cut_to_its_layers():
     mtp = draft_heads.head_config(deepseek, "mtp", "deepseek-v3")
     # One multi-token-prediction layer, a mixture-of-experts one like the model's own after its 3 dense layers.
     assert (mtp["num_hidden_layers"], mtp["first_k_dense_replace"]) == (1, 0)
-    assert (
-        "num_nextn_predict_layers" not in mtp and deepseek["num_hidden_layers"] == 61
-    )  # the model is untouched
+    # the model is untouched
+    assert "num_nextn_predict_layers" not in mtp and deepseek["num_hidden_layers"] == 61
     gpt_oss = load_model_config("gpt-oss-20b")
     eagle = draft_heads.head_config(gpt_oss, "eagle", "gpt-oss-20b")
     assert eagle["num_hidden_layers"] == 1 and eagle["layer_types"] == gpt_oss["layer_types"][:1]

@@ -46,12 +46,13 @@ def test_chunked_prefill_split_by_budget():
     batches, step = recorder(samples=samples)
     result = run_engine([Req(0, 10, 2)], engine(budget=4), 100, step)
     assert batches == [[(4, 0)], [(4, 4)], [(2, 8)], [(1, 10)]]
+    # only the chunk that ends the prompt samples a token
     assert samples == [
         [False],
         [False],
         [True],
         [True],
-    ]  # only the chunk that ends the prompt samples a token
+    ]
     assert result.finished[0].token_times == [3.0, 4.0]
 
 

@@ -164,9 +164,8 @@ def test_gamma_arrivals_keep_the_rate_and_their_burstiness(burstiness, spread):
     times = poisson(4.0, burstiness, 5000, seed=5)
     gaps = [b - a for a, b in zip([0.0, *times], times)]
     assert all(gap >= 0 for gap in gaps)
-    assert statistics.fmean(gaps) == pytest.approx(
-        1 / 4.0, rel=1e-9
-    )  # vLLM scales the last arrival to n / rate
+    # vLLM scales the last arrival to n / rate
+    assert statistics.fmean(gaps) == pytest.approx(1 / 4.0, rel=1e-9)
     # A gamma of shape k has coefficient of variation 1 / sqrt(k): 1 for Poisson, less for even, more for bursty.
     assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(spread, rel=0.1)
 

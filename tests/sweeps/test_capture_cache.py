@@ -58,9 +58,10 @@ def test_a_stored_capture_reads_back_to_the_same_report(session, options):
     assert [(i.op, i.args, i.kwargs, i.out, i.module, i.index, i.attrs) for i in again.invokes] == [
         (i.op, i.args, i.kwargs, i.out, i.module, i.index, i.attrs) for i in captured.invokes
     ]
+    # not part of equality: checked apart
     assert [t.storage for i in again.invokes for t in i.inputs()] == [
         t.storage for i in captured.invokes for t in i.inputs()
-    ]  # not part of equality: checked apart
+    ]
     for name in ("weight_storages", "input_storages", "output_storages", "state_storages"):
         assert getattr(again, name) == getattr(captured, name)
     first, second = (session.estimate_capture(c, device) for c in (captured, again))
@@ -113,9 +114,8 @@ def _estimate(cache_step: CaptureCache, ops: Path | None = None, **options) -> c
 
 
 def test_corrupt_entries_are_discarded_with_one_warning_and_rebuilt(cache, tmp_path):
-    ops = (
-        tmp_path / "ops"
-    )  # a plugin with a fuse_model hook: its rewrite's fingerprint is cached too (.fused)
+    # a plugin with a fuse_model hook: its rewrite's fingerprint is cached too (.fused)
+    ops = tmp_path / "ops"
     ops.mkdir()
     (ops / "fuse.py").write_text(FUSE_NOTHING)
     first = CaptureCache()
@@ -203,9 +203,8 @@ def test_a_second_serve_loads_every_step_and_gives_the_same_figures(tmp_path):
     assert json.loads(first.stdout) == json.loads(second.stdout)
     assert "loaded the capture from castcore's cache" in second.stderr
     assert "castcore: capturing" in first.stderr and "capturing" not in second.stderr
-    assert (
-        len(list((tmp_path / "castcore" / "captures").glob("*.capture"))) == 4
-    )  # the prefill, 3 decode steps
+    # the prefill, 3 decode steps
+    assert len(list((tmp_path / "castcore" / "captures").glob("*.capture"))) == 4
 
 
 def test_a_loaded_capture_needs_no_transformers(tmp_path):

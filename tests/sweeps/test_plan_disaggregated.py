@@ -111,9 +111,8 @@ def test_a_disaggregated_layout_scales_by_its_ratio_and_wins_when_only_it_meets_
     ]
     # Two or more decode instances keep TPOT at 10 ms; 1 + 2 serves the rate on the fewest devices.
     assert [(r["prefill_instances"], r["decode_instances"]) for r in result.best] == [(1, 2), (1, 3), (2, 2)]
-    assert [(r["dp"], r["missed"]) for r in result.missed] == [
-        (4, "p99 TPOT 30.0 ms over 20.0 ms")
-    ]  # the served layout's misses
+    # the served layout's misses
+    assert [(r["dp"], r["missed"]) for r in result.missed] == [(4, "p99 TPOT 30.0 ms over 20.0 ms")]
     assert result.verdict["winner"] == "disaggregated" and result.verdict["aggregated"] is None
     assert result.verdict["why"] == "only disaggregated layouts meet the objectives at this traffic"
 
@@ -157,9 +156,8 @@ def test_the_verdict_compares_the_best_of_each_kind_and_says_why():
         request, [aggregated, pooled], "output_tokens_per_s_per_device", "tok/s"
     )
     assert reverse["winner"] == "aggregated" and "Every device serves both phases" in reverse["why"]
-    assert (
-        plan_disaggregated.verdict(PlanRequest(model=LLAMA), [aggregated], "x", "y") is None
-    )  # not searched
+    # not searched
+    assert plan_disaggregated.verdict(PlanRequest(model=LLAMA), [aggregated], "x", "y") is None
 
 
 def test_plan_searches_disaggregated_layouts_as_castcore_simulate_runs_them(tmp_path):

@@ -212,9 +212,8 @@ def test_plan_finds_the_best_deployment_of_a_tiny_model(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert (
-        found["devices"] == ["h100-small"] and found["layouts"] == 6
-    )  # tp 1, tp 2, tp 2 x pp 2; bf16 and int8
+    # tp 1, tp 2, tp 2 x pp 2; bf16 and int8
+    assert found["devices"] == ["h100-small"] and found["layouts"] == 6
     best = found["best"]
     assert best and all(r["ttft_s"] <= 1e-3 and r["peak_bytes"] <= 4194304 for r in best)
     speeds = [r["output_tokens_per_s_per_device"] for r in best]
@@ -295,10 +294,11 @@ def test_under_traffic_a_layout_missing_an_objective_gets_more_replicas():
     )
     # tp 1 needs 3 replicas (5 / 2 per replica): 1, 2, then 4; tp 2 needs 2, and 2 x 2 is the most devices.
     assert calls == [[(1, 1, 5.0), (2, 1, 5.0)], [(1, 2, 5.0), (2, 2, 5.0)], [(1, 4, 5.0)]]
+    # 10 tok/s per device ties: fewer first
     assert [(r["tp"], r["dp"]) for r in result.best] == [
         (2, 2),
         (1, 4),
-    ]  # 10 tok/s per device ties: fewer first
+    ]
     assert [(r["devices"]) for r in result.fewest] == [4]
     assert result.missed == [] and result.layouts == 2
 

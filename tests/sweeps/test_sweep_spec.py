@@ -237,13 +237,13 @@ def test_never_more_workers_than_points_cores_or_memory(monkeypatch):
     # The machine's free memory as the test sets it, never as it happens to be: 64 GiB free, then 4 MiB.
     monkeypatch.setattr(run.os, "sysconf", lambda name: 2**24 if name == "SC_AVPHYS_PAGES" else 4096)
     assert run.worker_count(64, 2) == (2, "--workers 64: starting 2 (2 points, 2 cores)")
+    # Ray: the cluster's cores, not this machine's
     assert run.worker_count(64, 1000, local=False) == (
         64,
         None,
-    )  # Ray: the cluster's cores, not this machine's
+    )
     assert run.worker_count(None, 1) == (1, None)  # the default says nothing
-    monkeypatch.setattr(
-        run.os, "sysconf", lambda name: 1024 if name == "SC_AVPHYS_PAGES" else 4096
-    )  # 4 MiB free
+    # 4 MiB free
+    monkeypatch.setattr(run.os, "sysconf", lambda name: 1024 if name == "SC_AVPHYS_PAGES" else 4096)
     count, why = run.worker_count(2, 10)
     assert count == 1 and why == "--workers 2: starting 1 (free memory for 1)"

@@ -17,9 +17,8 @@ from castcore.deploy.kernels.fusing import rewrite
 from castcore.workload.models import BuiltModel
 from tests.deploy.test_fusing import real_model
 
-GPT_OSS = str(
-    Path(__file__).parents[1] / "data" / "tiny-gpt-oss.json"
-)  # 2 layers: sliding (16) then full; 4 experts
+# 2 layers: sliding (16) then full; 4 experts
+GPT_OSS = str(Path(__file__).parents[1] / "data" / "tiny-gpt-oss.json")
 
 
 def _logits(model, prompt, step):
@@ -77,9 +76,8 @@ def test_gpt_oss_captures_deployed_kernels_with_sinks_and_windows(session):
     assert [i.argument("window") for i in attention] == [16, 0]  # sliding, then full, as layer_types says
     assert all(tuple(i.args[-1].shape) == (4,) for i in attention)  # one sink per head
     unpermute = [i for i in invokes if i.name == "castcore::moe_unpermute"]
-    assert all(
-        i.args[3] is not None and tuple(i.args[3].shape) == (4, 64) for i in unpermute
-    )  # the down bias
+    # the down bias
+    assert all(i.args[3] is not None and tuple(i.args[3].shape) == (4, 64) for i in unpermute)
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,8 @@ import pytest
 
 import castcore
 
-LLAMA4 = str(
-    Path(__file__).parents[1] / "data" / "tiny-llama4.json"
-)  # 4 experts top-1, hidden 64, inter 32, 2 layers
+# 4 experts top-1, hidden 64, inter 32, 2 layers
+LLAMA4 = str(Path(__file__).parents[1] / "data" / "tiny-llama4.json")
 
 
 def _records(session, **options):

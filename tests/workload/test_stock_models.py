@@ -80,9 +80,8 @@ def test_a_stock_model_counts_what_its_preset_counts(session, tmp_path, name, me
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CONFIGS[name]))
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[model.dtype]
-    preset = session.estimate(
-        build_workload(str(path), batch=BATCH, seq=SEQ, dtype=dtype, fuse=False)
-    )  # as written
+    # as written
+    preset = session.estimate(build_workload(str(path), batch=BATCH, seq=SEQ, dtype=dtype, fuse=False))
     # The preset's prefill computes the last token's logits; a server calls its model the same way.
     report = session.estimate(model, _input_ids(), kwargs={"logits_to_keep": torch.full((1,), SEQ - 1)})
     assert report.flops == pytest.approx(preset.flops, rel=1e-3)

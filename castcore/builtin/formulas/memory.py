@@ -174,9 +174,8 @@ def scattered(
     """Writes ``count`` elements of ``target`` from ``source`` (read-modify-write when accumulating),
     reading the index tensors whole; out of place, ``target`` is first copied to the output."""
     touched = count * target.element_size()
-    source_bytes = (
-        min(count, source.numel()) * source.element_size() if source is not None else 0
-    )  # may broadcast
+    # may broadcast
+    source_bytes = min(count, source.numel()) * source.element_size() if source is not None else 0
     read = sum(t.nbytes for t in indices) + source_bytes + accumulate * touched
     write = touched
     if not _is_inplace(invoke):

@@ -72,9 +72,8 @@ def _fused_attention(
         s_aux,
         attention_chunk(module),
     )
-    out = packed_attention(
-        query, key, value, *options
-    )  # a mixed batch's sequences, each at its own KV length
+    # a mixed batch's sequences, each at its own KV length
+    out = packed_attention(query, key, value, *options)
     return (ops.attention(query, key, value, *options) if out is None else out), None
 
 

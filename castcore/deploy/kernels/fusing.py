@@ -81,10 +81,11 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for layer in [m for m in model.modules() if _is_fusable_layer(m)]:
         layer.forward = types.MethodType(_fused_layer_forward, layer)
         done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
+    # a block whose router and experts were rewritten runs no eager kernel itself
     moe_parts, blocks = (
         set(),
         [],
-    )  # a block whose router and experts were rewritten runs no eager kernel itself
+    )
     for name, module in list(model.named_modules()):
         if not name or not is_transformers_module(module):
             continue

@@ -157,9 +157,8 @@ def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     function. Its ops carry the top-k for a routing skew (castcore.recording.routing)."""
     with expert_routing(top_k=top_k_index.shape[-1]):
         rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
-        if getattr(
-            self, "castcore_weights_on_input", False
-        ):  # Llama 4: the router weight scales the expert's input
+        # Llama 4: the router weight scales the expert's input
+        if getattr(self, "castcore_weights_on_input", False):
             rows = rows * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
             top_k_weights = torch.ones_like(top_k_weights)
         transposed = bool(getattr(self, "is_transposed", False))

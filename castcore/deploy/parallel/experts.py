@@ -117,9 +117,8 @@ def _expert_parallel_forward(groups: ExpertGroups):
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        with routing.expert_routing(
-            top_k=top_k_index.shape[-1]
-        ):  # the body stays here: quantize swaps _grouped
+        # the body stays here: quantize swaps _grouped
+        with routing.expert_routing(top_k=top_k_index.shape[-1]):
             tokens, hidden = hidden_states.shape
             top_k = top_k_index.shape[-1]
             share = -(-tokens // groups.token_share)  # this rank's tokens (the larger share)
@@ -131,9 +130,8 @@ def _expert_parallel_forward(groups: ExpertGroups):
             # Dispatch: the routed copies sorted by expert, then sent to the devices holding their experts.
             order = torch.sort(top_k_index.reshape(-1)).indices
             routed = hidden_states[order // top_k]
-            if getattr(
-                self, "castcore_weights_on_input", False
-            ):  # Llama 4: the router weight scales the input
+            # Llama 4: the router weight scales the input
+            if getattr(self, "castcore_weights_on_input", False):
                 routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
                 top_k_weights = torch.ones_like(top_k_weights)
             splits = _splits(rows, groups.ep_size)
@@ -152,9 +150,8 @@ def _expert_parallel_forward(groups: ExpertGroups):
             transposed = bool(getattr(self, "is_transposed", False))
             gate_up = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
             out = _grouped(received, gate_up, offsets, transposed)
-            if hasattr(
-                self, "castcore_gate"
-            ):  # the fused activation (castcore.deploy.kernels.moe), first bias in it
+            # the fused activation (castcore.deploy.kernels.moe), first bias in it
+            if hasattr(self, "castcore_gate"):
                 out = self.castcore_gate(out, offsets)
             else:
                 if bias:

@@ -29,16 +29,18 @@ COLWISE = (
 ROWWISE = ("o_proj", "down_proj", "dense_4h_to_h")
 FUSED_QKV = ("query_key_value",)  # its sibling ``dense`` is the attention's output projection
 EXPERT_WEIGHTS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")  # 3-D Parameters of an experts module
+# GPT-2's [in, out]
 CONV1D = {
     "c_attn": "conv1d_colwise",
     "c_fc": "conv1d_colwise",
     "c_proj": "conv1d_rowwise",
-}  # GPT-2's [in, out]
+}
 KV_PROJECTIONS = ("k_proj", "v_proj")
+# the block outputs: an all_reduce (a reduce_scatter under --sp) after them
 ROW_KINDS = (
     "rowwise",
     "conv1d_rowwise",
-)  # the block outputs: an all_reduce (a reduce_scatter under --sp) after them
+)
 
 
 @dataclass
@@ -102,9 +104,8 @@ def build_plan(
             info.plan[path] = "experts"
         if is_conv1d(module) and leaf in CONV1D:
             info.plan[path] = CONV1D[leaf]
-        if isinstance(
-            getattr(module, "sinks", None), torch.nn.Parameter
-        ):  # gpt-oss: one attention sink per head
+        # gpt-oss: one attention sink per head
+        if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
             info.plan[path] = "sinks"
         if not isinstance(module, torch.nn.Linear):
             continue

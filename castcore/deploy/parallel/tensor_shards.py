@@ -139,9 +139,8 @@ def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "tp
             f"{say(option, n)}: {path} ({type(experts).__name__}) is not a transformers experts module "
             f"castcore can split; drop {say(option)}"
         )
-    transposed = bool(
-        getattr(experts, "is_transposed", False)
-    )  # [experts, in, out] rather than [experts, out, in]
+    # [experts, in, out] rather than [experts, out, in]
+    transposed = bool(getattr(experts, "is_transposed", False))
     for name in _expert_weights(experts):
         column = name != "down_proj"
         _shard_dim(

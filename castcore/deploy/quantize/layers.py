@@ -106,9 +106,8 @@ def quantize_linear(module: nn.Module, kind: str, quantization: str, fused: bool
     )
     fp4.per_tensor_scales(module, "", kind, local.device)
     del module.weight
-    if module.bias is not None and module.bias is not _local(
-        module.bias
-    ):  # one device's bias, a plain tensor
+    # one device's bias, a plain tensor
+    if module.bias is not None and module.bias is not _local(module.bias):
         bias = _local(module.bias)
         module.bias = nn.Parameter(
             torch.empty(bias.shape, dtype=bias.dtype, device=bias.device), requires_grad=False
@@ -187,9 +186,8 @@ def quantize_experts(module: nn.Module, path: str, kind: str, quantization: str)
             f"{say('weights', kind)}: {path} holds mixture-of-experts weights that castcore cannot "
             f"quantize (not a transformers grouped-GEMM experts module); drop {say('weights')}"
         )
-    transposed = bool(
-        getattr(module, "is_transposed", False)
-    )  # [experts, in, out] rather than [experts, out, in]
+    # [experts, in, out] rather than [experts, out, in]
+    transposed = bool(getattr(module, "is_transposed", False))
     for name in _expert_weights(module):
         param = getattr(module, name)
         experts, rows, columns = param.shape
