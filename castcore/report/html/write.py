@@ -24,13 +24,13 @@ def check_html(path: str | Path) -> Path:
 
 def page_html(data: dict[str, Any]) -> str:
     """The whole page of ``data`` ({"kind", "results", "detail", "source"}) as text."""
-    from castcore.report.html import estimate, search, serving
+    from castcore.report.html import estimate, search, serve, simulate
 
     kind = data.get("kind")
     builders = {
         "estimate": estimate.estimate_sections,
-        "serve": serving.serve_sections,
-        "simulate": serving.simulate_sections,
+        "serve": serve.serve_sections,
+        "simulate": simulate.simulate_sections,
         "sweep": search.sweep_sections,
         "plan": search.plan_sections,
     }
@@ -51,14 +51,14 @@ def write_page(data: dict[str, Any], path: str | Path) -> Path:
 def page_data(result: Any, session: Any = None) -> dict[str, Any]:
     """The page data of what castcore.estimate, serve, simulate, sweep or plan returned (told apart by what each
     holds, since those types live in layers above this one); ``session`` names each op's shadowed claims."""
-    from castcore.report.html import estimate, search, serving
+    from castcore.report.html import estimate, search, serve, simulate
 
     if hasattr(result, "records") and hasattr(result, "by_op"):
         return estimate.estimate_data(result, session)
     if hasattr(result, "prefill") and hasattr(result, "decode"):
-        return serving.serve_data(result)
+        return serve.serve_data(result)
     if hasattr(result, "kv_usage") and hasattr(result, "summary"):
-        return serving.simulate_data(result)
+        return simulate.simulate_data(result)
     if hasattr(result, "request") and hasattr(result, "best"):
         return search.plan_data(result)
     if hasattr(result, "rows") and hasattr(result, "columns"):
