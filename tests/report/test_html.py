@@ -451,7 +451,7 @@ def _modules(times: dict[str, float]) -> list[dict]:
 
 
 def test_layers_come_in_numeric_order_and_identical_runs_fold_into_one():
-    from castcore.report.html.estimate import layer_groups, module_kinds
+    from castcore.report.html.layers import layer_groups, module_kinds
 
     times = {
         f"m.layers.{i}.{part}": (2e-3 if part == "mlp" and 4 <= i < 8 else 1e-3)
