@@ -344,7 +344,7 @@ def test_without_plotly_the_error_names_the_fix(tmp_path, capsys, monkeypatch):
 
 
 def test_an_empty_sweep_or_an_unknown_result_has_no_page(tmp_path):
-    from castcore.report.html.search import sweep_data
+    from castcore.report.html.sweep import sweep_data
 
     with pytest.raises(PageError, match="an empty sweep: there are no rows to show"):
         sweep_data([], ["model"], "serve")
