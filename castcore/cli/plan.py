@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     result = plan(args.model, **options, plugins=PluginOptions.of(args), progress=None)
     emitted = _emit(args, result) if args.emit else None  # before anything is printed: all of it, or an error
     if html:
-        from castcore.report.html.search import plan_data
+        from castcore.report.html.plan import plan_data
 
         write_page(html, "plan", plan_data(result, plan_json(result)))
     if args.json:

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             "more devices, or --max-batch"
         )
     if html:
-        from castcore.report.html.serving import serve_data
+        from castcore.report.html.serve import serve_data
 
         write_page(html, "serve", serve_data(report))
     print(report.to_json() if args.json else report.format_text())

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     elif plot:
         warn(f"no request finished, so nothing was drawn to {plot}")
     if html:
-        from castcore.report.html.serving import simulate_data
+        from castcore.report.html.simulate import simulate_data
 
         write_page(
             html, "simulate", simulate_data(report, simulation_figures(report, args, session.pipeline.host))

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             write_rows(table, result.rows, result.columns)
             sys.stdout.write(table.read_text(encoding="utf-8"))
     if html:
-        from castcore.report.html.search import sweep_data
+        from castcore.report.html.sweep import sweep_data
 
         write_page(html, "sweep", sweep_data(result.rows, result.columns, result.command))
     if result.plot is not None:

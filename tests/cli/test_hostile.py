@@ -233,7 +233,7 @@ def test_report_of_a_deep_or_huge_results_file_is_one_line(tmp_path):
 
 def test_a_long_serve_output_draws_without_a_step_by_step_loop(tmp_path):
     """A saved serve of 10^9 output tokens (the bound) draws its page from 400 points, not a billion steps."""
-    from castcore.report.html.serving import _static_charts
+    from castcore.report.html.serve import _static_charts
 
     pytest.importorskip("plotly")
     charts = _static_charts(_serve_results(output_tokens=10**9))

@@ -342,7 +342,7 @@ def test_without_plotly_the_error_names_the_fix(tmp_path, capsys, monkeypatch):
 
 
 def test_an_empty_sweep_or_an_unknown_result_has_no_page(tmp_path):
-    from castcore.report.html.search import sweep_data
+    from castcore.report.html.sweep import sweep_data
 
     with pytest.raises(PageError, match="an empty sweep: there are no rows to show"):
         sweep_data([], ["model"], "serve")
@@ -449,7 +449,7 @@ def _modules(times: dict[str, float]) -> list[dict]:
 
 
 def test_layers_come_in_numeric_order_and_identical_runs_fold_into_one():
-    from castcore.report.html.estimate import layer_groups, module_kinds
+    from castcore.report.html.layers import layer_groups, module_kinds
 
     times = {
         f"m.layers.{i}.{part}": (2e-3 if part == "mlp" and 4 <= i < 8 else 1e-3)

@@ -1,19 +1,17 @@
-"""The sections of an estimate's page: the workload in words, totals with their error band, the per-op table, the
-per-layer breakdown, the roofline and memory over the capture. A page made on the run (``--html``) has every call;
-one made from ``--json`` later has what the file holds: op rows, module rows and the memory at the peak."""
+"""The sections of an estimate's page: the workload in words, totals with their error band and the per-op table;
+the per-layer breakdown (castcore.report.html.layers), the roofline and memory over the capture
+(castcore.report.html.capture_charts). A page made on the run (``--html``) has every call; one made from ``--json``
+later has what the file holds: op rows, module rows and the memory at the peak."""
 
 from __future__ import annotations
 
-import math
-import re
-from collections import defaultdict
 from typing import Any
 
-from castcore.report.html.charts import COLOURS, downsample, figure, graph_objects, part
+from castcore.report.html.capture_charts import memory_part, roofline
+from castcore.report.html.charts import downsample
 from castcore.report.html.document import (
     binary,
     count,
-    esc,
     fact,
     facts,
     notes,
@@ -23,11 +21,10 @@ from castcore.report.html.document import (
     section,
     table,
 )
+from castcore.report.html.layers import LAYER_NUMBER, layer_parts
 
 POINTS = 3000  # roofline points at most (the slowest groups of calls)
 MEMORY_POINTS = 1500  # points of the memory curve at most; each the largest of the ops it stands for
-_LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")  # a module path up to its first numbered part: model.layers.3
-_NUMBER = re.compile(r"\.\d+(?=\.|$)")
 
 
 def estimate_data(report: Any, host: Any = None) -> dict[str, Any]:
@@ -66,7 +63,7 @@ def call_groups(records: list[Any]) -> list[dict[str, Any]]:
         shapes = ", ".join(
             "x".join(map(str, t.shape)) + f" {str(t.dtype).removeprefix('torch.')}" for t in invoke.inputs()
         )
-        module = _NUMBER.sub(".N", invoke.module or "(top level)")
+        module = LAYER_NUMBER.sub(".N", invoke.module or "(top level)")
         group = groups.setdefault(
             (invoke.name, shapes, module),
             {
@@ -230,292 +227,3 @@ def op_table(name: str, ops: list[dict[str, Any]], shadowed: dict[str, list[str]
             ]
         )
     return table(name, headers, rows)
-
-
-def natural(text: str) -> list[Any]:
-    """A sort key that reads numbers as numbers: layers.2 before layers.10."""
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part]
-
-
-def _same(first: dict[str, float], second: dict[str, float]) -> bool:
-    return first.keys() == second.keys() and all(
-        math.isclose(first[k], second[k], rel_tol=1e-6, abs_tol=1e-15) for k in first
-    )
-
-
-def layer_groups(modules: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Module rows summed per layer (a numbered block and everything inside it; other modules alone), in numeric
-    order, consecutive layers whose modules take the same times folded into one entry: {"name", "layers", "each_s"}
-    (the time of one of them), e.g. model.layers.0-31 (x32)."""
-    layers: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for row in modules:
-        found = _LAYER.match(row["module"])
-        key = found.group(1) if found else row["module"]
-        layers[key][row["module"][len(key) :]] += row["time_s"]
-    groups: list[dict[str, Any]] = []
-    for key in sorted(layers, key=natural):
-        stem, _, index = key.rpartition(".")
-        last = groups[-1] if groups else None
-        if (
-            last
-            and index.isdigit()
-            and last["stem"] == stem
-            and last["last"] == int(index) - 1
-            and _same(last["parts"], layers[key])
-        ):
-            last["last"], last["layers"] = int(index), last["layers"] + 1
-            continue
-        groups.append(
-            {
-                "stem": stem,
-                "first": index,
-                "last": int(index) if index.isdigit() else None,
-                "parts": layers[key],
-                "layers": 1,
-                "each_s": sum(layers[key].values()),
-                "key": key,
-            }
-        )
-    return [
-        {
-            "name": g["key"]
-            if g["layers"] == 1
-            else f"{g['stem']}.{g['first']}-{g['last']} (x{g['layers']})",
-            "layers": g["layers"],
-            "each_s": g["each_s"],
-        }
-        for g in groups
-    ]
-
-
-def module_kinds(modules: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Module rows of the same kind (layer numbers folded to N) added up, slowest first, with how many there are."""
-    kinds: dict[str, dict[str, Any]] = {}
-    for row in modules:
-        kind = kinds.setdefault(
-            _NUMBER.sub(".N", row["module"]),
-            {"count": 0, "calls": 0, "time_s": 0.0, "share": 0.0, "flops": 0.0, "bytes": 0.0},
-        )
-        kind["count"] += 1
-        for name in ("calls", "time_s", "share", "flops", "bytes"):
-            kind[name] += row[name]
-    return sorted(({"module": k, **v} for k, v in kinds.items()), key=lambda k: -k["time_s"])
-
-
-def _module_rows(modules: list[dict[str, Any]], many: bool) -> list[list[Any]]:
-    return [
-        [
-            m["module"],
-            *([(f"{m['count']:,}", m["count"])] if many else []),
-            (f"{m['calls']:,}", m["calls"]),
-            (seconds(m["time_s"]), m["time_s"]),
-            (f"{m['share']:.1%}", m["share"]),
-            (count(m["flops"]), m["flops"]),
-            (count(m["bytes"], "B"), m["bytes"]),
-        ]
-        for m in modules
-    ]
-
-
-def layer_parts(modules: list[dict[str, Any]]) -> list[str]:
-    if not modules:
-        return [paragraph("The report has no module rows.")]
-    groups = layer_groups(modules)
-    go = graph_objects()
-    bars = go.Bar(
-        x=[g["each_s"] * 1e3 for g in groups],
-        y=[g["name"] for g in groups],
-        orientation="h",
-        marker_color=COLOURS[0],
-        customdata=[[seconds(g["each_s"]), g["layers"], seconds(g["each_s"] * g["layers"])] for g in groups],
-        hovertemplate="%{y}<br>%{customdata[0]} each, %{customdata[1]} in all: %{customdata[2]}"
-        "<extra></extra>",
-    )
-    fig = figure(
-        [bars],
-        "time per layer (a numbered block and everything inside it), identical layers as one bar",
-        "time per layer (ms)",
-        "",
-        height=max(260, 22 * len(groups) + 120),
-    )
-    fig.update_yaxes(autorange="reversed", automargin=True, type="category")
-    headers = ["module", "calls", "time", "share", "FLOPs", "bytes"]
-    kinds = module_kinds(modules)
-    layer_rows = [
-        [
-            g["name"],
-            (f"{g['layers']:,}", g["layers"]),
-            (seconds(g["each_s"]), g["each_s"]),
-            (seconds(g["each_s"] * g["layers"]), g["each_s"] * g["layers"]),
-        ]
-        for g in groups
-    ]
-    return [
-        part(fig, "layers"),
-        paragraph(
-            f"{len(modules):,} modules of {len(kinds):,} kinds: each kind below is the modules of that name in every "
-            "layer (layer numbers folded to N), added up; every module has its row in the flat table."
-        ),
-        table("module-kinds-table", [headers[0], "modules", *headers[1:]], _module_rows(kinds, True)),
-        f"<details><summary>per layer ({len(groups):,} rows, identical layers as one)</summary>"
-        f"{table('layers-table', ['layer', 'layers', 'time each', 'time in all'], layer_rows)}</details>"
-        f"<details><summary>every module, one row each ({len(modules):,} rows)</summary>"
-        f"{table('modules-table', headers, _module_rows(modules, False))}</details>",
-    ]
-
-
-def roofline(ops: list[dict[str, Any]], detail: dict[str, Any]) -> str:
-    """Each group of calls (on the run) or each op (from a file) at its arithmetic intensity and achieved FLOP/s,
-    under the device's roofs when the page was made on the run."""
-    go = graph_objects()
-    calls = detail.get("points")
-    shown = [
-        p
-        for p in (calls if calls is not None else ops)
-        if (number(p.get("flops")) or 0) > 0
-        and (number(p.get("bytes")) or 0) > 0
-        and (number(p.get("time_s")) or 0) > 0
-    ]
-    if not shown:
-        return paragraph("No op has both FLOPs and bytes to place on a roofline.")
-    traces = []
-    for n, bound in enumerate(dict.fromkeys(p["bound"] for p in shown)):
-        mine = [p for p in shown if p["bound"] == bound]
-        traces.append(
-            go.Scatter(
-                x=[p["flops"] / p["bytes"] for p in mine],
-                y=[p["flops"] / p["time_s"] for p in mine],
-                mode="markers",
-                name=f"{bound}-bound",
-                marker={"color": COLOURS[n % len(COLOURS)], "opacity": 0.7, "size": 9},
-                customdata=[
-                    [
-                        p["op"],
-                        p.get("shapes", "not in the results file"),
-                        p.get("module", "-"),
-                        p["calls"],
-                        seconds(p["time_s"]),
-                    ]
-                    for p in mine
-                ],
-                hovertemplate="<b>%{customdata[0]}</b><br>shapes: %{customdata[1]}<br>module: %{customdata[2]}<br>"
-                "%{customdata[3]} calls, %{customdata[4]}<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s"
-                "<extra></extra>",
-            )
-        )
-    roof = detail.get("roof")
-    said = "Hover a point for its op, input shapes and module (layer numbers folded to N)."
-    if roof:
-        low = min(p["flops"] / p["bytes"] for p in shown) / 4
-        ridge = roof["flops"] / roof["bandwidth"]
-        high = max(max(p["flops"] / p["bytes"] for p in shown) * 4, ridge * 4)
-        traces.append(
-            go.Scatter(
-                x=[low, ridge, high],
-                y=[low * roof["bandwidth"], roof["flops"], roof["flops"]],
-                mode="lines",
-                name=f"roof: {roof['bandwidth'] / 1e12:.2f} TB/s, "
-                f"{roof['flops'] / 1e12:.0f} TFLOP/s {roof['dtype']}",
-                line={"color": "black"},
-                hoverinfo="skip",
-            )
-        )
-    else:
-        said = (
-            "One point per op (the file has no calls). The device's roofs and each call's shapes and module are "
-            "drawn on a page made with --html on the run."
-        )
-    fig = figure(
-        traces,
-        "achieved FLOP/s against arithmetic intensity",
-        "arithmetic intensity (FLOP per byte)",
-        "achieved FLOP/s (estimated)",
-        height=480,
-    )
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
-    return part(fig, "roofline") + paragraph(said)
-
-
-def memory_part(memory: dict[str, Any], detail: dict[str, Any]) -> str:
-    if not memory:
-        return paragraph("The report has no memory analysis.")
-    go = graph_objects()
-    held = {
-        "weights": memory["weight_bytes"],
-        "inputs": memory["input_bytes"],
-        "KV cache": memory["kv_cache_bytes"],
-    }
-    activations = detail.get("activations")
-    peak = f"peak {binary(memory['peak_bytes'])} at op {memory['peak_index']} {memory['peak_op']}"
-    if activations:
-        x = [i for i, _ in activations]
-        traces = [
-            go.Scatter(
-                x=x,
-                y=[value / 2**20] * len(x),
-                name=name,
-                stackgroup="memory",
-                mode="lines",
-                hovertemplate=f"{name}: %{{y:.4g}} MiB<extra></extra>",
-            )
-            for name, value in held.items()
-            if value
-        ]
-        traces.append(
-            go.Scatter(
-                x=x,
-                y=[b / 2**20 for _, b in activations],
-                name="activations",
-                mode="lines",
-                stackgroup="memory",
-                hovertemplate="op %{x}: activations %{y:.4g} MiB<extra></extra>",
-            )
-        )
-        traces.append(
-            go.Scatter(
-                x=[memory["peak_index"]],
-                y=[memory["peak_bytes"] / 2**20],
-                mode="markers+text",
-                name="peak",
-                text=[peak],
-                textposition="top center",
-                marker={"color": "#d62728", "size": 12, "symbol": "x"},
-                hovertemplate=esc(peak) + f" in {esc(memory['peak_module'])}<extra></extra>",
-            )
-        )
-        fig = figure(
-            traces,
-            "memory held over the capture, op by op",
-            "op (in the order the capture ran them)",
-            "MiB per device",
-            height=420,
-        )
-        said = (
-            "Weights, inputs and KV cache are held throughout; activations live from the op that makes them "
-            "to the last that reads them."
-        )
-    else:
-        parts = {**held, "activations at the peak": memory["activation_peak_bytes"]}
-        fig = figure(
-            [
-                go.Bar(
-                    x=[v / 2**20],
-                    y=["peak"],
-                    name=k,
-                    orientation="h",
-                    hovertemplate=f"{k}: %{{x:.4g}} MiB<extra></extra>",
-                )
-                for k, v in parts.items()
-            ],
-            f"memory at the peak: {peak}",
-            "MiB per device",
-            "",
-            height=260,
-            barmode="stack",
-        )
-        said = (
-            "The file holds the memory at the peak; the curve over the capture is drawn on a page made with "
-            "--html on the run."
-        )
-    return part(fig, "memory") + paragraph(said)

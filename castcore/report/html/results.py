@@ -13,7 +13,7 @@ from castcore.options.option import COUNT_LIMIT
 from castcore.errors import CastcoreError
 from castcore.report.output_files import row_file
 from castcore.report.html.charts import PageError
-from castcore.report.html.search import sweep_data
+from castcore.report.html.sweep import sweep_data
 from castcore.tomlfiles import DATA_BYTES, read_json
 
 SWEEP_FORMATS = (".jsonl", ".csv", ".parquet")
