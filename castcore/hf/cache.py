@@ -14,7 +14,7 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 CACHE_ARGUMENTS = (
     "cache",
@@ -85,7 +85,7 @@ def decode_inputs(
             f"{say('tp')} that divides it)"
         )
     standard = ((kv_heads // tp, head_dim),) * 2
-    return DecodeInputs(model, batch, kv_len, dtype, tp, cache_dtype, standard, cache_argument(model))
+    return DecodeInputs(model, config, batch, kv_len, dtype, tp, cache_dtype, standard, cache_argument(model))
 
 
 class _StaticLayer(Protocol):
@@ -102,6 +102,7 @@ class DecodeInputs:
     ``with_cache_dtype`` and ``with_kv_len`` make the same step's inputs with one thing changed."""
 
     model: PreTrainedModel
+    config: PreTrainedConfig  # the model's config when decode_inputs was called
     batch: int
     kv_len: int
     dtype: torch.dtype
@@ -118,7 +119,7 @@ class DecodeInputs:
             for m in self.model.modules()
             if type(m).__name__.endswith("Attention")
         }
-        cache = StaticCache(config=self.model.config, max_cache_len=self.kv_len + 1)
+        cache = StaticCache(config=self.config, max_cache_len=self.kv_len + 1)
         dtype = self.cache_dtype or self.dtype
         # StaticLayers: transformers types Cache.layers for every kind of cache, and their cumulative_length as
         # the int other layers hold
