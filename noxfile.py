@@ -35,6 +35,8 @@ TYPED = [
     "castcore/session.py",
     "castcore/options",
     "castcore/ops",
+    "castcore/hf",
+    "castcore/plugins",
     "castcore/tomlfiles.py",
     "castcore/errors.py",
 ]

@@ -10,14 +10,13 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 ATTENTION = "castcore"  # castcore's attention path: transformers' SDPA with the causal flag kept
 
 
-def supports_attention_backend(model: Any) -> bool:
+def supports_attention_backend(model: torch.nn.Module | type[torch.nn.Module]) -> bool:
     """Whether a model (class) calls attention through transformers' interface. Models written before it pick
     their attention class by name at init. Relies on ``_supports_attention_backend`` (checked 5.5.0-5.24.0)."""
     return bool(getattr(model, "_supports_attention_backend", True))
@@ -138,4 +137,5 @@ def own_causal_attn(module: torch.nn.Module) -> bool:
 
 def replace_own_attn(module: torch.nn.Module, attn: Callable) -> None:
     """``module._attn`` replaced by ``attn(self, query, key, value, mask)`` -> ([batch, heads, seq, dim], None)."""
-    module._attn = types.MethodType(attn, module)
+    # A bound method, where torch's Module.__setattr__ types a module's attributes as tensors or submodules
+    module._attn = types.MethodType(attn, module)  # type: ignore[assignment]

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 CACHE_ARGUMENTS = (
     "cache",
@@ -25,7 +29,7 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def cache_layers(value: Any) -> list | None:
+def cache_layers(value: object) -> list | None:
     """``value.layers`` when value is a transformers Cache (one object per model layer), else None. Looked up in
     ``sys.modules`` so that a model that is not a transformers model never imports it. Relies on
     ``cache_utils.Cache.layers`` (checked 5.5.0-5.24.0)."""
@@ -40,9 +44,8 @@ def kv_written(attention: torch.nn.Module, tp: int) -> tuple[tuple[int, int], tu
     attributes and on DeepSeek-V3's ``expand_kv``, whose presence means transformers caches the latent
     (checked 5.5.0-5.24.0)."""
     config = getattr(attention, "config", None)
-    if getattr(
-        attention, "castcore_latent", False
-    ):  # castcore.deploy.kernels.latent: one entry, held in the keys
+    # castcore.deploy.kernels.latent: one entry, held in the keys
+    if getattr(attention, "castcore_latent", False) and config is not None:
         return (1, config.kv_lora_rank + config.qk_rope_head_dim), (1, 0)
     if hasattr(attention, "kv_a_proj_with_mqa") and config is not None:  # multi-head latent attention, eager
         if hasattr(type(attention), "expand_kv"):
@@ -51,18 +54,19 @@ def kv_written(attention: torch.nn.Module, tp: int) -> tuple[tuple[int, int], tu
         return (heads, config.qk_nope_head_dim + config.qk_rope_head_dim), (heads, config.v_head_dim)
     if hasattr(attention, "new_decoder_architecture"):  # Falcon: multi-query, or grouped and then expanded
         heads = attention.num_heads if attention.new_decoder_architecture else attention.num_kv_heads
-        return (heads, attention.head_dim), (heads, attention.head_dim)
+        # Falcon's ints, which torch's Module.__getattr__ types as tensors or submodules
+        return (heads, attention.head_dim), (heads, attention.head_dim)  # type: ignore[return-value]
     return None
 
 
 def decode_inputs(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     batch: int,
     kv_len: int,
     dtype: torch.dtype,
     tp: int = 1,
     cache_dtype: torch.dtype | None = None,
-):
+) -> DecodeInputs:
     """Inputs of one decode step, as a function run inside the fake mode (so nothing is allocated): one new token
     over a static KV cache already holding ``kv_len`` tokens, written in place as serving engines do. With ``tp``
     > 1 the cache is one device's (num_key_value_heads / tp heads; ``per_device(n)`` makes that one); it holds
@@ -71,8 +75,6 @@ def decode_inputs(
     latent) gets that shape, read from the model as it is captured (fused and sharded). Relies on
     ``StaticCache(config=, max_cache_len=)``, each layer's ``lazy_initialization(keys, values)``, which sizes it,
     and its ``cumulative_length`` tensor (checked 5.5.0-5.24.0)."""
-    from transformers import StaticCache
-
     config = model.config
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -83,31 +85,69 @@ def decode_inputs(
             f"{say('tp')} that divides it)"
         )
     standard = ((kv_heads // tp, head_dim),) * 2
-    argument = cache_argument(model)
+    return DecodeInputs(model, config, batch, kv_len, dtype, tp, cache_dtype, standard, cache_argument(model))
 
-    def make():
+
+class _StaticLayer(Protocol):
+    """What castcore uses of a static cache layer (transformers' StaticLayer and its subclasses)."""
+
+    cumulative_length: torch.Tensor
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeInputs:
+    """What ``decode_inputs`` makes: called, the inputs of one decode step; ``per_device``,
+    ``with_cache_dtype`` and ``with_kv_len`` make the same step's inputs with one thing changed."""
+
+    model: PreTrainedModel
+    config: PreTrainedConfig  # the model's config when decode_inputs was called
+    batch: int
+    kv_len: int
+    dtype: torch.dtype
+    tp: int
+    cache_dtype: torch.dtype | None
+    standard: tuple[tuple[int, int], ...]  # (heads, dim) of the keys and values of a layer kv_written leaves
+    argument: str  # the name the forward takes its cache by (cache_argument)
+
+    def __call__(self) -> tuple[tuple, dict[str, object]]:
+        from transformers import StaticCache
+
         written = {
-            getattr(m, "layer_idx", None): kv_written(m, tp)
-            for m in model.modules()
+            getattr(m, "layer_idx", None): kv_written(m, self.tp)
+            for m in self.model.modules()
             if type(m).__name__.endswith("Attention")
         }
-        cache = StaticCache(config=config, max_cache_len=kv_len + 1)
-        for index, layer in enumerate(cache.layers):
-            (k_heads, k_dim), (v_heads, v_dim) = written.get(index) or standard
+        cache = StaticCache(config=self.config, max_cache_len=self.kv_len + 1)
+        dtype = self.cache_dtype or self.dtype
+        # StaticLayers: transformers types Cache.layers for every kind of cache, and their cumulative_length as
+        # the int other layers hold
+        layers: list[_StaticLayer] = cache.layers  # type: ignore[assignment]
+        for index, layer in enumerate(layers):
+            (k_heads, k_dim), (v_heads, v_dim) = written.get(index) or self.standard
             layer.lazy_initialization(
-                torch.empty((batch, k_heads, 1, k_dim), dtype=cache_dtype or dtype),
-                torch.empty((batch, v_heads, 1, v_dim), dtype=cache_dtype or dtype),
+                torch.empty((self.batch, k_heads, 1, k_dim), dtype=dtype),
+                torch.empty((self.batch, v_heads, 1, v_dim), dtype=dtype),
             )
-            layer.cumulative_length.fill_(kv_len)
-            if cache_dtype not in (None, dtype):
+            layer.cumulative_length.fill_(self.kv_len)
+            if self.cache_dtype not in (None, self.dtype):
                 layer.__class__ = cast_on_write(type(layer))
-        input_ids = torch.zeros((batch, 1), dtype=torch.long)
-        return (), {"input_ids": input_ids, argument: cache, "use_cache": True}
+        input_ids = torch.zeros((self.batch, 1), dtype=torch.long)
+        return (), {"input_ids": input_ids, self.argument: cache, "use_cache": True}
 
-    make.per_device = lambda n: decode_inputs(model, batch, kv_len, dtype, tp=n, cache_dtype=cache_dtype)
-    make.with_cache_dtype = lambda d: decode_inputs(model, batch, kv_len, dtype, tp=tp, cache_dtype=d)
-    make.with_kv_len = lambda n: decode_inputs(model, batch, n, dtype, tp=tp, cache_dtype=cache_dtype)
-    return make
+    def per_device(self, n: int) -> DecodeInputs:
+        return decode_inputs(
+            self.model, self.batch, self.kv_len, self.dtype, tp=n, cache_dtype=self.cache_dtype
+        )
+
+    def with_cache_dtype(self, cache_dtype: torch.dtype) -> DecodeInputs:
+        return decode_inputs(
+            self.model, self.batch, self.kv_len, self.dtype, tp=self.tp, cache_dtype=cache_dtype
+        )
+
+    def with_kv_len(self, n: int) -> DecodeInputs:
+        return decode_inputs(self.model, self.batch, n, self.dtype, tp=self.tp, cache_dtype=self.cache_dtype)
 
 
 _CASTING: dict[type, type] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,12 +23,15 @@ from castcore.hf.attention import (
 )
 from castcore.hf.versions import one_line
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def is_transformers_module(module: Any) -> bool:
+
+def is_transformers_module(module: object) -> bool:
     return type(module).__module__.startswith("transformers.")
 
 
-def is_causal_lm(model: Any) -> bool:
+def is_causal_lm(model: object) -> bool:
     """Whether ``model`` is a transformers causal LM (or a subclass of one). Relies on
     ``models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (checked 5.5.0-5.24.0)."""
     ours = [c for c in type(model).__mro__ if c.__module__.startswith("transformers.")]
@@ -42,7 +45,7 @@ def is_causal_lm(model: Any) -> bool:
 
 def build_causal_lm(
     config: dict[str, Any], dtype: torch.dtype, origin: str = "the model config"
-) -> tuple[torch.nn.Module, list[str]]:
+) -> tuple[PreTrainedModel, list[str]]:
     """An AutoModelForCausalLM from a config.json dict on the meta device (no weights), and notes: that the model
     cannot take castcore's attention path, what transformers warns of its RoPE values. ModelError names ``origin``,
     the field at fault and what castcore supports. Relies on ``CONFIG_MAPPING``, ``MODEL_FOR_CAUSAL_LM_MAPPING``,
@@ -68,7 +71,9 @@ def build_causal_lm(
         raise ModelError(
             f"{origin}: transformers refuses this {model_type} config: {one_line(exc)}"
         ) from None
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    # The stub types every auto mapping's values as (slow, fast) tokenizer pairs; a model mapping's are classes.
+    found = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    model_class: type[PreTrainedModel] | None = found  # type: ignore[assignment]
     if model_class is None:
         raise ModelError(
             f"{origin}: {model_type} is not a causal language model (transformers has no "
@@ -98,8 +103,7 @@ def _rope_warnings(said: list[str]) -> Iterator[None]:
     """transformers' warnings about a config's RoPE values (``modeling_rope_utils``' logger; checked 5.5.0-5.24.0)
     kept in ``said``, for castcore's notes, instead of printed on stderr beside castcore's own lines."""
     logger = logging.getLogger("transformers.modeling_rope_utils")
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: said.append(record.getMessage())
+    handler = _Keeping(said)
     propagate, logger.propagate = logger.propagate, False
     logger.addHandler(handler)
     try:
@@ -107,3 +111,14 @@ def _rope_warnings(said: list[str]) -> Iterator[None]:
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
+
+
+class _Keeping(logging.Handler):
+    """A handler that keeps each warning's message in ``said``."""
+
+    def __init__(self, said: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.said = said
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.said.append(record.getMessage())

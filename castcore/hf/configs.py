@@ -6,22 +6,31 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
-def configs(model: torch.nn.Module) -> list[Any]:
+
+def configs(model: torch.nn.Module) -> list[PreTrainedConfig]:
     """The configs of the model and its sub-models, and their sub-configs (a vision or text config). Relies on
     ``PreTrainedConfig.sub_configs`` (checked 5.5.0-5.24.0)."""
-    found: dict[int, Any] = {}
-    pending = [m.config for m in model.modules() if hasattr(getattr(m, "config", None), "sub_configs")]
+    found: dict[int, PreTrainedConfig] = {}
+    pending: list[PreTrainedConfig] = [
+        c
+        for m in model.modules()
+        if (c := getattr(m, "config", None)) is not None and hasattr(c, "sub_configs")
+    ]
     while pending:
         config = pending.pop()
         if id(config) not in found:
             found[id(config)] = config
             pending += [
-                sub for key in config.sub_configs if hasattr(sub := getattr(config, key, None), "sub_configs")
+                sub
+                for key in config.sub_configs
+                if (sub := getattr(config, key, None)) is not None and hasattr(sub, "sub_configs")
             ]
     return list(found.values())
 

@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
-
 import torch
 
 from castcore.hf.causal_lm import is_transformers_module
 
 
-def standard_rotary(model: torch.nn.Module) -> dict[tuple[Any, str], Callable]:
+def standard_rotary(model: torch.nn.Module) -> dict[tuple[types.ModuleType, str], Callable]:
     """The rotary functions an attention with ``q_proj`` calls, by (modeling module, name), when castcore knows
     them: ``apply_rotary_pos_emb`` (q, k, cos, sin, unsqueeze_dim; ``rotate_half``, or gpt-oss's half angles) and
     Llama 4's ``apply_rotary_emb`` (xq, xk, freqs_cis: complex angles, pairs interleaved). Relies on the attention
     looking them up in its module's globals (checked 5.5.0-5.24.0)."""
-    found = {}
+    found: dict[tuple[types.ModuleType, str], Callable] = {}
     for module in model.modules():
         if not (is_transformers_module(module) and hasattr(module, "q_proj")):
             continue
@@ -50,7 +49,7 @@ def half_angle_rotary(original: Callable) -> bool:
 
 @contextmanager
 def rotary_swapped(
-    originals: dict[tuple[Any, str], Callable], replacement: Callable[[Callable], Callable]
+    originals: dict[tuple[types.ModuleType, str], Callable], replacement: Callable[[Callable], Callable]
 ) -> Iterator[None]:
     """Each module's rotary function (``standard_rotary``) replaced by ``replacement(original)``, then put back."""
     try:

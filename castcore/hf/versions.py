@@ -58,14 +58,15 @@ def raised_inside(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by transformers' own code or by castcore's touches of it here: the innermost
     frame is in one of them (an operator failing under a transformers model is torch's, not this)."""
     module = sys.modules.get("transformers")
-    if module is None or not getattr(module, "__file__", None):
+    home = module.__file__ if module is not None else None
+    if not home:
         return False
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     where = Path(tb.tb_frame.f_code.co_filename) if tb is not None else None
     return where is not None and (
-        where.is_relative_to(Path(module.__file__).parent) or where.is_relative_to(Path(__file__).parent)
+        where.is_relative_to(Path(home).parent) or where.is_relative_to(Path(__file__).parent)
     )
 
 

@@ -213,9 +213,9 @@ def dynamic_audit(
     rows: dict[str, OpAudit] = {}
     for name, claim, fused in unreached_claims(host, captured, profile.name, replaces or {}):
         if op is None or _op_matches(name, op):
-            row = rows.setdefault(name, OpAudit(op=name, device=profile.name, status=UNREACHED))
-            row.candidates.append(claim)
-            row.answered_by = [f"none: {fused} runs instead"]
+            unreached = rows.setdefault(name, OpAudit(op=name, device=profile.name, status=UNREACHED))
+            unreached.candidates.append(claim)
+            unreached.answered_by = [f"none: {fused} runs instead"]
     for invoke in captured.invokes:
         if op is not None and not _op_matches(invoke.name, op):
             continue
@@ -250,7 +250,7 @@ def format_audit(rows: list[OpAudit], dynamic: bool = False) -> str:
     )
     lines = []
     for device in sorted({r.device for r in rows}):
-        body = []
+        body: list[tuple[str, ...]] = []
         for r in (r for r in rows if r.device == device):
             shadowed = ", ".join(str(c) for c in r.shadowed) or "-"
             if dynamic:

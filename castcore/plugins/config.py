@@ -48,7 +48,9 @@ class Config:
                 continue
             if key in ("custom_op_dirs", "device_files"):
                 value = tuple(Path(v) for v in value) + getattr(self, key)
-            changes[key] = tuple(value) if isinstance(value, list) else value
+            elif isinstance(value, list):
+                value = tuple(value)
+            changes[key] = value
         if changes.get("on_error", "raise") not in ("raise", "fallback"):
             raise ConfigError(f"on_error = {changes['on_error']!r}; use 'raise' or 'fallback'")
         return replace(self, **changes)
@@ -145,7 +147,9 @@ def default_custom_op_locations(
     return [("project", project_root(start) / "custom_op"), ("user", user_config_dir(environ) / "custom_op")]
 
 
-def load_config(cwd: Path | None = None, environ: dict[str, str] | None = None, **overrides: Any) -> Config:
+def load_config(
+    cwd: Path | None = None, environ: Mapping[str, str] | None = None, **overrides: Any
+) -> Config:
     """File settings, then CASTCORE_* environment variables, then ``overrides`` (None means not given);
     then the default custom-op directories that exist, after every named one."""
     environ = os.environ if environ is None else environ

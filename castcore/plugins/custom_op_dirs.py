@@ -127,6 +127,9 @@ def _load_file(pm: pluggy.PluginManager, info: PluginInfo, path: Path, folder: _
     stem = re.sub(r"\W", "_", path.stem)
     module_name = f"{MODULE_PREFIX}{_loaded_files}_{stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
+    # Found for every file given here: the folder scan gives .py files, which the path-based finder loads
+    assert spec is not None and spec.loader is not None
+    loader = spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     before = set(sys.modules)
@@ -140,7 +143,7 @@ def _load_file(pm: pluggy.PluginManager, info: PluginInfo, path: Path, folder: _
         )
         return f"could not load{where}: {type(exc).__name__}: {exc}{hint}"
 
-    loaded, _ = run_plugin_code(info, lambda: spec.loader.exec_module(module), describe)
+    loaded, _ = run_plugin_code(info, lambda: loader.exec_module(module), describe)
     helpers = folder.helper_modules(set(sys.modules) - before)
     _FILE_MODULES.update(helpers | {module_name})
     if not loaded:

@@ -68,7 +68,9 @@ class PluginHost:
         for impl in reversed(self.plugins.pm.hook.device_profiles.get_hookimpls()):
             label = self.plugins.label(impl.plugin_name)
             try:
-                profiles = list(impl.function() or ())
+                # pluggy types what a hook returns as object; each item is checked below, and what is not a
+                # list raises here and is reported
+                profiles = list(impl.function() or ())  # type: ignore[call-overload]
             except (Exception, SystemExit) as exc:  # sys.exit() in a plugin ends the plugin, not castcore
                 self.warnings.append(f"{label}: device_profiles raised {type(exc).__name__}: {exc}")
                 continue
@@ -204,9 +206,9 @@ class PluginHost:
             label = self.plugins.label(impl.plugin_name)
             try:
                 given = {"model": model, "device": profile}
-                done += [
-                    f"{label}: {line}" for line in impl.function(*(given[a] for a in impl.argnames)) or ()
-                ]
+                # pluggy types what a hook returns as object: the lines a plugin says it did
+                lines = impl.function(*(given[a] for a in impl.argnames)) or ()
+                done += [f"{label}: {line}" for line in lines]  # type: ignore[attr-defined]
             except Exception as exc:
                 self.warnings.append(f"{label}: fuse_model raised {type(exc).__name__}: {exc}")
         return done

@@ -81,7 +81,7 @@ def pack_infos(config: Config) -> list[tuple[PluginInfo, importlib.metadata.Entr
                 f"{setting} names {', '.join(unknown)}, which no installed pack provides "
                 f"(from {config.origin} or the environment); installed packs: {', '.join(known) or 'none'}"
             )
-    result = []
+    result: list[tuple[PluginInfo, importlib.metadata.EntryPoint | None]] = []
     for name, eps in found.items():
         dists = [_dist_of(ep) for ep in eps]
         info = PluginInfo(

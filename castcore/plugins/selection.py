@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from castcore.devices.profile import DeviceProfile
 from castcore.devices.profile_files import load_device_file, package_profiles_in
 from castcore.plugins.config import load_config
 from castcore.plugins.packs import pack_infos, packs_without_profile_hooks, profile_folders
@@ -22,7 +23,7 @@ class PluginOptions:
     no_default_custom_op_dirs: bool = False
 
     @classmethod
-    def of(cls, values: Any) -> PluginOptions:
+    def of(cls, values: object) -> PluginOptions:
         """From anything holding the options by name (parsed arguments, a sweep spec's settings)."""
         get = (
             values.get
@@ -58,14 +59,14 @@ class PluginOptions:
         }
 
 
-def profiles_without_plugins(options: PluginOptions) -> dict[str, Any] | None:
+def profiles_without_plugins(options: PluginOptions) -> dict[str, DeviceProfile] | None:
     """The profiles packs ship as data and the device files, read without importing a pack or torch; None when
     some plugin's device_profiles hook may have to run (then a Session must load the plugins)."""
     config = load_config(**options.session_kwargs())
     if config.custom_op_dirs or not packs_without_profile_hooks(config):
         return None
     folders = profile_folders(config)
-    devices = {}
+    devices: dict[str, DeviceProfile] = {}
     for info, _ in pack_infos(config):
         if info.name in folders:
             for profile in package_profiles_in(folders[info.name], info.distribution or info.name):
