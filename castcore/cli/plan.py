@@ -14,6 +14,7 @@ from castcore.cli.plan_text import format_layout, format_plan
 from castcore.options.parts import AXIS
 from castcore.options.plan import PLAN
 from castcore.plugins.selection import PluginOptions
+from castcore.report.html.plan import named
 
 ENERGY_AND_COST = (
     "energy_j",
@@ -75,14 +76,9 @@ def plan_json(result: Any) -> dict[str, Any]:
         )
     keep = (*keep, *(k for k in ENERGY_AND_COST if any(k in r for r in (*result.best, *result.fewest))))
 
-    def pick(
-        row: dict[str, Any], every: bool = True
-    ) -> dict[str, Any]:  # weights in the model's dtype: its name
-        return {
-            k: (row.get(k) or request.dtype) if k == "weights" else row.get(k)
-            for k in keep
-            if every or k in row
-        }
+    def pick(row: dict[str, Any], every: bool = True) -> dict[str, Any]:
+        named_row = named(row, request.dtype)  # weights in the model's dtype: its name
+        return {k: named_row.get(k) for k in keep if every or k in row}
 
     objectives = {
         name: None if objective is None else {"statistic": objective.statistic, "s": objective.seconds}

@@ -65,9 +65,18 @@ def plan_data(result: Any, summary: dict[str, Any] | None = None) -> dict[str, A
         }
     )
     candidates = [
-        {**row, "meets": request.meets(row) if not row.get("error") else False} for row in result.rows
+        {**named(row, request.dtype), "meets": request.meets(row) if not row.get("error") else False}
+        for row in result.rows
     ]
+    for key in ("best", "fewest", "missed"):
+        found[key] = [named(row, request.dtype) for row in found.get(key) or []]
     return {"kind": "plan", "results": {**found, "candidates": candidates}}
+
+
+def named(row: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """``row`` with its weights named: the model's dtype where the row kept the model's weights (``plan --json``
+    says the same)."""
+    return {**row, "weights": row.get("weights") or dtype}
 
 
 def _same(row: dict[str, Any], chosen: dict[str, Any]) -> bool:
