@@ -11,6 +11,7 @@ import pytest
 import castcore
 from castcore.cli.main import main
 from castcore.serving.mixed_batch import Chunk, capture_mixed
+from castcore.serving.simulation_plan import check
 from castcore.serving.step_time import StepTimes, agreement, random_batches
 
 DATA = Path(__file__).parents[1] / "data"
@@ -192,6 +193,22 @@ def test_requests_beyond_the_context_fail_one_by_one_and_the_rest_are_served(tmp
     out = capsys.readouterr().out
     counts = [line.split()[-1] for line in out.splitlines() if line.startswith(("Successful", "Failed"))]
     assert counts == ["1", "4"]
+
+
+def test_the_context_is_the_presets_or_a_smaller_max_model_len():
+    long = {"requests": 4, "input_lengths": "20000", "output_lengths": "128"}
+    plan = check("llama-3.1-8b", **long)  # 128k positions: served
+    assert len(plan.requests) == 4 and plan.rejected == []
+    with pytest.raises(
+        castcore.ModelError, match=r"^all 4 requests are rejected: .* of 16384; .*a larger max_model_len$"
+    ):
+        check("llama-3.1-8b", max_model_len=16384, **long)
+    with pytest.raises(castcore.ModelError, match=r"^all 4 requests are rejected: .*position limit of 8192"):
+        check("llama-3-8b", **long)
+    with pytest.raises(
+        castcore.ModelError, match=r"^max_model_len=131072: above llama-3-8b's position limit of 8192 "
+    ):
+        check("llama-3-8b", max_model_len=131072, **long)
 
 
 def test_the_python_api_gives_what_the_command_prints(capsys):
