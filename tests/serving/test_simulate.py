@@ -245,6 +245,8 @@ def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():
     assert all(
         row["error"] is None and row["completed"] == 20 and row["total_output_tokens"] == 160 for row in rows
     )
+    capped = castcore.sweep({**grid, "rate": 20, "max_model_len": 60}, workers=1)[0]  # over 60 tokens: failed
+    assert capped["completed"] + capped["failed"] == 20 and capped["failed"] > 0 and "rejected" not in capped
     assert rows[1]["duration"] < rows[0]["duration"]  # the same requests arrive four times as fast
     with pytest.raises(castcore.ModelError, match=r"every point is refused: .*position limit of 256"):
         castcore.sweep({**grid, "input": 400}, workers=1)
