@@ -22,6 +22,7 @@ FAMILIES = {  # model_type: its tiny config
     "llama": "tiny-llama.json",
     "mistral": "tiny-mistral.json",
     "qwen2": "tiny-qwen2.json",
+    "qwen3": "tiny-qwen3.json",
     "mixtral": "tiny-mixtral.json",
     "qwen3_moe": "tiny-qwen3-moe.json",
     "deepseek_v3": "tiny-deepseek-v3.json",

@@ -51,6 +51,15 @@ CONCURRENCY = int_option(
     optional=True,
     metavar="C",
 )
+MAX_MODEL_LEN = int_option(
+    "max_model_len",
+    None,
+    "the engine's context cap in tokens, as vLLM's --max-model-len (default and most: the model's position "
+    "limit): a request whose prompt and output exceed it is rejected and counted as failed; engines do not "
+    "truncate it",
+    TRAFFIC,
+    optional=True,
+)
 ENGINE_PRESET = Option(
     "engine",
     "the serving engine whose documented scheduler and memory defaults are simulated",
@@ -117,6 +126,7 @@ SIMULATE = paged(
                     int_option(
                         "seed", 0, "seed of the lengths and arrivals drawn", TRAFFIC, minimum=0, maximum=None
                     ),
+                    MAX_MODEL_LEN,
                     ENGINE_PRESET,
                     int_option(
                         "max_running_requests", None, "requests running at once", ENGINE, optional=True

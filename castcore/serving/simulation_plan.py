@@ -4,7 +4,7 @@ speculative decoding and disaggregated pools), each fault one ModelError naming 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from castcore.deploy.kernels.latent import NOT_IN_MIXED_BATCHES
@@ -19,7 +19,7 @@ from castcore.serving.pools import Pools, pools_of
 from castcore.simulation.arrivals import Arrivals
 from castcore.simulation.lengths import Lengths
 from castcore.simulation.presets import EngineLimits, limits
-from castcore.simulation.requests import Request, check_lengths, make_requests, read_dataset, share_prefix
+from castcore.simulation.requests import Request, make_requests, read_dataset, reject_overlong, share_prefix
 from castcore.workload import draft_heads
 from castcore.workload.spec import DEFAULT_MODEL, Workload, build_workload, is_factory, load_model_config
 
@@ -39,9 +39,10 @@ def requests_for(
     dataset: Any,
     arrivals: Arrivals,
     seed: int,
-) -> list:
-    """The requests of a run, each with its arrival time (None in a closed loop), checked against the model's
-    position limit."""
+    max_model_len: int | None = None,
+) -> tuple[list[Request], list[dict[str, Any]]]:
+    """The requests a run serves, each with its arrival time (None in a closed loop), and those the engine
+    rejects (``reject_overlong``) for exceeding its context: ``max_model_len``, or the model's position limit."""
     found = (
         read_dataset(dataset)
         if dataset is not None
@@ -52,10 +53,31 @@ def requests_for(
             seed,
         )
     )
+    found = arrivals.schedule(found, seed)
+    position = None
     if not is_factory(model):
-        context = config_field(language_config(load_model_config(model)), "max_position_embeddings")
-        check_lengths(found, context if isinstance(context, int) else None)
-    return arrivals.schedule(found, seed)
+        position = config_field(language_config(load_model_config(model)), "max_position_embeddings")
+        position = position if isinstance(position, int) else None
+    if max_model_len is not None and position is not None and max_model_len > position:
+        raise ModelError(
+            f"{say('max_model_len', max_model_len)}: above {model}'s position limit of {position} "
+            f"(max_position_embeddings); give at most {say('max_model_len', position)}"
+        )
+    if max_model_len is not None:
+        context, limit = max_model_len, say("max_model_len")
+    elif position is not None:
+        context, limit = position, "the model's position limit"
+    else:
+        return found, []
+    kept, rejected = reject_overlong(found, context, limit)
+    if not kept:
+        raise ModelError(
+            f"all {len(rejected)} requests are rejected: request {rejected[0]['index']} needs "
+            f"{rejected[0]['why']}; give shorter {say('input_lengths')}/{say('output_lengths')} lengths or "
+            f"a dataset that fits"
+            + ("" if position is None or context == position else f", or a larger {say('max_model_len')}")
+        )
+    return kept, rejected
 
 
 def _lengths(name: str, text: str) -> Lengths:
@@ -99,6 +121,8 @@ class Simulation:
     speculation: tuple[int, float] | None = None  # (draft tokens, tokens a decode step keeps)
     draft: Workload | None = None  # the draft model's, on the same deployment
     pools: Pools | None = None  # disaggregated prefill and decode
+    # the requests the engine refuses, beyond its context ({"index", "why"}): failed, never run
+    rejected: list[dict[str, Any]] = field(default_factory=list)
 
 
 def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
@@ -130,7 +154,7 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
         )
     spec, draft = _speculation(model, given, options)
     pools = pools_of(given, {**options, "model": model})
-    found = requests_for(
+    found, rejected = requests_for(
         model,
         given["requests"],
         given["input_lengths"],
@@ -138,6 +162,7 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
         given["dataset"],
         arrivals,
         given["seed"],
+        given["max_model_len"],
     )
     if given["prefix_len"] is not None:
         share_prefix(found, given["prefix_len"], given["prefix_hit_rate"], given["seed"])
@@ -152,6 +177,7 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
         engine=given["engine"],
         limits=engine_limits,
         requests=found,
+        rejected=rejected,
         concurrency=given["concurrency"],
         slo_ttft=given["slo_ttft"],
         slo_tpot=given["slo_tpot"],

@@ -44,6 +44,8 @@ class SimulationReport:
     slo_tpot_s: float | None = None
     # each pool's busy device-seconds, for the energy (castcore.report.energy.PoolUse)
     pool_use: list = field(default_factory=list, repr=False)
+    # the requests the engine refused, beyond its context ({"index", "why"}): the summary's ``failed``
+    rejected: list[dict[str, Any]] = field(default_factory=list)
 
     def to_trace(self) -> dict[str, Any]:
         """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""
@@ -76,6 +78,7 @@ class SimulationReport:
             "iterations": self.iterations,
             "mean_running_batch": self.mean_running,
             "never_fit": self.never_fit,
+            "rejected": self.rejected,
             "kv_usage": [list(p) for p in self.kv_usage],
             "deployment": self.deployment,
             "notes": self.notes,
@@ -147,6 +150,15 @@ def report_of(
         None if plan.slo_tpot is None else plan.slo_tpot * 1e3,
     )
     summary.update(figures or {})
+    summary["failed"] = len(plan.rejected)  # vllm bench serve's count of the requests the server refused
+    if plan.rejected:
+        shown = plan.rejected[0]
+        fields["notes"] = [
+            f"{len(plan.rejected)} of {len(plan.rejected) + len(plan.requests)} requests rejected, counted as "
+            f"failed: an engine refuses a prompt + output beyond its context and serves the rest (request "
+            f"{shown['index']}: {shown['why']})",
+            *fields.get("notes", []),
+        ]
     if any(r.prefix_id is not None for r in plan.requests):
         cached = results if prefix_from is None else prefix_from
         summary.update(
@@ -170,5 +182,6 @@ def report_of(
         partial=partial,
         slo_ttft_s=plan.slo_ttft,
         slo_tpot_s=plan.slo_tpot,
+        rejected=plan.rejected,
         **fields,
     )

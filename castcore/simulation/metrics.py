@@ -143,6 +143,7 @@ def format_table(summary: dict[str, float | int | None]) -> str:
     lines = [
         f"{' Serving Simulation Result ':=^50}",
         row("Successful requests:", summary["completed"]),
+        *([row("Failed requests:", summary["failed"])] if "failed" in summary else []),
         row("Benchmark duration (s):", summary["duration"]),
         row("Total input tokens:", summary["total_input_tokens"]),
         row("Total generated tokens:", summary["total_output_tokens"]),

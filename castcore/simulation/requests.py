@@ -160,17 +160,24 @@ def share_prefix(requests: list[Request], length: int, share: float | None, seed
             request.prefix_id, request.prefix_tokens = 0, length
 
 
-def check_lengths(requests: list[Request], context: int | None) -> None:
-    """Refuse a request whose input and output together exceed ``context``, the model's position limit (None:
-    unknown, nothing to check), naming the first such request."""
-    if context is None:
-        return
+def reject_overlong(
+    requests: list[Request], context: int, limit: str
+) -> tuple[list[Request], list[dict[str, Any]]]:
+    """The requests an engine serves and those it refuses, each ``{"index", "why"}``: one whose prompt and output
+    together exceed ``context`` (``limit`` says whose limit it is) is rejected on arrival, as vLLM's server
+    refuses a prompt plus max_tokens beyond max_model_len; engines do not truncate it. Arrival times stay as
+    given, so the rest arrive as they would have."""
+    kept, rejected = [], []
     for request in requests:
         total = request.input_tokens + request.output_tokens
-        if total > context:
-            raise ModelError(
-                f"Request {request.index} (counting from 0) needs {request.input_tokens} input + "
-                f"{request.output_tokens} output = {total} tokens, beyond the model's position limit "
-                f"of {context}; give shorter {say('input_lengths')}/{say('output_lengths')} lengths or a "
-                "dataset that fits."
+        if total <= context:
+            kept.append(request)
+        else:
+            rejected.append(
+                {
+                    "index": request.index,
+                    "why": f"{request.input_tokens} input + {request.output_tokens} output = {total} tokens, "
+                    f"beyond {limit} of {context}",
+                }
             )
+    return kept, rejected

@@ -78,6 +78,9 @@ HUB_IDS = {
     "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
     "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
     "llama-3.1-405b": "meta-llama/Llama-3.1-405B",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "llama-3.3-70b": "meta-llama/Llama-3.3-70B-Instruct",
     "llama-4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
     "mistral-7b": "mistralai/Mistral-7B-v0.1",
     "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1",
@@ -85,6 +88,8 @@ HUB_IDS = {
     "qwen2.5-7b": "Qwen/Qwen2.5-7B",
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen3-8b": "Qwen/Qwen3-8B",
 }
 
 

@@ -137,6 +137,7 @@ def simulate_figures(
             "notes",
             "kv_usage",
             "never_fit",
+            "rejected",  # counted as "failed"
             "engine",
             "slo_ttft_ms",
             "slo_tpot_ms",  # the point's own parameters

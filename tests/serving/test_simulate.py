@@ -11,6 +11,7 @@ import pytest
 import castcore
 from castcore.cli.main import main
 from castcore.serving.mixed_batch import Chunk, capture_mixed
+from castcore.serving.simulation_plan import check
 from castcore.serving.step_time import StepTimes, agreement, random_batches
 
 DATA = Path(__file__).parents[1] / "data"
@@ -143,7 +144,12 @@ def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, ca
         (["--rate", "0"], "--rate 0.0: must be a number above zero"),
         (["--concurrency", "0"], "--concurrency 0: must be a whole number of at least 1"),
         (["--input", "normal:100:-5"], "--input normal:100:-5: "),
-        (["--input", "300"], "beyond the model's position limit of 256"),
+        (["--input", "300"], "all 1000 requests are rejected: request 0 needs 300 input + 128 output"),
+        (
+            ["--input", "100", "--max-model-len", "200"],
+            "--input/--output lengths or a dataset that fits, or ",
+        ),
+        (["--max-model-len", "300"], "--max-model-len 300: above " + LLAMA + "'s position limit of 256"),
         (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
         (["--scheduler-steps", "0"], "--scheduler-steps 0: must be a whole number of at least 1"),
         (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
@@ -163,6 +169,46 @@ def test_a_malformed_dataset_line_is_named(tmp_path, capsys):
         == 2
     )
     assert "line 2" in capsys.readouterr().err
+
+
+def test_requests_beyond_the_context_fail_one_by_one_and_the_rest_are_served(tmp_path, capsys):
+    dataset = tmp_path / "trace.jsonl"
+    lengths = [(100, 20), (250, 10), (60, 60), (200, 57), (30, 5)]  # 260 and 257 tokens: over 256
+    dataset.write_text("".join(f'{{"input_tokens": {i}, "output_tokens": {o}}}\n' for i, o in lengths))
+    argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--dataset", str(dataset)]
+    assert main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    figures = json.loads(captured.out)
+    assert (figures["completed"], figures["failed"]) == (3, 2)
+    assert figures["total_input_tokens"] == 190 and figures["never_fit"] == []
+    assert [r["index"] for r in figures["rejected"]] == [1, 3]
+    assert (
+        figures["rejected"][1]["why"]
+        == "200 input + 57 output = 257 tokens, beyond the model's position limit of 256"
+    )
+    said = [line for line in captured.err.splitlines() if "rejected" in line]
+    assert len(said) == 1 and "2 of 5 requests rejected, counted as failed" in said[0]
+    # a smaller context cap refuses more, the same way; the text says how many failed
+    assert main([*argv, "--max-model-len", "110"]) == 0  # only the 35-token request fits
+    out = capsys.readouterr().out
+    counts = [line.split()[-1] for line in out.splitlines() if line.startswith(("Successful", "Failed"))]
+    assert counts == ["1", "4"]
+
+
+def test_the_context_is_the_presets_or_a_smaller_max_model_len():
+    long = {"requests": 4, "input_lengths": "20000", "output_lengths": "128"}
+    plan = check("llama-3.1-8b", **long)  # 128k positions: served
+    assert len(plan.requests) == 4 and plan.rejected == []
+    with pytest.raises(
+        castcore.ModelError, match=r"^all 4 requests are rejected: .* of 16384; .*a larger max_model_len$"
+    ):
+        check("llama-3.1-8b", max_model_len=16384, **long)
+    with pytest.raises(castcore.ModelError, match=r"^all 4 requests are rejected: .*position limit of 8192"):
+        check("llama-3-8b", **long)
+    with pytest.raises(
+        castcore.ModelError, match=r"^max_model_len=131072: above llama-3-8b's position limit of 8192 "
+    ):
+        check("llama-3-8b", max_model_len=131072, **long)
 
 
 def test_the_python_api_gives_what_the_command_prints(capsys):
@@ -199,6 +245,8 @@ def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():
     assert all(
         row["error"] is None and row["completed"] == 20 and row["total_output_tokens"] == 160 for row in rows
     )
+    capped = castcore.sweep({**grid, "rate": 20, "max_model_len": 60}, workers=1)[0]  # over 60 tokens: failed
+    assert capped["completed"] + capped["failed"] == 20 and capped["failed"] > 0 and "rejected" not in capped
     assert rows[1]["duration"] < rows[0]["duration"]  # the same requests arrive four times as fast
     with pytest.raises(castcore.ModelError, match=r"every point is refused: .*position limit of 256"):
         castcore.sweep({**grid, "input": 400}, workers=1)

@@ -13,7 +13,7 @@ from castcore.errors import ModelError
 from castcore.simulation.arrivals import Arrivals, poisson
 from castcore.simulation.lengths import Lengths
 from castcore.simulation.metrics import Finished, format_table, percentile, summarize
-from castcore.simulation.requests import Request, check_lengths, make_requests, read_dataset
+from castcore.simulation.requests import Request, make_requests, read_dataset, reject_overlong
 
 
 def _one_line_error(call, *culprits: str) -> str:
@@ -149,11 +149,16 @@ def test_a_dataset_gives_every_request_an_arrival_time_or_none(tmp_path):
     _one_line_error(lambda: read_dataset(path), "line 2 has an arrival time", "line 1 has none")
 
 
-def test_check_lengths_refuses_requests_beyond_the_position_limit():
-    requests = [Request(0, 100, 28, None), Request(1, 4000, 200, None), Request(2, 9000, 1, None)]
-    check_lengths(requests[:1], 128)
-    check_lengths(requests, None)
-    _one_line_error(lambda: check_lengths(requests, 4096), "Request 1", "4200 tokens", "limit of 4096")
+def test_requests_beyond_the_context_are_rejected_one_by_one_and_the_rest_kept_as_they_arrive():
+    requests = [Request(0, 100, 28, 0.5), Request(1, 4000, 200, 1.0), Request(2, 9000, 1, 1.5)]
+    requests.append(Request(3, 4000, 96, 2.0))  # exactly the context: served
+    kept, rejected = reject_overlong(requests, 4096, "--max-model-len")
+    assert kept == [requests[0], requests[3]]  # arrival times untouched
+    assert rejected == [
+        {"index": 1, "why": "4000 input + 200 output = 4200 tokens, beyond --max-model-len of 4096"},
+        {"index": 2, "why": "9000 input + 1 output = 9001 tokens, beyond --max-model-len of 4096"},
+    ]
+    assert reject_overlong(requests, 9001, "the model's position limit") == (requests, [])
 
 
 # Arrivals
@@ -292,3 +297,5 @@ def test_format_table_reads_like_vllms_printout():
         line.startswith("P99 TPOT (ms):") and line.split()[-1] == "249.00" for line in table.splitlines()
     )
     assert "Request goodput" not in format_table(summarize(_three_requests()))
+    lines = format_table({**summarize(_three_requests()), "failed": 2}).splitlines()
+    assert lines[1].startswith("Successful requests:") and lines[2].split() == ["Failed", "requests:", "2"]

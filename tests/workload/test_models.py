@@ -17,7 +17,12 @@ PRESET_PARAMS = {  # published parameter counts (billions), and half the last di
     "mistral-7b": (7.2, 0.05),
     "mixtral-8x7b": (46.7, 0.05),
     "mixtral-8x22b": (141, 0.5),
+    "llama-3.1-8b": (8.0, 0.05),  # "8B" (8.03 on the hub)
+    "llama-3.1-70b": (70.6, 0.05),
     "llama-3.1-405b": (405, 1),  # "405B" (406 on the hub)
+    "llama-3.3-70b": (70.6, 0.05),
+    "qwen3-8b": (8.2, 0.05),  # the model card's "Number of Parameters: 8.2B"
+    "qwen3-32b": (32.8, 0.05),  # "32.8B"
     "qwen3-30b-a3b": (30.5, 0.05),
     "qwen3-235b-a22b": (235, 0.5),
     "deepseek-v3": (
@@ -44,6 +49,34 @@ def test_presets_are_the_published_models():
             ("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/", "Qwen/", "openai/")
         ), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+@pytest.mark.parametrize(
+    "name, llama_3",
+    [("llama-3.1-8b", "llama-3-8b"), ("llama-3.1-70b", "llama-3-70b"), ("llama-3.3-70b", "llama-3-70b")],
+)
+def test_llama_3_1_and_3_3_are_llama_3_shapes_with_a_128k_context(name, llama_3):
+    config, shapes = load_model_config(name), load_model_config(llama_3)
+    assert {k: v for k, v in config.items() if k in shapes and k != "_source"} == {
+        **{k: v for k, v in shapes.items() if k != "_source"},
+        "max_position_embeddings": 131072,
+    }
+    rotary = build(build_workload(name, seq=8)).model.model.rotary_emb  # transformers' own, from the config
+    assert rotary.rope_type == "llama3" and rotary.max_seq_len_cached == 131072
+    assert config["rope_scaling"] == {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
+
+
+def test_qwen3_dense_presets_norm_their_queries_and_keys():
+    for name in ("qwen3-8b", "qwen3-32b"):
+        attention = build(build_workload(name, seq=8)).model.model.layers[0].self_attn
+        assert attention.q_norm.weight.shape == attention.k_norm.weight.shape == (128,), name
+        assert load_model_config(name)["max_position_embeddings"] == 40960
 
 
 def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
