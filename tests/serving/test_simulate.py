@@ -188,6 +188,10 @@ def test_requests_beyond_the_context_fail_one_by_one_and_the_rest_are_served(tmp
     )
     said = [line for line in captured.err.splitlines() if "rejected" in line]
     assert len(said) == 1 and "2 of 5 requests rejected, counted as failed" in said[0]
+    assert main([*argv, "--html", str(tmp_path / "page.html")]) == 0  # the page says it too
+    page = (tmp_path / "page.html").read_text()
+    assert "2 failed (rejected)" in page and "request 3 rejected: 200 input + 57 output" in page
+    capsys.readouterr()
     # a smaller context cap refuses more, the same way; the text says how many failed
     assert main([*argv, "--max-model-len", "110"]) == 0  # only the 35-token request fits
     out = capsys.readouterr().out

@@ -93,7 +93,12 @@ def simulate_sections(results: dict[str, Any], detail: dict[str, Any] | None) ->
     goodput, slo = results.get("request_goodput"), targets(results)
     said = ", ".join(f"{k.upper()} at most {millis(v)}" for k, v in slo.items())
     items = [
-        fact("requests", f"{results['completed']:,}", f"in {seconds(results['duration'])}"),
+        fact(
+            "requests",
+            f"{results['completed']:,}",
+            f"in {seconds(results['duration'])}"
+            + (f"; {results['failed']:,} failed (rejected)" if results.get("failed") else ""),
+        ),
         fact(
             "request throughput",
             f"{decimal(results['request_throughput'])}/s",
@@ -124,6 +129,7 @@ def simulate_sections(results: dict[str, Any], detail: dict[str, Any] | None) ->
         else []
     )
     warned += [f"request {r['index']} never fit: {r['why']}" for r in (results.get("never_fit") or [])[:5]]
+    warned += [f"request {r['index']} rejected: {r['why']}" for r in (results.get("rejected") or [])[:5]]
     rows = [
         [
             label,
