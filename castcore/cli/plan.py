@@ -95,6 +95,7 @@ def plan_json(result: Any) -> dict[str, Any]:
             "max_rate": request.max_rate,
             "requests": request.requests,
             "engine": request.engine,
+            **request.shared,
         }
         if request.traffic
         else {}
@@ -195,6 +196,17 @@ def _check_emit(args: argparse.Namespace) -> None:
             f"{say('emit', args.emit)} with {say('engine', args.engine)}: the plan simulates "
             f"{args.engine}'s scheduler; give {say('engine', args.emit)} to plan for {args.emit}"
         )
+    # the launch files benchmark random prompts of fixed lengths, without a shared prefix or a draft model
+    unwritten = [say(name) for name in ("input_tokens", "output_tokens") if not args.__dict__[name].isdigit()]
+    unwritten += [
+        say(name) for name in ("dataset", "prefix_len", "spec_tokens") if args.__dict__[name] is not None
+    ]
+    if args.emit and unwritten:
+        raise ModelError(
+            f"{say('emit', args.emit)} prints a benchmark of random prompts of fixed lengths, which "
+            f"{', '.join(unwritten)} cannot be: give {say('input_tokens')} and {say('output_tokens')} as "
+            f"numbers, without {say('dataset')}, {say('prefix_len')} or {say('spec_tokens')}"
+        )
 
 
 def _emit(args: argparse.Namespace, result: Any) -> Any:
@@ -215,7 +227,13 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
     if request.traffic:
         rate = row["max_rate"] if request.max_rate else request.rate
         traffic = Traffic(
-            request.input_tokens, request.output_tokens, request.requests, rate, request.concurrency
+            int(request.input_tokens),
+            int(request.output_tokens),
+            request.requests,
+            rate,
+            request.concurrency,
+            request.shared["burstiness"],
+            request.shared["seed"],
         )
     else:  # a static batch: its requests sent at once
         traffic = Traffic(request.input_tokens, request.output_tokens, row["served_batch"])
