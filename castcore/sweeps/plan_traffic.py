@@ -18,6 +18,7 @@ from castcore.options.option import Placeholder
 from castcore.options.plan import SHARED_TRAFFIC
 from castcore.options.traffic import SIMULATE
 from castcore.serving import simulation_plan
+from castcore.simulation.requests import read_dataset
 
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 
@@ -70,8 +71,15 @@ def check(request: PlanRequest) -> None:
     if not request.traffic:
         return
     options = dict(request.shared)
-    if request.max_rate and request.rate is None:
+    if request.max_rate:
         options.pop("burstiness")  # the bisection's rates take it; its first round arrives all at once
+        dataset = options["dataset"]
+        if dataset is not None and any(r.arrival_s is not None for r in read_dataset(dataset)):
+            raise ModelError(
+                f"{say('dataset', dataset)} gives each request its arrival time, so {say('max_rate', True)} has "
+                f"no rate to vary: drop arrival_s from it, or plan for its own arrivals with {say('concurrency')} "
+                f"or {say('rate', Placeholder('QPS'))}"
+            )
     simulation_plan.check(
         request.model,
         input_lengths=request.input_tokens,

@@ -107,6 +107,10 @@ def test_max_rate_bisects_under_the_bursty_traffic(tmp_path):
             "--output uniform:9:3: Token lengths 'uniform:9:3': LOW",
         ),
         (["--rate", "4", "--dataset", "DATASET"], "line 1: input 30, output None; give one JSON object"),
+        (
+            ["--max-rate", "--ttft", "1s", "--dataset", "TIMED"],
+            "gives each request its arrival time, so --max-rate",
+        ),
         (["--concurrency", "4", "--burstiness", "0.5"], "--burstiness 0.5 shapes the gaps between arrivals"),
         (["--rate", "4", "--prefix-hit-rate", "0.5"], "--prefix-hit-rate 0.5 needs --prefix-len"),
         (["--rate", "4", "--spec-tokens", "2"], "--spec-tokens 2 needs --draft-model"),
@@ -120,7 +124,9 @@ def test_max_rate_bisects_under_the_bursty_traffic(tmp_path):
 def test_bad_traffic_is_one_line_and_exit_2(capsys, tmp_path, argv, said):
     dataset = tmp_path / "no-outputs.jsonl"
     dataset.write_text('{"input_tokens": 30}\n')
-    argv = [str(dataset) if a == "DATASET" else a for a in argv]
+    timed = tmp_path / "timed.jsonl"
+    timed.write_text('{"input_tokens": 30, "output_tokens": 4, "arrival_s": 0.5}\n')
+    argv = [{"DATASET": str(dataset), "TIMED": str(timed)}.get(a, a) for a in argv]
     assert main(["plan", "--model", LLAMA, *LAYOUT, "--input", "32", "--output", "8", *argv, *DEVICE]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and err[-1].startswith("castcore: error: ") and said in err[-1], err
