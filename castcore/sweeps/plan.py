@@ -181,8 +181,9 @@ def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any])
     chosen = [
         {
             "model": request.model,
-            "input": request.input_tokens,
-            "output": request.output_tokens,
+            # simulate's lengths are text: a length or a distribution
+            "input": str(request.input_tokens) if request.traffic else request.input_tokens,
+            "output": str(request.output_tokens) if request.traffic else request.output_tokens,
             "dtype": request.dtype,
             "device": name,
             "weights": weights,

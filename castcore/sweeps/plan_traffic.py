@@ -39,16 +39,16 @@ def point_values(request: PlanRequest, at_rate: bool) -> dict[str, Any]:
 
 
 def lengths(request: PlanRequest) -> tuple[Any, Any]:
-    """The request's --input and --output checked: whole numbers for a static plan (the lengths of its batch),
-    distributions' text under traffic; ModelError naming the option, or saying that a static plan needs a rate."""
+    """The request's --input and --output checked: whole numbers (the only lengths of a static plan's batch), or
+    under traffic distributions' text; ModelError naming the option, or saying that a static plan needs a rate."""
     found = []
     for name in ("input_tokens", "output_tokens"):
         text = getattr(request, name)
         parsed = simulation_plan.lengths_of(name, text)
-        if request.traffic:
-            found.append(str(parsed))
-        elif parsed.family == "fixed":
+        if parsed.family == "fixed":
             found.append(int(parsed.params[0]))
+        elif request.traffic:
+            found.append(str(parsed))
         else:
             _refuse_static(name, text)
     if not request.traffic and (extra := given(request.shared)):
