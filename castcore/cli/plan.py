@@ -142,9 +142,9 @@ def run(args: argparse.Namespace) -> int:
     _check_emit(args)
     html = page_path(args)
     if args.rate is not None or args.concurrency is not None or args.max_rate:
+        served = f"{args.requests} requests" if args.dataset is None else "the dataset's requests"
         note(
-            f"planning {args.model}: each layout simulated under the traffic ({args.requests} requests, "
-            f"{args.engine} engine), "
+            f"planning {args.model}: each layout simulated under the traffic ({served}, {args.engine} engine), "
             + (
                 "bisecting each one's rate ..."
                 if args.max_rate

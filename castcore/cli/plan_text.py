@@ -97,10 +97,12 @@ def format_traffic_plan(result: Any) -> str:
     """A plan under traffic (castcore.sweeps.capacity): the simulated deployments that meet the objectives."""
     request = result.request
     slos = _objectives(request)
+    served = "the dataset's" if request.shared.get("dataset") else request.requests
     lines = [
-        f"{request.model}: {_requests(request)}, {_traffic(request)}, {' and '.join(slos) or 'no latency objective'}",
+        f"{request.model}: {_requests(request)}, {_traffic(request)}, "
+        f"{' and '.join(slos) or 'no latency objective'}",
         f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} simulations of "
-        f"{request.requests} requests, {request.engine} engine) in {result.seconds:.1f} s",
+        f"{served} requests, {request.engine} engine) in {result.seconds:.1f} s",
         "",
     ]
     shown = {
