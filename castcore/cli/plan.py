@@ -91,6 +91,7 @@ def plan_json(result: Any) -> dict[str, Any]:
             "max_rate": request.max_rate,
             "requests": request.requests,
             "engine": request.engine,
+            **request.shared,
         }
         if request.traffic
         else {}
@@ -137,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
     _check_emit(args)
     html = page_path(args)
     if args.rate is not None or args.concurrency is not None or args.max_rate:
+        served = f"{args.requests} requests" if args.dataset is None else "the dataset's requests"
         note(
-            f"planning {args.model}: each layout simulated under the traffic ({args.requests} requests, "
-            f"{args.engine} engine), "
+            f"planning {args.model}: each layout simulated under the traffic ({served}, {args.engine} engine), "
             + (
                 "bisecting each one's rate ..."
                 if args.max_rate
@@ -191,6 +192,17 @@ def _check_emit(args: argparse.Namespace) -> None:
             f"{say('emit', args.emit)} with {say('engine', args.engine)}: the plan simulates "
             f"{args.engine}'s scheduler; give {say('engine', args.emit)} to plan for {args.emit}"
         )
+    # the launch files benchmark random prompts of fixed lengths, without a shared prefix or a draft model
+    unwritten = [say(name) for name in ("input_tokens", "output_tokens") if not args.__dict__[name].isdigit()]
+    unwritten += [
+        say(name) for name in ("dataset", "prefix_len", "spec_tokens") if args.__dict__[name] is not None
+    ]
+    if args.emit and unwritten:
+        raise ModelError(
+            f"{say('emit', args.emit)} prints a benchmark of random prompts of fixed lengths, which "
+            f"{', '.join(unwritten)} cannot be: give {say('input_tokens')} and {say('output_tokens')} as "
+            f"numbers, without {say('dataset')}, {say('prefix_len')} or {say('spec_tokens')}"
+        )
 
 
 def _emit(args: argparse.Namespace, result: Any) -> Any:
@@ -211,7 +223,13 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
     if request.traffic:
         rate = row["max_rate"] if request.max_rate else request.rate
         traffic = Traffic(
-            request.input_tokens, request.output_tokens, request.requests, rate, request.concurrency
+            int(request.input_tokens),
+            int(request.output_tokens),
+            request.requests,
+            rate,
+            request.concurrency,
+            request.shared["burstiness"],
+            request.shared["seed"],
         )
     else:  # a static batch: its requests sent at once
         traffic = Traffic(request.input_tokens, request.output_tokens, row["served_batch"])

@@ -63,8 +63,26 @@ def _traffic(request: Any) -> str:
     if request.max_rate:
         return "the highest request rate each deployment sustains"
     if request.rate is not None:
-        return f"{request.rate:g} requests/s (Poisson)"
+        burstiness = request.shared.get("burstiness", 1.0)
+        gaps = "Poisson" if burstiness == 1.0 else f"gamma gaps of burstiness {burstiness:g}"
+        return f"{request.rate:g} requests/s ({gaps})"
     return f"{request.concurrency} requests in flight (closed loop)"
+
+
+def _requests(request: Any) -> str:
+    """The requests planned for: their lengths or dataset, and the shared prefix and speculation simulated."""
+    shared = request.shared
+    said = (
+        f"requests of {shared['dataset']}"
+        if shared.get("dataset")
+        else f"requests of {request.input_tokens} input + {request.output_tokens} output tokens"
+    )
+    if shared.get("prefix_len"):
+        hit = shared.get("prefix_hit_rate")
+        said += f", a shared {shared['prefix_len']}-token prefix" + (f" on {hit:.0%} of them" if hit else "")
+    if shared.get("spec_tokens"):
+        said += f", {shared['spec_tokens']} draft tokens a step from {shared['draft_model']}"
+    return said
 
 
 def _objectives(request: Any) -> list[str]:
@@ -79,11 +97,12 @@ def format_traffic_plan(result: Any) -> str:
     """A plan under traffic (castcore.sweeps.capacity): the simulated deployments that meet the objectives."""
     request = result.request
     slos = _objectives(request)
+    served = "the dataset's" if request.shared.get("dataset") else request.requests
     lines = [
-        f"{request.model}: requests of {request.input_tokens} input + {request.output_tokens} output tokens, "
-        f"{_traffic(request)}, {' and '.join(slos) or 'no latency objective'}",
+        f"{request.model}: {_requests(request)}, {_traffic(request)}, "
+        f"{' and '.join(slos) or 'no latency objective'}",
         f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} simulations of "
-        f"{request.requests} requests, {request.engine} engine) in {result.seconds:.1f} s",
+        f"{served} requests, {request.engine} engine) in {result.seconds:.1f} s",
         "",
     ]
     shown = {

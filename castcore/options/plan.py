@@ -15,7 +15,6 @@ from castcore.options.parts import (
     PLUGIN_OPTIONS,
     PRICE,
     REQUEST,
-    REQUEST_TOKENS,
     SEARCH,
     SESSION,
     WEIGHT_DTYPES,
@@ -25,11 +24,23 @@ from castcore.options.parts import (
     scoped,
     switch,
 )
-from castcore.options.traffic import CONCURRENCY, EMIT, ENGINE_PRESET, RATE, REQUESTS, TRAFFIC
+from castcore.options.traffic import CONCURRENCY, EMIT, ENGINE_PRESET, RATE, REQUESTS, SIMULATE, TRAFFIC
 
 OBJECTIVE = (
     "at most TIME (500ms, 1s); under traffic (--rate, --concurrency, --max-rate) a statistic of the "
     "simulated requests, STATISTIC:TIME with mean, median, p90, p95 or p99 (a plain TIME is p99)"
+)
+UNDER_TRAFFIC = "(under --rate, --concurrency or --max-rate; a static plan refuses it)"
+# simulate's traffic options plan passes on to each simulation, declared once in castcore.options.traffic
+SHARED_TRAFFIC = (
+    "dataset",
+    "burstiness",
+    "seed",
+    "prefix_len",
+    "prefix_hit_rate",
+    "spec_tokens",
+    "acceptance",
+    "draft_model",
 )
 
 PLAN = paged(
@@ -44,7 +55,16 @@ PLAN = paged(
                         default=None,
                         help="a preset, a transformers config.json, or package.module:factory",
                     ),
-                    *REQUEST_TOKENS,
+                    # plan's Python names are input_tokens and output_tokens, simulate's declarations
+                    changed(
+                        SIMULATE["input_lengths"],
+                        name="input_tokens",
+                        default="2048",
+                        help="prompt tokens per request: N, or under --rate, --concurrency or --max-rate a "
+                        "distribution as simulate's: uniform:LOW:HIGH, normal:MEAN:STD or lognormal:MEDIAN:SIGMA "
+                        "(drawn with --seed; a static plan prices one batch of N)",
+                    ),
+                    changed(SIMULATE["output_lengths"], name="output_tokens", default="256"),
                     Option(
                         "ttft",
                         f"time to first token {OBJECTIVE}",
@@ -88,6 +108,10 @@ PLAN = paged(
                         REQUESTS,
                         default=500,
                         help="requests each simulation serves (with --rate, --concurrency, --max-rate)",
+                    ),
+                    *(
+                        changed(SIMULATE[name], help=f"{SIMULATE[name].help} {UNDER_TRAFFIC}")
+                        for name in SHARED_TRAFFIC
                     ),
                     changed(
                         ENGINE_PRESET,

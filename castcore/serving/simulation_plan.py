@@ -48,8 +48,8 @@ def requests_for(
         if dataset is not None
         else make_requests(
             requests,
-            _lengths("input_lengths", input_lengths),
-            _lengths("output_lengths", output_lengths),
+            lengths_of("input_lengths", input_lengths),
+            lengths_of("output_lengths", output_lengths),
             seed,
         )
     )
@@ -80,7 +80,7 @@ def requests_for(
     return kept, rejected
 
 
-def _lengths(name: str, text: str) -> Lengths:
+def lengths_of(name: str, text: str) -> Lengths:
     try:
         return Lengths.parse(text)
     except ModelError as exc:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
-from castcore.sweeps import plan_disaggregated
+from castcore.sweeps import plan_disaggregated, plan_traffic
 from castcore.sweeps.spec import Command, Point, make_points
 
 if TYPE_CHECKING:
@@ -150,7 +150,12 @@ def _replicas(
     chosen: list[dict[str, Any]],
     round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
 ) -> tuple[list, list]:
-    traffic = {"rate": request.rate} if request.rate is not None else {"concurrency": request.concurrency}
+    at_rate = request.rate is not None
+    # the user's traffic beyond the lengths (castcore.sweeps.plan_traffic) in every round
+    traffic = {
+        **plan_traffic.point_values(request, at_rate),
+        **({"rate": request.rate} if at_rate else {"concurrency": request.concurrency}),
+    }
     rows = first = round_of([{**values, **traffic, "dp": 1} for values in chosen])
     met, missed = [], []
     while rows:
@@ -190,7 +195,10 @@ def _max_rates(
         if not open_:
             break
         tried = {i: _rate((bounds[i][0] + bounds[i][2]) / 2) for i in open_}
-        rows = round_of([{**_layout(first[i]), "dp": 1, "rate": rate} for i, rate in tried.items()])
+        at_rate = plan_traffic.point_values(request, True)
+        rows = round_of(
+            [{**_layout(first[i]), **at_rate, "dp": 1, "rate": rate} for i, rate in tried.items()]
+        )
         for i, row in zip(open_, rows):
             if misses(request, row):
                 bounds[i][2] = tried[i]

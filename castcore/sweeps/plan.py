@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castcore.options.catalog import say
-from castcore.options.plan import PLAN
+from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
-from castcore.sweeps import plan_disaggregated
+from castcore.sweeps import plan_disaggregated, plan_traffic
 from castcore.sweeps.capacity import objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
@@ -51,8 +51,8 @@ PLAN_KEYS = (
 @dataclass
 class PlanRequest:
     model: str
-    input_tokens: int = 2048
-    output_tokens: int = 256
+    input_tokens: int | str = 2048  # under traffic: simulate's lengths, a distribution's text
+    output_tokens: int | str = 256
     devices: list[str] = field(default_factory=list)
     ttft: Objective | None = None
     tpot: Objective | None = None
@@ -68,6 +68,8 @@ class PlanRequest:
     max_rate: bool = False
     requests: int = 500
     engine: str = "vllm"
+    # simulate's other traffic options, by name, passed to each simulation (castcore.sweeps.plan_traffic)
+    shared: dict[str, Any] = field(default_factory=dict)
     # What the best maximise (castcore.sweeps.capacity.objective_key), and the price the cost objective needs.
     objective: str = "throughput"
     price_per_device_hour: float | None = None
@@ -176,17 +178,12 @@ def _next_batch(batch: int) -> int | None:
 def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any]) -> list[dict[str, Any]]:
     """Every layout on every device with every weight dtype, as a point's values (with ``more``)."""
     config = None if is_factory(request.model) else load_model_config(request.model)
-    # simulate's lengths are text: a length or a distribution
-    lengths = (
-        [str(request.input_tokens), str(request.output_tokens)]
-        if request.traffic
-        else [request.input_tokens, request.output_tokens]
-    )
     chosen = [
         {
             "model": request.model,
-            "input": lengths[0],
-            "output": lengths[1],
+            # simulate's lengths are text: a length or a distribution
+            "input": str(request.input_tokens) if request.traffic else request.input_tokens,
+            "output": str(request.output_tokens) if request.traffic else request.output_tokens,
             "dtype": request.dtype,
             "device": name,
             "weights": weights,
@@ -268,8 +265,8 @@ def _round(
 def plan(
     model: str,
     *,
-    input_tokens: int = 2048,
-    output_tokens: int = 256,
+    input_tokens: int | str = 2048,
+    output_tokens: int | str = 256,
     ttft: Any = None,
     tpot: Any = None,
     rate: float | None = None,
@@ -293,6 +290,7 @@ def plan(
     ray_address: str | None = None,
     plugins: PluginOptions | None = None,
     progress: bool | None = False,
+    **traffic: Any,
 ) -> PlanResult:
     """The best deployments of ``model`` for requests of ``input_tokens`` + ``output_tokens``: ``best`` rows by
     output tokens/s per device that fit and meet ``ttft``/``tpot`` (seconds, "50ms", or under traffic a statistic
@@ -300,7 +298,8 @@ def plan(
     ``concurrency`` or ``max_rate`` the deployments are simulated under traffic (castcore.sweeps.capacity).
     ``objective`` "cost" ranks the best by dollars per million output tokens at ``price_per_device_hour``, "energy"
     by output tokens per joule (castcore.report.energy). The options are ``castcore plan``'s (see its --help);
-    ``plugins`` the plugin options."""
+    ``plugins`` the plugin options; ``traffic`` simulate's options plan shares (castcore.options.plan.SHARED_TRAFFIC:
+    dataset, burstiness, seed, prefix_len, prefix_hit_rate, spec_tokens, acceptance, draft_model)."""
     from castcore.sweeps import capacity
     from castcore.sweeps.run import backend_for, run_points
     from castcore.sweeps.sweep import commands, open_session
@@ -332,6 +331,7 @@ def plan(
         "workers": workers,
         "backend": backend,
         "ray_address": ray_address,
+        **plan_traffic.options_of(traffic),
     }
     values = {name: PLAN[name].check(value) for name, value in given.items()}
     for group in PLAN.exclusive:
@@ -340,8 +340,6 @@ def plan(
             raise ModelError(
                 f"{say(given_together[0])} and {say(given_together[1])} cannot be given together"
             )
-    # the model and the request, as serve does
-    check_request(model, input_tokens, output_tokens, 1, dtype=dtype)
     if list(values["weights"]) == list(PLAN["weights"].default) and not is_factory(model):
         # a quantized checkpoint is planned as it ships
         found = checkpoint.shipped(model, load_model_config(model))
@@ -349,8 +347,8 @@ def plan(
             values["weights"] = [found[0]["weights"]]
     request = PlanRequest(
         model=model,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
+        input_tokens=values["input_tokens"],
+        output_tokens=values["output_tokens"],
         ttft=values["ttft"],
         tpot=values["tpot"],
         max_devices=max_devices,
@@ -364,12 +362,17 @@ def plan(
         max_rate=max_rate,
         requests=requests,
         engine=engine,
+        shared={name: values[name] for name in SHARED_TRAFFIC},
         objective=objective,
         price_per_device_hour=values["price_per_device_hour"],
         device_prices=capacity.device_prices(values["device_prices"]),
         disaggregated=disaggregated,
     )
+    request.input_tokens, request.output_tokens = plan_traffic.lengths(request)
+    if not request.traffic:  # the model and the request, as serve does
+        check_request(model, request.input_tokens, request.output_tokens, 1, dtype=dtype)
     capacity.check(request)
+    plan_traffic.check(request)  # under traffic, the model and the requests as simulate makes them
     session = open_session(plugins)
     for name in devices or ():
         session.device(name)  # an unknown device fails here, naming the installed ones
@@ -391,7 +394,8 @@ def plan(
             return run_points(points, command.axes(), settings, runner=runner, progress=progress)
 
         if request.traffic:
-            chosen = choices(request, session.devices, {"requests": requests, "engine": engine})
+            more = {"requests": requests, "engine": engine, **plan_traffic.point_values(request, False)}
+            chosen = choices(request, session.devices, more)
             if request.disaggregated:
                 chosen += plan_disaggregated.candidates(chosen, request.max_devices)
             return PlanResult(request=request, **capacity.search(request, command, chosen, run))
