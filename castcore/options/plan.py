@@ -41,6 +41,7 @@ SHARED_TRAFFIC = (
     "spec_tokens",
     "acceptance",
     "draft_model",
+    "max_model_len",
 )
 
 PLAN = paged(

@@ -115,6 +115,8 @@ def test_max_rate_bisects_under_the_bursty_traffic(tmp_path):
         (["--rate", "4", "--prefix-hit-rate", "0.5"], "--prefix-hit-rate 0.5 needs --prefix-len"),
         (["--rate", "4", "--spec-tokens", "2"], "--spec-tokens 2 needs --draft-model"),
         (["--rate", "4", "--ttft", "p75:1s"], "--ttft p75:1s: give TIME or STATISTIC:TIME"),
+        (["--rate", "4", "--max-model-len", "100000"], "--max-model-len 100000: above"),
+        (["--rate", "4", "--max-model-len", "16"], "all 500 requests are rejected"),
         (
             ["--rate", "4", "--input", "uniform:8:16", "--emit", "vllm"],
             "--emit vllm prints a benchmark of random prompts of fixed lengths, which --input cannot be",
@@ -151,5 +153,6 @@ def test_plan_help_documents_its_traffic_and_exit_3(capsys):
         "--spec-tokens",
         "--draft-model",
         "--acceptance",
+        "--max-model-len",
     ):
         assert flag in text
