@@ -65,9 +65,23 @@ def test_a_plan_of_a_dataset_in_a_closed_loop_with_speculative_decoding_is_what_
         "".join(json.dumps({"prompt_len": 20 + 7 * i, "output_len": 3 + i % 5}) + "\n" for i in range(24))
     )
     speculation = ("--spec-tokens", "2", "--draft-model", LLAMA, "--acceptance", "0.6")
-    found = _plan(tmp_path, "--dataset", str(dataset), "--concurrency", "4", *speculation, "--workers", "1")
+    page = tmp_path / "plan.html"
+    found = _plan(
+        tmp_path,
+        "--dataset",
+        str(dataset),
+        "--concurrency",
+        "4",
+        *speculation,
+        "--workers",
+        "1",
+        "--html",
+        str(page),
+    )
     best = found["best"][0]
     assert best["completed"] == 24 and found["dataset"] == str(dataset) and found["spec_tokens"] == 2
+    # the page names the dataset, not --input's default
+    assert f"requests of {dataset}, no latency objective" in page.read_text()
     simulated = _simulated(
         dataset=str(dataset), concurrency=4, spec_tokens=2, draft_model=LLAMA, acceptance="0.6"
     )

@@ -58,7 +58,12 @@ def plan_data(result: Any, summary: dict[str, Any] | None = None) -> dict[str, A
             "fewest": result.fewest,
             "missed": result.missed,
             **(
-                {"rate": request.rate, "concurrency": request.concurrency, "max_rate": request.max_rate}
+                {
+                    "rate": request.rate,
+                    "concurrency": request.concurrency,
+                    "max_rate": request.max_rate,
+                    **request.shared,
+                }
                 if request.traffic
                 else {}
             ),
@@ -141,8 +146,13 @@ def plan_sections(results: dict[str, Any], detail: Any = None) -> tuple[str, str
         if o
     ]
     lede = (
-        f"castcore plan for {results['model']}: requests of {results['input_tokens']} input + "
-        f"{results['output_tokens']} output tokens, {', '.join(objectives) or 'no latency objective'}, "
+        f"castcore plan for {results['model']}: requests of "
+        + (
+            str(results["dataset"])
+            if results.get("dataset")
+            else f"{results['input_tokens']} input + {results['output_tokens']} output tokens"
+        )
+        + f", {', '.join(objectives) or 'no latency objective'}, "
         f"ranked by {results.get('objective', 'throughput')}, over {', '.join(results.get('devices') or [])}"
     )
     items = [
