@@ -170,3 +170,16 @@ def test_plan_help_documents_its_traffic_and_exit_3(capsys):
         "--max-model-len",
     ):
         assert flag in text
+
+
+def test_a_plan_whose_objective_needs_three_replicas_finds_three_not_four(tmp_path):
+    traffic = ("--input", "200", "--output", "40", "--rate", "200000", "--requests", "200")
+    found = _plan(tmp_path, *traffic, "--ttft", "p99:0.41ms", "--max-devices", "4", "--workers", "1")
+    best = found["best"][0]
+    assert (best["tp"], best["dp"], best["devices"]) == (1, 3, 3)
+    # one replica, two (missed), four (met), then three between them: four simulations, not one a count
+    assert found["points"] == 4
+    # simulate agrees: two replicas miss the objective, three meet it
+    at = dict(input_lengths="200", output_lengths="40", requests=200, rate=200000.0)
+    assert _simulated(**at, dp=2)["p99_ttft_ms"] > 0.41 >= _simulated(**at, dp=3)["p99_ttft_ms"]
+    assert best["p99_ttft_ms"] == pytest.approx(_simulated(**at, dp=3)["p99_ttft_ms"])
