@@ -40,6 +40,8 @@ LAYOUT_KEYS = (
     "pp",
     "ep",
     "weights",
+    "activations",
+    "kv_cache",
     "requests",
     "engine",
     "price_per_device_hour",
