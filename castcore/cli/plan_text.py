@@ -17,9 +17,15 @@ def format_layout(row: dict[str, Any], dtype: str) -> str:
     if row.get("prefill_instances"):
         from castcore.sweeps.plan_disaggregated import describe
 
-        return f"{describe(row)}, {row['weights'] or dtype} weights"
+        return f"{describe(row)}, {_precision(row, dtype)}"
     parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep", "dp") if (row.get(k) or 1) > 1] or ["1 device"]
-    return " x ".join(parts) + f", {row['weights'] or dtype} weights"
+    return " x ".join(parts) + f", {_precision(row, dtype)}"
+
+
+def _precision(row: dict[str, Any], dtype: str) -> str:
+    """The weights' dtype, and the activations' and the KV cache's where the plan searched them."""
+    given = ((row.get("activations"), "activations"), (row.get("kv_cache"), "KV cache"))
+    return ", ".join([f"{row['weights'] or dtype} weights", *(f"{d} {what}" for d, what in given if d)])
 
 
 def _table(

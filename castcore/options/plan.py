@@ -8,6 +8,7 @@ from castcore.options.parts import (
     AXIS,
     COST,
     CommandOptions,
+    DEPLOYMENT,
     DTYPE,
     JSON,
     MODEL_OPTION,
@@ -153,6 +154,11 @@ PLAN = paged(
                         choices=WEIGHT_DTYPES,
                         many=True,
                         metavar="DTYPE",
+                    ),
+                    *(
+                        changed(option, many=True, group=SEARCH, help=f"{option.help}; one or more to search")
+                        for option in DEPLOYMENT
+                        if option.name in ("activations", "kv_cache")
                     ),
                     int_option("top", 5, "deployments to print", SEARCH, metavar="K"),
                     Option(

@@ -5,8 +5,8 @@ The layouts are plan's (castcore.sweeps.plan.layouts), each with every weight dt
 simulate points through the same backend, round after round:
 
 - at ``--rate`` or ``--concurrency``: every layout with one replica; a layout that serves every request but misses an
-  objective is tried again with twice the replicas (dp), the traffic split among them, while the devices stay
-  within ``--max-devices``. The best meet the objectives with the most output tokens/s per device;
+  objective is tried again with twice the replicas (dp), the traffic split among them, up to as many as
+  ``--max-devices`` holds; once a count meets, a bisection finds the fewest that do (3, 5 or 7 as well). The best meet the objectives with the most output tokens/s per device;
 - with ``--max-rate``: every layout's offline throughput (every request at once) bounds its rate; a bisection
   between 0 and that bound finds the highest rate it serves within the objectives, to 5%. The best sustain the
   highest rate per device (a replica; n replicas take n times it).
@@ -40,6 +40,8 @@ LAYOUT_KEYS = (
     "pp",
     "ep",
     "weights",
+    "activations",
+    "kv_cache",
     "requests",
     "engine",
     "price_per_device_hour",
@@ -156,26 +158,41 @@ def _replicas(
         **plan_traffic.point_values(request, at_rate),
         **({"rate": request.rate} if at_rate else {"concurrency": request.concurrency}),
     }
-    rows = first = round_of([{**values, **traffic, "dp": 1} for values in chosen])
+    first = round_of([{**values, **traffic, "dp": 1} for values in chosen])
     met, missed = [], []
-    while rows:
-        again = []
-        for row in rows:
-            why = misses(request, row)
-            if not why:
-                met.append(row)
-            # a disaggregated layout scales by its ratios
-            elif (
-                not row.get("error")
-                and not row.get("never_fit")
-                and not plan_disaggregated.pooled(row)
-                and row["devices"] * 2 <= request.max_devices
-            ):
-                again.append({**_layout(row), **traffic, "dp": row["dp"] * 2})
-            elif not row.get("error"):  # the last try of this layout
-                missed.append({**row, "missed": "; ".join(why)})
-        rows = round_of(again) if again else []
+    # Per layout still searched: [the most replicas missed, its row, the fewest met, its row].
+    searched: dict[int, list[Any]] = {}
+    for i, row in enumerate(first):
+        why = misses(request, row)
+        if not why:
+            met.append(row)
+        # a disaggregated layout scales by its ratios
+        elif not row.get("error") and not row.get("never_fit") and not plan_disaggregated.pooled(row):
+            searched[i] = [1, row, None, None]
+        elif not row.get("error"):
+            missed.append({**row, "missed": "; ".join(why)})
+    while tried := {
+        i: n for i, (low, _, high, _) in searched.items() if (n := _next_count(request, first[i], low, high))
+    }:
+        rows = round_of([{**_layout(first[i]), **traffic, "dp": n} for i, n in tried.items()])
+        for (i, n), row in zip(tried.items(), rows):
+            searched[i][slice(0, 2) if misses(request, row) else slice(2, 4)] = [n, row]
+    for _, last, _, fewest in searched.values():
+        if fewest:
+            met.append(fewest)
+        else:  # the last try of this layout
+            missed.append({**last, "missed": "; ".join(misses(request, last))})
     return first, met, missed
+
+
+def _next_count(request: PlanRequest, one: dict[str, Any], low: int, high: int | None) -> int | None:
+    """The replica count to try next: twice the most that missed until one meets (as many as
+    ``--max-devices`` holds at most), then a bisection down to the fewest that meet; None when settled. ``one`` is
+    the layout's row with one replica."""
+    if high is None:
+        most = request.max_devices // one["devices"]
+        return min(low * 2, most) if low < most else None
+    return (low + high) // 2 if high - low > 1 else None
 
 
 def _max_rates(

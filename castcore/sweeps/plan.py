@@ -44,6 +44,8 @@ PLAN_KEYS = (
     "pp",
     "ep",
     "weights",
+    "activations",
+    "kv_cache",
     "price_per_device_hour",
 )
 
@@ -61,6 +63,8 @@ class PlanRequest:
     tp: list[int] | None = None  # None: searched (see the module docstring)
     pp: list[int] | None = None
     weights: list[str | None] = field(default_factory=lambda: [None, "int8"])  # None: the model dtype
+    activations: list[str | None] = field(default_factory=lambda: [None])  # None: as the weights have them
+    kv_cache: list[str | None] = field(default_factory=lambda: [None])  # None: the model dtype
     dtype: str = "bf16"
     # Traffic (castcore.sweeps.capacity): simulated deployments instead of one static batch each.
     rate: float | None = None
@@ -187,6 +191,8 @@ def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any])
             "dtype": request.dtype,
             "device": name,
             "weights": weights,
+            "activations": activations,
+            "kv_cache": kv_cache,
             "price_per_device_hour": request.price(name),
             **more,
             **layout,
@@ -194,6 +200,8 @@ def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any])
         for name in request.devices
         for layout in layouts(config, devices[name], request)
         for weights in request.weights
+        for activations in request.activations
+        for kv_cache in request.kv_cache
     ]
     if not chosen:
         raise ModelError(
@@ -280,6 +288,8 @@ def plan(
     tp: list[int] | None = None,
     pp: list[int] | None = None,
     weights: list[str] | tuple[str, ...] = ("bf16", "int8"),
+    activations: list[str] | None = None,
+    kv_cache: list[str] | None = None,
     dtype: str = "bf16",
     objective: str = "throughput",
     price_per_device_hour: float | None = None,
@@ -323,6 +333,8 @@ def plan(
         "tp": tp,
         "pp": pp,
         "weights": weights,
+        "activations": activations,
+        "kv_cache": kv_cache,
         "dtype": dtype,
         "objective": objective,
         "price_per_device_hour": price_per_device_hour,
@@ -357,6 +369,8 @@ def plan(
         pp=pp,
         dtype=dtype,
         weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
+        activations=list(values["activations"] or [None]),
+        kv_cache=list(values["kv_cache"] or [None]),
         rate=values["rate"],
         concurrency=concurrency,
         max_rate=max_rate,

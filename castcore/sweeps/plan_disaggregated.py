@@ -43,7 +43,7 @@ def last_tries(missed: list[dict[str, Any]], met: list[dict[str, Any]]) -> list[
     ratios met the objectives."""
 
     def layout(row: dict[str, Any]) -> tuple:
-        return tuple(row.get(k) for k in ("device", "tp", "pp", "ep", "weights"))
+        return tuple(row.get(k) for k in ("device", "tp", "pp", "ep", "weights", "activations", "kv_cache"))
 
     served = {layout(row) for row in met if pooled(row)}
     largest: dict[tuple, dict[str, Any]] = {}

@@ -22,16 +22,20 @@ DEVICE = ["--device-file", str(DATA / "h100-sxm.toml"), "--no-packs"]
 LAYOUT = ["--tp", "1", "--pp", "1", "--weights", "bf16"]
 
 
-def _plan(tmp_path, *argv: str) -> dict:
+def _run(tmp_path, *argv: str, layout: list[str] = LAYOUT) -> subprocess.CompletedProcess:
     done = subprocess.run(
-        [sys.executable, "-m", "castcore", "plan", "--model", LLAMA, *LAYOUT, *argv, *DEVICE, "--json"],
+        [sys.executable, "-m", "castcore", "plan", "--model", LLAMA, *layout, *argv, *DEVICE],
         capture_output=True,
         text=True,
         cwd=ROOT,
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return done
+
+
+def _plan(tmp_path, *argv: str, layout: list[str] = LAYOUT) -> dict:
+    return json.loads(_run(tmp_path, *argv, "--json", layout=layout).stdout)
 
 
 def _simulated(**options):
@@ -170,3 +174,35 @@ def test_plan_help_documents_its_traffic_and_exit_3(capsys):
         "--max-model-len",
     ):
         assert flag in text
+
+
+def test_a_plan_whose_objective_needs_three_replicas_finds_three_not_four(tmp_path):
+    traffic = ("--input", "200", "--output", "40", "--rate", "200000", "--requests", "200")
+    found = _plan(tmp_path, *traffic, "--ttft", "p99:0.41ms", "--max-devices", "4", "--workers", "1")
+    best = found["best"][0]
+    assert (best["tp"], best["dp"], best["devices"]) == (1, 3, 3)
+    # one replica, two (missed), four (met), then three between them: four simulations, not one a count
+    assert found["points"] == 4
+    # simulate agrees: two replicas miss the objective, three meet it
+    at = dict(input_lengths="200", output_lengths="40", requests=200, rate=200000.0)
+    assert _simulated(**at, dp=2)["p99_ttft_ms"] > 0.41 >= _simulated(**at, dp=3)["p99_ttft_ms"]
+    assert best["p99_ttft_ms"] == pytest.approx(_simulated(**at, dp=3)["p99_ttft_ms"])
+
+
+def test_a_plan_over_fp8_activations_and_kv_caches_simulates_each_and_says_so(tmp_path):
+    fp8 = [*LAYOUT[:-1], "fp8"]  # fp8 weights: W8A8 with --activations fp8
+    traffic = ("--input", "64", "--output", "8", "--rate", "2000", "--requests", "60", "--workers", "1")
+    found = _plan(tmp_path, *traffic, "--activations", "fp8", "--kv-cache", "fp8", "bf16", layout=fp8)
+    rows = sorted(found["best"], key=lambda r: r["kv_cache"])
+    assert [(r["weights"], r["activations"], r["kv_cache"]) for r in rows] == [
+        ("fp8", "fp8", "bf16"),
+        ("fp8", "fp8", "fp8"),
+    ]
+    at = dict(input_lengths="64", output_lengths="8", requests=60, rate=2000.0, weights="fp8")
+    for row in rows:
+        simulated = _simulated(**at, activations="fp8", kv_cache=row["kv_cache"])
+        assert row["p99_ttft_ms"] == pytest.approx(simulated["p99_ttft_ms"])
+    # the activations reached the simulation: weight-only fp8 gives another TTFT
+    assert rows[0]["p99_ttft_ms"] != pytest.approx(_simulated(**at, kv_cache="bf16")["p99_ttft_ms"])
+    text = _run(tmp_path, *traffic, "--activations", "fp8", "--kv-cache", "fp8", layout=fp8).stdout
+    assert "1 device, fp8 weights, fp8 activations, fp8 KV cache" in text

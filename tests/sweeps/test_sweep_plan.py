@@ -292,14 +292,12 @@ def test_under_traffic_a_layout_missing_an_objective_gets_more_replicas():
             request, commands()["simulate"], chosen, _fake_simulations(calls, {1: 2.0, 2: 3.0})
         ),
     )
-    # tp 1 needs 3 replicas (5 / 2 per replica): 1, 2, then 4; tp 2 needs 2, and 2 x 2 is the most devices.
-    assert calls == [[(1, 1, 5.0), (2, 1, 5.0)], [(1, 2, 5.0), (2, 2, 5.0)], [(1, 4, 5.0)]]
-    # 10 tok/s per device ties: fewer first
-    assert [(r["tp"], r["dp"]) for r in result.best] == [
-        (2, 2),
-        (1, 4),
-    ]
-    assert [(r["devices"]) for r in result.fewest] == [4]
+    # tp 1 needs 3 replicas (5 / 2 per replica): 1, 2, then 4 meets and 3, between 2 and 4, meets too; tp 2
+    # needs 2, and 2 x 2 is the most devices.
+    assert calls == [[(1, 1, 5.0), (2, 1, 5.0)], [(1, 2, 5.0), (2, 2, 5.0)], [(1, 4, 5.0)], [(1, 3, 5.0)]]
+    # 3 replicas of tp 1 serve 13.3 tok/s per device, 2 of tp 2 10
+    assert [(r["tp"], r["dp"]) for r in result.best] == [(1, 3), (2, 2)]
+    assert [(r["devices"]) for r in result.fewest] == [3]
     assert result.missed == [] and result.layouts == 2
 
 
