@@ -26,6 +26,8 @@ LAYOUT = (
     "ep",
     "dp",
     "weights",
+    "activations",
+    "kv_cache",
     "prefill_instances",
     "decode_instances",
     "served_batch",
@@ -127,7 +129,8 @@ def plan_sections(results: dict[str, Any], detail: Any = None) -> tuple[str, str
         None,
     )
     chosen = next((i for i, c in enumerate(candidates) if best and _same(c, best[0])), None)
-    keys = [k for k in (*LAYOUT, x_key, y_key, "meets") if any(k in c for c in candidates)]
+    # a column where some candidate has a value (activations and KV cache only when plan searched them)
+    keys = [k for k in (*LAYOUT, x_key, y_key, "meets") if any(c.get(k) is not None for c in candidates)]
     chart, front = front_chart(
         candidates,
         x_key,
