@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 
-LAYOUT_KEYS = (
+# What names a plan's point: its model, lengths and layout (castcore.sweeps.plan's static points)
+PLAN_KEYS = (
     "model",
     "input",
     "output",
@@ -42,11 +43,10 @@ LAYOUT_KEYS = (
     "weights",
     "activations",
     "kv_cache",
-    "requests",
-    "engine",
     "price_per_device_hour",
-    *plan_disaggregated.POOLS,
 )
+# and a point under traffic: the simulation's requests and engine, and the disaggregated pools
+LAYOUT_KEYS = (*PLAN_KEYS[:-1], "requests", "engine", "price_per_device_hour", *plan_disaggregated.POOLS)
 # What --objective ranks by: a row's figure, and whether more of it is better; and the figure in words.
 OBJECTIVES = {
     "cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),

@@ -28,26 +28,11 @@ from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
 from castcore.sweeps import plan_disaggregated, plan_traffic
-from castcore.sweeps.capacity import objective_key
+from castcore.sweeps.capacity import PLAN_KEYS, objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
 from castcore.workload import checkpoint
 from castcore.workload.spec import ModelError, is_factory, load_model_config
-
-PLAN_KEYS = (
-    "model",
-    "input",
-    "output",
-    "dtype",
-    "device",
-    "tp",
-    "pp",
-    "ep",
-    "weights",
-    "activations",
-    "kv_cache",
-    "price_per_device_hour",
-)
 
 
 @dataclass
