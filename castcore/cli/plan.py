@@ -58,6 +58,15 @@ def plan_json(result: Any) -> dict[str, Any]:
                 for stat in ("mean", "median", "p90", "p95", "p99")
             ),
             *(("max_rate",) if request.max_rate else ()),
+            "saturated",
+            "steady_requests",
+            *(
+                f"steady_{stat}_{metric}_ms{end}"
+                for metric in ("ttft", "tpot")
+                for stat in ("median", "p90", "p99")
+                for end in ("", "_low", "_high")
+            ),
+            "margins",
         )
     else:
         keep = (

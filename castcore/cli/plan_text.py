@@ -133,7 +133,7 @@ def format_traffic_plan(result: Any) -> str:
                 r["device"],
                 str(r["devices"]),
                 format_layout(r, request.dtype),
-                *(_seconds(r[f"{shown[m]}_{m}_ms"] / 1e3) for m in ("ttft", "tpot")),
+                *(_latency(r, shown[m], m) for m in ("ttft", "tpot")),
                 f"{r['output_tokens_per_s_per_device']:,.1f}",
                 *((_rate(r["max_rate"]), _rate(r["max_rate"] / r["devices"])) if request.max_rate else ()),
                 *cell,
@@ -149,6 +149,7 @@ def format_traffic_plan(result: Any) -> str:
             + " within the objectives"
         )
         lines += _table(header, cells)
+        lines += _confirmed(request, result.best)
     else:
         lines.append(
             "no layout meets the objectives under this traffic: relax --ttft/--tpot, lower the rate, raise "
@@ -166,6 +167,28 @@ def format_traffic_plan(result: Any) -> str:
         lines.append("fewest devices that meet the objectives")
         lines += [_fewest(r, request.dtype) for r in result.fewest]
     return "\n".join(lines)
+
+
+def _latency(row: dict[str, Any], statistic: str, metric: str) -> str:
+    """A row's statistic, and after validation its steady value with the 95% interval: '773 ms (741-802)'."""
+    steady = f"steady_{statistic}_{metric}_ms"
+    if row.get("margins") is None or row.get(steady) is None:
+        return _seconds(row[f"{statistic}_{metric}_ms"] / 1e3)
+    low, high = (f"{row[steady + end]:,.0f}" for end in ("_low", "_high"))
+    return f"{_seconds(row[steady] / 1e3)} ({low}-{high})"
+
+
+def _confirmed(request: Any, best: list[dict[str, Any]]) -> list[str]:
+    """How the best were confirmed: the validation's request count and each row's margins to the objectives."""
+    if not request.validate or not any(r.get("margins") for r in best):
+        return []
+    from castcore.sweeps.plan_validation import describe
+
+    lines = [
+        f"each confirmed with {request.validate_requests:,} requests: steady state (warm-up and drain excluded), "
+        "not saturated, every objective met by the upper end of its 95% interval (in brackets, ms)"
+    ]
+    return lines + [f"  {n}: {describe(r['margins'])}" for n, r in enumerate(best, 1) if r.get("margins")]
 
 
 def _fewest(row: dict[str, Any], dtype: str, more: str = "") -> str:

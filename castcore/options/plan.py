@@ -111,6 +111,24 @@ PLAN = paged(
                         default=500,
                         help="requests each simulation serves (with --rate, --concurrency, --max-rate)",
                     ),
+                    int_option(
+                        "validate",
+                        3,
+                        "the best K confirmed by longer simulations (--validate-requests): judged on their steady "
+                        "state with 95%% confidence intervals, saturation refused, one more replica tried where "
+                        "one misses (0: print the search's ranking unconfirmed)",
+                        TRAFFIC,
+                        minimum=0,
+                        metavar="K",
+                    ),
+                    int_option(
+                        "validate_requests",
+                        4000,
+                        "requests each confirming simulation serves (enough for the queue to reach its steady "
+                        "state)",
+                        TRAFFIC,
+                        minimum=1,
+                    ),
                     *(
                         changed(SIMULATE[name], help=f"{SIMULATE[name].help} {UNDER_TRAFFIC}")
                         for name in SHARED_TRAFFIC

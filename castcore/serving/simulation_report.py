@@ -11,6 +11,7 @@ from castcore.errors import ModelError
 from castcore.report.memory import format_bytes
 from castcore.simulation.metrics import format_table, summarize
 from castcore.simulation.presets import EngineLimits
+from castcore.simulation.steady import format_line, steady_state
 from castcore.simulation.trace import chrome_trace
 
 if TYPE_CHECKING:
@@ -103,6 +104,9 @@ class SimulationReport:
             f"iterations {self.iterations:,}, mean running batch {self.mean_running:.1f}, preemptions "
             f"{self.summary['preemptions']}, peak KV use {max((u for _, u in self.kv_usage), default=0):.0%}",
         ]
+        steady = format_line(self.summary.get("steady_state"))
+        if steady:
+            lines.append(steady)
         if "prefix_cache_hits" in self.summary:
             lines.append(
                 f"prefix cache: {self.summary['prefix_cache_hits']:,} hits, "
@@ -150,6 +154,7 @@ def report_of(
         None if plan.slo_tpot is None else plan.slo_tpot * 1e3,
     )
     summary.update(figures or {})
+    summary["steady_state"] = steady_state(finished)
     summary["failed"] = len(plan.rejected)  # vllm bench serve's count of the requests the server refused
     if plan.rejected:
         shown = plan.rejected[0]

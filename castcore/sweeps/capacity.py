@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
-from castcore.sweeps import plan_disaggregated, plan_traffic
+from castcore.sweeps import plan_disaggregated, plan_traffic, plan_validation
 from castcore.sweeps.spec import Command, Point, make_points
 
 if TYPE_CHECKING:
@@ -108,16 +108,35 @@ def search(
 
     if request.max_rate:
         first, met, missed = _max_rates(request, chosen, round_of)
-        met.sort(key=lambda r: (objective_key(request, r, r["max_rate"] / r["devices"]), r["devices"]))
     else:
         first, met, missed = _replicas(request, chosen, round_of)
-        met.sort(
-            key=lambda r: (
-                objective_key(request, r, r["output_tokens_per_s_per_device"]),
-                r["devices"],
-                r["median_e2el_s"],
+
+    def rank(rows: list[dict[str, Any]]) -> None:
+        if request.max_rate:
+            rows.sort(key=lambda r: (objective_key(request, r, r["max_rate"] / r["devices"]), r["devices"]))
+        else:
+            rows.sort(
+                key=lambda r: (
+                    objective_key(request, r, r["output_tokens_per_s_per_device"]),
+                    r["devices"],
+                    r["median_e2el_s"],
+                )
             )
-        )
+
+    def again(row: dict[str, Any], **changes: Any) -> dict[str, Any]:
+        """A row's point values again: its layout, replicas and traffic, with ``changes``."""
+        at_rate = request.rate is not None or request.max_rate
+        traffic = {
+            **plan_traffic.point_values(request, at_rate),
+            **({"rate": row["max_rate"]} if request.max_rate else {}),
+            **({"rate": request.rate} if request.rate is not None else {}),
+            **({"concurrency": request.concurrency} if request.concurrency is not None else {}),
+        }
+        return {**_layout(row), **traffic, "dp": row.get("dp") or 1, **changes}
+
+    rank(met)
+    met, unconfirmed = plan_validation.confirm(request, met, again, round_of, rank)
+    missed += unconfirmed
     missed = [r for r in missed if not plan_disaggregated.pooled(r)] + plan_disaggregated.last_tries(
         [r for r in missed if plan_disaggregated.pooled(r)], met
     )

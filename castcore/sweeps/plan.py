@@ -57,6 +57,9 @@ class PlanRequest:
     max_rate: bool = False
     requests: int = 500
     engine: str = "vllm"
+    # the best confirmed by longer simulations (castcore.sweeps.plan_validation); 0: not confirmed
+    validate: int = 3
+    validate_requests: int = 4000
     # simulate's other traffic options, by name, passed to each simulation (castcore.sweeps.plan_traffic)
     shared: dict[str, Any] = field(default_factory=dict)
     # What the best maximise (castcore.sweeps.capacity.objective_key), and the price the cost objective needs.
@@ -266,6 +269,8 @@ def plan(
     concurrency: int | None = None,
     max_rate: bool = False,
     requests: int = 500,
+    validate: int = 3,
+    validate_requests: int = 4000,
     engine: str = "vllm",
     devices: list[str] | None = None,
     max_devices: int = 8,
@@ -311,6 +316,8 @@ def plan(
         "concurrency": concurrency,
         "max_rate": max_rate,
         "requests": requests,
+        "validate": validate,
+        "validate_requests": validate_requests,
         "engine": engine,
         "devices": devices,
         "max_devices": max_devices,
@@ -360,6 +367,8 @@ def plan(
         concurrency=concurrency,
         max_rate=max_rate,
         requests=requests,
+        validate=values["validate"],
+        validate_requests=values["validate_requests"],
         engine=engine,
         shared={name: values[name] for name in SHARED_TRAFFIC},
         objective=objective,

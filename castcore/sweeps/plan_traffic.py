@@ -15,7 +15,7 @@ from typing import Any
 from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.options.option import Placeholder
-from castcore.options.plan import SHARED_TRAFFIC
+from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.traffic import SIMULATE
 from castcore.serving import simulation_plan
 from castcore.simulation.requests import read_dataset
@@ -53,6 +53,9 @@ def lengths(request: PlanRequest) -> tuple[Any, Any]:
             _refuse_static(name, text)
     if not request.traffic and (extra := given(request.shared)):
         _refuse_static(*next(iter(extra.items())))
+    for name in ("validate", "validate_requests"):  # a static batch is priced, not simulated
+        if not request.traffic and getattr(request, name) != PLAN[name].default:
+            _refuse_static(name, getattr(request, name))
     return found[0], found[1]
 
 

@@ -141,6 +141,7 @@ def simulate_figures(
             "engine",
             "slo_ttft_ms",
             "slo_tpot_ms",  # the point's own parameters
+            "steady_state",  # flattened below: a row's values are scalars, for CSV and Parquet
         )
     }
     every = sum(use.devices for use in report.pool_use)
@@ -155,9 +156,28 @@ def simulate_figures(
         "devices": every,
         "median_e2el_s": data["median_e2el_ms"] / 1e3,
         "output_tokens_per_s_per_device": data["output_throughput"] / every,
+        **steady_figures(data["steady_state"]),
         **energy,
         **simulation_cost(price, every, report.summary, report.iterations_trace),
     }
+
+
+def steady_figures(steady: dict[str, Any] | None) -> dict[str, Any]:
+    """A simulation's steady state (castcore.simulation.steady) as a row's scalars: ``saturated``,
+    ``steady_requests``, and per statistic of TTFT and TPOT ``steady_p99_ttft_ms`` with ``..._low`` and ``..._high``,
+    its 95% interval; None throughout when the run has no steady window."""
+    from castcore.simulation.steady import STATISTICS
+
+    figures: dict[str, Any] = {
+        "saturated": None if steady is None else steady["saturated"],
+        "steady_requests": None if steady is None else steady["requests"],
+    }
+    for metric in ("ttft", "tpot"):
+        for name in STATISTICS:
+            found = None if steady is None or steady[metric] is None else steady[metric][name]
+            for i, suffix in enumerate(("", "_low", "_high")):
+                figures[f"steady_{name}_{metric}_ms{suffix}"] = None if found is None else found[i]
+    return figures
 
 
 def columns(rows: list[dict[str, Any]], parameters: list[str]) -> list[str]:

@@ -97,6 +97,7 @@ def test_a_disaggregated_layout_scales_by_its_ratio_and_wins_when_only_it_meets_
         rate=5.0,
         max_devices=4,
         disaggregated=True,
+        validate=0,  # the search alone
     )
     chosen = [{**LAYOUT, "tp": 1}]
     chosen += plan_disaggregated.candidates(chosen, request.max_devices)
@@ -184,6 +185,8 @@ def test_plan_searches_disaggregated_layouts_as_castcore_simulate_runs_them(tmp_
             "--requests",
             "40",
             "--disaggregated",
+            "--validate",
+            "0",
             "--max-devices",
             "3",
             "--top",

@@ -48,18 +48,22 @@ def test_a_plan_under_lognormal_bursty_traffic_with_a_shared_prefix_is_what_simu
         tmp_path,
         *("--input", "lognormal:64:0.4", "--output", "uniform:4:12", "--rate", "30", "--burstiness", "0.5"),
         *("--seed", "3", "--prefix-len", "8", "--prefix-hit-rate", "0.5", "--requests", "60"),
+        *("--validate", "1", "--validate-requests", "400"),
         *("--ttft", "p95:1s", "--workers", "1"),
     )
     assert found["input_tokens"] == "lognormal:64:0.4" and found["output_tokens"] == "uniform:4:12"
     assert found["burstiness"] == 0.5 and found["seed"] == 3 and found["prefix_len"] == 8
     best = found["best"][0]
-    assert (best["tp"], best["pp"], best["dp"], best["completed"]) == (1, 1, 1, 60)
-    traffic = dict(input_lengths="lognormal:64:0.4", output_lengths="uniform:4:12", requests=60, seed=3)
+    # the best as its confirming simulation of 400 requests served them
+    assert (best["tp"], best["pp"], best["dp"], best["completed"]) == (1, 1, 1, 400)
+    traffic = dict(input_lengths="lognormal:64:0.4", output_lengths="uniform:4:12", requests=400, seed=3)
     simulated = _simulated(**traffic, rate=30.0, burstiness=0.5, prefix_len=8, prefix_hit_rate=0.5)
     assert best["output_throughput"] == pytest.approx(simulated["output_throughput"])
     assert best["p95_ttft_ms"] == pytest.approx(simulated["p95_ttft_ms"])
     # the traffic reached the simulation: fixed lengths of the distribution's median give other figures
-    fixed = _simulated(input_lengths="64", output_lengths="8", requests=60, seed=3, rate=30.0, burstiness=0.5)
+    fixed = _simulated(
+        input_lengths="64", output_lengths="8", requests=400, seed=3, rate=30.0, burstiness=0.5
+    )
     assert best["output_throughput"] != pytest.approx(fixed["output_throughput"])
 
 
@@ -97,7 +101,7 @@ def test_max_rate_bisects_under_the_bursty_traffic(tmp_path):
     found = _plan(
         tmp_path,
         *("--input", "normal:40:10", "--output", "6", "--max-rate", "--burstiness", "0.3"),
-        *("--requests", "30", "--ttft", "p90:400us", "--workers", "1"),
+        *("--requests", "30", "--ttft", "p90:400us", "--workers", "1", "--validate", "0"),
     )
     best = found["best"][0]
     assert best["max_rate"] > 0 and best["rate"] == best["max_rate"]
@@ -178,7 +182,9 @@ def test_plan_help_documents_its_traffic_and_exit_3(capsys):
 
 def test_a_plan_whose_objective_needs_three_replicas_finds_three_not_four(tmp_path):
     traffic = ("--input", "200", "--output", "40", "--rate", "200000", "--requests", "200")
-    found = _plan(tmp_path, *traffic, "--ttft", "p99:0.41ms", "--max-devices", "4", "--workers", "1")
+    found = _plan(
+        tmp_path, *traffic, "--ttft", "p99:0.41ms", "--max-devices", "4", "--workers", "1", "--validate", "0"
+    )
     best = found["best"][0]
     assert (best["tp"], best["dp"], best["devices"]) == (1, 3, 3)
     # one replica, two (missed), four (met), then three between them: four simulations, not one a count
@@ -192,6 +198,7 @@ def test_a_plan_whose_objective_needs_three_replicas_finds_three_not_four(tmp_pa
 def test_a_plan_over_fp8_activations_and_kv_caches_simulates_each_and_says_so(tmp_path):
     fp8 = [*LAYOUT[:-1], "fp8"]  # fp8 weights: W8A8 with --activations fp8
     traffic = ("--input", "64", "--output", "8", "--rate", "2000", "--requests", "60", "--workers", "1")
+    traffic += ("--validate", "0")  # the search's own rows
     found = _plan(tmp_path, *traffic, "--activations", "fp8", "--kv-cache", "fp8", "bf16", layout=fp8)
     rows = sorted(found["best"], key=lambda r: r["kv_cache"])
     assert [(r["weights"], r["activations"], r["kv_cache"]) for r in rows] == [

@@ -269,6 +269,7 @@ def test_under_traffic_a_layout_missing_an_objective_gets_more_replicas():
         ttft=Objective("p99", 0.1),
         rate=5.0,
         max_devices=4,
+        validate=0,  # the search alone
     )
     chosen = [
         {
@@ -395,6 +396,8 @@ def test_plan_under_traffic_simulates_each_layout_as_castcore_simulate_does(tmp_
             "40",
             "--ttft",
             "p90:50ms",
+            "--validate",
+            "0",
             "--device-file",
             str(DATA / "h100-sxm.toml"),
             "--no-packs",

@@ -1,0 +1,120 @@
+"""plan's recommendation is a simulated fact: its best are simulated again with many requests and judged on their
+steady state with confidence intervals; a replicated layout that misses gets one more replica. Real plans of a tiny
+model on the H100 test profile, and the confirming rounds on made-up simulations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import castcore
+from castcore.options.option import Objective
+from castcore.sweeps import plan_validation
+from castcore.sweeps.plan import PlanRequest
+
+ROOT = Path(__file__).parents[2]
+DATA = ROOT / "tests" / "data"
+LLAMA = str(DATA / "tiny-llama.json")
+# 200000 requests/s of 200 + 40 tokens: the short search finds 2 replicas meet p99 TTFT 0.42 ms
+TRAFFIC = (
+    "--input",
+    "200",
+    "--output",
+    "40",
+    "--rate",
+    "200000",
+    "--requests",
+    "200",
+    "--ttft",
+    "p99:0.42ms",
+)
+
+
+def _plan(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "castcore", "plan", "--model", LLAMA, "--tp", "1", "--pp", "1"]
+        + ["--weights", "bf16", "--max-devices", "4", "--workers", "1", *TRAFFIC, *argv]
+        + ["--device-file", str(DATA / "h100-sxm.toml"), "--no-packs"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def _steady_p99_ttft(dp: int) -> list[float]:
+    session = castcore.Session(load_packs=[], device_files=[DATA / "h100-sxm.toml"])
+    report = session.simulate(
+        LLAMA,
+        device="h100-sxm",
+        input_lengths="200",
+        output_lengths="40",
+        rate=200000.0,
+        requests=2000,
+        dp=dp,
+    )
+    return report.summary["steady_state"]["ttft"]["p99"]
+
+
+def test_the_searchs_answer_is_confirmed_with_more_requests_or_given_another_replica(tmp_path):
+    searched = json.loads(_plan(tmp_path, "--validate", "0", "--json").stdout)
+    assert [(r["dp"], r["completed"]) for r in searched["best"]] == [(2, 200)]
+    found = json.loads(_plan(tmp_path, "--validate", "1", "--validate-requests", "2000", "--json").stdout)
+    best = found["best"][0]
+    # 2 and 3 replicas miss once 2000 requests run; 4 meet, by the upper end of the interval
+    assert (best["dp"], best["completed"], best["saturated"]) == (4, 2000, False)
+    margin = best["margins"]["ttft"]
+    assert margin["statistic"] == "p99" and margin["objective_ms"] == pytest.approx(0.42)
+    assert margin["low_ms"] <= margin["value_ms"] <= margin["high_ms"] <= 0.42
+    assert margin["margin"] == pytest.approx((0.42 - margin["high_ms"]) / 0.42)
+    assert [best["steady_p99_ttft_ms"], best["steady_p99_ttft_ms_low"], best["steady_p99_ttft_ms_high"]] == (
+        _steady_p99_ttft(4)
+    )
+    assert _steady_p99_ttft(2)[2] > 0.42 and _steady_p99_ttft(3)[2] > 0.42  # as simulate says
+    assert found["missed"] == []  # the layout met with its fourth replica
+    text = _plan(tmp_path, "--validate", "1", "--validate-requests", "2000").stdout
+    assert "each confirmed with 2,000 requests" in text
+    assert "p99 TTFT 0.413 ms (95% CI" in text and "under 0.420 ms" in text
+
+
+def _row(name: str, **more) -> dict:
+    return {"name": name, "error": None, "never_fit": 0, "devices": 1, "dp": 1, "p99_ttft_ms": 1.0, **more}
+
+
+def test_confirming_rounds_take_the_next_candidates_and_retry_only_replicated_layouts():
+    request = PlanRequest(model=LLAMA, ttft=Objective("p99", 0.010), rate=5.0, max_devices=2, validate=2)
+    # the validation runs: a disaggregated layout saturates, one replica of "b" misses, two meet, "c" meets
+    outcome = {
+        ("pooled", 1): dict(saturated=True, steady_requests=800, prefill_instances=1, devices=2),
+        ("b", 1): dict(steady_p99_ttft_ms=9.0, steady_p99_ttft_ms_low=8.0, steady_p99_ttft_ms_high=11.0),
+        ("b", 2): dict(
+            steady_p99_ttft_ms=5.0, steady_p99_ttft_ms_low=4.0, steady_p99_ttft_ms_high=6.0, devices=2
+        ),
+        ("c", 1): dict(steady_p99_ttft_ms=7.0, steady_p99_ttft_ms_low=6.0, steady_p99_ttft_ms_high=8.0),
+    }
+    rounds = []
+
+    def round_of(values):
+        rounds.append([(v["name"], v["dp"], v["requests"]) for v in values])
+        return [_row(v["name"], dp=v["dp"], **outcome[(v["name"], v["dp"])]) for v in values]
+
+    def again(row, **changes):
+        return {"name": row["name"], "dp": row["dp"], **changes}
+
+    ranked = [_row("pooled", prefill_instances=1), _row("b"), _row("c"), _row("d")]
+    confirmed, failed = plan_validation.confirm(
+        request, ranked, again, round_of, lambda rows: rows.sort(key=str)
+    )
+    assert rounds == [[("pooled", 1, 4000), ("b", 1, 4000)], [("b", 2, 4000), ("c", 1, 4000)]]
+    assert [(r["name"], r["dp"]) for r in confirmed] == [("b", 2), ("c", 1)]  # "d" was never needed
+    assert confirmed[1]["margins"]["ttft"]["margin"] == (10.0 - 8.0) / 10.0
+    assert [(r["name"], r["missed"]) for r in failed] == [
+        ("pooled", "with 4,000 requests: saturated: 800 steady requests arrived faster than they were served")
+    ]
