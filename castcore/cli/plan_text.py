@@ -170,11 +170,13 @@ def format_traffic_plan(result: Any) -> str:
 
 
 def _latency(row: dict[str, Any], statistic: str, metric: str) -> str:
-    """A row's statistic, and after validation its steady value with the 95% interval: '773 ms (741-802)'."""
+    """A row's statistic, and after validation its steady value with the 95% interval in ms: '773 ms (741-802)'."""
     steady = f"steady_{statistic}_{metric}_ms"
     if row.get("margins") is None or row.get(steady) is None:
         return _seconds(row[f"{statistic}_{metric}_ms"] / 1e3)
-    low, high = (f"{row[steady + end]:,.0f}" for end in ("_low", "_high"))
+    from castcore.simulation.metrics import format_ms
+
+    low, high = (format_ms(row[steady + end]).removesuffix(" ms") for end in ("_low", "_high"))
     return f"{_seconds(row[steady] / 1e3)} ({low}-{high})"
 
 

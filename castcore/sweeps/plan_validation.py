@@ -7,7 +7,9 @@ and drain excluded, saturation detected, each statistic with a 95% confidence in
 it is not saturated and the upper end of every objective's interval is within the objective; the margin to each
 objective is kept with the row. A replicated candidate that misses is tried again with one more replica while
 ``--max-devices`` holds it; the next candidates in rank take the places of the others, round after round, until
-``--validate`` are confirmed or none is left.
+``--validate`` are confirmed or none is left. With disaggregated layouts searched, the best of each kind (aggregated,
+disaggregated) is confirmed too, the next of its kind taking its place when it misses, so the verdict that compares
+them compares confirmed layouts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from castcore.simulation.metrics import format_ms
+from castcore.sweeps.plan_disaggregated import pooled
 
 MOST_ROUNDS = 4
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module's importer
@@ -85,6 +88,12 @@ def confirm(
     for _ in range(MOST_ROUNDS):
         wanted = max(0, request.validate - len(confirmed) - len(retries))
         fresh, waiting = waiting[:wanted], waiting[wanted:]
+        # the verdict compares the best of each kind: a kind none of whose rows is confirmed or on trial takes its next
+        for kind in dict.fromkeys(pooled(row) for row in waiting):
+            if not any(pooled(row) == kind for row in [*confirmed, *fresh, *retries]):
+                following = next(row for row in waiting if pooled(row) == kind)
+                fresh.append(following)
+                waiting.remove(following)
         chosen = retries + [again(row, requests=request.validate_requests) for row in fresh]
         if not chosen:
             break
@@ -108,15 +117,13 @@ def confirm(
                 and per_replica * (replicas + 1) <= request.max_devices
             ):
                 retries.append({**values, "dp": replicas + 1})
-        if len(confirmed) >= request.validate:
-            break
     rank(confirmed)
     return confirmed, list(failed.values())
 
 
 def _replicated(request: PlanRequest, row: dict[str, Any]) -> bool:
     """A layout that scales by replicas: neither disaggregated (scaled by its ratios) nor at a searched rate."""
-    return not row.get("prefill_instances") and not request.max_rate
+    return not pooled(row) and not request.max_rate
 
 
 def _layout(values: dict[str, Any]) -> tuple:

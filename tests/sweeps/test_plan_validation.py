@@ -118,3 +118,25 @@ def test_confirming_rounds_take_the_next_candidates_and_retry_only_replicated_la
     assert [(r["name"], r["missed"]) for r in failed] == [
         ("pooled", "with 4,000 requests: saturated: 800 steady requests arrived faster than they were served")
     ]
+
+
+def test_the_best_of_each_kind_is_confirmed_so_the_verdict_compares_confirmed_layouts():
+    request = PlanRequest(model=LLAMA, ttft=Objective("p99", 0.010), rate=5.0, disaggregated=True, validate=1)
+    fine = dict(steady_p99_ttft_ms=5.0, steady_p99_ttft_ms_low=4.0, steady_p99_ttft_ms_high=6.0)
+    outcome = {"a": fine, "p": dict(fine, steady_p99_ttft_ms_high=12.0), "q": fine}
+    rounds = []
+
+    def round_of(values):
+        rounds.append([v["name"] for v in values])
+        return [
+            _row(v["name"], prefill_instances=v["prefill_instances"], **outcome[v["name"]]) for v in values
+        ]
+
+    def again(row, **changes):
+        return {"name": row["name"], "dp": 1, "prefill_instances": row.get("prefill_instances"), **changes}
+
+    ranked = [_row("a"), _row("b"), _row("p", prefill_instances=1), _row("q", prefill_instances=2)]
+    confirmed, failed = plan_validation.confirm(request, ranked, again, round_of, lambda rows: None)
+    # the best aggregated and the best disaggregated first; that one misses, so the next of its kind is tried
+    assert rounds == [["a", "p"], ["q"]]
+    assert [r["name"] for r in confirmed] == ["a", "q"] and [r["name"] for r in failed] == ["p"]
