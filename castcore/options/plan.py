@@ -25,7 +25,16 @@ from castcore.options.parts import (
     scoped,
     switch,
 )
-from castcore.options.traffic import CONCURRENCY, EMIT, ENGINE_PRESET, RATE, REQUESTS, SIMULATE, TRAFFIC
+from castcore.options.traffic import (
+    MOST_REQUESTS,
+    CONCURRENCY,
+    EMIT,
+    ENGINE_PRESET,
+    RATE,
+    REQUESTS,
+    SIMULATE,
+    TRAFFIC,
+)
 
 OBJECTIVE = (
     "at most TIME (500ms, 1s); under traffic (--rate, --concurrency, --max-rate) a statistic of the "
@@ -125,9 +134,10 @@ PLAN = paged(
                         "validate_requests",
                         4000,
                         "requests each confirming simulation serves (enough for the queue to reach its steady "
-                        "state)",
+                        f"state), at most {MOST_REQUESTS:,}",
                         TRAFFIC,
                         minimum=1,
+                        maximum=MOST_REQUESTS,
                     ),
                     *(
                         changed(SIMULATE[name], help=f"{SIMULATE[name].help} {UNDER_TRAFFIC}")

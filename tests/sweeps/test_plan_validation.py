@@ -140,3 +140,24 @@ def test_the_best_of_each_kind_is_confirmed_so_the_verdict_compares_confirmed_la
     # the best aggregated and the best disaggregated first; that one misses, so the next of its kind is tried
     assert rounds == [["a", "p"], ["q"]]
     assert [r["name"] for r in confirmed] == ["a", "q"] and [r["name"] for r in failed] == ["p"]
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--rate", "5", "--validate-requests", "2000000"], "--validate-requests 2000000: is over 1,000,000"),
+        (["--rate", "5", "--validate", "-1"], "--validate -1: must be a whole number of at least 0"),
+        (["--validate", "2"], "--validate 2 describes traffic, and a static plan prices one batch"),
+    ],
+)
+def test_bad_validation_options_are_one_line_and_exit_2(argv, said):
+    done = subprocess.run(
+        [sys.executable, "-m", "castcore", "plan", "--model", LLAMA, *argv, "--no-packs"]
+        + ["--device-file", str(DATA / "h100-sxm.toml")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if line.startswith("castcore: error:")]
+    assert len(errors) == 1 and said in errors[0] and "Traceback" not in done.stderr
