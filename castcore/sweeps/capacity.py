@@ -11,7 +11,8 @@ simulate points through the same backend, round after round:
   between 0 and that bound finds the highest rate it serves within the objectives, to 5%. The best sustain the
   highest rate per device (a replica; n replicas take n times it).
 
-Either way, per device, the fewest devices that meet the objectives.
+Then the best are confirmed by longer simulations judged on their steady state (castcore.sweeps.plan_validation);
+the rows printed are the confirming ones. Either way, per device, the fewest devices that meet the objectives.
 """
 
 from __future__ import annotations
