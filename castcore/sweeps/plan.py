@@ -27,7 +27,7 @@ from castcore.options.catalog import say
 from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
-from castcore.sweeps import plan_disaggregated, plan_traffic
+from castcore.sweeps import plan_disaggregated, plan_traffic, plan_validation
 from castcore.sweeps.capacity import PLAN_KEYS, objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
@@ -87,7 +87,10 @@ class PlanRequest:
 
     def meets(self, row: dict[str, Any]) -> bool:
         """Fits, and meets the latency objectives: a static batch's every request has the same latency, so any
-        statistic of them is that latency."""
+        statistic of them is that latency. Under traffic, a simulated row as the confirming rounds judge it
+        (castcore.sweeps.plan_validation: not saturated, each objective's interval within it)."""
+        if self.traffic:
+            return not plan_validation.misses(self, row)
         return (
             not row.get("error")
             and row.get("fits") is True

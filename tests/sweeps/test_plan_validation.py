@@ -161,3 +161,30 @@ def test_bad_validation_options_are_one_line_and_exit_2(argv, said):
     assert done.returncode == 2 and done.stdout == ""
     errors = [line for line in done.stderr.splitlines() if line.startswith("castcore: error:")]
     assert len(errors) == 1 and said in errors[0] and "Traceback" not in done.stderr
+
+
+def test_the_plan_page_marks_the_simulations_that_meet_as_the_confirming_rounds_judge_them():
+    from castcore.plugins.selection import PluginOptions
+    from castcore.report.html.plan import plan_data
+
+    def candidates(ttft: str) -> list[tuple]:
+        result = castcore.plan(
+            LLAMA,
+            input_tokens=32,
+            output_tokens=8,
+            rate=40.0,
+            requests=40,
+            ttft=ttft,
+            tp=[1],
+            pp=[1],
+            weights=["bf16"],
+            validate=1,
+            validate_requests=300,
+            workers=1,
+            plugins=PluginOptions(no_packs=True, device_file=[str(DATA / "h100-sxm.toml")]),
+        )
+        return [(c["requests"], c["meets"]) for c in plan_data(result)["results"]["candidates"]]
+
+    assert candidates("p90:50ms") == [(40, True), (300, True)]  # the search's run, then the confirming one
+    missed = candidates("p90:1us")  # missed by every replica count searched: nothing to confirm
+    assert len(missed) > 1 and set(missed) == {(40, False)}

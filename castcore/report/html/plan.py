@@ -33,6 +33,7 @@ LAYOUT = (
     "served_batch",
     "rate",
     "max_rate",
+    "requests",  # under traffic: the search's simulations and the longer ones that confirm the best
 )
 
 
