@@ -238,7 +238,7 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
         traffic = Traffic(
             int(request.input_tokens),
             int(request.output_tokens),
-            request.requests,
+            row.get("requests") or request.requests,  # the confirming run's, which gave the row's figures
             rate,
             request.concurrency,
             request.shared["burstiness"],

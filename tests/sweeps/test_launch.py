@@ -195,6 +195,8 @@ def test_plan_emit_prints_the_best_deployments_commands(tmp_path):
         "40",
         "--ttft",
         "p90:50ms",
+        "--validate-requests",
+        "400",
         "--emit",
         "vllm",
         "--json",
@@ -207,10 +209,10 @@ def test_plan_emit_prints_the_best_deployments_commands(tmp_path):
         f"vllm serve {DATA} --tensor-parallel-size 1 --pipeline-parallel-size 1 "
     )
     assert emit["simulate"] == (
-        f"castcore simulate --model {LLAMA} --device h100-sxm --input 32 --output 8 --requests 40 --rate 40 --seed 0 "
+        f"castcore simulate --model {LLAMA} --device h100-sxm --input 32 --output 8 --requests 400 --rate 40 --seed 0 "
         f"--engine vllm --device-file {DATA / 'h100-sxm.toml'} --no-packs --json"
     )
-    # The simulate command gives the plan's own figures for that row.
+    # The simulate command gives the plan's own figures for that row: its confirming run of 400 requests.
     simulated = subprocess.run(
         [sys.executable, "-m", *shlex.split(emit["simulate"])],
         capture_output=True,
@@ -222,7 +224,7 @@ def test_plan_emit_prints_the_best_deployments_commands(tmp_path):
     figures = json.loads(simulated.stdout)
     assert figures["p90_ttft_ms"] == pytest.approx(top["p90_ttft_ms"])
     assert figures["output_throughput"] == pytest.approx(top["output_throughput"])
-    assert "--request-rate 40 " in emit["bench"] and "--num-prompts 40 " in emit["bench"]
+    assert "--request-rate 40 " in emit["bench"] and "--num-prompts 400 " in emit["bench"]
 
 
 def test_plan_emit_as_text_follows_the_plan(tmp_path):
