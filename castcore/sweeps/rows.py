@@ -156,7 +156,7 @@ def simulate_figures(
         "median_e2el_s": data["median_e2el_ms"] / 1e3,
         "output_tokens_per_s_per_device": data["output_throughput"] / every,
         **energy,
-        **simulation_cost(price, every, report.summary, report.iterations_trace),
+        **simulation_cost(price, report.pool_use, report.summary),
     }
 
 
