@@ -15,6 +15,7 @@ MODEL_TESTS = {
     "test_capture_cache",
     "test_checkpoint",
     "test_cli",
+    "test_cost_definition",
     "test_cost_energy",
     "test_fp4",
     "test_fusing",

@@ -30,7 +30,8 @@ def write_page(path: Path | None, command: str, data: dict[str, Any]) -> None:
 
 
 def simulation_figures(report: Any, args: argparse.Namespace, host: Any) -> dict[str, Any]:
-    """A simulation's energy and cost, as castcore simulate prints them (castcore.report.energy)."""
+    """A simulation's energy (when a plugin host gives the pools' power) and cost, as castcore simulate prints
+    them (castcore.report.energy)."""
     from castcore.report.energy import simulation_cost, simulation_energy
 
     return {
@@ -39,10 +40,5 @@ def simulation_figures(report: Any, args: argparse.Namespace, host: Any) -> dict
             if host
             else {}
         ),
-        **simulation_cost(
-            args.price_per_device_hour,
-            sum(use.devices for use in report.pool_use),
-            report.summary,
-            report.iterations_trace,
-        ),
+        **simulation_cost(args.price_per_device_hour, report.pool_use, report.summary),
     }

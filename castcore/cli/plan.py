@@ -10,7 +10,7 @@ from typing import Any
 from castcore.cli.common import note
 from castcore.cli.options import add_options, values
 from castcore.cli.page import page_path, write_page
-from castcore.cli.plan_text import format_layout, format_plan
+from castcore.cli.plan_text import format_frontier, format_layout, format_plan
 from castcore.options.parts import AXIS
 from castcore.options.plan import PLAN
 from castcore.plugins.selection import PluginOptions
@@ -124,6 +124,8 @@ def plan_json(result: Any) -> dict[str, Any]:
         "layouts": result.layouts,
         "points": len(result.rows),
         "best": [pick(r) for r in result.best],
+        # with --frontier: each best row's curve, in the order of best
+        **({"frontier": result.frontier} if result.frontier is not None else {}),
         "fewest": [pick(r) for r in result.fewest],
         **(
             {"missed": [{**pick(r, every=False), "why": r["missed"]} for r in result.missed]}
@@ -178,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**plan_json(result), **({"emit": emitted.to_dict()} if emitted else {})}, indent=2))
     else:
         print(format_plan(result))
+        if result.frontier is not None:
+            print(format_frontier(result))
         if emitted:
             best = _launched(result)
             number = result.best.index(best) + 1

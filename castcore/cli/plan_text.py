@@ -274,3 +274,37 @@ def format_plan(result: Any) -> str:
             f"no layout of at most {request.max_devices} devices holds even batch 1: raise --max-devices"
         )
     return "\n".join(lines)
+
+
+def format_frontier(result: Any) -> str:
+    """--frontier's curves (castcore.sweeps.plan_frontier): per best row, a small table of its points."""
+    request = result.request
+    lines = [
+        "",
+        "throughput per device against tokens/s per user: one replica, a closed loop of rising concurrency",
+    ]
+    for n, (row, points) in enumerate(zip(result.best, result.frontier), 1):
+        lines.append(f"#{n} {row['device']}, {format_layout(row, request.dtype)}")
+        if not points:
+            lines.append("  no curve: a closed loop over disaggregated pools is not simulated")
+            continue
+        priced = any(p.get("usd_per_million_output_tokens") is not None for p in points)
+        header = (
+            "in flight",
+            "tok/s/user",
+            "tok/s/device",
+            "TPOT p99",
+            *(("$/M out tok",) if priced else ()),
+        )
+        cells = [
+            (
+                str(p["concurrency"]),
+                f"{p['output_tokens_per_s_per_user']:,.1f}",
+                f"{p['output_tokens_per_s_per_device']:,.1f}",
+                _seconds(p["p99_tpot_ms"] / 1e3),
+                *((f"{p['usd_per_million_output_tokens']:,.4g}",) if priced else ()),
+            )
+            for p in points
+        ]
+        lines += ["  " + line for line in _table(header, cells, left=())]
+    return "\n".join(lines)

@@ -78,18 +78,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _print(report, args: argparse.Namespace, emitted=None, host=None) -> None:
     """The report, with its energy (when every pool's device profile gives its power) and its cost at
-    --price-per-device-hour (every device for the run's duration), and the launch files of --emit."""
-    from castcore.report.energy import format_lines, simulation_cost, simulation_energy
+    --price-per-device-hour (castcore.report.energy), and the launch files of --emit."""
+    from castcore.report.energy import format_lines
 
-    devices = sum(use.devices for use in report.pool_use)
-    cost = {
-        **(
-            simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
-            if host
-            else {}
-        ),
-        **simulation_cost(args.price_per_device_hour, devices, report.summary, report.iterations_trace),
-    }
+    cost = simulation_figures(report, args, host)
     if args.json and emitted:
         print(json.dumps({**report.to_dict(), **cost, "emit": emitted.to_dict()}, indent=2))
     elif args.json:

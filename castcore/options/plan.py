@@ -115,6 +115,13 @@ PLAN = paged(
                         "--decode-instances Y; the plan says which kind wins and why (with --rate or --max-rate)",
                         TRAFFIC,
                     ),
+                    switch(
+                        "frontier",
+                        "for each of the best layouts, output tokens/s per device against output tokens/s per "
+                        "user: one replica simulated as a closed loop of 1, 2, 4, ... requests in flight until "
+                        "its throughput stops rising (8 points at most) " + UNDER_TRAFFIC,
+                        TRAFFIC,
+                    ),
                     changed(
                         REQUESTS,
                         default=500,

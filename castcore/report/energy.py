@@ -17,9 +17,13 @@ so nothing needs averaging: the busy seconds of every step add up. The model tak
 limit; memory-bound kernels draw less than compute-bound ones in practice, so decode-heavy energy is an upper
 estimate within the idle..TDP range.
 
-Money. At ``price`` dollars per device-hour, a phase's device-seconds (every device of the deployment, for the
-phase's time) are charged to that phase's tokens: the prefill's to the input tokens, the decode steps' to the
-output tokens, as serving prices quote input and output tokens apart.
+Money. At ``price`` dollars per device-hour, $/Mtok is what public cost dashboards and engines quote: the price
+over the tokens per second per device the deployment delivers while working, at the interactivity it served
+(output tokens/s per user, 1000 / mean TPOT in ms). Only the working device-seconds (every device of an
+instance while its engine runs an iteration) are charged to tokens, split between input and output tokens by the
+share of the iterations' time that went to prompts; a static batch works all its time, its prefill for the input
+tokens and its decode for the output. Device time held but idle (a rate below what the devices serve) is reported
+apart, as its share of the held time and its dollars per hour, never charged to tokens.
 """
 
 from __future__ import annotations
@@ -97,28 +101,43 @@ def energy_figures(device: Any, devices: int, prefill: PhaseTime, decode: PhaseT
     }
 
 
+@dataclass(frozen=True)
+class DeviceTime:
+    """A deployment's device-seconds: ``held`` (every device for the whole run) and, of them, those working
+    for the input tokens (prompts) and for the output tokens."""
+
+    held: float
+    input: float
+    output: float
+
+
 def cost_figures(
     price: float | None,
     devices: int,
-    prefill_s: float,
-    decode_s: float,
+    time: DeviceTime,
     input_tokens: int,
     output_tokens: int,
+    per_user: float | None,
 ) -> dict[str, Any]:
-    """Dollars at ``price`` per device-hour: per million input tokens (the prefill's device time), per million
-    output tokens (the decode's) and per hour of the whole deployment; empty without a price."""
+    """Dollars at ``price`` per device-hour (see the module docstring): per million input and output tokens (their
+    working device time), per hour of the ``devices`` held, and the idle share of the held time with its dollars
+    per hour; ``per_user``, the output tokens/s per user the tokens were served at. Empty without a price."""
     if price is None:
         return {}
-    per_second = price * devices / HOUR_S
+    per_second = price / HOUR_S
+    idle = min(max(1 - (time.input + time.output) / time.held, 0.0), 1.0) if time.held else 0.0
     return {
         "price_per_device_hour": price,
         "usd_per_hour": price * devices,
-        "usd_per_million_input_tokens": per_second * prefill_s / input_tokens * MILLION
+        "usd_per_million_input_tokens": per_second * time.input / input_tokens * MILLION
         if input_tokens
         else None,
-        "usd_per_million_output_tokens": per_second * decode_s / output_tokens * MILLION
+        "usd_per_million_output_tokens": per_second * time.output / output_tokens * MILLION
         if output_tokens
         else None,
+        "output_tokens_per_s_per_user": per_user,
+        "idle_share": idle,
+        "usd_per_hour_idle": price * devices * idle,
     }
 
 
@@ -136,41 +155,42 @@ def prefill_share(
     return prompt / total if total else None
 
 
-def simulation_cost(price: float | None, devices: int, summary: dict[str, Any], trace: Any) -> dict[str, Any]:
-    """Dollars of a simulated run at ``price`` per device-hour: every device for the run's duration (idle gaps
-    between arrivals included: the deployment is held), split between the input and output tokens by the
-    iterations' prefill share (``prefill_share``, from the first replica's iterations)."""
+def simulation_cost(price: float | None, pools: Sequence[PoolUse], summary: dict[str, Any]) -> dict[str, Any]:
+    """Dollars of a simulated run at ``price`` per device-hour (see the module docstring): every pool's devices
+    held for the run's duration, its working device-seconds charged to the tokens, split between input and output
+    by its iterations' prefill share."""
     if price is None:
         return {}
-    share = (
-        None if trace is None else prefill_share(trace.prefill_tokens, trace.decode_tokens, trace.duration)
-    )
-    if share is None:
-        share = 0.0
     duration = summary["duration"]
+    working = [min(use.working_device_s, use.devices * duration) for use in pools]
+    prompts = sum(w * use.prefill_share for w, use in zip(working, pools))
+    devices = sum(use.devices for use in pools)
     return {
         **cost_figures(
             price,
             devices,
-            share * duration,
-            (1 - share) * duration,
+            DeviceTime(devices * duration, prompts, sum(working) - prompts),
             summary["total_input_tokens"],
             summary["total_output_tokens"],
+            summary.get("output_tokens_per_s_per_user"),
         ),
-        "prefill_time_share": share,
+        "prefill_time_share": prompts / sum(working) if sum(working) else 0.0,
     }
 
 
 @dataclass(frozen=True)
 class PoolUse:
     """One pool of a simulated deployment (all of it, or a disaggregated deployment's prefill or decode pool): its
-    device, how many of them, and the device-seconds they were busy, summed over them (castcore.serving.metering:
+    device, how many of them, and the device-seconds their units were busy (for the energy), summed over them (castcore.serving.metering:
     each scheduler's iterations' busy seconds, times the devices running each iteration, over its pipeline
     stages, as a device runs 1/pp of an iteration's layers)."""
 
     device: str
     devices: int
     busy_device_s: float
+    # the device-seconds its engines ran iterations (the cost's working time) and the share of it spent on prompts
+    working_device_s: float
+    prefill_share: float
 
 
 def simulation_energy(pools: Sequence[tuple[Any, PoolUse]], summary: dict[str, Any]) -> dict[str, Any]:
@@ -202,9 +222,14 @@ def format_lines(figures: dict[str, Any]) -> list[str]:
             f"tokens/J, {figures['joules_per_output_token']:.3g} J per output token"
         )
     if figures.get("usd_per_hour") is not None:
-        lines.append(
+        per_user = figures.get("output_tokens_per_s_per_user")
+        lines += [
             f"cost         ${figures['usd_per_million_input_tokens']:,.4g} per million input tokens, "
-            f"${figures['usd_per_million_output_tokens']:,.4g} per million output tokens, "
-            f"${figures['usd_per_hour']:,.2f}/hour (${figures['price_per_device_hour']:g} per device-hour)"
-        )
+            f"${figures['usd_per_million_output_tokens']:,.4g} per million output tokens"
+            + (f" at {per_user:,.1f} tok/s/user" if per_user else "")
+            + f" (working device time at ${figures['price_per_device_hour']:g} per device-hour)",
+            f"idle         {figures['idle_share']:.0%} of the held device time, "
+            f"${figures['usd_per_hour_idle']:,.2f}/hour of the ${figures['usd_per_hour']:,.2f}/hour held "
+            "(not in the $ per million tokens)",
+        ]
     return lines

@@ -221,7 +221,7 @@ def run(
         notes=notes,
         iterations_trace=(decoded or prefilled)[0].trace,
         pool_use=[
-            pool_use(pre_profile.name, pools.prefill, x, pre.meters),
-            pool_use(dec_profile.name, pools.decode, y, dec.meters),
+            pool_use(pre_profile.name, pools.prefill, x, pre.meters, [r.trace for r in prefilled]),
+            pool_use(dec_profile.name, pools.decode, y, dec.meters, [r.trace for r in decoded]),
         ],
     )

@@ -1,5 +1,6 @@
 """The busy seconds of a simulated run, for its energy (castcore.report.energy): the engine's step-time model,
-also adding up how long each iteration keeps the device busy.
+also adding up how long each iteration keeps the device busy; and each pool's working seconds (its iterations'
+time) with their prefill share, for its cost.
 
 An iteration's busy time is its time x the busy share of the step-time model's ladder capture at its token count
 (castcore.serving.step_time: the mixed batches captured at powers of four up to the token budget), interpolated
@@ -15,11 +16,12 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from castcore.report.energy import PoolUse, busy_s
+from castcore.report.energy import PoolUse, busy_s, prefill_share
 from castcore.simulation.chunks import Chunk
 
 if TYPE_CHECKING:
     from castcore.serving.step_time import StepTimes
+    from castcore.simulation.engine import Trace
     from castcore.workload.spec import Workload
 
 
@@ -54,10 +56,25 @@ class Metered:
         return min(max((1 - w) * self._share_at(low) + w * self._share_at(high), 0.0), 1.0)
 
 
-def pool_use(device: str, workload: Workload, instances: int, metered: list[Metered]) -> PoolUse:
-    """A pool of ``instances`` of ``workload`` on ``device``, busy as its schedulers' meters say: each iteration
-    runs on its scheduler's devices (an instance's, or one attention data-parallel group's), 1/pp of its layers
-    each."""
+def pool_use(
+    device: str, workload: Workload, instances: int, metered: list[Metered], traces: Sequence[Trace]
+) -> PoolUse:
+    """A pool of ``instances`` of ``workload`` on ``device``, busy as its schedulers' meters say and working for
+    its schedulers' iterations (``traces``, engine.Trace): each iteration runs on its scheduler's devices (an
+    instance's, or one attention data-parallel group's), 1/pp of its layers each (the pp micro-batches in flight
+    share the devices)."""
     busy = sum(m.busy_s for m in metered)
+    working = sum(sum(t.duration) for t in traces)
+    share = prefill_share(
+        [p for t in traces for p in t.prefill_tokens],
+        [d for t in traces for d in t.decode_tokens],
+        [s for t in traces for s in t.duration],
+    )
     per_iteration = workload.devices // workload.attention_dp
-    return PoolUse(device, workload.devices * instances, per_iteration * busy / workload.pp)
+    return PoolUse(
+        device,
+        workload.devices * instances,
+        per_iteration * busy / workload.pp,
+        per_iteration * working / workload.pp,
+        share or 0.0,
+    )

@@ -7,7 +7,15 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from castcore.report.energy import PhaseTime, busy_s, cost_figures, energy_figures, fitted_sum, format_lines
+from castcore.report.energy import (
+    DeviceTime,
+    PhaseTime,
+    busy_s,
+    cost_figures,
+    energy_figures,
+    fitted_sum,
+    format_lines,
+)
 from castcore.report.memory import format_bytes
 from castcore.report.records import Report, format_seconds
 from castcore.deploy.parallel.layout import Layout
@@ -41,7 +49,8 @@ class ServeReport:
 
     def energy_and_cost(self) -> dict[str, Any]:
         """Energy (when the profile gives power numbers) and cost (with a price) of one batch on every replica
-        (castcore.report.energy): the prefill's device time is the input tokens', the decode's the output's."""
+        (castcore.report.energy): the prefill's device time is the input tokens', the decode's the output's, at
+        the batch's tokens/s per user."""
         tokens = self.deployment["dp"] * self.batch
         decode_busy = fitted_sum(
             {kv: busy_s(r) for kv, r in self.decode.items()}, self.input_tokens, self.output_tokens
@@ -53,13 +62,15 @@ class ServeReport:
                 PhaseTime(self.ttft_s, busy_s(self.prefill), tokens * self.input_tokens),
                 PhaseTime(self.decode_s, decode_busy, tokens * self.output_tokens),
             ),
-            **cost_figures(
+            **cost_figures(  # a static batch works all its time: nothing idle
                 self.price_per_device_hour,
                 self.devices,
-                self.ttft_s,
-                self.decode_s,
+                DeviceTime(
+                    self.devices * self.latency_s, self.devices * self.ttft_s, self.devices * self.decode_s
+                ),
                 tokens * self.input_tokens,
                 tokens * self.output_tokens,
+                self.output_tokens_per_s_per_user,
             ),
         }
 
@@ -116,6 +127,11 @@ class ServeReport:
         return self.ttft_s + self.decode_s
 
     @property
+    def output_tokens_per_s_per_user(self) -> float:
+        """The interactivity each request is served at: 1 / its mean TPOT."""
+        return 1 / self.tpot_s
+
+    @property
     def output_tokens_per_s(self) -> float:
         """The system's: every replica (--dp) serves a batch like this one at once."""
         return self.deployment["dp"] * self.batch * self.output_tokens / self.latency_s
@@ -145,6 +161,7 @@ class ServeReport:
             "latency_s": self.latency_s,
             "output_tokens_per_s": self.output_tokens_per_s,
             "output_tokens_per_s_per_device": self.output_tokens_per_s / self.devices,
+            "output_tokens_per_s_per_user": self.output_tokens_per_s_per_user,
             **self.memory(),
             **self.energy_and_cost(),
             "decode_points": [{"kv_len": kv, "time_s": self.tpot_at(kv)} for kv in points],
@@ -216,7 +233,7 @@ class ServeReport:
             f"throughput   {self.output_tokens_per_s:,.1f} output tokens/s, {self.output_tokens_per_s / self.devices:,.1f} "
             f"per device ({self.devices} device{'s' if self.devices > 1 else ''}"
             + (f", {layout.dp} replicas" if layout.dp > 1 else "")
-            + ")",
+            + f"), {self.output_tokens_per_s_per_user:,.1f} per user",
             "",
             f"memory per device at the longest context ({self.input_tokens + self.output_tokens} tokens)",
             f"weights      {format_bytes(mem['weight_bytes'])}",

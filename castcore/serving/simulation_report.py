@@ -43,7 +43,7 @@ class SimulationReport:
     iterations_trace: Any = field(default=None, repr=False)  # the first replica's iterations (engine.Trace)
     slo_ttft_s: float | None = None  # the goodput objectives, drawn by ``plot``
     slo_tpot_s: float | None = None
-    # each pool's busy device-seconds, for the energy (castcore.report.energy.PoolUse)
+    # each pool's busy and working device-seconds, for the energy and cost (castcore.report.energy.PoolUse)
     pool_use: list = field(default_factory=list, repr=False)
     # the requests the engine refused, beyond its context ({"index", "why"}): the summary's ``failed``
     rejected: list[dict[str, Any]] = field(default_factory=list)

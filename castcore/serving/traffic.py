@@ -120,7 +120,7 @@ def simulate_traffic(
         deployment=base.options(),
         notes=notes,
         iterations_trace=results[0].trace,
-        pool_use=[pool_use(steps.profile.name, base, base.dp, metered)],
+        pool_use=[pool_use(steps.profile.name, base, base.dp, metered, [r.trace for r in results])],
     )
 
 

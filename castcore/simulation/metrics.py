@@ -85,7 +85,7 @@ def summarize(
     finished: list[Finished], slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
 ) -> dict[str, float | int | None]:
     """The summary of a run under ``vllm bench serve --save-result``'s field names, plus ``preemptions`` (their
-    total). ``duration`` runs from t = 0 (vLLM's clock starts before the first request is sent) to the last token;
+    total) and ``output_tokens_per_s_per_user`` (1000 / mean TPOT in ms; None without a TPOT). ``duration`` runs from t = 0 (vLLM's clock starts before the first request is sent) to the last token;
     ``request_goodput`` is None unless an SLO is given, as in vLLM."""
     _check_slo(slo_ttft_ms, "slo_ttft")
     _check_slo(slo_tpot_ms, "slo_tpot")
@@ -120,6 +120,9 @@ def summarize(
     }
     for (name, _, _), values in zip(METRICS, (ttfts, tpots, itls, e2els)):
         summary.update(_stats(name, values))
+    # the interactivity the run served at, as cost dashboards state it beside $ per million tokens
+    mean_tpot = summary["mean_tpot_ms"]
+    summary["output_tokens_per_s_per_user"] = 1000 / mean_tpot if mean_tpot else None
     summary["preemptions"] = sum(request.preemptions for request in finished)
     return summary
 
@@ -153,6 +156,11 @@ def format_table(summary: dict[str, float | int | None]) -> str:
         lines.append(row("Request goodput (req/s):", summary["request_goodput"]))
     lines += [
         row("Output token throughput (tok/s):", summary["output_throughput"]),
+        *(
+            [row("Output tokens/s per user:", summary["output_tokens_per_s_per_user"])]
+            if summary.get("output_tokens_per_s_per_user") is not None
+            else []
+        ),
         row("Total token throughput (tok/s):", summary["total_token_throughput"]),
         row("Preemptions:", summary["preemptions"]),
     ]

@@ -27,7 +27,7 @@ from castcore.options.catalog import say
 from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
-from castcore.sweeps import plan_disaggregated, plan_traffic, plan_validation
+from castcore.sweeps import plan_disaggregated, plan_frontier, plan_traffic, plan_validation
 from castcore.sweeps.capacity import PLAN_KEYS, objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
@@ -111,6 +111,8 @@ class PlanResult:
     # under traffic: layouts that ran but never met, each at its last try, with why under "missed"
     missed: list[dict[str, Any]] = field(default_factory=list)
     verdict: dict[str, Any] | None = None  # with disaggregated layouts: which kind wins and why
+    # with --frontier: each best row's throughput-per-device curve (castcore.sweeps.plan_frontier)
+    frontier: list[list[dict[str, Any]]] | None = None
 
 
 def divisors(n: int) -> list[int]:
@@ -288,6 +290,7 @@ def plan(
     price_per_device_hour: float | None = None,
     device_prices: list[str] | None = None,
     disaggregated: bool = False,
+    frontier: bool = False,
     workers: int | None = None,
     backend: str = "local",
     ray_address: str | None = None,
@@ -335,6 +338,7 @@ def plan(
         "price_per_device_hour": price_per_device_hour,
         "device_prices": device_prices,
         "disaggregated": disaggregated,
+        "frontier": frontier,
         "workers": workers,
         "backend": backend,
         "ray_address": ray_address,
@@ -383,6 +387,7 @@ def plan(
     if not request.traffic:  # the model and the request, as serve does
         check_request(model, request.input_tokens, request.output_tokens, 1, dtype=dtype)
     capacity.check(request)
+    plan_frontier.check(request, frontier)
     plan_traffic.check(request)  # under traffic, the model and the requests as simulate makes them
     session = open_session(plugins)
     for name in devices or ():
@@ -409,5 +414,12 @@ def plan(
             chosen = choices(request, session.devices, more)
             if request.disaggregated:
                 chosen += plan_disaggregated.candidates(chosen, request.max_devices)
-            return PlanResult(request=request, **capacity.search(request, command, chosen, run))
+            result = PlanResult(request=request, **capacity.search(request, command, chosen, run))
+            if frontier:
+                result.frontier = plan_frontier.frontier(
+                    request,
+                    result.best,
+                    lambda values: run(make_points(command, values, values[0]["device"])).rows,
+                )
+            return result
         return search(request, command, session.devices, run)

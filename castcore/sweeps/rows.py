@@ -158,7 +158,7 @@ def simulate_figures(
         "output_tokens_per_s_per_device": data["output_throughput"] / every,
         **steady_figures(data["steady_state"]),
         **energy,
-        **simulation_cost(price, every, report.summary, report.iterations_trace),
+        **simulation_cost(price, report.pool_use, report.summary),
     }
 
 

@@ -18,6 +18,7 @@ from castcore.report.energy import (
     PhaseTime,
     busy_s,
     cost_figures,
+    DeviceTime,
     energy_figures,
     energy_j,
     fitted_sum,
@@ -117,21 +118,28 @@ def test_energy_of_a_request_batch_by_hand():
 
 def test_cost_charges_each_phases_device_time_to_its_tokens():
     # $2 a device-hour on 4 devices: $8/hour; prefill 0.5 s for 8000 input tokens, decode 10 s for 800 output.
-    found = cost_figures(2.0, 4, 0.5, 10.0, 8000, 800)
+    found = cost_figures(2.0, 4, DeviceTime(4 * 10.5, 4 * 0.5, 4 * 10.0), 8000, 800, 80.0)
     assert found["usd_per_hour"] == 8.0
     assert found["usd_per_million_input_tokens"] == pytest.approx(8 / 3600 * 0.5 / 8000 * 1e6)  # $0.139
     assert found["usd_per_million_output_tokens"] == pytest.approx(8 / 3600 * 10 / 800 * 1e6)  # $27.78
-    assert cost_figures(None, 4, 0.5, 10.0, 8000, 800) == {}
+    assert found["idle_share"] == 0.0 and found["usd_per_hour_idle"] == 0.0  # working all the time held
+    assert found["output_tokens_per_s_per_user"] == 80.0
+    assert cost_figures(None, 4, DeviceTime(1.0, 0.5, 0.5), 8000, 800, None) == {}
 
 
-def test_a_simulated_runs_time_is_split_by_each_iterations_prompt_and_decode_tokens():
+def test_a_simulated_runs_working_time_is_split_by_each_iterations_prompt_and_decode_tokens():
     # 1 s of 100 prompt tokens, 2 s of 30 prompt + 10 decode (1.5 s to prompts), 1 s of 10 decode: 2.5 of 4 s.
     trace = SimpleNamespace(prefill_tokens=[100, 30, 0], decode_tokens=[0, 10, 10], duration=[1.0, 2.0, 1.0])
     assert prefill_share(trace.prefill_tokens, trace.decode_tokens, trace.duration) == pytest.approx(0.625)
+    use = pool_use("gpu", SimpleNamespace(devices=2, pp=1, attention_dp=1), 1, [], [trace])
+    assert (use.working_device_s, use.prefill_share) == (8.0, 0.625)  # 2 devices for the 4 s of iterations
     summary = {"duration": 36.0, "total_input_tokens": 1000, "total_output_tokens": 500}
-    found = simulation_cost(1.0, 2, summary, trace)  # 2 device-hours' worth of $1: 36 s x 2 devices = $0.02
-    assert found["usd_per_million_input_tokens"] == pytest.approx(0.02 * 0.625 / 1000 * 1e6)
-    assert found["usd_per_million_output_tokens"] == pytest.approx(0.02 * 0.375 / 500 * 1e6)
+    found = simulation_cost(1.0, [use], summary)  # $1 a device-hour: 8 device-seconds working = $1/450
+    assert found["usd_per_million_input_tokens"] == pytest.approx(8 / 3600 * 0.625 / 1000 * 1e6)
+    assert found["usd_per_million_output_tokens"] == pytest.approx(8 / 3600 * 0.375 / 500 * 1e6)
+    # held 72 device-seconds, working 8: the rest is idle, priced apart
+    assert found["idle_share"] == pytest.approx(64 / 72)
+    assert found["usd_per_hour_idle"] == pytest.approx(2 * 64 / 72)
 
 
 def test_a_simulated_runs_energy_holds_every_device_for_the_run():
@@ -140,7 +148,7 @@ def test_a_simulated_runs_energy_holds_every_device_for_the_run():
     # Per position 140 W x 20 s + 560 W x 12 s = 9,520 J, for each of a replica's 4 positions.
     replica = SimpleNamespace(devices=4, pp=2, attention_dp=1)
     # model + draft
-    use = pool_use("gpu", replica, 2, [SimpleNamespace(busy_s=20.0), SimpleNamespace(busy_s=4.0)])
+    use = pool_use("gpu", replica, 2, [SimpleNamespace(busy_s=20.0), SimpleNamespace(busy_s=4.0)], [])
     assert (use.devices, use.busy_device_s) == (8, 48.0)
     found = simulation_energy([(POWER, use)], {"duration": 10.0, "total_output_tokens": 1000})
     assert found["energy_j"] == pytest.approx(4 * (140 * 20 + 560 * 12))
@@ -152,7 +160,7 @@ def test_two_pools_of_two_devices_each_draw_their_own_power():
     # A prefill pool of 2 devices (700 W limit, 140 W idle) busy 5 of their 20 device-seconds, and a decode pool of
     # 4 others (1000 W, 200 W) busy 30 of their 40: 140 x 20 + 560 x 5 + 200 x 40 + 800 x 30 = 37,600 J.
     other = SimpleNamespace(tdp_w=1000.0, idle_w=200.0)
-    pools = [(POWER, PoolUse("a", 2, 5.0)), (other, PoolUse("b", 4, 30.0))]
+    pools = [(POWER, PoolUse("a", 2, 5.0, 5.0, 1.0)), (other, PoolUse("b", 4, 30.0, 30.0, 0.0))]
     found = simulation_energy(pools, {"duration": 10.0, "total_output_tokens": 376})
     assert found["energy_j"] == pytest.approx(37600.0)
     assert found["utilization"] == pytest.approx(35 / 60) and found[
@@ -161,7 +169,10 @@ def test_two_pools_of_two_devices_each_draw_their_own_power():
     # a pool without power numbers
     assert (
         simulation_energy(
-            [(POWER, PoolUse("a", 2, 5.0)), (SimpleNamespace(tdp_w=0.0), PoolUse("b", 4, 1.0))],
+            [
+                (POWER, PoolUse("a", 2, 5.0, 5.0, 1.0)),
+                (SimpleNamespace(tdp_w=0.0), PoolUse("b", 4, 1.0, 1.0, 0.0)),
+            ],
             {"duration": 10.0, "total_output_tokens": 1},
         )
         == {}

@@ -275,6 +275,7 @@ def test_summary_of_three_requests_worked_by_hand():
         "p95_e2el_ms": 980,
         "p99_e2el_ms": 996,
         "preemptions": 1,
+        "output_tokens_per_s_per_user": 5.0,  # 1000 / the mean TPOT of 200 ms
     }
     assert s.keys() == expected.keys() | {"request_goodput"}
     assert s["request_goodput"] is None

@@ -35,11 +35,21 @@ def money_facts(results: dict[str, Any]) -> list[str]:
             )
         )
     if number(results.get("usd_per_million_output_tokens")) is not None:
+        per_user = number(results.get("output_tokens_per_s_per_user"))
         found.append(
             fact(
-                "cost per million output tokens",
+                "cost per million output tokens"
+                + (f" at {decimal(per_user)} tok/s/user" if per_user is not None else ""),
                 f"${decimal(results['usd_per_million_output_tokens'])}",
-                f"${results['usd_per_hour']:,.2f}/hour",
+                f"${results['usd_per_hour']:,.2f}/hour held",
+            )
+        )
+    if number(results.get("idle_share")) is not None:
+        found.append(
+            fact(
+                "idle, not in the cost per token",
+                f"{results['idle_share']:.0%}",
+                f"${results['usd_per_hour_idle']:,.2f}/hour",
             )
         )
     return found
