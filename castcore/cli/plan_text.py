@@ -58,7 +58,12 @@ def _objective_column(
     if request.objective not in OBJECTIVE_COLUMNS:
         return (), [() for _ in rows]
     header, key, form = OBJECTIVE_COLUMNS[request.objective]
-    return (header,), [("-" if r.get(key) is None else form.format(r[key]),) for r in rows]
+    cells = [("-" if r.get(key) is None else form.format(r[key]),) for r in rows]
+    if (
+        request.objective == "cost" and getattr(request, "rate", None) is not None
+    ):  # ranked by the hour's bill
+        return ("$/hour", header), [(f"{r.get('usd_per_hour') or 0:,.2f}", *c) for r, c in zip(rows, cells)]
+    return (header,), cells
 
 
 def _rate(value: float) -> str:
@@ -142,9 +147,15 @@ def format_traffic_plan(result: Any) -> str:
         ]
         lines.append(
             f"best {len(result.best)} by "
-            + OBJECTIVE_WORDS.get(
-                request.objective,
-                "the highest request rate per device" if request.max_rate else "output tokens/s per device",
+            + (
+                "the fewest $ an hour held (each serves the same rate; idle devices count)"
+                if request.objective == "cost" and request.rate is not None
+                else OBJECTIVE_WORDS.get(
+                    request.objective,
+                    "the highest request rate per device"
+                    if request.max_rate
+                    else "output tokens/s per device",
+                )
             )
             + " within the objectives"
         )

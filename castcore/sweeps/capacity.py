@@ -57,9 +57,15 @@ OBJECTIVES = {
 
 def objective_key(request: PlanRequest, row: dict[str, Any], throughput: float) -> float:
     """A row's place under the request's objective, lowest first: ``throughput`` negated (the most first), the
-    fewest dollars per million output tokens, or the most output tokens per joule."""
+    fewest dollars per million output tokens (at a fixed ``--rate``, the fewest dollars an hour held), or the most
+    output tokens per joule."""
     if request.objective == "throughput":
         return -throughput
+    if request.objective == "cost" and request.rate is not None:
+        # every layout serves the same requests at a fixed rate: the cheaper is the one that holds less, idle
+        # devices included (its $ per million output tokens charges only the working time)
+        held = row.get("usd_per_hour")
+        return float("inf") if held is None else held
     name, more_is_better, _ = OBJECTIVES[request.objective]
     value = row.get(name)
     if value is None:

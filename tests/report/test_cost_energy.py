@@ -468,6 +468,7 @@ def test_the_cost_and_energy_objectives_rank_a_traffic_plan_too():
                 "output_tokens_per_s_per_device": FIGURES[p.params["tp"]][0],
                 "usd_per_million_output_tokens": FIGURES[p.params["tp"]][1],
                 "output_tokens_per_joule": FIGURES[p.params["tp"]][2],
+                "usd_per_hour": 2.0 * p.params["tp"],
             }
             for p in points
         ]
@@ -490,13 +491,20 @@ def test_the_cost_and_energy_objectives_rank_a_traffic_plan_too():
         }
         for tp in (1, 2, 4)
     ]
-    for objective, order in (("throughput", [1, 4, 2]), ("cost", [2, 4, 1]), ("energy", [2, 1, 4])):
+    # In a closed loop the layouts serve different tokens: cost ranks by $ per million of them. At a fixed rate they
+    # serve the same ones: cost ranks by the dollars an hour each holds.
+    for objective, traffic, order in (
+        ("throughput", {"rate": 5.0}, [1, 4, 2]),
+        ("cost", {"concurrency": 8}, [2, 4, 1]),
+        ("cost", {"rate": 5.0}, [1, 2, 4]),
+        ("energy", {"rate": 5.0}, [2, 1, 4]),
+    ):
         request = PlanRequest(
             model=LLAMA,
             devices=["h100-sxm"],
             weights=[None],
             ttft=Objective("p99", 0.1),
-            rate=5.0,
+            **traffic,
             max_devices=4,
             objective=objective,
             price_per_device_hour=2.0,
@@ -539,6 +547,11 @@ def test_plan_prints_the_objectives_column(tmp_path, capsys, monkeypatch):
         found["best"][0]["usd_per_million_output_tokens"] > 0
         and found["best"][0]["output_tokens_per_joule"] > 0
     )
+    # at a fixed rate the plan ranks by what each layout holds an hour, and prints it
+    assert main([*argv, "--rate", "40", "--requests", "40", "--validate", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "by the fewest $ an hour held (each serves the same rate; idle devices count)" in text
+    assert "$/hour" in text and "2.00" in text
 
 
 def test_a_sweep_prices_every_point_at_each_price(tmp_path, monkeypatch):
