@@ -13,7 +13,8 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     Shape-aware where the profile and the properties allow (see castcore.devices.tiles): matrix products with
     known shapes are timed by their tiles and waves, a fused attention kernel at the profile's
     attention_efficiency, and a transfer pays the bandwidth ramp memory_half_bytes (which, measured end to end,
-    includes the launch: the per-op cost is then a floor rather than an addition)."""
+    includes the launch: the per-op cost is then a floor rather than an addition); a memory-bound family the
+    profile's [memory_kernels] lists streams at its own efficiency, ramp and floor."""
     compute_s = 0.0
     rates: dict[str, str] = {}
     detail: dict = {}
