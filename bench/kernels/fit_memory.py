@@ -1,6 +1,6 @@
 """Fit a profile's ``[memory_kernels]`` table to measured memory-bound kernels (gpu_measure.py's JSONL).
 
-``python bench/kernels/fit_memory.py measured/h200-sxm-2026-11-27.jsonl --device h200-sxm``
+``python bench/kernels/fit_memory.py measured/h200-sxm-2026-11-27.jsonl --device h200-sxm [--device-file X.toml]``
 
 Each norm, SwiGLU and fp8-quantize point is priced once on the profile to learn each call's bytes, its
 compute time and its memory family; then, family by family (in turns, as one point can hold calls of two), the
@@ -31,7 +31,8 @@ SAME_AS = {"activation": "elementwise"}
 
 
 def calls(rows, session, device, metric):
-    """(measured s, [(family, bytes, compute s)]) for each memory-bound point."""
+    """(measured s, [(family, bytes, compute s)], the measured family) for each memory-bound point, and the
+    profile's bandwidth."""
     from castcore.devices.memory_kernels import memory_family
 
     points, profile = [], None
@@ -84,11 +85,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+")
     parser.add_argument("--device", required=True)
+    parser.add_argument("--device-file", action="append", default=[], help="a device profile TOML to load")
     parser.add_argument("--metric", default="cold_graph_time_s")
     args = parser.parse_args(argv)
     import castcore
 
-    session = castcore.Session()
+    session = castcore.Session(device_files=args.device_file)
     points, bandwidth = calls(score.load(args.files), session, args.device, args.metric)
     found = fit(points, bandwidth)
     errors = [t / m - 1 for t, (m, _, _) in zip(predict(points, found, bandwidth), points)]
