@@ -121,7 +121,11 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.2f} us"
 
 
-def markdown(lines: list[dict], results: list[dict], metric: str, eager: bool) -> str:
+def markdown(
+    lines: list[dict], results: list[dict], metric: str, eager: bool, fitted: frozenset[str] = frozenset()
+) -> str:
+    """The tables; a family in ``fitted`` had profile constants fitted on these points, so it is no held-out
+    figure."""
     out = [
         "# castcore against measured kernels",
         "",
@@ -131,21 +135,28 @@ def markdown(lines: list[dict], results: list[dict], metric: str, eager: bool) -
         f"{'eagerly (fuse=False)' if eager else 'in its default view (F.rms_norm as one kernel)'}.",
         "",
     ]
+    if fitted:
+        out += [
+            f"Fitted, not held out: {', '.join(sorted(fitted))} (the profile's constants for them were fitted "
+            "on these points); the other families are held out.",
+            "",
+        ]
     for gpu, profile in dict.fromkeys((line["gpu"], line["profile"]) for line in lines):
         mine = [line for line in lines if (line["gpu"], line["profile"]) == (gpu, profile)]
         out += [
             f"## {gpu} as `{profile}`",
             "",
-            "| family | points | median \\|error\\| | p90 \\|error\\| | bias | within 20% |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| family | set | points | median \\|error\\| | p90 \\|error\\| | bias | within 20% |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
         for line in mine:
+            kind = "fitted" if line["family"] in fitted else "held out"
             if not line["points"]:
-                out.append(f"| {line['family']} | 0 ({line['skipped']} skipped) | | | | |")
+                out.append(f"| {line['family']} | {kind} | 0 ({line['skipped']} skipped) | | | | |")
                 continue
             skipped = f" ({line['skipped']} skipped)" if line["skipped"] else ""
             out.append(
-                f"| {line['family']} | {line['points']}{skipped} | {line['median_abs_error']:.1%} | "
+                f"| {line['family']} | {kind} | {line['points']}{skipped} | {line['median_abs_error']:.1%} | "
                 f"{line['p90_abs_error']:.1%} | {line['bias']:+.1%} | {line['within_20']:.0%} |"
             )
         for line in mine:
@@ -176,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--metric", choices=["time_s", "graph_time_s", "cold_time_s", "cold_graph_time_s"], default="time_s"
     )
+    parser.add_argument(
+        "--fitted", default="", help="comma-separated families the profile was fitted on (labelled so)"
+    )
     parser.add_argument("--eager", action="store_true", help="price with fuse=False (F.rms_norm decomposed)")
     parser.add_argument(
         "--out", help="write the tables here as markdown, and the per-point rows beside it as .json"
@@ -186,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
 
     session = castcore.Session(device_files=args.device_file)  # one session: plugins load once
     results = score(load(args.files), session, args.device, args.metric, args.eager)
-    text = markdown(summarise(results), results, args.metric, args.eager)
+    fitted = frozenset(f for f in args.fitted.split(",") if f)
+    text = markdown(summarise(results), results, args.metric, args.eager, fitted)
     print(text)
     if args.out:
         out = Path(args.out).with_suffix(".md")

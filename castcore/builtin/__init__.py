@@ -5,10 +5,13 @@ Both hook implementations are ``trylast``: every pack and user file is asked fir
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from castcore.builtin import formulas
 from castcore.devices.costs import STEP_FALLBACK, Source
+from castcore.devices.memory_kernels import memory_family
 from castcore.devices.roofline import roofline
 from castcore.plugins.claims import ESTIMATOR, ClaimTable, claims_of
 from castcore.plugins.hookspecs import hookimpl
@@ -32,7 +35,12 @@ class CorePlugin(ClaimTable):
             return claim.answer(invoke, device)
         props, source = self.resolver.properties(invoke, device)
         if props is None:
-            return roofline(invoke.memory_access_properties(), device, Source(CORE_NAME, STEP_FALLBACK))
+            props, source = invoke.memory_access_properties(), Source(CORE_NAME, STEP_FALLBACK)
+        family = memory_family(invoke.name)
+        if (
+            family and not props.kernel
+        ):  # priced at its family's bandwidth and floor where the profile has them
+            props = replace(props, kernel=family)
         return roofline(props, device, source)
 
     @hookimpl(trylast=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castcore.devices.dtypes import dtype_name
+from castcore.devices.memory_kernels import MemoryKernel
 from castcore.errors import CastcoreError
 
 TOPOLOGIES = ("full-mesh", "ring", "switch", "clos")
@@ -115,6 +116,8 @@ class DeviceProfile:
     memory_latency_s: float = (
         0.0  # one load from device memory; a tiled product's wave waits for it to fill and drain
     )
+    # A memory-bound family's own bandwidth fraction, floor and ramp (castcore.devices.memory_kernels)
+    memory_kernels: Mapping[str, MemoryKernel] = field(default_factory=dict)
     # Held-out median |error| of castcore's estimate per kernel family on this device (castcore.report.bands).
     error_bands: Mapping[str, float] = field(default_factory=dict)
     # Board power (castcore.report.energy): the most the board draws (tdp_w, its power limit) and what it draws

@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from castcore.devices.dtypes import is_dtype_name
+from castcore.devices.memory_kernels import parse_memory_kernels
 from castcore.devices.profile import (
     BAND_FAMILIES,
     ENGINE_ALLREDUCE,
@@ -123,8 +124,12 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
             f"{', '.join(BAND_FAMILIES)}"
         )
     bands = {key: _number(value, f"error_bands.{key}", fail) for key, value in bands.items()}
+    kernels = parse_memory_kernels(
+        data.get("memory_kernels", {}), lambda value, key: _number(value, key, fail), fail
+    )
     paths = [
         *_number_paths(numbers, rates, links, tiling),
+        *(f"memory_kernels.{family}" for family in kernels),
         *(f"error_bands.{key}" for key in bands),
         *(f"mma_efficiency.{dtype}" for dtype in mma_efficiency),
     ]
@@ -145,6 +150,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
         default=default,
         origin=origin,
         error_bands=MappingProxyType(bands),
+        memory_kernels=kernels,
         mma_efficiency=MappingProxyType(mma_efficiency),
         mma_flops=MappingProxyType(rates["mma_flops"]),
         gp_flops=MappingProxyType(rates["gp_flops"]),

@@ -13,7 +13,8 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     Shape-aware where the profile and the properties allow (see castcore.devices.tiles): matrix products with
     known shapes are timed by their tiles and waves, a fused attention kernel at the profile's
     attention_efficiency, and a transfer pays the bandwidth ramp memory_half_bytes (which, measured end to end,
-    includes the launch: the per-op cost is then a floor rather than an addition)."""
+    includes the launch: the per-op cost is then a floor rather than an addition); a memory-bound family the
+    profile's [memory_kernels] lists streams at its own efficiency, ramp and floor."""
     compute_s = 0.0
     rates: dict[str, str] = {}
     detail: dict = {}
@@ -39,10 +40,14 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
                         if count <= 0:
                             continue
             compute_s += count / (rate * efficiency)
-    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    # A memory-bound family the profile lists (props.kernel, castcore.devices.memory_kernels) streams at its own
+    # fraction, ramp and floor; every other call at the device-wide ones.
+    family = device.memory_kernels.get(props.kernel) if not uses_mma else None
+    efficiency = _given(family and family.efficiency, device.memory_efficiency)
+    bandwidth = device.memory_bandwidth * efficiency
     # The bandwidth ramp is a streaming kernel's (measured end to end, launch included); matrix kernels keep
     # their additive launch cost.
-    ramp = device.memory_half_bytes if not uses_mma else 0.0
+    ramp = _given(family and family.half_bytes, device.memory_half_bytes) if not uses_mma else 0.0
     memory_s = (props.memory_bytes + ramp) / bandwidth if props.memory_bytes else 0.0
     if props.kernel == "grouped_mm" and device.grouped_mm_efficiency:  # expert-indexed tiles, as measured
         compute_s, memory_s = (
@@ -51,7 +56,7 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
         )
     if compute_s == 0 and memory_s == 0:
         return Estimate(time_s=0.0, bound="none", source=source)
-    overhead_s = device.mma_op_cost_s if uses_mma else device.gp_op_cost_s
+    overhead_s = device.mma_op_cost_s if uses_mma else _given(family and family.floor_s, device.gp_op_cost_s)
     # its scheduling and prologue, measured per call
     if props.kernel == "attention" and device.attention_op_cost_s:
         overhead_s = device.attention_op_cost_s
@@ -70,6 +75,11 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
         source=source,
         detail=detail,
     )
+
+
+def _given(value: float | None, default: float) -> float:
+    """A family's own number where it gives one (0 counts), else the device-wide one."""
+    return default if value is None else value
 
 
 def _tiled(

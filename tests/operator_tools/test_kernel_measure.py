@@ -206,6 +206,8 @@ def test_score_reports_castcores_own_estimate_over_the_measured_time(tmp_path):
             H100_FILE,
             "--device",
             "h100-sxm",
+            "--fitted",
+            "rms_norm",
             "--out",
             str(tmp_path / "score.md"),
         ],
@@ -243,7 +245,12 @@ def test_score_reports_castcores_own_estimate_over_the_measured_time(tmp_path):
 
     text = (tmp_path / "score.md").read_text()
     assert text.strip() == done.stdout.strip()
-    assert f"| gemm_bf16 | 1 | {abs(expected[0]):.1%} | {abs(expected[0]):.1%} | {expected[0]:+.1%} |" in text
+    assert (
+        f"| gemm_bf16 | held out | 1 | {abs(expected[0]):.1%} | {abs(expected[0]):.1%} | {expected[0]:+.1%} |"
+        in text
+    )
+    assert f"| rms_norm | fitted | 1 | {abs(expected[1]):.1%} |" in text  # --fitted labels its families
+    assert "Fitted, not held out: rms_norm" in text
     assert f"| m=16 n=6144 k=4096 (made up) | 30.00 us | {gemm * 1e6:.2f} us | {expected[0]:+.1%} |" in text
 
 
