@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
 from castcore.sweeps import plan_disaggregated, plan_traffic
+from castcore.sweeps.plan_space import ENGINE_LIMITS
 from castcore.sweeps.spec import Command, Point, make_points
 
 if TYPE_CHECKING:
@@ -46,7 +47,14 @@ PLAN_KEYS = (
     "price_per_device_hour",
 )
 # and a point under traffic: the simulation's requests and engine, and the disaggregated pools
-LAYOUT_KEYS = (*PLAN_KEYS[:-1], "requests", "engine", "price_per_device_hour", *plan_disaggregated.POOLS)
+LAYOUT_KEYS = (
+    *PLAN_KEYS[:-1],
+    "requests",
+    "engine",
+    "price_per_device_hour",
+    *ENGINE_LIMITS,
+    *plan_disaggregated.POOLS,
+)
 # What --objective ranks by: a row's figure, and whether more of it is better; and the figure in words.
 OBJECTIVES = {
     "cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),
