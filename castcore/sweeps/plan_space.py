@@ -91,13 +91,13 @@ def layouts(
             eps.append(tp * groups)
             groups *= 2
         tried += [{"tp": tp, "pp": pp, "ep": ep} for pp in pps for ep in eps]
-    wider = f", {device.name}'s widest interconnect" if largest < request.max_devices else ""
+    wider = f", {device.name}'s widest interconnect holds {largest}" if largest < request.max_devices else ""
     found = []
     for layout in tried:
         tp, pp, ep = layout["tp"], layout["pp"], layout["ep"]
         reason = None
         if max(tp, ep) * pp > limit:
-            reason = f"more than {limit} devices a replica ({say('max_devices', request.max_devices)}{wider})"
+            reason = f"more devices than a replica may have ({say('max_devices', request.max_devices)}{wider})"
         elif ep > tp and pp > 1:
             reason = "attention data parallel (ep above tp) is not searched with pipeline stages"
         elif config is not None:
