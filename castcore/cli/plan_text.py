@@ -14,7 +14,8 @@ def _seconds(value: float) -> str:
 
 def format_layout(row: dict[str, Any], dtype: str) -> str:
     """A row's layout in words: its parallel sizes (or its disaggregated pools) and weights."""
-    from castcore.sweeps.plan_disaggregated import describe, parallel
+    from castcore.sweeps.plan_disaggregated import describe
+    from castcore.sweeps.plan_space import parallel
 
     layout = describe(row) if row.get("prefill_instances") else parallel(row, replicas=True)
     return f"{layout}, {_precision(row, dtype)}"

@@ -13,7 +13,8 @@ The search is a sweep of ``castcore serve`` points, run by the sweep machinery (
 
 Every point that fits and meets the objectives is a candidate; the best are those with the most output tokens/s
 per device, or under ``objective`` the fewest dollars per million output tokens or the most output tokens per
-joule. The fewest devices that fit at all, per device, come from step 1.
+joule. The fewest devices that fit at all, per device, come from step 1. The candidates, and those skipped before
+anything runs with why, come from castcore.sweeps.plan_space.
 """
 
 from __future__ import annotations

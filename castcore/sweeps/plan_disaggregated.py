@@ -19,22 +19,13 @@ from typing import Any
 
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
+from castcore.sweeps.plan_space import ENGINE_LIMITS, LAYOUT_NAMES, parallel
 
 MOST_INSTANCES = 4  # prefill or decode instances tried at most: 16 ratios a layout within 8 devices
 MOST_POOLED = 24  # disaggregated candidates a layout at most (its pools' TPs and ratios together)
 POOLS = ("prefill_instances", "decode_instances", "decode_deployment")
 # what tells one layout from another, the decode pool's own TP aside
-LAYOUT = (
-    "device",
-    "tp",
-    "pp",
-    "ep",
-    "weights",
-    "activations",
-    "kv_cache",
-    "max_batched_tokens",
-    "max_running_requests",
-)
+LAYOUT = (*LAYOUT_NAMES, *ENGINE_LIMITS)
 
 
 def pooled(row: dict[str, Any]) -> bool:
@@ -117,22 +108,6 @@ def check(request: Any) -> None:
             f"{say('max_rate', True)} (a closed loop across two pools is not simulated, and a static "
             "batch has no pools)"
         )
-
-
-def parallel(row: dict[str, Any], replicas: bool = False) -> str:
-    """A layout's parallel sizes in words: 'tp 2 x pp 2', 'attention dp 4, ep 4' (the experts over 4 groups of tp
-    devices), '1 device'; with ``replicas``, its dp too."""
-    tp, ep = row.get("tp") or 1, row.get("ep") or 1
-    groups = ep // tp if ep > tp else 1
-    sizes = (
-        ("tp", tp),
-        ("attention dp", groups),
-        ("pp", row.get("pp") or 1),
-        ("ep", 1 if groups > 1 else ep),
-        ("dp", (row.get("dp") or 1) if replicas else 1),
-    )
-    words = " x ".join(f"{k} {n}" for k, n in sizes if n > 1) or "1 device"
-    return words + (f", ep {ep}" if groups > 1 else "")
 
 
 def describe(row: dict[str, Any]) -> str:

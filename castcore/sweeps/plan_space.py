@@ -20,7 +20,6 @@ import itertools
 from typing import Any
 
 from castcore.options.catalog import say
-from castcore.sweeps.plan_disaggregated import parallel
 from castcore.sweeps.spec import one_line
 from castcore.workload.spec import (
     ModelError,
@@ -32,6 +31,8 @@ from castcore.workload.spec import (
 
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 ENGINE_LIMITS = ("max_batched_tokens", "max_running_requests")  # searched under traffic only
+# a candidate's own keys beside the model, the lengths and the price: its device, layout and dtypes
+LAYOUT_NAMES = ("device", "tp", "pp", "ep", "weights", "activations", "kv_cache")
 
 
 class Skipped:
@@ -46,6 +47,22 @@ class Skipped:
 
     def listed(self) -> list[dict[str, Any]]:
         return list(self.reasons.values())
+
+
+def parallel(row: dict[str, Any], replicas: bool = False) -> str:
+    """A layout's parallel sizes in words: 'tp 2 x pp 2', 'attention dp 4, ep 4' (the experts over 4 groups of tp
+    devices), '1 device'; with ``replicas``, its dp too."""
+    tp, ep = row.get("tp") or 1, row.get("ep") or 1
+    groups = ep // tp if ep > tp else 1
+    sizes = (
+        ("tp", tp),
+        ("attention dp", groups),
+        ("pp", row.get("pp") or 1),
+        ("ep", 1 if groups > 1 else ep),
+        ("dp", (row.get("dp") or 1) if replicas else 1),
+    )
+    words = " x ".join(f"{k} {n}" for k, n in sizes if n > 1) or "1 device"
+    return words + (f", ep {ep}" if groups > 1 else "")
 
 
 def divisors(n: int) -> list[int]:
@@ -97,7 +114,9 @@ def layouts(
         tp, pp, ep = layout["tp"], layout["pp"], layout["ep"]
         reason = None
         if max(tp, ep) * pp > limit:
-            reason = f"more devices than a replica may have ({say('max_devices', request.max_devices)}{wider})"
+            reason = (
+                f"more devices than a replica may have ({say('max_devices', request.max_devices)}{wider})"
+            )
         elif ep > tp and pp > 1:
             reason = "attention data parallel (ep above tp) is not searched with pipeline stages"
         elif config is not None:
