@@ -333,6 +333,6 @@ def plan(
             chosen = choices(request, session.devices, more, skipped)
             if request.disaggregated:
                 chosen += plan_disaggregated.candidates(chosen, request.max_devices, skipped.add)
-            found = capacity.search(request, command, chosen, run)
-            return PlanResult(request=request, **found, skipped=skipped.listed())
+            searched = capacity.search(request, command, chosen, run)
+            return PlanResult(request=request, **searched, skipped=skipped.listed())
         return search(request, command, session.devices, run)

@@ -173,3 +173,12 @@ def test_attention_data_parallel_is_named_as_such(tmp_path):
     ]
     assert "attention dp 4, ep 4, bf16 weights" in text and "attention dp 2, ep 2, bf16 weights" in text
     assert "  ep 4, bf16" not in text
+
+
+def test_the_launch_files_carry_the_token_budget_the_best_ran_with(capsys):
+    from castcore.cli.main import main
+
+    argv = ["plan", "--model", LLAMA, *TRAFFIC, "--tp", "1", "--pp", "1", "--weights", "bf16"]
+    assert main([*argv, "--max-batched-tokens", "64", *DEVICE, "--emit", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "--max-num-batched-tokens 64 " in out and "--max-batched-tokens 64 " in out
