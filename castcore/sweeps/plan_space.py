@@ -11,7 +11,8 @@ that cannot run is not run but skipped and counted with why:
   the experts, more stages than layers);
 - expert parallelism wider than tensor parallelism (attention data parallel) with pipeline stages;
 - weights with activations no kernel pairs (castcore.workload.spec.activation_fault: bf16 weights with fp8
-  activations).
+  activations);
+- under ``--disaggregated``, the pool candidates past its bound (castcore.sweeps.plan_disaggregated).
 """
 
 from __future__ import annotations
