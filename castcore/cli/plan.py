@@ -42,8 +42,11 @@ def plan_json(result: Any) -> dict[str, Any]:
             "weights",
             "activations",
             "kv_cache",
+            "max_batched_tokens",
+            "max_running_requests",
             "prefill_instances",
             "decode_instances",
+            "decode_deployment",
             "mean_kv_transfer_ms",
             "rate",
             "concurrency",
@@ -104,6 +107,8 @@ def plan_json(result: Any) -> dict[str, Any]:
             "max_rate": request.max_rate,
             "requests": request.requests,
             "engine": request.engine,
+            "max_batched_tokens": request.max_batched_tokens,
+            "max_running_requests": request.max_running_requests,
             **request.shared,
         }
         if request.traffic
@@ -123,6 +128,7 @@ def plan_json(result: Any) -> dict[str, Any]:
         "devices": request.devices,
         "layouts": result.layouts,
         "points": len(result.rows),
+        "skipped": result.skipped,
         "best": [pick(r) for r in result.best],
         # with --frontier: each best row's curve, in the order of best
         **({"frontier": result.frontier} if result.frontier is not None else {}),
@@ -228,6 +234,7 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
     from castcore.options.catalog import say
     from castcore.sweeps.launch import launch_files
     from castcore.sweeps.launch_bench import Traffic
+    from castcore.simulation.presets import limits
     from castcore.sweeps.launch_server import Deployment
 
     request = result.request
@@ -250,10 +257,13 @@ def _emit(args: argparse.Namespace, result: Any) -> Any:
         )
     else:  # a static batch: its requests sent at once
         traffic = Traffic(request.input_tokens, request.output_tokens, row["served_batch"])
+    # the engine limits the plan searched, as the best row ran them (the rest: the preset's)
+    searched = {k: row[k] for k in ("max_batched_tokens", "max_running_requests") if row.get(k)}
     return launch_files(
         args.emit,
         Deployment.of({**row, "model": request.model}, request.dtype),
         traffic,
+        limits(request.engine, **searched) if searched else None,
         castcore_options=plugin_flags(args),
     )
 

@@ -14,17 +14,22 @@ def _seconds(value: float) -> str:
 
 def format_layout(row: dict[str, Any], dtype: str) -> str:
     """A row's layout in words: its parallel sizes (or its disaggregated pools) and weights."""
-    if row.get("prefill_instances"):
-        from castcore.sweeps.plan_disaggregated import describe
+    from castcore.sweeps.plan_disaggregated import describe
+    from castcore.sweeps.plan_space import parallel
 
-        return f"{describe(row)}, {_precision(row, dtype)}"
-    parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep", "dp") if (row.get(k) or 1) > 1] or ["1 device"]
-    return " x ".join(parts) + f", {_precision(row, dtype)}"
+    layout = describe(row) if row.get("prefill_instances") else parallel(row, replicas=True)
+    return f"{layout}, {_precision(row, dtype)}"
 
 
 def _precision(row: dict[str, Any], dtype: str) -> str:
-    """The weights' dtype, and the activations' and the KV cache's where the plan searched them."""
-    given = ((row.get("activations"), "activations"), (row.get("kv_cache"), "KV cache"))
+    """The weights' dtype, and the activations', the KV cache's and the engine's limits where the plan searched
+    them."""
+    given = (
+        (row.get("activations"), "activations"),
+        (row.get("kv_cache"), "KV cache"),
+        (row.get("max_batched_tokens"), "batched tokens"),
+        (row.get("max_running_requests"), "running requests"),
+    )
     return ", ".join([f"{row['weights'] or dtype} weights", *(f"{d} {what}" for d, what in given if d)])
 
 
@@ -208,7 +213,18 @@ def _fewest(row: dict[str, Any], dtype: str, more: str = "") -> str:
     return f"  {row['device']}: {row['devices']} device{'s' if row['devices'] > 1 else ''} ({format_layout(row, dtype)}){more}"
 
 
+def _skipped(lines: list[str], result: Any) -> None:
+    """The candidates not run, a line a reason."""
+    if result.skipped:
+        lines.append("")
+        lines += [
+            f"skipped {s['count']} candidate{'s' if s['count'] > 1 else ''}: {s['reason']} (such as {s['example']})"
+            for s in result.skipped
+        ]
+
+
 def _refused(lines: list[str], result: Any) -> None:
+    _skipped(lines, result)
     if result.refused:
         lines += ["", "refused or not fitting at batch 1 (layouts: reason)"]
         reasons: dict[str, list[str]] = {}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from castcore.options.html import paged
 from castcore.options.option import Option
+from castcore.devices.dtypes import MODEL_DTYPES
 from castcore.options.parts import (
+    ACTIVATION_DTYPES,
     AXIS,
     COST,
     CommandOptions,
@@ -191,9 +193,36 @@ PLAN = paged(
                         metavar="DTYPE",
                     ),
                     *(
-                        changed(option, many=True, group=SEARCH, help=f"{option.help}; one or more to search")
+                        changed(
+                            option,
+                            many=True,
+                            group=SEARCH,
+                            help=f"{option.help}; one or more to search"
+                            + (
+                                ", the model's --dtype among them for unquantized activations (--weights bf16 fp8 "
+                                "--activations bf16 fp8: bf16, fp8 weight-only and W8A8 fp8; the pairs no kernel "
+                                "runs are skipped and counted)"
+                                if option.name == "activations"
+                                else ""
+                            ),
+                            **(
+                                {"choices": (*ACTIVATION_DTYPES, *MODEL_DTYPES)}
+                                if option.name == "activations"
+                                else {}
+                            ),
+                        )
                         for option in DEPLOYMENT
                         if option.name in ("activations", "kv_cache")
+                    ),
+                    *(
+                        changed(
+                            SIMULATE[name],
+                            many=True,
+                            group=SEARCH,
+                            help=f"{SIMULATE[name].help}: one or more to search (default: the --engine preset's) "
+                            f"{UNDER_TRAFFIC}",
+                        )
+                        for name in ("max_batched_tokens", "max_running_requests")
                     ),
                     int_option("top", 5, "deployments to print", SEARCH, metavar="K"),
                     Option(

@@ -1,8 +1,8 @@
 """``castcore plan`` under traffic: deployments simulated serving requests (``castcore simulate``) instead of priced
 as one static batch, judged by statistics of the requests' latencies.
 
-The layouts are plan's (castcore.sweeps.plan.layouts), each with every weight dtype asked, each run as a sweep of
-simulate points through the same backend, round after round:
+The layouts are plan's (castcore.sweeps.plan_space.layouts), each with every weight dtype asked, each run as a
+sweep of simulate points through the same backend, round after round:
 
 - at ``--rate`` or ``--concurrency``: every layout with one replica; a layout that serves every request but misses an
   objective is tried again with twice the replicas (dp), the traffic split among them, up to as many as
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
 from castcore.sweeps import plan_disaggregated, plan_traffic, plan_validation
+from castcore.sweeps.plan_space import ENGINE_LIMITS, LAYOUT_NAMES
 from castcore.sweeps.spec import Command, Point, make_points
 
 if TYPE_CHECKING:
@@ -32,22 +33,16 @@ if TYPE_CHECKING:
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 
 # What names a plan's point: its model, lengths and layout (castcore.sweeps.plan's static points)
-PLAN_KEYS = (
-    "model",
-    "input",
-    "output",
-    "dtype",
-    "device",
-    "tp",
-    "pp",
-    "ep",
-    "weights",
-    "activations",
-    "kv_cache",
-    "price_per_device_hour",
-)
+PLAN_KEYS = ("model", "input", "output", "dtype", *LAYOUT_NAMES, "price_per_device_hour")
 # and a point under traffic: the simulation's requests and engine, and the disaggregated pools
-LAYOUT_KEYS = (*PLAN_KEYS[:-1], "requests", "engine", "price_per_device_hour", *plan_disaggregated.POOLS)
+LAYOUT_KEYS = (
+    *PLAN_KEYS[:-1],
+    "requests",
+    "engine",
+    "price_per_device_hour",
+    *ENGINE_LIMITS,
+    *plan_disaggregated.POOLS,
+)
 # What --objective ranks by: a row's figure, and whether more of it is better; and the figure in words.
 OBJECTIVES = {
     "cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),

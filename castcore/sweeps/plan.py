@@ -13,7 +13,8 @@ The search is a sweep of ``castcore serve`` points, run by the sweep machinery (
 
 Every point that fits and meets the objectives is a candidate; the best are those with the most output tokens/s
 per device, or under ``objective`` the fewest dollars per million output tokens or the most output tokens per
-joule. The fewest devices that fit at all, per device, come from step 1.
+joule. The fewest devices that fit at all, per device, come from step 1. The candidates, and those skipped before
+anything runs with why, come from castcore.sweeps.plan_space.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
 from castcore.sweeps import plan_disaggregated, plan_frontier, plan_traffic, plan_validation
+from castcore.sweeps.plan_space import Skipped, choices
 from castcore.sweeps.capacity import PLAN_KEYS, objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
@@ -50,6 +52,9 @@ class PlanRequest:
     weights: list[str | None] = field(default_factory=lambda: [None, "int8"])  # None: the model dtype
     activations: list[str | None] = field(default_factory=lambda: [None])  # None: as the weights have them
     kv_cache: list[str | None] = field(default_factory=lambda: [None])  # None: the model dtype
+    # the engine's limits searched under traffic (castcore.sweeps.plan_space); None: the --engine preset's
+    max_batched_tokens: list[int | None] = field(default_factory=lambda: [None])
+    max_running_requests: list[int | None] = field(default_factory=lambda: [None])
     dtype: str = "bf16"
     # Traffic (castcore.sweeps.capacity): simulated deployments instead of one static batch each.
     rate: float | None = None
@@ -113,53 +118,8 @@ class PlanResult:
     verdict: dict[str, Any] | None = None  # with disaggregated layouts: which kind wins and why
     # with --frontier: each best row's throughput-per-device curve (castcore.sweeps.plan_frontier)
     frontier: list[list[dict[str, Any]]] | None = None
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _text(config: dict[str, Any]) -> dict[str, Any]:
-    return config.get("text_config") or config
-
-
-def layouts(config: dict[str, Any] | None, device: Any, request: PlanRequest) -> list[dict[str, int]]:
-    """The parallel layouts searched for one device (see the module docstring)."""
-    levels = device.interconnect
-    largest = max((level.devices for level in levels), default=1)
-    node = min((level.devices for level in levels), default=1)
-    limit = max(1, min(request.max_devices, largest))
-    text = _text(config or {})
-    heads = text.get("num_attention_heads") or text.get("n_head")
-    layers = text.get("num_hidden_layers") or text.get("n_layer") or 1
-    experts = next(
-        (text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None
-    )
-    if request.tp is not None:
-        tps = [t for t in request.tp if t <= limit]
-    else:
-        tps = [d for d in divisors(heads) if d <= min(node, limit)] if isinstance(heads, int) else [1]
-    found = []
-    for tp in tps:
-        if request.pp is not None:
-            pps = request.pp
-        else:  # stages beyond a full node's tensor parallelism
-            pps, stages = [1], 2
-            while tp == max(tps) and tp * stages <= limit and stages <= layers:
-                pps.append(stages)
-                stages *= 2
-        eps = [1] + ([tp] if isinstance(experts, int) and tp > 1 and experts % tp == 0 else [])
-        groups = 2  # attention data parallel: the experts over 2, 4, ... groups of tp devices (wide EP)
-        while isinstance(experts, int) and tp * groups <= limit:
-            eps += [tp * groups] if experts % (tp * groups) == 0 else []
-            groups *= 2
-        found += [
-            {"tp": tp, "pp": pp, "ep": ep}
-            for pp in pps
-            for ep in eps
-            if max(tp, ep) * pp <= limit and (ep <= tp or pp == 1)
-        ]
-    return found
+    # candidates not run, by reason: {"reason", "count", "example"} (castcore.sweeps.plan_space)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _next_batch(batch: int) -> int | None:
@@ -172,39 +132,6 @@ def _next_batch(batch: int) -> int | None:
     return power
 
 
-def choices(request: PlanRequest, devices: dict[str, Any], more: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every layout on every device with every weight dtype, as a point's values (with ``more``)."""
-    config = None if is_factory(request.model) else load_model_config(request.model)
-    chosen = [
-        {
-            "model": request.model,
-            # simulate's lengths are text: a length or a distribution
-            "input": str(request.input_tokens) if request.traffic else request.input_tokens,
-            "output": str(request.output_tokens) if request.traffic else request.output_tokens,
-            "dtype": request.dtype,
-            "device": name,
-            "weights": weights,
-            "activations": activations,
-            "kv_cache": kv_cache,
-            "price_per_device_hour": request.price(name),
-            **more,
-            **layout,
-        }
-        for name in request.devices
-        for layout in layouts(config, devices[name], request)
-        for weights in request.weights
-        for activations in request.activations
-        for kv_cache in request.kv_cache
-    ]
-    if not chosen:
-        raise ModelError(
-            f"no parallel layout of {request.model} fits in {say('max_devices', request.max_devices)} "
-            f"on {', '.join(request.devices)}: raise {say('max_devices')} or give {say('tp')}/"
-            f"{say('pp')} values that fit it"
-        )
-    return chosen
-
-
 def search(
     request: PlanRequest, command: Command, devices: dict[str, Any], run: Callable[[list[Point]], SweepResult]
 ) -> PlanResult:
@@ -213,7 +140,8 @@ def search(
     import time
 
     started = time.perf_counter()
-    chosen = choices(request, devices, {"max_batch": True})
+    skipped = Skipped()
+    chosen = choices(request, devices, {"max_batch": True}, skipped)
     everything: list[dict[str, Any]] = []
     rows = _round(command, chosen, run, everything)
     first = rows
@@ -248,6 +176,7 @@ def search(
         layouts=len(chosen),
         refused=[r for r in first if r.get("error")],
         seconds=time.perf_counter() - started,
+        skipped=skipped.listed(),
     )
 
 
@@ -285,6 +214,8 @@ def plan(
     weights: list[str] | tuple[str, ...] = ("bf16", "int8"),
     activations: list[str] | None = None,
     kv_cache: list[str] | None = None,
+    max_batched_tokens: list[int] | None = None,
+    max_running_requests: list[int] | None = None,
     dtype: str = "bf16",
     objective: str = "throughput",
     price_per_device_hour: float | None = None,
@@ -333,6 +264,8 @@ def plan(
         "weights": weights,
         "activations": activations,
         "kv_cache": kv_cache,
+        "max_batched_tokens": max_batched_tokens,
+        "max_running_requests": max_running_requests,
         "dtype": dtype,
         "objective": objective,
         "price_per_device_hour": price_per_device_hour,
@@ -368,8 +301,10 @@ def plan(
         pp=pp,
         dtype=dtype,
         weights=list(dict.fromkeys(None if w == dtype else w for w in values["weights"])),
-        activations=list(values["activations"] or [None]),
+        activations=plan_traffic.activations(values["activations"], dtype),
         kv_cache=list(values["kv_cache"] or [None]),
+        max_batched_tokens=list(values["max_batched_tokens"] or [None]),
+        max_running_requests=list(values["max_running_requests"] or [None]),
         rate=values["rate"],
         concurrency=concurrency,
         max_rate=max_rate,
@@ -411,10 +346,12 @@ def plan(
 
         if request.traffic:
             more = {"requests": requests, "engine": engine, **plan_traffic.point_values(request, False)}
-            chosen = choices(request, session.devices, more)
+            skipped = Skipped()
+            chosen = choices(request, session.devices, more, skipped)
             if request.disaggregated:
-                chosen += plan_disaggregated.candidates(chosen, request.max_devices)
-            result = PlanResult(request=request, **capacity.search(request, command, chosen, run))
+                chosen += plan_disaggregated.candidates(chosen, request.max_devices, skipped.add)
+            searched = capacity.search(request, command, chosen, run)
+            result = PlanResult(request=request, **searched, skipped=skipped.listed())
             if frontier:
                 result.frontier = plan_frontier.frontier(
                     request,

@@ -2,21 +2,30 @@
 which of the two kinds wins the traffic, and why.
 
 Each aggregated layout (a device, its tensor/pipeline/expert parallel sizes, a weight dtype) is also tried as X
-prefill and Y decode instances of itself (castcore simulate --prefill-instances X --decode-instances Y), for every
-X and Y from 1 to ``MOST_INSTANCES`` whose devices stay within ``--max-devices``. The instance count is the
-disaggregated layout's own scale, so no replicas are added to it; a ratio that misses the objectives is a try that
-missed. The best of both kinds are ranked together, and ``verdict`` compares the best of each.
+prefill instances of itself and Y decode instances (castcore simulate --prefill-instances X --decode-instances Y),
+for every X and Y from 1 to ``MOST_INSTANCES`` whose devices stay within ``--max-devices``. Without expert
+parallelism the decode instances may run their own tensor parallel size (``--decode-deployment tp=N``), any of the
+sizes the plan searched for that device, pipeline stages and dtypes: prefill and decode TP are searched
+independently. The count stays bounded: at most ``MOST_POOLED`` disaggregated candidates a layout, those with the
+fewest devices first; the rest are skipped and counted. The instance count is the disaggregated layout's own
+scale, so no replicas are added to it; a ratio that misses the objectives is a try that missed. The best of both
+kinds are ranked together, and ``verdict`` compares the best of each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
+from castcore.sweeps.plan_space import ENGINE_LIMITS, LAYOUT_NAMES, parallel
 
 MOST_INSTANCES = 4  # prefill or decode instances tried at most: 16 ratios a layout within 8 devices
-POOLS = ("prefill_instances", "decode_instances")
+MOST_POOLED = 24  # disaggregated candidates a layout at most (its pools' TPs and ratios together)
+POOLS = ("prefill_instances", "decode_instances", "decode_deployment")
+# what tells one layout from another, the decode pool's own TP aside
+LAYOUT = (*LAYOUT_NAMES, *ENGINE_LIMITS)
 
 
 def pooled(row: dict[str, Any]) -> bool:
@@ -24,17 +33,53 @@ def pooled(row: dict[str, Any]) -> bool:
     return bool(row.get("prefill_instances"))
 
 
-def candidates(chosen: list[dict[str, Any]], max_devices: int) -> list[dict[str, Any]]:
-    """Every ratio of prefill to decode instances of every layout in ``chosen`` that fits ``max_devices``."""
+def decode_tp(row: dict[str, Any]) -> int:
+    """A disaggregated row's decode instances' tensor parallel size: its own (``tp=N``), else the layout's."""
+    own = row.get("decode_deployment")
+    return int(own.removeprefix("tp=")) if own else row["tp"]
+
+
+def candidates(
+    chosen: list[dict[str, Any]], max_devices: int, skip: Callable[[str, str, int], None] | None = None
+) -> list[dict[str, Any]]:
+    """Every ratio of prefill to decode instances of every layout in ``chosen`` that fits ``max_devices``, the
+    decode pool at each tensor parallel size of the layout's kin (see the module docstring); what the bound
+    drops goes to ``skip(reason, example, count)``."""
+    sizes: dict[tuple, set[int]] = {}
+    for values in chosen:
+        if values["ep"] == 1:
+            sizes.setdefault(tuple(values.get(k) for k in LAYOUT if k != "tp"), set()).add(values["tp"])
     found = []
     for values in chosen:
         instance = max(values["tp"], values["ep"]) * values["pp"]
+        kin = sizes.get(tuple(values.get(k) for k in LAYOUT if k != "tp")) if values["ep"] == 1 else None
+        mine = sorted(
+            (
+                (x * instance + y * tp * values["pp"], x, y, tp)
+                for tp in sorted(kin or {values["tp"]})
+                for x in range(1, MOST_INSTANCES + 1)
+                for y in range(1, MOST_INSTANCES + 1)
+                if x * instance + y * max(tp, values["ep"]) * values["pp"] <= max_devices
+            ),
+            key=lambda c: (c[0], c[3] != values["tp"], c[1], c[2], c[3]),
+        )
         found += [
-            {**values, "prefill_instances": x, "decode_instances": y}
-            for x in range(1, MOST_INSTANCES + 1)
-            for y in range(1, MOST_INSTANCES + 1)
-            if (x + y) * instance <= max_devices
+            {
+                **values,
+                "prefill_instances": x,
+                "decode_instances": y,
+                "decode_deployment": None if tp == values["tp"] else f"tp={tp}",
+            }
+            for _, x, y, tp in mine[:MOST_POOLED]
         ]
+        if len(mine) > MOST_POOLED and skip is not None:
+            _, x, y, tp = mine[MOST_POOLED]
+            row = {**values, "prefill_instances": x, "decode_instances": y, "decode_deployment": f"tp={tp}"}
+            skip(
+                f"beyond the {MOST_POOLED} disaggregated candidates a layout tries (the fewest devices first)",
+                f"{values['device']} {describe(row)}",
+                len(mine) - MOST_POOLED,
+            )
     return found
 
 
@@ -43,7 +88,7 @@ def last_tries(missed: list[dict[str, Any]], met: list[dict[str, Any]]) -> list[
     ratios met the objectives."""
 
     def layout(row: dict[str, Any]) -> tuple:
-        return tuple(row.get(k) for k in ("device", "tp", "pp", "ep", "weights", "activations", "kv_cache"))
+        return tuple(row.get(k) for k in LAYOUT)
 
     served = {layout(row) for row in met if pooled(row)}
     largest: dict[tuple, dict[str, Any]] = {}
@@ -66,11 +111,16 @@ def check(request: Any) -> None:
 
 
 def describe(row: dict[str, Any]) -> str:
-    """A layout in a few words: '2 prefill + 1 decode instances of tp 2' or 'tp 2 x 4 replicas'."""
-    parts = [f"{k} {row[k]}" for k in ("tp", "pp", "ep") if (row.get(k) or 1) > 1] or ["1 device"]
-    layout = " x ".join(parts)
+    """A layout in a few words: '2 prefill + 1 decode instances of tp 2', '2 prefill (tp 2) + 1 decode (tp 4)
+    instances' where the pools' TPs differ, or 'tp 2 x 4 replicas'."""
+    layout = parallel(row)
     if pooled(row):
-        return f"{row['prefill_instances']} prefill + {row['decode_instances']} decode instances of {layout}"
+        x, y = row["prefill_instances"], row["decode_instances"]
+        if decode_tp(row) != row["tp"]:
+            rest = parallel({**row, "tp": 1})
+            more = "" if rest == "1 device" else f" of {rest}"
+            return f"{x} prefill (tp {row['tp']}) + {y} decode (tp {decode_tp(row)}) instances{more}"
+        return f"{x} prefill + {y} decode instances of {layout}"
     replicas = row.get("dp") or 1
     return layout + (f" x {replicas} replicas" if replicas > 1 else "")
 

@@ -15,10 +15,12 @@ from typing import Any
 from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.options.option import Placeholder
+from castcore.options.parts import ACTIVATION_DTYPES
 from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.traffic import SIMULATE
 from castcore.serving import simulation_plan
 from castcore.simulation.requests import read_dataset
+from castcore.sweeps.plan_space import ENGINE_LIMITS
 
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
 
@@ -53,15 +55,32 @@ def lengths(request: PlanRequest) -> tuple[Any, Any]:
             _refuse_static(name, text)
     if not request.traffic and (extra := given(request.shared)):
         _refuse_static(*next(iter(extra.items())))
+    for name in ENGINE_LIMITS:  # a static batch has no engine scheduling it
+        if not request.traffic and getattr(request, name) != [None]:
+            _refuse_static(name, getattr(request, name), "is a limit of the engine serving traffic")
     for name in ("validate", "validate_requests"):  # a static batch is priced, not simulated
         if not request.traffic and getattr(request, name) != PLAN[name].default:
-            _refuse_static(name, getattr(request, name))
+            _refuse_static(name, getattr(request, name), "confirms a plan under traffic")
     return found[0], found[1]
 
 
-def _refuse_static(name: str, value: Any) -> None:
+def activations(given: list[str] | None, dtype: str) -> list[str | None]:
+    """``--activations`` as plan searches them: the model's ``dtype`` named there means unquantized (None);
+    ModelError for another unquantized dtype, which the model does not run in."""
+    found: list[str | None] = []
+    for name in given or [dtype]:
+        if name != dtype and name not in ACTIVATION_DTYPES:
+            raise ModelError(
+                f"{say('activations', [name])}: the model runs in {say('dtype', dtype)}; give {dtype} for "
+                f"unquantized activations, or {' or '.join(ACTIVATION_DTYPES)} to quantize them"
+            )
+        found.append(None if name == dtype else name)
+    return list(dict.fromkeys(found))
+
+
+def _refuse_static(name: str, value: Any, what: str = "describes traffic") -> None:
     raise ModelError(
-        f"{say(name, value)} describes traffic, and a static plan prices one batch of fixed --input and "
+        f"{say(name, value)} {what}, and a static plan prices one batch of fixed --input and "
         f"--output lengths: give {say('rate', Placeholder('QPS'))}, {say('concurrency', Placeholder('C'))} or "
         f"{say('max_rate', True)} to simulate it"
     )

@@ -174,23 +174,9 @@ def _check_together(work: Workload, by_groups: bool = False) -> None:
         raise ModelError(
             f"{say('train', True)} goes with {say('phase', 'prefill')}: training has no decode step"
         )
-    if work.activations is not None and work.weights in ("nvfp4", "mxfp4"):
-        raise ModelError(
-            f"{say('weights', work.weights)} quantizes its activations as engines pair them (NVFP4, or "
-            f"MXFP8 where the device has an fp4 rate): drop {say('activations')}"
-        )
-    if (
-        work.activations is not None
-        and work.weights != work.activations
-        and (work.weights, work.activations) not in ((BLOCK_FP8, "fp8"), ("int4", "fp8"))
-    ):
-        kind = work.activations
-        raise ModelError(
-            f"{say('activations', kind)} multiplies {kind} activations by {kind} weights"
-            + (" (or int4 ones: W4A8)" if kind == "fp8" else "")
-            + f": add {say('weights', kind)} "
-            f"(W8A8), or drop {say('activations')} for weight-only quantization"
-        )
+    fault = activation_fault(work.weights, work.activations)
+    if fault:
+        raise ModelError(fault)
     if work.kv_reads == "head" and not work.fuse:
         raise ModelError(
             f"{say('kv_reads', 'head')} describes castcore's fused attention kernel: drop "
@@ -220,6 +206,26 @@ def _check_together(work: Workload, by_groups: bool = False) -> None:
             "factory); for your own module, pass logits_to_keep (or not) in its inputs"
         )
     _check_parallel(work)  # after the model's own checks, which say more
+
+
+def activation_fault(weights: str | None, activations: str | None) -> str | None:
+    """Why quantized ``activations`` cannot go with ``weights`` (None: the model dtype), with the fix; None when
+    engines pair them (plan skips such a pair before running it)."""
+    if activations is None:
+        return None
+    if weights in ("nvfp4", "mxfp4"):
+        return (
+            f"{say('weights', weights)} quantizes its activations as engines pair them (NVFP4, or "
+            f"MXFP8 where the device has an fp4 rate): drop {say('activations')}"
+        )
+    if weights != activations and (weights, activations) not in ((BLOCK_FP8, "fp8"), ("int4", "fp8")):
+        return (
+            f"{say('activations', activations)} multiplies {activations} activations by {activations} weights"
+            + (" (or int4 ones: W4A8)" if activations == "fp8" else "")
+            + f": add {say('weights', activations)} "
+            f"(W8A8), or drop {say('activations')} for weight-only quantization"
+        )
+    return None
 
 
 def _check_parallel(work: Workload) -> None:

@@ -206,6 +206,7 @@ def test_the_oldest_session_runs_every_test_file_that_builds_models():
         "test_sweep_plan",
         "test_plan_traffic",
         "test_plan_frontier",
+        "test_plan_space",
         "test_sweep_spec",
         "test_sweep_ray",
         "test_fidelity",

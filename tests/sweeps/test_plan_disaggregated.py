@@ -36,19 +36,43 @@ LAYOUT = {
 }
 
 
-def test_every_ratio_of_instances_within_the_devices_is_a_candidate():
+def test_every_ratio_of_instances_and_pool_tps_within_the_devices_is_a_candidate():
     found = plan_disaggregated.candidates([{**LAYOUT, "tp": 1}, {**LAYOUT, "tp": 2}], max_devices=4)
-    # One-device instances: X + Y <= 4; two-device instances: only one of each.
-    assert [(c["tp"], c["prefill_instances"], c["decode_instances"]) for c in found] == [
-        (1, 1, 1),
-        (1, 1, 2),
-        (1, 1, 3),
-        (1, 2, 1),
-        (1, 2, 2),
-        (1, 3, 1),
-        (2, 1, 1),
+    # (prefill tp, X, Y, decode tp) by devices, the pools' own TP after the same one: X x tp + Y x decode tp <= 4
+    assert [
+        (c["tp"], c["prefill_instances"], c["decode_instances"], plan_disaggregated.decode_tp(c))
+        for c in found
+    ] == [
+        (1, 1, 1, 1),
+        (1, 1, 2, 1),
+        (1, 2, 1, 1),
+        (1, 1, 1, 2),
+        (1, 1, 3, 1),
+        (1, 2, 2, 1),
+        (1, 3, 1, 1),
+        (1, 2, 1, 2),
+        (2, 1, 1, 1),
+        (2, 1, 1, 2),
+        (2, 1, 2, 1),
     ]
     assert len(plan_disaggregated.candidates([{**LAYOUT, "tp": 1}], max_devices=8)) == 16  # at most 4 of each
+    # With tp 1, 2, 4 and 8 in 8 devices, tp 1's prefill pool has 16 + 10 + 4 ratios: the bound keeps 24
+    skipped: list = []
+    wide = [{**LAYOUT, "tp": tp} for tp in (1, 2, 4, 8)]
+    found = plan_disaggregated.candidates(wide, 8, lambda *skip: skipped.append(skip))
+    mine = [c for c in found if c["tp"] == 1]
+    assert (
+        max(c["prefill_instances"] + c["decode_instances"] * plan_disaggregated.decode_tp(c) for c in mine)
+        <= 8
+    )
+    assert len(mine) == plan_disaggregated.MOST_POOLED
+    assert skipped == [
+        (
+            "beyond the 24 disaggregated candidates a layout tries (the fewest devices first)",
+            "h100-sxm 3 prefill (tp 1) + 1 decode (tp 4) instances",
+            30 - 24,
+        )
+    ]
 
 
 def _fake_simulations(calls: list):
@@ -104,9 +128,9 @@ def test_a_disaggregated_layout_scales_by_its_ratio_and_wins_when_only_it_meets_
     result = PlanResult(
         request, **capacity.search(request, commands()["simulate"], chosen, _fake_simulations(calls))
     )
-    # Only the aggregated layout gets more replicas; the six ratios run once.
+    # Only the aggregated layout gets more replicas; the six ratios run once, the fewest devices first.
     assert calls == [
-        [(1, None, None), (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 2, 1), (1, 2, 2), (1, 3, 1)],
+        [(1, None, None), (1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 1, 3), (1, 2, 2), (1, 3, 1)],
         [(2, None, None)],
         [(4, None, None)],
     ]

@@ -121,6 +121,19 @@ def test_max_rate_bisects_under_the_bursty_traffic(tmp_path):
         ),
         (["--prefix-len", "8"], "--prefix-len 8 describes traffic"),
         (
+            ["--max-batched-tokens", "64", "128"],
+            "--max-batched-tokens 64 128 is a limit of the engine serving traffic, and a static plan prices one batch "
+            "of fixed --input and --output lengths: give --rate QPS, --concurrency C or --max-rate to simulate it",
+        ),
+        (
+            ["--max-running-requests", "8"],
+            "--max-running-requests 8 is a limit of the engine serving traffic",
+        ),
+        (
+            ["--rate", "4", "--activations", "fp16"],
+            "--activations fp16: the model runs in --dtype bf16; give bf16 for unquantized activations",
+        ),
+        (
             ["--input", "lognormal:32:0", "--rate", "4"],
             "--input lognormal:32:0: Token lengths 'lognormal:32:0': SIGMA must be greater than 0",
         ),
@@ -176,6 +189,8 @@ def test_plan_help_documents_its_traffic_and_exit_3(capsys):
         "--draft-model",
         "--acceptance",
         "--max-model-len",
+        "--max-batched-tokens",
+        "--max-running-requests",
     ):
         assert flag in text
 

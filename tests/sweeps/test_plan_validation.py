@@ -147,7 +147,10 @@ def test_the_best_of_each_kind_is_confirmed_so_the_verdict_compares_confirmed_la
     [
         (["--rate", "5", "--validate-requests", "2000000"], "--validate-requests 2000000: is over 1,000,000"),
         (["--rate", "5", "--validate", "-1"], "--validate -1: must be a whole number of at least 0"),
-        (["--validate", "2"], "--validate 2 describes traffic, and a static plan prices one batch"),
+        (
+            ["--validate", "2"],
+            "--validate 2 confirms a plan under traffic, and a static plan prices one batch",
+        ),
     ],
 )
 def test_bad_validation_options_are_one_line_and_exit_2(argv, said):

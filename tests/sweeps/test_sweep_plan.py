@@ -17,7 +17,8 @@ from castcore.devices.profile_files import load_device_file
 from castcore.options.plan import PLAN
 from castcore.options.option import Objective
 from castcore.sweeps import capacity
-from castcore.sweeps.plan import PlanRequest, PlanResult, layouts, search
+from castcore.sweeps.plan import PlanRequest, PlanResult, search
+from castcore.sweeps.plan_space import layouts
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.sweep import commands
 from castcore.workload.spec import ModelError, load_model_config
@@ -425,8 +426,9 @@ def test_plan_under_traffic_simulates_each_layout_as_castcore_simulate_does(tmp_
     assert best[0]["p90_ttft_ms"] == pytest.approx(simulated.summary["p90_ttft_ms"])
 
 
-def test_a_refusal_reason_is_printed_whole(tmp_path):
-    """A long model path makes the reason long: it is printed to its end, the fix included, never cut."""
+def test_a_skip_reason_is_printed_whole(tmp_path):
+    """A tp that does not divide the heads is skipped before anything runs, and counted with why; a long model path
+    makes the reason long: it is printed to its end, the fix included, never cut."""
     model = tmp_path / ("a-model-folder-with-a-long-name-" * 4) / "config.json"
     model.parent.mkdir()
     model.write_text(Path(LLAMA).read_text())
@@ -460,8 +462,9 @@ def test_a_refusal_reason_is_printed_whole(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    reason = lines[lines.index("refused or not fitting at batch 1 (layouts: reason)") + 1]
-    assert reason.endswith(
-        f"tp = 3: {model}'s num_attention_heads = 4 does not divide by 3; tensor parallelism "
-        "splits the heads evenly (use a tp that divides 4)"
-    )
+    assert lines[1].startswith("searched 1 layouts on h100-sxm (1 serve points, 0 layouts refused")
+    assert (
+        # tp 3 and tp 3 x pp 2 (the stages go to the widest tp asked)
+        f"skipped 2 candidates: --tp 3: {model}'s num_attention_heads = 4 does not divide by 3; tensor "
+        "parallelism splits the heads evenly (use a --tp that divides 4) (such as h100-sxm tp 3)"
+    ) in lines
