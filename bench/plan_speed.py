@@ -57,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_speed.json"))
     args = parser.parse_args()
+    load = os.getloadavg()[0]  # other work on the machine slows both runs: said beside the figures
     with tempfile.TemporaryDirectory() as cache:  # an empty capture cache: cold, then warm
         env = {**os.environ, "XDG_CACHE_HOME": cache}
         seconds = {"cold": timed(env), "warm": timed(env)}
@@ -64,6 +65,7 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
         "date": str(datetime.date.today()),
+        "load_average_before": round(load, 2),
         "command": "castcore " + " ".join(COMMAND),
         "runs": {
             run: {"seconds": round(s, 1), "target_s": TARGETS[run], "met": s <= TARGETS[run]}
@@ -75,7 +77,8 @@ def main() -> None:
     lines = [
         "# castcore plan: speed",
         "",
-        f"{result['machine']}, {result['date']}; `python bench/plan_speed.py`",
+        f"{result['machine']}, {result['date']}, load average {load:.2f} before the runs; "
+        "`python bench/plan_speed.py`",
         "",
         f"`{result['command']}`",
         "",
