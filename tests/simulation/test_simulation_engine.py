@@ -4,6 +4,7 @@ the presets."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pytest
 
@@ -39,6 +40,29 @@ def test_one_request_alone():
     assert (done.arrival_s, done.first_token_s, done.finish_s) == (0.0, 1.0, 3.0)
     assert done.token_times == [1.0, 2.0, 3.0]
     assert list(result.trace.prefill_tokens) == [10, 0, 0] and list(result.trace.decode_tokens) == [0, 1, 1]
+
+
+def test_the_cyclic_collector_is_off_in_the_loop_and_as_it_was_after():
+    seen = []
+
+    def step(batch):
+        seen.append(gc.isenabled())
+        return 1.0
+
+    assert gc.isenabled()
+    run_engine([Req(0, 10, 3)], engine(), 100, step)
+    assert seen == [False] * 3 and gc.isenabled()
+    gc.disable()
+    try:  # a caller that turned it off keeps it off
+        run_engine([Req(0, 10, 3)], engine(), 100, step)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def interrupted(batch):
+        raise KeyboardInterrupt
+
+    assert run_engine([Req(0, 10, 3)], engine(), 100, interrupted).partial and gc.isenabled()
 
 
 def test_chunked_prefill_split_by_budget():
