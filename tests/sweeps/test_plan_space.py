@@ -128,7 +128,7 @@ def test_a_plan_over_two_token_budgets_runs_both_and_reports_them(tmp_path):
 def test_a_disaggregated_plan_runs_pools_of_their_own_tp_and_says_so(tmp_path):
     found, text = _plan(
         tmp_path,
-        *("--input", "32", "--output", "8", "--rate", "40", "--requests", "40"),
+        *("--input", "32", "--output", "8", "--rate", "40", "--requests", "40", "--validate", "0"),
         *(
             "--tp",
             "1",
