@@ -203,10 +203,16 @@ def _confirmed(request: Any, best: list[dict[str, Any]]) -> list[str]:
     from castcore.sweeps.plan_validation import describe
 
     lines = [
-        f"each confirmed with {request.validate_requests:,} requests: steady state (warm-up and drain excluded), "
+        f"confirmed with {request.validate_requests:,} requests: steady state (warm-up and drain excluded), "
         "not saturated, every objective met by the upper end of its 95% interval (in brackets, ms)"
     ]
-    return lines + [f"  {n}: {describe(r['margins'])}" for n, r in enumerate(best, 1) if r.get("margins")]
+    lines += [f"  {n}: {describe(r['margins'])}" for n, r in enumerate(best, 1) if r.get("margins")]
+    if not all(r.get("margins") for r in best):
+        lines.append(
+            f"  rows without an interval met the search's {request.requests:,}-request simulations and were not "
+            f"confirmed (raise --validate to confirm more)"
+        )
+    return lines
 
 
 def _fewest(row: dict[str, Any], dtype: str, more: str = "") -> str:

@@ -137,8 +137,8 @@ def search(
         return {**_layout(row), **traffic, "dp": row.get("dp") or 1, **changes}
 
     rank(met)
-    met, unconfirmed = plan_validation.confirm(request, met, again, round_of, rank)
-    missed += unconfirmed
+    met, failed, untried = plan_validation.confirm(request, met, again, round_of, rank)
+    missed += failed
     missed = [r for r in missed if not plan_disaggregated.pooled(r)] + plan_disaggregated.last_tries(
         [r for r in missed if plan_disaggregated.pooled(r)], met
     )
@@ -154,7 +154,8 @@ def search(
     )
     return {
         "rows": everything,
-        "best": met[: request.top],
+        # the confirmed first; then, up to --top, those that met the search but were not confirmed (no margins)
+        "best": (met + untried)[: request.top],
         "fewest": fewest,
         "layouts": len(chosen),
         "refused": [r for r in first if r.get("error")],

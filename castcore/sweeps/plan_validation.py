@@ -75,12 +75,13 @@ def confirm(
     again: Callable[..., dict[str, Any]],
     round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
     rank: Callable[[list[dict[str, Any]]], None],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The candidates confirmed (their validation rows, with ``margins``, ranked by ``rank``) and those that were
-    not (their last validation row, with ``missed``), from ``ranked``, the search's rows that met, best first.
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The candidates confirmed (their validation rows, with ``margins``, ranked by ``rank``), those that were
+    not (their last validation row, with ``missed``), and those never tried (their search rows, in rank), from
+    ``ranked``, the search's rows that met, best first.
     ``again(row, **changes)`` gives a row's point values with changes; ``round_of`` runs a round of them."""
     if not request.validate:
-        return ranked, []
+        return ranked, [], []
     waiting = list(ranked)
     confirmed: list[dict[str, Any]] = []
     failed: dict[tuple, dict[str, Any]] = {}  # per layout, its last validation row that missed
@@ -118,7 +119,7 @@ def confirm(
             ):
                 retries.append({**values, "dp": replicas + 1})
     rank(confirmed)
-    return confirmed, list(failed.values())
+    return confirmed, list(failed.values()), waiting
 
 
 def _replicated(request: PlanRequest, row: dict[str, Any]) -> bool:

@@ -80,7 +80,7 @@ def test_the_searchs_answer_is_confirmed_with_more_requests_or_given_another_rep
     assert _steady_p99_ttft(2)[2] > 0.42 and _steady_p99_ttft(3)[2] > 0.42  # as simulate says
     assert found["missed"] == []  # the layout met with its fourth replica
     text = _plan(tmp_path, "--validate", "1", "--validate-requests", "2000").stdout
-    assert "each confirmed with 2,000 requests" in text
+    assert "confirmed with 2,000 requests: steady state" in text
     assert "p99 TTFT 0.413 ms (95% CI" in text and "under 0.420 ms" in text
 
 
@@ -109,11 +109,12 @@ def test_confirming_rounds_take_the_next_candidates_and_retry_only_replicated_la
         return {"name": row["name"], "dp": row["dp"], **changes}
 
     ranked = [_row("pooled", prefill_instances=1), _row("b"), _row("c"), _row("d")]
-    confirmed, failed = plan_validation.confirm(
+    confirmed, failed, untried = plan_validation.confirm(
         request, ranked, again, round_of, lambda rows: rows.sort(key=str)
     )
     assert rounds == [[("pooled", 1, 4000), ("b", 1, 4000)], [("b", 2, 4000), ("c", 1, 4000)]]
-    assert [(r["name"], r["dp"]) for r in confirmed] == [("b", 2), ("c", 1)]  # "d" was never needed
+    assert [(r["name"], r["dp"]) for r in confirmed] == [("b", 2), ("c", 1)]
+    assert [r["name"] for r in untried] == ["d"]  # never needed: its search row stays, unconfirmed
     assert confirmed[1]["margins"]["ttft"]["margin"] == (10.0 - 8.0) / 10.0
     assert [(r["name"], r["missed"]) for r in failed] == [
         ("pooled", "with 4,000 requests: saturated: 800 steady requests arrived faster than they were served")
@@ -136,10 +137,11 @@ def test_the_best_of_each_kind_is_confirmed_so_the_verdict_compares_confirmed_la
         return {"name": row["name"], "dp": 1, "prefill_instances": row.get("prefill_instances"), **changes}
 
     ranked = [_row("a"), _row("b"), _row("p", prefill_instances=1), _row("q", prefill_instances=2)]
-    confirmed, failed = plan_validation.confirm(request, ranked, again, round_of, lambda rows: None)
+    confirmed, failed, untried = plan_validation.confirm(request, ranked, again, round_of, lambda rows: None)
     # the best aggregated and the best disaggregated first; that one misses, so the next of its kind is tried
     assert rounds == [["a", "p"], ["q"]]
     assert [r["name"] for r in confirmed] == ["a", "q"] and [r["name"] for r in failed] == ["p"]
+    assert [r["name"] for r in untried] == ["b"]
 
 
 @pytest.mark.parametrize(
