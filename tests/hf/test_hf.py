@@ -207,6 +207,8 @@ def test_the_oldest_session_runs_every_test_file_that_builds_models():
         "test_plan_traffic",
         "test_plan_frontier",
         "test_plan_space",
+        "test_plan_validation",
+        "test_steady",
         "test_sweep_spec",
         "test_sweep_ray",
         "test_fidelity",
