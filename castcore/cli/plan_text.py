@@ -113,12 +113,22 @@ def format_traffic_plan(result: Any) -> str:
     """A plan under traffic (castcore.sweeps.capacity): the simulated deployments that meet the objectives."""
     request = result.request
     slos = _objectives(request)
-    served = "the dataset's" if request.shared.get("dataset") else request.requests
+    if request.shared.get("dataset"):
+        runs = f"{len(result.rows)} simulations of the dataset's requests"
+    else:  # the search's runs, then the longer confirming ones
+        counts: dict[Any, int] = {}
+        for row in result.rows:
+            counts[row.get("requests")] = counts.get(row.get("requests"), 0) + 1
+        runs = " and ".join(
+            f"{n} simulation{'s' if n > 1 else ''} of {size:,} requests"
+            for size, n in counts.items()
+            if isinstance(size, int)
+        )
     lines = [
         f"{request.model}: {_requests(request)}, {_traffic(request)}, "
         f"{' and '.join(slos) or 'no latency objective'}",
-        f"searched {result.layouts} layouts on {', '.join(request.devices)} ({len(result.rows)} simulations of "
-        f"{served} requests, {request.engine} engine) in {result.seconds:.1f} s",
+        f"searched {result.layouts} layouts on {', '.join(request.devices)} ({runs}, {request.engine} engine) in "
+        f"{result.seconds:.1f} s",
         "",
     ]
     shown = {

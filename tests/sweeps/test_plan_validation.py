@@ -81,6 +81,7 @@ def test_the_searchs_answer_is_confirmed_with_more_requests_or_given_another_rep
     assert found["missed"] == []  # the layout met with its fourth replica
     text = _plan(tmp_path, "--validate", "1", "--validate-requests", "2000").stdout
     assert "confirmed with 2,000 requests: steady state" in text
+    assert "simulations of 200 requests and 3 simulations of 2,000 requests" in text  # 2, 3 then 4 replicas
     assert "p99 TTFT 0.413 ms (95% CI" in text and "under 0.420 ms" in text
 
 
