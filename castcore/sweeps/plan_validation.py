@@ -6,10 +6,10 @@ can pass: its queue has not had the time to grow. So the best ``--validate`` can
 and drain excluded, saturation detected, each statistic with a 95% confidence interval). A candidate meets only when
 it is not saturated and the upper end of every objective's interval is within the objective; the margin to each
 objective is kept with the row. A replicated candidate that misses is tried again with one more replica while
-``--max-devices`` holds it; the next candidates in rank take the places of the others, round after round, until
-``--validate`` are confirmed or none is left. With disaggregated layouts searched, the best of each kind (aggregated,
-disaggregated) is confirmed too, the next of its kind taking its place when it misses, so the verdict that compares
-them compares confirmed layouts.
+``--max-devices`` holds it (under ``--max-rate``, at 90% of its rate instead); the next candidates in rank take
+the places of the others, round after round, until ``--validate`` are confirmed or none is left. With
+disaggregated layouts searched, the best of each kind (aggregated, disaggregated) is confirmed too, the next of
+its kind taking its place when it misses, so the verdict that compares them compares confirmed layouts.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from castcore.simulation.metrics import format_ms
 from castcore.sweeps.plan_disaggregated import pooled
 
 MOST_ROUNDS = 4
+BACK_OFF = 0.9  # under --max-rate, the share of a rate that missed tried next
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module's importer
 
 
@@ -112,24 +113,19 @@ def confirm(
             }
             replicas = row.get("dp") or 1
             per_replica = row.get("devices", 0) // replicas
-            if (
-                _replicated(request, row)
-                and not row.get("error")
-                and per_replica * (replicas + 1) <= request.max_devices
-            ):
+            if row.get("error"):
+                continue
+            if request.max_rate:  # the search's rate was its edge: a lower one may hold over more requests
+                retries.append({**values, "rate": float(f"{values['rate'] * BACK_OFF:.4g}")})
+            elif not pooled(row) and per_replica * (replicas + 1) <= request.max_devices:
                 retries.append({**values, "dp": replicas + 1})
     rank(confirmed)
     return confirmed, list(failed.values()), waiting
 
 
-def _replicated(request: PlanRequest, row: dict[str, Any]) -> bool:
-    """A layout that scales by replicas: neither disaggregated (scaled by its ratios) nor at a searched rate."""
-    return not pooled(row) and not request.max_rate
-
-
 def _layout(values: dict[str, Any]) -> tuple:
-    """A validation point's layout: its values but the replicas and the request count."""
-    return tuple(sorted((k, str(v)) for k, v in values.items() if k not in ("dp", "requests")))
+    """A validation point's layout: its values but the replicas, the request count and the rate."""
+    return tuple(sorted((k, str(v)) for k, v in values.items() if k not in ("dp", "requests", "rate")))
 
 
 def describe(found: dict[str, dict[str, Any]]) -> str:

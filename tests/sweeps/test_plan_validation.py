@@ -194,3 +194,22 @@ def test_the_plan_page_marks_the_simulations_that_meet_as_the_confirming_rounds_
     assert candidates("p90:50ms") == [(40, True), (300, True)]  # the search's run, then the confirming one
     missed = candidates("p90:1us")  # missed by every replica count searched: nothing to confirm
     assert len(missed) > 1 and set(missed) == {(40, False)}
+
+
+def test_under_max_rate_a_rate_that_misses_is_confirmed_lower():
+    request = PlanRequest(model=LLAMA, ttft=Objective("p99", 0.010), max_rate=True, validate=1)
+    rounds = []
+
+    def round_of(values):
+        rounds.append([v["rate"] for v in values])
+        high = 12.0 if values[0]["rate"] > 9.5 else 8.0  # the searched edge misses; 90% of it holds
+        return [_row("a", steady_p99_ttft_ms=5.0, steady_p99_ttft_ms_low=4.0, steady_p99_ttft_ms_high=high)]
+
+    def again(row, **changes):
+        return {"name": row["name"], "dp": 1, "rate": row["max_rate"], **changes}
+
+    confirmed, failed, _ = plan_validation.confirm(
+        request, [_row("a", max_rate=10.0)], again, round_of, lambda rows: None
+    )
+    assert rounds == [[10.0], [9.0]]
+    assert [r["max_rate"] for r in confirmed] == [9.0] and failed == []
