@@ -148,10 +148,12 @@ def report_of(
             f"no request can be served: all {len(never)} never fit; request {never[0]['index']}: "
             f"{never[0]['why']}"
         )
-    summary = summarize(
-        finished,
-        None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
-        None if plan.slo_tpot is None else plan.slo_tpot * 1e3,
+    summary: dict[str, Any] = dict(
+        summarize(
+            finished,
+            None if plan.slo_ttft is None else plan.slo_ttft * 1e3,
+            None if plan.slo_tpot is None else plan.slo_tpot * 1e3,
+        )
     )
     summary.update(figures or {})
     summary["steady_state"] = steady_state(finished)
