@@ -27,7 +27,7 @@ import random
 import statistics
 from typing import Any
 
-from castcore.simulation.metrics import Finished, percentile
+from castcore.simulation.metrics import Finished, format_ms, percentile
 
 WARMUP = 0.1
 DRAIN = 0.1
@@ -108,7 +108,6 @@ def format_line(steady: dict[str, Any] | None) -> str | None:
     """One line for a simulation's text: the window and its p99s with their intervals, or saturation."""
     if steady is None:
         return None
-    from castcore.simulation.metrics import format_ms
 
     def p99(metric: str) -> str:
         figures = steady[metric]
