@@ -39,6 +39,15 @@ class Metered:
         self.busy_s += seconds * self.share(tokens)
         return seconds
 
+    def decode_times(self, cached: Sequence[int], steps: int) -> list[float] | None:
+        """``steps``' decode runs (castcore.simulation.decode_run), metered as the iterations one by one are."""
+        times = self.steps.decode_times(cached, steps)
+        if times is not None:
+            share = self.share(len(cached))
+            for seconds in times:
+                self.busy_s += seconds * share
+        return times
+
     def _share_at(self, point: int) -> float:
         if point not in self._shares:
             report = self.steps._report(point)  # the ladder's capture, made already for this iteration's time

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from castcore.recording.invoke import OpInvoke, TensorMeta
+from castcore.serving import attention_pricing
 from castcore.serving.mixed_batch import Chunk, capture_mixed
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ class StepTimes:
                 template = _attention_kind(record.invoke)
                 kinds.setdefault(template.key, [[0] * base.pp, template])[0][stage] += 1
         self.attention = [(counts, template) for counts, template in kinds.values()]
+        self._kernels = [self._pricing(template, max_tokens) for _, template in self.attention]
         self._body: dict[int, list[float]] = {}  # per token count, each stage's body
         self._head: dict[int, list[float]] = {}  # per count of sampling sequences, each stage's LM head
 
@@ -180,11 +182,31 @@ class StepTimes:
             head = self._head[sampled] = [
                 self._at("head", sampled, stage) if sampled else 0.0 for stage in range(self.base.pp)
             ]
-        kernels = self.attention_kernels(chunks)
+        return self._stages(body, head, self.attention_kernels(chunks))
+
+    def _stages(self, body: list[float], head: list[float], kernels: list[float]) -> list[float]:
         return [
             b + h + sum(counts[stage] * k for (counts, _), k in zip(self.attention, kernels))
             for stage, (b, h) in enumerate(zip(body, head))
         ]
+
+    def decode_times(self, cached: Sequence[int], steps: int) -> list[float] | None:
+        """The seconds of ``steps`` decode-only iterations of sequences at ``cached`` KV tokens, each a token
+        longer every iteration: what ``self`` gives those batches one by one, without building them. None where
+        only the batches can say (pipeline stages, an attention priced per call or over a window)."""
+        if self.stages is not None or not all(
+            isinstance(k, attention_pricing.LinearKernel) and k.plain for k in self._kernels
+        ):
+            return None
+        n, total = len(cached), sum(cached)
+        self.stage_times([Chunk(1, c) for c in cached])  # the body and head at n tokens, kept
+        body, head = self._body[n], self._head[n]
+        times = []
+        for j in range(1, steps + 1):
+            keys = float(total + n * j)  # a decode's keys are its kept pairs (attention_pricing.features)
+            f = (1.0, float(n), keys, keys, float(n))
+            times.append(self._stages(body, head, [k.at(f) for k in self._kernels])[0])
+        return times
 
     def __call__(self, chunks: Sequence[Chunk | tuple]) -> float:
         """The iteration's seconds; under ``--pp`` the period of one micro-batch among ``pp`` in flight (Stages)."""
@@ -200,11 +222,23 @@ class StepTimes:
 
     def attention_kernels(self, chunks: Sequence[Chunk]) -> list[float]:
         """castcore's estimate of the iteration's attention kernel of each layer kind."""
+        return [price(chunks) for price in self._kernels]
+
+    def _pricing(self, template: OpInvoke, max_tokens: int):
+        """How a layer kind's kernel is priced: the line through the estimator's answers where it is one
+        (castcore.serving.attention_pricing), else the plugins asked every iteration."""
         resolver = self.pipeline.host.resolver
-        return [
-            resolver.estimate(_attention_call(template, chunks), self.profile).time_s
-            for _, template in self.attention
-        ]
+
+        def ask(chunks: Sequence[Chunk]) -> Any:
+            return resolver.estimate(_attention_call(template, chunks), self.profile)
+
+        def parts(chunks: Sequence[Chunk]) -> tuple[float, float, float, float]:
+            e = ask(chunks)
+            return e.time_s, e.compute_s, e.memory_s, e.overhead_s + e.comm_s
+
+        options = (template.argument("causal"), template.argument("window"), template.argument("chunk"))
+        line = attention_pricing.fit(parts, options, max_tokens)
+        return line if line is not None else (lambda chunks: ask(chunks).time_s)
 
     def attention_time(self, chunks: Sequence[Chunk]) -> float:
         """castcore's estimate of the iteration's attention kernels (one per layer)."""

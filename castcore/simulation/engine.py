@@ -36,6 +36,7 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.simulation.blocks import BlockPool
 from castcore.simulation.chunks import StepTime
+from castcore.simulation.decode_run import decode_run
 from castcore.simulation.metrics import Finished
 from castcore.simulation.policies import Policies
 from castcore.simulation.presets import EngineLimits
@@ -92,9 +93,12 @@ def run_engine(
     step_time: StepTime,
     concurrency: int | None = None,
     speculation: tuple[int, float] | None = None,
+    leaping: bool = True,
 ) -> EngineResult:
     """Serve ``requests`` on an engine with ``limits`` and ``kv_blocks`` KV blocks; ``step_time`` gives an
-    iteration's seconds from its batch's chunks. ``speculation``: (draft tokens k, tokens a decode step keeps)."""
+    iteration's seconds from its batch's chunks. ``speculation``: (draft tokens k, tokens a decode step keeps).
+    ``leaping``: decode-only runs booked at once (castcore.simulation.decode_run); False runs every iteration
+    through the scheduler, to check that both give the same."""
     if kv_blocks < 1:
         raise ModelError(f"the KV cache has {kv_blocks} blocks; the deployment leaves no memory for it")
     if concurrency is not None and concurrency < 1:
@@ -125,6 +129,11 @@ def run_engine(
                     break
                 clock = max(clock, entry.pending[0].arrival)  # idle until the next arrival
                 continue
+            if leaping:  # a run of decode-only iterations booked at once where nothing else can happen
+                after = decode_run(scheduler, step_time, clock, entry.next_time(), trace)
+                if after is not None:
+                    clock = after
+                    continue
             batch = scheduler.schedule()
             if not batch.chunks:
                 if not batch.preempted:

@@ -62,13 +62,22 @@ def percentile(values: list[float], p: float) -> float:
     return b - (b - a) * (1 - weight) if weight >= 0.5 else a + (b - a) * weight
 
 
+def _pstdev(values: list[float]) -> float:
+    """The population standard deviation in floats (statistics.pstdev's exact fractions take seconds on a long
+    run's token gaps)."""
+    if not values:
+        return 0.0
+    mean = statistics.fmean(values)
+    return math.sqrt(statistics.fmean([(v - mean) ** 2 for v in values]))
+
+
 def _stats(name: str, seconds: list[float]) -> dict[str, float]:
     """mean/median/std/p90/p95/p99 of ``seconds`` in milliseconds under vLLM's keys (``mean_ttft_ms`` ...)."""
     ms = [s * 1000 for s in seconds]
     stats = {
         f"mean_{name}_ms": statistics.fmean(ms) if ms else 0.0,
         f"median_{name}_ms": percentile(ms, 50),
-        f"std_{name}_ms": statistics.pstdev(ms) if ms else 0.0,
+        f"std_{name}_ms": _pstdev(ms),
     }
     stats.update({f"p{p}_{name}_ms": percentile(ms, p) for p in PERCENTILES})
     return stats

@@ -15,6 +15,7 @@ the engine preset and the run's options by ``Policies.of``:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
@@ -137,6 +138,11 @@ class Entry(Protocol):
         """The next request to enter the system now, its ``entered`` time set; None while none is due."""
         ...
 
+    def next_time(self) -> float:
+        """When the next request enters if nobody leaves the system (inf: not before one does); asked once
+        ``next_due`` has let in everyone due."""
+        ...
+
 
 class AtArrivalTime:
     """Each request enters at its arrival time (0 when it has none: offline)."""
@@ -150,6 +156,9 @@ class AtArrivalTime:
         state = self.pending.popleft()
         state.entered = state.arrival
         return state
+
+    def next_time(self) -> float:
+        return self.pending[0].arrival if self.pending else math.inf
 
 
 class ClosedLoop:
@@ -167,6 +176,9 @@ class ClosedLoop:
         state = self.pending.popleft()
         state.entered = clock
         return state
+
+    def next_time(self) -> float:
+        return math.inf  # the next enters when one leaves
 
 
 @dataclasses.dataclass(frozen=True)

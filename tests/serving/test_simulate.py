@@ -233,6 +233,36 @@ def test_each_iteration_prices_its_own_attention(session):
     assert all(abs(row["error"]) <= 0.03 for row in agreement(steps, [short, long, short]))
 
 
+def test_the_attention_line_is_the_plugins_answer_and_decode_runs_are_the_iterations_one_by_one(session):
+    """castcore.serving.attention_pricing: the fitted line prices every batch as the plugins do; a decode run's
+    times are those of its iterations asked one at a time; a pack's per-call answer is asked every iteration."""
+    from castcore.serving import attention_pricing
+    from castcore.serving.step_time import _attention_call
+
+    steps = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 512, 64)
+    assert all(isinstance(k, attention_pricing.LinearKernel) for k in steps._kernels)
+    resolver = session.pipeline.host.resolver
+    for chunks in random_batches(40, seed=11, sequences=60, kv=(1, 50_000), chunk=(2, 400)):
+        exact = [
+            resolver.estimate(_attention_call(t, chunks), steps.profile).time_s for _, t in steps.attention
+        ]
+        assert steps.attention_kernels(chunks) == pytest.approx(exact, rel=1e-9)
+    cached = [5, 900, 17, 40_000]
+    assert steps.decode_times(cached, 30) == [steps([Chunk(1, c + j) for c in cached]) for j in range(30)]
+    # An estimate that is not a line through the batch's sums (per-sequence tiles) is asked every call.
+    tiled = attention_pricing.fit(
+        lambda chunks: (
+            t := 1e-6 * sum(-(-c.new // 64) * -(-(c.cached + c.new) // 64) for c in chunks),
+            t,
+            0.0,
+            0.0,
+        ),
+        (True, 0, 0),
+        512,
+    )
+    assert tiled is None
+
+
 def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():
     grid = {
         "command": "simulate",

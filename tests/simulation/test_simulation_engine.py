@@ -225,8 +225,13 @@ def test_ctrl_c_ends_the_run_with_the_requests_finished_so_far():
         return 1.0
 
     # Two short requests finish in the first iterations; the long one is still decoding at the sixth.
-    result = run_engine([Req(0, 4, 2), Req(1, 4, 3), Req(2, 4, 50)], engine(), 100, step)
+    result = run_engine([Req(0, 4, 2), Req(1, 4, 3), Req(2, 4, 50)], engine(), 100, step, leaping=False)
     assert result.partial and result.iterations == 5
+    assert sorted(f.index for f in result.finished) == [0, 1]
+    # A decode-only run is timed whole before it is booked: interrupted there, none of it is kept.
+    calls.clear()
+    result = run_engine([Req(0, 4, 2), Req(1, 4, 3), Req(2, 4, 50)], engine(), 100, step)
+    assert result.partial and result.iterations == 3
     assert sorted(f.index for f in result.finished) == [0, 1]
 
 
