@@ -126,6 +126,7 @@ class StepTimes:
         # Attention kernels of one shape (a layer kind), and how many an iteration runs in each stage.
         kinds: dict[Any, list] = {}
         smallest = self._report(self.points[0])
+        self.kernels = sum(1 for r in smallest.records if r.estimate.time_s > 0)  # launched per iteration
         for record, stage in zip(smallest.records, self._stage_of[self.points[0]]):
             if record.invoke.name == ATTENTION:
                 template = _attention_kind(record.invoke)
