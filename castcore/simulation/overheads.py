@@ -173,14 +173,14 @@ class EngineStep:
     def __call__(self, chunks: Sequence[Chunk]) -> float:
         n = len(chunks)
         q = self.decode_tokens
-        if n <= self.most and all(c.new == q for c in chunks):
+        if n <= self.most and all(c[0] == q for c in chunks):
             replayed = self.replayed[n]
             kernels = (
                 self.step([*chunks, *[self.filler] * (replayed - n)])
                 if replayed > n
                 else (self.step(chunks) if replayed else max(self.step(chunks), self.launch_bound))
             )
-        elif self.most and self.costs.piecewise and sum(c.new for c in chunks) <= self.most:
+        elif self.most and self.costs.piecewise and sum(c[0] for c in chunks) <= self.most:
             kernels = self.step(chunks)
         else:
             kernels = max(self.step(chunks), self.launch_bound)

@@ -153,6 +153,11 @@ def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, ca
         (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
         (["--scheduler-steps", "0"], "--scheduler-steps 0: must be a whole number of at least 1"),
         (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
+        (["--max-capture-size", "0"], "--max-capture-size 0: must be a whole number of at least 1"),
+        (
+            ["--enforce-eager", "--max-capture-size", "8"],
+            "--max-capture-size sizes the CUDA graphs --enforce-eager turns off: give one",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
@@ -223,6 +228,25 @@ def test_the_python_api_gives_what_the_command_prints(capsys):
     assert report.to_dict()["output_throughput"] == pytest.approx(figures["output_throughput"])
     with pytest.raises(castcore.ModelError, match=r"^rate=-1: must be a number above zero$"):
         castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, rate=-1)
+
+
+def test_the_engine_overheads_are_stated_and_eager_decode_steps_wait_for_their_launches(session, capsys):
+    """One request at a time: every decode step is the kernels of one sequence, padded to no larger graph, and
+    the CPU work; eager, the step cannot be shorter than its kernels' launches (castcore.simulation.overheads)."""
+    graph = _simulate(capsys, "--concurrency", "1")
+    eager = _simulate(capsys, "--concurrency", "1", "--enforce-eager")
+    assert graph["engine_overheads"]["graphs"] == "CUDA graphs"
+    assert graph["engine_overheads"]["max_capture_size"] == 512
+    assert eager["engine_overheads"]["graphs"] == "off (eager)" and eager["engine_limits"]["enforce_eager"]
+    steps = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 8192, 1024)
+    decode = steps([Chunk(1, 80)])
+    launches = steps.kernels * graph["engine_overheads"]["eager_launch_ms"] / 1e3
+    assert launches > decode  # the tiny model's kernels are shorter than their launches
+    assert (eager["median_itl_ms"] - graph["median_itl_ms"]) / 1e3 == pytest.approx(
+        launches - decode, rel=0.05
+    )
+    # the CPU work each request waits for before it is scheduled is in every time to first token
+    assert graph["mean_ttft_ms"] > graph["engine_overheads"]["request_cpu_ms"]
 
 
 def test_each_iteration_prices_its_own_attention(session):
