@@ -183,7 +183,7 @@ SIMULATE = paged(
                         "max_capture_size",
                         None,
                         "the largest decode batch captured in a CUDA graph (vLLM's max_cudagraph_capture_size, "
-                        "SGLang's --cuda-graph-max-bs, TensorRT-LLM's cuda_graph_config max_batch_size)",
+                        "SGLang's cuda_graph_max_bs, TensorRT-LLM's cuda_graph_config max_batch_size)",
                         ENGINE,
                         optional=True,
                     ),
