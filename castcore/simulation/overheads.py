@@ -103,6 +103,9 @@ ENGINES: dict[str, Overheads] = {
             f"per request 1.3 ms: {_TOKENIZE}",
             f"eager 20 us per kernel: {_LAUNCH}",
             f"capture sizes: {_VLLM_COMPILATION}",
+            "on Ascend, vllm-ascend's ACL graphs start from the same sizes and padding "
+            "(docs.vllm.ai/projects/ascend developer_guide/Design_Documents/ACL_Graph, read 2026-11); their "
+            "trimming to the device's stream budget is not modelled",
         ),
     ),
     "sglang": Overheads(
@@ -146,6 +149,13 @@ ENGINES: dict[str, Overheads] = {
 }
 
 
+def with_cpu(costs: Overheads, kernels_s: float, sequences: int) -> float:
+    """An iteration of ``sequences`` whose kernels take ``kernels_s``, with the engine's CPU work: the overlapped
+    share of it runs beside the kernels, the rest after them."""
+    cpu = costs.step_s + costs.sequence_s * sequences
+    return max(kernels_s, costs.overlap * cpu) + (1 - costs.overlap) * cpu
+
+
 class EngineStep:
     """``step`` (the kernels' seconds of a batch) with the engine's overheads (see the module docstring);
     ``kernels``: the kernels one iteration launches; ``decode_tokens``: a decoding sequence's new tokens (1, or
@@ -166,9 +176,6 @@ class EngineStep:
             self.replayed[size] = following if costs.padding or following == size else 0
         self.filler = Chunk(decode_tokens, 0, False)
         self.launch_bound = kernels * costs.launch_s
-        self.hidden_fixed, self.hidden_each = costs.overlap * costs.step_s, costs.overlap * costs.sequence_s
-        self.serial_fixed = (1 - costs.overlap) * costs.step_s
-        self.serial_each = (1 - costs.overlap) * costs.sequence_s
 
     def __call__(self, chunks: Sequence[Chunk]) -> float:
         n = len(chunks)
@@ -184,9 +191,7 @@ class EngineStep:
             kernels = self.step(chunks)
         else:
             kernels = max(self.step(chunks), self.launch_bound)
-        return (
-            max(kernels, self.hidden_fixed + self.hidden_each * n) + self.serial_fixed + self.serial_each * n
-        )
+        return with_cpu(self.costs, kernels, n)
 
     def summary(self) -> dict[str, object]:
         """What the run used, for the simulation's summary."""
