@@ -5,8 +5,8 @@ A request batch is one prefill of ``batch`` x ``input`` tokens, then ``output`` 
 ``castcore estimate`` uses (castcore.deploy.pipeline). The decode steps are captured at a few KV
 lengths only: for standard attention a step's cost is affine in the KV length (attention reads and multiplies
 every cached token once; nothing else depends on it), so time(kv) = a + b * kv fitted by least squares over
-those points and summed over every step in closed form equals stepping every token. Each decode step also pays the engine's CPU work per
-iteration (vLLM's, castcore.simulation.overheads).
+those points and summed over every step in closed form equals stepping every token. Each decode step also pays
+the engine's CPU work per iteration (vLLM's, castcore.simulation.overheads).
 
 Under ``--pp`` a step's time is the pipeline's (castcore.deploy.parallel.pipeline_stages): TTFT is the GPipe prefill of
 ``--micro-batches`` micro-batches, (M + N - 1) x the slowest stage + the transfers; a decode step is N stage
@@ -36,15 +36,13 @@ from castcore.workload.spec import (
     is_factory,
     load_model_config,
 )
-
 from castcore.simulation.overheads import ENGINES
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
 
-SERVE_ENGINE = (
-    "vllm"  # whose per-iteration CPU work a static batch's decode steps pay (simulate's default engine)
-)
+# whose per-iteration CPU work a static batch's decode steps pay: simulate's default engine
+SERVE_ENGINE = "vllm"
 
 
 def check_request(
