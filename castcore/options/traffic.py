@@ -22,6 +22,7 @@ from castcore.options.parts import (
     changed,
     int_option,
     scoped,
+    switch,
 )
 
 TRAFFIC, ENGINE = "traffic", "engine (each defaults to the --engine preset's)"
@@ -172,6 +173,20 @@ SIMULATE = paged(
                         ENGINE,
                         optional=True,
                     ),
+                    switch(
+                        "enforce_eager",
+                        "run without CUDA graphs, as vLLM's --enforce-eager: every iteration launches its "
+                        "kernels one by one (docs/simulate.md, engine overheads)",
+                        ENGINE,
+                    ),
+                    int_option(
+                        "max_capture_size",
+                        None,
+                        "the largest decode batch captured in a CUDA graph (vLLM's max_cudagraph_capture_size, "
+                        "SGLang's cuda_graph_max_bs, TensorRT-LLM's cuda_graph_config max_batch_size)",
+                        ENGINE,
+                        optional=True,
+                    ),
                     int_option(
                         "prefill_instances",
                         None,
@@ -319,4 +334,6 @@ ENGINE_OPTIONS = (
     "kv_memory_fraction",
     "kv_policy",
     "scheduler_steps",
+    "enforce_eager",
+    "max_capture_size",
 )

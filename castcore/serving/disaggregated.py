@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 from castcore.errors import ModelError
 from castcore.options.catalog import DEPLOYMENT_NAMES, say
 from castcore.simulation import engine as engine_model
-from castcore.simulation.chunks import StepTime
 from castcore.simulation.metrics import Finished, format_ms
 from castcore.simulation.requests import Request
 from castcore.serving.kv_capacity import kv_capacity, step_times, with_draft
 from castcore.serving.metering import Metered, pool_use
 from castcore.serving.speculation import speculative_step
+from castcore.simulation.overheads import ENGINES, EngineStep
 from castcore.deploy.parallel.pipeline_stages import send_estimate, sent_over
 from castcore.serving.simulation_report import SimulationReport, report_of
 from castcore.workload.spec import Workload, build_workload
@@ -82,10 +82,10 @@ def transfer_seconds(
 @dataclass
 class Pool:
     """One pool's step-time model as its engines call it (metered, the draft's steps added under speculative
-    decoding), its meters and its KV capacity."""
+    decoding, the engine's overheads around them), its meters and its KV capacity."""
 
     steps: StepTimes
-    step: StepTime
+    step: EngineStep
     meters: list[Metered]
     blocks: int
     per_token: int  # bytes of a token's KV, the draft's cache's included
@@ -97,8 +97,10 @@ def _pool(
     steps = step_times(pipeline, workload, device, plan.limits)
     blocks, per_token = kv_capacity(pipeline, steps, plan.limits, steps.profile)
     meters = [Metered(steps)]
-    if not plan.speculation or plan.draft is None:
-        return Pool(steps, meters[0], meters, blocks, per_token)
+    if not plan.speculation or plan.draft is None:  # each iteration with the engine's own CPU work and graphs
+        return Pool(
+            steps, EngineStep(meters[0], plan.engine, plan.limits, steps.kernels), meters, blocks, per_token
+        )
     # The draft runs on each pool with the pool's deployment: it prefills the prompts on the prefill pool (its cache
     # moves with the model's) and drafts on the decode pool.
     draft = build_workload(
@@ -106,9 +108,10 @@ def _pool(
     )
     meters.append(Metered(step_times(pipeline, draft, device, plan.limits)))
     blocks, draft_token = with_draft(pipeline, draft, device, blocks, per_token, plan.limits.block_size)
+    drafted = speculative_step(meters[0], meters[1], plan.speculation[0])
     return Pool(
         steps,
-        speculative_step(meters[0], meters[1], plan.speculation[0]),
+        EngineStep(drafted, plan.engine, plan.limits, steps.kernels, 1 + plan.speculation[0]),
         meters,
         blocks,
         per_token + draft_token,
@@ -138,7 +141,11 @@ def run(
         x * pools.prefill.attention_dp,
         y * pools.decode.attention_dp,
     )
-    prefilled = [engine_model.run_engine(prompts[n::px], limits, pre.blocks, pre.step) for n in range(px)]
+    request_s = ENGINES[plan.engine].request_s  # tokenized and admitted on the prefill instance
+    prefilled = [
+        engine_model.run_engine(prompts[n::px], limits, pre.blocks, pre.step, None, None, request_s)
+        for n in range(px)
+    ]
     first = {f.index: f for result in prefilled for f in result.finished}
     same = pre_profile.name == dec_profile.name
     together = pools.prefill.devices + pools.decode.devices
@@ -219,6 +226,7 @@ def run(
             "decode_instances": y,
         },
         notes=notes,
+        overheads=pre.step.summary(),
         iterations_trace=(decoded or prefilled)[0].trace,
         pool_use=[
             pool_use(pre_profile.name, pools.prefill, x, pre.meters, [r.trace for r in prefilled]),

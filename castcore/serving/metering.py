@@ -39,11 +39,11 @@ class Metered:
         self.busy_s += seconds * self.share(tokens)
         return seconds
 
-    def decode_times(self, cached: Sequence[int], steps: int) -> list[float] | None:
+    def decode_times(self, cached: Sequence[int], steps: int, idle: int = 0) -> list[float] | None:
         """``steps``' decode runs (castcore.simulation.decode_run), metered as the iterations one by one are."""
-        times = self.steps.decode_times(cached, steps)
+        times = self.steps.decode_times(cached, steps, idle)
         if times is not None:
-            share = self.share(len(cached))
+            share = self.share(len(cached) + idle)
             for seconds in times:
                 self.busy_s += seconds * share
         return times

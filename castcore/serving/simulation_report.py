@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.errors import ModelError
 from castcore.report.memory import format_bytes
 from castcore.simulation.metrics import format_table, summarize
+from castcore.simulation.overheads import describe
 from castcore.simulation.presets import EngineLimits
 from castcore.simulation.steady import format_line, steady_state
 from castcore.simulation.trace import chrome_trace
@@ -47,6 +48,8 @@ class SimulationReport:
     pool_use: list = field(default_factory=list, repr=False)
     # the requests the engine refused, beyond its context ({"index", "why"}): the summary's ``failed``
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    # the engine's CPU costs and graphs the run used (castcore.simulation.overheads.EngineStep.summary)
+    overheads: dict[str, Any] | None = None
 
     def to_trace(self) -> dict[str, Any]:
         """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""
@@ -74,6 +77,7 @@ class SimulationReport:
             "device": self.device,
             "engine": self.engine,
             "engine_limits": {k: v for k, v in vars(self.limits).items() if k != "sources"},
+            "engine_overheads": self.overheads,
             "kv_blocks": self.kv_blocks,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "iterations": self.iterations,
@@ -104,6 +108,8 @@ class SimulationReport:
             f"iterations {self.iterations:,}, mean running batch {self.mean_running:.1f}, preemptions "
             f"{self.summary['preemptions']}, peak KV use {max((u for _, u in self.kv_usage), default=0):.0%}",
         ]
+        if self.overheads is not None:
+            lines.append(describe(self.engine, self.overheads))
         steady = format_line(self.summary.get("steady_state"))
         if steady:
             lines.append(steady)

@@ -127,6 +127,7 @@ class StepTimes:
         # Attention kernels of one shape (a layer kind), and how many an iteration runs in each stage.
         kinds: dict[Any, list] = {}
         smallest = self._report(self.points[0])
+        self.kernels = sum(1 for r in smallest.records if r.estimate.time_s > 0)  # launched per iteration
         for record, stage in zip(smallest.records, self._stage_of[self.points[0]]):
             if record.invoke.name == ATTENTION:
                 template = _attention_kind(record.invoke)
@@ -190,21 +191,27 @@ class StepTimes:
             for stage, (b, h) in enumerate(zip(body, head))
         ]
 
-    def decode_times(self, cached: Sequence[int], steps: int) -> list[float] | None:
+    def decode_times(self, cached: Sequence[int], steps: int, idle: int = 0) -> list[float] | None:
         """The seconds of ``steps`` decode-only iterations of sequences at ``cached`` KV tokens, each a token
-        longer every iteration: what ``self`` gives those batches one by one, without building them. None where
-        only the batches can say (pipeline stages, an attention priced per call or over a window)."""
+        longer every iteration, beside ``idle`` padding sequences of one token that sample nothing (a CUDA graph's
+        filler, castcore.simulation.overheads): what ``self`` gives those batches one by one, without building
+        them. None where only the batches can say (pipeline stages, an attention priced per call or over a
+        window)."""
         if self.stages is not None or not all(
             isinstance(k, attention_pricing.LinearKernel) and k.plain for k in self._kernels
         ):
             return None
         n, total = len(cached), sum(cached)
-        self.stage_times([Chunk(1, c) for c in cached])  # the body and head at n tokens, kept
-        body, head = self._body[n], self._head[n]
+        self.stage_times(
+            [*(Chunk(1, c) for c in cached), *[Chunk(1, 0, False)] * idle]
+        )  # body and head, kept
+        body, head = self._body[n + idle], self._head[n]
         times = []
         for j in range(1, steps + 1):
-            keys = float(total + n * j)  # a decode's keys are its kept pairs (attention_pricing.features)
-            f = (1.0, float(n), keys, keys, float(n))
+            keys = float(
+                total + n * j + idle
+            )  # a decode's keys are its kept pairs (attention_pricing.features)
+            f = (1.0, float(n + idle), keys, keys, float(n + idle))
             times.append(self._stages(body, head, [k.at(f) for k in self._kernels])[0])
         return times
 

@@ -24,6 +24,7 @@ from castcore.serving.simulation_plan import Simulation, check
 from castcore.serving.simulation_report import SimulationReport, report_of
 from castcore.simulation import engine as engine_model
 from castcore.simulation.chunks import StepTime
+from castcore.simulation.overheads import EngineStep
 from castcore.workload.spec import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -64,15 +65,18 @@ def simulate_traffic(
         metered.append(Metered(step_times(pipeline, plan.draft, device, engine_limits)))
         blocks, _ = with_draft(pipeline, plan.draft, device, blocks, per_token, engine_limits.block_size)
         step = speculation.speculative_step(metered[0], metered[1], plan.speculation[0])
+    # The engine's CPU work and graphs around the kernels (castcore.simulation.overheads).
+    engine_step = EngineStep(step, plan.engine, mine, steps.kernels, 1 + (plan.speculation or (0,))[0])
     for n in range(schedulers):
         results.append(
             engine_model.run_engine(
                 plan.requests[n::schedulers],
                 mine,
                 blocks // base.pp,
-                step,
+                engine_step,
                 None if plan.concurrency is None else max(1, plan.concurrency // schedulers),
                 plan.speculation,
+                engine_step.costs.request_s,
             )
         )
         if results[-1].partial:  # Ctrl-C: no further scheduler runs
@@ -121,6 +125,7 @@ def simulate_traffic(
         notes=notes,
         iterations_trace=results[0].trace,
         pool_use=[pool_use(steps.profile.name, base, base.dp, metered, [r.trace for r in results])],
+        overheads=engine_step.summary(),
     )
 
 

@@ -93,17 +93,22 @@ def run_engine(
     step_time: StepTime,
     concurrency: int | None = None,
     speculation: tuple[int, float] | None = None,
+    request_s: float = 0.0,
+    *,
     leaping: bool = True,
 ) -> EngineResult:
     """Serve ``requests`` on an engine with ``limits`` and ``kv_blocks`` KV blocks; ``step_time`` gives an
     iteration's seconds from its batch's chunks. ``speculation``: (draft tokens k, tokens a decode step keeps).
     ``leaping``: decode-only runs booked at once (castcore.simulation.decode_run); False runs every iteration
-    through the scheduler, to check that both give the same."""
+    through the scheduler, to check that both give the same. ``request_s``: each request's path before the
+    scheduler sees it (castcore.simulation.overheads)."""
     if kv_blocks < 1:
         raise ModelError(f"the KV cache has {kv_blocks} blocks; the deployment leaves no memory for it")
     if concurrency is not None and concurrency < 1:
         raise ModelError(f"{say('concurrency', concurrency)}: must be a whole number of at least 1")
-    policies = Policies.of(limits, [RequestState.of(r) for r in requests], concurrency, speculation)
+    policies = Policies.of(
+        limits, [RequestState.of(r) for r in requests], concurrency, speculation, request_s
+    )
     pool = BlockPool(kv_blocks, limits.block_size)
     scheduler = Scheduler(limits, pool, policies)
     entry, trace = policies.entry, Trace()
@@ -127,7 +132,7 @@ def run_engine(
             if not scheduler.in_system:
                 if not entry.pending:
                     break
-                clock = max(clock, entry.pending[0].arrival)  # idle until the next arrival
+                clock = max(clock, entry.next_time())  # idle until the next request is due
                 continue
             if leaping:  # a run of decode-only iterations booked at once where nothing else can happen
                 after = decode_run(scheduler, step_time, clock, entry.next_time(), trace)

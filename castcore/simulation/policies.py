@@ -130,7 +130,9 @@ class PrefixCache:
 
 
 class Entry(Protocol):
-    """How requests enter the system (castcore.simulation.arrivals draws their times)."""
+    """How requests enter the system (castcore.simulation.arrivals draws their times). A request is admitted
+    ``delay`` seconds after it arrives (the engine's path before scheduling it: tokenizing, admitting); its
+    ``entered`` time, which its latencies count from, is its arrival."""
 
     pending: deque[RequestState]
 
@@ -147,38 +149,42 @@ class Entry(Protocol):
 class AtArrivalTime:
     """Each request enters at its arrival time (0 when it has none: offline)."""
 
-    def __init__(self, states: Sequence[RequestState]):
+    def __init__(self, states: Sequence[RequestState], delay: float = 0.0):
         self.pending = deque(sorted(states, key=lambda state: state.arrival))
+        self.delay = delay
 
     def next_due(self, clock: float, in_system: int) -> RequestState | None:
-        if not self.pending or self.pending[0].arrival > clock:
+        if not self.pending or self.pending[0].arrival + self.delay > clock:
             return None
         state = self.pending.popleft()
         state.entered = state.arrival
         return state
 
     def next_time(self) -> float:
-        return self.pending[0].arrival if self.pending else math.inf
+        return self.pending[0].arrival + self.delay if self.pending else math.inf
 
 
 class ClosedLoop:
-    """The first ``concurrency`` requests enter at 0 and each later one when a request leaves the system, its
-    arrival time being that moment."""
+    """The first ``concurrency`` requests are sent at 0 and each later one when a request leaves the system, its
+    arrival time being that moment; each is admitted ``delay`` after it is sent."""
 
-    def __init__(self, states: Sequence[RequestState], concurrency: int):
-        self.pending, self.concurrency = deque(states), concurrency
+    def __init__(self, states: Sequence[RequestState], concurrency: int, delay: float = 0.0):
+        self.pending, self.concurrency, self.delay = deque(states), concurrency, delay
+        self.sent: deque[float] = deque()  # when the first len(sent) pending requests were sent
         for state in states:
             state.arrival = 0.0
 
     def next_due(self, clock: float, in_system: int) -> RequestState | None:
-        if not self.pending or in_system >= self.concurrency:
+        while in_system + len(self.sent) < self.concurrency and len(self.sent) < len(self.pending):
+            self.sent.append(clock)
+        if not self.sent or self.sent[0] + self.delay > clock:
             return None
         state = self.pending.popleft()
-        state.entered = clock
+        state.arrival = state.entered = self.sent.popleft()
         return state
 
     def next_time(self) -> float:
-        return math.inf  # the next enters when one leaves
+        return self.sent[0] + self.delay if self.sent else math.inf  # the next is sent when one leaves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,12 +202,16 @@ class Policies:
         states: Sequence[RequestState],
         concurrency: int | None,
         speculation: tuple[int, float] | None,
+        delay: float = 0.0,
     ) -> Policies:
-        """One run's policies: the preset's KV policy and scheduler steps, and the run's speculation and arrivals."""
+        """One run's policies: the preset's KV policy and scheduler steps, and the run's speculation and arrivals
+        (each request admitted ``delay`` seconds after it arrives)."""
         return cls(
             kv=Reserve() if limits.kv_policy == "reserve" else OnDemand(),
             decisions=MultiStep(limits.scheduler_steps) if limits.scheduler_steps > 1 else EveryIteration(),
             decoding=Speculation(*speculation) if speculation else PlainDecode(),
             prefix_cache=PrefixCache(limits.block_size),
-            entry=AtArrivalTime(states) if concurrency is None else ClosedLoop(states, concurrency),
+            entry=AtArrivalTime(states, delay)
+            if concurrency is None
+            else ClosedLoop(states, concurrency, delay),
         )

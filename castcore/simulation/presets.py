@@ -27,7 +27,8 @@ class EngineLimits:
     out; "reserve" admits a request only when blocks for its whole prompt and output are free, and holds them until
     it finishes, so none is ever preempted. ``scheduler_steps``: iterations run per scheduling decision (vLLM
     0.6's multi-step scheduling, ``--num-scheduler-steps``); requests are admitted only at a decision. ``sources``:
-    where each number comes from.
+    where each number comes from. ``enforce_eager``: no CUDA graphs; ``max_capture_size``: the largest decode batch
+    captured in one (None: the engine's rule); both priced by castcore.simulation.overheads.
     """
 
     max_running_requests: int
@@ -39,6 +40,8 @@ class EngineLimits:
     kv_policy: Literal["preempt", "reserve"] = "preempt"
     scheduler_steps: int = 1
     sources: tuple[str, ...] = ()
+    enforce_eager: bool = False
+    max_capture_size: int | None = None
 
 
 _VLLM_ARGS = "vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs._set_default_args, commit 99d7eb5d (v0.11 line, 2025-10)"
@@ -104,10 +107,10 @@ PRESETS: dict[str, EngineLimits] = {
     ),
 }
 
-_WHOLE = ("max_running_requests", "max_batched_tokens", "block_size", "scheduler_steps")
+_WHOLE = ("max_running_requests", "max_batched_tokens", "block_size", "scheduler_steps", "max_capture_size")
 
 
-_KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill", "kv_policy")
+_KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill", "kv_policy", "enforce_eager")
 
 
 def limits(engine: str, **overrides: object) -> EngineLimits:
@@ -122,7 +125,7 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         elif name == "kv_memory_fraction":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ModelError(f"{option} takes a fraction in (0, 1], not {value!r}")
-        elif name == "chunked_prefill":
+        elif name in ("chunked_prefill", "enforce_eager"):
             if not isinstance(value, bool):
                 raise ModelError(f"{option} takes true or false, not {value!r}")
         elif name == "kv_policy":
@@ -131,4 +134,8 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         else:
             known = ", ".join(say(n) for n in _KNOWN)
             raise ModelError(f"{option} is not an engine option; known: {known}")
+    if overrides.get("enforce_eager") and overrides.get("max_capture_size") is not None:
+        raise ModelError(
+            f"{say('max_capture_size')} sizes the CUDA graphs {say('enforce_eager', True)} turns off: give one"
+        )
     return dataclasses.replace(PRESETS[engine], **overrides)  # type: ignore[arg-type]  # each value checked above

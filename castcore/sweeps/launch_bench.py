@@ -153,6 +153,9 @@ def simulate_command(
         if value != getattr(preset, name):
             shown = {True: "on", False: "off"}[value] if name == "chunked_prefill" else f"{value:g}"
             argv += [SIMULATE[name].cli, shown]
+    argv += [SIMULATE["enforce_eager"].cli] if limits.enforce_eager else []
+    if limits.max_capture_size is not None:
+        argv += [SIMULATE["max_capture_size"].cli, str(limits.max_capture_size)]
     argv += ["--dtype", d.dtype] if d.dtype != "bf16" else []
     for name in ("tp", "pp", "ep", "attention_dp"):
         argv += [SIMULATE[name].cli, str(getattr(d, name))] if getattr(d, name) > 1 else []

@@ -218,6 +218,9 @@ def limit_flags(engine: str, limits: EngineLimits, notes: list[str]) -> tuple[li
             str(limits.block_size),
         ]
         flags += ["--gpu-memory-utilization", *fraction] if share else []
+        flags += ["--enforce-eager"] if limits.enforce_eager else []
+        if limits.max_capture_size is not None:
+            flags += ["--compilation-config", f'{{"max_cudagraph_capture_size": {limits.max_capture_size}}}']
         return flags + [
             "--enable-chunked-prefill" if limits.chunked_prefill else "--no-enable-chunked-prefill"
         ], yaml
@@ -228,11 +231,19 @@ def limit_flags(engine: str, limits: EngineLimits, notes: list[str]) -> tuple[li
             else ["--chunked-prefill-size", "-1", "--max-prefill-tokens", tokens]
         )
         flags += ["--max-running-requests", running, "--page-size", str(limits.block_size)]
+        flags += ["--disable-cuda-graph"] if limits.enforce_eager else []
+        flags += (
+            [] if limits.max_capture_size is None else ["--cuda-graph-max-bs", str(limits.max_capture_size)]
+        )
         return flags + (["--mem-fraction-static", *fraction] if share else []), yaml
     flags = ["--max_batch_size", running, "--max_num_tokens", tokens]
     flags += ["--kv_cache_free_gpu_memory_fraction", *fraction] if share else []
     flags += ["--enable_chunked_prefill"] if limits.chunked_prefill else []
     yaml["kv_cache_config"] = {"tokens_per_block": limits.block_size}
+    if limits.enforce_eager:
+        yaml["cuda_graph_config"] = "null"  # no CUDA graphs
+    elif limits.max_capture_size is not None:
+        yaml["cuda_graph_config"] = {"max_batch_size": limits.max_capture_size}
     policy = "GUARANTEED_NO_EVICT" if limits.kv_policy == "reserve" else "MAX_UTILIZATION"
     yaml["scheduler_config"] = {"capacity_scheduler_policy": policy}
     return flags, yaml

@@ -134,6 +134,7 @@ def simulate_figures(
             "device",
             "deployment",
             "engine_limits",
+            "engine_overheads",
             "notes",
             "kv_usage",
             "never_fit",

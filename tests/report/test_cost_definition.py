@@ -12,6 +12,7 @@ import pytest
 import castcore
 from castcore.cli.main import main
 from castcore.report.energy import simulation_cost
+from castcore.simulation.overheads import ENGINES
 
 DATA = Path(__file__).parents[1] / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
@@ -46,11 +47,12 @@ def test_offline_and_a_static_batch_of_the_same_requests_cost_alike(session):
     tpot = offline["output_tokens_per_s_per_user"] / static["output_tokens_per_s_per_user"]
     ratio = static["usd_per_million_output_tokens"] / offline["usd_per_million_output_tokens"]
     assert ratio == pytest.approx(steps * tpot, rel=0.1)
-    assert static["usd_per_million_input_tokens"] == pytest.approx(
-        offline["usd_per_million_input_tokens"], rel=0.1
-    )
-    # all of both runs' held device time works: nothing idle
-    assert static["idle_share"] == 0 and offline["idle_share"] == pytest.approx(0, abs=1e-9)
+    # The engine's own time around the prefill (its launches and CPU work, castcore.simulation.overheads) is in
+    # the simulated prompt cost; serve's TTFT is the prefill's kernels.
+    assert static["usd_per_million_input_tokens"] < offline["usd_per_million_input_tokens"]
+    # A static batch's held time all works; the engine waits for the requests' tokenizing before its first step.
+    wait = ENGINES["vllm"].request_s / report.summary["duration"]
+    assert static["idle_share"] == 0 and offline["idle_share"] == pytest.approx(wait, rel=1e-9)
     assert offline["output_tokens_per_s_per_user"] == pytest.approx(1000 / report.summary["mean_tpot_ms"])
     assert static["output_tokens_per_s_per_user"] == pytest.approx(1 / static["tpot_s"])
 

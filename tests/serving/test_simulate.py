@@ -153,6 +153,11 @@ def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, ca
         (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
         (["--scheduler-steps", "0"], "--scheduler-steps 0: must be a whole number of at least 1"),
         (["--kv-memory-fraction", "1.5"], "--kv-memory-fraction takes a fraction in (0, 1], not 1.5"),
+        (["--max-capture-size", "0"], "--max-capture-size 0: must be a whole number of at least 1"),
+        (
+            ["--enforce-eager", "--max-capture-size", "8"],
+            "--max-capture-size sizes the CUDA graphs --enforce-eager turns off: give one",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
@@ -225,6 +230,25 @@ def test_the_python_api_gives_what_the_command_prints(capsys):
         castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, rate=-1)
 
 
+def test_the_engine_overheads_are_stated_and_eager_decode_steps_wait_for_their_launches(session, capsys):
+    """One request at a time: every decode step is the kernels of one sequence, padded to no larger graph, and
+    the CPU work; eager, the step cannot be shorter than its kernels' launches (castcore.simulation.overheads)."""
+    graph = _simulate(capsys, "--concurrency", "1")
+    eager = _simulate(capsys, "--concurrency", "1", "--enforce-eager")
+    assert graph["engine_overheads"]["graphs"] == "CUDA graphs"
+    assert graph["engine_overheads"]["max_capture_size"] == 512
+    assert eager["engine_overheads"]["graphs"] == "off (eager)" and eager["engine_limits"]["enforce_eager"]
+    steps = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 8192, 1024)
+    decode = steps([Chunk(1, 80)])
+    launches = steps.kernels * graph["engine_overheads"]["eager_launch_ms"] / 1e3
+    assert launches > decode  # the tiny model's kernels are shorter than their launches
+    assert (eager["median_itl_ms"] - graph["median_itl_ms"]) / 1e3 == pytest.approx(
+        launches - decode, rel=0.05
+    )
+    # the CPU work each request waits for before it is scheduled is in every time to first token
+    assert graph["mean_ttft_ms"] > graph["engine_overheads"]["request_cpu_ms"]
+
+
 def test_each_iteration_prices_its_own_attention(session):
     """Long caches make attention memory-bound even on the tiny model: the model must follow the KV lengths."""
     steps = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 64, 8)
@@ -249,6 +273,16 @@ def test_the_attention_line_is_the_plugins_answer_and_decode_runs_are_the_iterat
         assert steps.attention_kernels(chunks) == pytest.approx(exact, rel=1e-9)
     cached = [5, 900, 17, 40_000]
     assert steps.decode_times(cached, 30) == [steps([Chunk(1, c + j) for c in cached]) for j in range(30)]
+    # With each engine's graphs (padded to a capture size, or eager) and CPU time, as EngineStep prices each.
+    from castcore.simulation.overheads import ENGINES, EngineStep
+    from castcore.simulation.presets import limits
+
+    for engine in ENGINES:
+        for eager in (False, True):
+            priced = EngineStep(steps, engine, limits(engine, enforce_eager=eager), steps.kernels)
+            for batch in (cached, cached * 3 + [7], list(range(1, 300))):
+                one_by_one = [priced([Chunk(1, c + j) for c in batch]) for j in range(12)]
+                assert priced.decode_times(batch, 12) == one_by_one, (engine, eager, len(batch))
     # An estimate that is not a line through the batch's sums (per-sequence tiles) is asked every call.
     tiled = attention_pricing.fit(
         lambda chunks: (
@@ -413,8 +447,15 @@ def test_pipeline_stages_split_an_iteration_and_serve_micro_batches_in_flight(se
     )
     # Each device holds half the layers' keys and values: twice the blocks (the tiny weights hardly count).
     assert offline[2].kv_blocks / offline[1].kv_blocks == pytest.approx(2, rel=0.01)
-    # A token passes both stages and the send between them, and the last stage also runs the LM head.
-    assert offline[2].summary["mean_tpot_ms"] > offline[1].summary["mean_tpot_ms"]
+    # A token passes both stages and the send between them, and the last stage also runs the LM head: at the same
+    # batch per scheduler (the engine's CPU work per iteration grows with it), each token takes longer.
+    closed = {
+        pp: castcore.Session(load_packs=[], device_files=[H100]).simulate(
+            LLAMA, requests=40, input_lengths="uniform:20:120", output_lengths=16, pp=pp, concurrency=4 * pp
+        )
+        for pp in (1, 2)
+    }
+    assert closed[2].summary["mean_tpot_ms"] > closed[1].summary["mean_tpot_ms"]
 
 
 def test_a_run_where_no_request_can_be_served_is_one_line(capsys):

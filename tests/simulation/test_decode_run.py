@@ -57,6 +57,8 @@ CASES = {
         False,
     ),
     "closed loop": (VLLM, 4000, {"concurrency": 12}, None, False),
+    "engine's path before scheduling": (VLLM, 4000, {"request_s": 0.0013}, 30.0, False),
+    "closed loop with that path": (VLLM, 4000, {"concurrency": 12, "request_s": 0.0013}, None, False),
     "prefix cache": (VLLM, 4000, {}, 30.0, True),
     "token budget below the batch": (dataclasses.replace(VLLM, max_batched_tokens=40), 4000, {}, 30.0, False),
     "block of one token": (dataclasses.replace(VLLM, block_size=1), 60000, {}, 30.0, False),

@@ -147,6 +147,32 @@ def test_trtllm_with_pipeline_stages_and_its_yaml():
     )
 
 
+@pytest.mark.parametrize(
+    "engine, launched, options_yaml",
+    [
+        ("vllm", ["--enforce-eager"], None),
+        ("sglang", ["--disable-cuda-graph"], None),
+        ("trtllm", [], "cuda_graph_config: null"),
+    ],
+)
+def test_eager_mode_and_the_capture_size_reach_each_engines_launch(engine, launched, options_yaml):
+    deployment, traffic = Deployment("llama-3-8b", device="h100-sxm"), Traffic(512, 64, 100, rate=2.0)
+    eager = launch_files(engine, deployment, traffic, limits(engine, enforce_eager=True))
+    assert [f for f in eager.launch if f in launched] == launched
+    assert options_yaml is None or options_yaml in eager.options_yaml.splitlines()
+    assert "--enforce-eager" in eager.simulate and "--max-capture-size" not in eager.simulate
+    sized = launch_files(engine, deployment, traffic, limits(engine, max_capture_size=64))
+    assert sized.simulate[sized.simulate.index("--max-capture-size") + 1] == "64"
+    said = {
+        "vllm": '--compilation-config {"max_cudagraph_capture_size": 64}',
+        "sglang": "--cuda-graph-max-bs 64",
+        "trtllm": "",
+    }[engine]
+    assert said in " ".join(sized.launch)
+    if engine == "trtllm":
+        assert "cuda_graph_config:\n  max_batch_size: 64" in sized.options_yaml
+
+
 def test_what_an_engine_lacks_is_a_note_never_a_flag():
     int8 = Deployment("llama-3-8b", weights="int8")
     vllm = launch_files("vllm", int8, Traffic(128, 16))
