@@ -27,7 +27,8 @@ class EngineLimits:
     out; "reserve" admits a request only when blocks for its whole prompt and output are free, and holds them until
     it finishes, so none is ever preempted. ``scheduler_steps``: iterations run per scheduling decision (vLLM
     0.6's multi-step scheduling, ``--num-scheduler-steps``); requests are admitted only at a decision. ``sources``:
-    where each number comes from.
+    where each number comes from. ``kv_memory_fraction_given``: the fraction was given, not the preset's (SGLang
+    derives its own from the device and TP otherwise: castcore.serving.engine_memory).
     """
 
     max_running_requests: int
@@ -39,6 +40,7 @@ class EngineLimits:
     kv_policy: Literal["preempt", "reserve"] = "preempt"
     scheduler_steps: int = 1
     sources: tuple[str, ...] = ()
+    kv_memory_fraction_given: bool = False
 
 
 _VLLM_ARGS = "vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs._set_default_args, commit 99d7eb5d (v0.11 line, 2025-10)"
@@ -78,7 +80,8 @@ PRESETS: dict[str, EngineLimits] = {
         block_size=1,  # page_size 1 (token-granular KV pool) unless an attention backend asks for more.
         # mem_fraction_static = (gpu_mem - reserved) / gpu_mem, reserved = 512 MB + 1.5 MB per chunked-prefill token
         # + 2 MB per CUDA-graph batch (256 at TP < 4) + TP/8 GB, at least 10 GB above 60 GB: for an 80 GB H100 at TP 1
-        # (81,559 MiB) that is (81559 - 13440) / 81559 = 0.835. A share of the device, weights and KV pool included.
+        # (81,559 MiB) that is (81559 - 13440) / 81559 = 0.835. A share of the device, weights and KV pool included;
+        # a simulation computes it for its own device and TP (castcore.serving.engine_memory.sglang_fraction).
         kv_memory_fraction=0.835,
         memory_share_of="device",
         sources=(
@@ -131,4 +134,5 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         else:
             known = ", ".join(say(n) for n in _KNOWN)
             raise ModelError(f"{option} is not an engine option; known: {known}")
-    return dataclasses.replace(PRESETS[engine], **overrides)  # type: ignore[arg-type]  # each value checked above
+    given = {"kv_memory_fraction_given": True} if "kv_memory_fraction" in overrides else {}
+    return dataclasses.replace(PRESETS[engine], **overrides, **given)  # type: ignore[arg-type]  # checked above
