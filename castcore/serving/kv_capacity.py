@@ -43,10 +43,15 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: str, limits: Engin
             f"at most {int(usable // per_token):,} (engines use 16 to 256)"
         )
     if found.blocks < 1:
+        # SGLang's reserve holds the activations: only its share frees memory
+        fix = (
+            f"a larger {say('kv_memory_fraction')}"
+            if engine == "sglang"
+            else f"a smaller {say('max_batched_tokens')}"
+        )
         raise ModelError(
             f"the deployment leaves no memory for a KV cache: {found.formula()} per device "
-            f"({RULES[engine]}); use a larger {say('tp')}, {say('weights', 'int8')} or a smaller "
-            f"{say('max_batched_tokens')}"
+            f"({RULES[engine]}); use a larger {say('tp')}, {say('weights', 'int8')} or {fix}"
         )
     return found
 

@@ -11,6 +11,7 @@ import pytest
 
 import castcore
 from castcore.cli.main import main
+from castcore.errors import ModelError
 from castcore.serving.engine_memory import GiB, budget, sglang_fraction
 from castcore.serving.kv_capacity import kv_capacity, step_times
 from castcore.serving.simulation_plan import check
@@ -109,3 +110,11 @@ def test_llama_70b_fp8_on_one_h100_against_a_hand_computation():
     assert (
         2.7 * GiB < found.kv_bytes < 2.9 * GiB and found.for_requests(plan.requests).concurrent_requests == 4
     )
+    # TensorRT-LLM's 0.9 of what is left free holds 3.5 times as much.
+    trtllm = kv_capacity(session.pipeline, steps, "trtllm", limits("trtllm"))
+    assert trtllm.kv_bytes == pytest.approx(0.9 * (80 * GiB - weights - activations), rel=1e-5)
+    # SGLang's 0.836 of an 80 GiB device does not hold the weights: one line says so and what to change.
+    with pytest.raises(
+        ModelError, match=r"0\.836 x 80\.00 GiB - weights 67\.69 GiB .* larger kv_memory_fraction"
+    ):
+        kv_capacity(session.pipeline, steps, "sglang", limits("sglang"))
