@@ -64,7 +64,7 @@ def test_each_engine_subtracts_what_its_own_rule_does(session):
     assert given.fraction_given and given.kv_bytes == pytest.approx(0.9 * memory - weights)
 
 
-def test_simulate_says_the_kv_cache_its_engine_gives_and_the_requests_it_holds(capsys):
+def test_simulate_says_the_kv_cache_its_engine_gives_and_the_requests_it_holds(capsys, tmp_path):
     argv = ["simulate", "--model", LLAMA, "--device-file", H100, "--no-packs", "--device", "h100-sxm"]
     argv += ["--requests", "20", "--input", "100", "--output", "28"]
     assert main([*argv, "--json"]) == 0
@@ -75,7 +75,12 @@ def test_simulate_says_the_kv_cache_its_engine_gives_and_the_requests_it_holds(c
     taken = kv["taken_bytes"]
     assert kv["kv_cache_bytes"] == pytest.approx(0.9 * 80 * GiB - sum(taken.values()))
     assert list(taken) == ["weights", "activations", "CUDA graphs"]
-    assert main(argv) == 0
+    assert main([*argv, "--html", str(tmp_path / "run.html")]) == 0
+    page = (tmp_path / "run.html").read_text(encoding="utf-8")
+    assert (
+        f"by vLLM gpu_memory_utilization, {kv['concurrent_requests']:,} requests at once at the mean 128"
+        in page
+    )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("KV cache"))
     assert "= 0.9 x 80.00 GiB - weights " in line and "(vLLM gpu_memory_utilization" in line
     assert f"{kv['tokens']:,} tokens in {kv['blocks']:,} blocks" in line
