@@ -22,6 +22,7 @@ MODEL_TESTS = {
     "test_gpt_oss",
     "test_hf",
     "test_html",
+    "test_kv_capacity",
     "test_latent",
     "test_launch",
     "test_llama",

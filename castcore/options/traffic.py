@@ -149,8 +149,9 @@ SIMULATE = paged(
                     int_option("block_size", None, "KV cache tokens per block", ENGINE, optional=True),
                     Option(
                         "kv_memory_fraction",
-                        "the share of memory the engine takes (vllm, sglang: of the device; trtllm: "
-                        "of what the weights leave free)",
+                        "the share of memory the engine takes (vllm, sglang: of the device, sglang's "
+                        "default its own for the device and TP; trtllm: of what the weights and "
+                        "activations leave free)",
                         ENGINE,
                         kind="number",
                         optional=True,

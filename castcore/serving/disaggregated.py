@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from castcore.devices.costs import Estimate
     from castcore.devices.profile import DeviceProfile
     from castcore.plugins.resolve import Resolver
+    from castcore.serving.engine_memory import KvBudget
     from castcore.serving.pools import Pools
     from castcore.serving.simulation_plan import Simulation
     from castcore.serving.step_time import StepTimes
@@ -89,17 +90,24 @@ class Pool:
     meters: list[Metered]
     blocks: int
     per_token: int  # bytes of a token's KV, the draft's cache's included
+    kv: KvBudget  # the engine's rule for the pool's devices
 
 
 def _pool(
     pipeline: Pipeline, plan: Simulation, workload: Workload, device: str | DeviceProfile | None
 ) -> Pool:
     steps = step_times(pipeline, workload, device, plan.limits)
-    blocks, per_token = kv_capacity(pipeline, steps, plan.limits, steps.profile)
+    kv = kv_capacity(pipeline, steps, plan.engine, plan.limits)
+    blocks, per_token = kv.blocks, kv.per_token
     meters = [Metered(steps)]
     if not plan.speculation or plan.draft is None:  # each iteration with the engine's own CPU work and graphs
         return Pool(
-            steps, EngineStep(meters[0], plan.engine, plan.limits, steps.kernels), meters, blocks, per_token
+            steps,
+            EngineStep(meters[0], plan.engine, plan.limits, steps.kernels),
+            meters,
+            blocks,
+            per_token,
+            kv,
         )
     # The draft runs on each pool with the pool's deployment: it prefills the prompts on the prefill pool (its cache
     # moves with the model's) and drafts on the decode pool.
@@ -115,6 +123,7 @@ def _pool(
         meters,
         blocks,
         per_token + draft_token,
+        replace(kv, blocks_with_draft=blocks),
     )
 
 
@@ -219,6 +228,7 @@ def run(
         kv_blocks=dec.blocks,
         kv_bytes_per_token=dec.per_token,
         kv_usage=decoded[0].kv_usage if decoded else [],
+        kv_capacity=dec.kv.for_requests(plan.requests),
         deployment={
             "prefill": pools.prefill.options(),
             "decode": pools.decode.options(),

@@ -1,5 +1,6 @@
-"""The memory a simulated deployment leaves for its KV cache, and the step-time model of a deployment, kept for the
-next simulation of it (castcore.serving.traffic and castcore.serving.disaggregated both need them)."""
+"""The KV cache a simulated deployment gets by its engine's rule (castcore.serving.engine_memory), and the
+step-time model of a deployment, kept for the next simulation of it (castcore.serving.traffic and
+castcore.serving.disaggregated both need them)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.report.memory import format_bytes
 from castcore.simulation.presets import EngineLimits
+from castcore.serving.engine_memory import RULES, KvBudget, budget
 from castcore.workload import draft_heads
 from castcore.workload.spec import load_model_config
 from castcore.serving.step_time import StepTimes
@@ -22,37 +24,36 @@ if TYPE_CHECKING:
 KV_PROBE = 256  # the KV length of the decode step whose cache gives the bytes a token's keys and values take
 
 
-def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: EngineLimits, device: Any) -> tuple[int, int]:
-    """KV blocks the engine's memory share leaves per device, and the bytes one token's keys and values take."""
-    probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), device)
+def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: str, limits: EngineLimits) -> KvBudget:
+    """The KV cache ``engine``'s own rule gives one device under ``limits`` (castcore.serving.engine_memory), and
+    the bytes one token's keys and values take; ModelError when it holds no block."""
+    probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), steps.profile)
     per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
     # The weights one device holds (under --pp its heaviest stage's) from the probe, the activations of a full
-    # token budget from the step-time model's largest capture.
-    memory = replace(steps.memory, weight_bytes=probe.memory.weight_bytes)
-    capacity = steps.profile.memory_bytes
-    taken = memory.weight_bytes + memory.activation_peak_bytes
-    usable = (
-        engine.kv_memory_fraction * capacity - taken
-        if engine.memory_share_of == "device"
-        else engine.kv_memory_fraction * (capacity - taken)
-    )
-    blocks = int(usable // (engine.block_size * per_token))
-    if blocks < 1 and usable >= per_token:  # room for tokens, not for one block of them
+    # token budget (the LM head over the sequences that sample, as vLLM's profile run) from the step-time
+    # model's largest capture.
+    weights, activations = probe.memory.weight_bytes, steps.memory.activation_peak_bytes
+    found = budget(engine, limits, steps.profile, steps.base, weights, activations, per_token)
+    usable = found.kv_bytes
+    if found.blocks < 1 and usable >= per_token:  # room for tokens, not for one block of them
         raise ModelError(
-            f"{say('block_size', engine.block_size)}: one block of {engine.block_size:,} tokens' KV "
-            f"({format_bytes(engine.block_size * per_token)}) is more than the "
+            f"{say('block_size', limits.block_size)}: one block of {limits.block_size:,} tokens' KV "
+            f"({format_bytes(limits.block_size * per_token)}) is more than the "
             f"{format_bytes(usable)} the engine leaves for the KV cache; use a {say('block_size')} of "
             f"at most {int(usable // per_token):,} (engines use 16 to 256)"
         )
-    if blocks < 1:
-        raise ModelError(
-            f"the deployment leaves no memory for a KV cache: weights {format_bytes(memory.weight_bytes)}"
-            f" and activations {format_bytes(memory.activation_peak_bytes)} of "
-            f"{format_bytes(capacity)} per device under the engine's {engine.kv_memory_fraction:g} "
-            f"share; use a larger {say('tp')}, {say('weights', 'int8')} or a smaller "
-            f"{say('max_batched_tokens')}"
+    if found.blocks < 1:
+        # SGLang's reserve holds the activations: only its share frees memory
+        fix = (
+            f"a larger {say('kv_memory_fraction')}"
+            if engine == "sglang"
+            else f"a smaller {say('max_batched_tokens')}"
         )
-    return blocks, per_token
+        raise ModelError(
+            f"the deployment leaves no memory for a KV cache: {found.formula()} per device "
+            f"({RULES[engine]}); use a larger {say('tp')}, {say('weights', 'int8')} or {fix}"
+        )
+    return found
 
 
 def with_draft(

@@ -16,6 +16,7 @@ from castcore.simulation.steady import format_line, steady_state
 from castcore.simulation.trace import chrome_trace
 
 if TYPE_CHECKING:
+    from castcore.serving.engine_memory import KvBudget
     from castcore.serving.simulation_plan import Simulation
     from castcore.simulation.engine import EngineResult
     from castcore.simulation.metrics import Finished
@@ -50,6 +51,8 @@ class SimulationReport:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     # the engine's CPU costs and graphs the run used (castcore.simulation.overheads.EngineStep.summary)
     overheads: dict[str, Any] | None = None
+    # the engine's rule for the KV cache (of the decode pool's devices when disaggregated)
+    kv_capacity: KvBudget | None = None
 
     def to_trace(self) -> dict[str, Any]:
         """Chrome trace events Perfetto opens: iterations, KV use and requests (castcore.simulation.trace)."""
@@ -80,6 +83,7 @@ class SimulationReport:
             "engine_overheads": self.overheads,
             "kv_blocks": self.kv_blocks,
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_capacity": None if self.kv_capacity is None else self.kv_capacity.to_dict(),
             "iterations": self.iterations,
             "mean_running_batch": self.mean_running,
             "never_fit": self.never_fit,
@@ -104,6 +108,7 @@ class SimulationReport:
         lines += [
             f"{self.model} on {self.device}, {self.engine} engine: {self.kv_blocks:,} KV blocks of {block} "
             f"tokens ({format_bytes(self.kv_blocks * block * self.kv_bytes_per_token)} per device)",
+            *([self.kv_capacity.line()] if self.kv_capacity is not None else []),
             format_table(self.summary),
             f"iterations {self.iterations:,}, mean running batch {self.mean_running:.1f}, preemptions "
             f"{self.summary['preemptions']}, peak KV use {max((u for _, u in self.kv_usage), default=0):.0%}",

@@ -3,9 +3,9 @@
 Requests (lengths drawn or read from a dataset) arrive all at once, at a rate or in a closed loop; an engine model
 (castcore.simulation.engine, with vLLM's, SGLang's or TensorRT-LLM's defaults) schedules them in iterations of
 prefill chunks and decode tokens over a KV cache of whole blocks; each iteration takes the time castcore estimates
-for that mixed batch on the deployment (castcore.serving.step_time, from a few captures). The KV cache holds what
-the engine's memory share leaves after the weights and the activations of a full token budget (both from the
-largest of those captures). Data-parallel replicas each take every dp-th request at 1/dp of the rate; under
+for that mixed batch on the deployment (castcore.serving.step_time, from a few captures). The KV cache is what the
+engine's own rule gives (castcore.serving.engine_memory: its memory share less the weights and, for vLLM and
+TensorRT-LLM, the activations of a full token budget, both from the largest of those captures). Data-parallel replicas each take every dp-th request at 1/dp of the rate; under
 ``--pp`` each replica's micro-batches in flight are schedulers of their own (see ``simulate``).
 """
 
@@ -47,7 +47,8 @@ def simulate_traffic(
         return disaggregated.run(pipeline, plan, plan.pools, device)
     base, engine_limits = plan.base, plan.limits
     steps = step_times(pipeline, base, device, engine_limits)
-    blocks, per_token = kv_capacity(pipeline, steps, engine_limits, steps.profile)
+    kv = kv_capacity(pipeline, steps, plan.engine, engine_limits)
+    blocks, per_token = kv.blocks, kv.per_token
     # Each replica's pp micro-batches in flight are schedulers of their own (vLLM's virtual engines), each with
     # 1/pp of its KV blocks and running requests, and so is each attention data-parallel group (an engine core
     # of its own, as vLLM's data-parallel ranks are); every scheduler serves every n-th request.
@@ -64,6 +65,7 @@ def simulate_traffic(
     if plan.speculation and plan.draft is not None:
         metered.append(Metered(step_times(pipeline, plan.draft, device, engine_limits)))
         blocks, _ = with_draft(pipeline, plan.draft, device, blocks, per_token, engine_limits.block_size)
+        kv = replace(kv, blocks_with_draft=blocks)
         step = speculation.speculative_step(metered[0], metered[1], plan.speculation[0])
     # The engine's CPU work and graphs around the kernels (castcore.simulation.overheads).
     engine_step = EngineStep(step, plan.engine, mine, steps.kernels, 1 + (plan.speculation or (0,))[0])
@@ -121,6 +123,7 @@ def simulate_traffic(
         kv_blocks=blocks,
         kv_bytes_per_token=per_token,
         kv_usage=results[0].kv_usage,
+        kv_capacity=kv.for_requests(plan.requests),
         deployment=base.options(),
         notes=notes,
         iterations_trace=results[0].trace,

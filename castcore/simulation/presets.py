@@ -29,6 +29,8 @@ class EngineLimits:
     0.6's multi-step scheduling, ``--num-scheduler-steps``); requests are admitted only at a decision. ``sources``:
     where each number comes from. ``enforce_eager``: no CUDA graphs; ``max_capture_size``: the largest decode batch
     captured in one (None: the engine's rule); both priced by castcore.simulation.overheads.
+    ``kv_memory_fraction_given``: the fraction was given, not the preset's (SGLang derives its own from the device
+    and TP otherwise: castcore.serving.engine_memory).
     """
 
     max_running_requests: int
@@ -42,6 +44,7 @@ class EngineLimits:
     sources: tuple[str, ...] = ()
     enforce_eager: bool = False
     max_capture_size: int | None = None
+    kv_memory_fraction_given: bool = False
 
 
 _VLLM_ARGS = "vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs._set_default_args, commit 99d7eb5d (v0.11 line, 2025-10)"
@@ -81,7 +84,8 @@ PRESETS: dict[str, EngineLimits] = {
         block_size=1,  # page_size 1 (token-granular KV pool) unless an attention backend asks for more.
         # mem_fraction_static = (gpu_mem - reserved) / gpu_mem, reserved = 512 MB + 1.5 MB per chunked-prefill token
         # + 2 MB per CUDA-graph batch (256 at TP < 4) + TP/8 GB, at least 10 GB above 60 GB: for an 80 GB H100 at TP 1
-        # (81,559 MiB) that is (81559 - 13440) / 81559 = 0.835. A share of the device, weights and KV pool included.
+        # (81,559 MiB) that is (81559 - 13440) / 81559 = 0.835. A share of the device, weights and KV pool included;
+        # a simulation computes it for its own device and TP (castcore.serving.engine_memory.sglang_fraction).
         kv_memory_fraction=0.835,
         memory_share_of="device",
         sources=(
@@ -138,4 +142,5 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         raise ModelError(
             f"{say('max_capture_size')} sizes the CUDA graphs {say('enforce_eager', True)} turns off: give one"
         )
-    return dataclasses.replace(PRESETS[engine], **overrides)  # type: ignore[arg-type]  # each value checked above
+    given = {"kv_memory_fraction_given": True} if "kv_memory_fraction" in overrides else {}
+    return dataclasses.replace(PRESETS[engine], **overrides, **given)  # type: ignore[arg-type]  # checked above

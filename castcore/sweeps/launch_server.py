@@ -235,7 +235,9 @@ def limit_flags(engine: str, limits: EngineLimits, notes: list[str]) -> tuple[li
         flags += (
             [] if limits.max_capture_size is None else ["--cuda-graph-max-bs", str(limits.max_capture_size)]
         )
-        return flags + (["--mem-fraction-static", *fraction] if share else []), yaml
+        # SGLang derives its own default from the device and TP, as the simulation did: given, it is passed
+        given = share and limits.kv_memory_fraction_given
+        return flags + (["--mem-fraction-static", *fraction] if given else []), yaml
     flags = ["--max_batch_size", running, "--max_num_tokens", tokens]
     flags += ["--kv_cache_free_gpu_memory_fraction", *fraction] if share else []
     flags += ["--enable_chunked_prefill"] if limits.chunked_prefill else []

@@ -143,8 +143,10 @@ def simulate_figures(
             "slo_ttft_ms",
             "slo_tpot_ms",  # the point's own parameters
             "steady_state",  # flattened below: a row's values are scalars, for CSV and Parquet
+            "kv_capacity",  # its scalars below
         )
     }
+    kv = data["kv_capacity"] or {}
     every = sum(use.devices for use in report.pool_use)
     energy = (
         simulation_energy([(host.device(use.device), use) for use in report.pool_use], report.summary)
@@ -157,6 +159,9 @@ def simulate_figures(
         "devices": every,
         "median_e2el_s": data["median_e2el_ms"] / 1e3,
         "output_tokens_per_s_per_device": data["output_throughput"] / every,
+        "kv_cache_gib": kv.get("kv_cache_gib"),
+        "kv_tokens": kv.get("tokens"),
+        "kv_concurrent_requests": kv.get("concurrent_requests"),
         **steady_figures(data["steady_state"]),
         **energy,
         **simulation_cost(price, report.pool_use, report.summary),

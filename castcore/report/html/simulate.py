@@ -116,11 +116,7 @@ def simulate_sections(results: dict[str, Any], detail: dict[str, Any] | None) ->
         fact(
             "iterations", f"{results['iterations']:,}", f"mean batch {decimal(results['mean_running_batch'])}"
         ),
-        fact(
-            "KV cache",
-            f"{results['kv_blocks']:,} blocks",
-            f"peak use {peak_kv:.0%}, {results['preemptions']:,} preemptions",
-        ),
+        fact("KV cache", f"{results['kv_blocks']:,} blocks", kv_detail(results, peak_kv)),
         *money_facts(results),
     ]
     warned = (
@@ -166,3 +162,20 @@ def simulate_sections(results: dict[str, Any], detail: dict[str, Any] | None) ->
     parts.append(section("over-time", "Throughput and KV cache over time", *over_time(results, detail)))
     parts.append(section("batches", "Batch composition per iteration", batches(detail)))
     return f"castcore simulate: {results['model']} on {results['device']}", lede, parts
+
+
+def kv_detail(results: dict[str, Any], peak_kv: float) -> str:
+    """The KV cache's use, and the engine's rule for it with the requests it holds at once (a JSON from before
+    simulate said it has none)."""
+    said = f"peak use {peak_kv:.0%}, {results['preemptions']:,} preemptions"
+    kv = results.get("kv_capacity")
+    kv = kv if isinstance(kv, dict) else {}
+    gib, held, mean = (
+        number(kv.get(k)) for k in ("kv_cache_gib", "concurrent_requests", "mean_request_tokens")
+    )
+    if gib is None or held is None or mean is None or not isinstance(kv.get("rule"), str):
+        return said
+    return (
+        f"{said}; {decimal(gib)} GiB by {kv['rule']}, {decimal(held)} requests at once at the mean "
+        f"{decimal(mean)} tokens"
+    )
