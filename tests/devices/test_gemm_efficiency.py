@@ -148,3 +148,15 @@ def test_fp8_per_tensor_linear_pays_the_activation_quantize_pass_then_the_fp8_ge
     weight = torch.empty(6144, 4096, dtype=torch.bfloat16)
     bf16 = session.estimate(torch.nn.functional.linear, x, weight, device=device)
     assert 1.0 < bf16.time_s / report.time_s < 2.0
+
+
+def test_nvfp4_runs_only_where_the_profile_has_an_fp4_rate_at_its_own_efficiency():
+    session = castcore.Session()
+    devices = session.devices
+    nvidia = [d for d in devices.values() if d.vendor == "NVIDIA"]
+    fp4 = [d.name for d in nvidia if "float4_e2m1fn_x2" in d.mma_flops]
+    assert fp4 == ["b200"]
+    b200 = devices["b200"]
+    # NVFP4 products sustain their own (smaller) share of the doubled FP4 peak, sourced in the profile.
+    assert b200.efficiency("mma", "float4_e2m1fn_x2") < b200.compute_efficiency
+    assert "mma_efficiency.float4_e2m1fn_x2" in b200.sources
