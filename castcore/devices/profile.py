@@ -102,6 +102,14 @@ class DeviceProfile:
     # dtype -> kernel tiles
     mma_tile: Mapping[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     mma_unit: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # dtype -> one MMA instruction
+    # dtype -> the fraction of its units' share of the dtype's peak one tile runs at while a product is too
+    # small to hold the device at its sustained (power-limited) rate (empty: that rate, mma_efficiency's)
+    mma_tile_efficiency: Mapping[str, float] = field(default_factory=dict)
+    # A plain matrix product (a GEMM kernel) streams its operands at mma_memory_efficiency of memory_bandwidth
+    # after a ramp of mma_half_bytes (0: memory_efficiency, no ramp), and no call takes less than mma_floor_s.
+    mma_memory_efficiency: float = 0.0
+    mma_half_bytes: float = 0.0
+    mma_floor_s: float = 0.0
     attention_efficiency: float = (
         0.0  # fraction of the matrix peak a fused attention kernel reaches (0: compute_efficiency)
     )

@@ -35,6 +35,9 @@ _NUMBERS = (
     "attention_efficiency",
     "grouped_mm_efficiency",
     "memory_half_bytes",
+    "mma_memory_efficiency",
+    "mma_half_bytes",
+    "mma_floor_s",
     "l2_bytes",
     "clock_hz",
     "memory_latency_s",
@@ -88,18 +91,18 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
     for key in _NUMBERS:
         if key in data:
             numbers[key] = _number(data[key], key, fail, positive=key in ("memory_bytes", "memory_bandwidth"))
-    for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "grouped_mm_efficiency"):
+    for key in (
+        "compute_efficiency",
+        "memory_efficiency",
+        "attention_efficiency",
+        "grouped_mm_efficiency",
+        "mma_memory_efficiency",
+    ):
         if key in numbers and not 0 < numbers[key] <= 1:
             raise fail(f"'{key}' = {numbers[key]} must be in (0, 1]")
     _check_power(numbers, fail)
     rates = {}
-    mma_efficiency = data.get("mma_efficiency", {})
-    if not isinstance(mma_efficiency, dict):
-        raise fail("'mma_efficiency' must be a table of dtype = fraction of that dtype's matrix peak")
-    for dtype, value in mma_efficiency.items():
-        mma_efficiency[dtype] = _number(value, f"mma_efficiency.{dtype}", fail, positive=True)
-        if not is_dtype_name(dtype) or mma_efficiency[dtype] > 1:
-            raise fail(f"'mma_efficiency.{dtype}' must name a torch dtype and be in (0, 1]")
+    fractions = {key: _dtype_fractions(data, key, fail) for key in ("mma_efficiency", "mma_tile_efficiency")}
     for unit in ("mma_flops", "gp_flops"):
         table = data[unit]
         if not isinstance(table, dict):
@@ -131,7 +134,7 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
         *_number_paths(numbers, rates, links, tiling),
         *(f"memory_kernels.{family}" for family in kernels),
         *(f"error_bands.{key}" for key in bands),
-        *(f"mma_efficiency.{dtype}" for dtype in mma_efficiency),
+        *(f"{key}.{dtype}" for key, table in fractions.items() for dtype in table),
     ]
     missing = [p for p in paths if not _sourced(p, sources)]
     if missing:
@@ -151,12 +154,26 @@ def device_from_dict(data: dict[str, Any], origin: str = "<dict>") -> DeviceProf
         origin=origin,
         error_bands=MappingProxyType(bands),
         memory_kernels=kernels,
-        mma_efficiency=MappingProxyType(mma_efficiency),
+        mma_efficiency=MappingProxyType(fractions["mma_efficiency"]),
+        mma_tile_efficiency=MappingProxyType(fractions["mma_tile_efficiency"]),
         mma_flops=MappingProxyType(rates["mma_flops"]),
         gp_flops=MappingProxyType(rates["gp_flops"]),
         **tiling,
         **numbers,
     )
+
+
+def _dtype_fractions(data: dict[str, Any], key: str, fail) -> dict[str, float]:
+    """A table of dtype = fraction of that dtype's matrix peak (mma_efficiency, mma_tile_efficiency), checked."""
+    table = data.get(key, {})
+    if not isinstance(table, dict):
+        raise fail(f"'{key}' must be a table of dtype = fraction of that dtype's matrix peak")
+    found = {}
+    for dtype, value in table.items():
+        found[dtype] = _number(value, f"{key}.{dtype}", fail, positive=True)
+        if not is_dtype_name(dtype) or found[dtype] > 1:
+            raise fail(f"'{key}.{dtype}' must name a torch dtype and be in (0, 1]")
+    return found
 
 
 def _check_power(numbers: dict[str, float], fail) -> None:

@@ -14,7 +14,9 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     known shapes are timed by their tiles and waves, a fused attention kernel at the profile's
     attention_efficiency, and a transfer pays the bandwidth ramp memory_half_bytes (which, measured end to end,
     includes the launch: the per-op cost is then a floor rather than an addition); a memory-bound family the
-    profile's [memory_kernels] lists streams at its own efficiency, ramp and floor."""
+    profile's [memory_kernels] lists streams at its own efficiency, ramp and floor, and a plain matrix product
+    (a GEMM) streams its operands at mma_memory_efficiency after the ramp mma_half_bytes and takes at least
+    mma_floor_s."""
     compute_s = 0.0
     rates: dict[str, str] = {}
     detail: dict = {}
@@ -41,13 +43,19 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
                             continue
             compute_s += count / (rate * efficiency)
     # A memory-bound family the profile lists (props.kernel, castcore.devices.memory_kernels) streams at its own
-    # fraction, ramp and floor; every other call at the device-wide ones.
+    # fraction, ramp and floor; a plain matrix product (no kernel family) at the profile's GEMM ones; every other
+    # call at the device-wide ones.
     family = device.memory_kernels.get(props.kernel) if not uses_mma else None
+    gemm = uses_mma and not props.kernel
     efficiency = _given(family and family.efficiency, device.memory_efficiency)
+    if gemm and device.mma_memory_efficiency:
+        efficiency = device.mma_memory_efficiency
     bandwidth = device.memory_bandwidth * efficiency
     # The bandwidth ramp is a streaming kernel's (measured end to end, launch included); matrix kernels keep
-    # their additive launch cost.
+    # their additive launch cost, a GEMM's operands their own ramp.
     ramp = _given(family and family.half_bytes, device.memory_half_bytes) if not uses_mma else 0.0
+    if gemm:
+        ramp = device.mma_half_bytes
     memory_s = (props.memory_bytes + ramp) / bandwidth if props.memory_bytes else 0.0
     if props.kernel == "grouped_mm" and device.grouped_mm_efficiency:  # expert-indexed tiles, as measured
         compute_s, memory_s = (
@@ -62,8 +70,11 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
         overhead_s = device.attention_op_cost_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")
-    if ramp:  # the measured ramp already holds the launch: it is a floor, not an addition
+    if ramp and not uses_mma:  # the measured ramp already holds the launch: it is a floor, not an addition
         overhead_s = max(0.0, overhead_s - busy)
+    if gemm:  # the least a GEMM call takes, whatever its size
+        overhead_s = max(overhead_s, device.mma_floor_s - busy)
+        bound = "overhead" if overhead_s > busy else bound
     if rates:
         detail = {"rates": rates, **detail}
     return Estimate(
