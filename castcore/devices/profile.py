@@ -70,6 +70,11 @@ class Interconnect:
     # The most ranks the engine's own all-reduce runs for on this level (vLLM turns its custom all-reduce off above
     # two GPUs that are not all NVLink-connected); 0: no limit.
     engine_allreduce_max_ranks: int = 0
+    # A network level described by its fabric: one NIC's line rate one way and the NICs each device has (1 on a
+    # DGX, 0.5 with one NIC per two GPUs, 0.125 with one per 8-GPU node); bandwidth is then their product, and
+    # efficiency the fraction of line rate the collective library reaches. 0: bandwidth was given as is.
+    nic_bandwidth: float = 0.0
+    nics_per_device: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

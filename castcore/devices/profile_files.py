@@ -188,7 +188,7 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     where = f"interconnect[{i}]"
     if not isinstance(raw, dict):
         raise fail(f"'{where}' must be a table")
-    for key in ("name", "devices", "bandwidth", "latency_s"):
+    for key in ("name", "devices", "latency_s"):
         if key not in raw:
             raise fail(f"'{where}' is missing '{key}'")
     unknown = sorted(set(raw) - {f.name for f in fields(Interconnect)})
@@ -228,12 +228,15 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     max_ranks = raw.get("engine_allreduce_max_ranks", 0)
     if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 0:
         raise fail(f"'{where}.engine_allreduce_max_ranks' must be a whole number >= 0 (0: no limit)")
+    bandwidth, nic, nics = _fabric_bandwidth(raw, where, fail)
     return Interconnect(
         name=str(raw["name"]),
         devices=raw["devices"],
         topology=topology,
         efficiency=efficiency,
-        bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
+        bandwidth=bandwidth,
+        nic_bandwidth=nic,
+        nics_per_device=nics,
         latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
         reduction_efficiency=reduction,
         reduction_latency_s=_number(
@@ -243,6 +246,28 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
         engine_allreduce_max_ranks=max_ranks,
         **engine,
     )
+
+
+def _fabric_bandwidth(raw: dict[str, Any], where: str, fail) -> tuple[float, float, float]:
+    """(bandwidth, nic_bandwidth, nics_per_device): bandwidth as given, or a NIC's rate times the NICs a device
+    has; both ways at once must agree, so a profile never holds two figures for one link."""
+    if "nic_bandwidth" not in raw:
+        if "nics_per_device" in raw:
+            raise fail(f"'{where}.nics_per_device' needs 'nic_bandwidth', one NIC's line rate one way (B/s)")
+        if "bandwidth" not in raw:
+            raise fail(f"'{where}' is missing 'bandwidth' (or 'nic_bandwidth' with 'nics_per_device')")
+        return _number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True), 0.0, 0.0
+    nic = _number(raw["nic_bandwidth"], f"{where}.nic_bandwidth", fail, positive=True)
+    nics = _number(raw.get("nics_per_device", 1.0), f"{where}.nics_per_device", fail, positive=True)
+    derived = nic * nics
+    if "bandwidth" in raw:
+        given = _number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True)
+        if not math.isclose(given, derived, rel_tol=1e-9):
+            raise fail(
+                f"'{where}.bandwidth' = {given:g} disagrees with nic_bandwidth x nics_per_device = {derived:g}; "
+                "give one of them"
+            )
+    return derived, nic, nics
 
 
 def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:
