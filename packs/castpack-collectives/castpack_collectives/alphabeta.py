@@ -31,6 +31,7 @@ LL128, Simple: castpack_collectives.protocols): each step costs that protocol's 
 ``latency_s``, the bytes go at that protocol's share of the bandwidth, and the library's base latency for the
 protocol is paid once a call; the cheapest protocol wins, as NCCL's tuner picks it. Small messages then pay a few
 microseconds, not a fixed per-call cost, and recursive doubling, which NCCL does not run, is not offered there.
+Across nodes such levels run NCCL's ring over the nodes (``_ring_across``): its bytes pass through the node's NICs.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ KERNELS = {"engine": ENGINE, "low-latency": ("low_latency",)}  # castcore.record
 # GPUs and NVLS from 5; github.com/stas00/ml-engineering network/README.md 'SHARP', commit 744d01e); NVIDIA's GB200
 # NVL Partition User Guide: partitions of four GPUs or fewer 'will not benefit from multicast'; read 2026-11-27.
 NVLS_MIN_RANKS = 4
+# NCCL's ring across nodes: each step inside a node costs at least the network's post overhead, 1 us (x 3 in Simple)
+# on an Intel x86 host (NVIDIA/nccl src/graph/tuning.cc getNetOverhead, commit 5067397, read 2026-11-28).
+NET_OVERHEAD_S = 1e-6
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -217,12 +221,16 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
     but the engine's kernels; with every candidate's communication time."""
     level, fits = pick_level(levels, n * unit)
     options: dict[str, tuple[Phase, ...]] = {}
+    across = _ring_across(collective, nbytes, n, levels, unit)
     for algorithm in ("ring", "recursive_doubling", "direct", "in_switch", *ENGINE_KERNELS):
         if algorithm in allowed:
-            phase = flat(collective, algorithm, nbytes, n, level)
+            phase = across if algorithm == "ring" and across else flat(collective, algorithm, nbytes, n, level)
             if phase is not None:
                 options[algorithm] = (phase,)
-    if "hierarchical" in allowed:
+    # NCCL has no reduce-scatter, all-reduce, all-gather over the nodes' NICs but its ring (and, where the switch
+    # reduces, NVLS inside each node under a tree across them, which hierarchical stands for).
+    nccl_ring_only = across is not None and (collective != "all_reduce" or not levels[0].reduction_efficiency)
+    if "hierarchical" in allowed and not nccl_ring_only:
         phases = _hierarchical(collective, nbytes, n, levels, unit, allowed)
         if phases is not None:
             options["hierarchical"] = phases
@@ -235,6 +243,30 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
     # on a tie the earlier (simpler) algorithm wins
     chosen = min(times, key=lambda name: times[name] + (0.0 if name in ENGINE_KERNELS else op_cost_s))
     return chosen, options[chosen], fits, times
+
+
+def _ring_across(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase | None:
+    """NCCL's ring over nodes, where the innermost level and the one spanning the group give protocol latencies:
+    ``p`` ranks a node, ``q = n / p`` nodes. Of its steps (all-reduce ``2(n-1)``, the others ``n-1``) ``2(q-1)``
+    (``q-1``) cross the network at its step latency and the rest stay inside a node at the inner one (at least
+    NET_OVERHEAD_S); every byte passes each rank's link inside the node and the node's NICs, which the rings'
+    channels share: the rate is ``min(B_inner, p x B_network)``, ``B_network`` a device's share of the NICs. None
+    where it does not apply (another collective, one level, ranks not filling whole nodes)."""
+    if collective not in ("all_reduce", "all_gather", "reduce_scatter") or len(levels) < 2:
+        return None
+    inner, (outer, _) = levels[0], pick_level(levels, n * unit)
+    p = inner.devices // unit
+    if outer is inner or not (inner.protocol_latency_s and outer.protocol_latency_s) or p < 1 or n <= p or n % p:
+        return None
+    q, s = n // p, float(nbytes)
+    twice = 2 if collective == "all_reduce" else 1
+    steps, crossing, moved = twice * (n - 1), twice * (q - 1), twice * (n - 1) / n * s
+    rate = min(_bandwidths(inner, p)[0], p * outer.bandwidth * outer.efficiency)
+    legs = ((inner, steps - crossing, NET_OVERHEAD_S), (outer, crossing, 0.0))
+    chosen = protocols.cheapest_over(legs, collective, moved, rate)
+    if chosen is None:
+        return None
+    return Phase(collective, "ring", outer, n, s, steps, moved, chosen[1], chosen[0], chosen[2])
 
 
 def _low_latency(nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase:

@@ -60,13 +60,25 @@ def cheapest(level: Interconnect, collective: str, steps: int, moved: float,
              rate: float) -> tuple[str, float, float] | None:
     """(protocol, time without the base latency, base latency) of the protocol with the least total time for
     ``steps`` steps moving ``moved`` bytes a rank at ``rate`` B/s (what Simple gets); None if none is offered."""
+    return cheapest_over(((level, steps, 0.0),), collective, moved, rate)
+
+
+def cheapest_over(legs: tuple[tuple[Interconnect, int, float], ...], collective: str, moved: float,
+                  rate: float) -> tuple[str, float, float] | None:
+    """``cheapest`` for steps taken on several levels, each leg ``(level, steps, floor)``: a step on that level costs
+    its protocol's step latency, at least ``floor`` (x 3 in Simple, as NCCL's net overhead is); the protocols are
+    those every leg's level offers."""
+    names = [p for p in PROTOCOLS if all(p in offered(level, collective) for level, _, _ in legs)]
     best = None
-    for protocol in offered(level, collective):
+    for protocol in names:
         bandwidth = rate * fraction(protocol, collective)
         if protocol == "LL":
             bandwidth = min(bandwidth, LL_MAX_BUS_BANDWIDTH)
-        step = level.protocol_latency_s[PROTOCOLS.index(protocol)]
-        time = steps * step + moved / bandwidth
+        k = PROTOCOLS.index(protocol)
+        time = moved / bandwidth + sum(
+            steps * max(level.protocol_latency_s[k], floor * (3 if protocol == "Simple" else 1))
+            for level, steps, floor in legs
+        )
         base = BASE_LATENCY_S[protocol]
         if best is None or time + base < best[1] + best[2]:
             best = (protocol, time, base)
