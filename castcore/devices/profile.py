@@ -75,6 +75,9 @@ class Interconnect:
     # efficiency the fraction of line rate the collective library reaches. 0: bandwidth was given as is.
     nic_bandwidth: float = 0.0
     nics_per_device: float = 0.0
+    # The library's tree (NCCL's, for an all-reduce across nodes): the latency of one of its steps on this level
+    # in each protocol, as protocol_latency_s gives the ring's. Empty: no tree.
+    tree_latency_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

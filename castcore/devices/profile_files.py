@@ -216,15 +216,10 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
             f"'{where}' gives part of the engine all-reduce; give all of {', '.join(ENGINE_ALLREDUCE)}, "
             "or none"
         )
-    protocols = raw.get("protocol_latency_s", [])
-    if not isinstance(protocols, list) or len(protocols) not in (0, len(PROTOCOLS)):
-        raise fail(
-            f"'{where}.protocol_latency_s' must be [{', '.join(PROTOCOLS)}]: seconds a step of each protocol "
-            "(0 where the library does not run it)"
-        )
-    protocols = tuple(_number(v, f"{where}.protocol_latency_s[{k}]", fail) for k, v in enumerate(protocols))
-    if protocols and not any(protocols):
-        raise fail(f"'{where}.protocol_latency_s' offers no protocol; give at least one step latency above 0")
+    protocols = _step_latencies(raw, f"{where}.protocol_latency_s", fail)
+    tree = _step_latencies(raw, f"{where}.tree_latency_s", fail)
+    if tree and not protocols:
+        raise fail(f"'{where}.tree_latency_s' needs 'protocol_latency_s', the ring's step latencies")
     max_ranks = raw.get("engine_allreduce_max_ranks", 0)
     if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 0:
         raise fail(f"'{where}.engine_allreduce_max_ranks' must be a whole number >= 0 (0: no limit)")
@@ -243,9 +238,24 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
             raw.get("reduction_latency_s", 0.0), f"{where}.reduction_latency_s", fail
         ),
         protocol_latency_s=protocols,
+        tree_latency_s=tree,
         engine_allreduce_max_ranks=max_ranks,
         **engine,
     )
+
+
+def _step_latencies(raw: dict[str, Any], where: str, fail) -> tuple[float, ...]:
+    """A level's seconds a step of each library protocol (``protocol_latency_s``, ``tree_latency_s``), or ()."""
+    values = raw.get(where.rsplit(".", 1)[1], [])
+    if not isinstance(values, list) or len(values) not in (0, len(PROTOCOLS)):
+        raise fail(
+            f"'{where}' must be [{', '.join(PROTOCOLS)}]: seconds a step of each protocol "
+            "(0 where the library does not run it)"
+        )
+    steps = tuple(_number(v, f"{where}[{k}]", fail) for k, v in enumerate(values))
+    if steps and not any(steps):
+        raise fail(f"'{where}' offers no protocol; give at least one step latency above 0")
+    return steps
 
 
 def _fabric_bandwidth(raw: dict[str, Any], where: str, fail) -> tuple[float, float, float]:

@@ -57,8 +57,12 @@ def _write(tmp_path, fabric: str):
         ("nic_bandwidth = 5e10", 5e10, 1.0),
         # Both ways at once, agreeing.
         ("nic_bandwidth = 5e10\nnics_per_device = 2\nbandwidth = 1e11", 1e11, 2.0),
-        # The plain per-device bandwidth, as before.
-        ("bandwidth = 2.5e10", 2.5e10, 0.0),
+        # The plain per-device bandwidth, as before, with NCCL's ring and tree step latencies.
+        (
+            "bandwidth = 2.5e10\nprotocol_latency_s = [2.7e-6, 4e-6, 14e-6]\ntree_latency_s = [5e-6, 8.5e-6, 14e-6]",
+            2.5e10,
+            0.0,
+        ),
     ],
 )
 def test_the_fabric_gives_the_levels_bandwidth(tmp_path, fabric, bandwidth, nics):
@@ -66,6 +70,7 @@ def test_the_fabric_gives_the_levels_bandwidth(tmp_path, fabric, bandwidth, nics
     assert level.bandwidth == pytest.approx(bandwidth)
     assert level.nics_per_device == nics
     assert level.efficiency == 0.7  # the fraction of line rate the library reaches stays its own field
+    assert level.tree_latency_s == ((5e-6, 8.5e-6, 14e-6) if "tree" in fabric else ())
 
 
 @pytest.mark.parametrize(
@@ -90,6 +95,14 @@ def test_the_fabric_gives_the_levels_bandwidth(tmp_path, fabric, bandwidth, nics
             "'interconnect[1].bandwidth' = 2.5e+10 disagrees with nic_bandwidth x nics_per_device = 1.25e+10",
         ),
         ("", "'interconnect[1]' is missing 'bandwidth' (or 'nic_bandwidth' with 'nics_per_device')"),
+        (
+            "bandwidth = 1e10\ntree_latency_s = [5e-6, 8.5e-6, 14e-6]",
+            "'interconnect[1].tree_latency_s' needs 'protocol_latency_s', the ring's step latencies",
+        ),
+        (
+            "bandwidth = 1e10\nprotocol_latency_s = [2.7e-6, 4e-6, 14e-6]\ntree_latency_s = [5e-6]",
+            "'interconnect[1].tree_latency_s' must be [LL, LL128, Simple]",
+        ),
     ],
 )
 def test_bad_fabric_values_name_the_file_and_field(tmp_path, fabric, message):

@@ -45,9 +45,9 @@ from castcore.pack import Interconnect
 from . import protocols
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "low_latency", "one_shot",
-              "two_shot")
-NCCL = ALGORITHMS[:5]  # what a collective library picks from by default
+ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "tree", "low_latency",
+              "one_shot", "two_shot")
+NCCL = ALGORITHMS[:6]  # what a collective library picks from by default
 ENGINE_KERNELS = ("one_shot", "two_shot")  # a serving engine's own all-reduce, launched inside its CUDA graph
 ENGINE = NCCL + ENGINE_KERNELS  # what a serving engine picks from
 KERNELS = {"engine": ENGINE, "low-latency": ("low_latency",)}  # castcore.recording.hints' names
@@ -229,7 +229,11 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
                 options[algorithm] = (phase,)
     # NCCL has no reduce-scatter, all-reduce, all-gather over the nodes' NICs but its ring (and, where the switch
     # reduces, NVLS inside each node under a tree across them, which hierarchical stands for).
-    nccl_ring_only = across is not None and (collective != "all_reduce" or not levels[0].reduction_efficiency)
+    nccl_ring_only = across is not None and (collective != "all_reduce" or not levels[-2].reduction_efficiency)
+    if "tree" in allowed and collective == "all_reduce":
+        tree = _tree_across(nbytes, n, levels, unit)
+        if tree is not None:
+            options["tree"] = (tree,)
     if "hierarchical" in allowed and not nccl_ring_only:
         phases = _hierarchical(collective, nbytes, n, levels, unit, allowed)
         if phases is not None:
@@ -249,24 +253,52 @@ def _ring_across(collective: str, nbytes: float, n: int, levels: Sequence[Interc
     """NCCL's ring over nodes, where the innermost level and the one spanning the group give protocol latencies:
     ``p`` ranks a node, ``q = n / p`` nodes. Of its steps (all-reduce ``2(n-1)``, the others ``n-1``) ``2(q-1)``
     (``q-1``) cross the network at its step latency and the rest stay inside a node at the inner one (at least
-    NET_OVERHEAD_S); every byte passes each rank's link inside the node and the node's NICs, which the rings'
-    channels share: the rate is ``min(B_inner, p x B_network)``, ``B_network`` a device's share of the NICs. None
-    where it does not apply (another collective, one level, ranks not filling whole nodes)."""
-    if collective not in ("all_reduce", "all_gather", "reduce_scatter") or len(levels) < 2:
+    NET_OVERHEAD_S), at ``_nodes``' rate; LL capped as NCCL caps it over several nodes. None where it does not
+    apply (another collective, one level, ranks not filling whole nodes)."""
+    spans = _nodes(n, levels, unit) if collective in ("all_reduce", "all_gather", "reduce_scatter") else None
+    if spans is None:
         return None
-    inner, (outer, _) = levels[0], pick_level(levels, n * unit)
-    p = inner.devices // unit
-    if outer is inner or not (inner.protocol_latency_s and outer.protocol_latency_s) or p < 1 or n <= p or n % p:
-        return None
-    q, s = n // p, float(nbytes)
+    inner, outer, p, q, rate = spans
+    s = float(nbytes)
     twice = 2 if collective == "all_reduce" else 1
     steps, crossing, moved = twice * (n - 1), twice * (q - 1), twice * (n - 1) / n * s
-    rate = min(_bandwidths(inner, p)[0], p * outer.bandwidth * outer.efficiency)
     legs = ((inner, steps - crossing, NET_OVERHEAD_S), (outer, crossing, 0.0))
-    chosen = protocols.cheapest_over(legs, collective, moved, rate)
+    chosen = protocols.cheapest_over(legs, collective, moved, rate, q)
     if chosen is None:
         return None
     return Phase(collective, "ring", outer, n, s, steps, moved, chosen[1], chosen[0], chosen[2])
+
+
+def _nodes(n: int, levels: Sequence[Interconnect],
+           unit: int) -> tuple[Interconnect, Interconnect, int, int, float] | None:
+    """(a node's level, the network spanning the group, ranks a node, nodes, rate) for a group over the outermost
+    level filling whole nodes (of the level inside it), both levels pricing NCCL's protocols; None otherwise (one
+    level, a group inside one node, ranks not filling nodes).
+    Every byte passes each rank's link inside the node and the node's NICs, which the channels share: the rate is
+    ``min(B inside, ranks a node x B network)``."""
+    outer, _ = pick_level(levels, n * unit)
+    if len(levels) < 2 or outer is not levels[-1]:
+        return None  # inside a node
+    inner = levels[-2]  # a node: the level inside the network
+    p = inner.devices // unit
+    if not (inner.protocol_latency_s and outer.protocol_latency_s) or p < 1 or n <= p or n % p:
+        return None
+    return inner, outer, p, n // p, min(_bandwidths(inner, p)[0], p * outer.bandwidth * outer.efficiency)
+
+
+def _tree_across(nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase | None:
+    """NCCL's tree all-reduce over nodes (castpack_collectives.protocols.tree) where both levels give tree step
+    latencies: its latency grows with the log of the nodes, where the ring's grows with the ranks."""
+    spans = _nodes(n, levels, unit)
+    if spans is None:
+        return None
+    inner, outer, p, q, rate = spans
+    s = float(nbytes)
+    chosen = protocols.tree(inner, outer, p, q, s, rate)
+    if chosen is None:
+        return None
+    steps = 2 * ((p - 1) + (q.bit_length() - 1))
+    return Phase("all_reduce", "tree", outer, n, s, steps, 2 * s, chosen[1], chosen[0], chosen[2])
 
 
 def _low_latency(nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase:

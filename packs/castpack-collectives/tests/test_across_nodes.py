@@ -3,6 +3,8 @@ rate reached): NCCL's ring over the nodes, whose bytes go through the node's NIC
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import castcore
@@ -59,10 +61,44 @@ def test_one_nic_a_node_at_70_percent_of_line_rate_gives_that_as_bus_bandwidth()
 
 
 def test_a_small_all_reduce_across_nodes_pays_nccls_net_overhead_on_every_step():
-    # LL: base 6.6 us, 28 steps inside at max(0.6, 1 us), 2 across at 2.7 us; 1920 B at min(180 / 4, 87.7) GB/s.
+    # LL: base 6.6 us, 28 steps inside at max(0.6, 1 us), 2 across at 2.7 us; 1920 B at min(180 / 4 GB/s, NCCL's
+    # 39 GB/s LL cap over two nodes) = 39 GB/s.
     cost = collective_cost("all_reduce", 1024, 16, (NVLINK, network(1)))
-    assert cost.protocols == ("LL",)
-    assert cost.time_s == pytest.approx(6.6 * US + 28 * 1.0 * US + 2 * 2.7 * US + 1920 / 45e9)
+    assert (cost.algorithm, cost.protocols) == ("ring", ("LL",))
+    assert cost.time_s == pytest.approx(6.6 * US + 28 * 1.0 * US + 2 * 2.7 * US + 1920 / 39e9)
+
+
+# The same levels with NCCL's tree step latencies (tuning.cc hwLatencies, Tree row: NVLink 0.6 / 1.25 / 4.0 us,
+# network 5.0 / 8.5 / 14 us).
+NVLINK_TREE = dataclasses.replace(NVLINK, tree_latency_s=(0.6e-6, 1.25e-6, 4.0e-6))
+
+
+def with_tree(level: Interconnect) -> Interconnect:
+    return dataclasses.replace(level, tree_latency_s=(5.0e-6, 8.5e-6, 14.0e-6))
+
+
+def test_nccls_tree_takes_a_small_all_reduce_across_nodes_and_the_ring_a_large_one():
+    levels = (NVLINK_TREE, with_tree(network(1)))
+    # LL: base 6.8 us + 2 (7 x 0.6 + log2(2) x 5.0) us = 25.2 us; 1 KiB at half of min(180 x 0.92 / 3.8, 39) GB/s.
+    small = collective_cost("all_reduce", 1024, 16, levels)
+    assert (small.algorithm, small.protocols) == ("tree", ("LL",))
+    assert small.time_s == pytest.approx(6.8 * US + 2 * (7 * 0.6 + 5.0) * US + 1024 / (39e9 / 2))
+    assert small.candidates["ring"] == pytest.approx(6.6 * US + 28 * US + 2 * 2.7 * US + 1920 / 39e9)
+    # Four nodes: the tree's latency grows by log2, 6.8 + 2 (4.2 + 2 x 5.0) = 35.2 us; the ring's by the ranks.
+    four = collective_cost("all_reduce", 1024, 32, levels)
+    assert four.algorithm == "tree" and four.time_s == pytest.approx(35.2 * US + 1024 / (20.4e9 / 2))
+    # 256 MiB: the tree sends the buffer up and down at 0.92 / 2 of the rate (Simple 92.4 us + S / 82.8 GB/s), the
+    # ring 2(n-1)/n of it at the whole rate: the ring wins.
+    large = collective_cost("all_reduce", S, 16, levels)
+    assert large.algorithm == "ring" and large.time_s == pytest.approx(SIMPLE_LATENCY + MOVED / 180e9)
+    assert large.candidates["tree"] == pytest.approx(8.4 * US + 2 * (7 * 4.0 + 14.0) * US + S / (180e9 * 0.46))
+
+
+def test_no_tree_inside_a_node_for_other_collectives_or_without_tree_latencies():
+    levels = (NVLINK_TREE, with_tree(network(1)))
+    assert "tree" not in collective_cost("all_reduce", 1024, 8, levels).candidates
+    assert "tree" not in collective_cost("all_gather", 1024, 16, levels).candidates
+    assert "tree" not in collective_cost("all_reduce", 1024, 16, (NVLINK, network(1))).candidates
 
 
 def test_all_gather_and_reduce_scatter_cross_the_network_once_a_ring():
@@ -87,5 +123,8 @@ def test_the_a100_profiles_network_is_one_200_gbs_nic_a_gpu():
     a100 = castcore.Session(load_packs=["nvidia"]).device("a100-sxm4-80gb")
     ib = a100.interconnect[-1]
     assert (ib.nic_bandwidth, ib.nics_per_device, ib.bandwidth) == (2.5e10, 1.0, 2.5e10)
+    assert a100.interconnect[0].tree_latency_s == (0.6e-6, 1.25e-6, 4.0e-6)
+    assert ib.tree_latency_s == (5.0e-6, 8.5e-6, 14.0e-6)
     cost = collective_cost("all_reduce", S, 16, a100.interconnect, a100.comm_op_cost_s)
     assert cost.time_s == pytest.approx(SIMPLE_LATENCY + MOVED / 180e9)
+    assert collective_cost("all_reduce", 1024, 16, a100.interconnect).algorithm == "tree"
