@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -102,10 +103,8 @@ def regime(size: float) -> str:
 def one_process(row: dict) -> bool:
     """nccl-tests run as ``-g N`` (N > 1): one process launches every GPU's kernels, so the host's N launches are
     in each iteration's time, which a serving engine (a process a GPU) does not pay."""
-    words = row["framework"].split()
-    return row["framework"].startswith("nccl-tests") and any(
-        w == "-g" and nxt.isdigit() and int(nxt) > 1 for w, nxt in zip(words, words[1:])
-    )
+    gpus = re.search(r"(?<!\S)-g (\d+)", row["framework"])
+    return row["framework"].startswith("nccl-tests") and gpus is not None and int(gpus.group(1)) > 1
 
 
 def _row(label: str, results: list[dict]) -> str:
