@@ -44,6 +44,12 @@ LL_MAX_BUS_BANDWIDTH_NODES = {2: 39.0e9}  # more nodes: LL_MAX_BUS_BANDWIDTH_MAN
 LL_MAX_BUS_BANDWIDTH_MANY = 20.4e9
 TREE_BASE_LATENCY_S = {"LL": 6.8e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}
 TREE_FRACTION = {"LL": 0.92 / 3.8 / 2, "LL128": 0.92 * 120 / 128 / 2, "Simple": 0.92 / 2}
+# tuning.cc treeCorrectionFactor: the tree all-reduce's bandwidth at floor(log2(bytes / 64)) = 0, 1, ... 22
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}
 P2P_LL_THRESHOLD = 16384  # enqueue.cc NCCL_P2P_LL_THRESHOLD default: a send of at most this many bytes runs LL
 POINT_TO_POINT = ("all_to_all", "send")  # NCCL's send/receive: LL or Simple, never LL128
 
@@ -102,18 +108,22 @@ def tree(inner: Interconnect, outer: Interconnect, per_node: int, nodes: int, nb
          rate: float) -> tuple[str, float, float] | None:
     """(protocol, time without the base latency, base latency) of NCCL's tree all-reduce over ``nodes`` nodes of
     ``per_node`` ranks at ``rate`` B/s (what Simple gets): a chain inside each node, a tree across, up and down,
-    ``2 ((per_node - 1) x inner step + floor(log2 nodes) x outer step)``; the cheapest protocol both levels run the
-    tree in. None where either level gives no tree latencies."""
+    ``2 ((per_node - 1) x inner step + floor(log2 nodes) x outer step)``, its bandwidth scaled by NCCL's correction
+    for the size (``TREE_CORRECTION``); the cheapest protocol both levels run the tree in. None where either level gives no tree latencies."""
     if not (inner.tree_latency_s and outer.tree_latency_s):
         return None
     best = None
     hops = nodes.bit_length() - 1  # floor(log2 nodes), NCCL's log2i
+    size = int(nbytes) // 64
+    log_size = size.bit_length() - 1 if size else -1
     for k, protocol in enumerate(PROTOCOLS):
         if not (inner.tree_latency_s[k] > 0 and outer.tree_latency_s[k] > 0):
             continue
         bus = rate * TREE_FRACTION[protocol] * 2
         if protocol == "LL":
             bus = min(bus, ll_cap(nodes))
+        if 0 <= log_size < len(TREE_CORRECTION[protocol]):
+            bus *= TREE_CORRECTION[protocol][log_size]
         time = 2 * ((per_node - 1) * inner.tree_latency_s[k] + hops * outer.tree_latency_s[k]) + nbytes / (bus / 2)
         base = TREE_BASE_LATENCY_S[protocol]
         if best is None or time + base < best[1] + best[2]:

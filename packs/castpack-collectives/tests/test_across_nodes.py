@@ -79,19 +79,21 @@ def with_tree(level: Interconnect) -> Interconnect:
 
 def test_nccls_tree_takes_a_small_all_reduce_across_nodes_and_the_ring_a_large_one():
     levels = (NVLINK_TREE, with_tree(network(1)))
-    # LL: base 6.8 us + 2 (7 x 0.6 + log2(2) x 5.0) us = 25.2 us; 1 KiB at half of min(180 x 0.92 / 3.8, 39) GB/s.
+    # LL: base 6.8 us + 2 (7 x 0.6 + log2(2) x 5.0) us = 25.2 us; 1 KiB at half of min(180 x 0.92 / 3.8, 39) GB/s,
+    # x 0.9, NCCL's correction for the tree at 1 KiB (floor(log2(1024 / 64)) = 4).
     small = collective_cost("all_reduce", 1024, 16, levels)
     assert (small.algorithm, small.protocols) == ("tree", ("LL",))
-    assert small.time_s == pytest.approx(6.8 * US + 2 * (7 * 0.6 + 5.0) * US + 1024 / (39e9 / 2))
+    assert small.time_s == pytest.approx(6.8 * US + 2 * (7 * 0.6 + 5.0) * US + 1024 / (0.9 * 39e9 / 2))
     assert small.candidates["ring"] == pytest.approx(6.6 * US + 28 * US + 2 * 2.7 * US + 1920 / 39e9)
     # Four nodes: the tree's latency grows by log2, 6.8 + 2 (4.2 + 2 x 5.0) = 35.2 us; the ring's by the ranks.
     four = collective_cost("all_reduce", 1024, 32, levels)
-    assert four.algorithm == "tree" and four.time_s == pytest.approx(35.2 * US + 1024 / (20.4e9 / 2))
-    # 256 MiB: the tree sends the buffer up and down at 0.92 / 2 of the rate (Simple 92.4 us + S / 82.8 GB/s), the
-    # ring 2(n-1)/n of it at the whole rate: the ring wins.
+    assert four.algorithm == "tree" and four.time_s == pytest.approx(35.2 * US + 1024 / (0.9 * 20.4e9 / 2))
+    # 256 MiB: the tree sends the buffer up and down at 0.92 / 2 of the rate, in LL128 x 120/128 (NCCL's correction
+    # 1.0 at this size, Simple's 0.9): 14 + 2 (7 x 1.25 + 8.5) = 48.5 us + S / 77.6 GB/s; the ring moves 2(n-1)/n of
+    # it at the whole rate and wins.
     large = collective_cost("all_reduce", S, 16, levels)
     assert large.algorithm == "ring" and large.time_s == pytest.approx(SIMPLE_LATENCY + MOVED / 180e9)
-    assert large.candidates["tree"] == pytest.approx(8.4 * US + 2 * (7 * 4.0 + 14.0) * US + S / (180e9 * 0.46))
+    assert large.candidates["tree"] == pytest.approx(48.5 * US + S / (180e9 * 0.46 * 120 / 128))
 
 
 def test_no_tree_inside_a_node_for_other_collectives_or_without_tree_latencies():
