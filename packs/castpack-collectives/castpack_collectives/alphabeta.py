@@ -31,7 +31,8 @@ LL128, Simple: castpack_collectives.protocols): each step costs that protocol's 
 ``latency_s``, the bytes go at that protocol's share of the bandwidth, and the library's base latency for the
 protocol is paid once a call; the cheapest protocol wins, as NCCL's tuner picks it. Small messages then pay a few
 microseconds, not a fixed per-call cost, and recursive doubling, which NCCL does not run, is not offered there.
-Across nodes such levels run NCCL's ring over the nodes (``_ring_across``): its bytes pass through the node's NICs.
+Across nodes such levels run NCCL's ring over the nodes (``_ring_across``), whose bytes pass through the node's NICs,
+and an all-reduce may take NCCL's tree (``_tree_across``) where the levels give its step latencies.
 """
 
 from __future__ import annotations
@@ -273,9 +274,8 @@ def _nodes(n: int, levels: Sequence[Interconnect],
            unit: int) -> tuple[Interconnect, Interconnect, int, int, float] | None:
     """(a node's level, the network spanning the group, ranks a node, nodes, rate) for a group over the outermost
     level filling whole nodes (of the level inside it), both levels pricing NCCL's protocols; None otherwise (one
-    level, a group inside one node, ranks not filling nodes).
-    Every byte passes each rank's link inside the node and the node's NICs, which the channels share: the rate is
-    ``min(B inside, ranks a node x B network)``."""
+    level, a group inside one node, ranks not filling nodes). Every byte passes each rank's link inside the node and
+    the node's NICs, which the channels share: the rate is ``min(B inside, ranks a node x B network)``."""
     outer, _ = pick_level(levels, n * unit)
     if len(levels) < 2 or outer is not levels[-1]:
         return None  # inside a node

@@ -38,12 +38,12 @@ LL_MAX_BUS_BANDWIDTH = 87.7e9  # tuning.cc llMaxBws, one node, Ampere and Hopper
 LL128_FRACTION = 0.92
 # Across nodes (tuning.cc at commit 5067397c2676d5aed50042fc39e5c8ee96eb0027, read 2026-11-28): LL's cap is the host's
 # llMaxBws, Intel x86: 39.0 GB/s over two nodes, 20.4 over more; the tree's base latency a call, and its share of
-# the bus bandwidth: 0.92 for an all-reduce, LL a further 1/3.8, LL128 120/128, and half of that as algorithm
+# the bus bandwidth: 0.92 for an all-reduce, LL a further 1/3.8, LL128 120/128; half of that is its algorithm
 # bandwidth (it sends the buffer up the tree and back down).
 LL_MAX_BUS_BANDWIDTH_NODES = {2: 39.0e9}  # more nodes: LL_MAX_BUS_BANDWIDTH_MANY
 LL_MAX_BUS_BANDWIDTH_MANY = 20.4e9
 TREE_BASE_LATENCY_S = {"LL": 6.8e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}
-TREE_FRACTION = {"LL": 0.92 / 3.8 / 2, "LL128": 0.92 * 120 / 128 / 2, "Simple": 0.92 / 2}
+TREE_FRACTION = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}
 # tuning.cc treeCorrectionFactor: the tree all-reduce's bandwidth at floor(log2(bytes / 64)) = 0, 1, ... 22
 TREE_CORRECTION = {
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
@@ -109,7 +109,8 @@ def tree(inner: Interconnect, outer: Interconnect, per_node: int, nodes: int, nb
     """(protocol, time without the base latency, base latency) of NCCL's tree all-reduce over ``nodes`` nodes of
     ``per_node`` ranks at ``rate`` B/s (what Simple gets): a chain inside each node, a tree across, up and down,
     ``2 ((per_node - 1) x inner step + floor(log2 nodes) x outer step)``, its bandwidth scaled by NCCL's correction
-    for the size (``TREE_CORRECTION``); the cheapest protocol both levels run the tree in. None where either level gives no tree latencies."""
+    for the size (``TREE_CORRECTION``); the cheapest protocol both levels run the tree in. None where either level
+    gives no tree latencies."""
     if not (inner.tree_latency_s and outer.tree_latency_s):
         return None
     best = None
@@ -119,7 +120,7 @@ def tree(inner: Interconnect, outer: Interconnect, per_node: int, nodes: int, nb
     for k, protocol in enumerate(PROTOCOLS):
         if not (inner.tree_latency_s[k] > 0 and outer.tree_latency_s[k] > 0):
             continue
-        bus = rate * TREE_FRACTION[protocol] * 2
+        bus = rate * TREE_FRACTION[protocol]
         if protocol == "LL":
             bus = min(bus, ll_cap(nodes))
         if 0 <= log_size < len(TREE_CORRECTION[protocol]):
