@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -99,6 +100,13 @@ def regime(size: float) -> str:
     return "<= 64 KiB" if size <= SMALL else "<= 16 MiB" if size <= LARGE else "> 16 MiB"
 
 
+def one_process(row: dict) -> bool:
+    """nccl-tests run as ``-g N`` (N > 1): one process launches every GPU's kernels, so the host's N launches are
+    in each iteration's time, which a serving engine (a process a GPU) does not pay."""
+    gpus = re.search(r"(?<!\S)-g (\d+)", row["framework"])
+    return row["framework"].startswith("nccl-tests") and gpus is not None and int(gpus.group(1)) > 1
+
+
 def _row(label: str, results: list[dict]) -> str:
     s = summary(results)
     return (
@@ -134,6 +142,11 @@ def report(results: list[dict]) -> str:
             lines.append(_row(f"held out, S {name}", part))
     for name, keep in (
         ("nccl-tests", lambda r: r["framework"].startswith("nccl-tests")),
+        ("nccl-tests -g N (one process launches every GPU: host launches in the timing)", one_process),
+        (
+            "nccl-tests, a process a GPU or not stated",
+            lambda r: r["framework"].startswith("nccl-tests") and not one_process(r),
+        ),
         ("torch.distributed (host launch in the timing)", lambda r: r["framework"].startswith("torch")),
         ("one node", lambda r: r["nodes"] == 1),
         ("several nodes", lambda r: r["nodes"] > 1),
@@ -145,6 +158,12 @@ def report(results: list[dict]) -> str:
                 sized = [r for r in part if regime(r["bytes"]) == size]
                 if sized and name == "nccl-tests":
                     lines.append(_row(f"held out, nccl-tests, S {size}", sized))
+    lines += ["", "## Per collective", "", head.replace("group", "collective, split"), rule]
+    for collective in sorted({r["collective"] for r in results}):
+        for split in ("fitted", "held out"):
+            part = [r for r in results if r["collective"] == collective and r["split"] == split]
+            if part:
+                lines.append(_row(f"{collective}, {split}", part))
     lines += ["", "## Per collective and GPU", "", head.replace("group", "collective, GPU, split"), rule]
     groups: dict[tuple, list[dict]] = {}
     for r in results:

@@ -70,6 +70,14 @@ class Interconnect:
     # The most ranks the engine's own all-reduce runs for on this level (vLLM turns its custom all-reduce off above
     # two GPUs that are not all NVLink-connected); 0: no limit.
     engine_allreduce_max_ranks: int = 0
+    # A network level described by its fabric: one NIC's line rate one way and the NICs each device has (1 on a
+    # DGX, 0.5 with one NIC per two GPUs, 0.125 with one per 8-GPU node); bandwidth is then their product, and
+    # efficiency the fraction of line rate the collective library reaches. 0: bandwidth was given as is.
+    nic_bandwidth: float = 0.0
+    nics_per_device: float = 0.0
+    # The library's tree (NCCL's, for an all-reduce across nodes): the latency of one of its steps on this level
+    # in each protocol, as protocol_latency_s gives the ring's. Empty: no tree.
+    tree_latency_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

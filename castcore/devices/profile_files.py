@@ -205,7 +205,7 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
     where = f"interconnect[{i}]"
     if not isinstance(raw, dict):
         raise fail(f"'{where}' must be a table")
-    for key in ("name", "devices", "bandwidth", "latency_s"):
+    for key in ("name", "devices", "latency_s"):
         if key not in raw:
             raise fail(f"'{where}' is missing '{key}'")
     unknown = sorted(set(raw) - {f.name for f in fields(Interconnect)})
@@ -233,33 +233,68 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
             f"'{where}' gives part of the engine all-reduce; give all of {', '.join(ENGINE_ALLREDUCE)}, "
             "or none"
         )
-    protocols = raw.get("protocol_latency_s", [])
-    if not isinstance(protocols, list) or len(protocols) not in (0, len(PROTOCOLS)):
-        raise fail(
-            f"'{where}.protocol_latency_s' must be [{', '.join(PROTOCOLS)}]: seconds a step of each protocol "
-            "(0 where the library does not run it)"
-        )
-    protocols = tuple(_number(v, f"{where}.protocol_latency_s[{k}]", fail) for k, v in enumerate(protocols))
-    if protocols and not any(protocols):
-        raise fail(f"'{where}.protocol_latency_s' offers no protocol; give at least one step latency above 0")
+    protocols = _step_latencies(raw, f"{where}.protocol_latency_s", fail)
+    tree = _step_latencies(raw, f"{where}.tree_latency_s", fail)
+    if tree and not protocols:
+        raise fail(f"'{where}.tree_latency_s' needs 'protocol_latency_s', the ring's step latencies")
     max_ranks = raw.get("engine_allreduce_max_ranks", 0)
     if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 0:
         raise fail(f"'{where}.engine_allreduce_max_ranks' must be a whole number >= 0 (0: no limit)")
+    bandwidth, nic, nics = _fabric_bandwidth(raw, where, fail)
     return Interconnect(
         name=str(raw["name"]),
         devices=raw["devices"],
         topology=topology,
         efficiency=efficiency,
-        bandwidth=_number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True),
+        bandwidth=bandwidth,
+        nic_bandwidth=nic,
+        nics_per_device=nics,
         latency_s=_number(raw["latency_s"], f"{where}.latency_s", fail),
         reduction_efficiency=reduction,
         reduction_latency_s=_number(
             raw.get("reduction_latency_s", 0.0), f"{where}.reduction_latency_s", fail
         ),
         protocol_latency_s=protocols,
+        tree_latency_s=tree,
         engine_allreduce_max_ranks=max_ranks,
         **engine,
     )
+
+
+def _step_latencies(raw: dict[str, Any], where: str, fail) -> tuple[float, ...]:
+    """A level's seconds a step of each library protocol (``protocol_latency_s``, ``tree_latency_s``), or ()."""
+    values = raw.get(where.rsplit(".", 1)[1], [])
+    if not isinstance(values, list) or len(values) not in (0, len(PROTOCOLS)):
+        raise fail(
+            f"'{where}' must be [{', '.join(PROTOCOLS)}]: seconds a step of each protocol "
+            "(0 where the library does not run it)"
+        )
+    steps = tuple(_number(v, f"{where}[{k}]", fail) for k, v in enumerate(values))
+    if steps and not any(steps):
+        raise fail(f"'{where}' offers no protocol; give at least one step latency above 0")
+    return steps
+
+
+def _fabric_bandwidth(raw: dict[str, Any], where: str, fail) -> tuple[float, float, float]:
+    """(bandwidth, nic_bandwidth, nics_per_device): bandwidth as given, or a NIC's rate times the NICs a device
+    has; both ways at once must agree, so a profile never holds two figures for one link."""
+    if "nic_bandwidth" not in raw:
+        if "nics_per_device" in raw:
+            raise fail(f"'{where}.nics_per_device' needs 'nic_bandwidth', one NIC's line rate one way (B/s)")
+        if "bandwidth" not in raw:
+            raise fail(f"'{where}' is missing 'bandwidth' (or 'nic_bandwidth' with 'nics_per_device')")
+        return _number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True), 0.0, 0.0
+    nic = _number(raw["nic_bandwidth"], f"{where}.nic_bandwidth", fail, positive=True)
+    nics = _number(raw.get("nics_per_device", 1.0), f"{where}.nics_per_device", fail, positive=True)
+    derived = nic * nics
+    if "bandwidth" in raw:
+        given = _number(raw["bandwidth"], f"{where}.bandwidth", fail, positive=True)
+        if not math.isclose(given, derived, rel_tol=1e-9):
+            raise fail(
+                f"'{where}.bandwidth' = {given:g} disagrees with nic_bandwidth x nics_per_device = {derived:g}; "
+                "give one of them"
+            )
+    return derived, nic, nics
 
 
 def _tiling(data: dict[str, Any], fail) -> dict[str, Any]:

@@ -31,6 +31,8 @@ LL128, Simple: castpack_collectives.protocols): each step costs that protocol's 
 ``latency_s``, the bytes go at that protocol's share of the bandwidth, and the library's base latency for the
 protocol is paid once a call; the cheapest protocol wins, as NCCL's tuner picks it. Small messages then pay a few
 microseconds, not a fixed per-call cost, and recursive doubling, which NCCL does not run, is not offered there.
+Across nodes such levels run NCCL's ring over the nodes (``_ring_across``), whose bytes pass through the node's NICs,
+and an all-reduce may take NCCL's tree (``_tree_across``) where the levels give its step latencies.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from castcore.pack import Interconnect
 from . import protocols
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "low_latency", "one_shot",
-              "two_shot")
-NCCL = ALGORITHMS[:5]  # what a collective library picks from by default
+ALGORITHMS = ("ring", "recursive_doubling", "direct", "in_switch", "hierarchical", "tree", "low_latency",
+              "one_shot", "two_shot")
+NCCL = ALGORITHMS[:6]  # what a collective library picks from by default
 ENGINE_KERNELS = ("one_shot", "two_shot")  # a serving engine's own all-reduce, launched inside its CUDA graph
 ENGINE = NCCL + ENGINE_KERNELS  # what a serving engine picks from
 KERNELS = {"engine": ENGINE, "low-latency": ("low_latency",)}  # castcore.recording.hints' names
@@ -54,6 +56,9 @@ KERNELS = {"engine": ENGINE, "low-latency": ("low_latency",)}  # castcore.record
 # GPUs and NVLS from 5; github.com/stas00/ml-engineering network/README.md 'SHARP', commit 744d01e); NVIDIA's GB200
 # NVL Partition User Guide: partitions of four GPUs or fewer 'will not benefit from multicast'; read 2026-11-27.
 NVLS_MIN_RANKS = 4
+# NCCL's ring across nodes: each step inside a node costs at least the network's post overhead, 1 us (x 3 in Simple)
+# on an Intel x86 host (NVIDIA/nccl src/graph/tuning.cc getNetOverhead, commit 5067397, read 2026-11-28).
+NET_OVERHEAD_S = 1e-6
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -217,12 +222,20 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
     but the engine's kernels; with every candidate's communication time."""
     level, fits = pick_level(levels, n * unit)
     options: dict[str, tuple[Phase, ...]] = {}
+    across = _ring_across(collective, nbytes, n, levels, unit)
     for algorithm in ("ring", "recursive_doubling", "direct", "in_switch", *ENGINE_KERNELS):
         if algorithm in allowed:
-            phase = flat(collective, algorithm, nbytes, n, level)
+            phase = across if algorithm == "ring" and across else flat(collective, algorithm, nbytes, n, level)
             if phase is not None:
                 options[algorithm] = (phase,)
-    if "hierarchical" in allowed:
+    # NCCL has no reduce-scatter, all-reduce, all-gather over the nodes' NICs but its ring (and, where the switch
+    # reduces, NVLS inside each node under a tree across them, which hierarchical stands for).
+    nccl_ring_only = across is not None and (collective != "all_reduce" or not levels[-2].reduction_efficiency)
+    if "tree" in allowed and collective == "all_reduce":
+        tree = _tree_across(nbytes, n, levels, unit)
+        if tree is not None:
+            options["tree"] = (tree,)
+    if "hierarchical" in allowed and not nccl_ring_only:
         phases = _hierarchical(collective, nbytes, n, levels, unit, allowed)
         if phases is not None:
             options["hierarchical"] = phases
@@ -235,6 +248,57 @@ def _best(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect]
     # on a tie the earlier (simpler) algorithm wins
     chosen = min(times, key=lambda name: times[name] + (0.0 if name in ENGINE_KERNELS else op_cost_s))
     return chosen, options[chosen], fits, times
+
+
+def _ring_across(collective: str, nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase | None:
+    """NCCL's ring over nodes, where the innermost level and the one spanning the group give protocol latencies:
+    ``p`` ranks a node, ``q = n / p`` nodes. Of its steps (all-reduce ``2(n-1)``, the others ``n-1``) ``2(q-1)``
+    (``q-1``) cross the network at its step latency and the rest stay inside a node at the inner one (at least
+    NET_OVERHEAD_S), at ``_nodes``' rate; LL capped as NCCL caps it over several nodes. None where it does not
+    apply (another collective, one level, ranks not filling whole nodes)."""
+    spans = _nodes(n, levels, unit) if collective in ("all_reduce", "all_gather", "reduce_scatter") else None
+    if spans is None:
+        return None
+    inner, outer, p, q, rate = spans
+    s = float(nbytes)
+    twice = 2 if collective == "all_reduce" else 1
+    steps, crossing, moved = twice * (n - 1), twice * (q - 1), twice * (n - 1) / n * s
+    legs = ((inner, steps - crossing, NET_OVERHEAD_S), (outer, crossing, 0.0))
+    chosen = protocols.cheapest_over(legs, collective, moved, rate, q)
+    if chosen is None:
+        return None
+    return Phase(collective, "ring", outer, n, s, steps, moved, chosen[1], chosen[0], chosen[2])
+
+
+def _nodes(n: int, levels: Sequence[Interconnect],
+           unit: int) -> tuple[Interconnect, Interconnect, int, int, float] | None:
+    """(a node's level, the network spanning the group, ranks a node, nodes, rate) for a group over the outermost
+    level filling whole nodes (of the level inside it), both levels pricing NCCL's protocols; None otherwise (one
+    level, a group inside one node, ranks not filling nodes). Every byte passes each rank's link inside the node and
+    the node's NICs, which the channels share: the rate is ``min(B inside, ranks a node x B network)``."""
+    outer, _ = pick_level(levels, n * unit)
+    if len(levels) < 2 or outer is not levels[-1]:
+        return None  # inside a node
+    inner = levels[-2]  # a node: the level inside the network
+    p = inner.devices // unit
+    if not (inner.protocol_latency_s and outer.protocol_latency_s) or p < 1 or n <= p or n % p:
+        return None
+    return inner, outer, p, n // p, min(_bandwidths(inner, p)[0], p * outer.bandwidth * outer.efficiency)
+
+
+def _tree_across(nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase | None:
+    """NCCL's tree all-reduce over nodes (castpack_collectives.protocols.tree) where both levels give tree step
+    latencies: its latency grows with the log of the nodes, where the ring's grows with the ranks."""
+    spans = _nodes(n, levels, unit)
+    if spans is None:
+        return None
+    inner, outer, p, q, rate = spans
+    s = float(nbytes)
+    chosen = protocols.tree(inner, outer, p, q, s, rate)
+    if chosen is None:
+        return None
+    steps = 2 * ((p - 1) + (q.bit_length() - 1))
+    return Phase("all_reduce", "tree", outer, n, s, steps, 2 * s, chosen[1], chosen[0], chosen[2])
 
 
 def _low_latency(nbytes: float, n: int, levels: Sequence[Interconnect], unit: int) -> Phase:

@@ -36,6 +36,20 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 BASE_LATENCY_S = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}  # tuning.cc baseLat, Ring row
 LL_MAX_BUS_BANDWIDTH = 87.7e9  # tuning.cc llMaxBws, one node, Ampere and Hopper (B/s)
 LL128_FRACTION = 0.92
+# Across nodes (tuning.cc at commit 5067397c2676d5aed50042fc39e5c8ee96eb0027, read 2026-11-28): LL's cap is the host's
+# llMaxBws, Intel x86: 39.0 GB/s over two nodes, 20.4 over more; the tree's base latency a call, and its share of
+# the bus bandwidth: 0.92 for an all-reduce, LL a further 1/3.8, LL128 120/128; half of that is its algorithm
+# bandwidth (it sends the buffer up the tree and back down).
+LL_MAX_BUS_BANDWIDTH_NODES = {2: 39.0e9}  # more nodes: LL_MAX_BUS_BANDWIDTH_MANY
+LL_MAX_BUS_BANDWIDTH_MANY = 20.4e9
+TREE_BASE_LATENCY_S = {"LL": 6.8e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}
+TREE_FRACTION = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}
+# tuning.cc treeCorrectionFactor: the tree all-reduce's bandwidth at floor(log2(bytes / 64)) = 0, 1, ... 22
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}
 P2P_LL_THRESHOLD = 16384  # enqueue.cc NCCL_P2P_LL_THRESHOLD default: a send of at most this many bytes runs LL
 POINT_TO_POINT = ("all_to_all", "send")  # NCCL's send/receive: LL or Simple, never LL128
 
@@ -60,14 +74,59 @@ def cheapest(level: Interconnect, collective: str, steps: int, moved: float,
              rate: float) -> tuple[str, float, float] | None:
     """(protocol, time without the base latency, base latency) of the protocol with the least total time for
     ``steps`` steps moving ``moved`` bytes a rank at ``rate`` B/s (what Simple gets); None if none is offered."""
+    return cheapest_over(((level, steps, 0.0),), collective, moved, rate)
+
+
+def ll_cap(nodes: int) -> float:
+    """LL's most bus bandwidth: NCCL's one-node figure on one node, the host's over several."""
+    return LL_MAX_BUS_BANDWIDTH if nodes <= 1 else LL_MAX_BUS_BANDWIDTH_NODES.get(nodes, LL_MAX_BUS_BANDWIDTH_MANY)
+
+
+def cheapest_over(legs: tuple[tuple[Interconnect, int, float], ...], collective: str, moved: float,
+                  rate: float, nodes: int = 1) -> tuple[str, float, float] | None:
+    """``cheapest`` for steps taken on several levels, each leg ``(level, steps, floor)``: a step on that level costs
+    its protocol's step latency, at least ``floor`` (x 3 in Simple, as NCCL's net overhead is); the protocols are
+    those every leg's level offers; LL capped as over ``nodes`` nodes."""
+    names = [p for p in PROTOCOLS if all(p in offered(level, collective) for level, _, _ in legs)]
     best = None
-    for protocol in offered(level, collective):
+    for protocol in names:
         bandwidth = rate * fraction(protocol, collective)
         if protocol == "LL":
-            bandwidth = min(bandwidth, LL_MAX_BUS_BANDWIDTH)
-        step = level.protocol_latency_s[PROTOCOLS.index(protocol)]
-        time = steps * step + moved / bandwidth
+            bandwidth = min(bandwidth, ll_cap(nodes))
+        k = PROTOCOLS.index(protocol)
+        time = moved / bandwidth + sum(
+            steps * max(level.protocol_latency_s[k], floor * (3 if protocol == "Simple" else 1))
+            for level, steps, floor in legs
+        )
         base = BASE_LATENCY_S[protocol]
+        if best is None or time + base < best[1] + best[2]:
+            best = (protocol, time, base)
+    return best
+
+
+def tree(inner: Interconnect, outer: Interconnect, per_node: int, nodes: int, nbytes: float,
+         rate: float) -> tuple[str, float, float] | None:
+    """(protocol, time without the base latency, base latency) of NCCL's tree all-reduce over ``nodes`` nodes of
+    ``per_node`` ranks at ``rate`` B/s (what Simple gets): a chain inside each node, a tree across, up and down,
+    ``2 ((per_node - 1) x inner step + floor(log2 nodes) x outer step)``, its bandwidth scaled by NCCL's correction
+    for the size (``TREE_CORRECTION``); the cheapest protocol both levels run the tree in. None where either level
+    gives no tree latencies."""
+    if not (inner.tree_latency_s and outer.tree_latency_s):
+        return None
+    best = None
+    hops = nodes.bit_length() - 1  # floor(log2 nodes), NCCL's log2i
+    size = int(nbytes) // 64
+    log_size = size.bit_length() - 1 if size else -1
+    for k, protocol in enumerate(PROTOCOLS):
+        if not (inner.tree_latency_s[k] > 0 and outer.tree_latency_s[k] > 0):
+            continue
+        bus = rate * TREE_FRACTION[protocol]
+        if protocol == "LL":
+            bus = min(bus, ll_cap(nodes))
+        if 0 <= log_size < len(TREE_CORRECTION[protocol]):
+            bus *= TREE_CORRECTION[protocol][log_size]
+        time = 2 * ((per_node - 1) * inner.tree_latency_s[k] + hops * outer.tree_latency_s[k]) + nbytes / (bus / 2)
+        base = TREE_BASE_LATENCY_S[protocol]
         if best is None or time + base < best[1] + best[2]:
             best = (protocol, time, base)
     return best

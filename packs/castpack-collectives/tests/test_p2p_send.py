@@ -34,6 +34,7 @@ KV = 1024 * 2 * 32 * 8 * 128 * 2  # Llama-3-8B's keys and values of a 1024-token
 
 ROOT = Path(__file__).resolve().parents[3]
 H100 = ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles" / "h100-sxm5-80gb.toml"
+A100 = H100.with_name("a100-sxm4-80gb.toml")
 LLAMA = ROOT / "tests" / "data" / "tiny-llama.json"
 
 
@@ -105,6 +106,22 @@ def test_the_pack_answers_castcores_send_before_the_core():
     assert str(core.resolver.estimate(_send(KV, 2), h100).source) == "core (estimator)"
     assert core.resolver.estimate(_send(KV, 2), h100).time_s / US == pytest.approx(365.734, abs=1e-3)
     assert core.resolver.estimate(_send(KV, 16), h100).time_s / US == pytest.approx(2987.616, abs=1e-3)
+
+
+def test_an_a100_pays_nccls_base_latency_and_no_fixed_cost_of_its_own():
+    # castpack-nvidia's A100: NVLink 300 GB/s x 0.77 = 231 GB/s; LL gets a third, 77 GB/s (under the 87.7 cap).
+    session = castcore.Session(load_packs=["collectives"], device_files=[A100])
+    a100 = session.device("a100-sxm4-80gb")
+    assert a100.comm_op_cost_s == 0.0
+    # A 2-GPU send of 1 KiB: LL, 6.6 us base + 0.6 us step + 1024 B / 77 GB/s = 7.213 us (it was 34.2 us).
+    send = session.resolver.estimate(_send(1024, 2), a100)
+    assert send.detail["protocol"] == "LL" and send.overhead_s == 0.0
+    assert send.time_s == pytest.approx(6.6 * US + 0.6 * US + 1024 / (3e11 * 0.77 / 3))
+    assert 7.0 * US < send.time_s < 7.5 * US
+    # The fixed part is the protocol's base latency: LL 6.6 us, Simple 8.4 us (a 1 MiB send), none in the pack.
+    big = session.resolver.estimate(_send(2**20, 2), a100)
+    assert big.detail["protocol"] == "Simple" and big.detail["base_s"] == pytest.approx(8.4 * US)
+    assert big.time_s == pytest.approx(8.4 * US + 3.4 * US + 2**20 / (3e11 * 0.77))
 
 
 def test_castcore_audit_lists_the_send_with_the_pack_answering_and_the_core_shadowed():
