@@ -2,7 +2,7 @@
 
 Properties count the useful work with the core's conventions, so a fused model's FLOPs match the stock
 model it replaces; estimators time the same work as the hardware does it (fractal padding on the Cube,
-32-byte rows on the vector unit, cube and vector overlapped, the launch floor): see hardware.py.
+32-byte rows on the vector unit, cube and vector overlapped, the fixed cost per kernel): see hardware.py.
 """
 
 from __future__ import annotations
