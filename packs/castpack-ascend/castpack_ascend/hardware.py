@@ -60,7 +60,7 @@ def padded_rows(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 def timed(device: pack.DeviceProfile, *, cube: dict | None = None, vector: dict | None = None,
           read_bytes: float = 0, write_bytes: float = 0, detail: dict | None = None,
-          overlap: bool = True) -> pack.Estimate:
+          overlap: bool = True, attention: bool = False) -> pack.Estimate:
     """An Estimate from Cube and vector operations per dtype and HBM bytes.
 
     compute = cube time and vector time, overlapped (max) when the kernel runs both units at once
@@ -68,7 +68,8 @@ def timed(device: pack.DeviceProfile, *, cube: dict | None = None, vector: dict 
     Each kernel also pays a fixed cost (``mma_op_cost_s`` with Cube work, else ``gp_op_cost_s``) on top of
     max(compute, memory), not as a floor under it: back-to-back 910B2 matmuls fit time = fixed + work / rate
     at 1024^3, 2048^3 and 4096^3, while a floor prices 1024^3 at 0.55 of its measured time and hides the
-    per-token K/V reads of a decode attention step.
+    per-token K/V reads of a decode attention step. A fused attention kernel (``attention``) runs its Cube
+    work at the profile's ``attention_efficiency`` and pays ``attention_op_cost_s`` where the profile sets them.
     """
     cube, vector = cube or {}, vector or {}
     rates: dict[str, str] = {}
@@ -79,13 +80,18 @@ def timed(device: pack.DeviceProfile, *, cube: dict | None = None, vector: dict 
             if ops:
                 rate, used = device.rate(unit, dtype)
                 rates[f"{'cube' if unit == 'mma' else 'vector'}:{pack.dtype_name(dtype)}"] = used
-                total += ops / (rate * device.compute_efficiency)
+                efficiency = device.compute_efficiency
+                if attention and unit == "mma" and device.attention_efficiency:
+                    efficiency = device.attention_efficiency
+                total += ops / (rate * efficiency)
         return total
 
     cube_s, vector_s = seconds("mma", cube), seconds("gp", vector)
     compute_s = max(cube_s, vector_s) if overlap else cube_s + vector_s
     memory_s = (read_bytes + write_bytes) / (device.memory_bandwidth * device.memory_efficiency)
     fixed_s = device.mma_op_cost_s if any(cube.values()) else device.gp_op_cost_s
+    if attention and device.attention_op_cost_s:
+        fixed_s = device.attention_op_cost_s
     busy = max(compute_s, memory_s)
     bound = "overhead" if fixed_s > busy else ("compute" if compute_s >= memory_s else "memory")
     info = {"cube_s": cube_s, "vector_s": vector_s, "fixed_s": fixed_s, "rates": rates}
