@@ -15,6 +15,8 @@ SPLITS = ("held-out", "fitted")
 TARGETS = {"op_level_median_pct": 12.0, "end_to_end_median_pct": 15.0, "worst_pct": 60.0}
 # Continuous batching (castcore simulate), held-out points: median |error| per metric family.
 CB_TARGETS = {"output throughput": 20.0, "TTFT": 30.0, "ITL/TPOT": 30.0}
+# Ascend (castpack-ascend's profiles), held-out serving output throughput: median |error|.
+ASCEND_TARGET_PCT = 20.0
 
 
 def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -61,6 +63,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "held_out": checks,
         "targets_met": met,
         "continuous_batching": continuous_batching(rows),
+        "ascend": ascend(rows),
         "worst_held_out_id": worst["worst_id"],
         "counts": {
             "points": len(rows),
@@ -99,6 +102,68 @@ def continuous_batching(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "skipped": sum("skipped" in r for r in sim),
         },
     }
+
+
+def ascend_family(row: dict[str, Any]) -> str:
+    """What an Ascend row measures: its op category, or serving and its metric family."""
+    if row["category"] == "simulate":
+        return f"serving {row.get('family', '')}"
+    return "serving static batch" if row["category"] == "serve" else CATEGORIES[row["category"]]
+
+
+def ascend(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The points on castpack-ascend's profiles: per family and split, and the held-out throughput target."""
+    done = [r for r in rows if str(r.get("device", "")).startswith("ascend-") and "error_pct" in r]
+    families = sorted({ascend_family(r) for r in done})
+    by = {
+        split: {
+            f: block([r for r in done if ascend_family(r) == f and r["split"] == split]) for f in families
+        }
+        for split in SPLITS
+    }
+    held = [r for r in done if r["split"] == "held-out" and ascend_family(r) == "serving output throughput"]
+    median = block(held)["median_abs_error_pct"]
+    return {
+        "by_split": by,
+        "devices": sorted({r["device"] for r in done}),
+        "throughput_median_pct": median,
+        "throughput_bias_pct": statistics.median(r["error_pct"] for r in held) if held else None,
+        "target_pct": ASCEND_TARGET_PCT,
+        "target_met": median is not None and median <= ASCEND_TARGET_PCT,
+    }
+
+
+def ascend_lines(summary: dict[str, Any]) -> list[str]:
+    """The Ascend section: every family on castpack-ascend's profiles, fitted and held out apart."""
+    a = summary.get("ascend")
+    if not a or not a["devices"]:
+        return []
+    lines = [
+        "",
+        "## Ascend",
+        "",
+        f"The points on castpack-ascend's profiles ({', '.join(a['devices'])}), from the tables above: kernels "
+        "(each a torch_npu call timed back to back) and vLLM-Ascend serving runs. Fitted points set the "
+        "profiles' constants (the documents their [sources] cite); held-out ones were never used for fitting.",
+        "",
+        "| family | split | points | median \\|error\\| | worst \\|error\\| | worst point |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for family in a["by_split"]["held-out"]:
+        for split in SPLITS:
+            b = a["by_split"][split][family]
+            if b["points"]:
+                lines.append(
+                    f"| {family} | {split} | {b['points']} | {_pct(b['median_abs_error_pct'])} | "
+                    f"{_pct(b['worst_abs_error_pct'])} | {b['worst_id']} |"
+                )
+    lines += [
+        "",
+        f"- held-out Ascend serving output throughput median |error| {_pct(a['throughput_median_pct'])} "
+        f"(median signed {_pct(a['throughput_bias_pct'], True)}; target <= {a['target_pct']:g}%): "
+        + ("met" if a["target_met"] else "**not met**"),
+    ]
+    return lines
 
 
 def _pct(value: float | None, signed: bool = False) -> str:
@@ -269,6 +334,7 @@ def markdown(report: dict[str, Any], machine: dict[str, Any]) -> str:
     ]
     lines += [f"- {r['id']} ({r['device']}): skipped: {r['skipped']}" for r in rows if "skipped" in r]
     lines += continuous_batching_lines(report)
+    lines += ascend_lines(summary)
     if report.get("local"):
         from fidelity.local import local_markdown
 
