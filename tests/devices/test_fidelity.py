@@ -335,48 +335,6 @@ def test_summary_gives_median_and_worst_per_category_and_split():
     assert all(f"| {r['id']} |" in text for r in rows if "error_pct" in r)
 
 
-def test_the_ascend_section_scores_castpack_ascends_points_apart_and_judges_their_throughput():
-    rows = [
-        {**_row("a-gemm", "gemm", "fitted", 5.0), "device": "ascend-910b2"},
-        {
-            **_row("a-tput1", "simulate", "held-out", 30.0),
-            "device": "ascend-910b3",
-            "family": "output throughput",
-        },
-        {
-            **_row("a-tput2", "simulate", "held-out", 10.0),
-            "device": "ascend-910b3",
-            "family": "output throughput",
-        },
-        {**_row("a-ttft", "simulate", "held-out", -40.0), "device": "ascend-910b3", "family": "TTFT"},
-        _row("n-gemm", "gemm", "held-out", 90.0),  # not on an Ascend profile
-    ]
-    summary = report.summarize(rows)
-    ascend = summary["ascend"]
-    assert ascend["devices"] == ["ascend-910b2", "ascend-910b3"]
-    assert (
-        ascend["by_split"]["fitted"]["GEMM"]["points"] == 1
-        and ascend["by_split"]["held-out"]["GEMM"]["points"] == 0
-    )
-    assert ascend["by_split"]["held-out"]["serving TTFT"]["worst_id"] == "a-ttft"
-    assert (ascend["throughput_median_pct"], ascend["target_met"]) == (20.0, True)
-    text = "\n".join(report.ascend_lines(summary))
-    assert "| serving output throughput | held-out | 2 | 20.0% | 30.0% | a-tput1 |" in text
-    assert "n-gemm" not in text and "target <= 20%): met" in text
-
-
-def test_ascend_points_are_fitted_only_where_castpack_ascend_cites_their_document():
-    pytest.importorskip("castpack_ascend")
-    profiles = {name: make_session().device(name).sources for name in ("ascend-910b2", "ascend-910b3")}
-    ascend = [p for p in load_points() if p["device"].startswith("ascend-")]
-    split = {p["id"]: split_point(p, profiles[p["device"]])[0] for p in ascend}
-    fitted = {i for i, s in split.items() if s == "fitted"}
-    # The 910B2 matmuls and the two head_dim-128 fused-attention calls set the constants; the rest is held out.
-    assert fitted == {i for i in split if i.startswith("910b2-gemm-") or i.endswith("-hd128")}
-    assert len(fitted) == 12 and split["910b2-fia-q2048-kv8192-hd32"] == "held-out"
-    assert sum(i.startswith("cb-910b-") for i in split) == 12
-
-
 # ---------------------------------------------------------------------------------------------
 # This machine
 
