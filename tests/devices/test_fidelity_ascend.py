@@ -23,6 +23,9 @@ def _row(i, category, split, error, device, family=None):
         "split": split,
         "error_pct": error,
         "family": family,
+        "measured": 100.0,
+        "estimated": 100.0 + error,
+        "unit": "tokens/s",
     }
 
 
@@ -44,9 +47,13 @@ def test_the_ascend_section_scores_castpack_ascends_points_apart_and_judges_thei
     )
     assert ascend["by_split"]["held-out"]["serving TTFT"]["worst_id"] == "a-ttft"
     assert (ascend["throughput_median_pct"], ascend["target_met"]) == (20.0, True)
-    text = "\n".join(report.ascend_lines(summary))
+    assert summary["by_split"]["held-out"]["GEMM"]["worst_id"] == "n-gemm"  # the other targets' points only
+    assert summary["continuous_batching"]["counts"]["points"] == 0 and summary["counts"]["points"] == 5
+    text = "\n".join(report.ascend_lines({"summary": summary, "rows": rows}))
     assert "| serving output throughput | held-out | 2 | 20.0% | 30.0% | a-tput1 |" in text
     assert "n-gemm" not in text and "target <= 20%): met" in text
+    assert "| a-tput1 | ascend-910b3 | held-out | 100 tokens/s | 130 | +30.0% |" in text  # each serving point
+    assert "| a-gemm | ascend-910b2 |" not in text  # a kernel is listed with every point
 
 
 def test_ascend_points_are_fitted_only_where_castpack_ascend_cites_their_document():
