@@ -32,6 +32,7 @@ MODEL_FILES = {
     "nvidia/Llama-3.3-70B-Instruct-FP4": "llama-3.3-70b-instruct.json",
     "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1.json",
     "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b-v0.1.json",
+    "Qwen/Qwen3-8B": "qwen3-8b.json",
 }
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s")

@@ -2,7 +2,7 @@
 
 - device profiles: TOML data files in ``profiles/``, every number sourced;
 - estimators for aten ops that reflect the Da Vinci core (``cube``: base blocks in waves over the AI cores,
-  fractal padding; ``vector``: 32-byte rows; ``hardware``: the launch floor);
+  fractal padding; ``vector``: 32-byte rows; ``hardware``: the fixed cost per kernel);
 - fused operators in the ``ascend`` torch.library namespace (``ops``) with their work and time (``fused``);
 - ``fuse_model``: swaps a stock Hugging Face Llama / Qwen2 / Mistral's modules for ones calling them (``fuse``).
 """

@@ -2,7 +2,7 @@
 
 Properties count the useful work with the core's conventions, so a fused model's FLOPs match the stock
 model it replaces; estimators time the same work as the hardware does it (fractal padding on the Cube,
-32-byte rows on the vector unit, cube and vector overlapped, the launch floor): see hardware.py.
+32-byte rows on the vector unit, cube and vector overlapped, the fixed cost per kernel): see hardware.py.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ def _attention_time(invoke, device, props, dtype, products, kept_fraction, softm
     useful = sum(count * 2 * m * k * n for count, m, k, n in products) * kept_fraction
     detail = {**detail, "cube_ops": cube, "useful_ops": useful, "padding_waste": 1 - useful / cube if cube else 0.0}
     return timed(device, cube={dtype: cube}, vector={dtype: formulas.attention.SOFTMAX_OPS_PER_SCORE * softmax_pairs},
-                 read_bytes=props.memory_read_bytes, write_bytes=props.memory_write_bytes, detail=detail)
+                 read_bytes=props.memory_read_bytes, write_bytes=props.memory_write_bytes, detail=detail,
+                 attention=True)
 
 
 def pfa_estimator(invoke, device):

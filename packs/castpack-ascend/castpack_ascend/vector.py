@@ -6,7 +6,7 @@ pack and the core agree on FLOPs; what the pack adds is how the vector unit spen
 - row-wise ops (softmax, norms, reductions over the last dim) work row by row, so every row is rounded up
   to whole 32-byte blocks (a 4095-wide bf16 row costs 4096 lanes, a 100-wide fp32 row 104);
 - the rate is the profile's vector rate for the dtype (bf16 runs at the fp32 rate on 910B/910C);
-- the launch floor is the profile's ``gp_op_cost_s``.
+- the fixed cost per kernel is the profile's ``gp_op_cost_s``.
 """
 
 from __future__ import annotations

@@ -73,3 +73,13 @@ def test_fused_attention_runs_one_devices_heads_under_tensor_parallelism(session
              if r.invoke.name == name][::2]
     assert heads == [4, 2]  # tiny-llama's 4 query heads, 2 per device
     assert split.flops < 0.6 * whole.flops
+
+
+def test_the_decode_tpot_fit_counts_the_kv_each_step_reads(session):
+    # Each decode step's incre_flash_attention is far below the 10-12 us a kernel costs; the fixed cost is added
+    # to its K/V reads, not a floor under them, so the fit keeps the per-token cost: 2 layers x (K and V) x
+    # 2 KV heads x 16 dims x 2 bytes (bf16) per cached token at 0.75 of 1.6 TB/s.
+    report = session.serve(str(TINY_LLAMA), device="ascend-910b3", batch=1, input_tokens=64, output_tokens=32)
+    per_token = 2 * 2 * 2 * 16 * 2 / (1.6e12 * 0.75)
+    assert report.fit[1] == pytest.approx(per_token)
+    assert "+ 0.213 ns per cached token" in report.notes[0]

@@ -95,3 +95,17 @@ def test_grouped_matmul_pads_each_expert_separately(session):
     assert est.detail["group_sizes"] == [1, 0, 19, 20]
     assert est.detail["cube_ops"] == 2 * (16 + 32 + 32) * 256 * 512  # 1 -> 16, 19 -> 32, 20 -> 32; empty skipped
     assert report.records[0].properties.memory_read_bytes == x.nbytes + 3 * 256 * 512 * 2  # 3 experts' weights
+
+
+def test_fused_attention_runs_at_the_fitted_attention_rate_plus_its_call_cost(session):
+    # One 3072-row query block against 8192 keys, head_dim 128, on a 910B2: the Cube work at the profile's
+    # attention_efficiency (0.58 of 24 cores x 16^3 MACs x 2 x 1.8 GHz) and 100 us per call, as fitted on
+    # torch_npu's fused attention (huawei-csl/pto-dsl#126: 175.53 us for this shape).
+    q = torch.empty(1, 1, 3072, 128, dtype=torch.float16, device="meta")
+    kv = torch.empty(1, 1, 8192, 128, dtype=torch.float16, device="meta")
+    report = session.estimate(lambda q, k, v: ascend.prompt_flash_attention(
+        q, k, v, num_heads=1, input_layout="BNSD"), q, kv, kv, device="ascend-910b2")
+    est = report.records[0].estimate
+    assert est.detail["cube_s"] == pytest.approx(4 * 3072 * 8192 * 128 / (24 * 16**3 * 2 * 1.8e9 * 0.58))
+    assert est.overhead_s == pytest.approx(100e-6) and est.bound == "overhead"  # 100 us > 63 us of Cube work
+    assert est.time_s == pytest.approx(175.53e-6, rel=0.1)
