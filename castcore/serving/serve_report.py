@@ -20,7 +20,6 @@ from castcore.report.memory import format_bytes
 from castcore.report.records import Report, format_seconds
 from castcore.deploy.parallel.layout import Layout
 from castcore.deploy.parallel.pipeline_stages import stage_figures
-from castcore.simulation.overheads import ENGINES, with_cpu
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
@@ -31,7 +30,7 @@ class ServeReport:
     """Serving figures for one batch of identical requests on one device (per device under tensor parallelism).
 
     ``prefill`` is the batch's prefill Report, ``decode`` the decode step's Report at each captured KV length;
-    ``fit`` is (a, b) of time(kv) = a + b * kv over them, each step with ``engine``'s CPU work per iteration. Memory is at the longest context: weights, a KV cache
+    ``fit`` is (a, b) of time(kv) = a + b * kv over them. Memory is at the longest context: weights, a KV cache
     of ``input + output`` tokens per sequence, and the larger activation peak of the prefill and the last step.
     """
 
@@ -47,8 +46,6 @@ class ServeReport:
     notes: list[str] = field(default_factory=list)
     max_batch: str = ""  # how the batch was found, when it was asked for as "max"
     price_per_device_hour: float | None = None  # dollars a device-hour, for the cost figures
-    # the engine preset whose CPU work every decode step adds (castcore.simulation.overheads); None: kernels only
-    engine: str | None = None
 
     def energy_and_cost(self) -> dict[str, Any]:
         """Energy (when the profile gives power numbers) and cost (with a price) of one batch on every replica
@@ -118,9 +115,8 @@ class ServeReport:
         return self.decode_s / self.output_tokens
 
     def tpot_at(self, kv_len: int) -> float:
-        """The captured step's time at a captured KV length (first, middle, last), with the engine's CPU work."""
-        kernels = step_time(self.decode[kv_len])
-        return kernels if self.engine is None else with_cpu(ENGINES[self.engine], kernels, self.batch)
+        """The captured step's time at a captured KV length (first, middle, last)."""
+        return step_time(self.decode[kv_len])
 
     @property
     def kv_points(self) -> list[int]:
@@ -170,7 +166,6 @@ class ServeReport:
             **self.energy_and_cost(),
             "decode_points": [{"kv_len": kv, "time_s": self.tpot_at(kv)} for kv in points],
             "tpot_fit": {"a_s": self.fit[0], "b_s_per_token": self.fit[1]},
-            "engine": self.engine,
             "max_batch": self.max_batch or None,
             **self._pipeline(),
             "notes": self.notes,

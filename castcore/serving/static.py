@@ -5,8 +5,8 @@ A request batch is one prefill of ``batch`` x ``input`` tokens, then ``output`` 
 ``castcore estimate`` uses (castcore.deploy.pipeline). The decode steps are captured at a few KV
 lengths only: for standard attention a step's cost is affine in the KV length (attention reads and multiplies
 every cached token once; nothing else depends on it), so time(kv) = a + b * kv fitted by least squares over
-those points and summed over every step in closed form equals stepping every token. Each decode step also pays
-the engine's CPU work per iteration (vLLM's, castcore.simulation.overheads).
+those points and summed over every step in closed form equals stepping every token. The steps are the
+kernels' time: an engine's own CPU work and CUDA graphs depend on the engine, and ``castcore simulate`` prices them.
 
 Under ``--pp`` a step's time is the pipeline's (castcore.deploy.parallel.pipeline_stages): TTFT is the GPipe prefill of
 ``--micro-batches`` micro-batches, (M + N - 1) x the slowest stage + the transfers; a decode step is N stage
@@ -36,13 +36,9 @@ from castcore.workload.spec import (
     is_factory,
     load_model_config,
 )
-from castcore.simulation.overheads import ENGINES
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
-
-# whose per-iteration CPU work a static batch's decode steps pay: simulate's default engine
-SERVE_ENGINE = "vllm"
 
 
 def check_request(
@@ -176,7 +172,6 @@ def serve(
         fit=(0.0, 0.0),
         max_batch=found,
         price_per_device_hour=price,
-        engine=SERVE_ENGINE,
     )
     report.fit = fit_line({kv: report.tpot_at(kv) for kv in decode})
     report.notes = _notes(report, config)
@@ -243,12 +238,6 @@ def _notes(report: ServeReport, config: dict[str, Any] | None) -> list[str]:
                 else f"this request's KV lengths (to {last}) pass it, so the fit is an approximation"
             )
         )
-    costs = ENGINES[SERVE_ENGINE]
-    notes.append(
-        f"each decode step adds {SERVE_ENGINE}'s CPU work per iteration, {format_seconds(costs.step_s)} + "
-        f"{format_seconds(costs.sequence_s)} per sequence (docs/simulate.md, engine overheads); its CUDA-graph "
-        f"padding is not priced here (castcore simulate prices it)"
-    )
     notes.append(
         "throughput is one static batch (batch x output tokens over the request latency), not continuous "
         "batching; latency counts output decode steps after the prefill (TTFT + output x TPOT)"

@@ -93,7 +93,8 @@ def test_simulate_says_the_kv_cache_its_engine_gives_and_the_requests_it_holds(c
 
 
 def test_llama_70b_fp8_on_one_h100_against_a_hand_computation():
-    session = castcore.Session()
+    nvidia = Path(__file__).parents[2] / "packs/castpack-nvidia/castpack_nvidia/profiles/h100-sxm5-80gb.toml"
+    session = castcore.Session(load_packs=[], device_files=[nvidia])  # the core's tests run with no pack
     plan = check(
         "llama-3.1-70b", weights="fp8", activations="fp8", requests=4, input_lengths=128, output_lengths=2048
     )
