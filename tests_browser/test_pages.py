@@ -102,7 +102,7 @@ def commands(folder: Path) -> dict[str, list[str]]:
             "--output",
             "uniform:4:16",
             "--rate",
-            "40",
+            "400",
             "--weights",
             "fp8",
             "--activations",
