@@ -9,10 +9,12 @@ the scheduler (see castcore.sweeps.run.Scheduler) and a fresh worker takes its p
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -20,9 +22,23 @@ from typing import Any
 from castcore.sweeps import work
 
 
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to hold
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _serve(conn: Connection, settings: work.Settings) -> None:
     """A worker's life: take a task, send a row per point and then the task's capture counts; None ends it."""
     try:
+        if hasattr(signal, "pthread_sigmask"):  # started with the parent's interrupts held (see _start)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         work.warm_up()  # torch and castcore load while this process's first task is made
         while (task := conn.recv()) is not None:
             before = work.stats()
@@ -71,7 +87,10 @@ class LocalBackend:
         process = self._context.Process(
             target=_serve, args=(child, self.settings), daemon=True, name="castcore-sweep-worker"
         )
-        process.start()
+        # Ctrl-C while start() writes the new process's set-up data would leave it half written: the child then
+        # dies printing a traceback. The interrupt waits until the write is done, and the child unblocks it.
+        with _interrupts_held():
+            process.start()
         child.close()
         return _Worker(process=process, conn=parent)
 
