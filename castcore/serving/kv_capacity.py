@@ -73,7 +73,9 @@ def with_draft(
     return found, draft_per_token
 
 
-KEPT_STEP_TIMES = 8
+# A plan under traffic revisits each layout it searches (more replicas, its confirmation): a 70B layout's model
+# holds about 50-100 MB
+KEPT_STEP_TIMES = 16
 
 
 def shared_bytes(draft: Any) -> int:
@@ -99,8 +101,10 @@ def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits)
         min(engine.max_running_requests, engine.max_batched_tokens),
     )
     kept = pipeline.derived
-    if key not in kept:
-        kept[key] = StepTimes(pipeline, base, profile, *key[3:])
-        while len(kept) > KEPT_STEP_TIMES:
-            del kept[next(iter(kept))]  # the oldest goes
-    return kept[key]
+    found = kept.pop(key, None)
+    if found is None:
+        found = StepTimes(pipeline, base, profile, *key[3:])
+    kept[key] = found  # the last used goes last
+    while len(kept) > KEPT_STEP_TIMES:
+        del kept[next(iter(kept))]  # the least recently used goes
+    return found

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -59,6 +59,7 @@ class _Worker:
     process: Any
     conn: Connection
     task: work.Task | None = None
+    kept: set = field(default_factory=set)  # the Task.kept of every task it ran: what it holds in memory
 
 
 def death(exitcode: int | None) -> str:
@@ -112,7 +113,8 @@ class LocalBackend:
             for i, worker in enumerate(slots):
                 if worker is not None and worker.task is not None:
                     continue
-                task = scheduler.take()
+                others = set().union(*(w.kept for j, w in enumerate(slots) if w is not None and j != i))
+                task = scheduler.take(worker.kept if worker is not None else (), others)
                 if task is None:
                     break
                 if worker is None or not worker.process.is_alive():
@@ -123,6 +125,7 @@ class LocalBackend:
                     worker = slots[i] = self._start()
                     worker.conn.send(task)
                 worker.task = task
+                worker.kept.add(task.kept)
             busy = [w for w in slots if w is not None and w.task is not None]
             if not busy:
                 return

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,8 +43,17 @@ class Scheduler:
         self._unfinished = {t.id: {i for i, _ in t.points} for t in tasks}
         self._ids = itertools.count(max((t.id for t in tasks), default=0) + 1)
 
-    def take(self) -> Task | None:
-        return self.pending.popleft() if self.pending else None
+    def take(self, here: Collection[tuple] = (), elsewhere: Collection[tuple] = ()) -> Task | None:
+        """The next task: the first whose kept state is ``here`` (a worker's), else the first no other worker
+        keeps (``elsewhere``), else the first."""
+        if not self.pending:
+            return None
+        for wanted in (lambda t: t.kept in here, lambda t: t.kept not in elsewhere):
+            for i, task in enumerate(self.pending):
+                if wanted(task):
+                    del self.pending[i]
+                    return task
+        return self.pending.popleft()
 
     def row(self, task_id: int, index: int, row: dict[str, Any]) -> None:
         if index in self._unfinished.get(task_id, ()):
@@ -76,7 +85,7 @@ class Scheduler:
                 )
                 continue
             retried += 1
-            retry = Task(id=next(self._ids), points=[(index, job)])
+            retry = Task(id=next(self._ids), points=[(index, job)], kept=task.kept)
             self._unfinished[retry.id] = {index}
             self.pending.append(retry)
         self.deaths.append(
@@ -191,7 +200,9 @@ def group(points: list[Point]) -> list[Task]:
     shared: dict[tuple, list] = {}
     for point in points:
         shared.setdefault(point.job.shared(), []).append((point.index, point.job))
-    return [Task(id=i, points=members) for i, members in enumerate(shared.values())]
+    return [
+        Task(id=i, points=members, kept=members[0][1].kept()) for i, members in enumerate(shared.values())
+    ]
 
 
 def default_workers() -> int:

@@ -42,6 +42,17 @@ class Job:
         options = self.workload.options() if self.workload is not None else (self.serve or self.simulate)
         return (self.command, tuple(sorted((k, repr(v)) for k, v in options.items())))
 
+    def kept(self) -> tuple:
+        """What a worker keeps in memory after this point for the next: a simulation's step-time model does not
+        depend on the traffic or the replica count (castcore.serving.kv_capacity.step_times), so a plan's later
+        rounds of a layout find it made."""
+        if self.command != "simulate" or self.simulate is None:
+            return self.shared()
+        from castcore.serving.simulation_plan import TRAFFIC_NAMES
+
+        options = {k: v for k, v in self.simulate.items() if k not in TRAFFIC_NAMES and k != "dp"}
+        return (self.command, self.device, tuple(sorted((k, repr(v)) for k, v in options.items())))
+
 
 @dataclass(frozen=True)
 class Command:

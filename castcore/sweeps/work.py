@@ -34,6 +34,9 @@ class Task:
 
     id: int
     points: list[tuple[int, Job]]
+    # What a worker that ran the task keeps for the next like it (Job.kept): the local backend gives such a task
+    # to that worker, whose step-time models and captures are then already in memory.
+    kept: tuple = ()
 
 
 _sessions: dict[str, Any] = {}

@@ -503,3 +503,20 @@ def test_the_replica_notes_count_requests_in_english_ordinals(n, said):
     from castcore.serving.traffic import _ordinal
 
     assert _ordinal(n) == said
+
+
+def test_the_step_time_models_kept_are_the_last_used(monkeypatch):
+    """A plan revisits its layouts round after round: a model used again is kept over one not used since."""
+    from castcore.serving import kv_capacity
+    from castcore.sweeps.capture import CaptureCache
+
+    monkeypatch.setattr(kv_capacity, "KEPT_STEP_TIMES", 2)
+    session = castcore.Session(load_packs=[], device_files=[H100], capture_step=CaptureCache(disk=False))
+    options = {"requests": 20, "input_lengths": "uniform:20:120", "output_lengths": 8, "rate": 10.0}
+    session.simulate(LLAMA, tp=1, **options)
+    session.simulate(LLAMA, tp=2, **options)
+    first = next(iter(session.pipeline.derived.values()))
+    session.simulate(LLAMA, tp=1, **options)  # used again: now the last used
+    session.simulate(LLAMA, weights="int8", **options)  # a third: the least recently used (tp 2) goes
+    kept = list(session.pipeline.derived.values())
+    assert len(kept) == 2 and kept[0] is first
