@@ -277,6 +277,13 @@ SIMULATE = paged(
                         optional=True,
                         metavar="TIME",
                     ),
+                    switch(
+                        "stop_saturated",
+                        "with --rate: end the run as soon as its steady window shows the queue growing "
+                        "(SATURATED): its figures are then of the requests finished by then; castcore plan's "
+                        "search runs this way",
+                        TRAFFIC,
+                    ),
                     DTYPE,
                     *DEPLOYMENT,
                     DEVICE,

@@ -123,6 +123,7 @@ class Simulation:
     pools: Pools | None = None  # disaggregated prefill and decode
     # the requests the engine refuses, beyond its context ({"index", "why"}): failed, never run
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    stop_saturated: bool = False  # end a run once its steady window is saturated (castcore.simulation.engine)
 
 
 def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
@@ -184,6 +185,7 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
         speculation=spec,
         draft=draft,
         pools=pools,
+        stop_saturated=given["stop_saturated"],
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from castcore.errors import ModelError
+from castcore.options.catalog import say
 from castcore.report.memory import format_bytes
 from castcore.simulation.metrics import format_table, summarize
 from castcore.simulation.overheads import describe
@@ -145,12 +146,14 @@ def report_of(
     figures: dict[str, Any] | None = None,
     mean_running: float | None = None,
     partial: bool = False,
+    saturated: dict[str, Any] | None = None,
     **fields: Any,
 ) -> SimulationReport:
     """The SimulationReport of a run from its schedulers' results (engine.Result) and the requests it finished: the
     summary under the plan's objectives with ``figures`` (the run's own entries) and the prefix-cache and speculation
     counts, the requests that never fit, the iterations and the mean running batch over them. ``prefix_from``: the
-    results whose prefix caches count (all of them by default); ``fields``: the report's other fields."""
+    results whose prefix caches count (all of them by default); ``saturated``: a run stopped as saturated
+    (castcore.simulation.engine's EngineResult.saturated); ``fields``: the report's other fields."""
     never = [{"index": n.index, "why": n.why} for r in results for n in r.never_fit]
     if not finished:
         if partial:
@@ -168,6 +171,19 @@ def report_of(
     )
     summary.update(figures or {})
     summary["steady_state"] = steady_state(finished)
+    if saturated is not None:  # its steady window judged when the run stopped, no latencies claimed
+        summary["stopped_saturated_s"] = saturated["stopped_s"]
+        summary["steady_state"] = {
+            **{k: v for k, v in saturated.items() if k != "stopped_s"},
+            "ttft": None,
+            "tpot": None,
+        }
+        fields["notes"] = [
+            f"stopped at {saturated['stopped_s']:,.1f} s, once its steady window was saturated "
+            f"({say('stop_saturated')}): the figures are of the {len(finished):,} request"
+            f"{'s' * (len(finished) != 1)} finished by then",
+            *fields.get("notes", []),
+        ]
     summary["failed"] = len(plan.rejected)  # vllm bench serve's count of the requests the server refused
     if plan.rejected:
         shown = plan.rejected[0]

@@ -79,9 +79,10 @@ def simulate_traffic(
                 None if plan.concurrency is None else max(1, plan.concurrency // schedulers),
                 plan.speculation,
                 engine_step.costs.request_s,
+                stop_saturated=plan.stop_saturated,
             )
         )
-        if results[-1].partial:  # Ctrl-C: no further scheduler runs
+        if results[-1].partial or results[-1].saturated:  # Ctrl-C, or saturated: no further scheduler runs
             break
     notes = (
         [f"data-parallel: {base.dp} replicas, each serving every {_ordinal(base.dp)} request"]
@@ -119,6 +120,7 @@ def simulate_traffic(
         results,
         [f for r in results for f in r.finished],
         partial=results[-1].partial,
+        saturated=results[-1].saturated,
         device=steps.profile.name,
         kv_blocks=blocks,
         kv_bytes_per_token=per_token,

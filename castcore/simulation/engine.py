@@ -27,13 +27,16 @@ enters, its arrival time being that moment, when a request leaves the system; ``
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import gc
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 from castcore.errors import ModelError
 from castcore.options.catalog import say
+from castcore.simulation import steady
 from castcore.simulation.blocks import BlockPool
 from castcore.simulation.chunks import StepTime
 from castcore.simulation.decode_run import decode_run
@@ -84,6 +87,9 @@ class EngineResult:
     partial: bool = False  # interrupted (Ctrl-C): the figures are of the requests finished by then
     prefix_hits: int = 0  # admissions that found their prefix cached
     cached_tokens: int = 0  # prompt tokens those admissions did not compute
+    # stopped once its steady window showed it saturated (stop_saturated): the window's rates, in the form
+    # castcore.simulation.steady gives them, and the clock then
+    saturated: dict[str, Any] | None = None
 
 
 def run_engine(
@@ -96,19 +102,24 @@ def run_engine(
     request_s: float = 0.0,
     *,
     leaping: bool = True,
+    stop_saturated: bool = False,
 ) -> EngineResult:
     """Serve ``requests`` on an engine with ``limits`` and ``kv_blocks`` KV blocks; ``step_time`` gives an
     iteration's seconds from its batch's chunks. ``speculation``: (draft tokens k, tokens a decode step keeps).
     ``leaping``: decode-only runs booked at once (castcore.simulation.decode_run); False runs every iteration
     through the scheduler, to check that both give the same. ``request_s``: each request's path before the
-    scheduler sees it (castcore.simulation.overheads)."""
+    scheduler sees it (castcore.simulation.overheads). ``stop_saturated``: at a rate, the run ends as soon as the
+    clock passes the steady window's last arrival if the window is saturated then (castcore.simulation.steady):
+    the rest of the run would only measure how long the queue grew."""
     if kv_blocks < 1:
         raise ModelError(f"the KV cache has {kv_blocks} blocks; the deployment leaves no memory for it")
     if concurrency is not None and concurrency < 1:
         raise ModelError(f"{say('concurrency', concurrency)}: must be a whole number of at least 1")
-    policies = Policies.of(
-        limits, [RequestState.of(r) for r in requests], concurrency, speculation, request_s
-    )
+    states = [RequestState.of(r) for r in requests]
+    policies = Policies.of(limits, states, concurrency, speculation, request_s)
+    arrivals = sorted(s.arrival for s in states)
+    judged = steady.window(arrivals) if stop_saturated and concurrency is None else None
+    saturated = None
     pool = BlockPool(kv_blocks, limits.block_size)
     scheduler = Scheduler(limits, pool, policies)
     entry, trace = policies.entry, Trace()
@@ -122,6 +133,11 @@ def run_engine(
     gc.disable()
     try:  # Ctrl-C ends the run where it is: the requests finished so far are its figures
         while True:
+            if judged is not None and clock >= judged[1]:  # the verdict holds: later first tokens are past it
+                saturated, judged = _saturated(states, arrivals, judged), None
+            if saturated is not None and finished:  # stopped once a request has finished: figures to give
+                saturated["stopped_s"] = clock
+                break
             while (state := entry.next_due(clock, scheduler.in_system)) is not None:
                 why = state.why_never(limits, kv_blocks)
                 if why is None:
@@ -155,11 +171,35 @@ def run_engine(
     finally:
         if collecting:
             gc.enable()
-    return _result(finished, never_fit, scheduler, trace, partial)
+    return _result(
+        finished,
+        never_fit,
+        scheduler,
+        trace,
+        partial,
+        saturated if partial is False and saturated and "stopped_s" in saturated else None,
+    )
+
+
+def _saturated(
+    states: list[RequestState], arrivals: list[float], bounds: tuple[float, float]
+) -> dict[str, Any] | None:
+    """The steady window's requests and rates once the clock has passed its last arrival, when saturated; None
+    when the run keeps up (castcore.simulation.steady)."""
+    found = steady.rates(arrivals, sorted(s.token_times[0] for s in states if s.token_times), *bounds)
+    if not found["saturated"]:
+        return None
+    inside = bisect.bisect_right(arrivals, bounds[1]) - bisect.bisect_left(arrivals, bounds[0])
+    return {"requests": inside, "window_s": list(bounds), **found}
 
 
 def _result(
-    finished: list[Finished], never_fit: list[NeverFit], scheduler: Scheduler, trace: Trace, partial: bool
+    finished: list[Finished],
+    never_fit: list[NeverFit],
+    scheduler: Scheduler,
+    trace: Trace,
+    partial: bool,
+    saturated: dict[str, Any] | None,
 ) -> EngineResult:
     iterations = len(trace.time)
     stride = max(1, -(-iterations // MAX_KV_SAMPLES))
@@ -177,4 +217,5 @@ def _result(
         partial,
         cache.hits,
         cache.cached_tokens,
+        saturated,
     )

@@ -66,39 +66,53 @@ def _interval(values_ms: list[float], rng: random.Random) -> dict[str, list[floa
     }
 
 
+def window(arrivals: list[float]) -> tuple[float, float] | None:
+    """The steady window's first and last arrival, of ``arrivals`` sorted; None when it holds fewer than
+    ``MIN_REQUESTS`` or no time passes in it."""
+    n = len(arrivals)
+    inside = arrivals[int(n * WARMUP) : n - int(n * DRAIN)]
+    if len(inside) < MIN_REQUESTS or inside[-1] <= inside[0]:
+        return None
+    return inside[0], inside[-1]
+
+
+def rates(arrivals: list[float], first_tokens: list[float], start: float, end: float) -> dict[str, Any]:
+    """Over the window [start, end]: the requests a second that arrived and that were served (a first token), and
+    ``saturated``; both lists sorted. Only first tokens up to ``end`` count, so a run can be judged at ``end``."""
+
+    def waiting(t: float) -> int:
+        return bisect.bisect_right(arrivals, t) - bisect.bisect_right(first_tokens, t)
+
+    arrived = bisect.bisect_right(arrivals, end) - bisect.bisect_right(arrivals, start)
+    served = arrived - (waiting(end) - waiting(start))
+    return {
+        "offered_rate": arrived / (end - start),
+        "served_rate": served / (end - start),
+        "saturated": served < KEPT_UP * arrived,
+    }
+
+
 def steady_state(finished: list[Finished]) -> dict[str, Any] | None:
     """The run's steady window (see the module docstring): how many requests it holds and their arrival span, the
     offered request rate over it and the served one (first tokens a second), ``saturated``, and for ``ttft`` and ``tpot`` each statistic as
     [value, low, high] in milliseconds. None when the requests did not arrive over time (offline, all at t = 0) or
     the window holds fewer than ``MIN_REQUESTS``."""
     by_arrival = sorted(finished, key=lambda r: (r.arrival_s, r.index))
-    n = len(by_arrival)
-    window = by_arrival[int(n * WARMUP) : n - int(n * DRAIN)]
-    if len(window) < MIN_REQUESTS:
-        return None
-    start, end = window[0].arrival_s, window[-1].arrival_s
-    if end <= start:
-        return None
     arrivals = [r.arrival_s for r in by_arrival]
-    first_tokens = sorted(r.first_token_s for r in by_arrival)
-
-    def waiting(t: float) -> int:
-        return bisect.bisect_right(arrivals, t) - bisect.bisect_right(first_tokens, t)
-
-    arrived = bisect.bisect_right(arrivals, end) - bisect.bisect_right(arrivals, start)
-    growth = waiting(end) - waiting(start)
-    served = arrived - growth
+    bounds = window(arrivals)
+    if bounds is None:
+        return None
+    n = len(by_arrival)
+    inside = by_arrival[int(n * WARMUP) : n - int(n * DRAIN)]
     rng = random.Random(0)
-    ttft = [(r.first_token_s - r.arrival_s) * 1e3 for r in window]
+    ttft = [(r.first_token_s - r.arrival_s) * 1e3 for r in inside]
     tpot = [
-        (r.finish_s - r.first_token_s) / (r.output_tokens - 1) * 1e3 for r in window if r.output_tokens > 1
+        (r.finish_s - r.first_token_s) / (r.output_tokens - 1) * 1e3 for r in inside if r.output_tokens > 1
     ]
     return {
-        "requests": len(window),
-        "window_s": [start, end],
-        "offered_rate": arrived / (end - start),
-        "served_rate": served / (end - start),
-        "saturated": served < KEPT_UP * arrived,
+        "requests": len(inside),
+        "window_s": list(bounds),
+        **rates(arrivals, sorted(r.first_token_s for r in by_arrival), *bounds),
         "ttft": _interval(ttft, rng),
         "tpot": _interval(tpot, rng) if len(tpot) >= MIN_REQUESTS else None,
     }

@@ -79,6 +79,8 @@ def misses(request: PlanRequest, row: dict[str, Any]) -> list[str]:
     if row.get("error"):
         return [row["error"]]
     why = [f"{row['never_fit']} request(s) never fit the KV cache"] if row.get("never_fit") else []
+    if row.get("stopped_saturated_s") is not None:  # stopped: its latencies only measured the queue's growth
+        return [*why, plan_validation.saturation(row)]
     for metric, objective in (("ttft", request.ttft), ("tpot", request.tpot)):
         if objective is not None and row[objective.field(metric)] > objective.seconds * 1e3:
             why.append(
@@ -178,7 +180,11 @@ def _replicas(
     # the user's traffic beyond the lengths (castcore.sweeps.plan_traffic) in every round
     traffic = {
         **plan_traffic.point_values(request, at_rate),
-        **({"rate": request.rate} if at_rate else {"concurrency": request.concurrency}),
+        **(
+            {"rate": request.rate, "stop_saturated": True}
+            if at_rate
+            else {"concurrency": request.concurrency}
+        ),
     }
     first = round_of([{**values, **traffic, "dp": 1} for values in chosen])
     met, missed = [], []
@@ -236,7 +242,10 @@ def _max_rates(
         tried = {i: _rate((bounds[i][0] + bounds[i][2]) / 2) for i in open_}
         at_rate = plan_traffic.point_values(request, True)
         rows = round_of(
-            [{**_layout(first[i]), **at_rate, "dp": 1, "rate": rate} for i, rate in tried.items()]
+            [
+                {**_layout(first[i]), **at_rate, "dp": 1, "rate": rate, "stop_saturated": True}
+                for i, rate in tried.items()
+            ]
         )
         for i, row in zip(open_, rows):
             if misses(request, row):

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -24,14 +25,27 @@ from castcore.sweeps import work
 
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[None]:
-    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to hold
+    """Ctrl-C inside the block takes effect at its end. The parent's handler is swapped (a signal may reach any
+    thread, so blocking it in this one is not enough), and the signal is blocked too: a process started inside
+    inherits that and is free of a terminal's Ctrl-C until it unblocks it (_serve)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught: list[tuple] = []
+    previous = signal.signal(signal.SIGINT, lambda *given: caught.append(given))
+    masking = hasattr(signal, "pthread_sigmask")  # POSIX
+    if masking:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if masking:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one pending lands in caught
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])  # Python's own raises KeyboardInterrupt
+        elif caught and previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def _serve(conn: Connection, settings: work.Settings) -> None:

@@ -51,6 +51,10 @@ def margins(request: PlanRequest, row: dict[str, Any]) -> dict[str, dict[str, An
     return found
 
 
+def saturation(row: dict[str, Any]) -> str:
+    return f"saturated: {row['steady_requests']:,} steady requests arrived faster than they were served"
+
+
 def misses(request: PlanRequest, row: dict[str, Any]) -> list[str]:
     """Why a validation run does not confirm its layout: a failure, requests never served, saturation, or an
     interval reaching past an objective."""
@@ -58,9 +62,7 @@ def misses(request: PlanRequest, row: dict[str, Any]) -> list[str]:
         return [row["error"]]
     why = [f"{row['never_fit']} request(s) never fit the KV cache"] if row.get("never_fit") else []
     if row.get("saturated"):
-        why.append(
-            f"saturated: {row['steady_requests']:,} steady requests arrived faster than they were served"
-        )
+        why.append(saturation(row))
     for metric, found in margins(request, row).items():
         if found["margin"] < 0:
             why.append(

@@ -63,10 +63,16 @@ def test_no_steady_state_offline_or_with_too_few_requests():
     assert steady_state(_single_server(100, 1.0, 0.5)) is None
 
 
-def _simulate(rate: float, requests: int):
+def _simulate(rate: float, requests: int, **more):
     session = castcore.Session(load_packs=[], device_files=[DATA / "h100-sxm.toml"])
     return session.simulate(
-        LLAMA, device="h100-sxm", input_lengths="200", output_lengths="40", rate=rate, requests=requests
+        LLAMA,
+        device="h100-sxm",
+        input_lengths="200",
+        output_lengths="40",
+        rate=rate,
+        requests=requests,
+        **more,
     )
 
 
@@ -84,3 +90,22 @@ def test_simulate_reports_the_steady_state_of_a_real_run():
     assert (
         heavy.to_dict()["steady_state"]["served_rate"] < 0.95 * heavy.summary["steady_state"]["offered_rate"]
     )
+
+
+def test_a_run_stopped_once_saturated_says_what_the_whole_run_says_of_its_window():
+    whole = _simulate(400000.0, 1000)
+    stopped = _simulate(400000.0, 1000, stop_saturated=True)
+    judged = stopped.summary["steady_state"]
+    expected = whole.summary["steady_state"]
+    assert judged["saturated"] is True
+    for key in ("requests", "window_s", "offered_rate", "served_rate"):
+        assert judged[key] == expected[key], key
+    assert judged["ttft"] is None and judged["tpot"] is None  # no latencies claimed of a growing queue
+    assert stopped.iterations < whole.iterations
+    assert stopped.summary["completed"] < whole.summary["completed"]
+    assert any(note.startswith("stopped at ") and "stop_saturated" in note for note in stopped.notes)
+    assert "SATURATED" in stopped.format_text()
+
+
+def test_a_run_that_keeps_up_is_not_stopped():
+    assert _simulate(2000.0, 1000, stop_saturated=True).summary == _simulate(2000.0, 1000).summary
