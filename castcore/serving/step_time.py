@@ -205,15 +205,21 @@ class StepTimes:
         self.stage_times(
             [*(Chunk(1, c) for c in cached), *[Chunk(1, 0, False)] * idle]
         )  # body and head, kept
-        body, head = self._body[n + idle], self._head[n]
-        times = []
-        for j in range(1, steps + 1):
-            keys = float(
-                total + n * j + idle
-            )  # a decode's keys are its kept pairs (attention_pricing.features)
-            f = (1.0, float(n + idle), keys, keys, float(n + idle))
-            times.append(self._stages(body, head, [k.at(f) for k in self._kernels])[0])
-        return times
+        fixed = self._body[n + idle][0] + self._head[n][0]
+        # Each kernel's compute, memory and rest are lines in the run's keys (features: 1, sequences, keys, kept
+        # pairs, sequences; a decode's kept pairs are its keys): (at no keys, per key) for each.
+        rows = n + idle
+        lines = [
+            (counts[0], *((a[0] + (a[1] + a[4]) * rows, a[2] + a[3]) for a in (k.compute, k.memory, k.rest)))
+            for (counts, _), k in zip(self.attention, self._kernels)
+        ]
+        return [
+            fixed
+            + sum(
+                c * (max(ca + cb * x, ma + mb * x) + ra + rb * x) for c, (ca, cb), (ma, mb), (ra, rb) in lines
+            )
+            for x in (float(total + n * j + idle) for j in range(1, steps + 1))
+        ]
 
     def __call__(self, chunks: Sequence[Chunk | tuple]) -> float:
         """The iteration's seconds; under ``--pp`` the period of one micro-batch among ``pp`` in flight (Stages)."""
