@@ -66,30 +66,32 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(value: Any) -> Any:
-    if not isinstance(value, list):
+    # Most values are leaves, and a capture holds millions: lists' items are decoded in place, calling this only
+    # for the items that are lists themselves.
+    if value.__class__ is not list:
         return value
     if not value:
         raise StoredError("an untagged list")
-    tag, rest = value[0], value[1:]
+    tag = value[0]
     if tag == "T":
-        shape, dtype, stride, offset, device, storage, nbytes = rest
+        _, shape, dtype, stride, offset, device, storage, nbytes = value
         return TensorMeta(tuple(shape), _constant("d", dtype), tuple(stride), offset, device, storage, nbytes)
     if tag == "(":
-        return tuple(map(_decode, rest))
+        return tuple([v if v.__class__ is not list else _decode(v) for v in value[1:]])
     if tag == "[":
-        return list(map(_decode, rest))
+        return [v if v.__class__ is not list else _decode(v) for v in value[1:]]
     if tag == "{":
-        return {_decode(k): _decode(v) for k, v in rest}
+        return {_decode(k): _decode(v) for k, v in value[1:]}
     if tag == "N":
-        return SimpleNamespace(**{k: _decode(v) for k, v in rest})
+        return SimpleNamespace(**{k: _decode(v) for k, v in value[1:]})
     if tag == "f":
-        return float(rest[0])
+        return float(value[1])
     if tag == "D":
-        return torch.device(rest[0])
+        return torch.device(value[1])
     if tag in _CONSTANTS:
-        return _constant(tag, rest[0])
+        return _constant(tag, value[1])
     if tag == "O":
-        return _operator(*rest)
+        return _operator(*value[1:])
     raise StoredError(f"unknown tag {tag!r}")
 
 
