@@ -102,6 +102,40 @@ def busiest_share(experts: int, ranks: int, tokens: float, top_k: int, skew: flo
     return min(1.0, (loads[0] + (per_rank - 1) * rest) / total)
 
 
+def busiest_rows(experts: int, ranks: int, tokens: float, top_k: int, skew: float) -> float:
+    """The expected routed rows on the busiest of ``ranks`` expert-parallel ranks when ``tokens`` tokens (over the
+    whole group) each pick ``top_k`` of ``experts``. Balanced routing still lands unevenly: a rank's rows are taken
+    as Poisson with mean R / ranks (R = tokens x top_k), so the busiest holds sum over c of 1 - P(rows <= c)^ranks,
+    1 token's 8 rows over 8 ranks about 2.6; under a skew, at least the hottest rank's share (busiest_share). At
+    most every row a rank can take (each token sends a rank at most min(top_k, its experts) rows)."""
+    rows = tokens * top_k
+    if ranks <= 1 or rows <= 0:
+        return rows
+    most = tokens * min(top_k, max(1, experts // ranks))
+    found = max(_poisson_max(rows / ranks, ranks), rows / ranks)
+    if skew:
+        found = max(found, busiest_share(experts, ranks, tokens, top_k, skew) * rows)
+    return min(found, most)
+
+
+def _poisson_max(mean: float, n: int) -> float:
+    """E[max of n independent Poisson(mean) counts] = sum over c >= 0 of 1 - F(c)^n: each term is 1 well below
+    the mean (started there), and the sum stops once the terms no longer count."""
+    start = max(0, int(mean - 12 * math.sqrt(mean) - 12))
+    log_mean = math.log(mean)
+    cdf = sum(
+        math.exp(c * log_mean - mean - math.lgamma(c + 1)) for c in range(max(0, start - 40), start + 1)
+    )
+    total, c = float(start), start
+    while True:
+        term = 1 - cdf**n
+        total += term
+        if c > mean and term < 1e-9:
+            return total
+        c += 1
+        cdf += math.exp(c * log_mean - mean - math.lgamma(c + 1))
+
+
 def _quantile(q: float, low: float, high: float, skew: float) -> float:
     """The power law's inverse CDF on [low, high] with exponent ``skew`` (log-uniform at exactly 1)."""
     if abs(skew - 1) < 1e-9:

@@ -121,3 +121,55 @@ def test_the_option_from_the_command_line(h100_file, capsys, monkeypatch):
     assert main(["estimate", "--model", MIXTRAL, "--device-file", str(h100_file), "--expert-skew", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--expert-skew 0" in err and "above zero" in err
+
+
+def _enumerated_busiest(experts: int, ranks: int, top_k: int) -> float:
+    """One token's top-k over experts placed evenly on ranks: every choice of k distinct experts, equally likely,
+    and the most any rank gets, averaged."""
+    import itertools
+
+    per_rank, total, count = experts // ranks, 0, 0
+    for chosen in itertools.combinations(range(experts), top_k):
+        on_rank = [0] * ranks
+        for expert in chosen:
+            on_rank[expert // per_rank] += 1
+        total, count = total + max(on_rank), count + 1
+    return total / count
+
+
+@pytest.mark.parametrize("experts, ranks, top_k", [(16, 4, 4), (32, 8, 8), (24, 8, 2), (8, 2, 2)])
+def test_one_tokens_busiest_device_is_near_the_enumerated_expectation(experts, ranks, top_k):
+    exact = _enumerated_busiest(experts, ranks, top_k)
+    found = routing.busiest_rows(experts, ranks, 1, top_k, 0.0)
+    assert top_k / ranks < exact and 0.95 * exact <= found <= 1.12 * exact  # Poisson counts: a little off
+
+
+def test_the_poisson_maximum_worked_by_hand():
+    # two ranks, mean 1 row each: E[max] = sum over c of 1 - F(c)^2 with F the Poisson(1) CDF
+    pmf = [math.exp(-1) / math.factorial(c) for c in range(30)]
+    cdf = [sum(pmf[: c + 1]) for c in range(30)]
+    by_hand = sum(1 - f * f for f in cdf)
+    assert routing.busiest_rows(64, 2, 1, 2, 0.0) == pytest.approx(by_hand, rel=1e-9)
+    assert by_hand == pytest.approx(1.5238, abs=1e-3)  # .8647 + .4586 + .1542 + .0376 + .0074 + ...
+
+
+def test_the_busiest_share_grows_smoothly_with_the_batch_and_nears_the_even_share():
+    # DeepSeek-V3's 256 experts, top-8, over 8 devices: continuous from one token up, no step where rows pass
+    # the expert count, and within 2% of the even share at 16,384 tokens
+    tokens = [t / 4 for t in range(4, 4 * 600)]
+    rows = [routing.busiest_rows(256, 8, t, 8, 0.0) for t in tokens]
+    steps = [b - a for a, b in zip(rows, rows[1:])]
+    assert all(0 < s <= 8 * 0.25 + 1e-9 for s in steps)  # a quarter token adds at most its 2 rows
+    assert rows[0] == pytest.approx(2.5785, abs=1e-3)  # about 2.6 of one token's 8 rows
+    big = routing.busiest_rows(256, 8, 16384, 8, 0.0)
+    assert 16384 < big < 1.02 * 16384
+
+
+def test_a_device_takes_at_most_a_tokens_rows_on_its_own_experts_and_the_skew_only_adds():
+    assert (
+        routing.busiest_rows(16, 8, 1, 8, 0.0) <= 2
+    )  # two experts a device: two of the token's rows at most
+    assert routing.busiest_rows(256, 1, 3, 8, 0.0) == 24  # one rank takes every row
+    skewed = routing.busiest_rows(256, 8, 512, 8, 1.01)
+    assert skewed >= routing.busiest_rows(256, 8, 512, 8, 0.0)
+    assert skewed == pytest.approx(routing.busiest_share(256, 8, 512, 8, 1.01) * 512 * 8)

@@ -10,8 +10,9 @@ parameters sliced along dim 0) and runs, on one device:
    share when they do not divide;
 2. dispatch: the routed copies (tokens x top_k) sorted by expert and sent with one all_to_all over the
    expert-parallel group (recorded as a low-latency all-to-all under ``--ep-kernels``, castcore.recording.hints).
-   Routing is taken as balanced (every expert gets as many rows): a device receives as many rows as it sends,
-   split evenly across its local experts;
+   A device receives the rows of the busiest rank: of the group's tokens x top_k routed rows, the expected most
+   any rank gets (castcore.recording.routing.busiest_rows: even routing still lands unevenly, and more so under
+   ``--expert-skew``), split evenly across its local experts;
 3. with ep < tp every expert is also split over tp/ep devices along its intermediate dimension: the received
    rows are all-gathered over those devices first and the partial outputs reduce-scattered after;
 4. the grouped matmuls of its local experts (``aten::_grouped_mm``, the activation the module applies);
@@ -100,15 +101,12 @@ def _grouped(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, trans
     return torch._grouped_mm(x, weight if transposed else weight.transpose(-2, -1), offs=offsets)
 
 
-def _busiest_rows(local_experts: int, ranks: int, tokens: int, top_k: int) -> int:
-    """Rows the busiest of ``ranks`` expert-parallel ranks receives when each sends ``tokens`` x ``top_k``:
-    its even share, or more under the routing skew of the capture (castcore.recording.routing)."""
-    skew = routing.recorded().get("expert_skew")
-    rows = tokens * top_k
-    if not skew:
-        return rows
-    share = routing.busiest_share(local_experts * ranks, ranks, tokens * ranks, top_k, skew)
-    return max(rows, round(share * rows * ranks))
+def _busiest_rows(local_experts: int, ranks: int, tokens: float, top_k: int) -> int:
+    """Rows the busiest of ``ranks`` expert-parallel ranks receives when the group routes ``tokens`` tokens in all
+    (castcore.recording.routing.busiest_rows: uneven even when balanced, more under the capture's routing skew),
+    whole rows: a batch of one token runs about 3 of its 8 rows on the busiest of 8 devices, not 8."""
+    skew = routing.recorded().get("expert_skew") or 0.0
+    return max(1, round(routing.busiest_rows(local_experts * ranks, ranks, tokens, top_k, skew)))
 
 
 def _expert_parallel_forward(groups: ExpertGroups):
@@ -136,7 +134,11 @@ def _expert_parallel_forward(groups: ExpertGroups):
                 top_k_weights = torch.ones_like(top_k_weights)
             splits = _splits(rows, groups.ep_size)
             # The busiest rank sets the pace: under a routing skew it receives more than its even share.
-            busiest = _splits(_busiest_rows(self.num_experts, groups.ep_size, share, top_k), groups.ep_size)
+            # the group's tokens: each of its ep ranks routes 1/token_share of its tensor-parallel group's
+            group_tokens = tokens * groups.ep_size / groups.token_share
+            busiest = _splits(
+                _busiest_rows(self.num_experts, groups.ep_size, group_tokens, top_k), groups.ep_size
+            )
             with collective_kernels(groups.kernels):
                 received = funcol.all_to_all_single(routed, busiest, splits, groups.ep)
             if groups.etp_size > 1:

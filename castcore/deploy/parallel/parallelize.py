@@ -99,7 +99,8 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
             count = shard_experts(built.model, groups)
             built.description += f", expert parallel {ep}" + ("" if tp > 1 else " (per device)")
             routed = (
-                "taken as balanced (tokens x top_k / ep rows per device"
+                "taken as balanced, each device priced at the expected most of the tokens x top_k rows "
+                "any one receives (about 3 of a token's 8 over 8 devices"
                 if not workload.expert_skew
                 else f"skewed ({say('expert_skew', workload.expert_skew)}: the busiest device's rows"
             )
