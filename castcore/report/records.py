@@ -14,7 +14,7 @@ from castcore.errors import CastcoreError
 from castcore.devices.costs import Estimate, PerformanceProperties
 from castcore.devices.profile import DeviceProfile
 from castcore.report.bands import op_band
-from castcore.recording.invoke import OpInvoke
+from castcore.recording.invoke import OpInvoke, TensorMeta
 
 
 @dataclass(slots=True)
@@ -49,9 +49,30 @@ class OpSummary:
     error_band: dict[str, Any] | None = (
         None  # castcore.report.bands: the family's held-out error on this device
     )
+    # a grouped (mixture-of-experts) product: the experts a call's rows reach on this device, the mean over calls
+    experts_run: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _experts_run(records: list[OpRecord]) -> float | None:
+    """The mean experts a grouped product's rows reach (castcore.builtin.formulas.matmul.routed_experts: under
+    --ep the busiest device's rows), or None for other ops."""
+    from castcore.builtin.formulas.matmul import routed_experts
+
+    grouped = [
+        r.invoke
+        for r in records
+        if len(r.invoke.args) > 1
+        and all(isinstance(a, TensorMeta) for a in r.invoke.args[:2])
+        and r.invoke.args[0].dim() == 2
+        and r.invoke.args[1].dim() == 3
+    ]
+    if not grouped:
+        return None
+    reached = [routed_experts(i, i.args[1].shape[0], i.args[0].shape[0]) for i in grouped]
+    return round(sum(reached) / len(reached), 2)
 
 
 @dataclass(slots=True)
@@ -133,6 +154,7 @@ class Report:
                     bytes=sum(r.bytes for r in records),
                     fallback=any(r.estimate.fallback for r in records),
                     error_band=op_band(records, self.device),
+                    experts_run=_experts_run(records),
                 )
             )
         summaries.sort(key=lambda s: (-s.time_s, s.op))

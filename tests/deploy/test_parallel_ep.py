@@ -266,3 +266,18 @@ def test_a_factory_model_is_checked_when_built(h100_file, capsys, tmp_path, monk
         and err
         == "castcore: error: --pp 3 is more pipeline stages than the model's 2 layers: use --pp 2 or less"
     )
+
+
+def test_the_op_table_says_how_many_experts_a_device_ran(session):
+    # One decoding token, top-2 of 4 experts: 2 rows reach 4 x (1 - (3/4)^2) = 1.75 experts on one device. Under
+    # --tp 2 --ep 2 the busiest device gets round(1.52) = 2 of them over its 2 experts: 2 x (1 - (1/2)^2) = 1.5.
+    def experts_run(**layout):
+        report = session.estimate(
+            castcore.build_workload(MIXTRAL, phase="decode", kv_len=16, batch=1, **layout)
+        )
+        found = [s.experts_run for s in report.by_op() if s.experts_run is not None]
+        assert len(found) == 1  # the grouped products, every other op None
+        return found[0]
+
+    assert experts_run() == pytest.approx(1.75)
+    assert experts_run(tp=2, ep=2) == pytest.approx(1.5)

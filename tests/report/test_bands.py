@@ -57,8 +57,8 @@ def test_the_cli_prints_bands_in_json_and_csv(tmp_path, capsys):
     assert ops["aten::mm"]["error_band"]["held_out_median_abs_error"] == 0.09
     assert main([*argv, "--csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith(",error_band")
-    assert next(line for line in lines if line.startswith("aten::mm,")).endswith(",0.09")
+    assert lines[0].endswith(",error_band,experts_run")  # experts_run: empty but for grouped products
+    assert next(line for line in lines if line.startswith("aten::mm,")).endswith(",0.09,")
 
 
 def test_block_scaled_products_and_experts_have_their_own_families(tmp_path):
