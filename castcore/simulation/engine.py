@@ -119,7 +119,7 @@ def run_engine(
     policies = Policies.of(limits, states, concurrency, speculation, request_s)
     arrivals = sorted(s.arrival for s in states)
     judged = steady.window(arrivals) if stop_saturated and concurrency is None else None
-    saturated = None
+    saturated = stopped = None
     pool = BlockPool(kv_blocks, limits.block_size)
     scheduler = Scheduler(limits, pool, policies)
     entry, trace = policies.entry, Trace()
@@ -136,7 +136,7 @@ def run_engine(
             if judged is not None and clock >= judged[1]:  # the verdict holds: later first tokens are past it
                 saturated, judged = _saturated(states, arrivals, judged), None
             if saturated is not None and finished:  # stopped once a request has finished: figures to give
-                saturated["stopped_s"] = clock
+                stopped = {**saturated, "stopped_s": clock}
                 break
             while (state := entry.next_due(clock, scheduler.in_system)) is not None:
                 why = state.why_never(limits, kv_blocks)
@@ -171,14 +171,7 @@ def run_engine(
     finally:
         if collecting:
             gc.enable()
-    return _result(
-        finished,
-        never_fit,
-        scheduler,
-        trace,
-        partial,
-        saturated if partial is False and saturated and "stopped_s" in saturated else None,
-    )
+    return _result(finished, never_fit, scheduler, trace, partial, stopped)
 
 
 def _saturated(
