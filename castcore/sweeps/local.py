@@ -15,11 +15,13 @@ import os
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from castcore.serving.kv_capacity import KEPT_STEP_TIMES
 from castcore.sweeps import work
 
 
@@ -73,7 +75,8 @@ class _Worker:
     process: Any
     conn: Connection
     task: work.Task | None = None
-    kept: set = field(default_factory=set)  # the Task.kept of every task it ran: what it holds in memory
+    # the Task.kept of the last tasks it ran, as many as a process keeps step-time models of (kv_capacity)
+    kept: deque = field(default_factory=lambda: deque(maxlen=KEPT_STEP_TIMES))
 
 
 def death(exitcode: int | None) -> str:
@@ -139,7 +142,9 @@ class LocalBackend:
                     worker = slots[i] = self._start()
                     worker.conn.send(task)
                 worker.task = task
-                worker.kept.add(task.kept)
+                if task.kept in worker.kept:
+                    worker.kept.remove(task.kept)
+                worker.kept.append(task.kept)  # the last used last, as the worker keeps them
             busy = [w for w in slots if w is not None and w.task is not None]
             if not busy:
                 return

@@ -13,7 +13,7 @@ import itertools
 import os
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +36,7 @@ class Scheduler:
 
     def __init__(self, tasks: list[Task], on_row: Callable[[int, dict[str, Any]], None]):
         self.pending = deque(tasks)
+        self._waiting = Counter(t.kept for t in tasks)  # pending tasks by what they keep
         self.on_row = on_row
         self.stats = Stats()
         self.attempts: dict[int, int] = {}
@@ -48,12 +49,16 @@ class Scheduler:
         keeps (``elsewhere``), else the first."""
         if not self.pending:
             return None
-        for wanted in (lambda t: t.kept in here, lambda t: t.kept not in elsewhere):
-            for i, task in enumerate(self.pending):
-                if wanted(task):
-                    del self.pending[i]
-                    return task
-        return self.pending.popleft()
+        tries = [lambda t: t.kept not in elsewhere]
+        if any(
+            self._waiting[k] for k in here
+        ):  # a scan only where one will match: a sweep may hold thousands
+            tries.insert(0, lambda t: t.kept in here)
+        found = next((i for wanted in tries for i, t in enumerate(self.pending) if wanted(t)), 0)
+        task = self.pending[found]
+        del self.pending[found]
+        self._waiting[task.kept] -= 1
+        return task
 
     def row(self, task_id: int, index: int, row: dict[str, Any]) -> None:
         if index in self._unfinished.get(task_id, ()):
@@ -88,6 +93,7 @@ class Scheduler:
             retry = Task(id=next(self._ids), points=[(index, job)], kept=task.kept)
             self._unfinished[retry.id] = {index}
             self.pending.append(retry)
+            self._waiting[retry.kept] += 1
         self.deaths.append(
             f"a worker died ({how}): {retried} unfinished point(s) retried on their own, {failed} "
             "marked failed"
