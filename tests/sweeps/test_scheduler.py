@@ -43,4 +43,3 @@ def test_simulations_of_one_layout_at_other_traffic_or_replicas_keep_the_same_st
 class _Point:
     def __init__(self, index, job):
         self.index, self.job = index, job
-
