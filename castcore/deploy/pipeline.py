@@ -275,8 +275,10 @@ class Pipeline:
         device: str | DeviceProfile | None = None,
         description: str = "",
         kv_cache_bytes: int = 0,
+        memory: bool = True,
     ) -> Report:
-        """Estimate every call of a capture; the report includes its memory footprint (see castcore.report.memory)."""
+        """Estimate every call of a capture; the report includes its memory footprint (see castcore.report.memory)
+        unless ``memory`` is False (a caller that reads only the times: the analysis costs more than the pricing)."""
         profile = self.host.device(device)
         resolver = self.host.resolver
         with no_cyclic_gc():
@@ -288,8 +290,8 @@ class Pipeline:
                 )
                 for invoke in captured.invokes
             ]
-            memory = analyze_memory(captured, kv_cache_bytes=kv_cache_bytes)
-        return Report(records, profile, description, memory=memory)
+            footprint = analyze_memory(captured, kv_cache_bytes=kv_cache_bytes) if memory else None
+        return Report(records, profile, description, memory=footprint)
 
     def run(
         self,

@@ -27,12 +27,16 @@ KV_PROBE = 256  # the KV length of the decode step whose cache gives the bytes a
 def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: str, limits: EngineLimits) -> KvBudget:
     """The KV cache ``engine``'s own rule gives one device under ``limits`` (castcore.serving.engine_memory), and
     the bytes one token's keys and values take; ModelError when it holds no block."""
-    probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), steps.profile)
-    per_token = max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1)))
+    if steps.probed is None:  # kept with the step-time model: a plan simulates one deployment many times
+        probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), steps.profile)
+        steps.probed = (
+            probe.memory.weight_bytes,
+            max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1))),
+        )
     # The weights one device holds (under --pp its heaviest stage's) from the probe, the activations of a full
     # token budget (the LM head over the sequences that sample, as vLLM's profile run) from the step-time
     # model's largest capture.
-    weights, activations = probe.memory.weight_bytes, steps.memory.activation_peak_bytes
+    (weights, per_token), activations = steps.probed, steps.memory.activation_peak_bytes
     found = budget(engine, limits, steps.profile, steps.base, weights, activations, per_token)
     usable = found.kv_bytes
     if found.blocks < 1 and usable >= per_token:  # room for tokens, not for one block of them

@@ -60,10 +60,15 @@ def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
 
 
 def capture_mixed(
-    pipeline: Pipeline, base: Workload, chunks: Sequence[Chunk], device: str | DeviceProfile | None = None
+    pipeline: Pipeline,
+    base: Workload,
+    chunks: Sequence[Chunk],
+    device: str | DeviceProfile | None = None,
+    memory: bool = True,
 ) -> Report:
     """The Report of one engine iteration over ``chunks`` of ``base``'s model and deployment (see the module
-    docstring), through the pipeline's capture step when that keeps mixed batches (castcore.sweeps.capture)."""
+    docstring), through the pipeline's capture step when that keeps mixed batches (castcore.sweeps.capture);
+    without its memory footprint when ``memory`` is False."""
     workload = packed_workload(base, chunks)
     profile = pipeline.host.device(device)
     sampled = sum(1 for c in chunks if c.samples)
@@ -101,4 +106,5 @@ def capture_mixed(
         captured,
         profile,
         description=f"{built.description}: a mixed batch of {len(chunks)} sequences, {workload.seq} tokens",
+        memory=memory,
     )

@@ -136,6 +136,8 @@ class StepTimes:
         self._kernels = [self._pricing(template, max_tokens) for _, template in self.attention]
         self._body: dict[int, list[float]] = {}  # per token count, each stage's body
         self._head: dict[int, list[float]] = {}  # per count of sampling sequences, each stage's LM head
+        # the weights a device holds and the KV bytes a token takes (castcore.serving.kv_capacity's probe)
+        self.probed: tuple[int, int] | None = None
 
     def _report(self, tokens: int) -> Report:
         """The ladder's capture at ``tokens``: one prompt chunk and single tokens, min(tokens, max_sampled) of
@@ -143,7 +145,10 @@ class StepTimes:
         if tokens not in self._reports:
             sampled = min(tokens, self.max_sampled)
             chunks = [Chunk(tokens - sampled + 1, 0), *[Chunk(1, 0)] * (sampled - 1)]
-            report = self._reports[tokens] = capture_mixed(self.pipeline, self.base, chunks, self.profile)
+            # only the full token budget's footprint is read (self.memory): the analysis costs more than pricing
+            report = self._reports[tokens] = capture_mixed(
+                self.pipeline, self.base, chunks, self.profile, memory=tokens == self.points[-1]
+            )
             self._stage_of[tokens] = (
                 self.stages.assign(report) if self.stages is not None else [0] * len(report.records)
             )

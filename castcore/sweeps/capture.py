@@ -19,6 +19,7 @@ pipeline as its capture step (``castcore.Session(capture_step=CaptureCache())``)
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
@@ -303,7 +304,7 @@ class CaptureCache:
         """What the pipeline reads of a built model after its capture. The model itself is read only to split a
         capture into pipeline stages, by its class name and its decoder layers; a stand-in with those serves."""
         return BuiltModel(
-            model=_stand_in(*entry["layers"]),
+            model=_stand_in(*entry["layers"]),  # one per shape, shared: nothing writes to it
             description=entry["description"],
             notes=list(entry["notes"]),
             config=entry["config"],
@@ -337,6 +338,7 @@ def _layers(model: nn.Module) -> tuple[str, str | None, int]:
     )
 
 
+@functools.lru_cache(maxsize=8)
 def _stand_in(name: str, path: str | None, count: int) -> nn.Module:
     """An empty module named as the model, with ``count`` empty decoder layers at ``path``: what
     castcore.deploy.parallel.pipeline_stages reads to split a capture (the records name the modules that made them)."""
