@@ -17,6 +17,7 @@ MODEL_TESTS = {
     "test_cli",
     "test_cost_definition",
     "test_cost_energy",
+    "test_engine_step",
     "test_fp4",
     "test_fusing",
     "test_gpt_oss",

@@ -31,7 +31,7 @@ from castcore.recording.routing import expert_routing
 from castcore.deploy.kernels.fusing import fuse
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
 from castcore.devices.dtypes import torch_dtype
-from castcore.deploy import lora
+from castcore.deploy import engine_step, lora
 from castcore.deploy.quantize.apply import quantize
 from castcore.workload.spec import ModelError, Workload, is_factory
 from castcore.deploy.parallel.pipeline_stages import pipeline_report
@@ -276,14 +276,19 @@ class Pipeline:
         description: str = "",
         kv_cache_bytes: int = 0,
         memory: bool = True,
+        deployed: bool = False,
     ) -> Report:
         """Estimate every call of a capture; the report includes its memory footprint (see castcore.report.memory)
-        unless ``memory`` is False (a caller that reads only the times: the analysis costs more than the pricing)."""
+        unless ``memory`` is False (a caller that reads only the times: the analysis costs more than the pricing).
+        ``deployed``: priced as an engine runs the step, its glue on ids and positions at nothing
+        (castcore.deploy.engine_step)."""
         profile = self.host.device(device)
         resolver = self.host.resolver
         with no_cyclic_gc():
             records = [
-                OpRecord(
+                OpRecord(invoke, *engine_step.nothing())
+                if deployed and engine_step.hoisted(invoke)
+                else OpRecord(
                     invoke=invoke,
                     estimate=resolver.estimate(invoke, profile),
                     properties=resolver.properties(invoke, profile)[0],
@@ -351,7 +356,13 @@ class Pipeline:
                 cache = kv_cache_bytes(built.config, batch, seq, dtype)
             except ValueError as exc:
                 notes.append(f"the KV cache a prefill fills is not counted: {exc}")
-        report = self.estimate_capture(captured, profile, description=description, kv_cache_bytes=cache)
+        report = self.estimate_capture(
+            captured,
+            profile,
+            description=description,
+            kv_cache_bytes=cache,
+            deployed=workload.fuse and not workload.train,
+        )
         # one device runs one stage: the slowest stage's records, the heaviest stage's memory
         if workload.pp > 1:
             report = pipeline_report(

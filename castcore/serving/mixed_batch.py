@@ -107,4 +107,5 @@ def capture_mixed(
         profile,
         description=f"{built.description}: a mixed batch of {len(chunks)} sequences, {workload.seq} tokens",
         memory=memory,
+        deployed=True,
     )

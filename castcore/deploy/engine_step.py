@@ -1,0 +1,35 @@
+"""A step as a serving engine runs it: the glue on ids and positions it never launches.
+
+Position ids, cache positions, slot indices and the bookkeeping of routed token and expert ids are built by an
+engine on the host (vLLM's input preparation) or inside its routing and attention kernels. A Hugging Face forward
+computes them with small aten ops over integer tensors, so a deployed step prices those at nothing (``hoisted``);
+the eager graph (``--eager``) keeps them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from castcore.devices.costs import Estimate, PerformanceProperties, Source
+
+if TYPE_CHECKING:
+    from castcore.recording.invoke import OpInvoke
+
+# ids, positions and masks; int8/uint8 stay kernels (quantized activations, packed fp4 weights)
+ID_DTYPES = frozenset({torch.int64, torch.int32, torch.bool})
+HOISTED = Source("core", "hoisted")  # how the per-op table names who priced it
+
+
+def hoisted(invoke: OpInvoke) -> bool:
+    """An aten op whose every tensor, in and out, holds ids, positions or masks: no activation or weight."""
+    if not invoke.name.startswith("aten::"):
+        return False  # a plugin's or user's op keeps its own estimate
+    tensors = [*invoke.inputs(), *invoke.outputs()]
+    return bool(tensors) and all(t.dtype in ID_DTYPES for t in tensors)
+
+
+def nothing() -> tuple[Estimate, PerformanceProperties]:
+    """A hoisted op's estimate and properties: no time, no work, no bytes."""
+    return Estimate(time_s=0.0, bound="none", source=HOISTED), PerformanceProperties()
