@@ -16,7 +16,7 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from castcore.report.energy import PoolUse, busy_s, prefill_share
+from castcore.report.energy import PoolUse, prefill_share
 from castcore.simulation.chunks import Chunk
 
 if TYPE_CHECKING:
@@ -50,8 +50,8 @@ class Metered:
 
     def _share_at(self, point: int) -> float:
         if point not in self._shares:
-            report = self.steps._report(point)  # the ladder's capture, made already for this iteration's time
-            self._shares[point] = busy_s(report) / report.time_s if report.time_s else 0.0
+            # the ladder's capture, made already for this iteration's time
+            self._shares[point] = self.steps.point(point).busy_share
         return self._shares[point]
 
     def share(self, tokens: int) -> float:

@@ -7,9 +7,9 @@ An iteration over mixed chunks (castcore.serving.mixed_batch) costs three kinds 
 - the LM head, a function of the sequences S that sample a token;
 - attention, one ``castcore::varlen_attention`` kernel a layer, a function of every chunk's length and KV length.
 
-So the deployment is captured as mixed batches at a ladder of token counts (powers of two up to the token budget,
-each captured when an iteration first needs it),
-each op's compute, memory, communication and launch time kept per ladder point, and an iteration's body and head
+So the deployment is captured as mixed batches at a ladder of token counts (castcore.serving.ladder_points: powers
+of four up to the token budget, each captured when an iteration first needs it, or read as priced from the capture
+cache), each op's compute, memory, communication and launch time kept per ladder point, and an iteration's body and head
 are each op's parts interpolated linearly at its T or S and added as the roofline adds them
 (max(compute, memory) + the rest). Attention is castcore's own estimate of that iteration's kernel, asked of the
 plugins once an iteration. ``agreement`` compares this with a direct capture of the same batches.
@@ -19,82 +19,22 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from castcore.recording.invoke import OpInvoke, TensorMeta
 from castcore.serving import attention_pricing
-from castcore.serving.mixed_batch import Chunk, capture_mixed
+from castcore.serving.ladder_points import Parts, Point, is_head, ladder
+from castcore.serving.mixed_batch import Chunk, capture_mixed, packed_workload
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
-    from castcore.report.records import OpRecord, Report
+    from castcore.report.records import Report
     from castcore.deploy.pipeline import Pipeline
     from castcore.workload.spec import Workload
 
 ATTENTION = "castcore::varlen_attention"
-
-
-def ladder(most: int, step: int = 4) -> list[int]:
-    """Token counts captured: the powers of ``step`` below ``most``, and ``most``. Each op's compute and memory
-    times are each near-linear in the tokens (the kernel's shape changes only in one dimension), so points this far
-    apart interpolate them closely; where an op turns from memory- to compute-bound, the max after interpolating
-    finds the turn (bench/simulate_steps.py measures how close)."""
-    points = [1]
-    while points[-1] * step < most:
-        points.append(points[-1] * step)
-    return sorted({*points, most})
-
-
-def _head(record: OpRecord) -> bool:
-    return record.invoke.module.endswith("lm_head")
-
-
-@dataclass
-class _Parts:
-    """Ops of one kind between two ladder points: those that estimate alike, with their parts at each point."""
-
-    points: list[int]  # the two token (or sampling-sequence) counts
-    # (how many, [(compute, memory, rest) at each point])
-    ops: list[tuple[int, list[tuple[float, float, float]]]]
-
-    @classmethod
-    def of(cls, points: list[int], per_point: list[list[OpRecord]]) -> _Parts:
-        """Each op matched across the ladder by its module, name and place among such calls; an op a capture
-        did not run (a reshape that is free at one token) costs nothing there."""
-        found: list[dict[tuple, tuple[float, float, float]]] = []
-        for records in per_point:
-            seen: Counter = Counter()
-            parts = {}
-            for record in records:
-                where = (record.invoke.module, record.invoke.name)
-                parts[(*where, seen[where])] = _split(record)
-                seen[where] += 1
-            found.append(parts)
-        keys = dict.fromkeys(key for parts in found for key in parts)
-        counted = Counter(tuple(parts.get(key, (0.0, 0.0, 0.0)) for parts in found) for key in keys)
-        return cls(points, [(count, list(parts)) for parts, count in counted.items()])
-
-    def at(self, x: int) -> float:
-        """The ops' time at ``x``, each part interpolated (or extrapolated) on the line through the two points."""
-        x0, x1 = self.points
-        w = (x - x0) / (x1 - x0) if x1 != x0 else 0.0
-        total = 0.0
-        for count, parts in self.ops:
-            (c0, m0, r0), (c1, m1, r1) = parts
-            total += count * (max(c0 + w * (c1 - c0), m0 + w * (m1 - m0)) + r0 + w * (r1 - r0))
-        return total
-
-
-def _split(record: OpRecord) -> tuple[float, float, float]:
-    """An estimate as (compute, memory, the rest): the roofline's max(compute, memory) plus launch and
-    communication; an estimate that is not of that form is kept whole in the rest."""
-    e = record.estimate
-    if abs(max(e.compute_s, e.memory_s) + e.overhead_s + e.comm_s - e.time_s) <= 1e-12 + 1e-9 * e.time_s:
-        return e.compute_s, e.memory_s, e.overhead_s + e.comm_s
-    return 0.0, 0.0, e.time_s
 
 
 class StepTimes:
@@ -117,9 +57,10 @@ class StepTimes:
         # The ladder capture each count of sampling sequences comes from (at T tokens, min(T, max_sampled) sample).
         self.sampled_at = {min(t, max_sampled): t for t in reversed(self.points)}
         self.sampled_points = sorted(self.sampled_at)
-        self._reports: dict[int, Report] = {}
-        self._stage_of: dict[int, list[int]] = {}  # per ladder capture, each record's pipeline stage
-        self._parts: dict[tuple[str, int, int], _Parts] = {}
+        self._reports: dict[int, Report] = {}  # the smallest and largest ladder captures, read whole
+        self._stage_of: dict[int, list[int]] = {}  # per such capture, each record's pipeline stage
+        self._points: dict[int, Point] = {}
+        self._parts: dict[tuple[str, int, int], Parts] = {}
         self.stages = Stages.of(base) if base.pp > 1 else None
         self.memory = self._report(
             self.points[-1]
@@ -139,20 +80,51 @@ class StepTimes:
         # the weights a device holds and the KV bytes a token takes (castcore.serving.kv_capacity's probe)
         self.probed: tuple[int, int] | None = None
 
+    def _chunks(self, tokens: int) -> list[Chunk]:
+        """The ladder's batch at ``tokens``: one prompt chunk and single tokens, min(tokens, max_sampled) of them
+        sampling."""
+        sampled = min(tokens, self.max_sampled)
+        return [Chunk(tokens - sampled + 1, 0), *[Chunk(1, 0)] * (sampled - 1)]
+
+    def _capture(self, tokens: int) -> tuple[Report, list[int]]:
+        # only the full token budget's footprint is read (self.memory): the analysis costs more than pricing
+        report = capture_mixed(
+            self.pipeline, self.base, self._chunks(tokens), self.profile, memory=tokens == self.points[-1]
+        )
+        return report, self.stages.assign(report) if self.stages is not None else [0] * len(report.records)
+
     def _report(self, tokens: int) -> Report:
-        """The ladder's capture at ``tokens``: one prompt chunk and single tokens, min(tokens, max_sampled) of
-        them sampling."""
+        """The ladder's capture at ``tokens``, kept whole (the smallest and the largest are read so)."""
         if tokens not in self._reports:
-            sampled = min(tokens, self.max_sampled)
-            chunks = [Chunk(tokens - sampled + 1, 0), *[Chunk(1, 0)] * (sampled - 1)]
-            # only the full token budget's footprint is read (self.memory): the analysis costs more than pricing
-            report = self._reports[tokens] = capture_mixed(
-                self.pipeline, self.base, chunks, self.profile, memory=tokens == self.points[-1]
-            )
-            self._stage_of[tokens] = (
-                self.stages.assign(report) if self.stages is not None else [0] * len(report.records)
-            )
+            self._reports[tokens], self._stage_of[tokens] = self._capture(tokens)
         return self._reports[tokens]
+
+    def point(self, tokens: int) -> Point:
+        """The ladder's capture at ``tokens`` as the model reads it, from the capture cache's priced points
+        where the pipeline has one."""
+        if tokens not in self._points:
+            if tokens in self._reports:
+                found = Point.of(self._reports[tokens], self._stage_of[tokens])
+            else:
+
+                def make() -> dict[str, Any]:
+                    return Point.of(*self._capture(tokens)).plain()
+
+                priced = getattr(self.pipeline.capture_step, "priced", None)
+                chunks = self._chunks(tokens)
+                found = Point.from_plain(
+                    make()
+                    if priced is None
+                    else priced(
+                        self.pipeline.host,
+                        packed_workload(self.base, chunks),
+                        self.profile,
+                        tuple((c.new, c.cached, bool(c.samples)) for c in chunks),
+                        make,
+                    )
+                )
+            self._points[tokens] = found
+        return self._points[tokens]
 
     def _at(self, kind: str, x: int, stage: int) -> float:
         """One stage's body at ``x`` tokens, or its head at ``x`` sampling sequences, from the two captures around
@@ -165,11 +137,16 @@ class StepTimes:
         if parts is None:
             pair = points[i - 1 : i + 1]
             tokens = pair if kind == "body" else [self.sampled_at[p] for p in pair]
-            keep = (lambda r: r.invoke.name != ATTENTION and not _head(r)) if kind == "body" else _head
-            parts = self._parts[(kind, i, stage)] = _Parts.of(
+            body = kind == "body"
+            parts = self._parts[(kind, i, stage)] = Parts.of(
                 pair,
                 [
-                    [r for r, s in zip(self._report(t).records, self._stage_of[t]) if s == stage and keep(r)]
+                    [
+                        (module, name, split)
+                        for module, name, s, split in self.point(t).ops
+                        if s == stage
+                        and (name != ATTENTION and not is_head(module) if body else is_head(module))
+                    ]
                     for t in tokens
                 ],
             )

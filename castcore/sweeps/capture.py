@@ -20,6 +20,8 @@ pipeline as its capture step (``castcore.Session(capture_step=CaptureCache())``)
 from __future__ import annotations
 
 import functools
+import json
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
@@ -144,6 +146,38 @@ class CaptureCache:
             self._keep(key, built, captured)
             return built, captured
         return self._built(entry, workload), entry["capture"]
+
+    def priced(
+        self,
+        host: PluginHost,
+        workload: Workload,
+        device: DeviceProfile,
+        chunks: tuple,
+        price: Callable[[], Any],
+    ) -> Any:
+        """What ``price()`` makes of one mixed batch on ``device`` (plain data: castcore.serving.step_time's
+        ladder point), kept on disk. Its key adds the whole profile to the capture's, since every number of it
+        prices; it is made anew when a plugin is an object with no source file to key its estimates by."""
+        if not (self.disk and workload.named and _keyed_by_source(host)):
+            return price()
+        key = digest(
+            {
+                "priced": self.key(host, workload, device),
+                "chunks": [list(c) for c in chunks],
+                "profile": repr(device),
+            }
+        )
+        data = self._read(key, ".priced")
+        if data is not None:
+            try:
+                entry = json.loads(zlib.decompress(data))
+                if entry.get("format") == FORMAT:
+                    return entry["value"]
+            except (zlib.error, ValueError, AttributeError):
+                pass  # cut or altered: priced again and stored over
+        value = price()
+        store.write(key, ".priced", zlib.compress(json.dumps({"format": FORMAT, "value": value}).encode(), 1))
+        return value
 
     def _find(self, key: str) -> dict[str, Any] | None:
         """The entry of ``key`` from this process's memory, else from disk; None when it must be captured."""
@@ -310,6 +344,15 @@ class CaptureCache:
             config=entry["config"],
             kv_cache_shape=entry["kv_cache_shape"],
         )
+
+
+def _keyed_by_source(host: PluginHost) -> bool:
+    """Whether the environment digest covers every plugin's code (castcore.sweeps.capture_key): a module's source
+    file, or castcore's own for its objects (the core, a pack's claim table); not a caller's plugin object."""
+    return all(
+        getattr(plugin, "__file__", None) or type(plugin).__module__.startswith("castcore.")
+        for _, plugin in host.plugins.pm.list_name_plugin()
+    )
 
 
 def _plain_config(config: Any) -> Any:

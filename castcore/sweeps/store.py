@@ -12,10 +12,12 @@ from typing import Any
 from castcore.plugins.custom_op_dirs import unsafe_reason
 from castcore.plugins.packs import cache_dir, write_cache_file
 
-# a capture; a device's pack rewrite of a model (see castcore.sweeps.capture)
+# a capture; a device's pack rewrite of a model; a step-time ladder point as priced on a device (see
+# castcore.sweeps.capture)
 SUFFIXES = (
     ".capture",
     ".fused",
+    ".priced",
 )
 
 
@@ -113,11 +115,13 @@ class CacheInfo:
     captures: int
     fused: int
     bytes: int
+    priced: int = 0
 
     def lines(self) -> list[str]:
         return [
             f"location  {self.location}",
-            f"entries   {self.captures} captures, {self.fused} device rewrites of a model",
+            f"entries   {self.captures} captures, {self.fused} device rewrites of a model, {self.priced} priced "
+            "step-time points",
             f"size      {self.bytes / 2**20:,.1f} MiB",
         ]
 
@@ -137,6 +141,7 @@ def info() -> CacheInfo:
         location=captures_dir(),
         captures=sum(p.suffix == ".capture" for p in entries),
         fused=sum(p.suffix == ".fused" for p in entries),
+        priced=sum(p.suffix == ".priced" for p in entries),
         bytes=sum(p.stat().st_size for p in entries),
     )
 

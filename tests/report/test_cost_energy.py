@@ -31,6 +31,7 @@ from castcore.sweeps import capacity
 from castcore.sweeps.plan import PlanRequest, PlanResult, search
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.sweep import check, commands
+from castcore.serving import ladder_points
 from castcore.serving.metering import Metered, pool_use
 from castcore.simulation.chunks import Chunk
 
@@ -185,9 +186,11 @@ class _Ladder:
 
     points = [1, 64]
 
-    def _report(self, tokens):
+    def point(self, tokens):
         share = {1: 0.2, 64: 0.8}[tokens]
-        return SimpleNamespace(records=[_op(1.0, memory_s=share, overhead_s=1 - share)], time_s=1.0)
+        record = _op(1.0, memory_s=share, overhead_s=1 - share)
+        record.invoke = SimpleNamespace(module="model.layers.0.mlp", name="aten::mm")
+        return ladder_points.Point.of(SimpleNamespace(records=[record], time_s=1.0), [0])
 
     def __call__(self, batch):
         return 1e-3 * sum(c[0] for c in batch)

@@ -4,6 +4,7 @@ transformers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -222,3 +223,35 @@ def test_a_loaded_capture_needs_no_transformers(tmp_path):
     ]
     assert [r.stdout.split()[:2] for r in runs] == [["0", "True"], ["1", "False"]], runs[1].stderr
     assert runs[0].stdout.split()[2] == runs[1].stdout.split()[2]
+
+
+def test_a_priced_ladder_point_is_kept_unless_cut_or_priced_by_a_plugin_object(cache):
+    step = CaptureCache()
+    session = castcore.Session(load_packs=[], device_files=[H100], capture_step=step)
+    workload, device = castcore.build_workload(LLAMA), session.device("h100-sxm")
+    made: list[int] = []
+
+    def price() -> dict:
+        made.append(1)
+        return {"made": len(made), "time": 0.1 + 0.2}  # a float read back exactly
+
+    chunks = ((4, 0, True),)
+    first = step.priced(session, workload, device, chunks, price)
+    assert step.priced(session, workload, device, chunks, price) == first == {"made": 1, "time": 0.1 + 0.2}
+    # another profile under the same name prices anew: every number of it prices
+    other = dataclasses.replace(device, memory_efficiency=0.5)
+    assert step.priced(session, workload, other, chunks, price)["made"] == 2
+    (entry,) = [
+        p for p in cache.glob("*.priced") if json.loads(zlib.decompress(p.read_bytes()))["value"] == first
+    ]
+    entry.write_bytes(b"cut")
+    assert step.priced(session, workload, device, chunks, price)["made"] == 3
+
+    class Mine:  # a caller's plugin object: no source file keys its estimates, so nothing is kept
+        pass
+
+    session.plugins.pm.register(Mine(), name="mine")
+    before = len(list(cache.glob("*.priced")))
+    assert step.priced(session, workload, device, chunks, price)["made"] == 4
+    assert step.priced(session, workload, device, chunks, price)["made"] == 5
+    assert len(list(cache.glob("*.priced"))) == before
