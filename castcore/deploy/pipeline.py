@@ -268,6 +268,15 @@ class Pipeline:
         # What a command derives from captures and may reuse while this pipeline lives (simulate's step-time
         # models, by deployment): castcore.serving.traffic keeps it.
         self.derived: dict[Any, Any] = {}
+        self._glue: dict[
+            Any, bool
+        ] = {}  # per call key, whether it is hoisted: a capture repeats its layers' calls
+
+    def _hoisted(self, invoke: Any) -> bool:
+        found = self._glue.get(invoke.key)
+        if found is None:
+            found = self._glue[invoke.key] = engine_step.hoisted(invoke)
+        return found
 
     def estimate_capture(
         self,
@@ -287,7 +296,7 @@ class Pipeline:
         with no_cyclic_gc():
             records = [
                 OpRecord(invoke, *engine_step.nothing())
-                if deployed and engine_step.hoisted(invoke)
+                if deployed and self._hoisted(invoke)
                 else OpRecord(
                     invoke=invoke,
                     estimate=resolver.estimate(invoke, profile),

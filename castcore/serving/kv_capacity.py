@@ -36,7 +36,7 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: str, limits: Engin
     # The weights one device holds (under --pp its heaviest stage's) from the probe, the activations of a full
     # token budget (the LM head over the sequences that sample, as vLLM's profile run) from the step-time
     # model's largest capture.
-    (weights, per_token), activations = steps.probed, steps.memory.activation_peak_bytes
+    (weights, per_token), activations = steps.probed, steps.activation_peak_bytes
     found = budget(engine, limits, steps.profile, steps.base, weights, activations, per_token)
     usable = found.kv_bytes
     if found.blocks < 1 and usable >= per_token:  # room for tokens, not for one block of them

@@ -32,23 +32,31 @@ def is_head(module: str) -> bool:
 @dataclass
 class Point:
     """A ladder capture as the model reads it: each op's module, name, pipeline stage and (compute, memory,
-    rest), and the share of its time the device is busy (castcore.serving.metering). Plain data, so a capture
+    rest), the share of its time the device is busy (castcore.serving.metering), and for the full token budget
+    its activations' peak (castcore.serving.kv_capacity). Plain data, so a capture
     cache keeps it on disk (castcore.sweeps.capture.CaptureCache.priced) and a warm run skips the capture."""
 
     ops: list[tuple[str, str, int, tuple[float, float, float]]]
     busy_share: float
+    activation_peak_bytes: int | None = None  # where the capture's memory was analysed
 
     @classmethod
     def of(cls, report: Report, stages: list[int]) -> Point:
         ops = [(r.invoke.module, r.invoke.name, s, split(r)) for r, s in zip(report.records, stages)]
-        return cls(ops, busy_s(report) / report.time_s if report.time_s else 0.0)
+        peak = report.memory.activation_peak_bytes if report.memory is not None else None
+        return cls(ops, busy_s(report) / report.time_s if report.time_s else 0.0, peak)
 
     def plain(self) -> dict[str, Any]:
-        return {"ops": [[m, n, s, *parts] for m, n, s, parts in self.ops], "busy_share": self.busy_share}
+        return {
+            "ops": [[m, n, s, *parts] for m, n, s, parts in self.ops],
+            "busy_share": self.busy_share,
+            "activation_peak_bytes": self.activation_peak_bytes,
+        }
 
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> Point:
-        return cls([(m, n, s, (c, mem, r)) for m, n, s, c, mem, r in data["ops"]], data["busy_share"])
+        ops = [(m, n, s, (c, mem, r)) for m, n, s, c, mem, r in data["ops"]]
+        return cls(ops, data["busy_share"], data["activation_peak_bytes"])
 
 
 @dataclass

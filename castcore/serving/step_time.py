@@ -57,14 +57,13 @@ class StepTimes:
         # The ladder capture each count of sampling sequences comes from (at T tokens, min(T, max_sampled) sample).
         self.sampled_at = {min(t, max_sampled): t for t in reversed(self.points)}
         self.sampled_points = sorted(self.sampled_at)
-        self._reports: dict[int, Report] = {}  # the smallest and largest ladder captures, read whole
+        self._reports: dict[int, Report] = {}  # the smallest ladder capture, read whole
         self._stage_of: dict[int, list[int]] = {}  # per such capture, each record's pipeline stage
         self._points: dict[int, Point] = {}
         self._parts: dict[tuple[str, int, int], Parts] = {}
         self.stages = Stages.of(base) if base.pp > 1 else None
-        self.memory = self._report(
-            self.points[-1]
-        ).memory  # weights, and the activations of a full token budget
+        # the activations of a full token budget (the KV cache rule reads them)
+        self.activation_peak_bytes = self.point(self.points[-1]).activation_peak_bytes or 0
         # Attention kernels of one shape (a layer kind), and how many an iteration runs in each stage.
         kinds: dict[Any, list] = {}
         smallest = self._report(self.points[0])
@@ -87,14 +86,15 @@ class StepTimes:
         return [Chunk(tokens - sampled + 1, 0), *[Chunk(1, 0)] * (sampled - 1)]
 
     def _capture(self, tokens: int) -> tuple[Report, list[int]]:
-        # only the full token budget's footprint is read (self.memory): the analysis costs more than pricing
+        # only the full token budget's footprint is read: the analysis costs more than the pricing
         report = capture_mixed(
             self.pipeline, self.base, self._chunks(tokens), self.profile, memory=tokens == self.points[-1]
         )
         return report, self.stages.assign(report) if self.stages is not None else [0] * len(report.records)
 
     def _report(self, tokens: int) -> Report:
-        """The ladder's capture at ``tokens``, kept whole (the smallest and the largest are read so)."""
+        """The ladder's capture at ``tokens``, kept whole (the smallest is read so: its attention calls are the
+        templates of the iterations' kernels)."""
         if tokens not in self._reports:
             self._reports[tokens], self._stage_of[tokens] = self._capture(tokens)
         return self._reports[tokens]
@@ -112,7 +112,7 @@ class StepTimes:
 
                 priced = getattr(self.pipeline.capture_step, "priced", None)
                 chunks = self._chunks(tokens)
-                found = Point.from_plain(
+                data = (
                     make()
                     if priced is None
                     else priced(
@@ -123,6 +123,10 @@ class StepTimes:
                         make,
                     )
                 )
+                try:
+                    found = Point.from_plain(data)
+                except (KeyError, TypeError, ValueError):  # an altered entry: priced again
+                    found = Point.from_plain(make())
             self._points[tokens] = found
         return self._points[tokens]
 

@@ -190,7 +190,7 @@ class _Ladder:
         share = {1: 0.2, 64: 0.8}[tokens]
         record = _op(1.0, memory_s=share, overhead_s=1 - share)
         record.invoke = SimpleNamespace(module="model.layers.0.mlp", name="aten::mm")
-        return ladder_points.Point.of(SimpleNamespace(records=[record], time_s=1.0), [0])
+        return ladder_points.Point.of(SimpleNamespace(records=[record], time_s=1.0, memory=None), [0])
 
     def __call__(self, batch):
         return 1e-3 * sum(c[0] for c in batch)

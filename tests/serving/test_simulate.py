@@ -4,6 +4,7 @@ a direct capture, KV capacity from the deployment's memory, and the command's fi
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -367,7 +368,7 @@ def test_a_model_keeping_its_own_attention_is_refused_not_priced_as_one_prompt(s
 
 
 def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tmp_path, monkeypatch):
-    from castcore.sweeps.capture import CaptureCache
+    from castcore.sweeps.capture import FORMAT, CaptureCache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     options = {"requests": 30, "input_lengths": "uniform:20:120", "output_lengths": 8, "rate": 20.0}
@@ -380,11 +381,17 @@ def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tm
         runs.append((report.summary, cache.stats))
     (first, made), (second, found) = runs
     assert made.captured >= 4 and made.loaded == 0  # the ladder's mixed batches and the KV probe
-    # the second reads the smallest and largest ladder captures and the probe whole, the other ladder points
-    # as they were priced (castcore.sweeps.capture.CaptureCache.priced)
+    # the second reads the smallest ladder capture and the probe whole, the other ladder points as they were
+    # priced (castcore.sweeps.capture.CaptureCache.priced)
     priced = list((tmp_path / "castcore" / "captures").glob("*.priced"))
-    assert found.captured == 0 and found.loaded == 3 and len(priced) == made.captured - 3
+    assert found.captured == 0 and found.loaded == 2 and len(priced) == made.captured - 2
     assert second == first
+    # an entry altered into other data is priced again, with the same figures
+    priced[0].write_bytes(zlib.compress(json.dumps({"format": FORMAT, "value": {"ops": 3}}).encode()))
+    again = castcore.Session(load_packs=[], device_files=[H100], capture_step=CaptureCache()).simulate(
+        LLAMA, **options
+    )
+    assert again.summary == first
     fresh = castcore.Session(load_packs=[], device_files=[H100]).simulate(LLAMA, **options)
     assert fresh.summary == first
 
