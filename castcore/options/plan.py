@@ -134,7 +134,8 @@ PLAN = paged(
                         3,
                         "the best K confirmed by longer simulations (--validate-requests): judged on their steady "
                         "state with 95%% confidence intervals, saturation refused, one more replica tried where "
-                        "one misses (0: print the search's ranking unconfirmed)",
+                        "one misses; workers a round would leave idle confirm the next in rank (0: print the "
+                        "search's ranking unconfirmed)",
                         TRAFFIC,
                         minimum=0,
                         metavar="K",

@@ -97,9 +97,10 @@ def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits)
     simulation of that deployment (a plan's rounds: other rates, more replicas), whose captures and step times it
     has already made; replicas share one."""
     profile = pipeline.host.device(device)
+    replica = replace(base, dp=1)  # whichever replica count made it, its captures are keyed as one replica's
     key = (
         "step_times",
-        json.dumps(replace(base, dp=1).options(), sort_keys=True, default=repr),
+        json.dumps(replica.options(), sort_keys=True, default=repr),
         profile.name,
         engine.max_batched_tokens,
         min(engine.max_running_requests, engine.max_batched_tokens),
@@ -107,7 +108,7 @@ def step_times(pipeline: Pipeline, base: Any, device: Any, engine: EngineLimits)
     kept = pipeline.derived
     found = kept.pop(key, None)
     if found is None:
-        found = StepTimes(pipeline, base, profile, *key[3:])
+        found = StepTimes(pipeline, replica, profile, *key[3:])
     kept[key] = found  # the last used goes last
     while len(kept) > KEPT_STEP_TIMES:
         del kept[next(iter(kept))]  # the least recently used goes

@@ -99,9 +99,11 @@ def search(
     command: Command,
     chosen: list[dict[str, Any]],
     run: Callable[[list[Point]], SweepResult],
+    slots: int = 1,
 ) -> dict[str, Any]:
     """The traffic search (see the module docstring) over ``chosen``, every layout's simulate values without the
-    traffic; ``command`` is castcore simulate's. The fields of the plan's result."""
+    traffic; ``command`` is castcore simulate's, ``slots`` the workers ``run`` has. The fields of the plan's
+    result."""
     started = time.perf_counter()
     everything: list[dict[str, Any]] = []
 
@@ -139,7 +141,7 @@ def search(
         return {**_layout(row), **traffic, "dp": row.get("dp") or 1, **changes}
 
     rank(met)
-    met, failed, untried = plan_validation.confirm(request, met, again, round_of, rank)
+    met, failed, untried = plan_validation.confirm(request, met, again, round_of, rank, slots)
     missed += failed
     missed = [r for r in missed if not plan_disaggregated.pooled(r)] + plan_disaggregated.last_tries(
         [r for r in missed if plan_disaggregated.pooled(r)], met

@@ -350,7 +350,7 @@ def plan(
             chosen = choices(request, session.devices, more, skipped)
             if request.disaggregated:
                 chosen += plan_disaggregated.candidates(chosen, request.max_devices, skipped.add)
-            searched = capacity.search(request, command, chosen, run)
+            searched = capacity.search(request, command, chosen, run, getattr(runner, "workers", 1))
             result = PlanResult(request=request, **searched, skipped=skipped.listed())
             if frontier:
                 result.frontier = plan_frontier.frontier(

@@ -5,7 +5,8 @@ can pass: its queue has not had the time to grow. So the best ``--validate`` can
 ``--validate-requests`` (4,000 by default) and judged on their steady state (castcore.simulation.steady: warm-up
 and drain excluded, saturation detected, each statistic with a 95% confidence interval). A candidate meets only when
 it is not saturated and the upper end of every objective's interval is within the objective; the margin to each
-objective is kept with the row. A replicated candidate that misses is tried again with one more replica while
+objective is kept with the row. A round's worker slots that its candidates would leave idle confirm the next ones
+in rank too (more than ``--validate`` may be confirmed, at no cost in time). A replicated candidate that misses is tried again with one more replica while
 ``--max-devices`` holds it (under ``--max-rate``, at 90% of its rate instead); the next candidates in rank take
 the places of the others, round after round, until ``--validate`` are confirmed or none is left. With
 disaggregated layouts searched, the best of each kind (aggregated, disaggregated) is confirmed too, the next of
@@ -78,11 +79,13 @@ def confirm(
     again: Callable[..., dict[str, Any]],
     round_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
     rank: Callable[[list[dict[str, Any]]], None],
+    slots: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """The candidates confirmed (their validation rows, with ``margins``, ranked by ``rank``), those that were
     not (their last validation row, with ``missed``), and those never tried (their search rows, in rank), from
     ``ranked``, the search's rows that met, best first.
-    ``again(row, **changes)`` gives a row's point values with changes; ``round_of`` runs a round of them."""
+    ``again(row, **changes)`` gives a row's point values with changes; ``round_of`` runs a round of them on
+    ``slots`` workers."""
     if not request.validate:
         return ranked, [], []
     waiting = list(ranked)
@@ -98,6 +101,9 @@ def confirm(
                 following = next(row for row in waiting if pooled(row) == kind)
                 fresh.append(following)
                 waiting.remove(following)
+        # a round lasts as long as its busiest worker: slots it would leave idle confirm the next in rank
+        spare = (-(len(retries) + len(fresh))) % max(1, slots)
+        fresh, waiting = fresh + waiting[:spare], waiting[spare:]
         chosen = retries + [again(row, requests=request.validate_requests) for row in fresh]
         if not chosen:
             break

@@ -396,6 +396,21 @@ def test_the_capture_cache_keeps_the_mixed_batches_and_gives_the_same_figures(tm
     assert fresh.summary == first
 
 
+def test_replicas_share_their_captures_whatever_replica_count_made_them(tmp_path, monkeypatch):
+    from castcore.sweeps.capture import CaptureCache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    options = {"requests": 30, "input_lengths": "uniform:20:120", "output_lengths": 8, "rate": 20.0}
+    stats = []
+    for dp in (2, 1):  # a new cache each time, as a new process has
+        cache = CaptureCache()
+        castcore.Session(load_packs=[], device_files=[H100], capture_step=cache).simulate(
+            LLAMA, dp=dp, **options
+        )
+        stats.append(cache.stats)
+    assert stats[0].captured >= 3 and stats[1].captured == 0  # one replica's captures, found on disk
+
+
 def test_a_second_simulation_of_a_deployment_reuses_its_step_time_model():
     from castcore.sweeps.capture import CaptureCache
 

@@ -123,6 +123,37 @@ def test_confirming_rounds_take_the_next_candidates_and_retry_only_replicated_la
     ]
 
 
+def test_slots_a_round_would_leave_idle_confirm_the_next_candidates_in_rank():
+    request = PlanRequest(model=LLAMA, ttft=Objective("p99", 0.010), rate=5.0, max_devices=1, validate=3)
+    meets = dict(steady_p99_ttft_ms=5.0, steady_p99_ttft_ms_low=4.0, steady_p99_ttft_ms_high=6.0)
+    misses = dict(steady_p99_ttft_ms=12.0, steady_p99_ttft_ms_low=11.0, steady_p99_ttft_ms_high=13.0)
+    outcome = {"a": meets, "b": misses, "c": meets, "d": meets, "e": meets, "f": meets}
+    rounds = []
+
+    def round_of(values):
+        rounds.append([v["name"] for v in values])
+        return [_row(v["name"], **outcome[v["name"]]) for v in values]
+
+    def again(row, **changes):
+        return {"name": row["name"], "dp": row["dp"], **changes}
+
+    ranked = [_row(name) for name in "abcdef"]
+    confirmed, _, untried = plan_validation.confirm(
+        request, ranked, again, round_of, lambda rows: None, slots=2
+    )
+    # three candidates on two workers: the fourth runs beside the third, and takes the place "b" missed
+    assert rounds == [["a", "b", "c", "d"]]
+    assert [r["name"] for r in confirmed] == ["a", "c", "d"] and [r["name"] for r in untried] == ["e", "f"]
+    rounds.clear()
+    outcome["b"] = meets  # none misses: the spare slot's candidate is confirmed too
+    confirmed, _, _ = plan_validation.confirm(request, ranked, again, round_of, lambda rows: None, slots=2)
+    assert rounds == [["a", "b", "c", "d"]] and len(confirmed) == 4
+    rounds.clear()
+    outcome["b"] = misses
+    plan_validation.confirm(request, ranked, again, round_of, lambda rows: None, slots=1)
+    assert rounds == [["a", "b", "c"], ["d"]]  # one worker: no slot is idle, the miss is replaced next round
+
+
 def test_the_best_of_each_kind_is_confirmed_so_the_verdict_compares_confirmed_layouts():
     request = PlanRequest(model=LLAMA, ttft=Objective("p99", 0.010), rate=5.0, disaggregated=True, validate=1)
     fine = dict(steady_p99_ttft_ms=5.0, steady_p99_ttft_ms_low=4.0, steady_p99_ttft_ms_high=6.0)
