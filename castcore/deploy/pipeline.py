@@ -268,9 +268,8 @@ class Pipeline:
         # What a command derives from captures and may reuse while this pipeline lives (simulate's step-time
         # models, by deployment): castcore.serving.traffic keeps it.
         self.derived: dict[Any, Any] = {}
-        self._glue: dict[
-            Any, bool
-        ] = {}  # per call key, whether it is hoisted: a capture repeats its layers' calls
+        # per call key, whether it is hoisted: a capture repeats its layers' calls
+        self._glue: dict[Any, bool] = {}
 
     def _hoisted(self, invoke: Any) -> bool:
         found = self._glue.get(invoke.key)
