@@ -226,6 +226,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/simulate_engine.py", "--out", "bench/results/simulate_engine.md")
     session.run("python", "bench/simulate_steps.py", "--out", "bench/results/simulate_steps.md")
     session.run("python", "bench/simulate_speed.py", "--out", "bench/results/simulate_speed.md")
+    session.run("python", "bench/simulate_models_speed.py", "--out", "bench/results/simulate_models_speed.md")
     session.run("python", "bench/plan_speed.py", "--out", "bench/results/plan_speed.json")
     session.run("python", "bench/models_speed.py", "--out", "bench/results/models_speed.md")
     session.run("python", "bench/peers.py", "--out", "bench/results/peers.json")

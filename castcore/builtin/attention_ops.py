@@ -142,3 +142,55 @@ def varlen_attention(
 @varlen_attention.register_fake
 def _(q, k, v, new, cached, scale, causal, window, softcap, kv_per_query_head=False, sinks=None, chunk=0):
     return q.new_empty((1, q.shape[2], q.shape[1], v.shape[-1]))
+
+
+# vLLM's MLA backends run a sequence as a decode when it has at most 1 + the speculative tokens new ones (their
+# reorder_batch_threshold; FlashMLA takes several queries a sequence): castcore takes up to 8 (7 draft tokens).
+VERIFY_QUERIES = 8
+
+
+def absorbed(new: int, cached: int) -> bool:
+    """Whether multi-head latent attention runs a sequence of ``new`` tokens over ``cached`` ones absorbed (a decode
+    step, or one verifying draft tokens) rather than decompressed (a prompt or its chunk)."""
+    return new == 1 or (cached > 0 and new <= VERIFY_QUERIES)
+
+
+def latent_widths(q: torch.Tensor, latent: torch.Tensor, kv_b: torch.Tensor) -> tuple[int, int, int, int]:
+    """(nope, rope, v_dim, rank) of a latent attention call: q [.., nope + rope], latent [.., rank + rope],
+    kv_b [heads, nope + v_dim, rank]."""
+    rank = kv_b.shape[-1]
+    rope = latent.shape[-1] - rank
+    nope = q.shape[-1] - rope
+    return nope, rope, kv_b.shape[1] - nope, rank
+
+
+@torch.library.custom_op("castcore::varlen_latent_attention", mutates_args=())
+def varlen_latent_attention(
+    q: torch.Tensor,
+    latent: torch.Tensor,
+    kv_b: torch.Tensor,
+    new: list[int],
+    cached: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Multi-head latent attention over sequences packed in one row, as an engine's iteration runs it: q [1, heads,
+    sum(new), nope + rope] (each head's full query), latent [1, 1, sum(cached + new), rank + rope] (each sequence's
+    cached entries and its new ones), kv_b [heads, nope + v_dim, rank] (``kv_b_proj``'s weight per head) ->
+    [1, sum(new), heads, v_dim]. A decode (``absorbed``) runs absorbed (its queries multiplied into the latent
+    space, attention over the latent entries, the result multiplied out: FlashMLA's decode); a prompt chunk
+    decompresses its keys and values through kv_b and runs flash attention. Both compute the
+    same numbers; castcore.builtin.formulas.fused prices each as it runs."""
+    nope, rope, v_dim, rank = latent_widths(q, latent, kv_b)
+    outputs, q_at, kv_at = [], 0, 0
+    for n, c in zip(new, cached):
+        entries = latent[:, :, kv_at : kv_at + c + n].to(q.dtype)  # [1, 1, keys, rank + rope]
+        unpacked = torch.einsum("bxkr,hdr->bhkd", entries[..., :rank], kv_b.to(q.dtype))
+        key = torch.cat([unpacked[..., :nope], entries[..., rank:].expand(-1, q.shape[1], -1, -1)], dim=-1)
+        outputs.append(attention(q[:, :, q_at : q_at + n], key, unpacked[..., nope:], scale, True, 0, 0.0))
+        q_at, kv_at = q_at + n, kv_at + c + n
+    return torch.cat(outputs, dim=1)
+
+
+@varlen_latent_attention.register_fake
+def _(q, latent, kv_b, new, cached, scale):
+    return q.new_empty((1, q.shape[2], q.shape[1], latent_widths(q, latent, kv_b)[2]))

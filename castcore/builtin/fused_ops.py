@@ -154,6 +154,13 @@ _REPLACES = {
         "aten::_softmax",
         "aten::expand",
     ),
+    "castcore::varlen_latent_attention": (
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_attention_math",
+        "aten::bmm",
+        "aten::_softmax",
+        "aten::expand",
+    ),
     "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
     "castcore::grouped_topk": (
         "aten::sigmoid",
@@ -184,6 +191,7 @@ OPS = {
         "attention",
         "varlen_attention",
         "latent_attention",
+        "varlen_latent_attention",
         "topk_softmax",
         "grouped_topk",
         "moe_permute",

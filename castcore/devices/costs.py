@@ -30,6 +30,7 @@ class PerformanceProperties:
     # mma_ops as (batch, m, n, k), and the kernel family ("attention", "grouped_mm") whose own efficiency applies.
     matmuls: list[tuple[int, int, int, int]] = field(default_factory=list)
     kernel: str = ""
+    launches: int = 1  # kernels the call runs as, each paying the device's per-call cost (a fused op's parts)
 
     def add(self, dtype: torch.dtype | str, *, mma: float = 0, gp: float = 0) -> PerformanceProperties:
         """Add operations counted in ``dtype`` (a torch dtype, or a device mode such as "tf32"); returns self so

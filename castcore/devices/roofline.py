@@ -68,6 +68,7 @@ def roofline(props: PerformanceProperties, device: DeviceProfile, source: Source
     # its scheduling and prologue, measured per call
     if props.kernel == "attention" and device.attention_op_cost_s:
         overhead_s = device.attention_op_cost_s
+    overhead_s *= props.launches
     busy = max(compute_s, memory_s)
     bound = "overhead" if overhead_s > busy else ("compute" if compute_s >= memory_s else "memory")
     if ramp and not uses_mma:  # the measured ramp already holds the launch: it is a floor, not an addition

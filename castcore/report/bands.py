@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
 
-_ATTENTION = ("castcore::attention", "castcore::latent_attention", "castcore::varlen_attention")
+_ATTENTION = (
+    "castcore::attention",
+    "castcore::latent_attention",
+    "castcore::varlen_attention",
+    "castcore::varlen_latent_attention",
+)
 _GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
 _GROUPED = (
     "aten::_grouped_mm",
@@ -32,7 +37,7 @@ def family(record: Any) -> str | None:
     invoke, name = record.invoke, record.invoke.name
     if name in _ATTENTION:
         queries = (
-            max(invoke.argument("new")) if name == "castcore::varlen_attention" else invoke.args[0].shape[-2]
+            max(invoke.argument("new")) if name.startswith("castcore::varlen_") else invoke.args[0].shape[-2]
         )
         return "attention_decode" if queries == 1 else "attention_prefill"
     if name in _GEMMS:

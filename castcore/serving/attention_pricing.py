@@ -7,6 +7,9 @@ a fixed cost, compute and memory each linear in the batch's sums (new tokens, ke
 sequences). So the kernel is asked at a few probe batches; when a line through those sums reproduces the answer
 at other probes exactly, the line prices every iteration. An estimator that is not of that form (a pack's, with
 per-sequence tiles) fails the check and is asked every iteration as before: the fast path never changes an answer.
+
+Multi-head latent attention runs two kernels an iteration, its decodes absorbed and its prompt chunks decompressed
+(castcore::varlen_latent_attention): each is fitted on batches of its own rows (``SplitKernel``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from castcore.builtin.attention_ops import kept_keys
+from castcore.builtin.attention_ops import VERIFY_QUERIES, absorbed, kept_keys
 from castcore.simulation.chunks import Chunk
 
 FIT_PROBES = 8  # batches the line is fitted on (at least one per feature)
@@ -54,6 +57,37 @@ def probe_batches(most_tokens: int, seed: int = 0) -> list[list[Chunk]]:
     return batches
 
 
+def decode_batches(seed: int = 0) -> list[list[Chunk]]:
+    """Batches of decodes only (latent attention's absorbed rows), over caches of unlike lengths, some verifying
+    draft tokens."""
+    rng = random.Random(seed)
+    return [
+        [
+            Chunk(rng.choice((1, 1, rng.randint(2, VERIFY_QUERIES))), rng.randint(1, 32768))
+            for _ in range(rng.randint(1, 64))
+        ]
+        for _ in range(FIT_PROBES + CHECK_PROBES)
+    ]
+
+
+def prompt_batches(most_tokens: int, seed: int = 0) -> list[list[Chunk]]:
+    """Batches of prompt chunks only (each longer than a decode verifying draft tokens), unlike each other in every
+    feature."""
+    rng, least = random.Random(seed), VERIFY_QUERIES + 1
+    batches: list[list[Chunk]] = []
+    while len(batches) < FIT_PROBES + CHECK_PROBES:
+        room, chunks = most_tokens, []
+        for _ in range(rng.randint(1, 4)):
+            if room < least:
+                break
+            new = rng.randint(least, max(least, min(room, 2048)))
+            chunks.append(Chunk(new, rng.randint(0, 4096)))
+            room -= new
+        if chunks:
+            batches.append(chunks)
+    return batches
+
+
 class LinearKernel:
     """``time(chunks)`` = max(compute . f, memory . f) + rest . f over the batch's ``features`` f."""
 
@@ -77,12 +111,38 @@ class LinearKernel:
 Parts = tuple[float, float, float, float]  # (time, compute, memory, rest) of one estimate
 
 
+class SplitKernel:
+    """Two kernels an iteration runs over its own rows each: ``absorbed`` over the decodes, ``decompressed`` over
+    the prompt chunks (each a LinearKernel, or a function asking the plugins); a kernel with no rows is not run."""
+
+    def __init__(
+        self, absorbed: Callable[[Sequence[Chunk]], float], decompressed: Callable[[Sequence[Chunk]], float]
+    ):
+        self.absorbed, self.decompressed = absorbed, decompressed
+
+    def __call__(self, chunks: Sequence[Chunk]) -> float:
+        decodes = [c for c in chunks if absorbed(c.new, c.cached)]
+        prompts = [c for c in chunks if not absorbed(c.new, c.cached)] if len(decodes) < len(chunks) else []
+        return (self.absorbed(decodes) if decodes else 0.0) + (self.decompressed(prompts) if prompts else 0.0)
+
+
+def fit_split(ask: Callable[[Sequence[Chunk]], Parts], most_tokens: int) -> SplitKernel:
+    """Each of latent attention's kernels on its line where it is one, else asked (see SplitKernel)."""
+    options = (True, 0, 0)
+    decodes = fit(ask, options, most_tokens, decode_batches())
+    prompts = fit(ask, options, most_tokens, prompt_batches(most_tokens))
+    return SplitKernel(decodes or (lambda chunks: ask(chunks)[0]), prompts or (lambda chunks: ask(chunks)[0]))
+
+
 def fit(
-    ask: Callable[[Sequence[Chunk]], Parts], options: tuple[bool, int, int], most_tokens: int
+    ask: Callable[[Sequence[Chunk]], Parts],
+    options: tuple[bool, int, int],
+    most_tokens: int,
+    probes: list[list[Chunk]] | None = None,
 ) -> LinearKernel | None:
-    """The line through ``ask``'s answers at the probe batches, or None when an answer is not max(compute, memory)
-    + rest or another probe is off the line."""
-    probes = probe_batches(most_tokens)
+    """The line through ``ask``'s answers at the probe batches (``probe_batches`` unless given), or None when an
+    answer is not max(compute, memory) + rest or another probe is off the line."""
+    probes = probes or probe_batches(most_tokens)
     answers = [ask(batch) for batch in probes]
     for time_s, compute, memory, rest in answers:
         if not _close(max(compute, memory) + rest, time_s):

@@ -3,7 +3,8 @@ and decode tokens, each sequence at its own KV length.
 
 The tokens of every sequence are packed into one row (as vLLM and SGLang flatten a batch), so every linear layer,
 norm and collective runs over all of them at once; attention runs per sequence, its chunk of queries against its
-own cached keys and values plus the chunk's, in one kernel (``castcore::varlen_attention``); the LM head
+own cached keys and values plus the chunk's, in one kernel (``castcore::varlen_attention``; multi-head latent
+attention in two, its decodes absorbed and its prompts decompressed: ``castcore::varlen_latent_attention``); the LM head
 runs over the sequences that sample a token this iteration. Under ``--pp`` the whole model is captured and split
 into stages afterwards (castcore.serving.step_time). Only the deployed kernels' attention can be split this
 way, so a mixed batch needs ``fuse`` (not ``--eager``), and it runs castcore's own deployed kernels: a pack's
@@ -30,7 +31,10 @@ if TYPE_CHECKING:
     from castcore.deploy.pipeline import Pipeline
     from castcore.workload.spec import Workload
 
-__all__ = ["Chunk", "capture_mixed", "packed_workload"]
+__all__ = ["Chunk", "PACKED_ATTENTION", "capture_mixed", "packed_workload"]
+
+# The kernels a packed row's attention runs as (castcore.deploy.kernels.packing).
+PACKED_ATTENTION = ("castcore::varlen_attention", "castcore::varlen_latent_attention")
 
 
 def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:
@@ -95,7 +99,7 @@ def capture_mixed(
         if cached is not None
         else capture()
     )
-    if not any(invoke.name == "castcore::varlen_attention" for invoke in captured.invokes):
+    if not any(invoke.name in PACKED_ATTENTION for invoke in captured.invokes):
         # Its attention never reached castcore's: the row would be priced as one prompt with no cached keys.
         raise ModelError(
             f"{base.model if base.named else type(base.model).__name__}: its attention does not run "

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from castcore.deploy.kernels.latent import NOT_IN_MIXED_BATCHES
 from castcore.errors import ModelError
 from castcore.options.catalog import DEPLOYMENT_NAMES, say
 from castcore.options.parts import AXIS
@@ -141,8 +140,6 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
     if "chunked_prefill" in overrides:
         overrides["chunked_prefill"] = overrides["chunked_prefill"] == "on"
     base = build_workload(model, **options)
-    if not is_factory(model) and config_field(language_config(load_model_config(model)), "kv_lora_rank"):
-        raise ModelError(f"{model}: {NOT_IN_MIXED_BATCHES}")
     arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
     engine_limits = limits(given["engine"], **overrides)  # its refusals before the requests'
     if given["spec_tokens"] is not None and given["spec_tokens"] + 1 > engine_limits.max_batched_tokens:

@@ -5,7 +5,9 @@ An iteration over mixed chunks (castcore.serving.mixed_batch) costs three kinds 
 - the body: every op but attention and the LM head, a function of the packed tokens T alone (the linear layers,
   norms, MoE and collectives run over all of them at once);
 - the LM head, a function of the sequences S that sample a token;
-- attention, one ``castcore::varlen_attention`` kernel a layer, a function of every chunk's length and KV length.
+- attention, one ``castcore::varlen_attention`` kernel a layer, a function of every chunk's length and KV length
+  (multi-head latent attention: ``castcore::varlen_latent_attention``, one kernel over the decodes and one over the
+  prompt chunks).
 
 So the deployment is captured as mixed batches at a ladder of token counts (castcore.serving.ladder_points: powers
 of four up to the token budget, each captured when an iteration first needs it, or read as priced from the capture
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.recording.invoke import OpInvoke, TensorMeta
 from castcore.serving import attention_pricing
 from castcore.serving.ladder_points import Parts, Point, is_head, ladder
-from castcore.serving.mixed_batch import Chunk, capture_mixed, packed_workload
+from castcore.serving.mixed_batch import PACKED_ATTENTION, Chunk, capture_mixed, packed_workload
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from castcore.deploy.pipeline import Pipeline
     from castcore.workload.spec import Workload
 
-ATTENTION = "castcore::varlen_attention"
+LATENT = "castcore::varlen_latent_attention"
 
 
 class StepTimes:
@@ -69,7 +71,7 @@ class StepTimes:
         smallest = self._report(self.points[0])
         self.kernels = sum(1 for r in smallest.records if r.estimate.time_s > 0)  # launched per iteration
         for record, stage in zip(smallest.records, self._stage_of[self.points[0]]):
-            if record.invoke.name == ATTENTION:
+            if record.invoke.name in PACKED_ATTENTION:
                 template = _attention_kind(record.invoke)
                 kinds.setdefault(template.key, [[0] * base.pp, template])[0][stage] += 1
         self.attention = [(counts, template) for counts, template in kinds.values()]
@@ -149,7 +151,9 @@ class StepTimes:
                         (module, name, split)
                         for module, name, s, split in self.point(t).ops
                         if s == stage
-                        and (name != ATTENTION and not is_head(module) if body else is_head(module))
+                        and (
+                            name not in PACKED_ATTENTION and not is_head(module) if body else is_head(module)
+                        )
                     ]
                     for t in tokens
                 ],
@@ -183,9 +187,14 @@ class StepTimes:
         filler, castcore.simulation.overheads): what ``self`` gives those batches one by one, without building
         them. None where only the batches can say (pipeline stages, an attention priced per call or over a
         window)."""
-        if self.stages is not None or not all(
-            isinstance(k, attention_pricing.LinearKernel) and k.plain for k in self._kernels
-        ):
+        decoding = [
+            k
+            for k in (
+                k.absorbed if isinstance(k, attention_pricing.SplitKernel) else k for k in self._kernels
+            )
+            if isinstance(k, attention_pricing.LinearKernel) and k.plain
+        ]
+        if self.stages is not None or len(decoding) < len(self._kernels):
             return None
         n, total = len(cached), sum(cached)
         self.stage_times(
@@ -197,7 +206,7 @@ class StepTimes:
         rows = n + idle
         lines = [
             (counts[0], *((a[0] + (a[1] + a[4]) * rows, a[2] + a[3]) for a in (k.compute, k.memory, k.rest)))
-            for (counts, _), k in zip(self.attention, self._kernels)
+            for (counts, _), k in zip(self.attention, decoding)
         ]
         return [
             fixed
@@ -235,6 +244,8 @@ class StepTimes:
             e = ask(chunks)
             return e.time_s, e.compute_s, e.memory_s, e.overhead_s + e.comm_s
 
+        if template.name == LATENT:
+            return attention_pricing.fit_split(parts, max_tokens)
         options = (template.argument("causal"), template.argument("window"), template.argument("chunk"))
         line = attention_pricing.fit(parts, options, max_tokens)
         return line if line is not None else (lambda chunks: ask(chunks).time_s)
@@ -297,8 +308,11 @@ def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
     tokens, keys = sum(c.new for c in chunks), sum(c.cached + c.new for c in chunks)
     query = TensorMeta((1, q.shape[1], tokens, q.shape[3]), q.dtype)
     key = TensorMeta((1, k.shape[1], keys, k.shape[3]), k.dtype)
-    value = TensorMeta((1, v.shape[1], keys, v.shape[3]), v.dtype)
-    out = TensorMeta((1, tokens, q.shape[1], v.shape[3]), q.dtype)
+    if template.name == LATENT:  # v is kv_b [heads, nope + v_dim, rank], the same for every iteration
+        value, v_dim = v, v.shape[1] - (q.shape[3] - (k.shape[3] - v.shape[2]))
+    else:
+        value, v_dim = TensorMeta((1, v.shape[1], keys, v.shape[3]), v.dtype), v.shape[3]
+    out = TensorMeta((1, tokens, q.shape[1], v_dim), q.dtype)
     return replace(
         template,
         args=(

@@ -1,11 +1,13 @@
 """DeepSeek-V3 as engines run it: multi-head latent attention (decompressed heads for prompts, the absorbed form
 over a latent cache for decode steps; the cache's size; tensor parallelism) and its grouped top-k router; and the
 multi-query cache of Falcon.
+Under traffic, a mixed batch runs its decodes absorbed and its prompt chunks decompressed.
 Worked by hand on the tiny configs in tests/data (4 heads, kv_lora_rank 16, qk_rope_head_dim 8, 4 layers)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,8 @@ from castcore.hf.cache import cache_argument
 from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
 from castcore.cli.main import main
 from castcore.deploy.kernels.fusing import rewrite
+from castcore.serving.mixed_batch import Chunk, capture_mixed
+from castcore.serving.step_time import StepTimes
 from castcore.workload.models import BuiltModel
 
 from tests.deploy.test_fusing import DATA, real_model
@@ -126,28 +130,90 @@ def test_serve_prices_deepseek(h100_file, capsys):
     assert figures["kv_cache_bytes"] == LAYERS * 4 * 72 * (RANK + ROPE) * BF16 + LAYERS * 8
 
 
-def test_simulate_says_it_cannot_price_latent_attention_yet(h100_file, capsys):
-    assert (
-        main(
-            [
-                "simulate",
-                "--model",
-                DEEPSEEK,
-                "--device-file",
-                str(h100_file),
-                "--no-packs",
-                "--requests",
-                "4",
-                "--input",
-                "32",
-                "--output",
-                "4",
-            ]
+def _hand_latent_attention(q, latent, w_k, w_v, cached, scale):
+    """One sequence by the definition: keys and values decompressed from its latent entries, causal softmax."""
+    keys = torch.cat([latent[:, :RANK] @ w_k.transpose(-1, -2), latent[:, RANK:].expand(HEADS, -1, -1)], -1)
+    values = latent[:, :RANK] @ w_v.transpose(-1, -2)  # [heads, keys, v_dim]
+    scores = q @ keys.transpose(-1, -2) * scale  # [heads, new, keys]
+    new, total = q.shape[1], keys.shape[1]
+    seen = torch.arange(total)[None, :] <= torch.arange(cached, cached + new)[:, None]
+    return (scores.masked_fill(~seen, float("-inf")).softmax(-1) @ values).transpose(0, 1)
+
+
+def test_a_packed_row_computes_each_sequence_by_the_definition():
+    torch.manual_seed(0)
+    new, cached, v_dim = [1, 3, 6], [5, 4, 0], 16  # a decode, a decode verifying 2 drafts, a prompt
+    q = torch.randn(1, HEADS, sum(new), NOPE + ROPE, dtype=torch.float64)
+    latent = torch.randn(1, 1, sum(n + c for n, c in zip(new, cached)), RANK + ROPE, dtype=torch.float64)
+    kv_b = torch.randn(HEADS, NOPE + v_dim, RANK, dtype=torch.float64)
+    got = torch.ops.castcore.varlen_latent_attention(q, latent, kv_b, new, cached, 0.3)
+    q_at = kv_at = 0
+    for n, c in zip(new, cached):
+        want = _hand_latent_attention(
+            q[0, :, q_at : q_at + n],
+            latent[0, 0, kv_at : kv_at + n + c],
+            kv_b[:, :NOPE],
+            kv_b[:, NOPE:],
+            c,
+            0.3,
         )
-        == 2
+        torch.testing.assert_close(got[0, q_at : q_at + n], want, rtol=1e-5, atol=1e-5)  # fp32 scores inside
+        q_at, kv_at = q_at + n, kv_at + n + c
+
+
+def test_a_mixed_batch_runs_its_decodes_absorbed_and_its_prompt_decompressed(session):
+    report = capture_mixed(
+        session.pipeline, castcore.build_workload(DEEPSEEK), [Chunk(1, 63), Chunk(16, 0)], "h100-sxm"
     )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "latent attention (MLA)" in err[0], err
+    calls = [r for r in report.records if r.invoke.name == "castcore::varlen_latent_attention"]
+    assert len(calls) == 2 * LAYERS and "castcore::latent_attention" not in _names(report)
+    decode, prompt = calls[:2]
+    assert (decode.invoke.argument("new"), prompt.invoke.argument("new")) == ((1,), (16,))
+    # Worked by hand (4 heads, nope 8, rope 8, v_dim 16, rank 16). The decode: its query into the latent space
+    # and the result out of it (2 x 4 heads x 16 x (8 + 16)), scores over 24 columns and values over 16 for
+    # 4 x 64 kept pairs. The prompt: kv_b over its 16 keys (2 x 16 x 4 x 16 x 24), 4 x 136 causal pairs over
+    # 16 + 16 columns.
+    assert decode.flops == 2 * 4 * 16 * 24 + 2 * 256 * 40 + SOFTMAX_OPS_PER_SCORE * 256
+    assert prompt.flops == 2 * 16 * 4 * 16 * 24 + 2 * 544 * 32 + SOFTMAX_OPS_PER_SCORE * 544
+    # Bytes (bf16): the decode reads its query (4 heads x 16), 64 latent entries (x 24) and kv_b (4 x 24 x 16), writes
+    # its output (4 x 16) and its new entry (24). The prompt the same for 16 tokens, and its decompressed keys
+    # and values (16 x 4 x (16 + 16)) written and read back.
+    assert decode.bytes == (4 * 16 + 64 * 24 + 4 * 24 * 16 + 4 * 16 + 24) * BF16
+    assert (
+        prompt.bytes == (16 * 4 * 16 + 16 * 24 + 4 * 24 * 16 + 16 * 4 * 16 + 16 * 24 + 2 * 16 * 4 * 32) * BF16
+    )
+
+
+@pytest.mark.parametrize("model", [DEEPSEEK, str(DATA / "tiny-llama.json")])
+def test_a_decode_iteration_agrees_with_serves_decode_step(session, model):
+    steps = StepTimes(session.pipeline, castcore.build_workload(model), "h100-sxm", 512, 64)
+    static = session.estimate(
+        castcore.build_workload(model, phase="decode", batch=4, kv_len=100), device="h100-sxm"
+    )
+    # The same kernels but the glue a Hugging Face cache runs and an engine does not (its copies and index writes)
+    assert steps([Chunk(1, 100)] * 4) == pytest.approx(static.time_s, rel=0.1)
+
+
+def test_simulate_serves_deepseek_with_its_own_mtp_drafts(h100_file, tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(json.loads(Path(DEEPSEEK).read_text()) | {"num_nextn_predict_layers": 1}))
+    argv = [
+        "simulate",
+        "--model",
+        str(config),
+        "--device-file",
+        str(h100_file),
+        "--no-packs",
+        "--requests",
+        "12",
+    ]
+    argv += ["--input", "48", "--output", "8", "--concurrency", "4", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--spec-tokens", "2", "--acceptance", "0.8", "--draft-model", "mtp"]) == 0
+    drafted = json.loads(capsys.readouterr().out)
+    assert plain["completed"] == drafted["completed"] == 12
+    assert drafted["median_tpot_ms"] < plain["median_tpot_ms"]  # two drafts verified in one absorbed pass
 
 
 def test_falcon_multi_query_decodes_with_one_kv_head(session):

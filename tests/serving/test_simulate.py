@@ -16,9 +16,10 @@ from castcore.serving.simulation_plan import check
 from castcore.serving.step_time import StepTimes, agreement, random_batches
 
 DATA = Path(__file__).parents[1] / "data"
-LLAMA, MIXTRAL, H100 = (
+LLAMA, MIXTRAL, DEEPSEEK, H100 = (
     str(DATA / "tiny-llama.json"),
     str(DATA / "tiny-mixtral.json"),
+    str(DATA / "tiny-deepseek-v3.json"),
     str(DATA / "h100-sxm.toml"),
 )
 
@@ -47,11 +48,14 @@ def test_a_packed_prefill_is_the_prefill_and_decodes_read_every_cached_token(ses
     assert attention[1][0].bytes - attention[0][0].bytes == 4 * (200 - 10) * 2 * 16 * 2 * 2
 
 
-@pytest.mark.parametrize("model, options", [(LLAMA, {}), (LLAMA, {"tp": 2}), (MIXTRAL, {})])
+@pytest.mark.parametrize(
+    "model, options", [(LLAMA, {}), (LLAMA, {"tp": 2}), (MIXTRAL, {}), (DEEPSEEK, {}), (DEEPSEEK, {"tp": 2})]
+)
 def test_the_step_time_model_agrees_with_a_direct_capture_within_3_percent(session, model, options):
     steps = StepTimes(session.pipeline, castcore.build_workload(model, **options), "h100-sxm", 512, 64)
-    rows = agreement(steps, random_batches(20))
-    assert len(rows) == 20 and all(abs(row["error"]) <= 0.03 for row in rows), rows
+    verifying = [[Chunk(3, 40), Chunk(1, 30), Chunk(20, 0)], [Chunk(4, 100)] * 5]  # decodes verifying drafts
+    rows = agreement(steps, random_batches(20) + verifying)
+    assert len(rows) == 22 and all(abs(row["error"]) <= 0.03 for row in rows), rows
 
 
 def _simulate(capsys, *more: str) -> dict:
@@ -298,6 +302,29 @@ def test_the_attention_line_is_the_plugins_answer_and_decode_runs_are_the_iterat
         512,
     )
     assert tiled is None
+
+
+def test_latent_attention_is_two_lines_one_for_the_decodes_and_one_for_the_prompts(session):
+    """Multi-head latent attention runs its decodes absorbed and its prompt chunks decompressed, two kernels: each
+    set is priced on its own fitted line as the plugins price that set's call, and a decode run is its iterations."""
+    from castcore.builtin.attention_ops import absorbed
+    from castcore.serving import attention_pricing
+    from castcore.serving.step_time import _attention_call
+
+    steps = StepTimes(session.pipeline, castcore.build_workload(DEEPSEEK), "h100-sxm", 512, 64)
+    (counts, template), (kernel,) = steps.attention[0], steps._kernels
+    assert counts == [4] and isinstance(kernel, attention_pricing.SplitKernel)
+    assert isinstance(kernel.absorbed, attention_pricing.LinearKernel)
+    assert isinstance(kernel.decompressed, attention_pricing.LinearKernel)
+    resolver = session.pipeline.host.resolver
+    for chunks in random_batches(30, seed=5, sequences=60, kv=(1, 50_000), chunk=(2, 400)):
+        parts = [[c for c in chunks if absorbed(c.new, c.cached) == d] for d in (True, False)]
+        exact = sum(resolver.estimate(_attention_call(template, p), steps.profile).time_s for p in parts if p)
+        assert kernel(chunks) == pytest.approx(exact, rel=1e-9)
+    cached = [5, 900, 17, 40_000]
+    assert steps.decode_times(cached, 20) == pytest.approx(
+        [steps([Chunk(1, c + j) for c in cached]) for j in range(20)], rel=1e-12
+    )
 
 
 def test_a_sweep_runs_simulate_points_checked_as_the_command_checks_them():

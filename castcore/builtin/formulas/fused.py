@@ -11,7 +11,7 @@ from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
 from castcore.builtin.formulas.matmul import product_dtype
 from castcore.builtin.formulas.pointwise import GELU, SIGMOID, TANH
 from castcore.builtin.formulas.reductions import SOFTMAX_OPS_PER_ELEMENT
-from castcore.builtin.attention_ops import kept_keys
+from castcore.builtin.attention_ops import absorbed, kept_keys, latent_widths
 from castcore.builtin.fused_ops import OPS
 from castcore.devices.costs import PerformanceProperties
 from castcore.plugins.claims import register_op_properties
@@ -108,6 +108,41 @@ def _latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     props.kernel = "attention"
     props.add(product_dtype(invoke, q.dtype), mma=2 * pairs * (dim + invoke.argument("rank")))
     return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=SOFTMAX_OPS_PER_SCORE * pairs)
+
+
+@register_op_properties(OPS["varlen_latent_attention"])
+def _varlen_latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
+    """Each packed sequence as the engine runs it. Absorbed (a decode): its queries multiplied into the latent
+    space and the result out of it through kv_b, scores over rank + rope columns and values over rank columns of
+    its latent entries. Decompressed (a prompt chunk): kv_b over every one of its keys, the per-head keys and
+    values written and read back by flash attention (query/key nope + rope wide, values v_dim). Every input is
+    read once (the latent entries, kv_b, the queries) and the new tokens' entries are written to the cache. The
+    call runs as the engine's kernels: the cache write, then for decodes the product into the latent space, the
+    attention and the product out of it, for prompt chunks the decompression and the attention."""
+    q, latent, kv_b = invoke.args[:3]
+    heads = q.shape[1]
+    nope, rope, v_dim, rank = latent_widths(q, latent, kv_b)
+    mma = scores = unpacked = 0
+    decodes = prompts = False
+    for n, c in zip(invoke.argument("new"), invoke.argument("cached")):
+        pairs = heads * kept_keys(n, c + n, True, 0)
+        scores += pairs
+        if absorbed(n, c):
+            decodes = True
+            mma += 2 * n * heads * rank * (nope + v_dim) + 2 * pairs * (rank + rope + rank)
+        else:
+            mma += 2 * (c + n) * heads * rank * (nope + v_dim) + 2 * pairs * (nope + rope + v_dim)
+            unpacked += (c + n) * heads * (nope + rope + v_dim)
+            prompts = True
+    props = invoke.memory_access_properties()
+    props.kernel = "attention"
+    props.launches = 1 + 3 * decodes + 2 * prompts
+    props.memory_write_bytes += (
+        sum(invoke.argument("new")) * latent.shape[-1] * latent.dtype.itemsize + unpacked * q.dtype.itemsize
+    )
+    props.memory_read_bytes += unpacked * q.dtype.itemsize
+    props.add(product_dtype(invoke, q.dtype), mma=mma)
+    return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=SOFTMAX_OPS_PER_SCORE * scores)
 
 
 def _attention_properties(invoke: OpInvoke, pairs: int) -> PerformanceProperties:

@@ -11,6 +11,10 @@ FlashMLA) run it two ways:
   (``castcore::latent_attention``, one read of the cache for all heads), and the result is multiplied out by
   ``kv_b_proj``'s value half. That is far cheaper per step than decompressing the whole cache.
 
+In a mixed batch (castcore.serving.mixed_batch) both run in one iteration: the decode sequences absorbed and the
+prompt chunks decompressed, each set in one ``castcore::varlen_latent_attention`` call
+(castcore.deploy.kernels.packing).
+
 ``rewrite`` gives transformers' DeepSeek-V3 attention modules this forward. The numbers are the module's: a tiny
 model with real weights gives the same logits rewritten and eager (tests/deploy/test_latent.py).
 """
@@ -22,17 +26,11 @@ import types
 import torch
 from torch import nn
 
-from castcore.errors import ModelError
-from castcore.deploy.kernels.packing import packing_on
+from castcore.builtin.attention_ops import absorbed
+from castcore.deploy.kernels.packing import packed_latent_attention, packing_on
 
 ops = torch.ops.castcore
 PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
-DECODE_QUERIES = 1  # a sequence with this many new tokens is a decode step: the absorbed form
-# castcore simulate checks for a latent model before it captures; a mixed batch captured directly meets it here.
-NOT_IN_MIXED_BATCHES = (
-    "castcore simulate does not price latent attention (MLA) in a mixed batch yet: use castcore "
-    "serve or estimate for this model"
-)
 
 
 def is_latent_attention(module: nn.Module) -> bool:
@@ -70,8 +68,6 @@ def _forward(
     past_key_values=None,
     **kwargs,
 ):
-    if packing_on():
-        raise ModelError(NOT_IN_MIXED_BATCHES)
     config = self.config
     nope, rope, v_dim, rank = (
         config.qk_nope_head_dim,
@@ -99,10 +95,16 @@ def _forward(
     if cache is not None:  # the values slot holds nothing: the entry is the keys
         latent, _ = cache.update(latent, latent[..., :0], self.layer_idx)
     scale = getattr(self, "scaling", (nope + rope) ** -0.5)
-    if seq <= DECODE_QUERIES and cache is not None:
+    if (
+        packing_on()
+    ):  # a mixed batch (castcore.serving.mixed_batch): its decodes absorbed, its prompts decompressed
         kv_b = _absorbed(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
-        absorbed = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
-        query = torch.cat([absorbed.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
+        out = packed_latent_attention(q, kv_b, rank + rope, float(scale))
+        return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
+    if cache is not None and absorbed(seq, latent.shape[2] - seq):
+        kv_b = _absorbed(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
+        into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
+        query = torch.cat([into_latent.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
         out = ops.latent_attention(query, latent, rank, float(scale), True)  # [batch, seq, heads, rank]
         out = torch.bmm(
             out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2)

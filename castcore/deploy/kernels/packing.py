@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from castcore.builtin import attention_ops  # noqa: F401  (defines torch.ops.castcore.varlen_attention)
+from castcore.builtin.attention_ops import absorbed  # (its module defines torch.ops.castcore's attention)
 from castcore.errors import ModelError
 from castcore.simulation.chunks import Chunk
 
@@ -79,3 +79,33 @@ def packed_attention(
         sinks,
         chunk,
     )
+
+
+def packed_latent_attention(
+    queries: torch.Tensor, kv_b: torch.Tensor, latent_width: int, scale: float
+) -> torch.Tensor:
+    """Under ``packed``: a multi-head latent attention layer's attention over the packed row, as engines run an
+    iteration: the decode sequences in one absorbed ``castcore::varlen_latent_attention`` call, the prompt chunks in
+    a decompressed one (vLLM's MLA backends order a batch so, decodes first). ``queries`` [1, heads, tokens,
+    nope + rope] of the packed row; ``kv_b`` [heads, nope + v_dim, rank]; ``latent_width`` rank + rope. Only shapes
+    are read: a mixed batch is captured on fake tensors -> [1, tokens, heads, v_dim]."""
+    plan = _plan.get()
+    assert plan is not None, "packed_latent_attention runs under packed()"
+    heads, width = queries.shape[1], queries.shape[-1]
+    outputs = []
+    for decodes in (True, False):
+        chunks = [c for c in plan.chunks if absorbed(c.new, c.cached) == decodes]
+        if chunks:
+            q = queries.new_empty((1, heads, sum(c.new for c in chunks), width))
+            latent = queries.new_empty(
+                (1, 1, sum(c.cached + c.new for c in chunks), latent_width), dtype=plan.kv_dtype
+            )
+            outputs.append(
+                ops.varlen_latent_attention(
+                    q, latent, kv_b, [c.new for c in chunks], [c.cached for c in chunks], scale
+                )
+            )
+    if len(outputs) == 1:
+        return outputs[0]
+    # Both kernels write into one output buffer: no kernel joins them.
+    return queries.new_empty((1, queries.shape[2], heads, outputs[0].shape[-1]))
