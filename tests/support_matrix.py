@@ -32,6 +32,9 @@ FAMILIES = {  # model_type: its tiny config
     "gemma3_text": "tiny-gemma3.json",
     "falcon": "tiny-falcon.json",
     "gptj": "tiny-gptj.json",
+    "qwen3_next": "tiny-qwen3-next.json",
+    "kimi_linear": "tiny-kimi-linear.json",
+    "nemotron_h": "tiny-nemotron-h.json",
 }
 DECODE = {"phase": "decode", "kv_len": 32}
 COLUMNS = {  # the capability: (how it runs, its options)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from castcore.hf.causal_lm import quiet_kernel_fallbacks
 from castcore.hf.versions import internals_error, raised_inside
 from castcore.builtin import DEPLOYED_WHOLE_OPS
 from castcore.options.catalog import say
@@ -29,6 +30,8 @@ from castcore.deploy.parallel.layout import plan_layout
 from castcore.recording.hints import collective_kernels
 from castcore.recording.routing import expert_routing
 from castcore.deploy.kernels.fusing import fuse
+from castcore.deploy.kernels.packing import packing_on
+from castcore.deploy.recurrent_layers import refuse_unpriced
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
 from castcore.devices.dtypes import torch_dtype
 from castcore.deploy import engine_step, lora
@@ -115,7 +118,15 @@ def _capture_workload(
         built = build(workload)
         if adjust is not None:
             adjust(built)
-        return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)
+        refuse_unpriced(
+            built.model,
+            workload.model if workload.named else type(workload.model).__name__,
+            workload.phase,
+            workload.tp,
+            packing_on(),
+        )
+        with quiet_kernel_fallbacks():
+            return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)
     except CastcoreError:
         raise
     except Exception as exc:

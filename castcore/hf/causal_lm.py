@@ -113,6 +113,20 @@ def _rope_warnings(said: list[str]) -> Iterator[None]:
         logger.propagate = propagate
 
 
+@contextmanager
+def quiet_kernel_fallbacks() -> Iterator[None]:
+    """transformers' advice to install a hub kernel package when a model runs its reference forward (its
+    ``hub_kernels`` logger; checked 5.24.0) held back: castcore captures that forward on fake tensors, so the
+    advice is not the user's to follow."""
+    logger = logging.getLogger("transformers.integrations.hub_kernels")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 class _Keeping(logging.Handler):
     """A handler that keeps each warning's message in ``said``."""
 
