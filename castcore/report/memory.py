@@ -189,13 +189,63 @@ def kv_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dtype | st
     """Bytes of a full K and V cache for a transformers config (built, or a config.json dict), as an engine holds
     it: 2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize; one latent entry of
     kv_lora_rank + qk_rope_head_dim per token and layer for multi-head latent attention (DeepSeek-V3), whole on
-    every tensor-parallel device; one KV head for Falcon's multi-query attention. ValueError names a missing
-    field."""
+    every tensor-parallel device; one KV head for Falcon's multi-query attention. A hybrid's linear-attention and
+    state-space layers cache no keys: they hold ``recurrent_state_bytes`` per sequence instead, added here.
+    ValueError names a missing field."""
     config = language_config(config)
     dtype = torch_dtype(dtype)
+    return _attention_cache_bytes(config, batch, kv_len, dtype) + recurrent_state_bytes(config, batch, dtype)
+
+
+# The layer kinds of a hybrid's ``layer_types`` (Qwen3-Next, Kimi Linear) or ``layers_block_type`` (Nemotron-H)
+# that cache no keys and values: each keeps a fixed-size state per sequence.
+RECURRENT_KINDS = ("linear_attention", "mamba")
+
+
+def _layer_kinds(config: Any) -> list[str]:
+    kinds = config_field(config, "layer_types") or config_field(config, "layers_block_type") or []
+    return [str(kind) for kind in kinds]
+
+
+def recurrent_state_bytes(config: Any, batch: int, dtype: torch.dtype) -> int:
+    """Bytes of the states a hybrid's recurrent layers keep for ``batch`` sequences, as engines hold them (vLLM's
+    mamba cache: the convolution's last ``kernel - 1`` inputs and the recurrence's state, in the cache's dtype;
+    Nemotron-H's state in its ``mamba_ssm_cache_dtype``): Qwen3-Next's Gated DeltaNet (state value_heads x
+    key_dim x value_dim), Kimi Linear's delta attention (heads x head_dim squared, q, k and v convolved) and
+    Mamba-2 (heads x head_dim x ssm_state_size). 0 for a model with no such layers."""
+    layers = sum(kind in RECURRENT_KINDS for kind in _layer_kinds(config))
+    if not layers:
+        return 0
+    field = lambda name: config_field(config, name) or 0  # noqa: E731
+    kind = config_field(config, "model_type")
+    state_dtype = dtype
+    if kind == "qwen3_next":
+        keys, values = (
+            field("linear_num_key_heads") * field("linear_key_head_dim"),
+            field("linear_num_value_heads"),
+        )
+        conv = (2 * keys + values * field("linear_value_head_dim")) * (field("linear_conv_kernel_dim") - 1)
+        state = values * field("linear_key_head_dim") * field("linear_value_head_dim")
+    elif kind == "kimi_linear":
+        width = field("linear_num_heads") * field("linear_head_dim")
+        conv = 3 * width * (field("linear_conv_kernel_dim") - 1)
+        state = field("linear_num_heads") * field("linear_head_dim") ** 2
+    else:  # Mamba-2 (Nemotron-H and its kin)
+        inner = field("mamba_num_heads") * field("mamba_head_dim")
+        conv = (inner + 2 * field("n_groups") * field("ssm_state_size")) * (field("conv_kernel") - 1)
+        state = inner * field("ssm_state_size")
+        named = config_field(config, "mamba_ssm_cache_dtype")
+        state_dtype = torch_dtype(named) if isinstance(named, str) and named != "auto" else dtype
+    return layers * batch * (conv * dtype.itemsize + state * state_dtype.itemsize)
+
+
+def _attention_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dtype) -> int:
+    kinds = _layer_kinds(config)
     layers, heads, hidden = (
         config_field(config, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size")
     )
+    if any(kind in RECURRENT_KINDS for kind in kinds):  # a hybrid: only its attention layers cache keys
+        layers = sum(kind in ("full_attention", "attention") for kind in kinds)
     rank, rope = config_field(config, "kv_lora_rank"), config_field(config, "qk_rope_head_dim")
     if isinstance(rank, int) and isinstance(rope, int) and isinstance(layers, int):
         return layers * batch * kv_len * (rank + rope) * dtype.itemsize

@@ -43,3 +43,20 @@ def test_what_is_not_priced_yet_is_one_line_naming_the_layers(h100_file, capsys,
     assert all(line.endswith(" ...") for line in err[:-1]), err  # before it, only what castcore started
     assert asked in err[-1] and layers in err[-1] and "--phase prefill --tp 1" in err[-1], err
     assert "transformers" not in err[-1] and "attribute" not in err[-1]
+
+
+@pytest.mark.parametrize(
+    "name, cached",
+    [
+        # Qwen3-Next: one full-attention layer of 16 tokens x 2 KV heads x 16 x (K, V) x 2 bytes; three Gated
+        # DeltaNet layers, each a state of 4 value heads x 16 x 16 and the convolution's last 3 inputs of
+        # q, k (2 heads x 16 each) and v (4 x 16), in bf16.
+        ("tiny-qwen3-next.json", 2 * 16 * 2 * 16 * 2 + 3 * (4 * 16 * 16 + 3 * (2 * 32 + 64)) * 2),
+        # Nemotron-H: one attention layer the same; one Mamba-2 layer: the convolution's last 3 inputs of x
+        # (8 heads x 16) and B, C (2 groups x 16 each) in bf16, the state 8 x 16 x 16 in its fp32 cache dtype.
+        ("tiny-nemotron-h.json", 2 * 16 * 2 * 16 * 2 + 3 * (128 + 64) * 2 + 8 * 16 * 16 * 4),
+    ],
+)
+def test_a_prefill_holds_its_attention_layers_keys_and_each_recurrent_layers_state(session, name, cached):
+    report = session.estimate(castcore.build_workload(str(DATA / name), seq=16), device="h100-sxm")
+    assert report.memory.kv_cache_bytes == cached
