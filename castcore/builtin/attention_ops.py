@@ -149,9 +149,10 @@ def _(q, k, v, new, cached, scale, causal, window, softcap, kv_per_query_head=Fa
 VERIFY_QUERIES = 8
 
 
-def absorbed(new: int, cached: int) -> bool:
-    """Whether multi-head latent attention runs a sequence of ``new`` tokens over ``cached`` ones absorbed (a decode
-    step, or one verifying draft tokens) rather than decompressed (a prompt or its chunk)."""
+def is_decode(new: int, cached: int) -> bool:
+    """Whether a sequence of ``new`` tokens over ``cached`` ones runs as a decode step (or one verifying draft
+    tokens) rather than as a prompt or its chunk: multi-head latent attention runs it absorbed rather than
+    decompressed, linear attention recurrent rather than chunked."""
     return new == 1 or (cached > 0 and new <= VERIFY_QUERIES)
 
 
@@ -176,7 +177,7 @@ def varlen_latent_attention(
     """Multi-head latent attention over sequences packed in one row, as an engine's iteration runs it: q [1, heads,
     sum(new), nope + rope] (each head's full query), latent [1, 1, sum(cached + new), rank + rope] (each sequence's
     cached entries and its new ones), kv_b [heads, nope + v_dim, rank] (``kv_b_proj``'s weight per head) ->
-    [1, sum(new), heads, v_dim]. A decode (``absorbed``) runs absorbed (its queries multiplied into the latent
+    [1, sum(new), heads, v_dim]. A decode (``is_decode``) runs absorbed (its queries multiplied into the latent
     space, attention over the latent entries, the result multiplied out: FlashMLA's decode); a prompt chunk
     decompresses its keys and values through kv_b and runs flash attention. Both compute the
     same numbers; castcore.builtin.formulas.fused prices each as it runs."""

@@ -124,6 +124,7 @@ def _capture_workload(
             workload.phase,
             workload.tp,
             packing_on(),
+            workload.fuse and not workload.train,
         )
         with quiet_kernel_fallbacks():
             return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)

@@ -1,16 +1,25 @@
 """Linear-attention and state-space layers (Qwen3-Next's Gated DeltaNet, Kimi Linear's delta attention, the Mamba-2
 mixers of Nemotron-H and other hybrids): each keeps a fixed-size recurrent state per sequence instead of a KV cache.
 
-castcore prices them only as a prefill on one device for now, running transformers' own reference forward op by
-op. Decode steps (which read and write that state), tensor parallelism (which must split their heads as engines do)
-and mixed batches are refused in one line before anything is captured, not left to fail inside transformers."""
+Qwen3-Next's Gated DeltaNet runs as engines run it in the deployed view (castcore.deploy.kernels.linear_attention):
+prefill and decode steps and mixed batches, on one device or several. The other kinds, and Gated DeltaNet eager
+(``--eager``), are priced only as a prefill on one device, running transformers' own reference forward op by op.
+What castcore cannot price yet is refused in one line before anything is captured, not left to fail inside
+transformers: their decode steps (which read and write that state), tensor parallelism (which must split their
+heads as engines do) and mixed batches."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.errors import ModelError
+from castcore.hf.versions import installed
 from castcore.options.catalog import say
+
+# The transformers release whose linear-attention cache castcore's Gated DeltaNet kernels are checked against
+# (castcore.hf.cache.recurrent_state); older releases keep that state in other classes.
+LINEAR_CACHE_SINCE = (5, 24)
 
 _KINDS = (  # a class-name part and what the layer is
     ("GatedDeltaNet", "Gated DeltaNet linear-attention layers"),
@@ -19,10 +28,11 @@ _KINDS = (  # a class-name part and what the layer is
 )
 
 
-def recurrent_layers(model: nn.Module) -> str | None:
+def recurrent_layers(model: nn.Module, deployed: bool = False) -> str | None:
     """What the model's recurrent layers are, as a user reads it, or None when it has none: a kind named by its
-    class, or any module holding ``A_log``, the per-head decay each of these kinds learns."""
-    modules = list(model.modules())
+    class, or any module holding ``A_log``, the per-head decay each of these kinds learns. ``deployed``: Gated
+    DeltaNet layers, which the deployed kernels run, are not counted."""
+    modules = [m for m in model.modules() if not (deployed and is_gated_delta_net(m))]
     for module in modules:
         kind = next((kind for part, kind in _KINDS if part in type(module).__name__), None)
         if kind is not None:
@@ -31,9 +41,22 @@ def recurrent_layers(model: nn.Module) -> str | None:
     return None if decaying is None else f"state-space layers ({type(decaying).__name__})"
 
 
-def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bool) -> None:
+def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bool, deployed: bool) -> None:
     """ModelError where castcore cannot yet price the model's recurrent layers as asked (see the module)."""
-    found = recurrent_layers(model)
+    if not isinstance(model, nn.Module):  # a function the user captures: nothing of transformers' to refuse
+        return
+    found_version = installed("transformers") or "0"
+    if (
+        deployed
+        and _release(found_version) < LINEAR_CACHE_SINCE
+        and any(map(is_gated_delta_net, model.modules()))
+    ):
+        raise ModelError(
+            f"{name}: its Gated DeltaNet layers run as engines run them with transformers "
+            f"{'.'.join(map(str, LINEAR_CACHE_SINCE))} or newer, and {found_version} is installed: "
+            "pip install -U transformers"
+        )
+    found = recurrent_layers(model, deployed)
     if found is None:
         return
     asked = (
@@ -48,6 +71,16 @@ def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bo
     if asked is not None:
         raise ModelError(
             f"{name}: {asked} is not supported for this model yet: its {found} keep a recurrent state per "
-            f"sequence, which castcore prices only in a prefill on one device; use castcore estimate "
-            f"{say('phase', 'prefill')} {say('tp', 1)}"
+            f"sequence, which castcore prices only in a prefill on one device"
+            + " (Gated DeltaNet: with the deployed kernels, not --eager)"
+            + f"; use castcore estimate {say('phase', 'prefill')} {say('tp', 1)}"
         )
+
+
+def _release(found: str) -> tuple[int, ...]:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(found).release[:2]
+    except InvalidVersion:
+        return (0,)

@@ -22,6 +22,17 @@ def supports_attention_backend(model: torch.nn.Module | type[torch.nn.Module]) -
     return bool(getattr(model, "_supports_attention_backend", True))
 
 
+def calls_attention_interface(model: torch.nn.Module) -> bool:
+    """Whether every attention module of the model calls transformers' attention interface, although its class
+    says it does not support one (Qwen3-Next's, whose flag its linear-attention layers set). Relies on the
+    interface's name, ``ALL_ATTENTION_FUNCTIONS``, in their forward's source (checked 5.24.0)."""
+    found = {type(m) for m in model.modules() if type(m).__name__.endswith("Attention")}
+    try:
+        return bool(found) and all("ALL_ATTENTION_FUNCTIONS" in inspect.getsource(c.forward) for c in found)
+    except (OSError, TypeError):
+        return False
+
+
 def no_attention_backend_note(model_name: str, attention: str) -> str:
     """What a user should know when a model keeps its own attention."""
     return (

@@ -125,6 +125,9 @@ class DecodeInputs:
         # the int other layers hold
         layers: list[_StaticLayer] = cache.layers  # type: ignore[assignment]
         for index, layer in enumerate(layers):
+            if not hasattr(layer, "cumulative_length"):  # a linear-attention layer: its states, not keys
+                self._hold_states(layer, index, dtype)
+                continue
             (k_heads, k_dim), (v_heads, v_dim) = written.get(index) or self.standard
             layer.lazy_initialization(
                 torch.empty((self.batch, k_heads, 1, k_dim), dtype=dtype),
@@ -135,6 +138,31 @@ class DecodeInputs:
                 layer.__class__ = cast_on_write(type(layer))
         input_ids = torch.zeros((self.batch, 1), dtype=torch.long)
         return (), {"input_ids": input_ids, self.argument: cache, "use_cache": True}
+
+    def _hold_states(self, layer: object, index: int, dtype: torch.dtype) -> None:
+        """A Gated DeltaNet layer's states after ``kv_len`` tokens, one device's share: the convolution's last
+        inputs of q, k and v, and value_heads x key_dim x value_dim (Qwen3-Next's config fields), the heads read
+        from the device's shard of the layer's projection (its KV split may differ: ``per_device``). Relies on
+        LinearAttentionLayer's ``lazy_initialization`` and ``has_previous_state`` (checked 5.24.0)."""
+        c = self.config
+        dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
+        ratio = c.linear_num_value_heads // c.linear_num_key_heads
+        projection = next(
+            m.in_proj_qkvz
+            for m in self.model.modules()
+            if hasattr(m, "in_proj_qkvz") and m.layer_idx == index
+        )
+        weight: torch.Tensor = projection.weight  # type: ignore[union-attr, assignment]
+        rows = (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
+        k_heads = rows // (2 * dk + 2 * ratio * dv)
+        layer.lazy_initialization(  # type: ignore[attr-defined]
+            conv_states=torch.empty(
+                (self.batch, k_heads * (2 * dk + ratio * dv), c.linear_conv_kernel_dim - 1), dtype=dtype
+            ),
+            recurrent_states=torch.empty((self.batch, k_heads * ratio, dk, dv), dtype=dtype),
+            conv_kernel_size=c.linear_conv_kernel_dim - 1,
+        )
+        layer.has_previous_state[0] = True  # type: ignore[attr-defined]
 
     def per_device(self, n: int) -> DecodeInputs:
         return decode_inputs(
@@ -168,3 +196,23 @@ def cast_on_write(layer_class: type) -> type:
 
         _CASTING[layer_class] = type(f"Casting{layer_class.__name__}", (layer_class,), {"update": update})
     return _CASTING[layer_class]
+
+
+def recurrent_state(cache: object, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (convolution, recurrent) states a linear-attention cache layer holds from a sequence's earlier tokens,
+    None where it holds none yet (or ``cache`` is no transformers cache). Relies on LinearAttentionLayer's
+    ``conv_states``, ``recurrent_states`` and ``has_previous_state`` lists, one entry per state (checked 5.24.0)."""
+    layers = cache_layers(cache)
+    layer = layers[index] if layers is not None and index < len(layers) else None
+    if layer is None or not getattr(layer, "has_previous_state", [False])[0]:
+        return None
+    return layer.conv_states[0], layer.recurrent_states[0]
+
+
+def keep_recurrent_state(cache: object, index: int, conv: torch.Tensor, state: torch.Tensor) -> None:
+    """Hold a sequence's states after its tokens in its linear-attention cache layer (see ``recurrent_state``)."""
+    layers = cache_layers(cache)
+    layer = layers[index] if layers is not None and index < len(layers) else None
+    if layer is not None and hasattr(layer, "recurrent_states"):
+        layer.conv_states[0], layer.recurrent_states[0] = conv, state
+        layer.has_previous_state[0] = True

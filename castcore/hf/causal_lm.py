@@ -19,8 +19,10 @@ from castcore.hf.attention import (
     castcore_mask,
     no_attention_backend_note,
     register_attention,
+    calls_attention_interface,
     supports_attention_backend,
 )
+from castcore.hf.configs import set_attention
 from castcore.hf.versions import one_line
 
 if TYPE_CHECKING:
@@ -92,6 +94,9 @@ def build_causal_lm(
         raise ModelError(
             f"{origin}: transformers cannot build this {model_type} model: {one_line(exc)}"
         ) from None
+    if note is not None and calls_attention_interface(model):  # built on sdpa, run on castcore's path
+        set_attention(model, ATTENTION)
+        note = None
     return model.eval(), [
         *([note] if note else []),
         *(f"{origin}: transformers warns: {line}" for line in dict.fromkeys(said)),

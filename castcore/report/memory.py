@@ -203,8 +203,20 @@ RECURRENT_KINDS = ("linear_attention", "mamba")
 
 
 def _layer_kinds(config: Any) -> list[str]:
-    kinds = config_field(config, "layer_types") or config_field(config, "layers_block_type") or []
-    return [str(kind) for kind in kinds]
+    """Each layer's kind, as the config lists it or as its checkpoint's config.json says it in short: every
+    ``full_attention_interval``-th layer full attention and the rest linear (Qwen3-Next), or a
+    ``hybrid_override_pattern`` of M (Mamba), * (attention) and - (MLP) (Nemotron-H)."""
+    kinds = config_field(config, "layer_types") or config_field(config, "layers_block_type")
+    if kinds:
+        return [str(kind) for kind in kinds]
+    interval, layers = (
+        config_field(config, "full_attention_interval"),
+        config_field(config, "num_hidden_layers"),
+    )
+    if isinstance(interval, int) and isinstance(layers, int):
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    pattern = config_field(config, "hybrid_override_pattern") or ""
+    return [{"M": "mamba", "*": "attention"}.get(c, "mlp") for c in str(pattern)]
 
 
 def recurrent_state_bytes(config: Any, batch: int, dtype: torch.dtype) -> int:

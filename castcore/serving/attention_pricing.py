@@ -9,7 +9,8 @@ at other probes exactly, the line prices every iteration. An estimator that is n
 per-sequence tiles) fails the check and is asked every iteration as before: the fast path never changes an answer.
 
 Multi-head latent attention runs two kernels an iteration, its decodes absorbed and its prompt chunks decompressed
-(castcore::varlen_latent_attention): each is fitted on batches of its own rows (``SplitKernel``).
+(castcore::varlen_latent_attention), and so does linear attention, its decodes recurrent and its prompt chunks
+chunked (castcore::varlen_gated_delta_rule): each is fitted on batches of its own rows (``SplitKernel``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from castcore.builtin.attention_ops import VERIFY_QUERIES, absorbed, kept_keys
+from castcore.builtin.attention_ops import VERIFY_QUERIES, is_decode, kept_keys
 from castcore.simulation.chunks import Chunk
 
 FIT_PROBES = 8  # batches the line is fitted on (at least one per feature)
@@ -58,8 +59,7 @@ def probe_batches(most_tokens: int, seed: int = 0) -> list[list[Chunk]]:
 
 
 def decode_batches(seed: int = 0) -> list[list[Chunk]]:
-    """Batches of decodes only (latent attention's absorbed rows), over caches of unlike lengths, some verifying
-    draft tokens."""
+    """Batches of decodes only, over caches of unlike lengths, some verifying draft tokens."""
     rng = random.Random(seed)
     return [
         [
@@ -112,22 +112,22 @@ Parts = tuple[float, float, float, float]  # (time, compute, memory, rest) of on
 
 
 class SplitKernel:
-    """Two kernels an iteration runs over its own rows each: ``absorbed`` over the decodes, ``decompressed`` over
-    the prompt chunks (each a LinearKernel, or a function asking the plugins); a kernel with no rows is not run."""
+    """Two kernels an iteration runs over its own rows each: ``decodes`` over its decode steps, ``prompts`` over
+    its prompt chunks (each a LinearKernel, or a function asking the plugins); a kernel with no rows is not run."""
 
     def __init__(
-        self, absorbed: Callable[[Sequence[Chunk]], float], decompressed: Callable[[Sequence[Chunk]], float]
+        self, decodes: Callable[[Sequence[Chunk]], float], prompts: Callable[[Sequence[Chunk]], float]
     ):
-        self.absorbed, self.decompressed = absorbed, decompressed
+        self.decodes, self.prompts = decodes, prompts
 
     def __call__(self, chunks: Sequence[Chunk]) -> float:
-        decodes = [c for c in chunks if absorbed(c.new, c.cached)]
-        prompts = [c for c in chunks if not absorbed(c.new, c.cached)] if len(decodes) < len(chunks) else []
-        return (self.absorbed(decodes) if decodes else 0.0) + (self.decompressed(prompts) if prompts else 0.0)
+        decodes = [c for c in chunks if is_decode(c.new, c.cached)]
+        prompts = [c for c in chunks if not is_decode(c.new, c.cached)] if len(decodes) < len(chunks) else []
+        return (self.decodes(decodes) if decodes else 0.0) + (self.prompts(prompts) if prompts else 0.0)
 
 
 def fit_split(ask: Callable[[Sequence[Chunk]], Parts], most_tokens: int) -> SplitKernel:
-    """Each of latent attention's kernels on its line where it is one, else asked (see SplitKernel)."""
+    """Each of the two kernels on its line where it is one, else asked (see SplitKernel)."""
     options = (True, 0, 0)
     decodes = fit(ask, options, most_tokens, decode_batches())
     prompts = fit(ask, options, most_tokens, prompt_batches(most_tokens))

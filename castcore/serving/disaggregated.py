@@ -152,7 +152,16 @@ def run(
     )
     request_s = ENGINES[plan.engine].request_s  # tokenized and admitted on the prefill instance
     prefilled = [
-        engine_model.run_engine(prompts[n::px], limits, pre.blocks, pre.step, None, None, request_s)
+        engine_model.run_engine(
+            prompts[n::px],
+            limits,
+            pre.blocks,
+            pre.step,
+            None,
+            None,
+            request_s,
+            state_blocks=pre.kv.state_blocks,
+        )
         for n in range(px)
     ]
     first = {f.index: f for result in prefilled for f in result.finished}
@@ -183,7 +192,15 @@ def run(
         key=lambda r: r.arrival_s or 0.0,  # at a rate: every request has its arrival
     )
     decoded = [
-        engine_model.run_engine(decode_requests[n::dy], limits, dec.blocks, dec.step, None, plan.speculation)
+        engine_model.run_engine(
+            decode_requests[n::dy],
+            limits,
+            dec.blocks,
+            dec.step,
+            None,
+            plan.speculation,
+            state_blocks=dec.kv.state_blocks,
+        )
         for n in range(dy)
     ]
     later = {f.index: f for result in decoded for f in result.finished}

@@ -94,6 +94,12 @@ class KvBudget:
     )
     mean_request_tokens: float = 0.0
     max_running_requests: int = 0
+    per_request: int = 0  # a hybrid model's linear-attention or state-space state per request, bytes
+
+    @property
+    def state_blocks(self) -> int:
+        """The blocks each request holds for its state, whatever its length (castcore.simulation.blocks)."""
+        return -(-self.per_request // (self.block_size * self.per_token)) if self.per_request else 0
 
     @property
     def kv_bytes(self) -> float:
@@ -121,7 +127,7 @@ class KvBudget:
         limit."""
         if self.mean_request_tokens <= 0:
             return 0
-        fit = int(self.tokens // self.mean_request_tokens)
+        fit = int(self.tokens // (self.mean_request_tokens + self.state_blocks * self.block_size))
         return min(fit, self.max_running_requests) if self.max_running_requests else fit
 
     def for_requests(self, requests: Any) -> KvBudget:
@@ -149,6 +155,11 @@ class KvBudget:
         )
         if self.blocks_with_draft is not None:
             text += f" (of {self.blocks:,} before the draft model's weights and cache)"
+        if self.per_request:
+            text += (
+                f"; each request also holds {self.state_blocks:,} blocks for its recurrent state "
+                f"({format_bytes(self.per_request)})"
+            )
         if self.mean_request_tokens > 0:
             text += f"; {self.concurrent_requests:,} requests at once at the mean {self.mean_request_tokens:,.0f} tokens"
         return text
@@ -171,6 +182,8 @@ class KvBudget:
             "blocks_before_draft": self.blocks if self.blocks_with_draft is not None else None,
             "mean_request_tokens": self.mean_request_tokens,
             "concurrent_requests": self.concurrent_requests,
+            "state_bytes_per_request": self.per_request,
+            "state_blocks_per_request": self.state_blocks,
         }
 
 
@@ -182,9 +195,11 @@ def budget(
     weight_bytes: int,
     activation_bytes: int,
     per_token: int,
+    per_request: int = 0,
 ) -> KvBudget:
     """The KvBudget of ``engine`` (a preset's name) under ``limits`` (EngineLimits) for one device (``profile``) of
-    ``base``'s deployment, whose weights and full-token-budget activation peak castcore captured."""
+    ``base``'s deployment, whose weights and full-token-budget activation peak castcore captured; ``per_request``:
+    the state bytes each request of a hybrid model holds."""
     fraction, given = limits.kv_memory_fraction, limits.kv_memory_fraction_given
     taken: list[tuple[str, int]] = [("weights", weight_bytes)]
     if engine == "sglang":
@@ -209,4 +224,5 @@ def budget(
         per_token=per_token,
         block_size=limits.block_size,
         max_running_requests=limits.max_running_requests,
+        per_request=per_request,
     )

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from castcore.devices.dtypes import torch_dtype
 from castcore.errors import ModelError
 from castcore.options.catalog import say
-from castcore.report.memory import format_bytes
+from castcore.deploy.parallel.tensor import per_device_config
+from castcore.report.memory import format_bytes, recurrent_state_bytes
 from castcore.simulation.presets import EngineLimits
 from castcore.serving.engine_memory import RULES, KvBudget, budget
 from castcore.workload import draft_heads
@@ -29,15 +30,17 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: str, limits: Engin
     the bytes one token's keys and values take; ModelError when it holds no block."""
     if steps.probed is None:  # kept with the step-time model: a plan simulates one deployment many times
         probe = pipeline.run(replace(steps.base, phase="decode", batch=1, kv_len=KV_PROBE), steps.profile)
+        state = state_bytes(steps.base)
         steps.probed = (
             probe.memory.weight_bytes,
-            max(1, round(probe.memory.kv_cache_bytes / (KV_PROBE + 1))),
+            max(1, round((probe.memory.kv_cache_bytes - state) / (KV_PROBE + 1))),
+            state,
         )
     # The weights one device holds (under --pp its heaviest stage's) from the probe, the activations of a full
     # token budget (the LM head over the sequences that sample, as vLLM's profile run) from the step-time
     # model's largest capture.
-    (weights, per_token), activations = steps.probed, steps.activation_peak_bytes
-    found = budget(engine, limits, steps.profile, steps.base, weights, activations, per_token)
+    (weights, per_token, state), activations = steps.probed, steps.activation_peak_bytes
+    found = budget(engine, limits, steps.profile, steps.base, weights, activations, per_token, state)
     usable = found.kv_bytes
     if found.blocks < 1 and usable >= per_token:  # room for tokens, not for one block of them
         raise ModelError(
@@ -58,6 +61,16 @@ def kv_capacity(pipeline: Pipeline, steps: StepTimes, engine: str, limits: Engin
             f"({RULES[engine]}); use a larger {say('tp')}, {say('weights', 'int8')} or {fix}"
         )
     return found
+
+
+def state_bytes(base: Any) -> int:
+    """The state one sequence of a hybrid model holds on one device in its linear-attention or state-space layers
+    (castcore.report.memory.recurrent_state_bytes, the heads split by --tp), in the KV cache's dtype; 0 for
+    another model."""
+    if not isinstance(base.model, str):
+        return 0
+    config = per_device_config(load_model_config(base.model), base.tp)
+    return recurrent_state_bytes(config, 1, torch_dtype(base.kv_cache or base.dtype))
 
 
 def with_draft(

@@ -34,7 +34,11 @@ if TYPE_CHECKING:
 __all__ = ["Chunk", "PACKED_ATTENTION", "capture_mixed", "packed_workload"]
 
 # The kernels a packed row's attention runs as (castcore.deploy.kernels.packing).
-PACKED_ATTENTION = ("castcore::varlen_attention", "castcore::varlen_latent_attention")
+PACKED_ATTENTION = (
+    "castcore::varlen_attention",
+    "castcore::varlen_latent_attention",
+    "castcore::varlen_gated_delta_rule",
+)
 
 
 def packed_workload(base: Workload, chunks: Sequence[Chunk]) -> Workload:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from castcore.workload.spec import Workload
 
 LATENT = "castcore::varlen_latent_attention"
+DELTA_RULE = "castcore::varlen_gated_delta_rule"
+SPLIT = (LATENT, DELTA_RULE)  # two kernels an iteration: its decodes and its prompt chunks
 
 
 class StepTimes:
@@ -79,7 +81,8 @@ class StepTimes:
         self._body: dict[int, list[float]] = {}  # per token count, each stage's body
         self._head: dict[int, list[float]] = {}  # per count of sampling sequences, each stage's LM head
         # the weights a device holds and the KV bytes a token takes (castcore.serving.kv_capacity's probe)
-        self.probed: tuple[int, int] | None = None
+        # (and the state a sequence holds, a hybrid model's)
+        self.probed: tuple[int, int, int] | None = None
 
     def _chunks(self, tokens: int) -> list[Chunk]:
         """The ladder's batch at ``tokens``: one prompt chunk and single tokens, min(tokens, max_sampled) of them
@@ -189,9 +192,7 @@ class StepTimes:
         window)."""
         decoding = [
             k
-            for k in (
-                k.absorbed if isinstance(k, attention_pricing.SplitKernel) else k for k in self._kernels
-            )
+            for k in (k.decodes if isinstance(k, attention_pricing.SplitKernel) else k for k in self._kernels)
             if isinstance(k, attention_pricing.LinearKernel) and k.plain
         ]
         if self.stages is not None or len(decoding) < len(self._kernels):
@@ -244,7 +245,7 @@ class StepTimes:
             e = ask(chunks)
             return e.time_s, e.compute_s, e.memory_s, e.overhead_s + e.comm_s
 
-        if template.name == LATENT:
+        if template.name in SPLIT:
             return attention_pricing.fit_split(parts, max_tokens)
         options = (template.argument("causal"), template.argument("window"), template.argument("chunk"))
         line = attention_pricing.fit(parts, options, max_tokens)
@@ -296,14 +297,29 @@ class Stages:
         return max(len(times) * max(times), sum(times) + (len(times) - 1) * send)
 
 
+def _lengths_at(name: str) -> int:
+    """Where a packed kernel's ``new`` and ``cached`` lists are in its arguments (``cached`` the next)."""
+    return 8 if name == DELTA_RULE else 3
+
+
 def _attention_kind(invoke: OpInvoke) -> OpInvoke:
     """The kernel without its lengths: the template an iteration's call is made from."""
+    at = _lengths_at(invoke.name)
     return replace(
-        invoke, args=(*invoke.args[:3], (), (), *invoke.args[5:]), out=None, module="", index=0, _key=None
+        invoke,
+        args=(*invoke.args[:at], (), (), *invoke.args[at + 2 :]),
+        out=None,
+        module="",
+        index=0,
+        _key=None,
     )
 
 
 def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
+    """The iteration's call of a layer kind's kernel over ``chunks``: the template's shapes at their token and
+    sequence counts."""
+    if template.name == DELTA_RULE:
+        return _delta_rule_call(template, chunks)
     q, k, v = template.args[:3]
     tokens, keys = sum(c.new for c in chunks), sum(c.cached + c.new for c in chunks)
     query = TensorMeta((1, q.shape[1], tokens, q.shape[3]), q.dtype)
@@ -326,6 +342,26 @@ def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
         out=out,
         _key=None,
     )  # the template's key is not this call's
+
+
+def _delta_rule_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
+    """castcore::varlen_gated_delta_rule over ``chunks``: q, k, v, a, b at their tokens, a state a sequence."""
+    tokens = sum(c.new for c in chunks)
+    rows = [TensorMeta((1, tokens, *x.shape[2:]), x.dtype) for x in template.args[:5]]
+    state = template.args[7]
+    states = TensorMeta((len(chunks), *state.shape[1:]), state.dtype)
+    return replace(
+        template,
+        args=(
+            *rows,
+            *template.args[5:7],
+            states,
+            tuple(c.new for c in chunks),
+            tuple(c.cached for c in chunks),
+        ),
+        out=(rows[2], states),
+        _key=None,
+    )
 
 
 def random_batches(

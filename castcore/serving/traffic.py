@@ -80,6 +80,7 @@ def simulate_traffic(
                 plan.speculation,
                 engine_step.costs.request_s,
                 stop_saturated=plan.stop_saturated,
+                state_blocks=kv.state_blocks,
             )
         )
         if results[-1].partial or results[-1].saturated:  # Ctrl-C, or saturated: no further scheduler runs

@@ -41,9 +41,10 @@ def run_length(scheduler: Scheduler) -> int:
     return min(state.output - state.generated for state in running) - 1
 
 
-def _first_block_at(state, block_size: int) -> int:
-    """The run's iteration (from 1) at which ``state`` first needs a block more than it holds."""
-    return (state.held + state.shared) * block_size - state.computed + 1
+def _first_block_at(state, block_size: int, per_request: int) -> int:
+    """The run's iteration (from 1) at which ``state`` first needs a block more than it holds (for its tokens:
+    ``per_request`` of its blocks hold its state)."""
+    return (state.held - per_request + state.shared) * block_size - state.computed + 1
 
 
 def _blocks_taken(firsts: list[int], steps: int, block_size: int) -> int:
@@ -65,7 +66,7 @@ def decode_run(
         return None
     running, pool = scheduler.running, scheduler.pool
     block_size = pool.block_size
-    firsts = [_first_block_at(state, block_size) for state in running]
+    firsts = [_first_block_at(state, block_size, pool.per_request) for state in running]
     while steps >= SHORTEST and _blocks_taken(firsts, steps, block_size) > pool.free:
         steps //= 2  # the blocks for fewer iterations may be free; the scheduler preempts when they are not
     if steps < SHORTEST:

@@ -103,6 +103,7 @@ def run_engine(
     *,
     leaping: bool = True,
     stop_saturated: bool = False,
+    state_blocks: int = 0,
 ) -> EngineResult:
     """Serve ``requests`` on an engine with ``limits`` and ``kv_blocks`` KV blocks; ``step_time`` gives an
     iteration's seconds from its batch's chunks. ``speculation``: (draft tokens k, tokens a decode step keeps).
@@ -110,7 +111,8 @@ def run_engine(
     through the scheduler, to check that both give the same. ``request_s``: each request's path before the
     scheduler sees it (castcore.simulation.overheads). ``stop_saturated``: at a rate, the run ends as soon as the
     clock passes the steady window's last arrival if the window is saturated then (castcore.simulation.steady):
-    the rest of the run would only measure how long the queue grew."""
+    the rest of the run would only measure how long the queue grew. ``state_blocks``: the blocks each request
+    holds for a hybrid model's recurrent state (castcore.simulation.blocks)."""
     if kv_blocks < 1:
         raise ModelError(f"the KV cache has {kv_blocks} blocks; the deployment leaves no memory for it")
     if concurrency is not None and concurrency < 1:
@@ -120,7 +122,7 @@ def run_engine(
     arrivals = sorted(s.arrival for s in states)
     judged = steady.window(arrivals) if stop_saturated and concurrency is None else None
     saturated = stopped = None
-    pool = BlockPool(kv_blocks, limits.block_size)
+    pool = BlockPool(kv_blocks, limits.block_size, state_blocks)
     scheduler = Scheduler(limits, pool, policies)
     entry, trace = policies.entry, Trace()
     finished: list[Finished] = []
@@ -139,7 +141,7 @@ def run_engine(
                 stopped = {**saturated, "stopped_s": clock}
                 break
             while (state := entry.next_due(clock, scheduler.in_system)) is not None:
-                why = state.why_never(limits, kv_blocks)
+                why = state.why_never(limits, kv_blocks, state_blocks)
                 if why is None:
                     scheduler.add(state)
                 else:

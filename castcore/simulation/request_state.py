@@ -58,12 +58,12 @@ class RequestState:
     def of(cls, request: Request) -> RequestState:
         return cls(request, request.input_tokens, request.output_tokens, request.arrival_s or 0.0)
 
-    def why_never(self, limits: EngineLimits, kv_blocks: int) -> str | None:
-        """Why it can never be served on this engine, or None."""
+    def why_never(self, limits: EngineLimits, kv_blocks: int, per_request: int = 0) -> str | None:
+        """Why it can never be served on this engine, or None; ``per_request``: the blocks its state takes."""
         prompt, output = self.prompt, self.output
         if prompt < 1 or output < 1:
             return f"it has {prompt} input and {output} output tokens; both must be at least 1"
-        need = blocks_for(prompt + output - 1, limits.block_size)
+        need = blocks_for(prompt + output - 1, limits.block_size) + per_request
         if need > kv_blocks:
             return f"it needs {need} KV blocks of {limits.block_size} tokens and the cache has {kv_blocks}"
         if not limits.chunked_prefill and prompt > limits.max_batched_tokens and not self.request.prefilled:

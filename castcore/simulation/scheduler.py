@@ -24,7 +24,7 @@ from castcore.simulation.blocks import BlockPool
 from castcore.simulation.chunks import Chunk
 from castcore.simulation.policies import Policies
 from castcore.simulation.presets import EngineLimits
-from castcore.simulation.request_state import NeverFit, RequestState, Status, blocks_for
+from castcore.simulation.request_state import NeverFit, RequestState, Status
 
 
 @dataclasses.dataclass
@@ -72,7 +72,7 @@ class Scheduler:
     def _schedule_running(self, batch: Batch) -> int:
         """Step 1; the budget left."""
         budget, running, pool = self.limits.max_batched_tokens, self.running, self.pool
-        block_size, draft = pool.block_size, self.policies.decoding.draft
+        draft = self.policies.decoding.draft
         requests, chunks = batch.requests, batch.chunks
         k = 0
         while k < len(running) and budget > 0:
@@ -81,7 +81,7 @@ class Scheduler:
             left = tokens - state.computed
             new = min(left + draft if state.decoding else left, budget)  # a verification pass: k drafts too
             # <= 0 under Reserve
-            need = blocks_for(state.computed + new, block_size) - state.shared - state.held
+            need = pool.need(state.computed + new) - state.shared - state.held
             victim = None
             while need > pool.free and victim is not state:
                 victim = running.pop()
@@ -116,11 +116,7 @@ class Scheduler:
             if new > budget and not limits.chunked_prefill:
                 break
             new = min(new, budget)
-            need = (
-                blocks_for(kv.admission_tokens(state, cached, new), pool.block_size)
-                - cached_blocks
-                - state.held
-            )
+            need = pool.need(kv.admission_tokens(state, cached, new)) - cached_blocks - state.held
             if need > pool.free:
                 break
             waiting.popleft()

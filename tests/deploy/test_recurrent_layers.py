@@ -1,5 +1,6 @@
 """Hybrid models with linear-attention or state-space layers (Qwen3-Next, Kimi Linear, Nemotron-H): a prefill on one
-device is priced; what castcore cannot price yet is refused in one line naming the layers, before transformers
+device is priced, and so is all of Qwen3-Next's deployed serving (static and under traffic); what castcore cannot price yet is refused in
+one line naming the layers, before transformers
 could fail with its own internals. Tiny configs in tests/data; these families need the newest transformers
 castcore is tested on (not a ``models`` test)."""
 
@@ -25,18 +26,24 @@ def test_a_prefill_on_one_device_is_priced(session, name):
     assert report.time_s > 0 and report.flops > 0
 
 
-@pytest.mark.parametrize("name, layers", HYBRIDS.items())
-@pytest.mark.parametrize(
-    "argv, asked",
-    [
-        (["estimate", "--seq", "16", "--phase", "decode"], "--phase decode is not supported"),
-        (["estimate", "--seq", "16", "--tp", "2"], "--tp 2 is not supported"),
-        (["serve", "--input", "16", "--output", "4", "--batch", "2"], "--phase decode is not supported"),
-        (["simulate", "--input", "16", "--output", "4", "--requests", "3"], "a mixed batch"),
-    ],
-    ids=["decode", "tp", "serve", "simulate"],
-)
-def test_what_is_not_priced_yet_is_one_line_naming_the_layers(h100_file, capsys, name, layers, argv, asked):
+DECODE = (["estimate", "--seq", "16", "--phase", "decode"], "--phase decode is not supported")
+TP = (["estimate", "--seq", "16", "--tp", "2"], "--tp 2 is not supported")
+SERVE = (["serve", "--input", "16", "--output", "4", "--batch", "2"], "--phase decode is not supported")
+SIMULATE = (["simulate", "--input", "16", "--output", "4", "--requests", "3"], "a mixed batch")
+EAGER = (["estimate", "--seq", "16", "--phase", "decode", "--eager"], "--phase decode is not supported")
+REFUSED = [  # Qwen3-Next's Gated DeltaNet runs deployed (tests/deploy/test_linear_attention.py), not eager
+    ("tiny-qwen3-next.json", *EAGER),
+    *(
+        (name, *case)
+        for name in ("tiny-kimi-linear.json", "tiny-nemotron-h.json")
+        for case in (DECODE, TP, SERVE, SIMULATE)
+    ),
+]
+
+
+@pytest.mark.parametrize("name, argv, asked", REFUSED)
+def test_what_is_not_priced_yet_is_one_line_naming_the_layers(h100_file, capsys, name, argv, asked):
+    layers = HYBRIDS[name]
     code = main([*argv, "--model", str(DATA / name), "--device-file", str(h100_file), "--no-packs"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("castcore: error: "), err
@@ -60,3 +67,15 @@ def test_what_is_not_priced_yet_is_one_line_naming_the_layers(h100_file, capsys,
 def test_a_prefill_holds_its_attention_layers_keys_and_each_recurrent_layers_state(session, name, cached):
     report = session.estimate(castcore.build_workload(str(DATA / name), seq=16), device="h100-sxm")
     assert report.memory.kv_cache_bytes == cached
+
+
+def test_an_older_transformers_is_refused_in_one_line_for_gated_deltanet(session, monkeypatch):
+    from castcore.deploy import recurrent_layers
+
+    monkeypatch.setattr(recurrent_layers, "installed", lambda package: "5.5.0")
+    with pytest.raises(
+        castcore.CastcoreError, match=r"transformers 5\.24 or newer, and 5\.5\.0 is installed"
+    ):
+        session.estimate(
+            castcore.build_workload(str(DATA / "tiny-qwen3-next.json"), seq=16), device="h100-sxm"
+        )

@@ -49,7 +49,14 @@ def test_a_packed_prefill_is_the_prefill_and_decodes_read_every_cached_token(ses
 
 
 @pytest.mark.parametrize(
-    "model, options", [(LLAMA, {}), (LLAMA, {"tp": 2}), (MIXTRAL, {}), (DEEPSEEK, {}), (DEEPSEEK, {"tp": 2})]
+    "model, options",
+    [
+        (LLAMA, {}),
+        (LLAMA, {"tp": 2}),
+        (MIXTRAL, {}),
+        (DEEPSEEK, {}),
+        (DEEPSEEK, {"tp": 2}),
+    ],
 )
 def test_the_step_time_model_agrees_with_a_direct_capture_within_3_percent(session, model, options):
     steps = StepTimes(session.pipeline, castcore.build_workload(model, **options), "h100-sxm", 512, 64)
@@ -307,18 +314,18 @@ def test_the_attention_line_is_the_plugins_answer_and_decode_runs_are_the_iterat
 def test_latent_attention_is_two_lines_one_for_the_decodes_and_one_for_the_prompts(session):
     """Multi-head latent attention runs its decodes absorbed and its prompt chunks decompressed, two kernels: each
     set is priced on its own fitted line as the plugins price that set's call, and a decode run is its iterations."""
-    from castcore.builtin.attention_ops import absorbed
+    from castcore.builtin.attention_ops import is_decode
     from castcore.serving import attention_pricing
     from castcore.serving.step_time import _attention_call
 
     steps = StepTimes(session.pipeline, castcore.build_workload(DEEPSEEK), "h100-sxm", 512, 64)
     (counts, template), (kernel,) = steps.attention[0], steps._kernels
     assert counts == [4] and isinstance(kernel, attention_pricing.SplitKernel)
-    assert isinstance(kernel.absorbed, attention_pricing.LinearKernel)
-    assert isinstance(kernel.decompressed, attention_pricing.LinearKernel)
+    assert isinstance(kernel.decodes, attention_pricing.LinearKernel)
+    assert isinstance(kernel.prompts, attention_pricing.LinearKernel)
     resolver = session.pipeline.host.resolver
     for chunks in random_batches(30, seed=5, sequences=60, kv=(1, 50_000), chunk=(2, 400)):
-        parts = [[c for c in chunks if absorbed(c.new, c.cached) == d] for d in (True, False)]
+        parts = [[c for c in chunks if is_decode(c.new, c.cached) == d] for d in (True, False)]
         exact = sum(resolver.estimate(_attention_call(template, p), steps.profile).time_s for p in parts if p)
         assert kernel(chunks) == pytest.approx(exact, rel=1e-9)
     cached = [5, 900, 17, 40_000]

@@ -62,6 +62,7 @@ CASES = {
     "prefix cache": (VLLM, 4000, {}, 30.0, True),
     "token budget below the batch": (dataclasses.replace(VLLM, max_batched_tokens=40), 4000, {}, 30.0, False),
     "block of one token": (dataclasses.replace(VLLM, block_size=1), 60000, {}, 30.0, False),
+    "a hybrid's recurrent state": (VLLM, 600, {"state_blocks": 5}, 30.0, False),
 }
 
 
@@ -112,3 +113,14 @@ def test_no_run_while_requests_wait_or_a_prompt_is_computed():
         if not all(s.decoding for s in scheduler.running)
         else min(s.output - s.generated for s in scheduler.running) - 1
     )
+
+
+def test_a_hybrid_models_requests_each_hold_their_state_blocks_beside_their_tokens():
+    made = requests(150, 7, None)
+    plain = run_engine(made, VLLM, 600, step)
+    hybrid = run_engine(made, VLLM, 600, step, state_blocks=20)
+    assert len(hybrid.finished) == len(plain.finished) == 150
+    assert hybrid.mean_running < plain.mean_running  # the same blocks hold fewer requests at once
+    # 600 tokens and an output of 300 take 57 blocks of 16; with 560 state blocks more than the 600 there are
+    (never,) = run_engine([Request(0, 600, 300, None)], VLLM, 600, step, state_blocks=560).never_fit
+    assert "it needs 617 KV blocks" in never.why

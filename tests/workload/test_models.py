@@ -30,6 +30,7 @@ PRESET_PARAMS = {  # published parameter counts (billions), and half the last di
         0.5,
     ),  # without its multi-token-prediction module, which serving does not run by default
     "kimi-k2": (1000, 50),  # "1 trillion total parameters"
+    "qwen3-next-80b-a3b": (80, 0.5),  # "80B total parameters, only 3B active" (transformers' qwen3_next page)
     "gpt-oss-20b": (20.9, 0.05),
     "gpt-oss-120b": (116.8, 0.05),  # the model card's totals
     "llama-4-scout": (

@@ -11,7 +11,7 @@ from castcore.builtin.formulas.attention import SOFTMAX_OPS_PER_SCORE
 from castcore.builtin.formulas.matmul import product_dtype
 from castcore.builtin.formulas.pointwise import GELU, SIGMOID, TANH
 from castcore.builtin.formulas.reductions import SOFTMAX_OPS_PER_ELEMENT
-from castcore.builtin.attention_ops import absorbed, kept_keys, latent_widths
+from castcore.builtin.attention_ops import is_decode, kept_keys, latent_widths
 from castcore.builtin.fused_ops import OPS
 from castcore.devices.costs import PerformanceProperties
 from castcore.plugins.claims import register_op_properties
@@ -127,7 +127,7 @@ def _varlen_latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     for n, c in zip(invoke.argument("new"), invoke.argument("cached")):
         pairs = heads * kept_keys(n, c + n, True, 0)
         scores += pairs
-        if absorbed(n, c):
+        if is_decode(n, c):
             decodes = True
             mma += 2 * n * heads * rank * (nope + v_dim) + 2 * pairs * (rank + rope + rank)
         else:

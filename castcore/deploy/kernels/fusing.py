@@ -14,6 +14,8 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
   ``apply_rotary_pos_emb`` is swapped for the capture only; castcore.deploy.kernels.attention);
 - multi-head latent attention (DeepSeek-V3, Kimi K2) -> decompressed heads and ``castcore::attention`` for
   prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.deploy.kernels.latent);
+- Qwen3-Next's Gated DeltaNet linear attention -> ``castcore::causal_conv1d``, ``castcore::gated_delta_rule`` and
+  ``castcore::gated_rms_norm`` with each layer's recurrent state (castcore.deploy.kernels.linear_attention);
 - attention -> ``castcore::attention``: causal, sliding-window and chunked (Llama 4) masks and attention
   sinks (gpt-oss) as arguments, grouped KV heads read once, no repeated keys and values, the output written in
   the layout the next projection reads; a model with its own causal ``_attn`` (GPT-J) has that method swapped
@@ -46,6 +48,8 @@ from castcore.hf.rotary import rotary_swapped, standard_rotary
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.deploy.kernels.latent import is_latent_attention
 from castcore.deploy.kernels.latent import rewrite as rewrite_latent
+from castcore.deploy.kernels.linear_attention import is_gated_delta_net
+from castcore.deploy.kernels.linear_attention import rewrite as rewrite_linear
 from castcore.deploy.kernels.attention import fused_own_attn, fused_rotary, use_fused_attention
 from castcore.deploy.kernels.packing import packing_on
 from castcore.workload.models import BuiltModel
@@ -56,6 +60,20 @@ if TYPE_CHECKING:
     from castcore.plugins.host import PluginHost
 
 ops = torch.ops.castcore
+_ATTENTION_REWRITES = (
+    (
+        is_latent_attention,
+        rewrite_latent,
+        "multi-head latent attention -> castcore::attention over decompressed heads (prompts), "
+        "castcore::latent_attention over the latent cache (decode)",
+    ),
+    (
+        is_gated_delta_net,
+        rewrite_linear,
+        "Gated DeltaNet linear attention -> castcore::causal_conv1d + castcore::gated_delta_rule + "
+        "castcore::gated_rms_norm, with its recurrent state",
+    ),
+)
 
 
 def fuse(host: PluginHost, built: BuiltModel, device: DeviceProfile, kv_reads: str = "group") -> list[str]:
@@ -114,14 +132,13 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for module in blocks:
         if not any(id(child) in moe_parts for child in module.children()):
             eager[type(module).__name__] += 1
-    latent = [m for m in model.modules() if is_transformers_module(m) and is_latent_attention(m)]
-    for module in latent:
-        rewrite_latent(module)
-    if latent:
-        done[
-            "multi-head latent attention -> castcore::attention over decompressed heads (prompts), "
-            "castcore::latent_attention over the latent cache (decode)"
-        ] += len(latent)
+    # whole attention modules given a forward of castcore's
+    for found, rewrite_one, said in _ATTENTION_REWRITES:
+        modules = [m for m in model.modules() if is_transformers_module(m) and found(m)]
+        for module in modules:
+            rewrite_one(module)
+        if modules:
+            done[said] += len(modules)
     attention_modules = [
         m
         for m in model.modules()
@@ -161,7 +178,7 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
 
 
 def _norm_parts(module: nn.Module) -> tuple[nn.Parameter, float, float] | None:
-    """(weight, eps, offset) of an RMSNorm module, offset 1 for Gemma's (1 + weight) norms."""
+    """(weight, eps, offset) of an RMSNorm module, offset 1 for the (1 + weight) norms of Gemma and Qwen3-Next."""
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if not (
@@ -172,7 +189,18 @@ def _norm_parts(module: nn.Module) -> tuple[nn.Parameter, float, float] | None:
         and not list(module.children())
     ):
         return None
-    return weight, eps, 1.0 if type(module).__name__.startswith("Gemma") else 0.0
+    return weight, eps, 1.0 if _scales_by_one_plus_weight(module) else 0.0
+
+
+def _scales_by_one_plus_weight(module: nn.Module) -> bool:
+    """Whether the norm multiplies by 1 + weight (zero-centred weights), read from its forward's source."""
+    if type(module).__name__.startswith("Gemma"):
+        return True
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return False
+    return any(f"{one} + self.weight" in source for one in ("1", "1.0"))
 
 
 def _is_rms_norm(module: nn.Module) -> bool:

@@ -26,7 +26,7 @@ import types
 import torch
 from torch import nn
 
-from castcore.builtin.attention_ops import absorbed
+from castcore.builtin.attention_ops import is_decode
 from castcore.deploy.kernels.packing import packed_latent_attention, packing_on
 
 ops = torch.ops.castcore
@@ -101,7 +101,7 @@ def _forward(
         kv_b = _absorbed(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
         out = packed_latent_attention(q, kv_b, rank + rope, float(scale))
         return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
-    if cache is not None and absorbed(seq, latent.shape[2] - seq):
+    if cache is not None and is_decode(seq, latent.shape[2] - seq):
         kv_b = _absorbed(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
         into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
         query = torch.cat([into_latent.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from castcore.builtin.attention_ops import absorbed  # (its module defines torch.ops.castcore's attention)
+from castcore.builtin import recurrent_ops  # noqa: F401  (defines torch.ops.castcore.varlen_gated_delta_rule)
+from castcore.builtin.attention_ops import is_decode  # (its module defines torch.ops.castcore's attention)
 from castcore.errors import ModelError
 from castcore.simulation.chunks import Chunk
 
@@ -94,7 +95,7 @@ def packed_latent_attention(
     heads, width = queries.shape[1], queries.shape[-1]
     outputs = []
     for decodes in (True, False):
-        chunks = [c for c in plan.chunks if absorbed(c.new, c.cached) == decodes]
+        chunks = [c for c in plan.chunks if is_decode(c.new, c.cached) == decodes]
         if chunks:
             q = queries.new_empty((1, heads, sum(c.new for c in chunks), width))
             latent = queries.new_empty(
@@ -109,3 +110,40 @@ def packed_latent_attention(
         return outputs[0]
     # Both kernels write into one output buffer: no kernel joins them.
     return queries.new_empty((1, queries.shape[2], heads, outputs[0].shape[-1]))
+
+
+def packed_chunks() -> tuple[Chunk, ...]:
+    """The chunks of the packed row (under ``packed``)."""
+    plan = _plan.get()
+    assert plan is not None, "packed_chunks runs under packed()"
+    return plan.chunks
+
+
+def packed_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: tuple[int, int, int],
+) -> torch.Tensor:
+    """Under ``packed``: a Gated DeltaNet layer's delta rule over the packed row, as engines run an iteration: the
+    decode sequences in one recurrent ``castcore::varlen_gated_delta_rule`` call, the prompt chunks in a chunked
+    one, each with its sequences' states (``state``: value_heads, key_dim, value_dim). q, k, v, a, b are the
+    packed row's [1, tokens, ...]; only shapes are read -> [1, tokens, value_heads, value_dim]."""
+    outputs = []
+    for decodes in (True, False):
+        chunks = [c for c in packed_chunks() if is_decode(c.new, c.cached) == decodes]
+        if chunks:
+            tokens = sum(c.new for c in chunks)
+            part = [x.new_empty((1, tokens, *x.shape[2:])) for x in (q, k, v, a, b)]
+            states = v.new_empty((len(chunks), *state))
+            out, _ = ops.varlen_gated_delta_rule(
+                *part, a_log, dt_bias, states, [c.new for c in chunks], [c.cached for c in chunks]
+            )
+            outputs.append(out)
+    if len(outputs) == 1:
+        return outputs[0]
+    return v.new_empty(v.shape)  # both kernels write into one output buffer: no kernel joins them
