@@ -90,6 +90,7 @@ HUB_IDS = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "qwen3-32b": "Qwen/Qwen3-32B",
     "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Thinking",
 }
 
 
