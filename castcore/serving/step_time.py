@@ -6,8 +6,8 @@ An iteration over mixed chunks (castcore.serving.mixed_batch) costs three kinds 
   norms, MoE and collectives run over all of them at once);
 - the LM head, a function of the sequences S that sample a token;
 - attention, one ``castcore::varlen_attention`` kernel a layer, a function of every chunk's length and KV length
-  (multi-head latent attention: ``castcore::varlen_latent_attention``, one kernel over the decodes and one over the
-  prompt chunks).
+  (multi-head latent attention and Gated DeltaNet: ``castcore::varlen_latent_attention`` and
+  ``castcore::varlen_gated_delta_rule``, one kernel over the decodes and one over the prompt chunks).
 
 So the deployment is captured as mixed batches at a ladder of token counts (castcore.serving.ladder_points: powers
 of four up to the token budget, each captured when an iteration first needs it, or read as priced from the capture
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from castcore.builtin.attention_ops import latent_widths
 from castcore.recording.invoke import OpInvoke, TensorMeta
 from castcore.serving import attention_pricing
 from castcore.serving.ladder_points import Parts, Point, is_head, ladder
@@ -325,7 +326,7 @@ def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
     query = TensorMeta((1, q.shape[1], tokens, q.shape[3]), q.dtype)
     key = TensorMeta((1, k.shape[1], keys, k.shape[3]), k.dtype)
     if template.name == LATENT:  # v is kv_b [heads, nope + v_dim, rank], the same for every iteration
-        value, v_dim = v, v.shape[1] - (q.shape[3] - (k.shape[3] - v.shape[2]))
+        value, v_dim = v, latent_widths(q, k, v)[2]
     else:
         value, v_dim = TensorMeta((1, v.shape[1], keys, v.shape[3]), v.dtype), v.shape[3]
     out = TensorMeta((1, tokens, q.shape[1], v_dim), q.dtype)
