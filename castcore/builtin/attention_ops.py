@@ -156,6 +156,15 @@ def is_decode(new: int, cached: int) -> bool:
     return new == 1 or (cached > 0 and new <= VERIFY_QUERIES)
 
 
+def decodes_and_prompts(chunks):
+    """A batch's sequences (each with ``new`` and ``cached``) as its decodes and its prompt chunks (``is_decode``):
+    the two sets of rows multi-head latent attention and linear attention run one kernel each over."""
+    decodes = [c for c in chunks if is_decode(c.new, c.cached)]
+    return decodes, [c for c in chunks if not is_decode(c.new, c.cached)] if len(decodes) < len(
+        chunks
+    ) else []
+
+
 def latent_widths(q: torch.Tensor, latent: torch.Tensor, kv_b: torch.Tensor) -> tuple[int, int, int, int]:
     """(nope, rope, v_dim, rank) of a latent attention call: q [.., nope + rope], latent [.., rank + rope],
     kv_b [heads, nope + v_dim, rank]."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from castcore.builtin.attention_ops import VERIFY_QUERIES, is_decode, kept_keys
+from castcore.builtin.attention_ops import VERIFY_QUERIES, decodes_and_prompts, kept_keys
 from castcore.simulation.chunks import Chunk
 
 FIT_PROBES = 8  # batches the line is fitted on (at least one per feature)
@@ -121,8 +121,7 @@ class SplitKernel:
         self.decodes, self.prompts = decodes, prompts
 
     def __call__(self, chunks: Sequence[Chunk]) -> float:
-        decodes = [c for c in chunks if is_decode(c.new, c.cached)]
-        prompts = [c for c in chunks if not is_decode(c.new, c.cached)] if len(decodes) < len(chunks) else []
+        decodes, prompts = decodes_and_prompts(chunks)
         return (self.decodes(decodes) if decodes else 0.0) + (self.prompts(prompts) if prompts else 0.0)
 
 

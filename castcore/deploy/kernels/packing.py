@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from castcore.builtin import recurrent_ops  # noqa: F401  (defines torch.ops.castcore.varlen_gated_delta_rule)
-from castcore.builtin.attention_ops import is_decode  # (its module defines torch.ops.castcore's attention)
+from castcore.builtin.attention_ops import decodes_and_prompts  # (its module defines castcore's attention)
 from castcore.errors import ModelError
 from castcore.simulation.chunks import Chunk
 
@@ -94,8 +94,7 @@ def packed_latent_attention(
     assert plan is not None, "packed_latent_attention runs under packed()"
     heads, width = queries.shape[1], queries.shape[-1]
     outputs = []
-    for decodes in (True, False):
-        chunks = [c for c in plan.chunks if is_decode(c.new, c.cached) == decodes]
+    for chunks in decodes_and_prompts(plan.chunks):
         if chunks:
             q = queries.new_empty((1, heads, sum(c.new for c in chunks), width))
             latent = queries.new_empty(
@@ -134,8 +133,7 @@ def packed_delta_rule(
     one, each with its sequences' states (``state``: value_heads, key_dim, value_dim). q, k, v, a, b are the
     packed row's [1, tokens, ...]; only shapes are read -> [1, tokens, value_heads, value_dim]."""
     outputs = []
-    for decodes in (True, False):
-        chunks = [c for c in packed_chunks() if is_decode(c.new, c.cached) == decodes]
+    for chunks in decodes_and_prompts(packed_chunks()):
         if chunks:
             tokens = sum(c.new for c in chunks)
             part = [x.new_empty((1, tokens, *x.shape[2:])) for x in (q, k, v, a, b)]
