@@ -68,12 +68,16 @@ def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bo
         if tp > 1
         else None
     )
+    if asked is not None and found == _KINDS[0][1]:  # Gated DeltaNet, eager
+        raise ModelError(
+            f"{name}: {asked} is not supported with {say('fuse', False)}: its {found} keep a recurrent state per "
+            f"sequence, which castcore's deployed kernels run; drop {say('fuse', False)}"
+        )
     if asked is not None:
         raise ModelError(
             f"{name}: {asked} is not supported for this model yet: its {found} keep a recurrent state per "
-            f"sequence, which castcore prices only in a prefill on one device"
-            + " (Gated DeltaNet: with the deployed kernels, not --eager)"
-            + f"; use castcore estimate {say('phase', 'prefill')} {say('tp', 1)}"
+            f"sequence, which castcore prices only in a prefill on one device; use castcore estimate "
+            f"{say('phase', 'prefill')} {say('tp', 1)}"
         )
 
 
