@@ -13,11 +13,10 @@ import argparse
 import datetime
 import os
 import platform
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from simulate_speed import timed  # bench/ is the script's own folder on its path
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = str(ROOT / "packs" / "castpack-nvidia" / "castpack_nvidia" / "profiles" / "h200-sxm.toml")
@@ -45,12 +44,6 @@ RUNS = {
     ),
     "Qwen3-Next 80B-A3B, TP 4 on 4 H200s (target <= 15 s cold)": _simulate("qwen3-next-80b-a3b", "--tp", "4"),
 }
-
-
-def timed(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "castcore", *command], check=True, capture_output=True, env=env)
-    return time.perf_counter() - started
 
 
 def main() -> None:
