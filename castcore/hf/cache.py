@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -198,12 +198,17 @@ def cast_on_write(layer_class: type) -> type:
     return _CASTING[layer_class]
 
 
+def _cache_layer(cache: object, index: int) -> Any:
+    """Layer ``index`` of a transformers cache, None where ``cache`` is none or has no such layer."""
+    layers = cache_layers(cache)
+    return layers[index] if layers is not None and index < len(layers) else None
+
+
 def recurrent_state(cache: object, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The (convolution, recurrent) states a linear-attention cache layer holds from a sequence's earlier tokens,
     None where it holds none yet (or ``cache`` is no transformers cache). Relies on LinearAttentionLayer's
     ``conv_states``, ``recurrent_states`` and ``has_previous_state`` lists, one entry per state (checked 5.24.0)."""
-    layers = cache_layers(cache)
-    layer = layers[index] if layers is not None and index < len(layers) else None
+    layer = _cache_layer(cache, index)
     if layer is None or not getattr(layer, "has_previous_state", [False])[0]:
         return None
     return layer.conv_states[0], layer.recurrent_states[0]
@@ -211,8 +216,7 @@ def recurrent_state(cache: object, index: int) -> tuple[torch.Tensor, torch.Tens
 
 def keep_recurrent_state(cache: object, index: int, conv: torch.Tensor, state: torch.Tensor) -> None:
     """Hold a sequence's states after its tokens in its linear-attention cache layer (see ``recurrent_state``)."""
-    layers = cache_layers(cache)
-    layer = layers[index] if layers is not None and index < len(layers) else None
+    layer = _cache_layer(cache, index)
     if layer is not None and hasattr(layer, "recurrent_states"):
         layer.conv_states[0], layer.recurrent_states[0] = conv, state
         layer.has_previous_state[0] = True
