@@ -150,6 +150,10 @@ def console() -> None:
     and leave nothing open once they have printed, so they end without the interpreter's teardown: tearing torch
     down takes about 0.4 s, a fifth of a cached estimate."""
     code = main()
+    if code == 130:
+        # CPython 3.11 remembers a Ctrl-C that escaped an eval() of a string (torch's schema parsing runs them) and,
+        # under python -m, exits by SIGINT though main() handled it; an eval that ends normally forgets it
+        eval("None")
     if not _quick_exit:
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):

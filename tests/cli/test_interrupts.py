@@ -191,3 +191,24 @@ def test_ctrl_c_while_a_worker_starts_waits_until_its_set_up_is_written():
             assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_inside_an_eval_of_a_string_still_exits_130_under_python_m(tmp_path):
+    """A Ctrl-C that escapes an eval() of a string (torch parses operator schemas with them) and that castcore then
+    handles ends ``python -m castcore`` with 130, not by SIGINT: CPython 3.11 remembered it and killed the process
+    with the signal at its exit, which a caller reads as a crash."""
+    (tmp_path / "interrupted_in_eval.py").write_text(
+        "import os\n"
+        "import castcore.cli.main as cli\n"
+        "def main(argv=None):\n"
+        "    try:\n"
+        "        eval('os.kill(os.getpid(), 2) or sum(range(10 ** 7))')\n"
+        "    except KeyboardInterrupt:\n"
+        "        return 130\n"
+        "cli.main = main\n"
+        "cli.console()\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_eval"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 130, run.stderr
