@@ -24,10 +24,11 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.tomlfiles import read_json
 from castcore.options.parts import BLOCK_FP8
+from castcore.workload import compressed_tensors
 
 PRICED = (
-    "fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, and "
-    "ModelOpt's FP8, NVFP4 and W4A8_AWQ"
+    "fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, "
+    "compressed-tensors, and ModelOpt's FP8, NVFP4 and W4A8_AWQ"
 )
 MODELOPT = {
     "FP8": {"weights": "fp8", "activations": "fp8"},
@@ -104,6 +105,8 @@ def _from_quantization_config(model: str, found: dict[str, Any]) -> dict[str, st
         )
     if method == "mxfp4":
         return {"weights": "mxfp4"}
+    if method == compressed_tensors.METHOD:
+        return compressed_tensors.options(model, found)
     if method == "modelopt":  # ModelOpt's hf_quant_config.json fields, in config.json
         return _from_modelopt(model, {"quantization": found})
     raise ModelError(
@@ -145,10 +148,13 @@ def apply(model: str, config: dict[str, Any], given: dict[str, Any], values: dic
 
 def unquantized(model: str, config: dict[str, Any]) -> tuple[str, ...]:
     """The module names a quantized checkpoint leaves in the model dtype: its quantization_config's
-    ``modules_to_not_convert``, or the ``exclude_modules`` of ModelOpt's file; () when it names none."""
+    ``modules_to_not_convert`` (compressed-tensors' ``ignore``), or the ``exclude_modules`` of ModelOpt's file; ()
+    when it names none."""
     found = _quantization_config(model, config)
     if found is None:
         found = (_modelopt_file(model) or {}).get("quantization", {})
+    if str(found.get("quant_method", "")).lower() == compressed_tensors.METHOD:
+        return compressed_tensors.ignored(found)
     names = found.get("modules_to_not_convert") or found.get("exclude_modules") or ()
     return tuple(str(name) for name in names)
 

@@ -234,7 +234,7 @@ def test_gpt_oss_checkpoint_quantizes_its_experts_only(tmp_path, session, b200):
             == base.memory.weight_bytes - 2 * elements + elements // 2 + elements // 32
         )
         assert any(
-            "8 more linear layers stay bfloat16, as the checkpoint's modules_to_not_convert says" in note
+            "8 more linear layers stay bfloat16, as the checkpoint leaves them unquantized" in note
             for note in report.notes
         )
 

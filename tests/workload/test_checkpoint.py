@@ -23,6 +23,24 @@ BLOCK = {
 }
 
 
+def _compressed(weights: dict, activations: dict | None = None, **fields) -> dict:
+    """A compressed-tensors quantization_config with one group over every Linear, as llm-compressor writes it."""
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": group},
+        **fields,
+    }
+
+
+INT4_GROUP_32 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
+INT8_CHANNEL = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+INT8_PER_TOKEN = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
+FP8_CHANNEL = {"num_bits": 8, "type": "float", "strategy": "channel"}
+FP8_PER_TOKEN = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
+
+
 def _config(tmp_path: Path, quantization: dict | None = None, name: str = "config.json") -> str:
     fields = json.loads((DATA / "tiny-llama.json").read_text())
     if quantization is not None:
@@ -42,6 +60,14 @@ def _config(tmp_path: Path, quantization: dict | None = None, name: str = "confi
         ({"quant_method": "awq", "bits": 8}, {"weights": "int8", "activations": None}),
         ({"quant_method": "mxfp4"}, {"weights": "mxfp4", "activations": None}),
         ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, {"weights": "int4", "activations": "fp8"}),
+        (_compressed(INT4_GROUP_32), {"weights": "int4", "activations": None}),
+        (_compressed(INT8_CHANNEL, INT8_PER_TOKEN), {"weights": "int8", "activations": "int8"}),
+        (_compressed(FP8_CHANNEL, FP8_PER_TOKEN), {"weights": "fp8", "activations": "fp8"}),
+        (_compressed(INT4_GROUP_32, FP8_PER_TOKEN), {"weights": "int4", "activations": "fp8"}),
+        (
+            _compressed({"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}),
+            {"weights": "fp8-block", "activations": None},
+        ),
     ],
 )
 def test_a_quantized_checkpoint_is_priced_as_it_ships(tmp_path, session, quantization, options):
@@ -53,6 +79,28 @@ def test_a_quantized_checkpoint_is_priced_as_it_ships(tmp_path, session, quantiz
     assert any(note.startswith(f"--weights {options['weights']}") for note in report.notes)
     # Saying the same again changes nothing.
     assert castcore.build_workload(model, seq=16, weights=options["weights"]) == work
+
+
+def test_compressed_tensors_leaves_its_ignore_list_unquantized_and_reads_its_kv_cache_scheme(
+    tmp_path, session
+):
+    """Kimi K2 Thinking's way: int4 weights on every Linear but attention (a re: expression) and the LM head (a
+    name); the attention's four projections in each of tiny-llama's two layers stay bf16."""
+    quantization = _compressed(
+        INT4_GROUP_32,
+        ignore=["lm_head", "re:.*self_attn.*"],
+        kv_cache_scheme={"num_bits": 8, "type": "float"},
+    )
+    work = castcore.build_workload(_config(tmp_path, quantization), seq=16)
+    assert (work.weights, work.activations, work.kv_cache) == ("int4", None, "fp8")
+    everything = castcore.build_workload(_config(tmp_path, _compressed(INT4_GROUP_32), name="all"), seq=16)
+    ignored, whole = session.estimate(work), session.estimate(everything)
+    assert any(
+        "8 more linear layers stay bfloat16, as the checkpoint leaves them unquantized" in n
+        for n in ignored.notes
+    )
+    assert not any("more linear layers stay" in n for n in whole.notes)
+    assert ignored.memory.weight_bytes > whole.memory.weight_bytes
 
 
 def test_modelopts_file_beside_the_config_says_fp8_weights_activations_and_cache(tmp_path):
@@ -93,6 +141,36 @@ def test_modelopts_file_beside_the_config_says_fp8_weights_activations_and_cache
             {"quant_method": "gptq", "bits": 3},
             [],
             "gptq with 3 bits is not one castcore prices (4 or 8 bits)",
+        ),
+        (
+            _compressed(INT4_GROUP_32, INT8_PER_TOKEN),
+            [],
+            "config group 'group_0' stores 4-bit int weights with 8-bit int activations, not a scheme castcore prices",
+        ),
+        (
+            {
+                **_compressed(INT4_GROUP_32),
+                "config_groups": {"a": {"targets": ["re:.*experts.*"], "weights": INT4_GROUP_32}},
+            },
+            [],
+            "config group 'a' targets ['re:.*experts.*']; castcore prices groups that target [\"Linear\"]",
+        ),
+        (
+            {
+                **_compressed(INT4_GROUP_32),
+                "config_groups": {
+                    "a": {"targets": ["Linear"], "weights": INT4_GROUP_32},
+                    "b": {"targets": ["Linear"], "weights": INT8_CHANNEL},
+                },
+            },
+            [],
+            "its compressed-tensors config_groups quantize with 2 different schemes",
+        ),
+        (
+            _compressed(INT8_CHANNEL, INT8_PER_TOKEN),
+            ["--activations", "fp8"],
+            "--activations fp8 contradicts {model}'s own quantization (its quantization_config: --weights int8, "
+            "--activations int8)",
         ),
     ],
 )

@@ -159,8 +159,7 @@ def _quantize_weights(
     built.notes.append(
         note
         + (
-            f"; {unlisted} more linear layers stay {model_dtype}, as the checkpoint's "
-            "modules_to_not_convert says"
+            f"; {unlisted} more linear layers stay {model_dtype}, as the checkpoint leaves them unquantized"
             if unlisted
             else ""
         )
