@@ -104,3 +104,11 @@ def matmul(invoke, device):
         return cube_estimate(invoke, device, a2, (a.shape[-1], n), batch)
     batch = math.prod(out.shape[:-2]) if out.dim() > 2 else 1
     return cube_estimate(invoke, device, a, b.shape, batch)
+
+
+# W8A8 int8 as vllm-ascend's W8A8_DYNAMIC runs it: torch_npu.npu_dynamic_quant gives each token an int8 row and a
+# scale, torch_npu.npu_quant_matmul multiplies int8 fractals on the Cube and applies both scales in the fixpipe.
+@pack.register_op_estimator(torch.ops.castcore.int8_scaled_mm.default, device=DEVICES)
+def int8_scaled_mm(invoke, device):
+    a, b = invoke.args[:2]
+    return cube_estimate(invoke, device, a, b.shape, 1)

@@ -88,3 +88,9 @@ def reduce_last(invoke, device):
     lanes = padded_rows(x.shape, x.dtype)
     return vector_estimate(invoke, device, x.dtype, per_in * lanes + per_out * out.numel(),
                            {"ops_per_element": per_in, "elements": x.numel(), "padded_elements": lanes})
+
+
+@pack.register_op_estimator(torch.ops.castcore.quantize_per_token.default, device=DEVICES)
+def dynamic_quant(invoke, device):
+    """npu_dynamic_quant: a row's largest magnitude, then every element scaled, rounded and cast, row by row."""
+    return rowwise(invoke, device, invoke.args[0], formulas.quantized.QUANTIZE)

@@ -102,6 +102,35 @@ def test_int8_fractal_is_twice_as_deep(session):
     assert est.detail["padded_shape"] == "64x64x64"  # K 40 -> 64 (K0 = 32 for int8), M and N stay 64
 
 
+def test_w8a8_runs_int8_fractals_on_the_cube_and_its_quantize_on_the_vector_unit(session):
+    """--weights int8 --activations int8 (vllm-ascend's W8A8_DYNAMIC): the product is the pack's, in int8
+    fractals at twice the bf16 rate, so a large one takes about half the bf16 time; the per-token quantize is a
+    row-wise vector op."""
+    llama = Path(__file__).resolve().parents[3] / "tests" / "data" / "tiny-llama.json"
+    work = castcore.build_workload(str(llama), seq=16, weights="int8", activations="int8")
+    report = session.estimate(work, device="ascend-910b3")
+    by_op = {r.invoke.name: r.estimate for r in report.records}
+    assert _by_pack_estimator(by_op["castcore::int8_scaled_mm"])
+    assert _by_pack_estimator(by_op["castcore::quantize_per_token"])
+    rows = torch.empty(4096, 8192, dtype=torch.int8, device="meta")
+    weight = torch.empty(8192, 8192, dtype=torch.int8, device="meta")
+    scale_a = torch.empty(4096, 1, device="meta")
+    scale_b = torch.empty(1, 8192, device="meta")
+    int8 = only(
+        session.estimate(
+            torch.ops.castcore.int8_scaled_mm.default, rows, weight, scale_a, scale_b, None, torch.bfloat16,
+            device="ascend-910b3",
+        )
+    )
+    bf16 = only(
+        session.estimate(
+            torch.ops.aten.mm.default, rows.to(torch.bfloat16), weight.to(torch.bfloat16), device="ascend-910b3"
+        )
+    )
+    assert int8.detail["padded_shape"] == "4096x8192x8192"
+    assert int8.time_s == pytest.approx(bf16.time_s / 2, rel=0.1)
+
+
 def test_linear_folds_leading_dims_into_m(session):
     # The pack claims aten.linear, so the capture keeps it whole: the leading dims become one M = 14 -> 16.
     x = torch.empty(2, 7, 64, dtype=torch.bfloat16, device="meta")
