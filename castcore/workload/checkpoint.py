@@ -159,6 +159,16 @@ def unquantized(model: str, config: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(name) for name in names)
 
 
+def weight_group(model: str, config: dict[str, Any]) -> int | None:
+    """The input columns a 4-bit checkpoint keeps one scale for (gptq's and awq's group_size, compressed-tensors'
+    weights.group_size); None when it says none or scales whole channels."""
+    found = _quantization_config(model, config) or {}
+    if str(found.get("quant_method", "")).lower() == compressed_tensors.METHOD:
+        return compressed_tensors.group_size(found)
+    size = found.get("group_size", found.get("q_group_size"))
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def listed(path: str, names: tuple[str, ...]) -> bool:
     """Whether module ``path`` is one of ``names`` as transformers reads modules_to_not_convert: a name (a regular
     expression, "model.layers.*.self_attn") matching from the start up to a module boundary, or ending the path."""

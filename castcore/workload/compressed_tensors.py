@@ -52,6 +52,16 @@ def ignored(found: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(n)[3:] if str(n).startswith("re:") else re.escape(str(n)) for n in names)
 
 
+def group_size(found: dict[str, Any]) -> int | None:
+    """The weights' columns per scale under the group strategy; None for any other."""
+    for group in (found.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        size = weights.get("group_size") if isinstance(weights, dict) else None
+        if isinstance(size, int) and size > 0:
+            return size
+    return None
+
+
 def _scheme(model: str, name: str, group: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(group, dict):
         raise ModelError(f"{model}: its compressed-tensors config group {name!r} is not an object")

@@ -103,6 +103,50 @@ def test_compressed_tensors_leaves_its_ignore_list_unquantized_and_reads_its_kv_
     assert ignored.memory.weight_bytes > whole.memory.weight_bytes
 
 
+def test_int4_keeps_the_checkpoints_group_of_columns_per_scale(tmp_path, session):
+    """A scale per 32 columns (Kimi K2 Thinking's) against one per 128 (GPTQ's usual): each of tiny-llama's
+    linear layers [out, in] holds out * ceil(in / group) bf16 scales of 2 bytes, the weights the same."""
+    by_group = {}
+    for size in (32, 128):
+        weights = {**INT4_GROUP_32, "group_size": size}
+        report = session.estimate(
+            castcore.build_workload(_config(tmp_path, _compressed(weights), name=f"g{size}"))
+        )
+        assert any(f"with a scale per {size} input columns" in n for n in report.notes)
+        by_group[size] = report.memory.weight_bytes
+    layer = [(64, 64), (32, 64), (32, 64), (64, 64), (160, 64), (160, 64), (64, 160)]  # q k v o gate up down
+    scales = {
+        g: 2 * sum(out * -(-columns // g) for out, columns in layer) for g in (32, 128)
+    }  # bytes a layer
+    assert by_group[32] - by_group[128] == 2 * (scales[32] - scales[128]) == 2816
+    gptq = castcore.build_workload(
+        _config(tmp_path, {"quant_method": "gptq", "bits": 4, "group_size": 64}, "gptq")
+    )
+    assert any("with a scale per 64 input columns" in n for n in session.estimate(gptq).notes)
+
+
+def test_the_kimi_k2_thinking_preset_ships_int4_routed_experts_only():
+    """As Moonshot ships it (W4A16): routed experts int4 in groups of 32; attention, the shared expert, the dense
+    first layer's MLP and the LM head bf16."""
+    from castcore.workload.checkpoint import listed, unquantized, weight_group
+    from castcore.workload.spec import load_model_config
+
+    work = castcore.build_workload("kimi-k2-thinking")
+    assert (work.weights, work.activations, work.kv_cache) == ("int4", None, None)
+    config = load_model_config("kimi-k2-thinking")
+    assert weight_group("kimi-k2-thinking", config) == 32
+    left = unquantized("kimi-k2-thinking", config)
+    for kept in (
+        "model.layers.5.self_attn.kv_b_proj",
+        "model.layers.5.mlp.shared_experts.down_proj",
+        "lm_head",
+    ):
+        assert listed(kept, left), kept
+    for stored in ("model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj"):
+        assert listed(stored, left), stored
+    assert not listed("model.layers.5.mlp.experts", left)
+
+
 def test_modelopts_file_beside_the_config_says_fp8_weights_activations_and_cache(tmp_path):
     model = _config(tmp_path)
     Path(model).with_name("hf_quant_config.json").write_text(

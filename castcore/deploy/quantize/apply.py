@@ -86,12 +86,13 @@ def quantize(built: BuiltModel, workload: Workload, device: DeviceProfile | None
         _check_device(workload, device)
         paired = fp4.pairing(weights, workload.activations, device)
         w8a8 = paired is None and (workload.activations is not None or weights == BLOCK_FP8)
-        left = (
-            checkpoint.unquantized(workload.model, load_model_config(workload.model))
-            if (workload.named and not is_factory(workload.model))
-            else ()
+        shipped = workload.named and not is_factory(workload.model)
+        config = load_model_config(workload.model) if shipped else {}
+        left = checkpoint.unquantized(workload.model, config) if shipped else ()
+        group = (checkpoint.weight_group(workload.model, config) if shipped else None) or GROUP_SIZE
+        _quantize_weights(
+            built, weights, paired or (W8A8 if w8a8 else WEIGHT_ONLY), workload.fuse, left, group
         )
-        _quantize_weights(built, weights, paired or (W8A8 if w8a8 else WEIGHT_ONLY), workload.fuse, left)
     if cache is not None:
         quantize_cache(built, workload, cache)
 
@@ -129,7 +130,7 @@ def _check_device(workload: Workload, device: DeviceProfile | None) -> None:
 
 
 def _quantize_weights(
-    built: BuiltModel, kind: str, quantization: str, fused: bool, left: tuple[str, ...]
+    built: BuiltModel, kind: str, quantization: str, fused: bool, left: tuple[str, ...], group: int
 ) -> None:
     model = built.model
     if not isinstance(model, nn.Module):
@@ -145,17 +146,17 @@ def _quantize_weights(
         if checkpoint.listed(path, left):
             unlisted += _is_linear(module)
         elif _expert_weights(module):
-            quantize_experts(module, path, kind, quantization)
+            quantize_experts(module, path, kind, quantization, group)
             experts += 1
         elif _is_linear(module) and path.rpartition(".")[2] not in ROUTERS:
-            quantize_linear(module, kind, quantization, fused)
+            quantize_linear(module, kind, quantization, fused, group)
             linears += 1
     if not linears and not experts:
         raise ModelError(
             f"{say('weights', kind)}: {type(model).__name__} has no linear layers (nn.Linear) or "
             f"mixture-of-experts weights to quantize; drop {say('weights')}"
         )
-    note = _weights_note(kind, quantization, fused, linears, experts, model_dtype)
+    note = _weights_note(kind, quantization, fused, linears, experts, model_dtype, group)
     built.notes.append(
         note
         + (
@@ -167,7 +168,7 @@ def _quantize_weights(
 
 
 def _weights_note(
-    kind: str, quantization: str, fused: bool, linears: int, experts: int, model_dtype: str
+    kind: str, quantization: str, fused: bool, linears: int, experts: int, model_dtype: str, group: int
 ) -> str:
     held = f"{linears} linear layers" + (f" and {experts} mixture-of-experts weight sets" if experts else "")
     tail = f"the embedding, LM head and MoE routers stay {model_dtype}, as vLLM keeps them"
@@ -181,7 +182,7 @@ def _weights_note(
         "int8": "int8 with per-channel scales",
         "fp8": "fp8 (e4m3) with per-channel scales",
         BLOCK_FP8: f"fp8 (e4m3) with a scale per {GROUP_SIZE}x{GROUP_SIZE} block",
-        "int4": f"int4, two per byte, with a scale per {GROUP_SIZE} input columns",
+        "int4": f"int4, two per byte, with a scale per {group} input columns",
     }[kind]
     if not w8a8:
         how = (

@@ -44,8 +44,10 @@ def _codes(
     dtype: torch.dtype,
     device: Any,
     experts: int | None = None,
+    group_size: int = GROUP_SIZE,
 ) -> tuple[nn.Parameter, nn.Parameter, int]:
-    """(quantized weight, its scales, input columns per scale) for an [out, in] weight, or [experts, out, in]."""
+    """(quantized weight, its scales, input columns per scale) for an [out, in] weight, or [experts, out, in];
+    ``group_size`` is int4's columns per scale."""
     if kind in fp4.FORMATS:
         return fp4.codes(out_features, in_features, kind, dtype, device, experts)
     lead = () if experts is None else (experts,)
@@ -56,7 +58,7 @@ def _codes(
                 f"has {in_features} columns here (odd); use {say('weights', 'int8')}"
             )
         codes = torch.empty((*lead, out_features, in_features // 2), dtype=torch.uint8, device=device)
-        group = GROUP_SIZE
+        group = group_size
     else:
         codes = torch.empty((*lead, out_features, in_features), dtype=STORED[kind], device=device)
         group = in_features  # one scale per output channel
@@ -94,7 +96,9 @@ def _output_placements(weight: torch.Tensor) -> tuple | None:
     return tuple(Shard(-1) if p.is_shard(0) else Partial() if p.is_shard(1) else p for p in weight.placements)
 
 
-def quantize_linear(module: nn.Module, kind: str, quantization: str, fused: bool) -> None:
+def quantize_linear(
+    module: nn.Module, kind: str, quantization: str, fused: bool, group_size: int = GROUP_SIZE
+) -> None:
     """Swap the layer's weight for its quantized codes and scales, and its forward for the quantized product.
     The module itself stays, so hooks on it (parallelize_module's input and output layouts) keep working."""
     weight = module.weight
@@ -102,7 +106,13 @@ def quantize_linear(module: nn.Module, kind: str, quantization: str, fused: bool
     out_features, in_features = local.shape if isinstance(module, nn.Linear) else local.shape[::-1]
     placements = _output_placements(weight)
     module.qweight, module.weight_scale, module.group_size = _codes(
-        out_features, in_features, kind, quantization == W8A8, local.dtype, local.device
+        out_features,
+        in_features,
+        kind,
+        quantization == W8A8,
+        local.dtype,
+        local.device,
+        group_size=group_size,
     )
     fp4.per_tensor_scales(module, "", kind, local.device)
     del module.weight
@@ -177,7 +187,9 @@ def _experts_base_forward(module: nn.Module) -> Any:
     return experts_grouped_forward(module)
 
 
-def quantize_experts(module: nn.Module, path: str, kind: str, quantization: str) -> None:
+def quantize_experts(
+    module: nn.Module, path: str, kind: str, quantization: str, group_size: int = GROUP_SIZE
+) -> None:
     """Each 3-D expert weight held quantized as [experts, out, in'] (however transformers laid it out), with its
     scales as ``<name>_scale``; the forward is the module's grouped-GEMM one with the quantized products."""
     base = _experts_base_forward(module)
@@ -193,7 +205,14 @@ def quantize_experts(module: nn.Module, path: str, kind: str, quantization: str)
         experts, rows, columns = param.shape
         out_features, in_features = (columns, rows) if transposed else (rows, columns)
         codes, scales, group = _codes(
-            out_features, in_features, kind, quantization == W8A8, param.dtype, param.device, experts
+            out_features,
+            in_features,
+            kind,
+            quantization == W8A8,
+            param.dtype,
+            param.device,
+            experts,
+            group_size,
         )
         fp4.per_tensor_scales(module, f"{name}_", kind, param.device, experts)
         setattr(module, name, codes)
