@@ -72,9 +72,13 @@ ENGINES = ("vllm", "sglang", "trtllm")
 # source (Meta-Llama-3.1-405B is now meta-llama/Llama-3.1-405B).
 HUB_IDS = {
     "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "deepseek-v3.1": "deepseek-ai/DeepSeek-V3.1",
+    "glm-4.5-air": "zai-org/GLM-4.5-Air",
+    "glm-4.6": "zai-org/GLM-4.6",
     "gpt-oss-120b": "openai/gpt-oss-120b",
     "gpt-oss-20b": "openai/gpt-oss-20b",
     "kimi-k2": "moonshotai/Kimi-K2-Instruct",
+    "kimi-k2-thinking": "moonshotai/Kimi-K2-Thinking",
     "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
     "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
     "llama-3.1-405b": "meta-llama/Llama-3.1-405B",

@@ -59,6 +59,7 @@ def real_model(name: str) -> torch.nn.Module:
         "tiny-llama4.json",
         "tiny-gpt-oss.json",
         "tiny-qwen3-moe.json",
+        "tiny-glm4-moe.json",
     ],
 )
 def test_the_fused_model_computes_what_the_eager_one_does(name):

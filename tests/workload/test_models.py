@@ -30,6 +30,13 @@ PRESET_PARAMS = {  # published parameter counts (billions), and half the last di
         0.5,
     ),  # without its multi-token-prediction module, which serving does not run by default
     "kimi-k2": (1000, 50),  # "1 trillion total parameters"
+    "kimi-k2-thinking": (1000, 50),  # "Total Parameters 1T"
+    "deepseek-v3.1": (671, 0.5),  # the model card's "671B", as deepseek-v3 without its MTP module
+    "glm-4.5-air": (
+        106,
+        1,
+    ),  # "106B-A12B" (zai-org's README): castcore builds 106.85B, the figure rounded down
+    "glm-4.6": (355, 3),  # "355B-A32B", a round figure: castcore builds 352.8B, without the MTP layer's ~4B
     "qwen3-next-80b-a3b": (80, 0.5),  # "80B total parameters, only 3B active" (transformers' qwen3_next page)
     "gpt-oss-20b": (20.9, 0.05),
     "gpt-oss-120b": (116.8, 0.05),  # the model card's totals
@@ -47,7 +54,7 @@ def test_presets_are_the_published_models():
         count = sum(p.numel() for p in model.parameters())
         assert count / 1e9 == pytest.approx(billions, abs=within), name
         assert load_model_config(name)["_source"].startswith(
-            ("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/", "Qwen/", "openai/")
+            ("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/", "Qwen/", "openai/", "zai-org/")
         ), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
 
