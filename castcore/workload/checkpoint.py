@@ -1,7 +1,8 @@
 """A checkpoint's own quantization: a model is priced as it ships, with no flags.
 
 A config.json that carries ``quantization_config`` (transformers' field), or NVIDIA ModelOpt's
-``hf_quant_config.json`` beside it, says how its weights (and activations, and KV cache) are stored. ``shipped``
+``hf_quant_config.json`` or msModelSlim's ``quant_model_description.json`` (Ascend) beside it, says how its
+weights (and activations, and KV cache) are stored. ``shipped``
 turns that into castcore's options; ``apply`` makes them the workload's defaults and refuses an option given
 against them, naming both; ``unquantized`` names the modules the checkpoint leaves unquantized. Torch-free, like
 castcore.workload.spec.
@@ -16,6 +17,7 @@ tensorrt_llm/quantization/mode.py, https://github.com/NVIDIA/TensorRT-LLM, read 
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,11 @@ from castcore.errors import ModelError
 from castcore.options.catalog import say
 from castcore.tomlfiles import read_json
 from castcore.options.parts import BLOCK_FP8
-from castcore.workload import compressed_tensors
+from castcore.workload import compressed_tensors, modelslim
 
 PRICED = (
     "fp8 (per-tensor or per-channel, or in 128x128 blocks), gptq and awq (4 or 8 bits), mxfp4, "
-    "compressed-tensors, and ModelOpt's FP8, NVFP4 and W4A8_AWQ"
+    "compressed-tensors, ModelOpt's FP8, NVFP4 and W4A8_AWQ, and msModelSlim's W8A8 and W8A8_DYNAMIC"
 )
 MODELOPT = {
     "FP8": {"weights": "fp8", "activations": "fp8"},
@@ -45,6 +47,9 @@ def shipped(model: str, config: dict[str, Any]) -> tuple[dict[str, str], str] | 
     beside = _modelopt_file(model)
     if beside is not None:
         return _from_modelopt(model, beside), str(Path(model).with_name("hf_quant_config.json"))
+    described = modelslim.beside(model)
+    if described is not None:
+        return modelslim.options(model, described), str(Path(model).with_name(modelslim.FILE))
     return None
 
 
@@ -152,7 +157,9 @@ def unquantized(model: str, config: dict[str, Any]) -> tuple[str, ...]:
     when it names none."""
     found = _quantization_config(model, config)
     if found is None:
-        found = (_modelopt_file(model) or {}).get("quantization", {})
+        found = (_modelopt_file(model) or {}).get("quantization")
+    if found is None:
+        return modelslim.unquantized(modelslim.beside(model) or {})
     if str(found.get("quant_method", "")).lower() == compressed_tensors.METHOD:
         return compressed_tensors.ignored(found)
     names = found.get("modules_to_not_convert") or found.get("exclude_modules") or ()
@@ -172,4 +179,11 @@ def weight_group(model: str, config: dict[str, Any]) -> int | None:
 def listed(path: str, names: tuple[str, ...]) -> bool:
     """Whether module ``path`` is one of ``names`` as transformers reads modules_to_not_convert: a name (a regular
     expression, "model.layers.*.self_attn") matching from the start up to a module boundary, or ending the path."""
-    return any(re.match(rf"(?:{name})(?:(?<=\.)|(?=\.|$))", path) or path.endswith(name) for name in names)
+    return bool(names) and (_pattern(names).match(path) is not None or path.endswith(names))
+
+
+@functools.lru_cache(maxsize=8)
+def _pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    """Every name in one expression, compiled once: a checkpoint may list a name per layer, and every module of
+    the model is checked against them."""
+    return re.compile("(?:" + "|".join(f"(?:{name})" for name in names) + r")(?:(?<=\.)|(?=\.|$))")

@@ -147,6 +147,36 @@ def test_the_kimi_k2_thinking_preset_ships_int4_routed_experts_only():
     assert not listed("model.layers.5.mlp.experts", left)
 
 
+def test_msmodelslims_description_beside_the_config_says_w8a8_and_which_layers_stay_float(tmp_path, session):
+    """An Ascend checkpoint as msModelSlim writes it (vllm-ascend and MindIE read the same file): W8A8_DYNAMIC,
+    every tensor named; the weights it stores FLOAT (here layer 0's query projection, the norms, the LM head) stay
+    in the model dtype."""
+    model = _config(tmp_path)
+    described = {"version": "1.0.0", "model_quant_type": "W8A8_DYNAMIC"}
+    for layer in range(2):
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            described[f"model.layers.{layer}.self_attn.{name}.weight"] = "W8A8_DYNAMIC"
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            described[f"model.layers.{layer}.mlp.{name}.weight"] = "W8A8_DYNAMIC"
+            described[f"model.layers.{layer}.mlp.{name}.weight_scale"] = "W8A8_DYNAMIC"
+        described[f"model.layers.{layer}.input_layernorm.weight"] = "FLOAT"
+    described["model.layers.0.self_attn.q_proj.weight"] = "FLOAT"
+    described["lm_head.weight"] = "FLOAT"
+    Path(model).with_name("quant_model_description.json").write_text(json.dumps(described))
+    work = castcore.build_workload(model, seq=16)
+    assert (work.weights, work.activations) == ("int8", "int8")
+    note = next(n for n in session.estimate(work).notes if n.startswith("--weights int8 --activations int8"))
+    assert "1 more linear layers stay bfloat16, as the checkpoint leaves them unquantized" in note
+    described["model_quant_type"] = "W4A8_DYNAMIC"
+    Path(model).with_name("quant_model_description.json").write_text(json.dumps(described))
+    with pytest.raises(
+        ModelError,
+        match=r"model_quant_type 'W4A8_DYNAMIC' is not one castcore prices; castcore "
+        r"prices W8A8_DYNAMIC, W8A8",
+    ):
+        castcore.build_workload(model, seq=16)
+
+
 def test_modelopts_file_beside_the_config_says_fp8_weights_activations_and_cache(tmp_path):
     model = _config(tmp_path)
     Path(model).with_name("hf_quant_config.json").write_text(
