@@ -80,7 +80,7 @@ class SimulationReport:
             "model": self.model,
             "device": self.device,
             "engine": self.engine,
-            "engine_limits": {k: v for k, v in vars(self.limits).items() if k != "sources"},
+            "engine_limits": {k: v for k, v in vars(self.limits).items() if k not in ("sources", "given")},
             "engine_overheads": self.overheads,
             "kv_blocks": self.kv_blocks,
             "kv_bytes_per_token": self.kv_bytes_per_token,

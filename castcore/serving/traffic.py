@@ -25,6 +25,7 @@ from castcore.serving.simulation_report import SimulationReport, report_of
 from castcore.simulation import engine as engine_model
 from castcore.simulation.chunks import StepTime
 from castcore.simulation.overheads import EngineStep
+from castcore.simulation.presets import for_device
 from castcore.workload.spec import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ def simulate_traffic(
     (castcore.options.traffic.SIMULATE: traffic, engine limits, objectives) and the deployment's; or a Simulation
     ``check`` made."""
     plan = model if isinstance(model, Simulation) else check(model, **options)
+    profile = pipeline.host.device(device)
+    plan = replace(
+        plan, limits=for_device(plan.engine, plan.limits, profile.memory_bytes, profile.name, profile.vendor)
+    )
     if plan.pools:
         return disaggregated.run(pipeline, plan, plan.pools, device)
     base, engine_limits = plan.base, plan.limits

@@ -1,8 +1,9 @@
 """Serving-engine presets for ``castcore simulate --engine vllm|sglang|trtllm``: each engine's documented scheduler
 and KV-cache defaults, every number with where it comes from, and ``limits`` to take one with overrides.
 
-Where an engine derives a default from the device, the preset takes the value for an 80 GB H100-class GPU and its
-source says so; every field is overridable by its own option.
+Where an engine derives a default from the device, the preset holds the value for an 80 GB H100-class GPU and
+``for_device`` takes the device's own (vLLM's batch limits below 70 GiB and on an A100, vllm-ascend's block size on
+Ascend); every field is overridable by its own option, and a given value stays.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class EngineLimits:
     where each number comes from. ``enforce_eager``: no CUDA graphs; ``max_capture_size``: the largest decode batch
     captured in one (None: the engine's rule); both priced by castcore.simulation.overheads.
     ``kv_memory_fraction_given``: the fraction was given, not the preset's (SGLang derives its own from the device
-    and TP otherwise: castcore.serving.engine_memory).
+    and TP otherwise: castcore.serving.engine_memory). ``given``: the fields given as options, which the device
+    does not change (``for_device``).
     """
 
     max_running_requests: int
@@ -45,6 +47,7 @@ class EngineLimits:
     enforce_eager: bool = False
     max_capture_size: int | None = None
     kv_memory_fraction_given: bool = False
+    given: tuple[str, ...] = ()
 
 
 _VLLM_ARGS = "vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs._set_default_args, commit 99d7eb5d (v0.11 line, 2025-10)"
@@ -143,4 +146,29 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
             f"{say('max_capture_size')} sizes the CUDA graphs {say('enforce_eager', True)} turns off: give one"
         )
     given = {"kv_memory_fraction_given": True} if "kv_memory_fraction" in overrides else {}
-    return dataclasses.replace(PRESETS[engine], **overrides, **given)  # type: ignore[arg-type]  # checked above
+    return dataclasses.replace(  # type: ignore[arg-type]  # checked above
+        PRESETS[engine], **overrides, **given, given=tuple(sorted(overrides))
+    )
+
+
+# vLLM's defaults for `vllm serve` on a GPU below 70 GiB, or an A100 (whose throughput the larger budget lowered):
+# max_num_seqs 256, max_num_batched_tokens 2048 (_VLLM_ARGS). vllm-ascend sets a block size of 128 where none is
+# given (vllm-project/vllm-ascend vllm_ascend/utils.py refresh_block_size, read 2026-11-29); its NPUs take vLLM's
+# rule by their memory, so a 64 GB 910B gets the smaller limits.
+VLLM_SMALL_DEVICE = {"max_running_requests": 256, "max_batched_tokens": 2048}
+VLLM_LARGE_DEVICE_GIB = 70
+VLLM_ASCEND_BLOCK_SIZE = 128
+
+
+def for_device(engine: str, chosen: EngineLimits, memory_bytes: int, name: str, vendor: str) -> EngineLimits:
+    """``chosen`` with the defaults ``engine`` derives from the device (its memory, name and vendor), where not
+    given."""
+    if engine != "vllm":
+        return chosen
+    derived: dict[str, int] = {}
+    if memory_bytes < VLLM_LARGE_DEVICE_GIB * 2**30 or "a100" in name.lower():
+        derived.update(VLLM_SMALL_DEVICE)
+    if vendor.lower() == "huawei":
+        derived["block_size"] = VLLM_ASCEND_BLOCK_SIZE
+    kept = {field: value for field, value in derived.items() if field not in chosen.given}
+    return dataclasses.replace(chosen, **kept) if kept else chosen

@@ -19,6 +19,9 @@ from castcore.simulation.presets import limits
 
 DATA = Path(__file__).parents[1] / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
+ASCEND_910B2 = str(
+    Path(__file__).parents[2] / "packs/castpack-ascend/castpack_ascend/profiles/atlas-800t-a2-910b2.toml"
+)
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +127,30 @@ def test_llama_70b_fp8_on_one_h100_against_a_hand_computation():
         ModelError, match=r"0\.836 x 80\.00 GiB - weights 67\.69 GiB .* larger kv_memory_fraction"
     ):
         kv_capacity(session.pipeline, steps, "sglang", limits("sglang"))
+
+
+@pytest.mark.parametrize(
+    "profile, device, given, expected",
+    [
+        (H100, "h100-sxm", [], (1024, 8192, 16)),  # 80 GB, not an A100: the preset as it stands
+        (str(DATA / "a100-sxm-80gb.toml"), "a100-sxm-80gb", [], (256, 2048, 16)),  # vLLM names the A100
+        (ASCEND_910B2, "ascend-910b2", [], (256, 2048, 128)),  # 64 GB, and vllm-ascend's block size
+        (
+            ASCEND_910B2,
+            "ascend-910b2",
+            ["--max-batched-tokens", "4096", "--block-size", "64"],
+            (256, 4096, 64),
+        ),
+    ],
+)
+def test_vllms_limits_are_what_it_derives_from_the_device_unless_given(
+    capsys, profile, device, given, expected
+):
+    argv = ["simulate", "--model", LLAMA, "--device-file", profile, "--no-packs", "--device", device]
+    assert main([*argv, "--requests", "4", "--input", "64", "--output", "4", *given, "--json"]) == 0
+    limits_used = json.loads(capsys.readouterr().out)["engine_limits"]
+    assert (
+        limits_used["max_running_requests"],
+        limits_used["max_batched_tokens"],
+        limits_used["block_size"],
+    ) == expected
