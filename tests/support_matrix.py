@@ -26,6 +26,7 @@ FAMILIES = {  # model_type: its tiny config
     "mixtral": "tiny-mixtral.json",
     "qwen3_moe": "tiny-qwen3-moe.json",
     "deepseek_v3": "tiny-deepseek-v3.json",
+    "deepseek_v32": "tiny-deepseek-v32.json",
     "glm4_moe": "tiny-glm4-moe.json",
     "gpt_oss": "tiny-gpt-oss.json",
     "llama4_text": "tiny-llama4.json",

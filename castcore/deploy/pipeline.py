@@ -32,6 +32,7 @@ from castcore.recording.routing import expert_routing
 from castcore.deploy.kernels.fusing import fuse
 from castcore.deploy.kernels.packing import packing_on
 from castcore.deploy.recurrent_layers import refuse_unpriced
+from castcore.deploy.sparse_attention import refuse_sparse_attention
 from castcore.workload.models import BuiltModel, build_preset, from_factory, parse_dtype
 from castcore.devices.dtypes import torch_dtype
 from castcore.deploy import engine_step, lora
@@ -126,6 +127,7 @@ def _capture_workload(
             packing_on(),
             workload.fuse and not workload.train,
         )
+        refuse_sparse_attention(built.model, workload.model if workload.named else type(workload.model).__name__)
         with quiet_kernel_fallbacks():
             return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)
     except CastcoreError:
