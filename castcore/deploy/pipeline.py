@@ -127,7 +127,9 @@ def _capture_workload(
             packing_on(),
             workload.fuse and not workload.train,
         )
-        refuse_sparse_attention(built.model, workload.model if workload.named else type(workload.model).__name__)
+        refuse_sparse_attention(
+            built.model, workload.model if workload.named else type(workload.model).__name__
+        )
         with quiet_kernel_fallbacks():
             return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)
     except CastcoreError:

@@ -13,7 +13,9 @@ def refuse_sparse_attention(model: nn.Module, name: str) -> None:
     """ModelError when ``model`` has an attention indexer (transformers' DeepseekV32Indexer and its kind)."""
     if not isinstance(model, nn.Module):
         return
-    indexer = next((m for m in model.modules() if hasattr(m, "index_topk") and hasattr(m, "weights_proj")), None)
+    indexer = next(
+        (m for m in model.modules() if hasattr(m, "index_topk") and hasattr(m, "weights_proj")), None
+    )
     if indexer is not None:
         raise ModelError(
             f"{name}: its sparse attention (an indexer picks {indexer.index_topk} keys for each query, "

@@ -263,6 +263,25 @@ def test_eager_attention_dequantizes_the_cache_first(session):
     )
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["deployed", "eager"])
+def test_a_quantized_cache_under_attention_a_model_keeps_to_itself_is_one_line(session, fuse):
+    """Falcon runs its own attention (SDPA on the cache as stored), which castcore's kernels do not stand in for: a
+    decode step over an fp8 cache is refused naming the class, not left to fail inside transformers."""
+    work = castcore.build_workload(
+        str(DATA / "tiny-falcon.json"), phase="decode", kv_len=KV, kv_cache="fp8", fuse=fuse
+    )
+    with pytest.raises(ModelError) as refused:
+        session.estimate(work)
+    assert str(refused.value) == (
+        "kv_cache='fp8': FalconAttention keeps its own attention implementation, which reads the cache as it is "
+        "stored and takes no float8_e4m3fn keys; castcore prices a quantized KV cache in its attention kernels: "
+        "drop kv_cache"
+    )
+    assert session.estimate(
+        castcore.build_workload(str(DATA / "tiny-falcon.json"), phase="decode", kv_len=KV)
+    )
+
+
 def test_tensor_parallel_quantizes_each_devices_shard(session):
     whole = _estimate(session, weights="int8")
     shard = _estimate(session, weights="int8", tp=2)

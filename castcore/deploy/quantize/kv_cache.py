@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from castcore.devices.dtypes import dtype_name
+from castcore.deploy.kernels.fusing import own_attention
 from castcore.hf.cache import cast_on_write
 from castcore.options.catalog import say
 from castcore.workload.models import BuiltModel
@@ -16,6 +17,13 @@ from castcore.workload.spec import ModelError, Workload
 
 def quantize_cache(built: BuiltModel, workload: Workload, dtype: torch.dtype) -> None:
     option = f"--kv-cache {workload.kv_cache}"  # for the notes
+    own = own_attention(built.model, workload.fuse) if isinstance(built.model, torch.nn.Module) else None
+    if built.inputs_fn is not None and own is not None:
+        raise ModelError(
+            f"{say('kv_cache', workload.kv_cache)}: {own} keeps its own attention implementation, which reads "
+            f"the cache as it is stored and takes no {dtype_name(dtype)} keys; castcore prices a quantized KV "
+            f"cache in its attention kernels: drop {say('kv_cache')}"
+        )
     if built.inputs_fn is not None:  # a decode step: the static cache among its inputs
         with_dtype = getattr(built.inputs_fn, "with_cache_dtype", None)
         built.inputs_fn = (
