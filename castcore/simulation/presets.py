@@ -145,10 +145,8 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         raise ModelError(
             f"{say('max_capture_size')} sizes the CUDA graphs {say('enforce_eager', True)} turns off: give one"
         )
-    given = {"kv_memory_fraction_given": True} if "kv_memory_fraction" in overrides else {}
-    return dataclasses.replace(  # type: ignore[arg-type]  # checked above
-        PRESETS[engine], **overrides, **given, given=tuple(sorted(overrides))
-    )
+    marks = {"kv_memory_fraction_given": "kv_memory_fraction" in overrides, "given": tuple(sorted(overrides))}
+    return dataclasses.replace(PRESETS[engine], **overrides, **marks)  # type: ignore[arg-type]  # checked above
 
 
 # vLLM's defaults for `vllm serve` on a GPU below 70 GiB, or an A100 (whose throughput the larger budget lowered):
@@ -160,7 +158,9 @@ VLLM_LARGE_DEVICE_GIB = 70
 VLLM_ASCEND_BLOCK_SIZE = 128
 
 
-def for_device(engine: str, chosen: EngineLimits, memory_bytes: int, name: str, vendor: str) -> EngineLimits:
+def for_device(
+    engine: str, chosen: EngineLimits, memory_bytes: float, name: str, vendor: str
+) -> EngineLimits:
     """``chosen`` with the defaults ``engine`` derives from the device (its memory, name and vendor), where not
     given."""
     if engine != "vllm":
@@ -171,4 +171,4 @@ def for_device(engine: str, chosen: EngineLimits, memory_bytes: int, name: str, 
     if vendor.lower() == "huawei":
         derived["block_size"] = VLLM_ASCEND_BLOCK_SIZE
     kept = {field: value for field, value in derived.items() if field not in chosen.given}
-    return dataclasses.replace(chosen, **kept) if kept else chosen
+    return dataclasses.replace(chosen, **kept) if kept else chosen  # type: ignore[arg-type]  # whole numbers
