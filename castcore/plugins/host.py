@@ -9,6 +9,7 @@ does, with a host; ``castcore.Session`` is a host with that pipeline on top.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from castcore.hf.versions import version_warnings
@@ -145,11 +146,20 @@ class PluginHost:
             return chosen[0]
         if name not in self.devices:
             raise DeviceError(
-                f"unknown device {name!r}{did_you_mean(name, self.devices)}; installed: "
+                f"unknown device {name!r}{self._nearest(name)}; installed: "
                 f"{', '.join(self.devices) or 'none'} "
                 "(castcore devices lists them)"
             )
         return self.devices[name]
+
+    def _nearest(self, name: str) -> str:
+        """The profile a mistyped device name means: the one whose file is called so (a pack's
+        atlas-800t-a2-910b2.toml holds ascend-910b2), else the names spelled alike."""
+        for device in self.devices.values():
+            file = PurePosixPath(device.origin.rpartition(":")[2])
+            if file.stem.lower() == name.lower():
+                return f" (did you mean {device.name!r}, the profile in {file.name}?)"
+        return did_you_mean(name, self.devices)
 
     def default_by_name(self) -> str | None:
         """Why the default device is merely the first installed profile by name (no configured default, no

@@ -120,6 +120,12 @@ def test_unknown_device_lists_installed(session):
         DeviceError, match=r"unknown device 'h100' \(did you mean 'h100-sxm'\?\); installed: h100-sxm"
     ):
         session.device("h100")
+    # the profile's file name, which a user sees in the pack, names the profile in it
+    with pytest.raises(
+        DeviceError,
+        match=r"unknown device 'H100-SXM' \(did you mean 'h100-sxm', the profile in h100-sxm.toml\?\)",
+    ):
+        session.device("H100-SXM")
 
 
 def test_no_devices_at_all_says_how_to_get_one():
