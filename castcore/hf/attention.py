@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 ATTENTION = "castcore"  # castcore's attention path: transformers' SDPA with the causal flag kept
+FUSED_ATTENTION = "castcore_fused"  # its deployed one (castcore.deploy.kernels.attention)
 
 
 def supports_attention_backend(model: torch.nn.Module | type[torch.nn.Module]) -> bool:

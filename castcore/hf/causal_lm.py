@@ -15,14 +15,16 @@ import torch
 from castcore.errors import ModelError
 from castcore.hf.attention import (
     ATTENTION,
+    FUSED_ATTENTION,
     castcore_attention,
     castcore_mask,
     no_attention_backend_note,
     register_attention,
     calls_attention_interface,
+    own_causal_attn,
     supports_attention_backend,
 )
-from castcore.hf.configs import set_attention
+from castcore.hf.configs import attention_of, set_attention
 from castcore.hf.versions import one_line
 
 if TYPE_CHECKING:
@@ -31,6 +33,28 @@ if TYPE_CHECKING:
 
 def is_transformers_module(module: object) -> bool:
     return type(module).__module__.startswith("transformers.")
+
+
+def attention_modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """transformers' attention modules castcore has not given a forward of its own (latent attention's)."""
+    return [
+        m
+        for m in model.modules()
+        if is_transformers_module(m)
+        and type(m).__name__.endswith("Attention")
+        and not getattr(m, "castcore_latent", False)
+    ]
+
+
+def own_attention(model: torch.nn.Module, fused: bool) -> str | None:
+    """The class name of the model's attention modules when they run an implementation of their own that no
+    castcore kernel stands in for (Falcon's): not on transformers' attention interface, nor (deployed) an own
+    ``_attn`` castcore swaps for its fused kernel; None otherwise."""
+    modules = attention_modules_of(model)
+    on_interface = attention_of(model) in (ATTENTION, FUSED_ATTENTION)
+    if not modules or on_interface or (fused and all(own_causal_attn(m) for m in modules)):
+        return None
+    return type(modules[0]).__name__
 
 
 def is_causal_lm(model: object) -> bool:

@@ -14,6 +14,7 @@ from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.cas
 from castcore.deploy.kernels.packing import packed_attention
 from castcore.hf.attention import (
     ATTENTION,
+    FUSED_ATTENTION,
     attention_chunk,
     castcore_attention,
     register_attention,
@@ -22,7 +23,6 @@ from castcore.hf.attention import (
 from castcore.hf.configs import set_attention
 from castcore.hf.rotary import half_angle_rotary
 
-FUSED_ATTENTION = "castcore_fused"
 ops = torch.ops.castcore
 
 

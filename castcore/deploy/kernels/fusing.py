@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from castcore.hf.attention import ATTENTION, no_attention_backend_note, own_causal_attn, replace_own_attn
-from castcore.hf.causal_lm import is_transformers_module
+from castcore.hf.attention import no_attention_backend_note, own_causal_attn, replace_own_attn
+from castcore.hf.causal_lm import attention_modules_of, is_transformers_module
 from castcore.hf.configs import attention_of
 from castcore.hf.rotary import rotary_swapped, standard_rotary
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
@@ -51,7 +51,6 @@ from castcore.deploy.kernels.latent import rewrite as rewrite_latent
 from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.deploy.kernels.linear_attention import rewrite as rewrite_linear
 from castcore.deploy.kernels.attention import (
-    FUSED_ATTENTION,
     fused_own_attn,
     fused_rotary,
     use_fused_attention,
@@ -144,7 +143,7 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
             rewrite_one(module)
         if modules:
             done[said] += len(modules)
-    attention_modules = _attention_modules(model)
+    attention_modules = attention_modules_of(model)
     for module in attention_modules:  # read by both fused paths below
         module.castcore_kv_per_query_head = kv_reads == "head"
     reads = " (K/V read once per query head)" if kv_reads == "head" else ""
@@ -330,28 +329,6 @@ class FusedGatedMLP(nn.Module):
             else ops.gelu_and_mul(merged, self.approximate)
         )
         return self.down_proj(act)
-
-
-def _attention_modules(model: nn.Module) -> list[nn.Module]:
-    """transformers' attention modules castcore has not given a forward of its own (latent attention's)."""
-    return [
-        m
-        for m in model.modules()
-        if is_transformers_module(m)
-        and type(m).__name__.endswith("Attention")
-        and not getattr(m, "castcore_latent", False)
-    ]
-
-
-def own_attention(model: nn.Module, fused: bool) -> str | None:
-    """The class name of the model's attention modules when they run an implementation of their own that no
-    castcore kernel stands in for (Falcon's): not on transformers' attention interface, nor (deployed) an own
-    ``_attn`` castcore swaps for its fused kernel; None otherwise."""
-    modules = _attention_modules(model)
-    on_interface = attention_of(model) in (ATTENTION, FUSED_ATTENTION)
-    if not modules or on_interface or (fused and all(own_causal_attn(m) for m in modules)):
-        return None
-    return type(modules[0]).__name__
 
 
 @contextmanager

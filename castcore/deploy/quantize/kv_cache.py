@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from castcore.devices.dtypes import dtype_name
-from castcore.deploy.kernels.fusing import own_attention
+from castcore.hf.causal_lm import own_attention
 from castcore.hf.cache import cast_on_write
 from castcore.options.catalog import say
 from castcore.workload.models import BuiltModel

@@ -1,0 +1,95 @@
+"""DeepSeek-V3.2's sparse attention (DSA) as its serving kernels run it: multi-head latent attention whose queries
+each attend only to the ``index_topk`` (2048) keys a lightweight indexer picks.
+
+Per layer and step: the indexer's own queries (``wq_b`` over the query's low-rank activation, 64 heads of 128) and
+one key per token (``wk``, a LayerNorm, rotary on its first dims in halves), cached beside the latent entry; its
+per-head weights (``weights_proj``); ``castcore::lightning_indexer`` scores every key each query sees and keeps the
+best; then ``castcore::sparse_latent_attention`` runs absorbed (each head's query multiplied into the latent space,
+attention over the picked latent entries, the result multiplied out by ``kv_b_proj``'s value half), for prompts and
+decode steps alike, as DeepSeek's FlashMLA sparse kernels do. The main cache holds one latent entry per token, as
+for DeepSeek-V3 (castcore.deploy.kernels.latent).
+
+``rewrite`` gives transformers' DeepSeek-V3.2 attention modules this forward; a tiny model with real weights gives
+transformers' own logits (tests/deploy/test_sparse_attention.py).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+from castcore.builtin import sparse_attention_ops  # noqa: F401  (defines the torch.ops.castcore ops)
+from castcore.deploy.kernels.latent import PARTS, absorbed_weight
+
+ops = torch.ops.castcore
+
+
+def is_sparse_latent_attention(module: nn.Module) -> bool:
+    """transformers' MLA attention with a DSA indexer (DeepseekV32Attention)."""
+    indexer = getattr(module, "indexer", None)
+    return all(hasattr(module, name) for name in PARTS) and all(
+        hasattr(indexer, name) for name in ("index_topk", "wq_b", "wk", "k_norm", "weights_proj")
+    )
+
+
+def rewrite(module: nn.Module) -> None:
+    module.forward = types.MethodType(_forward, module)
+    module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.cache.kv_written)
+
+
+def _indexer_topk(self, hidden_states, q_resid, cos, sin, cache) -> torch.Tensor:
+    """The positions of the keys each query attends to, [batch, seq, k]."""
+    indexer, rope = self.indexer, self.config.qk_rope_head_dim
+    batch, seq = hidden_states.shape[:2]
+    q = indexer.wq_b(q_resid).view(batch, seq, indexer.n_heads, indexer.head_dim).transpose(1, 2)
+    k = indexer.k_norm(indexer.wk(hidden_states)).view(batch, 1, seq, indexer.head_dim)
+    q_rot, k_rot = ops.rotary_embedding(q[..., :rope], k[..., :rope], cos, sin, False)
+    q = torch.cat([q_rot, q[..., rope:]], dim=-1).transpose(1, 2)  # [batch, seq, heads, dim]
+    keys = torch.cat([k_rot, k[..., rope:]], dim=-1).view(batch, seq, indexer.head_dim)
+    if cache is not None and hasattr(cache, "update_indexer"):
+        keys = cache.update_indexer(keys, self.layer_idx)
+    weights = indexer.weights_proj(hidden_states) * indexer.n_heads**-0.5
+    return ops.lightning_indexer(q, weights, keys, float(indexer.softmax_scale), int(indexer.index_topk))
+
+
+def _forward(
+    self,
+    hidden_states,
+    position_embeddings=None,
+    attention_mask=None,
+    cache=None,
+    past_key_values=None,
+    **kwargs,
+):
+    config = self.config
+    nope, rope, v_dim, rank = (
+        config.qk_nope_head_dim,
+        config.qk_rope_head_dim,
+        config.v_head_dim,
+        config.kv_lora_rank,
+    )
+    batch, seq = hidden_states.shape[:2]
+    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+    q = self.q_b_proj(q_resid).view(batch, seq, -1, nope + rope).transpose(1, 2)  # [batch, heads, seq, 192]
+    heads = q.shape[1]
+    q_nope, q_rot = q.split([nope, rope], dim=-1)
+    compressed, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
+    compressed = self.kv_a_layernorm(compressed)
+    cos, sin = position_embeddings
+    q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot.view(batch, 1, seq, rope), cos, sin, True)
+    latent = torch.cat([compressed.view(batch, 1, seq, rank), k_rot], dim=-1)  # the cache entry, written once
+    cache = cache if cache is not None else past_key_values
+    if cache is not None:  # the values slot holds nothing: the entry is the keys
+        latent, _ = cache.update(latent, latent[..., :0], self.layer_idx)
+    picked = _indexer_topk(self, hidden_states, q_resid, cos, sin, cache)
+    kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
+    into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
+    query = torch.cat([into_latent.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
+    out = ops.sparse_latent_attention(
+        query, latent, picked, rank, float(self.scaling)
+    )  # [batch, seq, heads, rank]
+    out = torch.bmm(out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2))
+    out = out.view(heads, batch, seq, v_dim).permute(1, 2, 0, 3)
+    return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
