@@ -128,7 +128,10 @@ def _capture_workload(
             workload.fuse and not workload.train,
         )
         refuse_sparse_attention(
-            built.model, workload.model if workload.named else type(workload.model).__name__
+            built.model,
+            workload.model if workload.named else type(workload.model).__name__,
+            packing_on(),
+            workload.fuse and not workload.train,
         )
         with quiet_kernel_fallbacks():
             return built, _fuse_shard_capture(host, workload, device, built, progress, more_kv)

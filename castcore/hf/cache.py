@@ -134,6 +134,11 @@ class DecodeInputs:
                 torch.empty((self.batch, v_heads, 1, v_dim), dtype=dtype),
             )
             layer.cumulative_length.fill_(self.kv_len)
+            index_dim = getattr(self.config, "index_head_dim", None)
+            if isinstance(index_dim, int) and hasattr(layer, "lazy_initialization_indexer"):
+                # DeepSeek-V3.2's indexer keys, held beside the latent entries (StaticIndexedLayer, 5.24.0)
+                layer.lazy_initialization_indexer(torch.empty((self.batch, 1, index_dim), dtype=self.dtype))
+                layer.indexer_cumulative_length.fill_(self.kv_len)  # type: ignore[attr-defined]
             if self.cache_dtype not in (None, self.dtype):
                 layer.__class__ = cast_on_write(type(layer))
         input_ids = torch.zeros((self.batch, 1), dtype=torch.long)

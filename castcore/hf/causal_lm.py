@@ -25,7 +25,7 @@ from castcore.hf.attention import (
     supports_attention_backend,
 )
 from castcore.hf.configs import attention_of, set_attention
-from castcore.hf.versions import one_line
+from castcore.hf.versions import installed, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -86,8 +86,10 @@ def build_causal_lm(
     model_type = fields.pop("model_type", None)
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ModelError(
-            f"{origin}: 'model_type' = {model_type!r} is not a transformers model type; castcore "
-            "builds causal language models from a transformers config.json (llama, qwen2, gpt2, ...)"
+            f"{origin}: 'model_type' = {model_type!r} is not a model type transformers "
+            f"{installed('transformers')} knows; castcore builds causal language models from a transformers "
+            "config.json (llama, qwen2, gpt2, ...), and a newer transformers may know it: pip install -U "
+            "transformers"
         )
     said: list[str] = []
     try:

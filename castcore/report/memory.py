@@ -189,7 +189,8 @@ def kv_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dtype | st
     """Bytes of a full K and V cache for a transformers config (built, or a config.json dict), as an engine holds
     it: 2 * layers * batch * kv_len * num_key_value_heads * head_dim * itemsize; one latent entry of
     kv_lora_rank + qk_rope_head_dim per token and layer for multi-head latent attention (DeepSeek-V3), whole on
-    every tensor-parallel device; one KV head for Falcon's multi-query attention. A hybrid's linear-attention and
+    every tensor-parallel device, and DeepSeek-V3.2's indexer key of index_head_dim beside it (held in the cache
+    dtype, as transformers holds it; DeepSeek's kernels keep it in fp8); one KV head for Falcon's multi-query attention. A hybrid's linear-attention and
     state-space layers cache no keys: they hold ``recurrent_state_bytes`` per sequence instead, added here.
     ValueError names a missing field."""
     config = language_config(config)
@@ -260,7 +261,9 @@ def _attention_cache_bytes(config: Any, batch: int, kv_len: int, dtype: torch.dt
         layers = sum(kind in ("full_attention", "attention") for kind in kinds)
     rank, rope = config_field(config, "kv_lora_rank"), config_field(config, "qk_rope_head_dim")
     if isinstance(rank, int) and isinstance(rope, int) and isinstance(layers, int):
-        return layers * batch * kv_len * (rank + rope) * dtype.itemsize
+        index_dim = config_field(config, "index_head_dim")  # DeepSeek-V3.2's indexer key, beside the latent
+        entry = rank + rope + (index_dim if isinstance(index_dim, int) else 0)
+        return layers * batch * kv_len * entry * dtype.itemsize
     kv_heads = config_field(config, "num_key_value_heads") or heads
     if config_field(config, "multi_query") and not config_field(config, "new_decoder_architecture"):
         kv_heads = 1

@@ -73,6 +73,7 @@ ENGINES = ("vllm", "sglang", "trtllm")
 HUB_IDS = {
     "deepseek-v3": "deepseek-ai/DeepSeek-V3",
     "deepseek-v3.1": "deepseek-ai/DeepSeek-V3.1",
+    "deepseek-v3.2": "deepseek-ai/DeepSeek-V3.2",
     "glm-4.5-air": "zai-org/GLM-4.5-Air",
     "glm-4.6": "zai-org/GLM-4.6",
     "gpt-oss-120b": "openai/gpt-oss-120b",

@@ -95,7 +95,7 @@ def test_devices_json_lists_the_device_file(h100_file):
     [
         (
             ["--model", "gpt-9"],
-            "unknown model 'gpt-9'; use a preset (deepseek-v3, deepseek-v3.1, glm-4.5-air, glm-4.6, gpt-oss-120b",
+            "unknown model 'gpt-9'; use a preset (deepseek-v3, deepseek-v3.1, deepseek-v3.2, glm-4.5-air, glm-4.6",
         ),
         (["--model", "llama3-8b"], "unknown model 'llama3-8b' (did you mean 'llama-3-8b' or "),
         (["--device", "tpu-v9"], "unknown device 'tpu-v9'; installed: h100-sxm"),

@@ -63,7 +63,7 @@ def test_older_architectures_estimate_with_their_kv_cache(model_type, tmp_path, 
     [
         ([1, 2], "holds a JSON list, not an object"),
         ({"hidden_size": 64}, "has no 'model_type'"),
-        ({"model_type": "blorp"}, "'model_type' = 'blorp' is not a transformers model type"),
+        ({"model_type": "blorp"}, "'model_type' = 'blorp' is not a model type transformers"),
         ({"model_type": "llama", "hidden_size": "64"}, "transformers refuses this llama config"),
         ({"model_type": "t5", "d_model": 64, "num_layers": 2}, "t5 is not a causal language model"),
         ({"model_type": "vit", "hidden_size": 64}, "vit is not a causal language model"),

@@ -48,6 +48,8 @@ from castcore.hf.rotary import rotary_swapped, standard_rotary
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.deploy.kernels.latent import is_latent_attention
 from castcore.deploy.kernels.latent import rewrite as rewrite_latent
+from castcore.deploy.kernels.sparse_latent import is_sparse_latent_attention
+from castcore.deploy.kernels.sparse_latent import rewrite as rewrite_sparse_latent
 from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.deploy.kernels.linear_attention import rewrite as rewrite_linear
 from castcore.deploy.kernels.attention import (
@@ -65,6 +67,12 @@ if TYPE_CHECKING:
 
 ops = torch.ops.castcore
 _ATTENTION_REWRITES = (
+    (
+        is_sparse_latent_attention,
+        rewrite_sparse_latent,
+        "DeepSeek sparse attention -> castcore::lightning_indexer picks each query's keys, "
+        "castcore::sparse_latent_attention over their latent entries (absorbed)",
+    ),
     (
         is_latent_attention,
         rewrite_latent,

@@ -49,7 +49,9 @@ def rewrite(module: nn.Module) -> None:
     module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.cache.kv_written)
 
 
-def _absorbed(kv_b_proj: nn.Module, heads: int, rows: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+def absorbed_weight(
+    kv_b_proj: nn.Module, heads: int, rows: int, rank: int, dtype: torch.dtype
+) -> torch.Tensor:
     """``kv_b_proj``'s weight as [heads, nope + v_dim, rank] for the absorbed products: one device's shard of a
     tensor-parallel weight. A quantized projection's is held in the model dtype beside it, as vLLM dequantizes
     it once at load for these products (allocating it here is free: no kernel runs)."""
@@ -98,11 +100,11 @@ def _forward(
     if (
         packing_on()
     ):  # a mixed batch (castcore.serving.mixed_batch): its decodes absorbed, its prompts decompressed
-        kv_b = _absorbed(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
+        kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
         out = packed_latent_attention(q, kv_b, rank + rope, float(scale))
         return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
     if cache is not None and is_decode(seq, latent.shape[2] - seq):
-        kv_b = _absorbed(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
+        kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
         into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
         query = torch.cat([into_latent.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
         out = ops.latent_attention(query, latent, rank, float(scale), True)  # [batch, seq, heads, rank]

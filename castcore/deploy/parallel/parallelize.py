@@ -264,4 +264,7 @@ def _cut_cache(value: Any, batch: int, local: int) -> Any:
             layer.lazy_initialization(
                 keys.narrow(0, 0, local).narrow(2, 0, 0), values.narrow(0, 0, local).narrow(2, 0, 0)
             )
+        indexer = getattr(layer, "indexer_keys", None)  # DeepSeek-V3.2's indexer keys (StaticIndexedLayer)
+        if isinstance(indexer, torch.Tensor) and indexer.shape[0] == batch:
+            layer.lazy_initialization_indexer(indexer.narrow(0, 0, local).narrow(1, 0, 0))
     return value

@@ -173,6 +173,8 @@ def _by_structure(model: torch.nn.Module, planned: dict[str, str]) -> dict[str, 
         ]
         if len(linears) < 2 or any(planned.get(p) in ROW_KINDS for p, _ in linears):
             continue
+        if hasattr(block, "index_topk"):  # DeepSeek-V3.2's indexer: whole on every device, as vLLM keeps it
+            continue
         ends = [p for p, linear in linears if linear.out_features == hidden]
         if not ends:
             continue
