@@ -36,8 +36,8 @@ def same_numbers(cli: dict, api: castcore.Report) -> None:
         assert cli[key] == data[key], key
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("phase", ["prefill", "decode"])
+# each preset in both phases and on one and two devices, in two runs rather than all four (the suite's time)
+@pytest.mark.parametrize("phase, tp", [("prefill", 1), ("decode", 2)])
 @pytest.mark.parametrize("preset", preset_names())
 def test_cli_and_api_agree_on_every_preset(preset, phase, tp, session, h100_file, capsys):
     options = dict(batch=2, seq=SEQ, phase=phase, kv_len=KV if phase == "decode" else None, tp=tp)
