@@ -2,8 +2,9 @@
 
 Position ids, cache positions, slot indices and the bookkeeping of routed token and expert ids are built by an
 engine on the host (vLLM's input preparation) or inside its routing and attention kernels. A Hugging Face forward
-computes them with small aten ops over integer tensors, so a deployed step prices those at nothing (``hoisted``);
-the eager graph (``--eager``) keeps them.
+computes them with small aten ops over integer tensors, so a deployed step prices those at nothing (``hoisted``),
+as it does an op whose data tensors hold no element (the empty value slot of a latent-attention cache written
+beside its entry: nothing to launch); the eager graph (``--eager``) keeps them.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ HOISTED = Source("core", "hoisted")  # how the per-op table names who priced it
 
 
 def hoisted(invoke: OpInvoke) -> bool:
-    """An aten op whose every tensor, in and out, holds ids, positions or masks: no activation or weight."""
+    """An aten op whose every tensor, in and out, holds ids, positions or masks, or no element at all: no
+    activation or weight to move."""
     if not invoke.name.startswith("aten::"):
         return False  # a plugin's or user's op keeps its own estimate
     tensors = [*invoke.inputs(), *invoke.outputs()]
-    return bool(tensors) and all(t.dtype in ID_DTYPES for t in tensors)
+    return bool(tensors) and all(t.dtype in ID_DTYPES or t.numel() == 0 for t in tensors)
 
 
 def nothing() -> tuple[Estimate, PerformanceProperties]:

@@ -34,6 +34,17 @@ def test_glue_on_ids_costs_nothing_in_a_deployed_step_and_keeps_its_cost_eagerly
     assert kept and all(r.estimate.time_s >= 4e-6 for r in kept)  # the profile's 4 us a vector op
 
 
+def test_a_write_of_no_element_costs_nothing_in_a_deployed_step(session):
+    """Latent attention's cache entry is its keys; the value slot beside it is empty, and so is its write."""
+    model = str(DATA / "tiny-deepseek-v3.json")
+    deployed = _decode(session, model, "h100-sxm")
+    writes = [r for r in deployed.records if r.invoke.name == "aten::index_copy_"]
+    empty = [r for r in writes if r.invoke.args[0].numel() == 0]
+    assert empty and len(empty) < len(writes)  # one empty value slot beside each latent entry
+    assert all(r.estimate.time_s == 0 and r.estimate.source.step == "hoisted" for r in empty)
+    assert all(r.estimate.time_s > 0 for r in writes if r not in empty)
+
+
 def test_a_plugins_op_on_ids_keeps_its_estimate(session):
     lib = torch.library.Library("cctest_glue", "DEF")  # kept alive for the test
     lib.define("bucket(Tensor ids) -> Tensor")
