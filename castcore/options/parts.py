@@ -179,7 +179,8 @@ DEPLOYMENT = (
     ),
     Option(
         "ep_kernels",
-        "how --ep dispatches and combines: 'normal' the fastest all-to-all, hierarchical across the "
+        "how --ep dispatches and combines under attention data parallelism (--ep above --tp; at or below it "
+        "nothing is dispatched): 'normal' the fastest all-to-all, hierarchical across the "
         "fast domain and the network across nodes (DeepEP's normal kernels); 'low-latency' every rank sending "
         "straight to every other in one step, one network latency (DeepEP's low-latency kernels); 'auto' "
         "low-latency for decode steps (SGLang's DeepEP mode auto)",

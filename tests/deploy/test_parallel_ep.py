@@ -1,5 +1,6 @@
-"""Expert parallelism (--ep): each device holds 1/ep of the experts, tokens dispatched and combined by
-all_to_all, the experts' work per device 1/ep of the whole."""
+"""Expert parallelism (--ep): each device holds 1/ep of the experts and runs the busiest device's share of the
+routed rows; inside tensor parallelism an all_reduce sums the devices' shares, under attention data parallelism
+all_to_all dispatches and combines them."""
 
 from __future__ import annotations
 
@@ -49,22 +50,24 @@ def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp,
     assert _expert_weight_bytes(whole) == EXPERT_BYTES
     # ep < tp: each expert is also split over tp/ep devices, so a device holds 1/tp of the expert weights.
     assert _expert_weight_bytes(split) * max(tp, ep) == EXPERT_BYTES
-    # The busiest device's rows (castcore.recording.routing.busiest_rows) of the group's tokens x top-k; with
-    # ep < tp the tp/ep devices sharing an expert gather each other's rows and run 1/(tp/ep) of each row's product.
+    # The busiest device's rows (castcore.recording.routing.busiest_rows) of the batch's tokens x top-k over ep
+    # devices; with ep < tp each row runs 1/(tp/ep) of its expert's product on a device.
     tokens = phase["batch"] * (phase.get("seq") or 1)
-    # the expert-parallel group routes the whole batch (ep >= tp: attention data-parallel over ep/tp groups), or
-    # ep/tp of it (ep < tp)
-    received = max(1, round(routing.busiest_rows(EXPERTS, ep, tokens * min(1, ep / tp), TOP_K, 0.0)))
+    received = max(1, round(routing.busiest_rows(EXPERTS, ep, tokens, TOP_K, 0.0)))
     flops = [sum(r.flops for r in _grouped(report)) for report in (whole, split)]
-    assert flops[1] * tokens * TOP_K == pytest.approx(flops[0] * received, rel=1e-9)
-    assert flops[0] > 0 and received > tokens * TOP_K / max(tp, ep)  # more than an even share
+    assert flops[1] * tokens * TOP_K == pytest.approx(flops[0] * received * min(1, ep / tp), rel=1e-9)
+    assert flops[0] > 0 and received > tokens * TOP_K / ep  # more than an even share
     calls = _calls(split)
+    if ep <= tp:
+        # Every device of the TP group holds every token: nothing dispatched, one all_reduce sums the devices'
+        # shares of each MoE layer (beside the embedding's and the attention's); only the logits all-gathered.
+        assert calls["all_to_all_single"] == 0 and calls["reduce_scatter_tensor"] == 0
+        assert calls["all_reduce"] == 1 + 2 * LAYERS and calls["all_gather_into_tensor"] == 1
+        return
     assert calls["all_to_all_single"] == 2 * LAYERS  # dispatch and combine in every MoE layer
-    # Every TP rank routes 1/tp of the tokens and all-gathers them after the combine; ep < tp adds an all_gather
-    # and a reduce_scatter over the tp/ep devices sharing an expert.
-    gathers = LAYERS * (tp > 1) + LAYERS * (ep < tp) + (tp > 1)  # + the vocab-parallel logits
-    assert calls["all_gather_into_tensor"] == gathers and calls["reduce_scatter_tensor"] == LAYERS * (ep < tp)
-    # the embedding and the attention: no MoE all_reduce
+    # Attention data-parallel: every TP rank of a group routes 1/tp of its tokens and all-gathers them after the
+    # combine; the embedding and the attention all-reduce, the MoE does not.
+    assert calls["all_gather_into_tensor"] == (LAYERS + 1) * (tp > 1) and calls["reduce_scatter_tensor"] == 0
     assert calls["all_reduce"] == (1 + LAYERS) * (tp > 1)
     sizes = {
         i.attrs["group_size"]
@@ -74,10 +77,48 @@ def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp,
     assert sizes == {ep}
 
 
+def test_expert_parallelism_inside_tensor_parallelism_runs_the_rows_as_a_fused_moe_does(session):
+    """--tp 2 --ep 2, one decoding token: the busiest device gathers its 2 of the token's 2 rows (one kernel),
+    runs them, weights and sums them per token (one kernel) and all-reduces; no integer glue is priced."""
+    report = session.estimate(
+        castcore.build_workload(MIXTRAL, phase="decode", kv_len=16, batch=1, tp=2, ep=2)
+    )
+    permute = [r.invoke for r in report.records if r.invoke.name == "castcore::moe_permute"]
+    unpermute = [r.invoke for r in report.records if r.invoke.name == "castcore::moe_unpermute"]
+    assert len(permute) == len(unpermute) == LAYERS
+    rows = round(routing.busiest_rows(EXPERTS, 2, 1, TOP_K, 0.0))
+    assert rows == 2
+    assert tuple(permute[0].outputs()[0].shape) == (rows, HIDDEN)
+    assert tuple(unpermute[0].outputs()[0].shape) == (1, HIDDEN)
+    experts = [
+        r.invoke.name
+        for r in report.records
+        if r.invoke.module.endswith("layers.0.mlp.experts") and r.estimate.time_s > 0
+    ]
+    assert [n for n in experts if not n.startswith("_c10d_functional::wait")] == [
+        "castcore::moe_permute",
+        "aten::_grouped_mm",
+        "castcore::silu_and_mul",
+        "aten::_grouped_mm",
+        "castcore::moe_unpermute",
+        "_c10d_functional::all_reduce",
+    ]
+    assert any("nothing is dispatched" in n and "one all_reduce" in n for n in report.notes)
+    asked = session.estimate(
+        castcore.build_workload(
+            MIXTRAL, phase="decode", kv_len=16, batch=1, tp=2, ep=2, ep_kernels="low-latency"
+        )
+    )
+    assert not _calls(asked)["all_to_all_single"]
+    assert any(
+        "applies to all_to_all dispatch, which only attention data parallelism has" in n for n in asked.notes
+    )
+
+
 def test_the_busiest_device_receives_the_expected_most_rows(session):
-    # ep 2 over tp 2, prefill of 4 x 16 tokens: each TP rank routes 32 tokens x top-2 = 64 rows; the two ranks'
-    # 128 rows land on 2 devices as Poisson counts of mean 64, the busiest's expected count about 69.
-    report = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2))
+    # ep 2 over 2 attention groups, prefill of 4 x 16 tokens: each group routes 32 tokens x top-2 = 64 rows; the
+    # two groups' 128 rows land on 2 devices as Poisson counts of mean 64, the busiest's expected count about 69.
+    report = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, ep=2, attention_dp=2))
     (dispatch, *_) = [
         r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"
     ]
@@ -109,7 +150,7 @@ def test_ep_kernels_say_how_dispatch_and_combine_run(session, kernels, prefill, 
     (castpack-collectives prices "low-latency" as DeepEP's low-latency kernels); every other collective of an
     inference step is a serving engine's."""
     for phase, want in ((PHASES[0], prefill), (PHASES[1], decode)):
-        report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, ep=2, ep_kernels=kernels, **phase))
+        report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, ep=4, ep_kernels=kernels, **phase))
         a2a = [r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"]
         assert len(a2a) == 2 * LAYERS and {i.attrs.get("kernels") for i in a2a} == {want}
         others = [
@@ -231,7 +272,9 @@ def test_an_ep_above_tp_without_attention_dp_is_refused_naming_both_readings(h10
             == 0
         )
         notes.append(capsys.readouterr().err)
-    assert "each of the 4 tensor-parallel ranks" in notes[0] and "data-parallel" not in notes[0]
+    assert (
+        "the 4 tensor-parallel devices all hold every token" in notes[0] and "data-parallel" not in notes[0]
+    )
     assert "attention runs data-parallel on 4 groups of 1 device" in notes[1]
 
 

@@ -84,9 +84,11 @@ def test_a_grouped_product_under_skew_reads_only_the_experts_the_loads_reach(ses
 
 
 def test_with_ep_the_busiest_device_receives_its_skewed_share(session):
-    # ep 2 over tp 2, prefill of 4 x 16 tokens: each rank routes 32 tokens x top-2 = 64 rows; the EP group
-    # routes 64 tokens over 4 experts, 2 a rank.
-    report = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2, expert_skew=1.2))
+    # ep 2 over 2 attention groups, prefill of 4 x 16 tokens: each group routes 32 tokens x top-2 = 64 rows; the
+    # EP group routes 64 tokens over 4 experts, 2 a rank.
+    report = session.estimate(
+        castcore.build_workload(MIXTRAL, seq=16, batch=4, ep=2, attention_dp=2, expert_skew=1.2)
+    )
     dispatch = next(
         r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"
     )
@@ -96,7 +98,7 @@ def test_with_ep_the_busiest_device_receives_its_skewed_share(session):
     assert received > 64
     assert tuple(dispatch.args[0].shape) == (64, 64) and tuple(dispatch.outputs()[0].shape) == (received, 64)
     assert any(n.startswith("--ep 2: ") and "skewed (expert_skew=1.2" in n for n in report.notes)
-    balanced = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2))
+    balanced = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, ep=2, attention_dp=2))
     assert report.time_s > balanced.time_s
 
 

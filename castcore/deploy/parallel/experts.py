@@ -2,25 +2,26 @@
 
 Each experts module (transformers 5 stores them as 3-D Parameters ``gate_up_proj`` [E, 2I, H] and ``down_proj``
 [E, H, I], and calls it with (hidden_states, top_k_index, top_k_weights)) keeps E/ep experts on a device (its
-parameters sliced along dim 0) and runs, on one device:
+parameters sliced along dim 0; with ep < tp each expert is also split over tp/ep devices along its intermediate
+dimension). A device runs as many of the routed (token, expert) rows as the busiest device is expected to get
+(castcore.recording.routing.busiest_rows: even routing still lands unevenly, and more so under
+``--expert-skew``), split evenly across its local experts, through the grouped products
+(``aten::_grouped_mm``) with the activation between them. How the rows reach it depends on who holds the tokens:
 
-1. its share of the tokens: the tokens entering the MoE block are held by every rank of the tensor-parallel
-   group (attention is tensor-parallel, its all_reduce leaves them replicated), so each rank routes 1/tp of them,
-   as Megatron-LM's all-to-all token dispatcher does with sequence-parallel tokens; rank 0 takes the larger
-   share when they do not divide;
-2. dispatch: the routed copies (tokens x top_k) sorted by expert and sent with one all_to_all over the
-   expert-parallel group (recorded as a low-latency all-to-all under ``--ep-kernels``, castcore.recording.hints).
-   A device receives the rows of the busiest rank: of the group's tokens x top_k routed rows, the expected most
-   any rank gets (castcore.recording.routing.busiest_rows: even routing still lands unevenly, and more so under
-   ``--expert-skew``), split evenly across its local experts;
-3. with ep < tp every expert is also split over tp/ep devices along its intermediate dimension: the received
-   rows are all-gathered over those devices first and the partial outputs reduce-scattered after;
-4. the grouped matmuls of its local experts (``aten::_grouped_mm``, the activation the module applies);
-5. combine: an all_to_all back, the routing weights applied, each token's top_k outputs summed;
-6. an all_gather over the tensor-parallel group, so every rank holds every token again.
+- ep <= tp: attention is tensor-parallel and its all_reduce leaves every token on every device of the group, so
+  nothing is sent. Each device gathers the rows of its own experts (``castcore::moe_permute``), combines their
+  weighted outputs per token (``castcore::moe_unpermute``), and one all_reduce over the group sums the devices'
+  shares, as vLLM runs expert parallelism without data parallelism (its all-to-all kernels only run with
+  ``--data-parallel-size`` > 1: ``FusedMoEParallelConfig.use_all2all_kernels`` in
+  vllm/model_executor/layers/fused_moe/config.py) and TensorRT-LLM with tensor-parallel attention;
+- ep > tp (attention data-parallel over ep/tp groups of tp devices, castcore.deploy.parallel.parallelize
+  capturing one group's batch): a device's tokens are its own. Each of a group's tp ranks routes 1/tp of them
+  (rank 0 the larger share), sorts the routed copies by expert (``castcore::moe_permute``) and sends them with one
+  all_to_all over the expert-parallel group (recorded as a low-latency all-to-all under ``--ep-kernels``,
+  castcore.recording.hints); the outputs come back with another, are weighted and summed per token
+  (``castcore::moe_unpermute``) and all-gathered over the tp ranks.
 
-With ep > tp the attention runs data-parallel over ep/tp groups of tp devices, each on batch/(ep/tp) sequences
-(castcore.deploy.parallel.parallelize captures one group's batch). Shared experts (nn.Linear MLPs) stay tensor-parallel.
+Shared experts (nn.Linear MLPs) stay tensor-parallel.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from castcore.builtin import moe_ops  # noqa: F401  (defines castcore::moe_permute and moe_unpermute)
 from castcore.hf.layers import is_experts_module
 from castcore.options.catalog import say
 from castcore.recording import routing
@@ -39,18 +41,24 @@ from castcore.deploy.parallel.tensor_plan import _expert_weights
 from castcore.deploy.parallel.tensor_shards import _replace, split_experts
 from castcore.workload.spec import ModelError
 
+ops = torch.ops.castcore
+
 
 @dataclass(frozen=True)
 class ExpertGroups:
     """The process groups one device's experts module talks over, and how many ranks share its tokens."""
 
-    ep: Any  # the expert-parallel group: dispatch and combine all_to_all
-    etp: Any  # the devices an expert is split over (ep < tp), or None
+    ep: Any  # the expert-parallel group of the dispatch and combine all_to_all (ep > tp), else None
     tp: Any  # the ranks holding the same tokens (the tensor-parallel group), or None when tp == 1
     ep_size: int
-    etp_size: int
-    token_share: int  # ranks the block's tokens are replicated over: each routes 1/token_share of them
+    etp_size: int  # the devices an expert is split over (tp/ep when ep < tp)
+    token_share: int  # ranks the block's tokens are replicated over (tp)
     kernels: str | None = None  # "low-latency": dispatch and combine as DeepEP's low-latency kernels run them
+
+    @property
+    def replicated(self) -> bool:
+        """Every device of the expert-parallel group holds every token: nothing to dispatch."""
+        return self.ep_size <= self.token_share
 
 
 def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -110,71 +118,84 @@ def _busiest_rows(local_experts: int, ranks: int, tokens: float, top_k: int) -> 
 
 
 def _expert_parallel_forward(groups: ExpertGroups):
+    return _local_experts_forward(groups) if groups.replicated else _dispatched_forward(groups)
+
+
+# Each forward keeps its body whole and calls _grouped by its global name, which quantization swaps
+# (castcore.deploy.quantize.layers); it hands it to _experts.
+
+
+def _local_experts_forward(groups: ExpertGroups):
+    """ep <= tp: every device of the tensor-parallel group already holds every token, so nothing is dispatched."""
     import torch.distributed._functional_collectives as funcol
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        # the body stays here: quantize swaps _grouped
         with routing.expert_routing(top_k=top_k_index.shape[-1]):
-            tokens, hidden = hidden_states.shape
+            tokens, top_k = top_k_index.shape
+            # The (token, expert) pairs routed to this device's experts, as many as the busiest device gets, with
+            # local expert ids. Captures run on fake tensors: what matters is how many pairs are taken.
+            pairs = min(tokens * top_k, _busiest_rows(self.num_experts, groups.ep_size, tokens, top_k))
+            local = top_k_index.reshape(-1, 1).narrow(0, 0, pairs) % self.num_experts
+            rows, order, offsets = ops.moe_permute(hidden_states, local, self.num_experts)
+            if getattr(
+                self, "castcore_weights_on_input", False
+            ):  # Llama 4: the router weight scales the input
+                rows = rows * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
+                top_k_weights = torch.ones_like(top_k_weights)
+            out = _experts(self, rows, offsets, _grouped)
+            bias = getattr(self, "down_proj_bias", None) if getattr(self, "has_bias", False) else None
+            combined = ops.moe_unpermute(
+                out, order, top_k_weights, bias, offsets if bias is not None else None
+            )
+            # the local experts' share of each token, and with ep < tp each expert's share of its intermediate
+            return funcol.all_reduce(combined, "sum", groups.tp)
+
+    return forward
+
+
+def _dispatched_forward(groups: ExpertGroups):
+    """ep > tp (attention data-parallel): each device holds its own tokens, sent to the experts' devices."""
+    import torch.distributed._functional_collectives as funcol
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        with routing.expert_routing(top_k=top_k_index.shape[-1]):
+            tokens = hidden_states.shape[0]
             top_k = top_k_index.shape[-1]
             share = -(-tokens // groups.token_share)  # this rank's tokens (the larger share)
             if share < tokens:
                 hidden_states, top_k_index, top_k_weights = (
                     t.narrow(0, 0, share) for t in (hidden_states, top_k_index, top_k_weights)
                 )
-            rows = share * top_k
-            # Dispatch: the routed copies sorted by expert, then sent to the devices holding their experts.
-            order = torch.sort(top_k_index.reshape(-1)).indices
-            routed = hidden_states[order // top_k]
-            # Llama 4: the router weight scales the input
-            if getattr(self, "castcore_weights_on_input", False):
+            # Dispatch: the routed copies sorted by expert (one kernel), then sent to their experts' devices.
+            routed, order, _ = ops.moe_permute(hidden_states, top_k_index, self.num_experts * groups.ep_size)
+            if getattr(
+                self, "castcore_weights_on_input", False
+            ):  # Llama 4: the router weight scales the input
                 routed = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype)
                 top_k_weights = torch.ones_like(top_k_weights)
-            splits = _splits(rows, groups.ep_size)
-            # The busiest rank sets the pace: under a routing skew it receives more than its even share.
-            # the group's tokens: each of its ep ranks routes 1/token_share of its tensor-parallel group's
+            splits = _splits(share * top_k, groups.ep_size)
+            # The busiest rank sets the pace: under a routing skew it receives more than its even share. The
+            # group's tokens: each of its ep ranks routes 1/token_share of its tensor-parallel group's.
             group_tokens = tokens * groups.ep_size / groups.token_share
             busiest = _splits(
                 _busiest_rows(self.num_experts, groups.ep_size, group_tokens, top_k), groups.ep_size
             )
             with collective_kernels(groups.kernels):
                 received = funcol.all_to_all_single(routed, busiest, splits, groups.ep)
-            if groups.etp_size > 1:
-                received = funcol.all_gather_single(received, 0, groups.etp)
             # Balanced routing: the received rows split evenly across the local experts.
             local, count = self.num_experts, received.shape[0]
             offsets = torch.arange(1, local + 1, dtype=torch.int32, device=received.device) * (count // local)
-            bias = getattr(self, "has_bias", False)
-            # each row's expert, for the biases
-            ids = torch.arange(count, device=received.device) * local // max(count, 1) if bias else None
-            transposed = bool(getattr(self, "is_transposed", False))
-            gate_up = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
-            out = _grouped(received, gate_up, offsets, transposed)
-            # the fused activation (castcore.deploy.kernels.moe), first bias in it
-            if hasattr(self, "castcore_gate"):
-                out = self.castcore_gate(out, offsets)
-            else:
-                if bias:
-                    out.add_(
-                        (self.gate_up_proj_bias if getattr(self, "has_gate", True) else self.up_proj_bias)[
-                            ids
-                        ]
-                    )
-                out = self._apply_gate(out) if getattr(self, "has_gate", True) else self.act_fn(out)
-            out = _grouped(out, self.down_proj, offsets, transposed)
-            if bias:
-                out.add_(self.down_proj_bias[ids])
-            if groups.etp_size > 1:
-                out = funcol.reduce_scatter_single(out, "sum", 0, groups.etp)
-            # Combine: back to the tokens' devices, weighted by the router and summed over each token's top_k.
+            out = _experts(self, received, offsets, _grouped)
+            if getattr(self, "has_bias", False):
+                out.add_(self.down_proj_bias[_row_experts(local, count, out.device)])
+            # Combine: back to the tokens' devices, then weighted by the router and summed per token (one kernel).
             with collective_kernels(groups.kernels):
                 back = funcol.all_to_all_single(out, splits, busiest, groups.ep)
-            weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(back.dtype)
-            restore = torch.empty_like(order)
-            restore[order] = torch.arange(rows, device=order.device)
-            combined = weighted[restore].view(share, top_k, hidden).sum(dim=1).to(hidden_states.dtype)
+            combined = ops.moe_unpermute(back, order, top_k_weights)
             if groups.token_share > 1:
                 combined = funcol.all_gather_single(combined, 0, groups.tp)
                 if combined.shape[0] != tokens:
@@ -182,3 +203,25 @@ def _expert_parallel_forward(groups: ExpertGroups):
             return combined
 
     return forward
+
+
+def _experts(self, rows: torch.Tensor, offsets: torch.Tensor, grouped) -> torch.Tensor:
+    """The local experts over ``rows`` grouped by expert (``offsets``): the two grouped products ``grouped`` runs,
+    the activation between them (castcore's fused one where castcore.deploy.kernels.moe gave it, its first
+    bias in it)."""
+    transposed = bool(getattr(self, "is_transposed", False))
+    has_gate = getattr(self, "has_gate", True)
+    out = grouped(rows, self.gate_up_proj if has_gate else self.up_proj, offsets, transposed)
+    if hasattr(self, "castcore_gate"):
+        out = self.castcore_gate(out, offsets)
+    else:
+        if getattr(self, "has_bias", False):
+            bias = self.gate_up_proj_bias if has_gate else self.up_proj_bias
+            out.add_(bias[_row_experts(self.num_experts, rows.shape[0], rows.device)])
+        out = self._apply_gate(out) if has_gate else self.act_fn(out)
+    return grouped(out, self.down_proj, offsets, transposed)
+
+
+def _row_experts(local: int, count: int, device: torch.device) -> torch.Tensor:
+    """Each of ``count`` rows' expert when they are split evenly over ``local`` experts (for the biases)."""
+    return torch.arange(count, device=device) * local // max(count, 1)

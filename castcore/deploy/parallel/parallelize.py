@@ -5,9 +5,9 @@ options need, the model is sharded in place and hooked for the collectives one d
 are cut to what that device runs:
 
 - ``--tp`` / ``--sp``: castcore.deploy.parallel.tensor (torch's parallelize_module) and castcore.deploy.parallel.sequence;
-- ``--ep``: castcore.deploy.parallel.experts. With ep == tp the expert-parallel group is the tensor-parallel one; with
-  ep < tp each expert is also split over tp/ep devices (an "ep" x "etp" mesh); with ep > tp the attention runs
-  data-parallel over ep/tp groups of tp devices (a "dp" x "tp" mesh), each on batch/(ep/tp) sequences;
+- ``--ep``: castcore.deploy.parallel.experts. With ep <= tp the experts are spread over the tensor-parallel group
+  (with ep < tp each also split over tp/ep devices); with ep > tp the attention runs data-parallel over ep/tp
+  groups of tp devices (a "dp" x "tp" mesh), each on batch/(ep/tp) sequences;
 - ``--pp``: the prefill runs batch/M sequences per micro-batch (``--micro-batches M``), a decode step
   ceil(batch/pp) (the stages overlapped on pp micro-batches in flight); castcore.deploy.parallel.pipeline_stages splits the
   capture into stages afterwards.
@@ -104,9 +104,18 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
                 if not workload.expert_skew
                 else f"skewed ({say('expert_skew', workload.expert_skew)}: the busiest device's rows"
             )
-            notes.append(
-                f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "
-                f"{routed}, split evenly over its experts), dispatched and combined by all_to_all"
+            moved = (
+                f"split evenly over its experts); the {tp} tensor-parallel devices all hold every token, so "
+                "nothing is dispatched: each runs the rows routed to its own experts and one all_reduce sums "
+                "their outputs, as vLLM runs expert parallelism without data parallelism"
+                + (
+                    f" ({say('ep_kernels', workload.ep_kernels)} applies to all_to_all dispatch, which only "
+                    f"attention data parallelism has: {say('attention_dp')})"
+                    if workload.ep_kernels != "normal"
+                    else ""
+                )
+                if groups.replicated
+                else "split evenly over its experts), dispatched and combined by all_to_all"
                 + (
                     " as low-latency kernels run it (every rank sends straight to every other, one step)"
                     if low_latency
@@ -118,6 +127,10 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
                     if tp > 1
                     else ""
                 )
+            )
+            notes.append(
+                f"--ep {ep}: {count} experts modules hold 1/{ep} of their experts per device; routing is "
+                f"{routed}, {moved}"
             )
         if layout.sp:
             sequence_parallel(built, tp_mesh, tp, workload.seq, layout.tensor)
@@ -132,17 +145,10 @@ def _meshes(tp: int, ep: int, init_device_mesh) -> tuple[Any, ExpertGroups | Non
         tp_mesh = init_device_mesh("cpu", (tp,))
         if ep == 1:
             return tp_mesh, None
-        if ep == tp:
-            return tp_mesh, ExpertGroups(
-                ep=tp_mesh, etp=None, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp
-            )
-        split = init_device_mesh("cpu", (ep, tp // ep), mesh_dim_names=("ep", "etp"))
-        return tp_mesh, ExpertGroups(
-            ep=split["ep"], etp=split["etp"], tp=tp_mesh, ep_size=ep, etp_size=tp // ep, token_share=tp
-        )
+        return tp_mesh, ExpertGroups(ep=None, tp=tp_mesh, ep_size=ep, etp_size=tp // ep, token_share=tp)
     ep_mesh = init_device_mesh("cpu", (ep,))
     tp_mesh = init_device_mesh("cpu", (ep // tp, tp), mesh_dim_names=("dp", "tp"))["tp"] if tp > 1 else None
-    return tp_mesh, ExpertGroups(ep=ep_mesh, etp=None, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp)
+    return tp_mesh, ExpertGroups(ep=ep_mesh, tp=tp_mesh, ep_size=ep, etp_size=1, token_share=tp)
 
 
 def _notes(workload: Workload, layout: Layout) -> list[str]:
