@@ -324,3 +324,38 @@ def test_the_op_table_says_how_many_experts_a_device_ran(session):
 
     assert experts_run() == pytest.approx(1.75)
     assert experts_run(tp=2, ep=2) == pytest.approx(1.5)
+
+
+DEEPSEEK = str(Path(__file__).parents[1] / "data" / "tiny-deepseek-v3.json")  # 4 layers, the first dense
+
+
+def _reduced_in(report) -> list[str]:
+    # a collective after a module's forward is recorded in the module around it
+    return [
+        r.invoke.module.split("model.")[-1]
+        for r in report.records
+        if r.invoke.name == "_c10d_functional::all_reduce"
+    ]
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "ep": 2}], ids=["tp", "tp-ep"])
+def test_a_shared_expert_and_the_routed_ones_are_summed_by_one_all_reduce(session, layout):
+    """DeepSeek's MoE block adds its shared expert to its routed experts: both leave partial sums, and one
+    all_reduce of the block's output sums them, as vLLM's SharedFusedMoE does."""
+    report = session.estimate(castcore.build_workload(DEEPSEEK, phase="decode", kv_len=16, batch=1, **layout))
+    attention = [f"layers.{i}.self_attn" for i in range(4)]
+    # the embedding, each attention's o_proj, the dense MLP's down_proj, each MoE block (in its layer)
+    assert _reduced_in(report) == [
+        "DeepseekV3ForCausalLM.model",
+        attention[0],
+        "layers.0.mlp",
+        *(m for i in (1, 2, 3) for m in (attention[i], f"layers.{i}")),
+    ]
+    # Attention data parallelism brings the experts' outputs back whole: the shared expert reduces its own.
+    dispatched = session.estimate(
+        castcore.build_workload(DEEPSEEK, phase="decode", kv_len=16, batch=2, tp=2, ep=4)
+    )
+    assert [m for m in _reduced_in(dispatched) if "mlp" in m] == [
+        "layers.0.mlp",
+        *(f"layers.{i}.mlp.shared_experts" for i in (1, 2, 3)),
+    ]

@@ -11,7 +11,7 @@ dimension). A device runs as many of the routed (token, expert) rows as the busi
 - ep <= tp: attention is tensor-parallel and its all_reduce leaves every token on every device of the group, so
   nothing is sent. Each device gathers the rows of its own experts (``castcore::moe_permute``), combines their
   weighted outputs per token (``castcore::moe_unpermute``), and one all_reduce over the group sums the devices'
-  shares, as vLLM runs expert parallelism without data parallelism (its all-to-all kernels only run with
+  shares (with a shared expert's partial output in the same sum), as vLLM runs expert parallelism without data parallelism (its all-to-all kernels only run with
   ``--data-parallel-size`` > 1: ``FusedMoEParallelConfig.use_all2all_kernels`` in
   vllm/model_executor/layers/fused_moe/config.py) and TensorRT-LLM with tensor-parallel attention;
 - ep > tp (attention data-parallel over ep/tp groups of tp devices, castcore.deploy.parallel.parallelize
@@ -149,7 +149,10 @@ def _local_experts_forward(groups: ExpertGroups):
             combined = ops.moe_unpermute(
                 out, order, top_k_weights, bias, offsets if bias is not None else None
             )
-            # the local experts' share of each token, and with ep < tp each expert's share of its intermediate
+            # the local experts' share of each token, and with ep < tp each expert's share of its intermediate,
+            # summed here or, with a shared expert, by the block (castcore.deploy.parallel.tensor_shards)
+            if getattr(self, "castcore_block_sums", False):
+                return combined
             return funcol.all_reduce(combined, "sum", groups.tp)
 
     return forward

@@ -90,7 +90,10 @@ def parallelize(built: BuiltModel, workload: Workload) -> Iterator[Layout]:
     with fake_process_group(world, option):
         tp_mesh, groups = _meshes(tp, ep, init_device_mesh)
         if tp > 1:
-            layout.tensor = apply_tensor_parallel(built, tp_mesh, tp, sp=layout.sp, experts=ep == 1)
+            # ep > tp: the experts' outputs come back whole, so no MoE block sums partial outputs
+            layout.tensor = apply_tensor_parallel(
+                built, tp_mesh, tp, sp=layout.sp, experts=ep == 1, moe_sums=ep <= tp
+            )
         if ep > 1:
             low_latency = workload.ep_kernels == "low-latency" or (
                 workload.ep_kernels == "auto" and workload.phase == "decode"

@@ -113,10 +113,16 @@ def fake_process_group(world: int, option: str = "tp") -> Iterator[None]:
 
 
 def apply_tensor_parallel(
-    built: BuiltModel | torch.nn.Module, mesh: Any, n: int, sp: bool = False, experts: bool = True
+    built: BuiltModel | torch.nn.Module,
+    mesh: Any,
+    n: int,
+    sp: bool = False,
+    experts: bool = True,
+    moe_sums: bool = True,
 ) -> TensorParallel:
     """Shard a model over the 1-D ``mesh`` of ``n`` ranks: the plan, parallelize_module, what is done by hand,
-    and for a BuiltModel the inputs (one device's KV cache), description and config of one device."""
+    and for a BuiltModel the inputs (one device's KV cache), description and config of one device. ``experts``
+    and ``moe_sums`` as build_plan takes them."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     model = built.model if isinstance(built, BuiltModel) else built
@@ -128,7 +134,7 @@ def apply_tensor_parallel(
             "model, not one device; give the function a per_device(n) attribute returning one device's "
             "inputs_fn, as castcore's decode step does"
         )
-    plan, info = build_plan(model, n, sp=sp, experts=experts)
+    plan, info = build_plan(model, n, sp=sp, experts=experts, moe_sums=moe_sums)
     parallelize_module(model, mesh, plan)
     shard_by_hand(model, mesh, info, sp=sp)
     if isinstance(built, BuiltModel):

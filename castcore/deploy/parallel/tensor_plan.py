@@ -36,6 +36,10 @@ CONV1D = {
     "c_proj": "conv1d_rowwise",
 }
 KV_PROJECTIONS = ("k_proj", "v_proj")
+SHARED_EXPERTS = (
+    "shared_experts",
+    "shared_expert",
+)  # an MoE block's always-on MLP, beside its routed experts
 # the block outputs: an all_reduce (a reduce_scatter under --sp) after them
 ROW_KINDS = (
     "rowwise",
@@ -83,14 +87,17 @@ def replicated_kv(model: torch.nn.Module, n: int) -> bool:
 
 
 def build_plan(
-    model: torch.nn.Module, n: int, sp: bool = False, experts: bool = True
+    model: torch.nn.Module, n: int, sp: bool = False, experts: bool = True, moe_sums: bool = True
 ) -> tuple[dict[str, Any], TensorParallel]:
     """The parallelize_module plan: every nn.Linear named like a projection (Llama, Mistral, Qwen2, Falcon's
     and GPT-NeoX's MLPs). Fused QKV projections, replicated KV heads, GPT-2's Conv1D layers and 3-D expert
     weights are in ``info.plan`` as "fused_qkv", "kv_replicated", "conv1d_colwise"/"conv1d_rowwise" and "experts",
     sharded by hand (``shard_by_hand``) after parallelize_module. ``sp``: row-parallel outputs are left as partial
     sums and the embedding is marked "embedding_sp", for castcore.deploy.parallel.sequence to reduce-scatter them.
-    ``experts=False`` leaves 3-D expert weights to expert parallelism."""
+    ``experts=False`` leaves 3-D expert weights to expert parallelism. ``moe_sums``: the routed experts' outputs
+    are partial sums over the group (split experts, or expert parallelism inside it), so an MoE block with a
+    shared expert leaves that expert's output partial too and is marked "moe_sum": one all_reduce of the block's
+    output sums both, as vLLM's SharedFusedMoE and TensorRT-LLM reduce them."""
     from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -118,6 +125,10 @@ def build_plan(
             info.plan[path] = "rowwise"
         elif leaf in FUSED_QKV:
             info.plan[path] = "fused_qkv"
+    for block, down in _shared_moe_blocks(model).items() if moe_sums and not sp else ():
+        if info.plan.get(down) == "rowwise":
+            plan[down] = RowwiseParallel(output_layouts=Partial())
+            info.plan[block] = "moe_sum"
     for path, kind in _by_structure(model, info.plan).items():
         if kind != "local_heads":
             plan[path] = (
@@ -188,6 +199,20 @@ def _by_structure(model: torch.nn.Module, planned: dict[str, str]) -> dict[str, 
         )
         if len(linears) >= 4:
             found[path] = "local_heads"
+    return found
+
+
+def _shared_moe_blocks(model: torch.nn.Module) -> dict[str, str]:
+    """Mixture-of-experts blocks with routed experts and a shared expert MLP: block path -> the shared expert's
+    down projection. Each block adds the two outputs (DeepSeek, GLM-4.5, Qwen2-MoE's gated one, Llama 4), a sum
+    the partial sums of both can go into."""
+    found = {}
+    for path, block in model.named_modules():
+        children = dict(block.named_children())
+        shared = next((name for name in SHARED_EXPERTS if name in children), None)
+        down = getattr(children.get(shared), "down_proj", None) if shared else None
+        if isinstance(down, torch.nn.Linear) and any(_expert_weights(c) for c in children.values()):
+            found[path] = f"{path}.{shared}.down_proj" if path else f"{shared}.down_proj"
     return found
 
 

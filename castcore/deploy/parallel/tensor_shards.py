@@ -105,6 +105,19 @@ def _all_reduce(mesh: Any):
     return lambda module, args, out: funcol.all_reduce(out, "sum", mesh)
 
 
+def _all_reduce_block(mesh: Any):
+    """What follows an MoE block whose experts and shared expert left partial sums: an all_reduce of its output
+    (the first of a tuple, beside the router logits some blocks return)."""
+    import torch.distributed._functional_collectives as funcol
+
+    def hook(module, args, out):
+        if isinstance(out, tuple):
+            return (funcol.all_reduce(out[0], "sum", mesh), *out[1:])
+        return funcol.all_reduce(out, "sum", mesh)
+
+    return hook
+
+
 def _shard_conv1d(model: torch.nn.Module, path: str, mesh: Any, n: int, column: bool, sp: bool) -> None:
     """GPT-2's Conv1D (weight [in, out]): split by output column (c_attn's query, key and value heads, c_fc),
     or by input row with an all_reduce after it (c_proj; under sequence parallelism castcore.deploy.parallel.sequence
@@ -126,10 +139,12 @@ def _shard_conv1d(model: torch.nn.Module, path: str, mesh: Any, n: int, column: 
 
 
 def _shard_experts(model: torch.nn.Module, path: str, mesh: Any, n: int) -> None:
-    """split_experts, and an all_reduce of the experts' output, which each device holds a partial sum of."""
+    """split_experts, and an all_reduce of the experts' output, which each device holds a partial sum of, unless
+    the block around them sums it with its shared expert's (castcore_block_sums)."""
     experts = model.get_submodule(path)
     split_experts(experts, path, n)
-    experts.register_forward_hook(_all_reduce(mesh))
+    if not getattr(experts, "castcore_block_sums", False):
+        experts.register_forward_hook(_all_reduce(mesh))
 
 
 def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "tp") -> None:
@@ -155,7 +170,16 @@ def split_experts(experts: torch.nn.Module, path: str, n: int, option: str = "tp
 
 def shard_by_hand(model: torch.nn.Module, mesh: Any, info: TensorParallel, sp: bool = False) -> None:
     """Shard what parallelize_module's styles cannot: fused QKV projections, replicated KV heads, Conv1D layers
-    and 3-D expert weights."""
+    and 3-D expert weights; an MoE block marked "moe_sum" all-reduces its output, its experts not."""
+    for path, kind in info.plan.items():
+        if kind == "moe_sum":
+            block = model.get_submodule(path)
+            block.register_forward_hook(_all_reduce_block(mesh))
+            for child in block.children():
+                if _expert_weights(child):
+                    child.castcore_block_sums = (
+                        True  # read by its all_reduce here and by expert parallelism's
+                    )
     for path, kind in info.plan.items():
         if kind == "fused_qkv":
             _shard_fused_qkv(model, path, info.size)
