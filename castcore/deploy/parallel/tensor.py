@@ -23,7 +23,8 @@ shape), the way vLLM's and Megatron's layers hold them:
   projection (``dense``) is ``RowwiseParallel``; the attention module's head counts become local.
 - 3-D expert weights (transformers 5's ``experts`` modules) are split along the intermediate dimension: every
   device holds 1/n of every expert (Megatron's TP-MoE), an all_reduce sums their output; shared experts are
-  nn.Linear MLPs and split like one. gpt-oss's attention sinks (one per head) are split with the heads.
+  nn.Linear MLPs and split like one, their partial output summed with the routed experts' by one all_reduce of
+  the block (tensor_plan's "moe_sum"). gpt-oss's attention sinks (one per head) are split with the heads.
 
 Everything else (norms, rotary tables, MoE routers) is replicated. The capture records one device's work: local
 shard shapes and the collectives. ``castcore.deploy.parallel.parallelize.parallelize`` applies this with sequence and expert
