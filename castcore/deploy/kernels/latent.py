@@ -61,6 +61,31 @@ def absorbed_weight(
     return (weight.to_local() if hasattr(weight, "to_local") else weight).view(heads, rows, rank)
 
 
+def latent_head(self, hidden_states, position_embeddings, cache, interleave: bool):
+    """The head every latent-attention forward shares: the queries [batch, heads, seq, nope + rope] split into
+    their no-position and rotated parts, the compressed query (None with a plain ``q_proj``; V3.2's indexer reads
+    it), and the latent entry [batch, 1, seq, rank + rope], written once into ``cache`` (then the whole cache's
+    entries) when there is one. ``interleave``: rotary on interleaved pairs rather than halves."""
+    config = self.config
+    nope, rope, rank = config.qk_nope_head_dim, config.qk_rope_head_dim, config.kv_lora_rank
+    batch, seq = hidden_states.shape[:2]
+    q_resid = (
+        None
+        if getattr(self, "q_proj", None) is not None
+        else self.q_a_layernorm(self.q_a_proj(hidden_states))
+    )
+    q = self.q_proj(hidden_states) if q_resid is None else self.q_b_proj(q_resid)
+    q_nope, q_rot = q.view(batch, seq, -1, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
+    compressed, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
+    compressed = self.kv_a_layernorm(compressed)
+    cos, sin = position_embeddings
+    q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot.view(batch, 1, seq, rope), cos, sin, interleave)
+    latent = torch.cat([compressed.view(batch, 1, seq, rank), k_rot], dim=-1)  # the cache entry, written once
+    if cache is not None:  # the values slot holds nothing: the entry is the keys
+        latent, _ = cache.update(latent, latent[..., :0], self.layer_idx)
+    return q_nope, q_rot, q_resid, latent
+
+
 def _forward(
     self,
     hidden_states,
@@ -78,30 +103,18 @@ def _forward(
         config.kv_lora_rank,
     )
     batch, seq = hidden_states.shape[:2]
-    q = (
-        self.q_proj(hidden_states)
-        if getattr(self, "q_proj", None) is not None
-        else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
-    )
-    q = q.view(batch, seq, -1, nope + rope).transpose(1, 2)  # [batch, local heads, seq, 192]
-    heads = q.shape[1]
-    q_nope, q_rot = q.split([nope, rope], dim=-1)
-    compressed, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
-    compressed = self.kv_a_layernorm(compressed)
-    cos, sin = position_embeddings
-    q_rot, k_rot = ops.rotary_embedding(
-        q_rot, k_rot.view(batch, 1, seq, rope), cos, sin, bool(config.rope_interleave)
-    )
-    latent = torch.cat([compressed.view(batch, 1, seq, rank), k_rot], dim=-1)  # the cache entry, written once
     cache = cache if cache is not None else past_key_values
-    if cache is not None:  # the values slot holds nothing: the entry is the keys
-        latent, _ = cache.update(latent, latent[..., :0], self.layer_idx)
+    q_nope, q_rot, _, latent = latent_head(
+        self, hidden_states, position_embeddings, cache, bool(config.rope_interleave)
+    )
+    heads = q_nope.shape[1]
     scale = getattr(self, "scaling", (nope + rope) ** -0.5)
     if (
         packing_on()
     ):  # a mixed batch (castcore.serving.mixed_batch): its decodes absorbed, its prompts decompressed
         kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
-        out = packed_latent_attention(q, kv_b, rank + rope, float(scale))
+        queries = q_nope.new_empty((*q_nope.shape[:-1], nope + rope))  # only its shape is read
+        out = packed_latent_attention(queries, kv_b, rank + rope, float(scale))
         return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
     if cache is not None and is_decode(seq, latent.shape[2] - seq):
         kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)

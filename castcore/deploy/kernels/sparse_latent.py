@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from castcore.builtin import sparse_attention_ops  # noqa: F401  (defines the torch.ops.castcore ops)
-from castcore.deploy.kernels.latent import PARTS, absorbed_weight
+from castcore.deploy.kernels.latent import PARTS, absorbed_weight, latent_head
 
 ops = torch.ops.castcore
 
@@ -71,18 +71,10 @@ def _forward(
         config.kv_lora_rank,
     )
     batch, seq = hidden_states.shape[:2]
-    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
-    q = self.q_b_proj(q_resid).view(batch, seq, -1, nope + rope).transpose(1, 2)  # [batch, heads, seq, 192]
-    heads = q.shape[1]
-    q_nope, q_rot = q.split([nope, rope], dim=-1)
-    compressed, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
-    compressed = self.kv_a_layernorm(compressed)
-    cos, sin = position_embeddings
-    q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot.view(batch, 1, seq, rope), cos, sin, True)
-    latent = torch.cat([compressed.view(batch, 1, seq, rank), k_rot], dim=-1)  # the cache entry, written once
     cache = cache if cache is not None else past_key_values
-    if cache is not None:  # the values slot holds nothing: the entry is the keys
-        latent, _ = cache.update(latent, latent[..., :0], self.layer_idx)
+    q_nope, q_rot, q_resid, latent = latent_head(self, hidden_states, position_embeddings, cache, True)
+    heads = q_nope.shape[1]
+    cos, sin = position_embeddings
     picked = _indexer_topk(self, hidden_states, q_resid, cos, sin, cache)
     kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
     into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
