@@ -86,6 +86,20 @@ def latent_head(self, hidden_states, position_embeddings, cache, interleave: boo
     return q_nope, q_rot, q_resid, latent
 
 
+def absorbed(self, q_nope, q_rot, attend) -> torch.Tensor:
+    """Attention run absorbed, as a decode step (and every V3.2 step) runs it: each head's no-position query
+    multiplied into the latent space by kv_b_proj's key half, ``attend(query)`` over the latent entries ->
+    [batch, seq, heads, rank], multiplied out by the value half -> [batch, seq, heads, v_dim]."""
+    config = self.config
+    nope, v_dim, rank = config.qk_nope_head_dim, config.v_head_dim, config.kv_lora_rank
+    batch, heads, seq = q_nope.shape[:3]
+    kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, q_nope.dtype)
+    into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
+    out = attend(torch.cat([into_latent.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1))
+    out = torch.bmm(out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2))
+    return out.view(heads, batch, seq, v_dim).permute(1, 2, 0, 3)
+
+
 def _forward(
     self,
     hidden_states,
@@ -108,23 +122,18 @@ def _forward(
         self, hidden_states, position_embeddings, cache, bool(config.rope_interleave)
     )
     heads = q_nope.shape[1]
-    scale = getattr(self, "scaling", (nope + rope) ** -0.5)
+    scale = float(getattr(self, "scaling", (nope + rope) ** -0.5))
     if (
         packing_on()
     ):  # a mixed batch (castcore.serving.mixed_batch): its decodes absorbed, its prompts decompressed
         kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
         queries = q_nope.new_empty((*q_nope.shape[:-1], nope + rope))  # only its shape is read
-        out = packed_latent_attention(queries, kv_b, rank + rope, float(scale))
+        out = packed_latent_attention(queries, kv_b, rank + rope, scale)
         return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
     if cache is not None and is_decode(seq, latent.shape[2] - seq):
-        kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
-        into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
-        query = torch.cat([into_latent.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
-        out = ops.latent_attention(query, latent, rank, float(scale), True)  # [batch, seq, heads, rank]
-        out = torch.bmm(
-            out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2)
+        out = absorbed(
+            self, q_nope, q_rot, lambda query: ops.latent_attention(query, latent, rank, scale, True)
         )
-        out = out.view(heads, batch, seq, v_dim).permute(1, 2, 0, 3)
     else:  # decompressed: every key's latent entry through kv_b_proj (an fp8 cache dequantized first)
         keys, whole = latent.shape[2], latent.to(hidden_states.dtype)
         k_nope, values = (
@@ -134,7 +143,5 @@ def _forward(
             .split([nope, v_dim], dim=-1)
         )
         key = torch.cat([k_nope, whole[:, :, :, rank:].expand(batch, heads, keys, rope)], dim=-1)
-        out = ops.attention(
-            torch.cat([q_nope, q_rot], dim=-1), key, values, float(scale), True, 0, 0.0, False
-        )
+        out = ops.attention(torch.cat([q_nope, q_rot], dim=-1), key, values, scale, True, 0, 0.0, False)
     return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from castcore.builtin import sparse_attention_ops  # noqa: F401  (defines the torch.ops.castcore ops)
-from castcore.deploy.kernels.latent import PARTS, absorbed_weight, latent_head
+from castcore.deploy.kernels.latent import PARTS, absorbed, latent_head
 
 ops = torch.ops.castcore
 
@@ -63,25 +63,12 @@ def _forward(
     past_key_values=None,
     **kwargs,
 ):
-    config = self.config
-    nope, rope, v_dim, rank = (
-        config.qk_nope_head_dim,
-        config.qk_rope_head_dim,
-        config.v_head_dim,
-        config.kv_lora_rank,
-    )
     batch, seq = hidden_states.shape[:2]
     cache = cache if cache is not None else past_key_values
     q_nope, q_rot, q_resid, latent = latent_head(self, hidden_states, position_embeddings, cache, True)
-    heads = q_nope.shape[1]
-    cos, sin = position_embeddings
-    picked = _indexer_topk(self, hidden_states, q_resid, cos, sin, cache)
-    kv_b = absorbed_weight(self.kv_b_proj, heads, nope + v_dim, rank, hidden_states.dtype)
-    into_latent = torch.bmm(q_nope.transpose(0, 1).reshape(heads, batch * seq, nope), kv_b[:, :nope])
-    query = torch.cat([into_latent.view(heads, batch, seq, rank).transpose(0, 1), q_rot], dim=-1)
-    out = ops.sparse_latent_attention(
-        query, latent, picked, rank, float(self.scaling)
-    )  # [batch, seq, heads, rank]
-    out = torch.bmm(out.permute(2, 0, 1, 3).reshape(heads, batch * seq, rank), kv_b[:, nope:].transpose(1, 2))
-    out = out.view(heads, batch, seq, v_dim).permute(1, 2, 0, 3)
-    return self.o_proj(out.reshape(batch, seq, heads * v_dim)), None
+    picked = _indexer_topk(self, hidden_states, q_resid, *position_embeddings, cache)
+    rank, scale = self.config.kv_lora_rank, float(self.scaling)
+    out = absorbed(
+        self, q_nope, q_rot, lambda query: ops.sparse_latent_attention(query, latent, picked, rank, scale)
+    )
+    return self.o_proj(out.reshape(batch, seq, -1)), None
