@@ -61,6 +61,63 @@ def _(q, latent, indices, rank, scale):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], rank))
 
 
+@torch.library.custom_op("castcore::varlen_lightning_indexer", mutates_args=())
+def varlen_lightning_indexer(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    new: list[int],
+    cached: list[int],
+    scale: float,
+    topk: int,
+) -> torch.Tensor:
+    """lightning_indexer over sequences packed in one row, as an engine's iteration runs it: q [1, sum(new), heads,
+    dim], weights [1, sum(new), heads], keys [1, sum(cached + new), dim] (each sequence's cached index keys and its
+    new ones) -> [1, sum(new), topk] int32, each query's picks as positions among its own sequence's keys, -1 past
+    the min(topk, keys) a sequence has."""
+    out = torch.full((1, sum(new), topk), -1, dtype=torch.int32, device=q.device)
+    q_at = kv_at = 0
+    for n, c in zip(new, cached):
+        picks = lightning_indexer(
+            q[:, q_at : q_at + n], weights[:, q_at : q_at + n], keys[:, kv_at : kv_at + c + n], scale, topk
+        )
+        out[:, q_at : q_at + n, : picks.shape[-1]] = picks
+        q_at, kv_at = q_at + n, kv_at + c + n
+    return out
+
+
+@varlen_lightning_indexer.register_fake
+def _(q, weights, keys, new, cached, scale, topk):
+    return q.new_empty((1, q.shape[1], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op("castcore::varlen_sparse_latent_attention", mutates_args=())
+def varlen_sparse_latent_attention(
+    q: torch.Tensor,
+    latent: torch.Tensor,
+    indices: torch.Tensor,
+    new: list[int],
+    cached: list[int],
+    rank: int,
+    scale: float,
+) -> torch.Tensor:
+    """sparse_latent_attention over sequences packed in one row: q [1, heads, sum(new), rank + rope], latent [1, 1,
+    sum(cached + new), rank + rope], indices [1, sum(new), topk] as varlen_lightning_indexer gives them ->
+    [1, sum(new), heads, rank]."""
+    outputs, q_at, kv_at = [], 0, 0
+    for n, c in zip(new, cached):
+        picks = indices[:, q_at : q_at + n, : min(indices.shape[-1], c + n)]
+        entries = latent[:, :, kv_at : kv_at + c + n]
+        outputs.append(sparse_latent_attention(q[:, :, q_at : q_at + n], entries, picks, rank, scale))
+        q_at, kv_at = q_at + n, kv_at + c + n
+    return torch.cat(outputs, dim=1)
+
+
+@varlen_sparse_latent_attention.register_fake
+def _(q, latent, indices, new, cached, rank, scale):
+    return q.new_empty((1, q.shape[2], q.shape[1], rank))
+
+
 def picked_keys(q_len: int, kv_len: int, topk: int) -> int:
     """(query, key) pairs one sequence's queries attend to: each the fewer of ``topk`` and the keys it sees."""
     first = kv_len - q_len + 1  # the keys the first query sees; each next query sees one more

@@ -130,7 +130,6 @@ def _capture_workload(
         refuse_sparse_attention(
             built.model,
             workload.model if workload.named else type(workload.model).__name__,
-            packing_on(),
             workload.fuse and not workload.train,
         )
         with quiet_kernel_fallbacks():

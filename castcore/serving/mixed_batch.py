@@ -38,6 +38,8 @@ PACKED_ATTENTION = (
     "castcore::varlen_attention",
     "castcore::varlen_latent_attention",
     "castcore::varlen_gated_delta_rule",
+    "castcore::varlen_lightning_indexer",
+    "castcore::varlen_sparse_latent_attention",
 )
 
 

@@ -25,21 +25,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from castcore.builtin.attention_ops import latent_widths
-from castcore.recording.invoke import OpInvoke, TensorMeta
+from castcore.recording.invoke import OpInvoke
 from castcore.serving import attention_pricing
 from castcore.serving.ladder_points import Parts, Point, is_head, ladder
 from castcore.serving.mixed_batch import PACKED_ATTENTION, Chunk, capture_mixed, packed_workload
+from castcore.serving.packed_calls import SPLIT, attention_call, attention_kind
 
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
     from castcore.report.records import Report
     from castcore.deploy.pipeline import Pipeline
     from castcore.workload.spec import Workload
-
-LATENT = "castcore::varlen_latent_attention"
-DELTA_RULE = "castcore::varlen_gated_delta_rule"
-SPLIT = (LATENT, DELTA_RULE)  # two kernels an iteration: its decodes and its prompt chunks
 
 
 class StepTimes:
@@ -75,7 +71,7 @@ class StepTimes:
         self.kernels = sum(1 for r in smallest.records if r.estimate.time_s > 0)  # launched per iteration
         for record, stage in zip(smallest.records, self._stage_of[self.points[0]]):
             if record.invoke.name in PACKED_ATTENTION:
-                template = _attention_kind(record.invoke)
+                template = attention_kind(record.invoke)
                 kinds.setdefault(template.key, [[0] * base.pp, template])[0][stage] += 1
         self.attention = [(counts, template) for counts, template in kinds.values()]
         self._kernels = [self._pricing(template, max_tokens) for _, template in self.attention]
@@ -240,7 +236,7 @@ class StepTimes:
         resolver = self.pipeline.host.resolver
 
         def ask(chunks: Sequence[Chunk]) -> Any:
-            return resolver.estimate(_attention_call(template, chunks), self.profile)
+            return resolver.estimate(attention_call(template, chunks), self.profile)
 
         def parts(chunks: Sequence[Chunk]) -> tuple[float, float, float, float]:
             e = ask(chunks)
@@ -296,73 +292,6 @@ class Stages:
 
         send, _ = transfer_time(tokens * self.activation_bytes, profile, self.devices, resolver=resolver)
         return max(len(times) * max(times), sum(times) + (len(times) - 1) * send)
-
-
-def _lengths_at(name: str) -> int:
-    """Where a packed kernel's ``new`` and ``cached`` lists are in its arguments (``cached`` the next)."""
-    return 8 if name == DELTA_RULE else 3
-
-
-def _attention_kind(invoke: OpInvoke) -> OpInvoke:
-    """The kernel without its lengths: the template an iteration's call is made from."""
-    at = _lengths_at(invoke.name)
-    return replace(
-        invoke,
-        args=(*invoke.args[:at], (), (), *invoke.args[at + 2 :]),
-        out=None,
-        module="",
-        index=0,
-        _key=None,
-    )
-
-
-def _attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
-    """The iteration's call of a layer kind's kernel over ``chunks``: the template's shapes at their token and
-    sequence counts."""
-    if template.name == DELTA_RULE:
-        return _delta_rule_call(template, chunks)
-    q, k, v = template.args[:3]
-    tokens, keys = sum(c.new for c in chunks), sum(c.cached + c.new for c in chunks)
-    query = TensorMeta((1, q.shape[1], tokens, q.shape[3]), q.dtype)
-    key = TensorMeta((1, k.shape[1], keys, k.shape[3]), k.dtype)
-    if template.name == LATENT:  # v is kv_b [heads, nope + v_dim, rank], the same for every iteration
-        value, v_dim = v, latent_widths(q, k, v)[2]
-    else:
-        value, v_dim = TensorMeta((1, v.shape[1], keys, v.shape[3]), v.dtype), v.shape[3]
-    out = TensorMeta((1, tokens, q.shape[1], v_dim), q.dtype)
-    return replace(
-        template,
-        args=(
-            query,
-            key,
-            value,
-            tuple(c.new for c in chunks),
-            tuple(c.cached for c in chunks),
-            *template.args[5:],
-        ),
-        out=out,
-        _key=None,
-    )  # the template's key is not this call's
-
-
-def _delta_rule_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
-    """castcore::varlen_gated_delta_rule over ``chunks``: q, k, v, a, b at their tokens, a state a sequence."""
-    tokens = sum(c.new for c in chunks)
-    rows = [TensorMeta((1, tokens, *x.shape[2:]), x.dtype) for x in template.args[:5]]
-    state = template.args[7]
-    states = TensorMeta((len(chunks), *state.shape[1:]), state.dtype)
-    return replace(
-        template,
-        args=(
-            *rows,
-            *template.args[5:7],
-            states,
-            tuple(c.new for c in chunks),
-            tuple(c.cached for c in chunks),
-        ),
-        out=(rows[2], states),
-        _key=None,
-    )
 
 
 def random_batches(

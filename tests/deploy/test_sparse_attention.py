@@ -107,20 +107,89 @@ def test_tensor_parallel_splits_the_heads_and_keeps_the_indexer_whole(session):
     assert q.shape[1] == HEADS // 2 and index_q.shape[2] == INDEX_HEADS  # vLLM replicates the indexer
 
 
-@pytest.mark.parametrize(
-    "command, said",
-    [
-        (
-            ["simulate", "--requests", "4", "--input", "64", "--output", "4"],
-            "a mixed batch (castcore simulate, plan --rate) is not priced yet for its sparse attention",
-        ),
-        (["estimate", "--eager"], "--eager and --train are not priced for its sparse attention"),
-    ],
-    ids=["simulate", "eager"],
-)
-def test_what_is_not_priced_yet_is_one_line_naming_the_indexer(capsys, command, said):
-    argv = [*command, "--model", V32, "--device-file", H100, "--device", "h100-sxm", "--no-packs"]
+def test_a_packed_row_picks_and_attends_per_sequence_as_one_sequence_alone_does():
+    torch.manual_seed(0)
+    new, cached = (
+        [1, 3, 12],
+        [20, 2, 0],
+    )  # a decode past the top-k, a short decode verifying 2 drafts, a prompt
+    keys = [n + c for n, c in zip(new, cached)]
+    q = torch.randn(1, sum(new), INDEX_HEADS, INDEX_DIM)
+    weights = torch.randn(1, sum(new), INDEX_HEADS)
+    index_keys = torch.randn(1, sum(keys), INDEX_DIM)
+    query = torch.randn(1, HEADS, sum(new), RANK + ROPE)
+    latent = torch.randn(1, 1, sum(keys), RANK + ROPE)
+    ops = torch.ops.castcore
+    picks = ops.varlen_lightning_indexer(q, weights, index_keys, new, cached, 0.5, TOPK)
+    out = ops.varlen_sparse_latent_attention(query, latent, picks, new, cached, RANK, 0.3)
+    q_at = kv_at = 0
+    for n, k in zip(new, keys):
+        alone = ops.lightning_indexer(
+            q[:, q_at : q_at + n], weights[:, q_at : q_at + n], index_keys[:, kv_at : kv_at + k], 0.5, TOPK
+        )
+        assert torch.equal(picks[:, q_at : q_at + n, : alone.shape[-1]], alone)
+        assert bool((picks[:, q_at : q_at + n, alone.shape[-1] :] == -1).all())  # past its keys: none
+        want = ops.sparse_latent_attention(
+            query[:, :, q_at : q_at + n], latent[:, :, kv_at : kv_at + k], alone, RANK, 0.3
+        )
+        torch.testing.assert_close(out[:, q_at : q_at + n], want)
+        q_at, kv_at = q_at + n, kv_at + k
+
+
+def test_a_mixed_batch_runs_its_decodes_and_its_prompt_each_in_one_call(session):
+    from castcore.serving.mixed_batch import Chunk, capture_mixed
+
+    report = capture_mixed(
+        session.pipeline, castcore.build_workload(V32), [Chunk(1, 63), Chunk(16, 0)], "h100-sxm"
+    )
+    indexers = _records(report, "castcore::varlen_lightning_indexer")
+    sparse = _records(report, "castcore::varlen_sparse_latent_attention")
+    assert len(indexers) == len(sparse) == 2 * LAYERS
+    assert not _records(report, "castcore::lightning_indexer") and not _records(report, "castcore::attention")
+    decode, prompt = sparse[:2]
+    assert (decode.invoke.argument("new"), prompt.invoke.argument("new")) == ((1,), (16,))
+    # Worked by hand as the one-sequence kernels are: the decode's query picks 8 of its 64 keys, the prompt's 16
+    # queries min(8, i + 1) each; scores over rank + rope, values over rank, per head.
+    for record, pairs in ((decode, TOPK), (prompt, picked_keys(16, 16, TOPK))):
+        assert record.flops == 2 * HEADS * pairs * (2 * RANK + ROPE) + SOFTMAX_OPS_PER_SCORE * HEADS * pairs
+    index_decode, index_prompt = indexers[:2]
+    for record, pairs in ((index_decode, 64), (index_prompt, kept_keys(16, 16, True, 0))):
+        assert record.flops == 2 * pairs * INDEX_HEADS * INDEX_DIM + pairs * (2 * INDEX_HEADS + 1)
+
+
+def test_a_decode_iteration_agrees_with_serves_decode_step(session):
+    from castcore.serving.mixed_batch import Chunk
+    from castcore.serving.step_time import StepTimes
+
+    steps = StepTimes(session.pipeline, castcore.build_workload(V32), "h100-sxm", 512, 64)
+    static = session.estimate(
+        castcore.build_workload(V32, phase="decode", batch=4, kv_len=100), device="h100-sxm"
+    )
+    # The same kernels but the glue a Hugging Face cache runs and an engine does not (its copies and index writes)
+    assert steps([Chunk(1, 100)] * 4) == pytest.approx(static.time_s, rel=0.1)
+
+
+def test_simulate_serves_it(capsys):
+    argv = ["simulate", "--requests", "6", "--input", "64", "--output", "4", "--model", V32, "--json"]
+    assert main([*argv, "--device-file", H100, "--device", "h100-sxm", "--no-packs"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["completed"] == 6 and result["median_ttft_ms"] > 0 and not result["failed"]
+
+
+def test_what_is_not_priced_is_one_line_naming_the_indexer(capsys):
+    argv = [
+        "estimate",
+        "--eager",
+        "--model",
+        V32,
+        "--device-file",
+        H100,
+        "--device",
+        "h100-sxm",
+        "--no-packs",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
+    said = "--eager and --train are not priced for its sparse attention"
     assert err[-1].startswith(f"castcore: error: {V32}: {said} (an indexer picks 8 keys for each query, ")
     assert "DeepseekV32Indexer)" in err[-1]

@@ -273,14 +273,14 @@ def test_the_attention_line_is_the_plugins_answer_and_decode_runs_are_the_iterat
     """castcore.serving.attention_pricing: the fitted line prices every batch as the plugins do; a decode run's
     times are those of its iterations asked one at a time; a pack's per-call answer is asked every iteration."""
     from castcore.serving import attention_pricing
-    from castcore.serving.step_time import _attention_call
+    from castcore.serving.packed_calls import attention_call
 
     steps = StepTimes(session.pipeline, castcore.build_workload(LLAMA), "h100-sxm", 512, 64)
     assert all(isinstance(k, attention_pricing.LinearKernel) for k in steps._kernels)
     resolver = session.pipeline.host.resolver
     for chunks in random_batches(40, seed=11, sequences=60, kv=(1, 50_000), chunk=(2, 400)):
         exact = [
-            resolver.estimate(_attention_call(t, chunks), steps.profile).time_s for _, t in steps.attention
+            resolver.estimate(attention_call(t, chunks), steps.profile).time_s for _, t in steps.attention
         ]
         assert steps.attention_kernels(chunks) == pytest.approx(exact, rel=1e-9)
     cached = [5, 900, 17, 40_000]
@@ -316,7 +316,7 @@ def test_latent_attention_is_two_lines_one_for_the_decodes_and_one_for_the_promp
     set is priced on its own fitted line as the plugins price that set's call, and a decode run is its iterations."""
     from castcore.builtin.attention_ops import is_decode
     from castcore.serving import attention_pricing
-    from castcore.serving.step_time import _attention_call
+    from castcore.serving.packed_calls import attention_call
 
     steps = StepTimes(session.pipeline, castcore.build_workload(DEEPSEEK), "h100-sxm", 512, 64)
     (counts, template), (kernel,) = steps.attention[0], steps._kernels
@@ -326,7 +326,7 @@ def test_latent_attention_is_two_lines_one_for_the_decodes_and_one_for_the_promp
     resolver = session.pipeline.host.resolver
     for chunks in random_batches(30, seed=5, sequences=60, kv=(1, 50_000), chunk=(2, 400)):
         parts = [[c for c in chunks if is_decode(c.new, c.cached) == d] for d in (True, False)]
-        exact = sum(resolver.estimate(_attention_call(template, p), steps.profile).time_s for p in parts if p)
+        exact = sum(resolver.estimate(attention_call(template, p), steps.profile).time_s for p in parts if p)
         assert kernel(chunks) == pytest.approx(exact, rel=1e-9)
     cached = [5, 900, 17, 40_000]
     assert steps.decode_times(cached, 20) == pytest.approx(

@@ -27,13 +27,21 @@ SCALE_GROUP = 128  # index-key elements per fp32 scale
 ops = torch.ops.castcore
 
 
+def _sequences(invoke: OpInvoke, q_len: int, kv_len: int) -> list[tuple[int, int]]:
+    """(queries, keys) of each sequence of a call: the batch's rows alike, or a packed row's own lengths."""
+    if invoke.name.startswith("castcore::varlen_"):
+        return [(n, c + n) for n, c in zip(invoke.argument("new"), invoke.argument("cached"))]
+    return [(q_len, kv_len)] * invoke.args[0].shape[0]
+
+
 @register_op_properties(ops.lightning_indexer.default)
+@register_op_properties(ops.varlen_lightning_indexer.default)
 def _lightning_indexer(invoke: OpInvoke, device) -> PerformanceProperties:
     """Per (query, key) pair it sees: a product over each index head's dim, a relu and a weighted sum over the
     heads; then the top-k over the pair's scores. The keys are read as the fp8 cache holds them."""
     q, _, keys = invoke.args[:3]
-    batch, q_len, heads, dim = q.shape
-    pairs = batch * kept_keys(q_len, keys.shape[1], True, 0)
+    _, q_len, heads, dim = q.shape
+    pairs = sum(kept_keys(n, kv, True, 0) for n, kv in _sequences(invoke, q_len, keys.shape[1]))
     fp8 = "float8_e4m3fn" in getattr(device, "mma_flops", {})
     props = invoke.memory_access_properties()
     if fp8:  # 1 byte a key element and 4 per 128 of them, where the model dtype was counted
@@ -44,15 +52,17 @@ def _lightning_indexer(invoke: OpInvoke, device) -> PerformanceProperties:
 
 
 @register_op_properties(ops.sparse_latent_attention.default)
+@register_op_properties(ops.varlen_sparse_latent_attention.default)
 def _sparse_latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     q, latent, indices = invoke.args[:3]
-    batch, heads, q_len, dim = q.shape
-    kv_len, rank = latent.shape[2], invoke.argument("rank")
-    picked = picked_keys(q_len, kv_len, indices.shape[-1])
-    pairs = batch * heads * picked
+    _, heads, q_len, dim = q.shape
+    rank, topk = invoke.argument("rank"), indices.shape[-1]
+    picked = [(picked_keys(n, kv, topk), kv) for n, kv in _sequences(invoke, q_len, latent.shape[2])]
+    pairs = heads * sum(p for p, _ in picked)
     props = invoke.memory_access_properties()
-    # each query gathers its picks, which its heads share; from memory, at most the whole cache once
-    props.memory_read_bytes -= latent.nbytes - batch * min(picked, kv_len) * dim * latent.dtype.itemsize
+    # each query gathers its picks, which its heads share; from memory, at most its sequence's cache once
+    gathered = sum(min(p, kv) for p, kv in picked) * dim * latent.dtype.itemsize
+    props.memory_read_bytes -= latent.nbytes - gathered
     props.kernel = "attention"
     props.add(product_dtype(invoke, q.dtype), mma=2 * pairs * (dim + rank))
     return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=SOFTMAX_OPS_PER_SCORE * pairs)

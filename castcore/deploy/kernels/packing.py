@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from castcore.builtin import recurrent_ops  # noqa: F401  (defines torch.ops.castcore.varlen_gated_delta_rule)
+from castcore.builtin import recurrent_ops, sparse_attention_ops  # noqa: F401  (define the varlen ops)
 from castcore.builtin.attention_ops import decodes_and_prompts  # (its module defines castcore's attention)
 from castcore.errors import ModelError
 from castcore.simulation.chunks import Chunk
@@ -109,6 +109,46 @@ def packed_latent_attention(
         return outputs[0]
     # Both kernels write into one output buffer: no kernel joins them.
     return queries.new_empty((1, queries.shape[2], heads, outputs[0].shape[-1]))
+
+
+def packed_sparse_latent(
+    query: torch.Tensor,
+    index_q: torch.Tensor,
+    weights: torch.Tensor,
+    rank: int,
+    scale: float,
+    index_scale: float,
+    topk: int,
+) -> torch.Tensor:
+    """Under ``packed``: DeepSeek-V3.2's sparse attention over the packed row, as engines run an iteration: for
+    its decodes and for its prompt chunks, the indexer scoring each sequence's cached and new index keys
+    (``castcore::varlen_lightning_indexer``) and the absorbed attention over the latent entries it picked
+    (``castcore::varlen_sparse_latent_attention``). ``query`` [1, heads, tokens, rank + rope] (absorbed), ``index_q``
+    [1, tokens, index heads, dim], ``weights`` [1, tokens, index heads]; only shapes are read ->
+    [1, tokens, heads, rank]."""
+    plan = _plan.get()
+    assert plan is not None, "packed_sparse_latent runs under packed()"
+    heads, width = query.shape[1], query.shape[-1]
+    outputs = []
+    for chunks in decodes_and_prompts(plan.chunks):
+        if chunks:
+            new, cached = [c.new for c in chunks], [c.cached for c in chunks]
+            tokens, keys = sum(new), sum(new) + sum(cached)
+            picks = ops.varlen_lightning_indexer(
+                index_q.new_empty((1, tokens, *index_q.shape[2:])),
+                weights.new_empty((1, tokens, weights.shape[-1])),
+                index_q.new_empty((1, keys, index_q.shape[-1])),
+                new,
+                cached,
+                index_scale,
+                topk,
+            )
+            latent = query.new_empty((1, 1, keys, width), dtype=plan.kv_dtype)
+            q = query.new_empty((1, heads, tokens, width))
+            outputs.append(ops.varlen_sparse_latent_attention(q, latent, picks, new, cached, rank, scale))
+    if len(outputs) == 1:
+        return outputs[0]
+    return query.new_empty((1, query.shape[2], heads, rank))  # both kernels write into one output buffer
 
 
 def packed_chunks() -> tuple[Chunk, ...]:

@@ -22,6 +22,7 @@ from torch import nn
 
 from castcore.builtin import sparse_attention_ops  # noqa: F401  (defines the torch.ops.castcore ops)
 from castcore.deploy.kernels.latent import PARTS, absorbed, latent_head
+from castcore.deploy.kernels.packing import packed_sparse_latent, packing_on
 
 ops = torch.ops.castcore
 
@@ -39,8 +40,8 @@ def rewrite(module: nn.Module) -> None:
     module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.cache.kv_written)
 
 
-def _indexer_topk(self, hidden_states, q_resid, cos, sin, cache) -> torch.Tensor:
-    """The positions of the keys each query attends to, [batch, seq, k]."""
+def _indexer_inputs(self, hidden_states, q_resid, cos, sin) -> tuple[torch.Tensor, ...]:
+    """The indexer's queries [batch, seq, heads, dim], its new keys [batch, seq, dim] and its per-head weights."""
     indexer, rope = self.indexer, self.config.qk_rope_head_dim
     batch, seq = hidden_states.shape[:2]
     q = indexer.wq_b(q_resid).view(batch, seq, indexer.n_heads, indexer.head_dim).transpose(1, 2)
@@ -48,10 +49,7 @@ def _indexer_topk(self, hidden_states, q_resid, cos, sin, cache) -> torch.Tensor
     q_rot, k_rot = ops.rotary_embedding(q[..., :rope], k[..., :rope], cos, sin, False)
     q = torch.cat([q_rot, q[..., rope:]], dim=-1).transpose(1, 2)  # [batch, seq, heads, dim]
     keys = torch.cat([k_rot, k[..., rope:]], dim=-1).view(batch, seq, indexer.head_dim)
-    if cache is not None and hasattr(cache, "update_indexer"):
-        keys = cache.update_indexer(keys, self.layer_idx)
-    weights = indexer.weights_proj(hidden_states) * indexer.n_heads**-0.5
-    return ops.lightning_indexer(q, weights, keys, float(indexer.softmax_scale), int(indexer.index_topk))
+    return q, keys, indexer.weights_proj(hidden_states) * indexer.n_heads**-0.5
 
 
 def _forward(
@@ -66,9 +64,21 @@ def _forward(
     batch, seq = hidden_states.shape[:2]
     cache = cache if cache is not None else past_key_values
     q_nope, q_rot, q_resid, latent = latent_head(self, hidden_states, position_embeddings, cache, True)
-    picked = _indexer_topk(self, hidden_states, q_resid, *position_embeddings, cache)
-    rank, scale = self.config.kv_lora_rank, float(self.scaling)
-    out = absorbed(
-        self, q_nope, q_rot, lambda query: ops.sparse_latent_attention(query, latent, picked, rank, scale)
-    )
+    q, keys, weights = _indexer_inputs(self, hidden_states, q_resid, *position_embeddings)
+    indexer, rank, scale = self.indexer, self.config.kv_lora_rank, float(self.scaling)
+    index_scale, topk = float(indexer.softmax_scale), int(indexer.index_topk)
+    if packing_on():  # a mixed batch (castcore.serving.mixed_batch): each sequence's own keys, in two sets
+
+        def attend(query):
+            return packed_sparse_latent(query, q, weights, rank, scale, index_scale, topk)
+
+    else:
+        if cache is not None and hasattr(cache, "update_indexer"):
+            keys = cache.update_indexer(keys, self.layer_idx)
+        picked = ops.lightning_indexer(q, weights, keys, index_scale, topk)
+
+        def attend(query):
+            return ops.sparse_latent_attention(query, latent, picked, rank, scale)
+
+    out = absorbed(self, q_nope, q_rot, attend)
     return self.o_proj(out.reshape(batch, seq, -1)), None
