@@ -37,11 +37,14 @@ def name_problem(name: str) -> str | None:
     return _hook().problem({"pack_name": name})
 
 
-def new_pack(name: str, output_dir: str | Path = ".", no_input: bool = False) -> Path:
+def new_pack(
+    name: str, output_dir: str | Path = ".", no_input: bool = False, profiles_only: bool = False
+) -> Path:
     """Render the template into ``output_dir/name`` and return that directory.
 
     ``no_input`` takes every default (module, entry point and device names derived from ``name``);
-    otherwise cookiecutter asks for each answer with those defaults.
+    otherwise cookiecutter asks for each answer with those defaults. ``profiles_only`` answers the
+    template's ``estimators`` question with "no": the pack ships device profiles and no ``ops.py``.
     """
     problem = name_problem(name)
     if problem:
@@ -64,7 +67,10 @@ def new_pack(name: str, output_dir: str | Path = ".", no_input: bool = False) ->
     log.setLevel(logging.CRITICAL)
     try:
         made = cookiecutter(
-            str(TEMPLATE), no_input=no_input, extra_context={"pack_name": name}, output_dir=str(output_dir)
+            str(TEMPLATE),
+            no_input=no_input,
+            extra_context={"pack_name": name, **({"estimators": "no"} if profiles_only else {})},
+            output_dir=str(output_dir),
         )
     except OutputDirExistsException as exc:  # a pack name changed at the prompt to an existing directory
         raise NewPackError(f"{exc}; remove it, or choose another name or --output-dir") from None
@@ -90,10 +96,13 @@ def new_pack(name: str, output_dir: str | Path = ".", no_input: bool = False) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    made = new_pack(args.name, args.output_dir, no_input=args.no_input)
+    made = new_pack(args.name, args.output_dir, no_input=args.no_input, profiles_only=args.profiles_only)
+    edit = "the device profile in profiles/" + (
+        " and the estimators in ops.py" if any(made.glob("*/ops.py")) else ""
+    )
     print(
         f"made {made}\n"
-        f"next (its README.md says more): edit the device profile in profiles/ and the estimators in ops.py, then\n"
+        f"next (its README.md says more): edit {edit}, then\n"
         f"  cd {made}\n"
         f"  pip install torch==2.13.0 -e '.[test]'\n"
         f"  castcore audit\n"
@@ -109,7 +118,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="make a new pack (a pip-installable plugin) from castcore's template",
         description="Make DIR/NAME, a pack ready to pip-install: pyproject.toml with the 'castcore' entry point, "
         "an example device profile (TOML, placeholder numbers to replace), one example "
-        "register_op_estimator and one register_op_properties, tests, a noxfile and a README saying "
+        "register_op_estimator and one register_op_properties (none with --profiles-only), tests, a noxfile and a README saying "
         "what to edit and how to check it with castcore audit. Asks for the names, vendor and author "
         "unless --no-input.",
         epilog="example: castcore new-pack castpack-mynpu --no-input  (module castpack_mynpu, entry point and "

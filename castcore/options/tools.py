@@ -180,6 +180,11 @@ NEW_PACK = CommandOptions(
                     shown_default="the current directory",
                 ),
                 switch("no_input", "ask nothing: take the default for every answer", PRINTING),
+                switch(
+                    "profiles_only",
+                    "a pack of device profiles only (as castpack-nvidia is): no ops.py, no example estimators",
+                    PRINTING,
+                ),
             ),
         ),
         *scoped(SESSION, (DEBUG,)),

@@ -200,3 +200,23 @@ def test_new_pack_help_names_its_options(capsys):
         main(["new-pack", "--help"])
     out = capsys.readouterr().out
     assert "--output-dir" in out and "--no-input" in out and "castpack-mynpu" in out
+
+
+def test_profiles_only_makes_a_pack_without_ops_or_estimator_tests(tmp_path):
+    done = cli("new-pack", "castpack-acme-p1", "--no-input", "--profiles-only", "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    made = tmp_path / "castpack-acme-p1"
+    assert "estimators in ops.py" not in done.stdout
+    assert not (made / "castpack_acme_p1" / "ops.py").exists()
+    assert sorted(p.name for p in (made / "tests").iterdir()) == ["test_pack.py"]
+    files = [p for p in made.rglob("*") if p.is_file()]
+    assert not [p for p in files if "{{" in p.read_text() or "{%" in p.read_text()]
+    assert "import ops" not in (made / "castpack_acme_p1" / "__init__.py").read_text()
+    assert "claims no op" in (made / "tests" / "test_pack.py").read_text()
+    assert "| `castpack_acme_p1/ops.py` |" not in (made / "README.md").read_text()
+    pyproject = tomllib.loads((made / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["castcore.profiles"] == {
+        "acme_p1": "castpack_acme_p1.profiles"
+    }
+    profile = castcore.load_device_file(made / "castpack_acme_p1" / "profiles" / "acme-p1.toml")
+    assert profile.name == "acme-p1"
