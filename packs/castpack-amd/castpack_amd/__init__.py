@@ -1,0 +1,12 @@
+"""castcore pack for the mi300x (AMD).
+
+castcore imports this module through the entry point in pyproject.toml. Everything declared
+while it is imported belongs to this pack: any ``@pack.hookimpl`` functions here. It declares
+none: a pack of device profiles only, whose operators castcore's own formulas and roofline price.
+The device profiles in ``profiles/`` are read as data through the ``castcore.profiles`` entry point.
+"""
+
+from __future__ import annotations
+
+PACK = "castpack-amd"
+DEVICE = "mi300x"
