@@ -17,6 +17,7 @@ nox.options.sessions = [
     "ascend",
     "collectives",
     "nvidia",
+    "amd",
     "template",
     "docs",
     "kernels",
@@ -131,6 +132,14 @@ def nvidia(session: nox.Session) -> None:
     _install_core(session)
     session.install("packs/castpack-nvidia")
     session.run("pytest", "packs/castpack-nvidia/tests", *session.posargs)
+
+
+@nox.session
+def amd(session: nox.Session) -> None:
+    """castpack-amd's own tests, in a venv with only castcore and that pack."""
+    _install_core(session)
+    session.install("packs/castpack-amd")
+    session.run("pytest", "packs/castpack-amd/tests", *session.posargs)
 
 
 @nox.session

@@ -1,4 +1,4 @@
-"""castcore pack for the mi300x (AMD).
+"""castcore pack for AMD Instinct MI300X, MI325X and MI355X: device profiles only.
 
 castcore imports this module through the entry point in pyproject.toml. Everything declared
 while it is imported belongs to this pack: any ``@pack.hookimpl`` functions here. It declares
@@ -10,3 +10,4 @@ from __future__ import annotations
 
 PACK = "castpack-amd"
 DEVICE = "mi300x"
+CASTCORE_API = 1

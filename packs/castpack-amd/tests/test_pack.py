@@ -21,25 +21,35 @@ PACK = "castpack-amd"
 MODULE = "castpack_amd"
 ENTRY_POINT = "amd"
 DEVICE = "mi300x"
+GPUS = ("mi300x", "mi325x", "mi355x")
 
 
 @pytest.fixture
 def session(monkeypatch) -> castcore.Session:
     """A session that sees every installed pack, whatever CASTCORE_* variables the shell has set."""
-    for var in ("CASTCORE_LOAD_PACKS", "CASTCORE_DISABLE_PACKS", "CASTCORE_CUSTOM_OP_PATH", "CASTCORE_STRICT"):
+    for var in (
+        "CASTCORE_LOAD_PACKS",
+        "CASTCORE_DISABLE_PACKS",
+        "CASTCORE_CUSTOM_OP_PATH",
+        "CASTCORE_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
     return castcore.Session()
 
 
 def test_profile_loads_and_every_number_is_sourced():
     folder = resources.files(MODULE) / "profiles"
-    profiles = [castcore.load_device_file(f) for f in folder.iterdir() if f.name.endswith(".toml")]  # raises, naming the field, if one is unsourced
+    profiles = [
+        castcore.load_device_file(f) for f in folder.iterdir() if f.name.endswith(".toml")
+    ]  # raises, naming the field, if one is unsourced
     assert DEVICE in [p.name for p in profiles]
     for profile in profiles:
         assert profile.memory_bandwidth > 0 and profile.mma_flops, profile.name
         placeholders = sorted(k for k, v in profile.sources.items() if "PLACEHOLDER" in v)
         if placeholders:
-            warnings.warn(f"{profile.origin}: sources still placeholders: {', '.join(placeholders)}", stacklevel=1)
+            warnings.warn(
+                f"{profile.origin}: sources still placeholders: {', '.join(placeholders)}", stacklevel=1
+            )
 
 
 def test_pack_is_loaded_through_its_entry_point_and_claims_no_op(session):
@@ -53,8 +63,12 @@ def test_pack_is_loaded_through_its_entry_point_and_claims_no_op(session):
 
 def test_castcore_audit_shows_who_answers_mm_on_the_device():
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
-    done = subprocess.run([sys.executable, "-m", "castcore", "audit", "--json", "--device", DEVICE, "--op", "aten::mm"],
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "castcore", "audit", "--json", "--device", DEVICE, "--op", "aten::mm"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)
     assert not row["winner"]["plugin"].startswith(PACK)
@@ -64,3 +78,112 @@ def test_a_matmul_is_priced_on_the_device(session):
     a = torch.empty(1024, 1024, dtype=torch.bfloat16, device="meta")
     (record,) = session.estimate(torch.mm, a, a, device=DEVICE).records
     assert record.estimate.time_s > 0
+
+
+# The figures AMD prints 'with sparsity' (CDNA 3 white paper, MI355X brochure): a profile holds half of each.
+SPARSE = {
+    "mi300x": {"bfloat16": 2614.9e12, "float8_e4m3fnuz": 5229.8e12, "int8": 5229.8e12},
+    "mi325x": {"bfloat16": 2614.9e12, "float8_e4m3fnuz": 5229.8e12, "int8": 5229.8e12},
+    "mi355x": {"bfloat16": 5.0332e15, "float16": 5.0332e15, "float8_e4m3fn": 10.0664e15, "int8": 10.0664e15},
+}
+# name: (CUs, dense bf16 flop per clock per CU, GiB, Infinity Fabric GB/s a link each way)
+SHAPE = {"mi300x": (304, 2048, 192, 64), "mi325x": (304, 2048, 256, 64), "mi355x": (256, 4096, 288, 76.8)}
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_every_profile_loads_under_its_name_sourced_field_by_field(session, name):
+    device = session.devices[name]
+    assert device.origin == f"{PACK}:profiles/{name}.toml" and device.vendor == "AMD" and not device.default
+    fields = [
+        "memory_bytes",
+        "memory_bandwidth",
+        "compute_efficiency",
+        "memory_efficiency",
+        "mma_op_cost_s",
+        "gp_op_cost_s",
+        "comm_op_cost_s",
+        "compute_units",
+        "clock_hz",
+        "tdp_w",
+        "idle_w",
+        *(f"mma_flops.{d}" for d in device.mma_flops),
+        *(f"gp_flops.{d}" for d in device.gp_flops),
+        *(f"interconnect.{i.name}" for i in device.interconnect),
+    ]
+    for field in fields:
+        parts = field.split(".")
+        found = [
+            device.sources[".".join(parts[:n])]
+            for n in range(1, len(parts) + 1)
+            if ".".join(parts[:n]) in device.sources
+        ]
+        assert found and "read 2026-11-29" in found[-1], field
+        assert "PLACEHOLDER" not in found[-1], field
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_matrix_rates_are_half_the_sparse_figures_and_cus_times_clock(session, name):
+    device = session.devices[name]
+    for dtype, sparse in SPARSE[name].items():
+        assert device.mma_flops[dtype] == pytest.approx(sparse / 2, rel=1e-4), dtype
+    units, per_cu, gib, _link = SHAPE[name]
+    assert device.compute_units == units and device.memory_bytes == gib * 2**30
+    assert device.mma_flops["bfloat16"] == pytest.approx(units * per_cu * device.clock_hz, rel=1e-3)
+    assert device.mma_flops["int8"] == pytest.approx(2 * device.mma_flops["bfloat16"], rel=1e-4)
+
+
+def test_fp8_formats_mxfp4_and_tf32_where_each_gpu_has_them(session):
+    mi300x, mi355x = session.devices["mi300x"].mma_flops, session.devices["mi355x"].mma_flops
+    # CDNA 3 runs FNUZ fp8; OCP checkpoints are converted and run at the same rate
+    assert (
+        mi300x["float8_e4m3fnuz"]
+        == mi300x["float8_e5m2fnuz"]
+        == mi300x["float8_e4m3fn"]
+        == mi300x["float8_e5m2"]
+    )
+    assert "float8_e4m3fnuz" not in mi355x and mi355x["float8_e4m3fn"] == mi355x["float8_e5m2"]
+    assert mi355x["float4_e2m1fn_x2"] == pytest.approx(2 * mi355x["float8_e4m3fn"], rel=1e-4)  # MXFP4
+    assert (
+        "float4_e2m1fn_x2" not in mi300x
+        and "tf32" not in mi355x
+        and mi300x["tf32"] == pytest.approx(653.7e12)
+    )
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_the_infinity_fabric_mesh_and_the_nic_levels(session, name):
+    device = session.devices[name]
+    mesh, network = device.interconnect
+    assert (mesh.name, mesh.devices, mesh.topology) == ("infinity-fabric", 8, "full-mesh")
+    # a full mesh's bandwidth is the sum of a GPU's 7 links; castpack-collectives gives one peer a seventh
+    assert mesh.bandwidth == pytest.approx(7 * SHAPE[name][3] * 1e9)
+    assert (network.name, network.topology, network.nic_bandwidth, network.nics_per_device) == (
+        "infiniband",
+        "clos",
+        5e10,
+        1,
+    )
+
+
+def test_castcore_audit_shows_who_wins_each_op_on_mi300x():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASTCORE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "castcore", "audit", "--json", "--device", "mi300x"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {row["op"]: row for row in json.loads(done.stdout)}
+    assert rows and all(row["device"] == "mi300x" for row in rows.values())
+    assert {row["status"] for row in rows.values()} <= {
+        "ok",
+        "override",
+        "decomposed",
+    }  # no CONFLICT on an AMD GPU
+    # Every op with a winner is won by someone other than this pack (it claims none); the matrix products by the
+    # core's roofline over this profile's rates.
+    won = {op: row["winner"] for op, row in rows.items() if row["winner"]}
+    assert won and not [op for op, w in won.items() if w["plugin"].startswith(PACK)]
+    for op in ("aten::mm", "aten::bmm", "aten::_scaled_mm"):
+        assert (won[op]["plugin"], won[op]["kind"]) == ("core", "properties"), op
