@@ -148,7 +148,11 @@ def demo(session: nox.Session) -> None:
     `castcore estimate`, and its page and chart (--html, --plot) to show those work there too."""
     session.install(TORCH)
     session.install(
-        ".[html,plot]", "packs/castpack-ascend", "packs/castpack-collectives", "packs/castpack-nvidia"
+        ".[html,plot]",
+        "packs/castpack-ascend",
+        "packs/castpack-collectives",
+        "packs/castpack-nvidia",
+        "packs/castpack-amd",
     )
     session.run("castcore", "estimate")
     with tempfile.TemporaryDirectory() as tmp:
