@@ -13,6 +13,9 @@ import torch
 import castcore
 
 GPUS = ("a100-sxm4-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "h200-sxm", "b200", "l40s")
+# Added for issue 44, mostly from aiconfigurator and third-party figures with kernel constants carried from their
+# nearest measured neighbour: they load and price a model, and are left out of the rankings below.
+NEW_GPUS = ("h20", "h800-sxm", "b300", "gb200-nvl72", "gb300-nvl72", "rtx-pro-6000-server")
 TINY_LLAMA = Path(__file__).resolve().parents[3] / "tests" / "data" / "tiny-llama.json"
 
 
@@ -35,10 +38,10 @@ def test_pack_is_loaded_through_its_entry_point_and_claims_no_ops(session):
     info = next(i for i in session.plugins.infos if i.name == "nvidia")
     assert (info.kind, info.status, info.distribution) == ("pack", "loaded", "castpack-nvidia")
     assert info.hooks == []  # profiles only: the core prices every op
-    assert set(GPUS) <= set(session.devices)
+    assert set(GPUS + NEW_GPUS) <= set(session.devices)
 
 
-@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("gpu", GPUS + NEW_GPUS)
 def test_a_model_estimate_runs_on_every_gpu(session, prefill, gpu):
     report = session.estimate(prefill, device=gpu)
     assert report.device.name == gpu
