@@ -133,6 +133,16 @@ def plan_json(result: Any) -> dict[str, Any]:
         # with --frontier: each best row's curve, in the order of best
         **({"frontier": result.frontier} if result.frontier is not None else {}),
         "fewest": [pick(r) for r in result.fewest],
+        # per device type searched, its best under the objective and its figure against the winner's
+        "by_device": [
+            {
+                "device": e["device"],
+                "figure": e["figure"],
+                "ratio": e["ratio"],
+                "best": e["row"] and pick(e["row"]),
+            }
+            for e in result.by_device
+        ],
         **(
             {"missed": [{**pick(r, every=False), "why": r["missed"]} for r in result.missed]}
             if request.traffic

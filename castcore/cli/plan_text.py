@@ -188,6 +188,7 @@ def format_traffic_plan(result: Any) -> str:
     if result.verdict:
         winner = result.verdict["winner"]
         lines += ["", f"{winner} wins: {result.verdict['why']}" if winner else result.verdict["why"]]
+    _by_device(lines, result)
     lines.append("")
     if result.fewest:
         lines.append("fewest devices that meet the objectives")
@@ -237,6 +238,44 @@ def _skipped(lines: list[str], result: Any) -> None:
             f"skipped {s['count']} candidate{'s' if s['count'] > 1 else ''}: {s['reason']} (such as {s['example']})"
             for s in result.skipped
         ]
+
+
+def _by_device(lines: list[str], result: Any) -> None:
+    """With more than one device type searched: each one's best under the objective, against the winner's."""
+    from castcore.sweeps import plan_devices
+
+    request = result.request
+    if len(request.devices) < 2 or not result.by_device:
+        return
+    words = OBJECTIVE_WORDS.get(request.objective, "").removeprefix("the fewest ").removeprefix(
+        "the most "
+    ) or ("requests/s per device" if request.max_rate else "output tokens/s per device")
+    lines += ["", f"best on each device ({words})"]
+    winner = result.by_device[0]
+    width = max(len(e["device"]) for e in result.by_device)
+    for entry in result.by_device:
+        row = entry["row"]
+        if row is None:
+            fits = request.traffic or any(r["device"] == entry["device"] for r in result.fewest)
+            lines.append(
+                f"  {entry['device']:<{width}}  "
+                + (
+                    "no layout meets the objectives"
+                    if fits
+                    else f"no layout of at most {request.max_devices} device{'s' if request.max_devices > 1 else ''} "
+                    "holds even batch 1 (raise --max-devices)"
+                )
+            )
+            continue
+        if entry is winner:
+            compared = "the best"
+        elif plan_devices.more_is_better(request):
+            compared = f"{entry['ratio']:.2f}x the best ({1 - entry['ratio']:.0%} less)"
+        else:
+            compared = f"{entry['ratio']:.2f}x the best's ({entry['ratio'] - 1:.0%} more)"
+        lines.append(
+            f"  {entry['device']:<{width}}  {entry['figure']:,.4g}  {compared}: {format_layout(row, request.dtype)}"
+        )
 
 
 def _refused(lines: list[str], result: Any) -> None:
@@ -308,6 +347,7 @@ def format_plan(result: Any) -> str:
             "--weights int4"
         )
     _refused(lines, result)
+    _by_device(lines, result)
     lines.append("")
     if result.fewest:
         lines.append("fewest devices that fit at all")

@@ -151,6 +151,8 @@ def search(
         for name in request.devices
         if (mine := [r for r in met if r["device"] == name])
     ]
+    from castcore.sweeps.plan_devices import by_device  # it reads this module's objective
+
     figure, _, words = OBJECTIVES.get(request.objective) or (
         ("max_rate", True, "requests/s per device")
         if request.max_rate
@@ -166,6 +168,7 @@ def search(
         "seconds": time.perf_counter() - started,
         "missed": missed,
         "verdict": plan_disaggregated.verdict(request, met, figure, words),
+        "by_device": by_device(request, met + untried),
     }
 
 

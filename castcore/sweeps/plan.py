@@ -28,7 +28,7 @@ from castcore.options.catalog import say
 from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
-from castcore.sweeps import plan_disaggregated, plan_frontier, plan_traffic, plan_validation
+from castcore.sweeps import plan_devices, plan_disaggregated, plan_frontier, plan_traffic, plan_validation
 from castcore.sweeps.plan_space import Skipped, choices
 from castcore.sweeps.capacity import PLAN_KEYS, objective_key
 from castcore.sweeps.run import SweepResult
@@ -120,6 +120,8 @@ class PlanResult:
     frontier: list[list[dict[str, Any]]] | None = None
     # candidates not run, by reason: {"reason", "count", "example"} (castcore.sweeps.plan_space)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    # per device type searched, its best and how it compares (castcore.sweeps.plan_devices)
+    by_device: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _next_batch(batch: int) -> int | None:
@@ -177,6 +179,7 @@ def search(
         refused=[r for r in first if r.get("error")],
         seconds=time.perf_counter() - started,
         skipped=skipped.listed(),
+        by_device=plan_devices.by_device(request, ranked),
     )
 
 
@@ -325,9 +328,11 @@ def plan(
     plan_frontier.check(request, frontier)
     plan_traffic.check(request)  # under traffic, the model and the requests as simulate makes them
     session = open_session(plugins)
-    for name in devices or ():
+    # "h200-sxm,mi325x" as well as "h200-sxm mi325x"
+    devices = [name for given in devices or () for name in given.split(",") if name]
+    for name in devices:
         session.device(name)  # an unknown device fails here, naming the installed ones
-    request.devices = list(devices or session.devices)
+    request.devices = list(dict.fromkeys(devices)) or list(session.devices)
     if not request.devices:
         session.device(None)  # none installed: says how to install one
     capacity.check_prices(request, session.devices)
