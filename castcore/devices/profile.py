@@ -21,6 +21,8 @@ BAND_FAMILIES = (
     "attention_decode",
     "engine_allreduce",
     "low_latency_a2a",
+    "memory_bound",  # norms, activations, rotary, elementwise, quantize, cache writes (castcore.devices.memory_kernels)
+    "collective",  # a collective library's all-reduce, all-gather, reduce-scatter, all-to-all, send
 )  # the kernel families castcore.report.bands sorts calls into
 ENGINE_ALLREDUCE = (
     "engine_allreduce_max_bytes",

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from castcore.devices.memory_kernels import memory_family
+
 if TYPE_CHECKING:
     from castcore.devices.profile import DeviceProfile
 
@@ -54,6 +56,10 @@ def family(record: Any) -> str | None:
         return "engine_allreduce"
     if name == "_c10d_functional::all_to_all_single" and algorithm == "low_latency":
         return "low_latency_a2a"
+    if name.startswith("_c10d_functional::") and name != "_c10d_functional::wait_tensor":
+        return "collective"  # the library's own algorithms (ring, tree, in-switch, all-to-all)
+    if memory_family(name):
+        return "memory_bound"
     return None
 
 

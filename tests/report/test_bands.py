@@ -36,7 +36,22 @@ def test_each_op_row_carries_its_familys_band(tmp_path, phase, attention):
     band = 0.2 if attention == "attention_prefill" else 0.15
     assert rows["castcore::attention"] == {"family": attention, "held_out_median_abs_error": band}
     assert rows["aten::mm"] == {"family": "gemm_bf16", "held_out_median_abs_error": 0.09}
-    assert rows["castcore::rms_norm"] is None  # no family, no band
+    assert rows["castcore::rms_norm"] is None  # its family has no band in this profile
+
+
+def test_memory_bound_kernels_and_library_collectives_have_their_families(tmp_path):
+    bands = "\n[error_bands]\nmemory_bound = 0.12\ncollective = 0.3\ngemm_bf16 = 0.09\n"
+    session = castcore.Session(load_packs=[], device_files=[_profile(tmp_path, bands)])
+    workload = castcore.build_workload(str(DATA / "tiny-llama.json"), seq=16, tp=2)
+    rows = {
+        row["op"]: row["error_band"] for row in session.estimate(workload, device="banded").to_dict()["ops"]
+    }
+    memory = {"family": "memory_bound", "held_out_median_abs_error": 0.12}
+    assert rows["castcore::rms_norm"] == rows["castcore::silu_and_mul"] == memory
+    assert rows["castcore::rotary_embedding"] == memory
+    # without castpack-collectives the core prices the all_reduce: the library's own, not an engine kernel
+    assert rows["_c10d_functional::all_reduce"] == {"family": "collective", "held_out_median_abs_error": 0.3}
+    assert rows["castcore::attention"] is None  # attention_prefill: none given
 
 
 def test_the_cli_prints_bands_in_json_and_csv(tmp_path, capsys):
