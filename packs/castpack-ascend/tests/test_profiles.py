@@ -98,12 +98,13 @@ def test_910c_die_is_half_a_package_with_its_twin_die_innermost(devices):
     die = devices["ascend-910c-die"]
     assert 2 * die.memory_bandwidth == pytest.approx(3.2e12)
     levels = {level.name: level for level in die.interconnect}
-    assert list(levels) == ["sio", "ub", "roce"]
+    assert list(levels) == ["sio", "ub-l1", "roce"]
     # Innermost first, as castpack-collectives picks the first level that holds a group.
     assert [level.devices for level in die.interconnect] == sorted(level.devices for level in die.interconnect)
     assert (levels["sio"].devices, levels["sio"].topology) == (2, "full-mesh")
     assert levels["sio"].bandwidth == pytest.approx(270e9)  # 540 GB/s both ways between the two dies
-    assert levels["ub"].bandwidth == pytest.approx(196e9)  # 392 GB/s per package
+    assert (levels["ub-l1"].devices, levels["ub-l1"].topology) == (16, "switch")  # one Atlas 800T/800I A3 server
+    assert levels["ub-l1"].bandwidth == pytest.approx(196e9)  # 392 GB/s per package
     assert levels["roce"].bandwidth == pytest.approx(25e9)  # 200 Gb/s per die, 400 Gb/s per package
 
 
