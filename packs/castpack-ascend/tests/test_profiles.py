@@ -14,6 +14,7 @@ EXPECTED = {
     "ascend-910b3": (20, 40, 1.80e9, 64 * 2**30),
     "ascend-910b4": (20, 40, 1.50e9, 32 * 2**30),
     "ascend-910c-die": (24, 48, 1.85e9, 64 * 2**30),
+    "ascend-910c-die-cm384": (24, 48, 1.85e9, 64 * 2**30),
 }
 
 
@@ -64,7 +65,8 @@ def test_910b4_takes_the_vendors_figures(devices):
 
 # AI cores (ai_core_cnt) and L0C bytes (l0_c_size) of each profile's CANN platform file.
 CUBE = {"ascend-910b1": (24, 131072), "ascend-910b2": (24, 131072), "ascend-910b3": (20, 131072),
-        "ascend-910b4": (20, 131072), "ascend-910c-die": (24, 131072), "ascend-310p-duo": (8, 262144)}
+        "ascend-910b4": (20, 131072), "ascend-910c-die": (24, 131072), "ascend-910c-die-cm384": (24, 131072),
+        "ascend-310p-duo": (8, 262144)}
 
 
 @pytest.mark.parametrize("name", CUBE)
@@ -106,6 +108,31 @@ def test_910c_die_is_half_a_package_with_its_twin_die_innermost(devices):
     assert (levels["ub-l1"].devices, levels["ub-l1"].topology) == (16, "switch")  # one Atlas 800T/800I A3 server
     assert levels["ub-l1"].bandwidth == pytest.approx(196e9)  # 392 GB/s per package
     assert levels["roce"].bandwidth == pytest.approx(25e9)  # 200 Gb/s per die, 400 Gb/s per package
+
+
+def test_cloudmatrix384_die_is_the_a3_die_on_a_768_die_ub_fabric(devices):
+    server, pod = devices["ascend-910c-die"], devices["ascend-910c-die-cm384"]
+    # The same die: every compute and memory figure, and its source, as the A3 server's profile gives it.
+    for field in ("memory_bytes", "memory_bandwidth", "compute_efficiency", "memory_efficiency", "mma_op_cost_s",
+                  "gp_op_cost_s", "attention_efficiency", "attention_op_cost_s", "comm_op_cost_s", "compute_units"):
+        assert getattr(pod, field) == getattr(server, field), field
+        assert pod.sources[field] == server.sources[field], field
+    assert dict(pod.mma_flops) == dict(server.mma_flops) and dict(pod.gp_flops) == dict(server.gp_flops)
+    assert dict(pod.mma_tile) == dict(server.mma_tile) and dict(pod.mma_unit) == dict(server.mma_unit)
+    levels = {level.name: level for level in pod.interconnect}
+    assert list(levels) == ["sio", "ub-l1", "ub-l2", "roce"]
+    assert [level.devices for level in pod.interconnect] == [2, 16, 768, 4096]  # package, node, super node
+    assert levels["sio"] == {level.name: level for level in server.interconnect}["sio"]
+    for tier in ("ub-l1", "ub-l2"):  # both UB switch tiers: 392 GB/s per 910C package, halved
+        assert (levels[tier].topology, levels[tier].bandwidth) == ("switch", pytest.approx(196e9))
+        assert "2506.12708" in pod.sources[f"interconnect.{tier}"]
+    assert levels["ub-l2"].devices == 384 * 2
+    # Across nodes: under 1 us more latency and under 3% less bandwidth than inside one (the paper's measurement).
+    assert levels["ub-l2"].latency_s - levels["ub-l1"].latency_s == pytest.approx(1e-6)
+    assert levels["ub-l2"].efficiency == pytest.approx(levels["ub-l1"].efficiency * 0.97, abs=1e-3)
+    assert levels["roce"].bandwidth == pytest.approx(25e9)  # the RDMA plane: 400 Gb/s per package
+    for name in ("interconnect.ub-l1", "interconnect.ub-l2", "interconnect.roce"):
+        assert "read 2026-11-29" in pod.sources[name] and "assum" in pod.sources[name]
 
 
 def test_every_910b_carries_its_board_power():
