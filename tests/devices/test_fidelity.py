@@ -110,7 +110,12 @@ def test_every_point_has_a_plan_or_says_why_not():
     assert {p["device"] for p in serve} == {"a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm"}
     # Scheduler-run measurements are simulated (castcore.simulate), each once: none is also a static serve point.
     mlperf = [p for p in points if "mlcommons" in p["id"]]
-    assert len(mlperf) == 4 and all(p["category"] == "simulate" and p["id"] not in refused for p in mlperf)
+    assert len(mlperf) == 11 and all(p["category"] == "simulate" for p in mlperf)
+    # the GB200 v5.1 rows are kept with their reason: their deployment is not in the documents read
+    assert {p["id"] for p in mlperf if p["id"] in refused} == {
+        "cb-gb200x4-mlcommons-inf51-llama2-70b-offline",
+        "cb-gb200x4-mlcommons-inf51-llama2-70b-server",
+    }
     assert not [p for p in points if p["category"] == "serve" and p["workload"].get("batch") is None]
     assert "h100-gemm-tf32-4096" not in refused and "h100-gemm-fp32-4096" not in refused
     for p in points:
@@ -389,3 +394,61 @@ def test_run_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     assert row["id"] == only and ("not_expressible" in row or "skipped" in row)
     assert only in out.with_suffix(".md").read_text()
     assert "# castcore fidelity" in capsys.readouterr().out
+
+
+def test_the_amd_pack_is_among_the_packs_and_a_missing_pack_is_left_out(monkeypatch):
+    from fidelity import published
+
+    assert "amd" in published.PACKS
+    # a pack that is not installed is skipped, not fatal: its points are reported as skipped
+    session = make_session(packs=("nvidia", "no-such-pack"))
+    assert "h100-sxm5-80gb" in session.devices
+
+
+def test_report_counts_points_per_installed_profile_and_names_those_with_none():
+    class Profile:
+        def __init__(self, bands=None):
+            self.error_bands = bands or {}
+
+    rows = [
+        {"id": "a", "device": "mi300x", "split": "held-out", "error_pct": 10.0},
+        {"id": "b", "device": "mi300x", "split": "held-out", "error_pct": -30.0},
+        {"id": "c", "device": "h100-sxm5-80gb", "split": "fitted", "error_pct": 5.0},
+        {"id": "d", "device": "gb200-nvl72", "split": "held-out", "not_expressible": "why"},
+    ]
+    profiles = {"mi300x": Profile(), "h100-sxm5-80gb": Profile({"gemm_bf16": 0.1}), "h20": Profile()}
+    coverage = {c["device"]: c for c in report.device_coverage(rows, profiles)}
+    assert set(coverage) == {"mi300x", "h100-sxm5-80gb", "h20"}  # every installed profile, no other
+    assert coverage["mi300x"]["held_out"] == 2 and coverage["mi300x"]["fitted"] == 0
+    assert coverage["mi300x"]["held_out_median_abs_error_pct"] == pytest.approx(20.0)
+    assert coverage["h100-sxm5-80gb"]["fitted"] == 1 and coverage["h100-sxm5-80gb"]["error_bands"] == [
+        "gemm_bf16"
+    ]
+    assert coverage["h20"] == {
+        "device": "h20",
+        "held_out": 0,
+        "fitted": 0,
+        "not_expressible": 0,
+        "held_out_median_abs_error_pct": None,
+        "error_bands": [],
+    }
+    text = "\n".join(report.device_lines({"devices": list(coverage.values())}))
+    assert "| mi300x | 2 | 0 | 0 | 20.0% | none |" in text
+    assert "No held-out point: h100-sxm5-80gb, h20." in text and "carry no error band" in text
+    assert "[error_bands] table but no held-out point in this report: h100-sxm5-80gb" in text
+
+
+def test_run_filters_published_points_by_device(tmp_path, monkeypatch):
+    import fidelity.run as run
+
+    out = tmp_path / "fidelity.json"
+    captured = {}
+
+    def fake_run(points, session, progress):
+        captured["devices"] = {p["device"] for p in points}
+        return []
+
+    monkeypatch.setattr(run, "run_published", fake_run)
+    monkeypatch.setattr(sys, "argv", ["run.py", "--no-local", "--device", "mi300x", "--out", str(out)])
+    run.main()
+    assert captured["devices"] == {"mi300x"}
