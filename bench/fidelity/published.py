@@ -34,7 +34,8 @@ CATEGORIES = {
     "simulate": "continuous batching",
 }
 OP_LEVEL = ("gemm", "attention", "memory", "collective")
-PACKS = ("nvidia", "ascend", "collectives")  # the profiles of every point's device, and collectives' pricing
+# the profiles of every point's device, and collectives' pricing
+PACKS = ("nvidia", "amd", "ascend", "collectives")
 
 
 def load_points(path: Path = PUBLISHED) -> list[dict[str, Any]]:

@@ -111,6 +111,65 @@ def continuous_batching(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def device_coverage(rows: Iterable[dict[str, Any]], profiles: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per installed device profile: its estimated held-out and fitted points, those kept as not expressible, the
+    held-out median |error|, and whether the profile carries an [error_bands] table (what ``castcore estimate --json``
+    prints as ``error_band``)."""
+    every = list(rows)
+    coverage = []
+    for name in sorted(profiles):
+        mine = [r for r in every if r.get("device") == name]
+        held = [r for r in mine if r.get("split") == "held-out" and "error_pct" in r]
+        coverage.append(
+            {
+                "device": name,
+                "held_out": len(held),
+                "fitted": sum(r.get("split") == "fitted" and "error_pct" in r for r in mine),
+                "not_expressible": sum("not_expressible" in r for r in mine),
+                "held_out_median_abs_error_pct": block(held)["median_abs_error_pct"],
+                "error_bands": sorted(getattr(profiles[name], "error_bands", None) or {}),
+            }
+        )
+    return coverage
+
+
+def device_lines(report: dict[str, Any]) -> list[str]:
+    """The per-device table, then the profiles with no held-out point said plainly."""
+    coverage = report.get("devices")
+    if not coverage:
+        return []
+    lines = [
+        "",
+        "## Points per device profile",
+        "",
+        "Every installed device profile, with the published points estimated on it (held out, fitted) and those kept "
+        "as not expressible. A profile's `error_band` in `castcore estimate --json` comes only from an [error_bands] "
+        "table in the profile (castcore/report/bands.py), set from held-out medians of an earlier report.",
+        "",
+        "| device | held-out | fitted | not expressible | held-out median \\|error\\| | [error_bands] |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for c in coverage:
+        lines.append(
+            f"| {c['device']} | {c['held_out']} | {c['fitted']} | {c['not_expressible']} | "
+            f"{_pct(c['held_out_median_abs_error_pct'])} | {', '.join(c['error_bands']) or 'none'} |"
+        )
+    bare = [c["device"] for c in coverage if not c["held_out"]]
+    if bare:
+        lines += [
+            "",
+            f"No held-out point: {', '.join(bare)}. castcore's estimates on these profiles carry no error band "
+            "measured here.",
+        ]
+    unsupported = [c["device"] for c in coverage if c["error_bands"] and not c["held_out"]]
+    if unsupported:
+        lines.append(
+            f"Profiles with an [error_bands] table but no held-out point in this report: {', '.join(unsupported)} "
+            "(their bands come from another report, see their [sources])."
+        )
+    return lines
+
+
 def ascend_family(row: dict[str, Any]) -> str:
     """What an Ascend row measures: its op category, or serving and its metric family."""
     if row["category"] == "simulate":
@@ -350,6 +409,7 @@ def markdown(report: dict[str, Any], machine: dict[str, Any]) -> str:
     lines += [f"- {r['id']} ({r['device']}): skipped: {r['skipped']}" for r in rows if "skipped" in r]
     lines += continuous_batching_lines(report)
     lines += ascend_lines(report)
+    lines += device_lines(report)
     if report.get("local"):
         from fidelity.local import local_markdown
 

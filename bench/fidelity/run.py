@@ -6,7 +6,7 @@ constant was set from ("fitted") and the rest ("held out"), summarised per categ
 Local: see local.py. Writes the JSON and its Markdown (bench/figures.py) and prints the Markdown.
 
     python bench/fidelity/run.py [--out bench/results/fidelity.json] [--no-local] [--no-published]
-                                 [--only ID ...] [--budget 0.3]
+                                 [--only ID ...] [--device NAME ...] [--budget 0.3]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH))  # figures.py and the fidelity package
 
 import figures  # noqa: E402
-from fidelity.published import load_points, run_published  # noqa: E402
-from fidelity.report import markdown, summarize  # noqa: E402
+from fidelity.published import load_points, make_session, run_published  # noqa: E402
+from fidelity.report import device_coverage, markdown, summarize  # noqa: E402
 from fidelity.split import used_for_fitting  # noqa: E402
 
 
@@ -35,6 +35,12 @@ def main() -> None:
     parser.add_argument("--no-local", action="store_true", help="skip calibrating and timing this machine")
     parser.add_argument("--no-published", action="store_true", help="skip the published points")
     parser.add_argument("--only", nargs="+", metavar="ID", help="estimate only these published points")
+    parser.add_argument(
+        "--device",
+        nargs="+",
+        metavar="NAME",
+        help="estimate only the published points on these device profiles",
+    )
     parser.add_argument(
         "--budget", type=float, default=0.3, help="seconds of timed calls per local op (default 0.3)"
     )
@@ -51,14 +57,18 @@ def main() -> None:
         local = run_local(budget_s=args.budget, progress=progress)
     published_started = time.perf_counter()
     rows = []
+    session = make_session()
     if not args.no_published:
         points = load_points()
         if args.only:
             points = [p for p in points if p["id"] in set(args.only)]
-        rows = run_published(points, progress=progress)
+        if args.device:
+            points = [p for p in points if p["device"] in set(args.device)]
+        rows = run_published(points, session=session, progress=progress)
     report = {
         "summary": summarize(rows),
         "fitting_documents": used_for_fitting(rows),
+        "devices": device_coverage(rows, session.devices) if rows else [],
         "rows": rows,
         "local": local,
         "published_wall_s": time.perf_counter() - published_started,
