@@ -3,7 +3,7 @@ fused attention split per chunk while ``packed`` is on (castcore.serving.mixed_b
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -90,25 +90,19 @@ def packed_latent_attention(
     a decompressed one (vLLM's MLA backends order a batch so, decodes first). ``queries`` [1, heads, tokens,
     nope + rope] of the packed row; ``kv_b`` [heads, nope + v_dim, rank]; ``latent_width`` rank + rope. Only shapes
     are read: a mixed batch is captured on fake tensors -> [1, tokens, heads, v_dim]."""
-    plan = _plan.get()
-    assert plan is not None, "packed_latent_attention runs under packed()"
     heads, width = queries.shape[1], queries.shape[-1]
-    outputs = []
-    for chunks in decodes_and_prompts(plan.chunks):
-        if chunks:
-            q = queries.new_empty((1, heads, sum(c.new for c in chunks), width))
-            latent = queries.new_empty(
-                (1, 1, sum(c.cached + c.new for c in chunks), latent_width), dtype=plan.kv_dtype
-            )
-            outputs.append(
-                ops.varlen_latent_attention(
-                    q, latent, kv_b, [c.new for c in chunks], [c.cached for c in chunks], scale
-                )
-            )
-    if len(outputs) == 1:
-        return outputs[0]
-    # Both kernels write into one output buffer: no kernel joins them.
-    return queries.new_empty((1, queries.shape[2], heads, outputs[0].shape[-1]))
+    outputs = [
+        ops.varlen_latent_attention(
+            queries.new_empty((1, heads, sum(new), width)),
+            queries.new_empty((1, 1, sum(new) + sum(cached), latent_width), dtype=_kv_dtype()),
+            kv_b,
+            new,
+            cached,
+            scale,
+        )
+        for new, cached in _row_sets()
+    ]
+    return _one(outputs, lambda: queries.new_empty((1, queries.shape[2], heads, outputs[0].shape[-1])))
 
 
 def packed_sparse_latent(
@@ -126,29 +120,23 @@ def packed_sparse_latent(
     (``castcore::varlen_sparse_latent_attention``). ``query`` [1, heads, tokens, rank + rope] (absorbed), ``index_q``
     [1, tokens, index heads, dim], ``weights`` [1, tokens, index heads]; only shapes are read ->
     [1, tokens, heads, rank]."""
-    plan = _plan.get()
-    assert plan is not None, "packed_sparse_latent runs under packed()"
     heads, width = query.shape[1], query.shape[-1]
     outputs = []
-    for chunks in decodes_and_prompts(plan.chunks):
-        if chunks:
-            new, cached = [c.new for c in chunks], [c.cached for c in chunks]
-            tokens, keys = sum(new), sum(new) + sum(cached)
-            picks = ops.varlen_lightning_indexer(
-                index_q.new_empty((1, tokens, *index_q.shape[2:])),
-                weights.new_empty((1, tokens, weights.shape[-1])),
-                index_q.new_empty((1, keys, index_q.shape[-1])),
-                new,
-                cached,
-                index_scale,
-                topk,
-            )
-            latent = query.new_empty((1, 1, keys, width), dtype=plan.kv_dtype)
-            q = query.new_empty((1, heads, tokens, width))
-            outputs.append(ops.varlen_sparse_latent_attention(q, latent, picks, new, cached, rank, scale))
-    if len(outputs) == 1:
-        return outputs[0]
-    return query.new_empty((1, query.shape[2], heads, rank))  # both kernels write into one output buffer
+    for new, cached in _row_sets():
+        tokens, keys = sum(new), sum(new) + sum(cached)
+        picks = ops.varlen_lightning_indexer(
+            index_q.new_empty((1, tokens, *index_q.shape[2:])),
+            weights.new_empty((1, tokens, weights.shape[-1])),
+            index_q.new_empty((1, keys, index_q.shape[-1])),
+            new,
+            cached,
+            index_scale,
+            topk,
+        )
+        latent = query.new_empty((1, 1, keys, width), dtype=_kv_dtype())
+        q = query.new_empty((1, heads, tokens, width))
+        outputs.append(ops.varlen_sparse_latent_attention(q, latent, picks, new, cached, rank, scale))
+    return _one(outputs, lambda: query.new_empty((1, query.shape[2], heads, rank)))
 
 
 def packed_chunks() -> tuple[Chunk, ...]:
@@ -173,15 +161,27 @@ def packed_delta_rule(
     one, each with its sequences' states (``state``: value_heads, key_dim, value_dim). q, k, v, a, b are the
     packed row's [1, tokens, ...]; only shapes are read -> [1, tokens, value_heads, value_dim]."""
     outputs = []
+    for new, cached in _row_sets():
+        part = [x.new_empty((1, sum(new), *x.shape[2:])) for x in (q, k, v, a, b)]
+        states = v.new_empty((len(new), *state))
+        outputs.append(ops.varlen_gated_delta_rule(*part, a_log, dt_bias, states, new, cached)[0])
+    return _one(outputs, lambda: v.new_empty(v.shape))
+
+
+def _row_sets() -> Iterator[tuple[list[int], list[int]]]:
+    """The packed row's decodes, then its prompt chunks, each set as its (new, cached) lengths: the two sets latent,
+    sparse and linear attention each run one kernel over (under ``packed``)."""
     for chunks in decodes_and_prompts(packed_chunks()):
         if chunks:
-            tokens = sum(c.new for c in chunks)
-            part = [x.new_empty((1, tokens, *x.shape[2:])) for x in (q, k, v, a, b)]
-            states = v.new_empty((len(chunks), *state))
-            out, _ = ops.varlen_gated_delta_rule(
-                *part, a_log, dt_bias, states, [c.new for c in chunks], [c.cached for c in chunks]
-            )
-            outputs.append(out)
-    if len(outputs) == 1:
-        return outputs[0]
-    return v.new_empty(v.shape)  # both kernels write into one output buffer: no kernel joins them
+            yield [c.new for c in chunks], [c.cached for c in chunks]
+
+
+def _kv_dtype() -> torch.dtype:
+    plan = _plan.get()
+    assert plan is not None, "runs under packed()"
+    return plan.kv_dtype
+
+
+def _one(outputs: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The one kernel's output, or, when both sets ran, the buffer both kernels wrote into (no kernel joins them)."""
+    return outputs[0] if len(outputs) == 1 else empty()
