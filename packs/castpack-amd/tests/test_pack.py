@@ -187,3 +187,42 @@ def test_castcore_audit_shows_who_wins_each_op_on_mi300x():
     assert won and not [op for op, w in won.items() if w["plugin"].startswith(PACK)]
     for op in ("aten::mm", "aten::bmm", "aten::_scaled_mm"):
         assert (won[op]["plugin"], won[op]["kind"]) == ("core", "properties"), op
+
+
+# Constants measured or fitted on published AMD-platform runs (each profile's [sources] names the document):
+# name -> (memory_efficiency, {dtype: mma_efficiency}, attention_efficiency, fabric efficiency, latency_s, comm_op_cost_s)
+MEASURED = {
+    "mi300x": (0.78, dict.fromkeys(("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3fn", "float8_e5m2"), 0.44),
+               0.0, 0.71, 3.75e-6, 5.6e-6),
+    "mi325x": (0.78, {}, 0.0, 0.71, 3.75e-6, 5.6e-6),  # MI300X's measurements, labelled assumptions
+    "mi355x": (0.80, {"float8_e4m3fn": 0.65, "float8_e5m2": 0.65}, 0.50, 0.71, 3.75e-6, 5.6e-6),
+}
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_measured_kernel_and_fabric_constants(session, name):
+    device = session.devices[name]
+    memory, mma, attention, fabric, latency, call = MEASURED[name]
+    assert device.memory_efficiency == memory and dict(device.mma_efficiency) == mma
+    assert device.attention_efficiency == attention and device.comm_op_cost_s == call
+    mesh = device.interconnect[0]
+    assert (mesh.efficiency, mesh.latency_s) == (fabric, latency)
+    if mma:
+        assert "mma_efficiency" in device.sources
+    if attention:
+        assert "attention_efficiency" in device.sources
+
+
+# rccl-tests all_reduce_perf on 8x MI300X, out of place, from a stream (ROCm blogs 'Understanding RCCL Bandwidth
+# and xGMI Performance on AMD Instinct MI300X', 2025-03-02): bytes -> microseconds.
+RCCL_ALL_REDUCE_8X_MI300X = {1024: 13.11, 8192: 13.30, 65536: 13.77, 1073741824: 5970.6, 17179869184: 94254.0}
+
+
+def test_mi300x_all_reduce_matches_rccl_at_small_and_large_sizes(session):
+    alphabeta = pytest.importorskip("castpack_collectives.alphabeta")
+    device = session.devices["mi300x"]
+    for nbytes, measured_us in RCCL_ALL_REDUCE_8X_MI300X.items():
+        cost = alphabeta.collective_cost(
+            "all_reduce", nbytes, 8, device.interconnect, op_cost_s=device.comm_op_cost_s
+        )
+        assert cost.time_s * 1e6 == pytest.approx(measured_us, rel=0.03), nbytes
