@@ -190,10 +190,17 @@ def test_castcore_audit_shows_who_wins_each_op_on_mi300x():
 
 
 # Constants measured or fitted on published AMD-platform runs (each profile's [sources] names the document):
-# name -> (memory_efficiency, {dtype: mma_efficiency}, attention_efficiency, fabric efficiency, latency_s, comm_op_cost_s)
+# name -> (memory_efficiency, {dtype: mma_efficiency}, attention_efficiency,
+#          Infinity Fabric efficiency, its latency_s, comm_op_cost_s)
 MEASURED = {
-    "mi300x": (0.78, dict.fromkeys(("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3fn", "float8_e5m2"), 0.44),
-               0.0, 0.71, 3.75e-6, 5.6e-6),
+    "mi300x": (
+        0.78,
+        dict.fromkeys(("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3fn", "float8_e5m2"), 0.44),
+        0.0,
+        0.71,
+        3.75e-6,
+        5.6e-6,
+    ),
     "mi325x": (0.78, {}, 0.0, 0.71, 3.75e-6, 5.6e-6),  # MI300X's measurements, labelled assumptions
     "mi355x": (0.80, {"float8_e4m3fn": 0.65, "float8_e5m2": 0.65}, 0.50, 0.71, 3.75e-6, 5.6e-6),
 }
@@ -215,7 +222,13 @@ def test_measured_kernel_and_fabric_constants(session, name):
 
 # rccl-tests all_reduce_perf on 8x MI300X, out of place, from a stream (ROCm blogs 'Understanding RCCL Bandwidth
 # and xGMI Performance on AMD Instinct MI300X', 2025-03-02): bytes -> microseconds.
-RCCL_ALL_REDUCE_8X_MI300X = {1024: 13.11, 8192: 13.30, 65536: 13.77, 1073741824: 5970.6, 17179869184: 94254.0}
+RCCL_ALL_REDUCE_8X_MI300X = {
+    1024: 13.11,
+    8192: 13.30,
+    65536: 13.77,
+    1073741824: 5970.6,
+    17179869184: 94254.0,
+}
 
 
 def test_mi300x_all_reduce_matches_rccl_at_small_and_large_sizes(session):
