@@ -220,8 +220,8 @@ def test_measured_kernel_and_fabric_constants(session, name):
         assert "attention_efficiency" in device.sources
 
 
-# rccl-tests all_reduce_perf on 8x MI300X, out of place, from a stream (ROCm blogs 'Understanding RCCL Bandwidth
-# and xGMI Performance on AMD Instinct MI300X', 2025-03-02): bytes -> microseconds.
+# rccl-tests all_reduce_perf on 8x MI300X, out of place, from a stream (ROCm blogs 'Understanding RCCL
+# Bandwidth and xGMI Performance on AMD Instinct MI300X', 2025-03-02): bytes -> microseconds.
 RCCL_ALL_REDUCE_8X_MI300X = {
     1024: 13.11,
     8192: 13.30,
