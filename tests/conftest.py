@@ -41,6 +41,7 @@ MODEL_TESTS = {
     "test_parallel_pp",
     "test_parallel_sp",
     "test_pipeline",
+    "test_plan_devices",
     "test_plan_disaggregated",
     "test_point_to_point",
     "test_quantize",

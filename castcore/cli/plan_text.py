@@ -242,7 +242,7 @@ def _skipped(lines: list[str], result: Any) -> None:
 
 def _by_device(lines: list[str], result: Any) -> None:
     """With more than one device type searched: each one's best under the objective, against the winner's."""
-    from castcore.sweeps import plan_devices
+    from castcore.sweeps import plan_objective
 
     request = result.request
     if len(request.devices) < 2 or not result.by_device:
@@ -269,7 +269,7 @@ def _by_device(lines: list[str], result: Any) -> None:
             continue
         if entry is winner:
             compared = "the best"
-        elif plan_devices.more_is_better(request):
+        elif plan_objective.more_is_better(request):
             compared = f"{entry['ratio']:.2f}x the best ({1 - entry['ratio']:.0%} less)"
         else:
             compared = f"{entry['ratio']:.2f}x the best's ({entry['ratio'] - 1:.0%} more)"

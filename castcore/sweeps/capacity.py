@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from castcore.options.catalog import say
 from castcore.simulation.metrics import format_ms
 from castcore.sweeps import plan_disaggregated, plan_traffic, plan_validation
+from castcore.sweeps.plan_objective import OBJECTIVES, by_device, objective_key
 from castcore.sweeps.plan_space import ENGINE_LIMITS, LAYOUT_NAMES
 from castcore.sweeps.spec import Command, Point, make_points
 
@@ -43,31 +44,6 @@ LAYOUT_KEYS = (
     *ENGINE_LIMITS,
     *plan_disaggregated.POOLS,
 )
-# What --objective ranks by: a row's figure, and whether more of it is better; and the figure in words.
-OBJECTIVES = {
-    "cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),
-    "energy": ("output_tokens_per_joule", True, "output tokens per joule"),
-}
-
-
-def objective_key(request: PlanRequest, row: dict[str, Any], throughput: float) -> float:
-    """A row's place under the request's objective, lowest first: ``throughput`` negated (the most first), the
-    fewest dollars per million output tokens (at a fixed ``--rate``, the fewest dollars an hour held), or the most
-    output tokens per joule."""
-    if request.objective == "throughput":
-        return -throughput
-    if request.objective == "cost" and request.rate is not None:
-        # every layout serves the same requests at a fixed rate: the cheaper is the one that holds less, idle
-        # devices included (its $ per million output tokens charges only the working time)
-        held = row.get("usd_per_hour")
-        return float("inf") if held is None else held
-    name, more_is_better, _ = OBJECTIVES[request.objective]
-    value = row.get(name)
-    if value is None:
-        return float("inf")
-    return -value if more_is_better else value
-
-
 PRECISION = (
     0.05  # the bisection stops when the rate it has not settled is within 5% of the lowest that misses
 )
@@ -151,8 +127,6 @@ def search(
         for name in request.devices
         if (mine := [r for r in met if r["device"] == name])
     ]
-    from castcore.sweeps.plan_devices import by_device  # it reads this module's objective
-
     figure, _, words = OBJECTIVES.get(request.objective) or (
         ("max_rate", True, "requests/s per device")
         if request.max_rate

@@ -28,9 +28,11 @@ from castcore.options.catalog import say
 from castcore.options.plan import PLAN, SHARED_TRAFFIC
 from castcore.options.option import Objective
 from castcore.plugins.selection import PluginOptions
-from castcore.sweeps import plan_devices, plan_disaggregated, plan_frontier, plan_traffic, plan_validation
+from castcore.sweeps import plan_disaggregated, plan_frontier, plan_traffic, plan_validation
 from castcore.sweeps.plan_space import Skipped, choices
-from castcore.sweeps.capacity import PLAN_KEYS, objective_key
+from castcore.sweeps.capacity import PLAN_KEYS
+from castcore.sweeps import plan_objective
+from castcore.sweeps.plan_objective import objective_key
 from castcore.sweeps.run import SweepResult
 from castcore.sweeps.spec import Command, Point, make_points
 from castcore.workload import checkpoint
@@ -67,7 +69,7 @@ class PlanRequest:
     validate_requests: int = 4000
     # simulate's other traffic options, by name, passed to each simulation (castcore.sweeps.plan_traffic)
     shared: dict[str, Any] = field(default_factory=dict)
-    # What the best maximise (castcore.sweeps.capacity.objective_key), and the price the cost objective needs.
+    # What the best maximise (castcore.sweeps.plan_objective.objective_key), and the price the cost objective needs.
     objective: str = "throughput"
     price_per_device_hour: float | None = None
     device_prices: dict[str, float] = field(default_factory=dict)  # a device's own price, over the one above
@@ -120,7 +122,7 @@ class PlanResult:
     frontier: list[list[dict[str, Any]]] | None = None
     # candidates not run, by reason: {"reason", "count", "example"} (castcore.sweeps.plan_space)
     skipped: list[dict[str, Any]] = field(default_factory=list)
-    # per device type searched, its best and how it compares (castcore.sweeps.plan_devices)
+    # per device type searched, its best and how it compares (castcore.sweeps.plan_objective)
     by_device: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -179,7 +181,7 @@ def search(
         refused=[r for r in first if r.get("error")],
         seconds=time.perf_counter() - started,
         skipped=skipped.listed(),
-        by_device=plan_devices.by_device(request, ranked),
+        by_device=plan_objective.by_device(request, ranked),
     )
 
 

@@ -1,5 +1,5 @@
 """plan across device types: each type's best under the objective, against the winner's, and a type that cannot
-hold the model said so in one line (castcore.sweeps.plan_devices)."""
+hold the model said so in one line (castcore.sweeps.plan_objective)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,33 @@
-"""plan across device types: the best layout each device type searched offers under the request's objective, and
-how far each falls behind the winner, so a buyer comparing NVIDIA, AMD and Ascend reads one answer."""
+"""What a plan ranks by (``--objective``), and, across device types, the best layout each type searched offers
+under it and how far each falls behind the winner, so a buyer comparing NVIDIA, AMD and Ascend reads one answer."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from castcore.sweeps.capacity import OBJECTIVES, objective_key
+# What --objective ranks by: a row's figure, and whether more of it is better; and the figure in words.
+OBJECTIVES = {
+    "cost": ("usd_per_million_output_tokens", False, "$ per million output tokens"),
+    "energy": ("output_tokens_per_joule", True, "output tokens per joule"),
+}
+
+
+def objective_key(request: Any, row: dict[str, Any], throughput: float) -> float:
+    """A row's place under the request's objective, lowest first: ``throughput`` negated (the most first), the
+    fewest dollars per million output tokens (at a fixed ``--rate``, the fewest dollars an hour held), or the most
+    output tokens per joule."""
+    if request.objective == "throughput":
+        return -throughput
+    if request.objective == "cost" and request.rate is not None:
+        # every layout serves the same requests at a fixed rate: the cheaper is the one that holds less, idle
+        # devices included (its $ per million output tokens charges only the working time)
+        held = row.get("usd_per_hour")
+        return float("inf") if held is None else held
+    name, more_is_better, _ = OBJECTIVES[request.objective]
+    value = row.get(name)
+    if value is None:
+        return float("inf")
+    return -value if more_is_better else value
 
 
 def figure(request: Any, row: dict[str, Any]) -> float:
