@@ -70,15 +70,13 @@ def test_a_product_with_one_block_more_than_the_cores_costs_a_second_wave(sessio
 
 
 def test_a_skinny_decode_product_splits_k_over_idle_cores(session):
-    # 16 tokens x 4096 x 1024: the 16 rows run on one fractal's 16, not padded to a 128-row block (castcore's
-    # tiles.py: swapped, the 1024 columns in 4 blocks of 256); 4 blocks for 20 cores, so each block's 64 K-steps go
-    # to 5 cores.
+    # 16 tokens x 4096 x 1024: 4 blocks of 128 x 256 for 20 cores, so each block's 64 K-steps go to 5 cores.
     x = torch.empty(16, 4096, dtype=torch.bfloat16, device="meta")
     w = torch.empty(1024, 4096, dtype=torch.bfloat16, device="meta")
     est = only(session.estimate(torch.nn.functional.linear, x, w, device="ascend-910b3"))
     assert (est.detail["tile"], est.detail["tiles"], est.detail["split_k"], est.detail["waves"]) == (
-        "256x16x64 swapped", 4, 5, 1)
-    assert est.detail["cube_s"] == pytest.approx(13 * 2 * 256 * 16 * 64 / (BF16_CUBE * EFF / 20))  # ceil(64/5)
+        "128x256x64", 4, 5, 1)
+    assert est.detail["cube_s"] == pytest.approx(13 * 2 * 128 * 256 * 64 / (BF16_CUBE * EFF / 20))  # ceil(64/5)
     assert est.memory_s > est.detail["cube_s"]  # reading the 8 MiB of weights takes longer than the Cube
 
 
