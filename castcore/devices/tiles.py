@@ -4,11 +4,7 @@ A GEMM kernel cuts the (m, n) output into tiles (the profile's ``mma_tile``), gi
 AI core) one tile at a time and steps through k in ``tile_k`` slices. So the work done is the padded tile work,
 in waves of ``compute_units`` tiles: the last wave may be part-empty, and a small product fills few units. When
 there are fewer tiles than units the kernel may split k over the idle units (split-K), as cuBLAS and CUTLASS
-do for skinny products. Among the profile's tiles the fastest is taken, as a kernel heuristic picks one. A
-product whose m is smaller than a tile's rows may also run swapped ("swap AB": C^T = B^T A^T, its m on the tile's
-n side, which the MMA instruction takes in steps of its unit's n, 8 on Hopper and Blackwell), as the engines' decode
-GEMMs do (vLLM's SM90 fp8 kernels take a swap-AB path for small m, vllm-project/vllm issue #40016): the tile's n is
-then narrowed to m rounded up to the unit, not padded to the tile.
+do for skinny products. Among the profile's tiles the fastest is taken, as a kernel heuristic picks one.
 
 Time per tile-step is the unit's share of the sustained matrix rate (peak x compute_efficiency / units), so a
 large, well-shaped product reaches compute_efficiency of the peak and nothing more. A profile whose GPU runs
@@ -43,12 +39,9 @@ def tiled_matmul(
     boost = device.mma_tile_efficiency.get(dtype_name(dtype))
     per_unit = (device.rate("mma", dtype)[0] * boost if boost else rate) / units
     useful = 2 * batch * m * n * k
-    unit_n = device.mma_unit.get(dtype_name(dtype), (0, 0, 0))[1]
-    swapped = [(tm, min(tn, -(-m // unit_n) * unit_n), tk, True) for tm, tn, tk in tiles if unit_n and m < tm]
     best: tuple[float, dict[str, Any]] | None = None
-    for tm, tn, tk, swap in [(*tile, False) for tile in tiles] + swapped:
-        rows, cols = (n, m) if swap else (m, n)
-        count = batch * math.ceil(rows / tm) * math.ceil(cols / tn)
+    for tm, tn, tk in tiles:
+        count = batch * math.ceil(m / tm) * math.ceil(n / tn)
         steps = math.ceil(k / tk)
         split = min(units // count, steps) if count < units else 1
         waves = math.ceil(count * split / units)
@@ -64,7 +57,7 @@ def tiled_matmul(
             best = (
                 seconds,
                 {
-                    "tile": f"{tm}x{tn}x{tk}" + (" swapped" if swap else ""),
+                    "tile": f"{tm}x{tn}x{tk}",
                     "tiles": count,
                     "split_k": split,
                     "waves": waves,
