@@ -7,7 +7,8 @@ any of them for its devices. ``castcore.deploy.kernels.fusing`` rewrites models 
 
 This module defines the norms, the rotary embedding and the gated activations; the attention ops live in
 ``castcore.builtin.attention_ops``, the mixture-of-experts ones in ``castcore.builtin.moe_ops`` and the
-linear-attention ones in ``castcore.builtin.recurrent_ops``, which it imports, so importing it defines them all. Here too: the eager ops each stands in for, and ``OPS``.
+linear-attention ones in ``castcore.builtin.recurrent_ops`` and the Mamba-2 ones in ``castcore.builtin.ssm_ops``,
+which it imports, so importing it defines them all. Here too: the eager ops each stands in for, and ``OPS``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from castcore.builtin import attention_ops, moe_ops, recurrent_ops  # noqa: F401  (define their ops)
+from castcore.builtin import attention_ops, moe_ops, recurrent_ops, ssm_ops  # noqa: F401  (define their ops)
 from castcore.plugins.replacements import declare_replaces
 
 
@@ -164,6 +165,8 @@ _REPLACES = {
     "castcore::causal_conv1d": ("aten::conv1d", "aten::convolution", "aten::silu", "aten::cat"),
     "castcore::gated_delta_rule": ("aten::mul.Tensor", "aten::sum.dim_IntList", "aten::exp", "aten::matmul"),
     "castcore::gated_rms_norm": ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt", "aten::silu"),
+    "castcore::ssd_scan": ("aten::mul.Tensor", "aten::sum.dim_IntList", "aten::exp", "aten::einsum", "aten::cumsum"),
+    "castcore::gated_group_rms_norm": ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt", "aten::silu"),
     "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
     "castcore::grouped_topk": (
         "aten::sigmoid",

@@ -16,20 +16,21 @@ import torch.nn.functional as F
 
 @torch.library.custom_op("castcore::causal_conv1d", mutates_args=())
 def causal_conv1d(
-    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
+    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [batch, seq, channels] through a depthwise causal convolution of weight [channels, width], the sequence's
-    previous ``width - 1`` inputs in state [batch, channels, width - 1] (zeros for a new one), then SiLU ->
-    (out [batch, seq, channels], the state after the last token)."""
+    """x [batch, seq, channels] through a depthwise causal convolution of weight [channels, width] (plus bias
+    [channels], Mamba-2's), the sequence's previous ``width - 1`` inputs in state [batch, channels, width - 1]
+    (zeros for a new one), then SiLU -> (out [batch, seq, channels], the state after the last token)."""
     history = torch.cat([state.to(x.dtype), x.transpose(1, 2)], dim=-1)
-    out = F.conv1d(history, weight.to(x.dtype).unsqueeze(1), groups=x.shape[-1])
+    bias = None if bias is None else bias.to(x.dtype)
+    out = F.conv1d(history, weight.to(x.dtype).unsqueeze(1), bias, groups=x.shape[-1])
     return F.silu(out).transpose(1, 2).contiguous(), history[..., -state.shape[-1] :].to(
         state.dtype
     ).contiguous()
 
 
 @causal_conv1d.register_fake
-def _(x, weight, state):
+def _(x, weight, state, bias=None):
     return torch.empty_like(x), torch.empty_like(state)
 
 

@@ -19,6 +19,7 @@ from castcore.builtin.formulas import attention, matmul, memory, pointwise, redu
 from castcore.builtin.formulas import fused  # noqa: F401  (the core's fused ops)
 from castcore.builtin.formulas import quantized  # noqa: F401  (the core's quantized ops)
 from castcore.builtin.formulas import recurrent  # noqa: F401  (the core's linear-attention ops)
+from castcore.builtin.formulas import ssm  # noqa: F401  (the core's Mamba-2 ops)
 from castcore.builtin.formulas import sparse_attention  # noqa: F401  (the core's sparse-attention ops)
 from castcore.builtin.formulas import comm  # noqa: F401  (the core's point-to-point send, an estimator)
 from castcore.builtin.formulas.attention import (

@@ -33,7 +33,8 @@ ops = torch.ops.castcore
 @register_op_properties(ops.causal_conv1d.default)
 def _causal_conv1d(invoke: OpInvoke, device) -> PerformanceProperties:
     x, weight = invoke.args[:2]
-    per_output = 2 * weight.shape[-1] + SILU  # a multiply-add per tap, then SiLU
+    # a multiply-add per tap, the bias where there is one (Mamba-2's), then SiLU
+    per_output = 2 * weight.shape[-1] + SILU + (invoke.argument("bias") is not None)
     return invoke.memory_access_properties().add(x.dtype, gp=per_output * x.numel())
 
 

@@ -16,6 +16,8 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
   prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.deploy.kernels.latent);
 - Qwen3-Next's Gated DeltaNet linear attention -> ``castcore::causal_conv1d``, ``castcore::gated_delta_rule`` and
   ``castcore::gated_rms_norm`` with each layer's recurrent state (castcore.deploy.kernels.linear_attention);
+- Nemotron-H's Mamba-2 mixers -> ``castcore::causal_conv1d``, ``castcore::ssd_scan`` and
+  ``castcore::gated_group_rms_norm`` with each layer's recurrent state (castcore.deploy.kernels.mamba);
 - attention -> ``castcore::attention``: causal, sliding-window and chunked (Llama 4) masks and attention
   sinks (gpt-oss) as arguments, grouped KV heads read once, no repeated keys and values, the output written in
   the layout the next projection reads; a model with its own causal ``_attn`` (GPT-J) has that method swapped
@@ -52,6 +54,8 @@ from castcore.deploy.kernels.sparse_latent import is_sparse_latent_attention
 from castcore.deploy.kernels.sparse_latent import rewrite as rewrite_sparse_latent
 from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.deploy.kernels.linear_attention import rewrite as rewrite_linear
+from castcore.deploy.kernels.mamba import is_mamba2_mixer
+from castcore.deploy.kernels.mamba import rewrite as rewrite_mamba
 from castcore.deploy.kernels.attention import (
     fused_own_attn,
     fused_rotary,
@@ -84,6 +88,12 @@ _ATTENTION_REWRITES = (
         rewrite_linear,
         "Gated DeltaNet linear attention -> castcore::causal_conv1d + castcore::gated_delta_rule + "
         "castcore::gated_rms_norm, with its recurrent state",
+    ),
+    (
+        is_mamba2_mixer,
+        rewrite_mamba,
+        "Mamba-2 mixer -> castcore::causal_conv1d + castcore::ssd_scan + castcore::gated_group_rms_norm, "
+        "with its recurrent state",
     ),
 )
 

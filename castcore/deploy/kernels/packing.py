@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from castcore.builtin import recurrent_ops, sparse_attention_ops  # noqa: F401  (define the varlen ops)
+from castcore.builtin import recurrent_ops, sparse_attention_ops, ssm_ops  # noqa: F401  (define the varlen ops)
 from castcore.builtin.attention_ops import decodes_and_prompts  # (its module defines castcore's attention)
 from castcore.errors import ModelError
 from castcore.simulation.chunks import Chunk
@@ -185,3 +185,26 @@ def _kv_dtype() -> torch.dtype:
 def _one(outputs: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> torch.Tensor:
     """The one kernel's output, or, when both sets ran, the buffer both kernels wrote into (no kernel joins them)."""
     return outputs[0] if len(outputs) == 1 else empty()
+
+
+def packed_ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    state: torch.Tensor,
+    chunk: int,
+    dt_min: float,
+) -> torch.Tensor:
+    """Under ``packed``: a Mamba-2 layer's scan over the packed row, as engines run an iteration: the decode
+    sequences in one ``castcore::varlen_ssd_scan`` call (selective_state_update), the prompt chunks in a chunked
+    one, each with its sequences' states (``state``: one sequence's, [1, heads, head_dim, state_size]).
+    ``params``: a_log, d, dt_bias. x, dt, b, c are the packed row's [1, tokens, ...]; only shapes are read ->
+    [1, tokens, heads, head_dim]."""
+    outputs = []
+    for new, cached in _row_sets():
+        part = [t.new_empty((1, sum(new), *t.shape[2:])) for t in (x, dt, b, c)]
+        states = state.new_empty((len(new), *state.shape[1:]))
+        outputs.append(ops.varlen_ssd_scan(*part, *params, states, new, cached, chunk, dt_min)[0])
+    return _one(outputs, lambda: x.new_empty(x.shape))
