@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from castcore.devices.dtypes import torch_dtype
 from castcore.errors import ModelError
 from castcore.options.catalog import say
 
@@ -126,7 +127,8 @@ class DecodeInputs:
         layers: list[_StaticLayer] = cache.layers  # type: ignore[assignment]
         for index, layer in enumerate(layers):
             if not hasattr(layer, "cumulative_length"):  # a linear-attention layer: its states, not keys
-                self._hold_states(layer, index, dtype)
+                if hasattr(layer, "recurrent_states"):  # (Nemotron-H's MLP layers hold a DummyLayer: nothing)
+                    self._hold_states(layer, index, dtype)
                 continue
             (k_heads, k_dim), (v_heads, v_dim) = written.get(index) or self.standard
             layer.lazy_initialization(
@@ -147,19 +149,25 @@ class DecodeInputs:
     def _hold_states(self, layer: object, index: int, dtype: torch.dtype) -> None:
         """A Gated DeltaNet layer's states after ``kv_len`` tokens, one device's share: the convolution's last
         inputs of q, k and v, and value_heads x key_dim x value_dim (Qwen3-Next's config fields), the heads read
-        from the device's shard of the layer's projection (its KV split may differ: ``per_device``). Relies on
-        LinearAttentionLayer's ``lazy_initialization`` and ``has_previous_state`` (checked 5.24.0)."""
+        from the device's shard of the layer's projection (its KV split may differ: ``per_device``); a Mamba-2
+        mixer's (``_mamba_states``). Relies on LinearAttentionLayer's ``lazy_initialization`` and
+        ``has_previous_state`` (checked 5.24.0)."""
         c = self.config
+        mixer = next(
+            m
+            for m in self.model.modules()
+            if (hasattr(m, "in_proj_qkvz") or hasattr(m, "ssm_state_size")) and m.layer_idx == index
+        )
+        if not hasattr(mixer, "in_proj_qkvz"):
+            conv, state = self._mamba_states(mixer, dtype)
+            layer.lazy_initialization(  # type: ignore[attr-defined]
+                conv_states=conv, recurrent_states=state, conv_kernel_size=conv.shape[-1]
+            )
+            layer.has_previous_state[0] = True  # type: ignore[attr-defined]
+            return
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
         ratio = c.linear_num_value_heads // c.linear_num_key_heads
-        projection = next(
-            m.in_proj_qkvz
-            for m in self.model.modules()
-            if hasattr(m, "in_proj_qkvz") and m.layer_idx == index
-        )
-        weight: torch.Tensor = projection.weight  # type: ignore[union-attr, assignment]
-        rows = (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
-        k_heads = rows // (2 * dk + 2 * ratio * dv)
+        k_heads = _local_rows(mixer.in_proj_qkvz) // (2 * dk + 2 * ratio * dv)
         layer.lazy_initialization(  # type: ignore[attr-defined]
             conv_states=torch.empty(
                 (self.batch, k_heads * (2 * dk + ratio * dv), c.linear_conv_kernel_dim - 1), dtype=dtype
@@ -168,6 +176,17 @@ class DecodeInputs:
             conv_kernel_size=c.linear_conv_kernel_dim - 1,
         )
         layer.has_previous_state[0] = True  # type: ignore[attr-defined]
+
+    def _mamba_states(self, mixer: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Mamba-2 mixer's states, one device's share (``mamba_share``): the convolution's last
+        ``conv_kernel - 1`` inputs of x, B and C, and heads x head_dim x ssm_state_size in
+        ``ssm_state_dtype``."""
+        heads, groups = mamba_share(mixer, _local_rows(mixer.in_proj))
+        size = mixer.ssm_state_size
+        channels = heads * mixer.head_dim + 2 * groups * size
+        conv = torch.empty((self.batch, channels, mixer.conv_kernel_size - 1), dtype=dtype)
+        state = torch.empty((self.batch, heads, mixer.head_dim, size), dtype=ssm_state_dtype(mixer, dtype))
+        return conv, state
 
     def per_device(self, n: int) -> DecodeInputs:
         return decode_inputs(
@@ -181,6 +200,28 @@ class DecodeInputs:
 
     def with_kv_len(self, n: int) -> DecodeInputs:
         return decode_inputs(self.model, self.batch, n, self.dtype, tp=self.tp, cache_dtype=self.cache_dtype)
+
+
+def _local_rows(projection: Any) -> int:
+    """The output width of one device's share of a projection (its DTensor's local shard under tensor
+    parallelism)."""
+    weight = projection.weight
+    return (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
+
+
+def mamba_share(mixer: Any, width: int) -> tuple[int, int]:
+    """(heads, groups) of one device's share of a Mamba-2 mixer (transformers' NemotronHMamba2Mixer, checked
+    5.24.0) whose input projection writes ``width`` channels: z, x (heads x head_dim each), B, C (groups x
+    ssm_state_size each) and dt (heads), the heads and groups split alike, as vLLM's MambaMixer2 splits them."""
+    heads, groups = mixer.num_heads, mixer.n_groups
+    whole = heads * (2 * mixer.head_dim + 1) + 2 * groups * mixer.ssm_state_size
+    return heads * width // whole, groups * width // whole
+
+
+def ssm_state_dtype(mixer: Any, dtype: torch.dtype) -> torch.dtype:
+    """A Mamba-2 state's dtype: its config's ``mamba_ssm_cache_dtype`` (fp32 by default), else ``dtype``."""
+    named = getattr(getattr(mixer, "config", None), "mamba_ssm_cache_dtype", None)
+    return torch_dtype(named) if isinstance(named, str) and named != "auto" else dtype
 
 
 _CASTING: dict[type, type] = {}

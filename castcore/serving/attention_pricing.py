@@ -10,7 +10,8 @@ per-sequence tiles) fails the check and is asked every iteration as before: the 
 
 Multi-head latent attention runs two kernels an iteration, its decodes absorbed and its prompt chunks decompressed
 (castcore::varlen_latent_attention), and so does linear attention, its decodes recurrent and its prompt chunks
-chunked (castcore::varlen_gated_delta_rule): each is fitted on batches of its own rows (``SplitKernel``).
+chunked (castcore::varlen_gated_delta_rule; Mamba-2: castcore::varlen_ssd_scan): each is fitted on batches of its
+own rows (``SplitKernel``).
 """
 
 from __future__ import annotations

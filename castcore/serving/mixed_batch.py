@@ -38,6 +38,7 @@ PACKED_ATTENTION = (
     "castcore::varlen_attention",
     "castcore::varlen_latent_attention",
     "castcore::varlen_gated_delta_rule",
+    "castcore::varlen_ssd_scan",
     "castcore::varlen_lightning_indexer",
     "castcore::varlen_sparse_latent_attention",
 )

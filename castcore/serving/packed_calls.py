@@ -18,14 +18,18 @@ from castcore.simulation.chunks import Chunk
 
 LATENT = "castcore::varlen_latent_attention"
 DELTA_RULE = "castcore::varlen_gated_delta_rule"
+SSD = "castcore::varlen_ssd_scan"
 INDEXER = "castcore::varlen_lightning_indexer"
 SPARSE = "castcore::varlen_sparse_latent_attention"
-SPLIT = (LATENT, DELTA_RULE, INDEXER, SPARSE)  # two kernels an iteration: its decodes and its prompt chunks
+SPLIT = (LATENT, DELTA_RULE, SSD, INDEXER, SPARSE)  # two kernels an iteration: its decodes and its prompt chunks
+# the recurrent kernels: how many of the first arguments are the packed row's [1, tokens, ...] (the rest up to the
+# state are the layer's parameters), and which of them the output is shaped like
+RECURRENT = {DELTA_RULE: (5, 2), SSD: (4, 0)}
 
 
 def _lengths_at(name: str) -> int:
     """Where a packed kernel's ``new`` and ``cached`` lists are in its arguments (``cached`` the next)."""
-    return 8 if name == DELTA_RULE else 3
+    return 8 if name in RECURRENT else 3
 
 
 def attention_kind(invoke: OpInvoke) -> OpInvoke:
@@ -44,8 +48,8 @@ def attention_kind(invoke: OpInvoke) -> OpInvoke:
 def attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
     """The iteration's call of a layer kind's kernel over ``chunks``: the template's shapes at their token and
     sequence counts."""
-    if template.name == DELTA_RULE:
-        return _delta_rule_call(template, chunks)
+    if template.name in RECURRENT:
+        return _recurrent_call(template, chunks)
     if template.name in (INDEXER, SPARSE):
         return _sparse_call(template, chunks)
     q, k, v = template.args[:3]
@@ -72,22 +76,25 @@ def attention_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
     )  # the template's key is not this call's
 
 
-def _delta_rule_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
-    """castcore::varlen_gated_delta_rule over ``chunks``: q, k, v, a, b at their tokens, a state a sequence."""
+def _recurrent_call(template: OpInvoke, chunks: Sequence[Chunk]) -> OpInvoke:
+    """castcore::varlen_gated_delta_rule or castcore::varlen_ssd_scan over ``chunks``: the packed row's inputs
+    (q, k, v, a, b; x, dt, b, c) at their tokens, a state a sequence."""
     tokens = sum(c.new for c in chunks)
-    rows = [TensorMeta((1, tokens, *x.shape[2:]), x.dtype) for x in template.args[:5]]
+    count, like = RECURRENT[template.name]
+    rows = [TensorMeta((1, tokens, *x.shape[2:]), x.dtype) for x in template.args[:count]]
     state = template.args[7]
     states = TensorMeta((len(chunks), *state.shape[1:]), state.dtype)
     return replace(
         template,
         args=(
             *rows,
-            *template.args[5:7],
+            *template.args[count:7],
             states,
             tuple(c.new for c in chunks),
             tuple(c.cached for c in chunks),
+            *template.args[10:],
         ),
-        out=(rows[2], states),
+        out=(rows[like], states),
         _key=None,
     )
 

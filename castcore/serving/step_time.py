@@ -7,7 +7,8 @@ An iteration over mixed chunks (castcore.serving.mixed_batch) costs three kinds 
 - the LM head, a function of the sequences S that sample a token;
 - attention, one ``castcore::varlen_attention`` kernel a layer, a function of every chunk's length and KV length
   (multi-head latent attention and Gated DeltaNet: ``castcore::varlen_latent_attention`` and
-  ``castcore::varlen_gated_delta_rule``, one kernel over the decodes and one over the prompt chunks).
+  ``castcore::varlen_gated_delta_rule``, Mamba-2: ``castcore::varlen_ssd_scan``, one kernel over the decodes and
+  one over the prompt chunks).
 
 So the deployment is captured as mixed batches at a ladder of token counts (castcore.serving.ladder_points: powers
 of four up to the token budget, each captured when an iteration first needs it, or read as priced from the capture

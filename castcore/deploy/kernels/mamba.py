@@ -24,9 +24,8 @@ import torch
 from torch import nn
 
 from castcore.builtin import recurrent_ops, ssm_ops  # noqa: F401  (define the ops)
-from castcore.devices.dtypes import torch_dtype
 from castcore.deploy.kernels.packing import packed_chunks, packed_ssd_scan, packing_on
-from castcore.hf.cache import keep_recurrent_state, recurrent_state
+from castcore.hf.cache import keep_recurrent_state, mamba_share, recurrent_state, ssm_state_dtype
 
 ops = torch.ops.castcore
 PARTS = ("in_proj", "conv1d", "A_log", "D", "dt_bias", "norm", "out_proj", "n_groups", "ssm_state_size")
@@ -41,30 +40,16 @@ def rewrite(module: nn.Module) -> None:
     module.forward = types.MethodType(_forward, module)
 
 
-def local_shape(module: nn.Module, width: int) -> tuple[int, int]:
-    """(heads, groups) of one device's share of the mixer whose input projection writes ``width`` channels:
-    z, x (heads x head_dim each), B, C (groups x state_size each) and dt (heads), heads and groups split alike."""
-    heads, groups = module.num_heads, module.n_groups
-    whole = heads * (2 * module.head_dim + 1) + 2 * groups * module.ssm_state_size
-    return heads * width // whole, groups * width // whole
-
-
-def state_dtype(module: nn.Module, dtype: torch.dtype) -> torch.dtype:
-    """The recurrent state's dtype: the config's ``mamba_ssm_cache_dtype`` (fp32 by default), else ``dtype``."""
-    named = getattr(getattr(module, "config", None), "mamba_ssm_cache_dtype", None)
-    return torch_dtype(named) if isinstance(named, str) and named != "auto" else dtype
-
-
 def _forward(self, hidden_states, cache=None, attention_mask=None, cache_params=None, **kwargs):
     cache = cache if cache is not None else cache_params
     batch, seq = hidden_states.shape[:2]
     dim, size = self.head_dim, self.ssm_state_size
     projected = self.in_proj(hidden_states)
-    heads, groups = local_shape(self, projected.shape[-1])  # one device's share under tensor parallelism
+    heads, groups = mamba_share(self, projected.shape[-1])  # one device's share under tensor parallelism
     inner = heads * dim
     gate, xbc, dt = projected.split([inner, inner + 2 * groups * size, heads], dim=-1)
     channels, width = xbc.shape[-1], self.conv_kernel_size - 1
-    dtype = state_dtype(self, hidden_states.dtype)
+    dtype = ssm_state_dtype(self, hidden_states.dtype)
     packed = packing_on()  # a mixed batch (castcore.serving.mixed_batch): each sequence with its own states
     if packed:  # only shapes: the scan's states are made per set of sequences (packed_ssd_scan)
         conv_state = xbc.new_empty((len(packed_chunks()), channels, width))
