@@ -247,7 +247,8 @@ def recurrent_state_bytes(config: Any, batch: int, dtype: torch.dtype) -> int:
         inner = field("mamba_num_heads") * field("mamba_head_dim")
         conv = (inner + 2 * field("n_groups") * field("ssm_state_size")) * (field("conv_kernel") - 1)
         state = inner * field("ssm_state_size")
-        named = config_field(config, "mamba_ssm_cache_dtype")
+        # transformers' NemotronHConfig holds it in fp32 where its config.json names none (checked 5.24.0)
+        named = config_field(config, "mamba_ssm_cache_dtype") or ("float32" if kind == "nemotron_h" else None)
         state_dtype = torch_dtype(named) if isinstance(named, str) and named != "auto" else dtype
     return layers * batch * (conv * dtype.itemsize + state * state_dtype.itemsize)
 

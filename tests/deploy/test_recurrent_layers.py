@@ -1,8 +1,8 @@
 """Hybrid models with linear-attention or state-space layers (Qwen3-Next, Kimi Linear, Nemotron-H): a prefill on one
-device is priced, and so is all of Qwen3-Next's deployed serving (static and under traffic); what castcore cannot price yet is refused in
-one line naming the layers, before transformers
-could fail with its own internals. Tiny configs in tests/data; these families need the newest transformers
-castcore is tested on (not a ``models`` test)."""
+device is priced, and so is all of Qwen3-Next's and Nemotron-H's deployed serving (static and under traffic:
+tests/deploy/test_linear_attention.py, tests/deploy/test_mamba.py); what castcore cannot price yet is refused in
+one line naming the layers, before transformers could fail with its own internals. Tiny configs in tests/data;
+these families need the newest transformers castcore is tested on (not a ``models`` test)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,10 @@ EAGER = (
     ["estimate", "--seq", "16", "--phase", "decode", "--eager"],
     "--phase decode is not supported with --eager",
 )
-REFUSED = [  # Qwen3-Next's Gated DeltaNet runs deployed (tests/deploy/test_linear_attention.py), not eager
+REFUSED = [  # Qwen3-Next's Gated DeltaNet and Nemotron-H's Mamba-2 run deployed, not eager
     ("tiny-qwen3-next.json", *EAGER),
-    *(
-        (name, *case)
-        for name in ("tiny-kimi-linear.json", "tiny-nemotron-h.json")
-        for case in (DECODE, TP, SERVE, SIMULATE)
-    ),
+    ("tiny-nemotron-h.json", *EAGER),
+    *(("tiny-kimi-linear.json", *case) for case in (DECODE, TP, SERVE, SIMULATE)),
 ]
 
 
@@ -83,3 +80,14 @@ def test_an_older_transformers_is_refused_in_one_line_for_gated_deltanet(session
         session.estimate(
             castcore.build_workload(str(DATA / "tiny-qwen3-next.json"), seq=16), device="h100-sxm"
         )
+
+
+def test_an_older_transformers_is_refused_in_one_line_for_mamba2_decode_steps(session, monkeypatch):
+    from castcore.deploy import recurrent_layers
+
+    monkeypatch.setattr(recurrent_layers, "installed", lambda package: "5.5.0")
+    nemotron_h = str(DATA / "tiny-nemotron-h.json")
+    # a prefill runs on any release: its state starts from zeros and is not read back
+    assert session.estimate(castcore.build_workload(nemotron_h, seq=16), device="h100-sxm").time_s > 0
+    with pytest.raises(castcore.CastcoreError, match=r"Mamba-2 layers' decode steps run .* 5\.5\.0 is installed"):
+        session.estimate(castcore.build_workload(nemotron_h, phase="decode", kv_len=16), device="h100-sxm")

@@ -51,7 +51,7 @@ from castcore.workload.spec import ModelError
 
 def per_device_config(config: Any, n: int) -> Any:
     """A model config (built, or a config.json dict) as one of ``n`` devices sees it: heads and KV heads / n
-    (one KV head when there are fewer than n), head_dim explicit, linear-attention heads / n. kv_cache_bytes reads it, so a prefill's KV
+    (one KV head when there are fewer than n), head_dim explicit, linear-attention heads (Mamba-2's heads and groups) / n. kv_cache_bytes reads it, so a prefill's KV
     cache is counted per device."""
     text = language_config(config) if config is not None else None
     heads = config_field(text, "num_attention_heads") if text is not None else None
@@ -67,7 +67,9 @@ def per_device_config(config: Any, n: int) -> Any:
     for linear in (
         "linear_num_key_heads",
         "linear_num_value_heads",
-    ):  # Gated DeltaNet's heads, split the same
+        "mamba_num_heads",
+        "n_groups",
+    ):  # Gated DeltaNet's heads and Mamba-2's heads and groups, split the same
         if isinstance(config_field(text, linear), int):
             changes[linear] = config_field(text, linear) // n
     if isinstance(text, dict):
