@@ -165,8 +165,19 @@ _REPLACES = {
     "castcore::causal_conv1d": ("aten::conv1d", "aten::convolution", "aten::silu", "aten::cat"),
     "castcore::gated_delta_rule": ("aten::mul.Tensor", "aten::sum.dim_IntList", "aten::exp", "aten::matmul"),
     "castcore::gated_rms_norm": ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt", "aten::silu"),
-    "castcore::ssd_scan": ("aten::mul.Tensor", "aten::sum.dim_IntList", "aten::exp", "aten::einsum", "aten::cumsum"),
-    "castcore::gated_group_rms_norm": ("aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt", "aten::silu"),
+    "castcore::ssd_scan": (
+        "aten::mul.Tensor",
+        "aten::sum.dim_IntList",
+        "aten::exp",
+        "aten::einsum",
+        "aten::cumsum",
+    ),
+    "castcore::gated_group_rms_norm": (
+        "aten::pow.Tensor_Scalar",
+        "aten::mean.dim",
+        "aten::rsqrt",
+        "aten::silu",
+    ),
     "castcore::topk_softmax": ("aten::_softmax", "aten::topk", "aten::sum.dim_IntList", "aten::div.Tensor"),
     "castcore::grouped_topk": (
         "aten::sigmoid",

@@ -81,7 +81,16 @@ def varlen_ssd_scan(
     for i, n in enumerate(new):
         part = slice(at, at + n)
         out, after = ssd_scan(
-            x[:, part], dt[:, part], b[:, part], c[:, part], a_log, d, dt_bias, state[i : i + 1], chunk, dt_min
+            x[:, part],
+            dt[:, part],
+            b[:, part],
+            c[:, part],
+            a_log,
+            d,
+            dt_bias,
+            state[i : i + 1],
+            chunk,
+            dt_min,
         )
         outputs.append(out)
         states.append(after)

@@ -21,7 +21,13 @@ DELTA_RULE = "castcore::varlen_gated_delta_rule"
 SSD = "castcore::varlen_ssd_scan"
 INDEXER = "castcore::varlen_lightning_indexer"
 SPARSE = "castcore::varlen_sparse_latent_attention"
-SPLIT = (LATENT, DELTA_RULE, SSD, INDEXER, SPARSE)  # two kernels an iteration: its decodes and its prompt chunks
+SPLIT = (
+    LATENT,
+    DELTA_RULE,
+    SSD,
+    INDEXER,
+    SPARSE,
+)  # two kernels an iteration: its decodes and its prompt chunks
 # the recurrent kernels: how many of the first arguments are the packed row's [1, tokens, ...] (the rest up to the
 # state are the layer's parameters), and which of them the output is shaped like
 RECURRENT = {DELTA_RULE: (5, 2), SSD: (4, 0)}

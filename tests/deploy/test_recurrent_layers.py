@@ -89,5 +89,7 @@ def test_an_older_transformers_is_refused_in_one_line_for_mamba2_decode_steps(se
     nemotron_h = str(DATA / "tiny-nemotron-h.json")
     # a prefill runs on any release: its state starts from zeros and is not read back
     assert session.estimate(castcore.build_workload(nemotron_h, seq=16), device="h100-sxm").time_s > 0
-    with pytest.raises(castcore.CastcoreError, match=r"Mamba-2 layers' decode steps run .* 5\.5\.0 is installed"):
+    with pytest.raises(
+        castcore.CastcoreError, match=r"Mamba-2 layers' decode steps run .* 5\.5\.0 is installed"
+    ):
         session.estimate(castcore.build_workload(nemotron_h, phase="decode", kv_len=16), device="h100-sxm")
