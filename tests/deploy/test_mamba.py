@@ -78,8 +78,10 @@ def test_a_prompt_runs_the_chunked_scan_worked_by_hand():
     # the steps and the skip, the decay mask (576 exponentials), the states passed (2 x 16 x 16 a chunk), x dt
     # and the decays (3 x 16 a token), per head
     assert gp == 40 * HEADS * (STEPS + 2 * DIM) + HEADS * (576 + 3 * 2 * DIM * STATE + 40 * 3 * DIM)
-    # three chunks' fp32 states written and read twice between the kernels, and C B^T per group and chunk
-    assert between == 2 * 3 * HEADS * DIM * STATE * FP32 + 3 * GROUPS * CHUNK * CHUNK * FP32
+    # three chunks' states written and read twice between the kernels (fp32, then in the state's dtype: bf16
+    # here), and C B^T per group and chunk
+    between = ssd_work([(40, False)], HEADS, GROUPS, DIM, STATE, CHUNK, BF16)[2]
+    assert between == 3 * HEADS * DIM * STATE * (FP32 + BF16) + 3 * GROUPS * CHUNK * CHUNK * FP32
     assert ssd_work([(1, True)], HEADS, GROUPS, DIM, STATE, CHUNK)[0] == 0  # a decode: no matrix unit
 
 
