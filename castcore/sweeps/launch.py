@@ -96,6 +96,7 @@ HUB_IDS = {
     "qwen3-32b": "Qwen/Qwen3-32B",
     "qwen3-8b": "Qwen/Qwen3-8B",
     "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Thinking",
+    "nemotron-h-56b": "nvidia/Nemotron-H-56B-Base-8K",
 }
 
 

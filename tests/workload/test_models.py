@@ -39,6 +39,8 @@ PRESET_PARAMS = {  # published parameter counts (billions), and half the last di
     ),  # "106B-A12B" (zai-org's README): castcore builds 106.85B, the figure rounded down
     "glm-4.6": (355, 3),  # "355B-A32B", a round figure: castcore builds 352.8B, without the MTP layer's ~4B
     "qwen3-next-80b-a3b": (80, 0.5),  # "80B total parameters, only 3B active" (transformers' qwen3_next page)
+    # "This model has 56B model parameters." (nvidia/Nemotron-H-56B-Base-8K's model card): castcore builds 56.32B
+    "nemotron-h-56b": (56, 0.5),
     "gpt-oss-20b": (20.9, 0.05),
     "gpt-oss-120b": (116.8, 0.05),  # the model card's totals
     "llama-4-scout": (
