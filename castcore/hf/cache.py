@@ -253,9 +253,11 @@ def _cache_layer(cache: object, index: int) -> Any:
 def recurrent_state(cache: object, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The (convolution, recurrent) states a linear-attention cache layer holds from a sequence's earlier tokens,
     None where it holds none yet (or ``cache`` is no transformers cache). Relies on LinearAttentionLayer's
-    ``conv_states``, ``recurrent_states`` and ``has_previous_state`` lists, one entry per state (checked 5.24.0)."""
+    ``conv_states``, ``recurrent_states`` and ``has_previous_state`` dicts, one entry per state (checked 5.24.0;
+    5.5.0's one flag and tensors are not read)."""
     layer = _cache_layer(cache, index)
-    if layer is None or not getattr(layer, "has_previous_state", [False])[0]:
+    flags = getattr(layer, "has_previous_state", None)
+    if not isinstance(flags, dict) or not flags.get(0):
         return None
     return layer.conv_states[0], layer.recurrent_states[0]
 
@@ -263,6 +265,6 @@ def recurrent_state(cache: object, index: int) -> tuple[torch.Tensor, torch.Tens
 def keep_recurrent_state(cache: object, index: int, conv: torch.Tensor, state: torch.Tensor) -> None:
     """Hold a sequence's states after its tokens in its linear-attention cache layer (see ``recurrent_state``)."""
     layer = _cache_layer(cache, index)
-    if layer is not None and hasattr(layer, "recurrent_states"):
+    if layer is not None and isinstance(getattr(layer, "recurrent_states", None), dict):
         layer.conv_states[0], layer.recurrent_states[0] = conv, state
         layer.has_previous_state[0] = True

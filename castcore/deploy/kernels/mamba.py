@@ -69,7 +69,10 @@ def _forward(self, hidden_states, cache=None, attention_mask=None, cache_params=
         c.reshape(batch, seq, groups, size),
     )
     params = (self.A_log[:heads], self.D[:heads], self.dt_bias[:heads])
-    dt_min = float(self.time_step_limit[0])
+    limit = getattr(
+        self, "time_step_limit", None
+    )  # (time_step_min, inf) in 5.24.0; the config's (0, inf) in 5.5.0
+    dt_min = float(limit[0]) if limit else 0.0
     if packed:
         out = packed_ssd_scan(*rows, params, state, self.chunk_size, dt_min)
     else:
