@@ -31,6 +31,11 @@ MODEL_FILES = {
     "nvidia/Llama-3.3-70B-Instruct-FP8": "llama-3.3-70b-instruct.json",
     "nvidia/Llama-3.3-70B-Instruct-FP4": "llama-3.3-70b-instruct.json",
     "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1.json",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3.json",
+    "deepseek-ai/DeepSeek-R1": "deepseek-v3.json",  # DeepSeek-R1's config.json: the same architecture as V3's
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3.json",
+    "nvidia/DeepSeek-R1-FP4": "deepseek-r1-fp4.json",  # ModelOpt NVFP4 of DeepSeek-R1: no fp8 quantization_config
+    "nvidia/DeepSeek-R1-0528-FP4": "deepseek-r1-fp4.json",
     "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b-v0.1.json",
     "Qwen/Qwen3-8B": "qwen3-8b.json",
 }
@@ -51,11 +56,16 @@ def _per_head_generation_attention(framework: str | None) -> bool:
 
 
 def quantized_dtypes(w: dict[str, Any], options: dict[str, Any], notes: list[str]) -> NotExpressible | None:
-    """A workload's fp8 weights (TensorRT-LLM's FP8: fp8 GEMM inputs too), FP4 (NVFP4) weights and fp8 KV cache
-    into ``options``; a KV dtype the source does not state is left at ``options["dtype"]`` and said in ``notes``."""
+    """A workload's fp8 weights (TensorRT-LLM's FP8: fp8 GEMM inputs too; ``fp8-block``: DeepSeek-V3's block-scaled
+    fp8), FP4 (NVFP4) weights and fp8 KV cache into ``options``; a KV dtype the source does not state is left at ``options["dtype"]`` and said in ``notes``."""
     from castcore.workload.spec import KV_CACHE_DTYPES, WEIGHT_DTYPES
 
-    if _quantized(w.get("weights_dtype")):
+    # DeepSeek-V3's fp8: a scale per 128x128 weight block, activations quantized per 1x128 group
+    if str(w.get("weights_dtype") or "").startswith("fp8-block"):
+        if "fp8-block" not in WEIGHT_DTYPES:
+            return NotExpressible("fp8 block-scaled weights: castcore has no --weights fp8-block")
+        options["weights"] = "fp8-block"
+    elif _quantized(w.get("weights_dtype")):
         if "fp8" not in WEIGHT_DTYPES:
             return NotExpressible("fp8 weights: castcore has no --weights fp8")
         options.update(weights="fp8", activations="fp8")

@@ -14,6 +14,14 @@ minute; a point whose source ran more says so in its notes. Points read from one
 throughput of one table row) share one simulation. A model's rest runs in its config's ``torch_dtype`` unless the
 source states another (``workload.dtype``); an FP8 weight format is fp8 weights with fp8 GEMM inputs; a KV dtype
 the source does not state is left at the model dtype, and said so.
+
+A mixture-of-experts deployment states its expert and attention parallelism as castcore's options do
+(``workload.ep``, ``workload.attention_dp``: TensorRT-LLM's and SGLang's DP attention over ``tp`` x ``attention_dp``
+devices, ``workload.ep_kernels``, ``workload.expert_skew``), speculation as ``workload.spec_tokens`` with
+``acceptance`` and ``draft_model`` (``mtp``: the model's own MTP layers), and disaggregation as
+``prefill_instances``, ``decode_instances`` and their ``prefill_deployment`` / ``decode_deployment``; each is
+passed to ``castcore.simulate`` as given. The request cap counts every attention data-parallel group as a replica,
+and a per-GPU throughput divides by every device the run used (both pools when disaggregated).
 """
 
 from __future__ import annotations
@@ -39,6 +47,20 @@ METRICS = {
     "p99_tpot_ms": ("ms", "ITL/TPOT"),
 }
 FAMILIES = ("output throughput", "TTFT", "ITL/TPOT")
+# workload fields passed to castcore.simulate as given: expert and attention parallelism, speculation, disaggregation
+PASSED = (
+    "ep",
+    "attention_dp",
+    "ep_kernels",
+    "expert_skew",
+    "spec_tokens",
+    "acceptance",
+    "draft_model",
+    "prefill_instances",
+    "decode_instances",
+    "prefill_deployment",
+    "decode_deployment",
+)
 MAX_REQUESTS = 1500  # per data-parallel replica
 SEED = 0
 _RUNS: dict[str, Any] = {}  # one simulation per distinct set of options and device, shared by its points
@@ -81,7 +103,9 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     refused = quantized_dtypes(w, options, notes)
     if refused is not None:
         return refused
-    requests = min(w["requests"], MAX_REQUESTS * dp)
+    passed = {k: w[k] for k in PASSED if w.get(k) is not None}
+    options.update(passed)
+    requests = min(w["requests"], MAX_REQUESTS * dp * w.get("attention_dp", 1))
     if requests < w["requests"]:
         notes.append(f"{requests:,} of the source's {w['requests']:,} requests simulated")
     options.update(requests=requests, input_lengths=inputs, output_lengths=outputs)
@@ -101,7 +125,7 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     deploy = ", ".join(
         f"{k} {v}"
         for k, v in options.items()
-        if k in ("tp", "pp", "dp", "weights", "kv_cache") and v not in (1, None)
+        if k in ("tp", "pp", "dp", "weights", "kv_cache", *PASSED) and v not in (1, None)
     )
     describe = (
         f"simulate {path.stem} {w['engine']}, {requests} requests {inputs} in + {outputs} out, {arrivals}"
@@ -111,8 +135,12 @@ def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     return {"options": options, "metric": w["metric"], "notes": notes, "describe": describe}
 
 
-def _gpus(options: dict[str, Any]) -> int:
-    return options.get("tp", 1) * options.get("dp", 1)
+def _gpus(options: dict[str, Any], report=None) -> int:
+    """Every device the run used: the report's count when disaggregated, else tp x pp x attention_dp x dp."""
+    devices = (report.summary.get("devices") if report is not None else None) or (
+        options.get("tp", 1) * options.get("pp", 1) * options.get("attention_dp", 1) * options.get("dp", 1)
+    )
+    return int(devices)
 
 
 def estimate_simulate(session, profile, point: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +166,7 @@ def estimate_simulate(session, profile, point: dict[str, Any], plan: dict[str, A
     metric = plan["metric"]
     value = summary[metric]
     if metric == "output_throughput" and point["measured"].get("per") == "device":
-        value /= _gpus(options)
+        value /= _gpus(options, report)
     notes = list(plan["notes"])
     if summary.get("preemptions"):
         notes.append(f"{summary['preemptions']} preemptions")
