@@ -175,6 +175,28 @@ def test_continuous_batching_points_are_simulated_as_they_ran():
     assert fp4["options"]["weights"] == "nvfp4" and "activations" not in fp4["options"]  # ModelOpt FP4: W4A4
 
 
+def test_deepseek_points_pass_attention_dp_ep_and_block_fp8_and_count_every_device():
+    from types import SimpleNamespace
+
+    from fidelity.simulated import _gpus, plan_simulate
+
+    h200 = plan_simulate(point("cb-h200x8-trtllm-dsr1-fp8-adp8-ep8-1024-2048"))
+    options = h200["options"]
+    assert (options["weights"], options["tp"], options["attention_dp"]) == ("fp8-block", 1, 8)
+    assert "activations" not in options  # block fp8 quantizes its activations per 1x128 group itself
+    assert options["model"].endswith("deepseek-v3.json") and options["concurrency"] == 1024
+    assert options["requests"] == 5120  # the cap counts every attention data-parallel group as a replica
+    assert _gpus(options) == 8
+    ep = plan_simulate(point("cb-h200x8-trtllm-dsr1-c64-3200-800-out"))["options"]
+    assert (ep["tp"], ep["ep"], ep.get("attention_dp")) == (8, 4, None)
+    b200 = plan_simulate(point("cb-b200x8-trtllm-dsr1-0528-fp4-fp8kv-adp8-ep8-1024-2048"))["options"]
+    assert (b200["weights"], b200["kv_cache"], b200["requests"]) == ("nvfp4", "fp8", 12000)
+    disaggregated = SimpleNamespace(summary={"devices": 96})  # a disaggregated report counts both pools
+    assert _gpus({"tp": 1, "attention_dp": 8}, disaggregated) == 96
+    mtp = plan_simulate(point("cb-h200x8-trtllm-dsr1-fp8-minlat-mtp3"))
+    assert isinstance(mtp, NotExpressible) and "acceptance" in mtp.reason
+
+
 # ---------------------------------------------------------------------------------------------
 # Estimates in the source's metric
 
