@@ -42,8 +42,11 @@ def gates(
     a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log decay g, write strength beta) from the projections a, b [..., value_heads] and the layer's per-head
-    A_log and dt_bias: g = -exp(A_log) x softplus(a + dt_bias), beta = sigmoid(b), in fp32."""
-    return -a_log.float().exp() * F.softplus(a.float() + dt_bias.float()), b.float().sigmoid()
+    A_log and dt_bias: g = -exp(A_log) x softplus(a + dt_bias), beta = sigmoid(b), in fp32. Kimi Linear's
+    per-channel decay: a [..., value_heads, key_dim] and dt_bias [value_heads, key_dim], A_log still per head."""
+    rate = a_log.float().exp()
+    rate = rate[:, None] if a.dim() > b.dim() else rate
+    return -rate * F.softplus(a.float() + dt_bias.float()), b.float().sigmoid()
 
 
 @torch.library.custom_op("castcore::gated_delta_rule", mutates_args=())
@@ -62,14 +65,16 @@ def gated_delta_rule(
     [batch, seq, value_heads] made into the log decay and write strength (``gates``), the state [batch,
     value_heads, key_dim, value_dim] before the first token -> (out [batch, seq, value_heads, value_dim], the state
     after the last). Per token: the state decays by exp(g), takes beta x (v - its read along k) along k, and is
-    read along q / sqrt(key_dim)."""
+    read along q / sqrt(key_dim). Kimi Linear's delta attention (KDA) decays each key channel by its own gate: a
+    [batch, seq, value_heads, key_dim] and dt_bias [value_heads, key_dim] (``gates``)."""
     g, beta = gates(a, b, a_log, dt_bias)
     group = v.shape[2] // k.shape[2]
     q, k = (_l2norm(x.float()).repeat_interleave(group, dim=2) for x in (q, k))
     q = q / q.shape[-1] ** 0.5
     memory, outputs = state.float(), []
     for t in range(q.shape[1]):
-        memory = memory * g[:, t].exp()[..., None, None]
+        decay = g[:, t].exp()
+        memory = memory * (decay[..., None] if g.dim() == 4 else decay[..., None, None])
         read = (memory * k[:, t, :, :, None]).sum(-2)
         delta = (v[:, t].float() - read) * beta[:, t, :, None]
         memory = memory + k[:, t, :, :, None] * delta[:, :, None, :]
@@ -83,15 +88,20 @@ def _(q, k, v, a, b, a_log, dt_bias, state):
 
 
 @torch.library.custom_op("castcore::gated_rms_norm", mutates_args=())
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of x over its last dimension times weight, times SiLU(gate), in fp32 inside -> x's dtype."""
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, sigmoid: bool = False
+) -> torch.Tensor:
+    """RMSNorm of x over its last dimension times weight, times SiLU(gate) (``sigmoid``: sigmoid(gate), Kimi
+    Linear's, the norm and weight kept in fp32 as it keeps them), in fp32 inside -> x's dtype."""
     x32 = x.float()
-    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if sigmoid:
+        return (weight.float() * normed * gate.float().sigmoid()).to(x.dtype)
+    return (weight * normed.to(x.dtype) * F.silu(gate.float())).to(x.dtype)
 
 
 @gated_rms_norm.register_fake
-def _(x, gate, weight, eps):
+def _(x, gate, weight, eps, sigmoid=False):
     return torch.empty_like(x)
 
 

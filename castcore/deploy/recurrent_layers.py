@@ -3,7 +3,8 @@ mixers of Nemotron-H and other hybrids): each keeps a fixed-size recurrent state
 
 Qwen3-Next's Gated DeltaNet and Nemotron-H's Mamba-2 mixers run as engines run them in the deployed view
 (castcore.deploy.kernels.linear_attention, castcore.deploy.kernels.mamba): prefill and decode steps and mixed
-batches, on one device or several. The other kinds, and those two eager (``--eager``), are priced only as a
+batches, on one device or several; Kimi Linear's delta attention (castcore.deploy.kernels.kimi_delta) prefill and
+decode steps on one device. The other kinds, and those two eager (``--eager``), are priced only as a
 prefill on one device, running transformers' own reference forward op by op. What castcore cannot price yet is
 refused in one line before anything is captured, not left to fail inside transformers: their decode steps (which
 read and write that state), tensor parallelism (which must split their heads as engines do) and mixed batches;
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from castcore.deploy.kernels.kimi_delta import is_kimi_delta_attention
 from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.deploy.kernels.mamba import is_mamba2_mixer
 from castcore.errors import ModelError
@@ -33,8 +35,10 @@ _KINDS = (  # a class-name part and what the layer is
 def recurrent_layers(model: nn.Module, deployed: bool = False) -> str | None:
     """What the model's recurrent layers are, as a user reads it, or None when it has none: a kind named by its
     class, or any module holding ``A_log``, the per-head decay each of these kinds learns. ``deployed``: Gated
-    DeltaNet layers and Nemotron-H's Mamba-2 mixers, which the deployed kernels run, are not counted."""
-    modules = [m for m in model.modules() if not (deployed and _runs_deployed(m))]
+    DeltaNet layers, Kimi Linear's delta attention and Nemotron-H's Mamba-2 mixers, which the deployed kernels run,
+    are not counted."""
+    runs = {id(part) for m in model.modules() if deployed and _runs_deployed(m) for part in m.modules()}
+    modules = [m for m in model.modules() if id(m) not in runs]
     for module in modules:
         kind = next((kind for part, kind in _KINDS if part in type(module).__name__), None)
         if kind is not None:
@@ -49,7 +53,10 @@ def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bo
         return
     found_version = installed("transformers") or "0"
     old = _release(found_version) < LINEAR_CACHE_SINCE
-    gated, mamba = (any(map(check, model.modules())) for check in (is_gated_delta_net, is_mamba2_mixer))
+    checks = (is_gated_delta_net, is_mamba2_mixer, is_kimi_delta_attention)
+    gated, mamba, kimi = (any(map(check, model.modules())) for check in checks)
+    if deployed and kimi:
+        _kimi_refusal(model, name, tp, packed)
     if deployed and old and (gated or (mamba and (phase == "decode" or packed))):
         layers = "Gated DeltaNet layers run" if gated else "Mamba-2 layers' decode steps run"
         raise ModelError(
@@ -71,7 +78,7 @@ def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bo
         if tp > 1
         else None
     )
-    if asked is not None and (gated or mamba):  # Gated DeltaNet or Mamba-2, eager
+    if asked is not None and (gated or mamba or (kimi and asked == say("phase", "decode"))):  # eager
         raise ModelError(
             f"{name}: {asked} is not supported with {say('fuse', False)}: its {found} keep a recurrent state per "
             f"sequence, which castcore's deployed kernels run; drop {say('fuse', False)}"
@@ -85,7 +92,19 @@ def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bo
 
 
 def _runs_deployed(module: nn.Module) -> bool:
-    return is_gated_delta_net(module) or is_mamba2_mixer(module)
+    return is_gated_delta_net(module) or is_mamba2_mixer(module) or is_kimi_delta_attention(module)
+
+
+def _kimi_refusal(model: nn.Module, name: str, tp: int, packed: bool) -> None:
+    """ModelError for what castcore does not yet run of Kimi Linear's delta attention deployed: tensor
+    parallelism and mixed batches (the prompt and decode steps on one device it runs)."""
+    asked = "a mixed batch (castcore simulate, plan --rate)" if packed else say("tp", tp) if tp > 1 else None
+    if asked is not None:
+        raise ModelError(
+            f"{name}: {asked} is not supported for this model yet: its delta-rule linear-attention layers keep a "
+            f"recurrent state per sequence, which castcore prices in a prefill and decode steps on one device; use "
+            f"castcore estimate {say('tp', 1)}"
+        )
 
 
 def _refuse_mamba_split(model: nn.Module, name: str, tp: int) -> None:

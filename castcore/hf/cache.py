@@ -147,7 +147,7 @@ class DecodeInputs:
         return (), {"input_ids": input_ids, self.argument: cache, "use_cache": True}
 
     def _hold_states(self, layer: object, index: int, dtype: torch.dtype) -> None:
-        """A Gated DeltaNet layer's states after ``kv_len`` tokens, one device's share: the convolution's last
+        """A Gated DeltaNet layer's (or Kimi Linear's delta attention's) states after ``kv_len`` tokens, one device's share: the convolution's last
         inputs of q, k and v, and value_heads x key_dim x value_dim (Qwen3-Next's config fields), the heads read
         from the device's shard of the layer's projection (its KV split may differ: ``per_device``); a Mamba-2
         mixer's (``_mamba_states``). Relies on LinearAttentionLayer's ``lazy_initialization`` and
@@ -156,10 +156,12 @@ class DecodeInputs:
         mixer = next(
             m
             for m in self.model.modules()
-            if (hasattr(m, "in_proj_qkvz") or hasattr(m, "ssm_state_size")) and m.layer_idx == index
+            if any(hasattr(m, part) for part in ("in_proj_qkvz", "ssm_state_size", "forget_gate"))
+            and m.layer_idx == index
         )
         if not hasattr(mixer, "in_proj_qkvz"):
-            conv, state = self._mamba_states(mixer, dtype)
+            kda = hasattr(mixer, "forget_gate")
+            conv, state = (self._kda_states if kda else self._mamba_states)(mixer, dtype)
             layer.lazy_initialization(  # type: ignore[attr-defined]
                 conv_states=conv, recurrent_states=state, conv_kernel_size=conv.shape[-1]
             )
@@ -176,6 +178,14 @@ class DecodeInputs:
             conv_kernel_size=c.linear_conv_kernel_dim - 1,
         )
         layer.has_previous_state[0] = True  # type: ignore[attr-defined]
+
+    def _kda_states(self, mixer: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kimi Linear's delta attention's states, one device's share: the convolution's last
+        ``conv_kernel_size - 1`` inputs of q, k and v, and heads x head_dim x head_dim."""
+        dim = mixer.head_dim
+        heads = _local_rows(mixer.q_proj) // dim
+        conv = torch.empty((self.batch, 3 * heads * dim, mixer.conv_kernel_size - 1), dtype=dtype)
+        return conv, torch.empty((self.batch, heads, dim, dim), dtype=dtype)
 
     def _mamba_states(self, mixer: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """A Mamba-2 mixer's states, one device's share (``mamba_share``): the convolution's last

@@ -43,6 +43,7 @@ def attention_modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
         if is_transformers_module(m)
         and type(m).__name__.endswith("Attention")
         and not getattr(m, "castcore_latent", False)
+        and not getattr(m, "castcore_recurrent", False)  # Kimi Linear's delta attention, rewritten
     ]
 
 

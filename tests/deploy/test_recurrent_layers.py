@@ -1,6 +1,7 @@
 """Hybrid models with linear-attention or state-space layers (Qwen3-Next, Kimi Linear, Nemotron-H): a prefill on one
 device is priced, and so is all of Qwen3-Next's and Nemotron-H's deployed serving (static and under traffic:
-tests/deploy/test_linear_attention.py, tests/deploy/test_mamba.py); what castcore cannot price yet is refused in
+tests/deploy/test_linear_attention.py, tests/deploy/test_mamba.py) and Kimi Linear's on one device
+(tests/deploy/test_kimi_delta.py); what castcore cannot price yet is refused in
 one line naming the layers, before transformers could fail with its own internals. Tiny configs in tests/data;
 these families need the newest transformers castcore is tested on (not a ``models`` test)."""
 
@@ -34,10 +35,13 @@ EAGER = (
     ["estimate", "--seq", "16", "--phase", "decode", "--eager"],
     "--phase decode is not supported with --eager",
 )
-REFUSED = [  # Qwen3-Next's Gated DeltaNet and Nemotron-H's Mamba-2 run deployed, not eager
+REFUSED = [  # Qwen3-Next's Gated DeltaNet, Nemotron-H's Mamba-2 and Kimi Linear's KDA run deployed, not eager
     ("tiny-qwen3-next.json", *EAGER),
     ("tiny-nemotron-h.json", *EAGER),
-    *(("tiny-kimi-linear.json", *case) for case in (DECODE, TP, SERVE, SIMULATE)),
+    ("tiny-kimi-linear.json", *EAGER),
+    *(
+        ("tiny-kimi-linear.json", *case) for case in (TP, SIMULATE)
+    ),  # KDA deployed: one device, no mixed batch
 ]
 
 
@@ -48,7 +52,13 @@ def test_what_is_not_priced_yet_is_one_line_naming_the_layers(h100_file, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("castcore: error: "), err
     assert all(line.endswith(" ...") for line in err[:-1]), err  # before it, only what castcore started
-    fix = "drop --eager" if "--eager" in argv else "--phase prefill --tp 1"
+    fix = (
+        "drop --eager"
+        if "--eager" in argv
+        else "estimate --tp 1"
+        if "kimi" in name
+        else "--phase prefill --tp 1"
+    )
     assert asked in err[-1] and layers in err[-1] and fix in err[-1], err
     assert "transformers" not in err[-1] and "attribute" not in err[-1]
 
@@ -63,6 +73,9 @@ def test_what_is_not_priced_yet_is_one_line_naming_the_layers(h100_file, capsys,
         # Nemotron-H: one attention layer the same; one Mamba-2 layer: the convolution's last 3 inputs of x
         # (8 heads x 16) and B, C (2 groups x 16 each) in bf16, the state 8 x 16 x 16 in its fp32 cache dtype.
         ("tiny-nemotron-h.json", 2 * 16 * 2 * 16 * 2 + 3 * (128 + 64) * 2 + 8 * 16 * 16 * 4),
+        # Kimi Linear: one latent attention layer of 16 tokens x (rank 16 + rope 8); three KDA layers, each a
+        # state of 4 heads x 16 x 16 and the convolution's last 3 inputs of q, k and v (4 heads x 16 each), bf16.
+        ("tiny-kimi-linear.json", 16 * (16 + 8) * 2 + 3 * (4 * 16 * 16 + 3 * 3 * 64) * 2),
     ],
 )
 def test_a_prefill_holds_its_attention_layers_keys_and_each_recurrent_layers_state(session, name, cached):

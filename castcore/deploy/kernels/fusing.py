@@ -16,6 +16,7 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
   prompts, the absorbed form and ``castcore::latent_attention`` for decode steps (castcore.deploy.kernels.latent);
 - Qwen3-Next's Gated DeltaNet linear attention -> ``castcore::causal_conv1d``, ``castcore::gated_delta_rule`` and
   ``castcore::gated_rms_norm`` with each layer's recurrent state (castcore.deploy.kernels.linear_attention);
+  Kimi Linear's delta attention the same with a per-channel decay (castcore.deploy.kernels.kimi_delta);
 - Nemotron-H's Mamba-2 mixers -> ``castcore::causal_conv1d``, ``castcore::ssd_scan`` and
   ``castcore::gated_group_rms_norm`` with each layer's recurrent state (castcore.deploy.kernels.mamba);
 - attention -> ``castcore::attention``: causal, sliding-window and chunked (Llama 4) masks and attention
@@ -52,6 +53,8 @@ from castcore.deploy.kernels.latent import is_latent_attention
 from castcore.deploy.kernels.latent import rewrite as rewrite_latent
 from castcore.deploy.kernels.sparse_latent import is_sparse_latent_attention
 from castcore.deploy.kernels.sparse_latent import rewrite as rewrite_sparse_latent
+from castcore.deploy.kernels.kimi_delta import is_kimi_delta_attention
+from castcore.deploy.kernels.kimi_delta import rewrite as rewrite_kimi_delta
 from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.deploy.kernels.linear_attention import rewrite as rewrite_linear
 from castcore.deploy.kernels.mamba import is_mamba2_mixer
@@ -87,6 +90,12 @@ _ATTENTION_REWRITES = (
         is_gated_delta_net,
         rewrite_linear,
         "Gated DeltaNet linear attention -> castcore::causal_conv1d + castcore::gated_delta_rule + "
+        "castcore::gated_rms_norm, with its recurrent state",
+    ),
+    (
+        is_kimi_delta_attention,
+        rewrite_kimi_delta,
+        "Kimi delta attention -> castcore::causal_conv1d + castcore::gated_delta_rule (per-channel decay) + "
         "castcore::gated_rms_norm, with its recurrent state",
     ),
     (

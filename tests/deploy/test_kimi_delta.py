@@ -1,0 +1,97 @@
+"""Kimi Linear's delta attention (KDA) as engines run it: the rewritten layers compute transformers' numbers (a
+prompt, then decode steps over the recurrent state) and their kernels' work worked by hand. Tiny config in
+tests/data (3 KDA layers, then multi-head latent attention: 4 heads of 16, convolution width 4). Needs the newest
+transformers castcore is tested on (kimi_linear is not in 5.5.0; not a ``models`` test)."""
+
+from __future__ import annotations
+
+import torch
+
+import castcore
+from castcore.builtin.formulas.pointwise import SIGMOID, TRANSCENDENTAL
+from castcore.builtin.formulas.recurrent import CHUNK, DECAY, FOLD, GATES
+from castcore.deploy.kernels.fusing import rewrite
+from castcore.hf.cache import cache_argument
+from castcore.workload.models import BuiltModel
+
+from tests.deploy.test_fusing import DATA, real_model
+
+KIMI = str(DATA / "tiny-kimi-linear.json")
+HEADS, DIM, WIDTH, LINEAR_LAYERS = 4, 16, 4, 3
+BF16 = 2
+
+
+def test_the_rewrite_computes_what_transformers_does_over_a_prompt_and_decode_steps():
+    from transformers import DynamicCache
+
+    model = real_model("tiny-kimi-linear.json")
+    prompt, steps = torch.randint(3, 200, (2, 70)), [torch.randint(3, 200, (2, 1)) for _ in range(3)]
+
+    def run():
+        cache = {cache_argument(model): DynamicCache(config=model.config)}
+        with torch.no_grad():
+            return [model(x, **cache, use_cache=True).logits for x in (prompt, *steps)]
+
+    eager = run()
+    built = BuiltModel(model=model)
+    done, _ = rewrite(built)
+    assert any("Kimi delta attention" in line for line in done)
+    with built.while_capturing():
+        fused = run()
+    for want, got in zip(eager, fused):  # a prompt longer than one 64-token chunk, then the state carried
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_per_channel_decay_equal_across_a_heads_channels_is_the_per_head_rule():
+    """castcore::gated_delta_rule generalised: a gate per key channel (KDA) that is the same on every channel of a
+    head gives the per-head rule (Gated DeltaNet's)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 3, 8) for _ in range(3))
+    a, b, a_log, dt_bias = torch.randn(2, 5, 3), torch.randn(2, 5, 3), torch.randn(3), torch.randn(3)
+    state = torch.randn(2, 3, 8, 8)
+    ops = torch.ops.castcore
+    per_head = ops.gated_delta_rule(q, k, v, a, b, a_log, dt_bias, state)
+    spread = (a[..., None].expand(2, 5, 3, 8), dt_bias[:, None].expand(3, 8))
+    per_channel = ops.gated_delta_rule(q, k, v, spread[0], b, a_log, spread[1], state)
+    for want, got in zip(per_head, per_channel):
+        torch.testing.assert_close(got, want)
+    varied = ops.gated_delta_rule(q, k, v, torch.randn(2, 5, 3, 8), b, a_log, spread[1], state)
+    assert not torch.allclose(varied[1], per_head[1])  # each channel decays by its own gate
+
+
+def test_a_decode_step_reads_and_writes_each_sequences_state_once(session):
+    report = session.estimate(
+        castcore.build_workload(KIMI, phase="decode", batch=2, kv_len=63), device="h100-sxm"
+    )
+    rule = [r for r in report.records if r.invoke.name == "castcore::gated_delta_rule"]
+    conv = [r for r in report.records if r.invoke.name == "castcore::causal_conv1d"]
+    assert len(rule) == len(conv) == LINEAR_LAYERS
+    # Recurrent form, per token and head: decay, read along k, update, read along q (7 x 16 x 16), the norms of q
+    # and k (6 x 16), the decay's exponential per key channel (16 x 4), beta's sigmoid and each channel's gate.
+    assert rule[0].flops == 2 * HEADS * (
+        7 * DIM * DIM + 6 * DIM + DIM * TRANSCENDENTAL + SIGMOID + DIM * DECAY
+    )
+    assert GATES == SIGMOID + DECAY
+    # Bytes: q, k, v (3 x 4 heads x 16), a (a gate per channel: 4 x 16), b (4), out (4 x 16), the state read and
+    # written (2 x 4 x 16 x 16), per sequence, and A_log (4), bf16; dt_bias (4 x 16) in the fp32 it is kept in.
+    per_sequence = 3 * 4 * 16 + 4 * 16 + 4 + 4 * 16 + 2 * 4 * 16 * 16
+    assert rule[0].bytes == (2 * per_sequence + 4) * BF16 + 4 * 16 * 4
+    assert tuple(conv[0].invoke.args[2].shape) == (2, 3 * HEADS * DIM, WIDTH - 1)  # the last 3 of q, k and v
+    norm = next(r for r in report.records if r.invoke.name == "castcore::gated_rms_norm")
+    assert norm.invoke.argument("sigmoid") is True  # Kimi Linear's output gate is a sigmoid
+
+
+def test_a_prefill_runs_the_chunked_rule_with_the_decay_folded_per_channel(session):
+    report = session.estimate(castcore.build_workload(KIMI, batch=1, seq=64), device="h100-sxm")
+    rule = next(r for r in report.records if r.invoke.name == "castcore::gated_delta_rule")
+    # One 64-token chunk per head on the matrix unit, as the per-head rule: the key-key and query-key products,
+    # the writes and outputs, the state read and updated once
+    tokens = 64
+    mma = tokens * HEADS * (2 * CHUNK * (3 * DIM + 2 * DIM) + 6 * DIM * DIM)
+    gp = tokens * HEADS * (SIGMOID + DIM * DECAY + CHUNK * CHUNK / 3 + 6 * DIM + 4 * CHUNK + DIM * FOLD)
+    assert rule.flops == mma + gp
+
+
+def test_serve_prices_kimi_linear_on_one_device(session):
+    served = session.serve(KIMI, input_tokens=64, output_tokens=8, batch=2)
+    assert served.ttft_s > 0 and served.tpot_s > 0
