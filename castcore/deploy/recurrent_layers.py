@@ -96,9 +96,18 @@ def _runs_deployed(module: nn.Module) -> bool:
 
 
 def _kimi_refusal(model: nn.Module, name: str, tp: int, packed: bool) -> None:
-    """ModelError for what castcore does not yet run of Kimi Linear's delta attention deployed: tensor
-    parallelism and mixed batches (the prompt and decode steps on one device it runs)."""
-    asked = "a mixed batch (castcore simulate, plan --rate)" if packed else say("tp", tp) if tp > 1 else None
+    """ModelError for what castcore does not yet run of Kimi Linear deployed: tensor parallelism of its delta
+    attention, and mixed batches, whose latent attention layers castcore does not split per sequence (the prompt
+    and decode steps on one device it runs)."""
+    if (
+        packed
+    ):  # its delta rule runs packed (castcore.deploy.kernels.kimi_delta); its latent attention does not
+        raise ModelError(
+            f"{name}: a mixed batch (castcore simulate, plan --rate) is not supported for this model yet: its "
+            "delta-rule linear-attention layers run packed, but its latent attention layers run the model's own "
+            f"attention, which castcore cannot split per sequence; use castcore estimate {say('tp', 1)} or castcore serve"
+        )
+    asked = say("tp", tp) if tp > 1 else None
     if asked is not None:
         raise ModelError(
             f"{name}: {asked} is not supported for this model yet: its delta-rule linear-attention layers keep a "

@@ -1,7 +1,8 @@
 """Kimi Linear's delta attention (KDA) as engines run it: the rewritten layers compute transformers' numbers (a
 prompt, then decode steps over the recurrent state) and their kernels' work worked by hand. Tiny config in
 tests/data (3 KDA layers, then multi-head latent attention: 4 heads of 16, convolution width 4). Needs the newest
-transformers castcore is tested on (kimi_linear is not in 5.5.0; not a ``models`` test)."""
+transformers castcore is tested on (kimi_linear is not in 5.5.0; not a ``models`` test). The packed row's delta rule
+computes each sequence's own (mixed batches stay refused: the latent attention layers do not run packed)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,22 @@ def test_a_prefill_runs_the_chunked_rule_with_the_decay_folded_per_channel(sessi
 def test_serve_prices_kimi_linear_on_one_device(session):
     served = session.serve(KIMI, input_tokens=64, output_tokens=8, batch=2)
     assert served.ttft_s > 0 and served.tpot_s > 0
+
+
+def test_a_packed_row_with_per_channel_decay_is_each_sequences_own_rule():
+    torch.manual_seed(0)
+    new, heads, dim = [3, 1, 5], 2, 8
+    q, k, v, a = (torch.randn(1, sum(new), heads, dim) for _ in range(4))
+    b, a_log, dt_bias = torch.randn(1, sum(new), heads), torch.randn(heads), torch.randn(heads, dim)
+    states = torch.randn(len(new), heads, dim, dim)
+    ops = torch.ops.castcore
+    out, after = ops.varlen_gated_delta_rule(q, k, v, a, b, a_log, dt_bias, states, new, [4, 9, 0])
+    at = 0
+    for i, n in enumerate(new):
+        part = slice(at, at + n)
+        want, state = ops.gated_delta_rule(
+            q[:, part], k[:, part], v[:, part], a[:, part], b[:, part], a_log, dt_bias, states[i : i + 1]
+        )
+        torch.testing.assert_close(out[:, part], want)
+        torch.testing.assert_close(after[i : i + 1], state)
+        at += n

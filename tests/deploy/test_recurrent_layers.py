@@ -39,9 +39,7 @@ REFUSED = [  # Qwen3-Next's Gated DeltaNet, Nemotron-H's Mamba-2 and Kimi Linear
     ("tiny-qwen3-next.json", *EAGER),
     ("tiny-nemotron-h.json", *EAGER),
     ("tiny-kimi-linear.json", *EAGER),
-    *(
-        ("tiny-kimi-linear.json", *case) for case in (TP, SIMULATE)
-    ),  # KDA deployed: one device, no mixed batch
+    *(("tiny-kimi-linear.json", *case) for case in (TP, SIMULATE)),  # one device, no mixed batch
 ]
 
 
