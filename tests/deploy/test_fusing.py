@@ -47,6 +47,26 @@ def real_model(name: str) -> torch.nn.Module:
     return model
 
 
+def logits_eager_and_rewritten(name: str, prompt: int, steps: int = 3) -> tuple[list, list, list[str]]:
+    """``real_model(name)``'s logits over a prompt of ``prompt`` tokens and ``steps`` decode steps (batch 2, one
+    transformers cache carried through), eager and after the core's rewrites, and the rewrites' lines."""
+    from transformers import DynamicCache
+
+    model = real_model(name)
+    tokens = [torch.randint(3, 200, (2, prompt)), *(torch.randint(3, 200, (2, 1)) for _ in range(steps))]
+
+    def run():
+        cache = {cache_argument(model): DynamicCache(config=model.config)}
+        with torch.no_grad():
+            return [model(x, **cache, use_cache=True).logits for x in tokens]
+
+    eager = run()
+    built = BuiltModel(model=model)
+    done, _ = rewrite(built)
+    with built.while_capturing():
+        return eager, run(), done
+
+
 @pytest.mark.parametrize(
     "name",
     [

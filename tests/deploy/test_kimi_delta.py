@@ -11,11 +11,8 @@ import torch
 import castcore
 from castcore.builtin.formulas.pointwise import SIGMOID, TRANSCENDENTAL
 from castcore.builtin.formulas.recurrent import CHUNK, DECAY, FOLD, GATES
-from castcore.deploy.kernels.fusing import rewrite
-from castcore.hf.cache import cache_argument
-from castcore.workload.models import BuiltModel
 
-from tests.deploy.test_fusing import DATA, real_model
+from tests.deploy.test_fusing import DATA, logits_eager_and_rewritten
 
 KIMI = str(DATA / "tiny-kimi-linear.json")
 HEADS, DIM, WIDTH, LINEAR_LAYERS = 4, 16, 4, 3
@@ -23,22 +20,8 @@ BF16 = 2
 
 
 def test_the_rewrite_computes_what_transformers_does_over_a_prompt_and_decode_steps():
-    from transformers import DynamicCache
-
-    model = real_model("tiny-kimi-linear.json")
-    prompt, steps = torch.randint(3, 200, (2, 70)), [torch.randint(3, 200, (2, 1)) for _ in range(3)]
-
-    def run():
-        cache = {cache_argument(model): DynamicCache(config=model.config)}
-        with torch.no_grad():
-            return [model(x, **cache, use_cache=True).logits for x in (prompt, *steps)]
-
-    eager = run()
-    built = BuiltModel(model=model)
-    done, _ = rewrite(built)
-    assert any("Kimi delta attention" in line for line in done)
-    with built.while_capturing():
-        fused = run()
+    eager, fused, done = logits_eager_and_rewritten("tiny-kimi-linear.json", 70)
+    assert any("Kimi delta attention" in line for line in done), done
     for want, got in zip(eager, fused):  # a prompt longer than one 64-token chunk, then the state carried
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 

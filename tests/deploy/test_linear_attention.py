@@ -14,13 +14,10 @@ import torch
 import castcore
 from castcore.builtin.formulas.recurrent import GATES
 from castcore.cli.main import main
-from castcore.deploy.kernels.fusing import rewrite
 from castcore.serving.mixed_batch import Chunk
 from castcore.serving.step_time import StepTimes, agreement, random_batches
-from castcore.hf.cache import cache_argument
-from castcore.workload.models import BuiltModel
 
-from tests.deploy.test_fusing import DATA, real_model
+from tests.deploy.test_fusing import DATA, logits_eager_and_rewritten
 
 QWEN3_NEXT = str(DATA / "tiny-qwen3-next.json")
 K_HEADS, V_HEADS, DIM, WIDTH, LINEAR_LAYERS = 2, 4, 16, 4, 3
@@ -28,22 +25,8 @@ BF16 = 2
 
 
 def test_the_rewrite_computes_what_transformers_does_over_a_prompt_and_decode_steps():
-    from transformers import DynamicCache
-
-    model = real_model("tiny-qwen3-next.json")
-    prompt, steps = torch.randint(3, 200, (2, 70)), [torch.randint(3, 200, (2, 1)) for _ in range(3)]
-
-    def run():
-        cache = {cache_argument(model): DynamicCache(config=model.config)}
-        with torch.no_grad():
-            return [model(x, **cache, use_cache=True).logits for x in (prompt, *steps)]
-
-    eager = run()
-    built = BuiltModel(model=model)
-    done, _ = rewrite(built)
-    assert any("Gated DeltaNet" in line for line in done)
-    with built.while_capturing():
-        fused = run()
+    eager, fused, done = logits_eager_and_rewritten("tiny-qwen3-next.json", 70)
+    assert any("Gated DeltaNet" in line for line in done), done
     for want, got in zip(eager, fused):  # a prompt longer than one 64-token chunk, then the state carried
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 

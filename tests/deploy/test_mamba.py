@@ -14,35 +14,18 @@ import torch
 import castcore
 from castcore.builtin.formulas.ssm import STEPS, ssd_work
 from castcore.cli.main import main
-from castcore.deploy.kernels.fusing import rewrite
-from castcore.hf.cache import cache_argument
 from castcore.serving.mixed_batch import Chunk
 from castcore.serving.step_time import StepTimes, agreement, random_batches
-from castcore.workload.models import BuiltModel
 
-from tests.deploy.test_fusing import DATA, real_model
+from tests.deploy.test_fusing import DATA, logits_eager_and_rewritten
 
 NEMOTRON_H = str(DATA / "tiny-nemotron-h.json")
 ops = torch.ops.castcore
 
 
 def test_the_rewrite_computes_what_transformers_does_over_a_prompt_and_decode_steps():
-    from transformers import DynamicCache
-
-    model = real_model("tiny-nemotron-h.json")
-    prompt, steps = torch.randint(3, 200, (2, 40)), [torch.randint(3, 200, (2, 1)) for _ in range(3)]
-
-    def run():
-        cache = {cache_argument(model): DynamicCache(config=model.config)}
-        with torch.no_grad():
-            return [model(x, **cache, use_cache=True).logits for x in (prompt, *steps)]
-
-    eager = run()
-    built = BuiltModel(model=model)
-    done, _ = rewrite(built)
+    eager, fused, done = logits_eager_and_rewritten("tiny-nemotron-h.json", 40)
     assert any("Mamba-2" in line for line in done), done
-    with built.while_capturing():
-        fused = run()
     for want, got in zip(eager, fused):  # a prompt of two and a half 16-token chunks, then the state carried
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
