@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from castcore.builtin import recurrent_ops  # noqa: F401  (defines the ops)
-from castcore.deploy.kernels.packing import packed_chunks, packed_delta_rule, packing_on
-from castcore.hf.cache import keep_recurrent_state, recurrent_state
+from castcore.deploy.kernels.linear_attention import start_states
+from castcore.deploy.kernels.packing import packed_delta_rule, packing_on
+from castcore.hf.cache import keep_recurrent_state
 
 ops = torch.ops.castcore
 PARTS = (
@@ -50,17 +51,10 @@ def _forward(self, hidden_states, cache=None, attention_mask=None, cache_params=
     batch, seq = hidden_states.shape[:2]
     dim = self.head_dim
     mixed = torch.cat([proj(hidden_states) for proj in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
-    channels, width = mixed.shape[-1], self.conv_kernel_size - 1
-    heads = channels // (3 * dim)  # one device's share under tensor parallelism
+    heads = mixed.shape[-1] // (3 * dim)  # one device's share under tensor parallelism
     packed = packing_on()  # a mixed batch (castcore.serving.mixed_batch): each sequence with its own states
-    if packed:  # only shapes: the delta rule's states are made per set of sequences (packed_delta_rule)
-        conv_state, state = mixed.new_empty((len(packed_chunks()), channels, width)), None
-    else:
-        conv_state, state = (recurrent_state(cache, self.layer_idx) if cache is not None else None) or (
-            hidden_states.new_zeros((batch, channels, width)),
-            hidden_states.new_zeros((batch, heads, dim, dim)),
-        )
-    mixed, conv_state = ops.causal_conv1d(mixed, self.conv1d.weight[:channels, 0], conv_state)
+    conv_state, state = start_states(self, cache, mixed, (heads, dim, dim))
+    mixed, conv_state = ops.causal_conv1d(mixed, self.conv1d.weight[: mixed.shape[-1], 0], conv_state)
     q, k, v = (x.reshape(batch, seq, heads, dim) for x in mixed.split([heads * dim] * 3, dim=-1))
     gate = self.forget_gate
     a = gate.f_b_proj(gate.f_a_proj(hidden_states)).view(batch, seq, heads, dim)

@@ -16,6 +16,7 @@ transformers' logits rewritten (tests/deploy/test_linear_attention.py).
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +37,20 @@ def rewrite(module: nn.Module) -> None:
     module.forward = types.MethodType(_forward, module)
 
 
+def start_states(self, cache, mixed: torch.Tensor, state: tuple[int, ...]) -> tuple[torch.Tensor, Any]:
+    """The convolution's state and the recurrence's (one sequence's: ``state``) a layer starts from, for ``mixed``
+    [batch, seq, channels]: in a packed row only the convolution's shape (packed_delta_rule makes the rule's per set
+    of sequences; the rule's state is None), else the cache's where it holds them, else zeros."""
+    channels, width = mixed.shape[-1], self.conv_kernel_size - 1
+    if packing_on():
+        return mixed.new_empty((len(packed_chunks()), channels, width)), None
+    batch = mixed.shape[0]
+    return (recurrent_state(cache, self.layer_idx) if cache is not None else None) or (
+        mixed.new_zeros((batch, channels, width)),
+        mixed.new_zeros((batch, *state)),
+    )
+
+
 def _forward(self, hidden_states, cache=None, attention_mask=None, cache_params=None, **kwargs):
     cache = cache if cache is not None else cache_params
     batch, seq = hidden_states.shape[:2]
@@ -46,16 +61,9 @@ def _forward(self, hidden_states, cache=None, attention_mask=None, cache_params=
     q, k, v, z = qkvz.view(batch, seq, k_heads, -1).split([dk, dk, ratio * dv, ratio * dv], dim=-1)
     b, a = self.in_proj_ba(hidden_states).view(batch, seq, k_heads, 2 * ratio).split([ratio, ratio], dim=-1)
     mixed = torch.cat([x.reshape(batch, seq, -1) for x in (q, k, v)], dim=-1)
-    channels, width = mixed.shape[-1], self.conv_kernel_size - 1
     packed = packing_on()  # a mixed batch (castcore.serving.mixed_batch): each sequence with its own states
-    if packed:  # only shapes: the delta rule's states are made per set of sequences (packed_delta_rule)
-        conv_state, state = mixed.new_empty((len(packed_chunks()), channels, width)), None
-    else:
-        conv_state, state = (recurrent_state(cache, self.layer_idx) if cache is not None else None) or (
-            hidden_states.new_zeros((batch, channels, width)),
-            hidden_states.new_zeros((batch, v_heads, dk, dv)),
-        )
-    mixed, conv_state = ops.causal_conv1d(mixed, self.conv1d.weight[:channels, 0], conv_state)
+    conv_state, state = start_states(self, cache, mixed, (v_heads, dk, dv))
+    mixed, conv_state = ops.causal_conv1d(mixed, self.conv1d.weight[: mixed.shape[-1], 0], conv_state)
     q, k, v = mixed.split([k_heads * dk, k_heads * dk, v_heads * dv], dim=-1)
     rows = (
         q.view(batch, seq, k_heads, dk),
