@@ -18,7 +18,7 @@ from castcore.deploy.kernels.kimi_delta import is_kimi_delta_attention
 from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.deploy.kernels.mamba import is_mamba2_mixer
 from castcore.errors import ModelError
-from castcore.hf.versions import installed
+from castcore.hf.versions import installed, release
 from castcore.options.catalog import say
 
 # The transformers release whose linear-attention cache castcore's Gated DeltaNet and Mamba-2 kernels are checked
@@ -52,7 +52,7 @@ def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bo
     if not isinstance(model, nn.Module):  # a function the user captures: nothing of transformers' to refuse
         return
     found_version = installed("transformers") or "0"
-    old = _release(found_version) < LINEAR_CACHE_SINCE
+    old = release(found_version) < LINEAR_CACHE_SINCE
     checks = (is_gated_delta_net, is_mamba2_mixer, is_kimi_delta_attention)
     gated, mamba, kimi = (any(map(check, model.modules())) for check in checks)
     if deployed and kimi:
@@ -127,12 +127,3 @@ def _refuse_mamba_split(model: nn.Module, name: str, tp: int) -> None:
                 f"does not divide by {tp}, and each device holds an even share of them (choose a {say('tp')} that "
                 "divides it)"
             )
-
-
-def _release(found: str) -> tuple[int, ...]:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(found).release[:2]
-    except InvalidVersion:
-        return (0,)

@@ -25,7 +25,7 @@ from castcore.hf.attention import (
     supports_attention_backend,
 )
 from castcore.hf.configs import attention_of, set_attention
-from castcore.hf.versions import installed, one_line
+from castcore.hf.versions import installed, older_than_tested, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -97,8 +97,15 @@ def build_causal_lm(
         with _rope_warnings(said):
             hf_config = AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # transformers' validation errors have no common base: any is the config's fault
+        older = older_than_tested("transformers")  # a later release may read the fields this one refuses
         raise ModelError(
             f"{origin}: transformers refuses this {model_type} config: {one_line(exc)}"
+            + (
+                f" (transformers {older} is installed; a newer transformers may read it: pip install -U "
+                "transformers)"
+                if older
+                else ""
+            )
         ) from None
     # The stub types every auto mapping's values as (slow, fast) tokenizer pairs; a model mapping's are classes.
     found = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)

@@ -23,6 +23,23 @@ def installed(package: str) -> str | None:
         return None
 
 
+def release(found: str) -> tuple[int, ...]:
+    """A version's (major, minor), (0,) when it is not one."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(found).release[:2]
+    except InvalidVersion:
+        return (0,)
+
+
+def older_than_tested(package: str) -> str | None:
+    """The installed version when it is older than the newest the tests run on (a newer one may read what it
+    refuses), else None."""
+    found = installed(package) or "0"
+    return found if release(found) < release(TESTED[package][1]) else None
+
+
 def tested_range(package: str) -> str:
     low, high = TESTED[package]
     return f"{low} to {high}.x"

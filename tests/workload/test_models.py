@@ -7,6 +7,7 @@ import torch
 
 from castcore.report.memory import kv_cache_bytes
 from castcore.workload.models import build_preset
+from castcore.hf.versions import older_than_tested
 from castcore.workload.spec import ModelError, build_workload, load_model_config, preset_names
 from castcore.deploy.pipeline import build
 
@@ -63,7 +64,15 @@ def test_presets_are_the_published_models():
             ):
                 build(build_workload(name, seq=8))
             continue
-        model = build(build_workload(name, seq=8)).model
+        try:
+            model = build(build_workload(name, seq=8)).model
+        except (
+            ModelError
+        ) as exc:  # an older transformers knows the type but not every field (nemotron-h's "-")
+            assert older_than_tested("transformers") and str(exc).endswith(
+                "a newer transformers may read it: pip install -U transformers)"
+            ), exc
+            continue
         count = sum(p.numel() for p in model.parameters())
         assert count / 1e9 == pytest.approx(billions, abs=within), name
         assert load_model_config(name)["_source"].startswith(
