@@ -136,9 +136,10 @@ def nvidia(session: nox.Session) -> None:
 
 @nox.session
 def amd(session: nox.Session) -> None:
-    """castpack-amd's own tests, in a venv with only castcore and that pack."""
+    """castpack-amd's own tests, in a venv with castcore, that pack and castpack-collectives (one test prices the
+    Infinity Fabric's all-reduce against RCCL's measured times)."""
     _install_core(session)
-    session.install("packs/castpack-amd")
+    session.install("packs/castpack-amd", "packs/castpack-collectives")
     session.run("pytest", "packs/castpack-amd/tests", *session.posargs)
 
 
