@@ -101,6 +101,19 @@ def _(q, latent, rank, scale, causal):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], rank))
 
 
+@torch.library.custom_op("castcore::latent_entry", mutates_args=())
+def latent_entry(compressed: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
+    """A latent-attention cache entry, the compressed key-value beside the rotated key part: [.., rank + rope].
+    The cache write that follows reads the two parts itself (vLLM's concat_and_cache_mla is one kernel), so a
+    deployed step launches nothing for this (castcore.deploy.engine_step)."""
+    return torch.cat([compressed, k_rot], dim=-1)
+
+
+@latent_entry.register_fake
+def _(compressed, k_rot):
+    return compressed.new_empty((*compressed.shape[:-1], compressed.shape[-1] + k_rot.shape[-1]))
+
+
 @torch.library.custom_op("castcore::varlen_attention", mutates_args=())
 def varlen_attention(
     q: torch.Tensor,

@@ -208,6 +208,7 @@ OPS = {
         "attention",
         "varlen_attention",
         "latent_attention",
+        "latent_entry",
         "varlen_latent_attention",
         "topk_softmax",
         "grouped_topk",

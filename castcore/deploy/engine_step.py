@@ -4,7 +4,8 @@ Position ids, cache positions, slot indices and the bookkeeping of routed token 
 engine on the host (vLLM's input preparation) or inside its routing and attention kernels. A Hugging Face forward
 computes them with small aten ops over integer tensors, so a deployed step prices those at nothing (``hoisted``),
 as it does an op whose data tensors hold no element (the empty value slot of a latent-attention cache written
-beside its entry: nothing to launch); the eager graph (``--eager``) keeps them.
+beside its entry: nothing to launch) and the latent entry's concatenation, which the cache write reads from its
+two parts (vLLM's concat_and_cache_mla, one kernel); the eager graph (``--eager``) keeps them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ HOISTED = Source("core", "hoisted")  # how the per-op table names who priced it
 
 def hoisted(invoke: OpInvoke) -> bool:
     """An aten op whose every tensor, in and out, holds ids, positions or masks, or no element at all: no
-    activation or weight to move."""
+    activation or weight to move; and a latent cache entry, written by the cache write that reads it."""
+    if invoke.name == "castcore::latent_entry":
+        return True
     if not invoke.name.startswith("aten::"):
         return False  # a plugin's or user's op keeps its own estimate
     tensors = [*invoke.inputs(), *invoke.outputs()]

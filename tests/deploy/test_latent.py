@@ -95,6 +95,9 @@ def test_the_rewrite_computes_what_transformers_does_with_both_rotary_layouts(tm
         built = BuiltModel(model=model)
         done, _ = rewrite(built)
         assert any("latent attention" in line for line in done)
+        attention = model.model.layers[0].self_attn
+        assert attention.qkv_a_proj.out_features == 16 + RANK + ROPE  # q_lora_rank, then the latent entry
+        assert not hasattr(attention, "q_a_proj") and not hasattr(attention, "kv_a_proj_with_mqa")
         with built.while_capturing():
             fused = run()
         for want, got in zip(eager, fused):  # the prompt (decompressed), then a decode step (absorbed)
@@ -271,3 +274,37 @@ def test_the_grouped_router_is_priced_as_one_call(session):
     assert not any(
         r.invoke.name in ("aten::scatter_.value", "aten::masked_fill.Scalar") for r in report.records
     )
+
+
+def test_a_decode_step_runs_the_kernels_engines_launch_for_latent_attention(session):
+    """One GEMM for the query's and the latent entry's down-projections (vLLM's fused_qkv_a_proj), the entry
+    written by the cache write alone (concat_and_cache_mla: no concatenation kernel before it), and the router one
+    GEMM on the model's dtype (no fp32 copy of the hidden states, nor an fp32 weight)."""
+    report = session.estimate(
+        castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63), device="h100-sxm"
+    )
+
+    def attention_calls(name):
+        return [r for r in report.records if r.invoke.name == name and ".self_attn" in r.invoke.module]
+
+    down = [r for r in attention_calls("aten::mm") if r.invoke.module.endswith("qkv_a_proj")]
+    assert len(down) == LAYERS and tuple(down[0].invoke.outputs()[0].shape) == (2, 16 + RANK + ROPE)
+    assert not [r for r in attention_calls("aten::mm") if r.invoke.module.endswith(("q_a_proj", "mqa"))]
+    entries = attention_calls("castcore::latent_entry")
+    assert len(entries) == LAYERS and all(r.estimate.time_s == 0 for r in entries)
+    # the keys' write reads the entry's parts and writes it; the empty values slot launches nothing
+    writes = [
+        r for r in attention_calls("aten::index_copy_") if r.invoke.module.endswith("layers.0.self_attn")
+    ]
+    assert sorted(r.estimate.time_s > 0 for r in writes) == [False, True]
+    assert max(r.bytes for r in writes) >= 2 * 2 * (RANK + ROPE) * BF16
+    routers = [r for r in report.records if r.invoke.module.endswith("mlp.gate") and r.estimate.time_s > 0]
+    assert {r.invoke.name for r in routers} == {"aten::mm", "castcore::grouped_topk"}
+    gemms = [r for r in routers if r.invoke.name == "aten::mm"]
+    assert all(t.dtype == torch.bfloat16 for r in gemms for t in r.invoke.inputs())
+    eager = session.estimate(
+        castcore.build_workload(DEEPSEEK, phase="decode", batch=2, kv_len=63, fuse=False), device="h100-sxm"
+    )
+    assert (
+        report.memory.weight_bytes < eager.memory.weight_bytes
+    )  # the routers' weights held in bf16, not fp32

@@ -110,6 +110,12 @@ def _latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     return props.add(torch.float32 if q.dtype.itemsize == 1 else q.dtype, gp=SOFTMAX_OPS_PER_SCORE * pairs)
 
 
+@register_op_properties(OPS["latent_entry"])
+def _latent_entry(invoke: OpInvoke, device) -> PerformanceProperties:
+    """A concatenation: both parts read, the entry written. A deployed step hoists it into the cache write."""
+    return invoke.memory_access_properties()
+
+
 @register_op_properties(OPS["varlen_latent_attention"])
 def _varlen_latent_attention(invoke: OpInvoke, device) -> PerformanceProperties:
     """Each packed sequence as the engine runs it. Absorbed (a decode): its queries multiplied into the latent

@@ -127,6 +127,7 @@ def fuse(host: PluginHost, built: BuiltModel, device: DeviceProfile, kv_reads: s
 def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list[str]]:
     """The core's rewrites of ``built.model``: one line per kind with its count, and what stayed eager."""
     model, done, eager = built.model, Counter(), Counter()
+    dtype = getattr(model, "dtype", None)  # a PreTrainedModel's: its first floating parameter's
     for layer in [m for m in model.modules() if _is_fusable_layer(m)]:
         layer.forward = types.MethodType(_fused_layer_forward, layer)
         done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
@@ -149,7 +150,7 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         elif _gated_activation(module) is not None:
             setattr(parent, attr, FusedGatedMLP(module))
             done[f"gated MLP -> merged gate/up projection + castcore::{_gated_activation(module)[0]}"] += 1
-        elif (moe := rewrite_moe(module)) is not None:
+        elif (moe := rewrite_moe(module, dtype)) is not None:
             done[moe] += 1
             moe_parts.add(id(module))
         elif type(module).__name__ in _TANH_GELUS:

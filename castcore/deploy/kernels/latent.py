@@ -47,6 +47,33 @@ def is_latent_attention(module: nn.Module) -> bool:
 def rewrite(module: nn.Module) -> None:
     module.forward = types.MethodType(_forward, module)
     module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.cache.kv_written)
+    merge_down_projections(module)
+
+
+def merge_down_projections(module: nn.Module) -> None:
+    """q_a_proj and kv_a_proj_with_mqa, which read the same hidden states, as one projection ``qkv_a_proj``
+    (vLLM's fused_qkv_a_proj, TensorRT-LLM's fused_a): one GEMM where there were two. Only plain linears, so
+    a projection a pack swapped in stays as it is."""
+    parts = [getattr(module, name, None) for name in ("q_a_proj", "kv_a_proj_with_mqa")]
+    if not all(type(part) is nn.Linear for part in parts):
+        return
+    q_a, kv_a = parts
+    if (q_a.bias is None) != (kv_a.bias is None):
+        return
+    merged = nn.Linear(
+        q_a.in_features,
+        q_a.out_features + kv_a.out_features,
+        bias=q_a.bias is not None,
+        device=q_a.weight.device,
+        dtype=q_a.weight.dtype,
+    )
+    with torch.no_grad():
+        merged.weight = nn.Parameter(torch.cat([q_a.weight, kv_a.weight]), requires_grad=False)
+        if q_a.bias is not None:
+            merged.bias = nn.Parameter(torch.cat([q_a.bias, kv_a.bias]), requires_grad=False)
+    module.qkv_a_proj = merged
+    module.castcore_q_a_width = q_a.out_features
+    del module.q_a_proj, module.kv_a_proj_with_mqa
 
 
 def absorbed_weight(
@@ -69,20 +96,23 @@ def latent_head(self, hidden_states, position_embeddings, cache, interleave: boo
     config = self.config
     nope, rope, rank = config.qk_nope_head_dim, config.qk_rope_head_dim, config.kv_lora_rank
     batch, seq = hidden_states.shape[:2]
-    q_resid = (
-        None
-        if getattr(self, "q_proj", None) is not None
-        else self.q_a_layernorm(self.q_a_proj(hidden_states))
-    )
+    if hasattr(self, "qkv_a_proj"):  # merged (merge_down_projections)
+        q_a, kv_a = self.qkv_a_proj(hidden_states).split([self.castcore_q_a_width, rank + rope], dim=-1)
+        q_resid = self.q_a_layernorm(q_a)
+    else:
+        q_plain = getattr(self, "q_proj", None) is not None
+        q_resid = None if q_plain else self.q_a_layernorm(self.q_a_proj(hidden_states))
+        kv_a = self.kv_a_proj_with_mqa(hidden_states)
     q = self.q_proj(hidden_states) if q_resid is None else self.q_b_proj(q_resid)
     q_nope, q_rot = q.view(batch, seq, -1, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
-    compressed, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
-    compressed = self.kv_a_layernorm(compressed)
+    compressed, k_rot = kv_a.split([rank, rope], dim=-1)
+    compressed = self.kv_a_layernorm(compressed).view(batch, 1, seq, rank)
     cos, sin = position_embeddings
     q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot.view(batch, 1, seq, rope), cos, sin, interleave)
-    latent = torch.cat([compressed.view(batch, 1, seq, rank), k_rot], dim=-1)  # the cache entry, written once
-    if cache is not None:  # the values slot holds nothing: the entry is the keys
-        latent, _ = cache.update(latent, latent[..., :0], self.layer_idx)
+    if cache is None:
+        return q_nope, q_rot, q_resid, torch.cat([compressed, k_rot], dim=-1)
+    # the cache entry, written once; the values slot holds nothing: the entry is the keys
+    latent, _ = cache.update(ops.latent_entry(compressed, k_rot), compressed[..., :0], self.layer_idx)
     return q_nope, q_rot, q_resid, latent
 
 

@@ -30,8 +30,11 @@ from castcore.deploy.parallel.tensor_plan import _expert_weights
 ops = torch.ops.castcore
 
 
-def rewrite_moe(module: nn.Module) -> str | None:
-    """Rewrite ``module`` in place if it is a mixture-of-experts part castcore fuses; the note's kind, else None."""
+def rewrite_moe(module: nn.Module, dtype: torch.dtype | None = None) -> str | None:
+    """Rewrite ``module`` in place if it is a mixture-of-experts part castcore fuses; the note's kind, else None.
+    ``dtype``: the model's, which DeepSeek's router weight is held in (transformers keeps it fp32), as engines
+    run that router: one GEMM reading the hidden states as they are (TensorRT-LLM's dsv3_router_gemm reads bf16
+    and writes fp32 logits; vLLM's and SGLang's gates are bf16 linears), no fp32 copy of them first."""
     if _is_top_k_router(module):
         module.forward = types.MethodType(_fused_router_forward, module)
         return "MoE router softmax + top-k -> castcore::topk_softmax"
@@ -39,6 +42,8 @@ def rewrite_moe(module: nn.Module) -> str | None:
     if kind:
         if kind == "router":
             module.forward = types.MethodType(_grouped_router_forward, module)
+            if dtype is not None and dtype.is_floating_point and module.weight.dtype != dtype:
+                module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
         else:
             module.route_tokens_to_experts = types.MethodType(_grouped_routing, module)
         return "MoE grouped top-k router (sigmoid, groups, top-k) -> castcore::grouped_topk"
@@ -84,7 +89,10 @@ def _fused_router_forward(self, hidden_states):
 
 
 def _grouped_router_forward(self, hidden_states):
-    logits = nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim).float(), self.weight.float())
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    if self.weight.dtype != hidden_states.dtype:  # transformers' fp32 router where rewrite_moe had no dtype
+        hidden_states = hidden_states.float()
+    logits = nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype))
     weights, indices = ops.grouped_topk(
         logits,
         self.e_score_correction_bias,

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from castcore.builtin import sparse_attention_ops  # noqa: F401  (defines the torch.ops.castcore ops)
-from castcore.deploy.kernels.latent import PARTS, absorbed, latent_head
+from castcore.deploy.kernels.latent import PARTS, absorbed, latent_head, merge_down_projections
 from castcore.deploy.kernels.packing import packed_sparse_latent, packing_on
 
 ops = torch.ops.castcore
@@ -38,6 +38,7 @@ def is_sparse_latent_attention(module: nn.Module) -> bool:
 def rewrite(module: nn.Module) -> None:
     module.forward = types.MethodType(_forward, module)
     module.castcore_latent = True  # its cache entry is the latent one (castcore.hf.cache.kv_written)
+    merge_down_projections(module)
 
 
 def _indexer_inputs(self, hidden_states, q_resid, cos, sin) -> tuple[torch.Tensor, ...]:
