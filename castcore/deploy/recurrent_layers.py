@@ -1,11 +1,11 @@
 """Linear-attention and state-space layers (Qwen3-Next's Gated DeltaNet, Kimi Linear's delta attention, the Mamba-2
 mixers of Nemotron-H and other hybrids): each keeps a fixed-size recurrent state per sequence instead of a KV cache.
 
-Qwen3-Next's Gated DeltaNet and Nemotron-H's Mamba-2 mixers run as engines run them in the deployed view
-(castcore.deploy.kernels.linear_attention, castcore.deploy.kernels.mamba): prefill and decode steps and mixed
-batches, on one device or several; Kimi Linear's delta attention (castcore.deploy.kernels.kimi_delta) prefill and
-decode steps on one device. The other kinds, and those two eager (``--eager``), are priced only as a
-prefill on one device, running transformers' own reference forward op by op. What castcore cannot price yet is
+Qwen3-Next's Gated DeltaNet, Kimi Linear's delta attention and Nemotron-H's Mamba-2 mixers run as engines run them
+in the deployed view (castcore.deploy.kernels.linear_attention, castcore.deploy.kernels.kimi_delta,
+castcore.deploy.kernels.mamba): prefill and decode steps and mixed batches, on one device or several (Kimi Linear's
+latent attention layers run as DeepSeek's, castcore.deploy.kernels.latent). The other kinds, and those eager
+(``--eager``), are priced only as a prefill on one device, running transformers' own reference forward op by op. What castcore cannot price yet is
 refused in one line before anything is captured, not left to fail inside transformers: their decode steps (which
 read and write that state), tensor parallelism (which must split their heads as engines do) and mixed batches;
 and a tensor-parallel size that does not divide a Mamba-2 layer's heads and groups."""
@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from castcore.deploy.kernels.kimi_delta import is_kimi_delta_attention
+from castcore.deploy.kernels.latent import is_latent_attention
 from castcore.deploy.kernels.linear_attention import is_gated_delta_net
 from castcore.deploy.kernels.mamba import is_mamba2_mixer
 from castcore.errors import ModelError
@@ -56,7 +57,7 @@ def refuse_unpriced(model: nn.Module, name: str, phase: str, tp: int, packed: bo
     checks = (is_gated_delta_net, is_mamba2_mixer, is_kimi_delta_attention)
     gated, mamba, kimi = (any(map(check, model.modules())) for check in checks)
     if deployed and kimi:
-        _kimi_refusal(model, name, tp, packed)
+        _kimi_refusal(model, name, packed)
     if deployed and old and (gated or (mamba and (phase == "decode" or packed))):
         layers = "Gated DeltaNet layers run" if gated else "Mamba-2 layers' decode steps run"
         raise ModelError(
@@ -95,24 +96,18 @@ def _runs_deployed(module: nn.Module) -> bool:
     return is_gated_delta_net(module) or is_mamba2_mixer(module) or is_kimi_delta_attention(module)
 
 
-def _kimi_refusal(model: nn.Module, name: str, tp: int, packed: bool) -> None:
-    """ModelError for what castcore does not yet run of Kimi Linear deployed: tensor parallelism of its delta
-    attention, and mixed batches, whose latent attention layers castcore does not split per sequence (the prompt
-    and decode steps on one device it runs)."""
-    if (
-        packed
-    ):  # its delta rule runs packed (castcore.deploy.kernels.kimi_delta); its latent attention does not
+def _kimi_refusal(model: nn.Module, name: str, packed: bool) -> None:
+    """ModelError for a mixed batch of a Kimi Linear whose attention layers are not latent attention castcore
+    runs packed (its delta attention runs packed, castcore.deploy.kernels.kimi_delta)."""
+    own_attention = any(
+        type(m).__name__.endswith("Attention") and not (is_latent_attention(m) or is_kimi_delta_attention(m))
+        for m in model.modules()
+    )
+    if packed and own_attention:
         raise ModelError(
             f"{name}: a mixed batch (castcore simulate, plan --rate) is not supported for this model yet: its "
-            "delta-rule linear-attention layers run packed, but its latent attention layers run the model's own "
+            "delta-rule linear-attention layers run packed, but its attention layers run the model's own "
             f"attention, which castcore cannot split per sequence; use castcore estimate {say('tp', 1)} or castcore serve"
-        )
-    asked = say("tp", tp) if tp > 1 else None
-    if asked is not None:
-        raise ModelError(
-            f"{name}: {asked} is not supported for this model yet: its delta-rule linear-attention layers keep a "
-            f"recurrent state per sequence, which castcore prices in a prefill and decode steps on one device; use "
-            f"castcore estimate {say('tp', 1)}"
         )
 
 

@@ -80,6 +80,7 @@ HUB_IDS = {
     "gpt-oss-20b": "openai/gpt-oss-20b",
     "kimi-k2": "moonshotai/Kimi-K2-Instruct",
     "kimi-k2-thinking": "moonshotai/Kimi-K2-Thinking",
+    "kimi-linear-48b-a3b": "moonshotai/Kimi-Linear-48B-A3B-Instruct",
     "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
     "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
     "llama-3.1-405b": "meta-llama/Llama-3.1-405B",

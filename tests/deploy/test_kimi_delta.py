@@ -2,15 +2,21 @@
 prompt, then decode steps over the recurrent state) and their kernels' work worked by hand. Tiny config in
 tests/data (3 KDA layers, then multi-head latent attention: 4 heads of 16, convolution width 4). Needs the newest
 transformers castcore is tested on (kimi_linear is not in 5.5.0; not a ``models`` test). The packed row's delta rule
-computes each sequence's own (mixed batches stay refused: the latent attention layers do not run packed)."""
+computes each sequence's own, and a mixed batch runs its latent attention layer packed, never rotated (NoPE)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 import castcore
 from castcore.builtin.formulas.pointwise import SIGMOID, TRANSCENDENTAL
 from castcore.builtin.formulas.recurrent import CHUNK, DECAY, FOLD, GATES
+
+from castcore.serving.mixed_batch import Chunk, capture_mixed
+from castcore.serving.step_time import StepTimes
 
 from tests.deploy.test_fusing import DATA, logits_eager_and_rewritten
 
@@ -22,6 +28,7 @@ BF16 = 2
 def test_the_rewrite_computes_what_transformers_does_over_a_prompt_and_decode_steps():
     eager, fused, done = logits_eager_and_rewritten("tiny-kimi-linear.json", 70)
     assert any("Kimi delta attention" in line for line in done), done
+    assert any("latent attention" in line for line in done), done  # its one layer, never rotated
     for want, got in zip(eager, fused):  # a prompt longer than one 64-token chunk, then the state carried
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -98,3 +105,59 @@ def test_a_packed_row_with_per_channel_decay_is_each_sequences_own_rule():
         torch.testing.assert_close(out[:, part], want)
         torch.testing.assert_close(after[i : i + 1], state)
         at += n
+
+
+def test_a_decode_step_runs_its_latent_attention_absorbed_without_rotary(session):
+    report = session.estimate(
+        castcore.build_workload(KIMI, phase="decode", batch=2, kv_len=63), device="h100-sxm"
+    )
+    names = [r.invoke.name for r in report.records]
+    assert names.count("castcore::latent_attention") == 1 and "castcore::rotary_embedding" not in names
+    (latent,) = [r for r in report.records if r.invoke.name == "castcore::latent_attention"]
+    assert tuple(latent.invoke.args[1].shape) == (2, 1, 64, 16 + 8)  # rank 16 + the unrotated 8 columns
+    assert not [r for r in report.records if r.invoke.name == "aten::_safe_softmax"]  # not its own sdpa
+
+
+def test_a_mixed_batch_runs_the_delta_rule_and_the_latent_attention_packed(session):
+    report = capture_mixed(
+        session.pipeline, castcore.build_workload(KIMI), [Chunk(1, 63), Chunk(16, 0)], "h100-sxm"
+    )
+    names = [r.invoke.name for r in report.records]
+    assert (
+        names.count("castcore::varlen_latent_attention") == 2
+    )  # the decode absorbed, the prompt decompressed
+    assert names.count("castcore::varlen_gated_delta_rule") == 2 * LINEAR_LAYERS  # the same two sets
+    steps = StepTimes(session.pipeline, castcore.build_workload(KIMI), "h100-sxm", 512, 64)
+    static = session.estimate(
+        castcore.build_workload(KIMI, phase="decode", batch=4, kv_len=100), device="h100-sxm"
+    )
+    assert steps([Chunk(1, 100)] * 4) == pytest.approx(static.time_s, rel=0.1)
+
+
+def test_simulate_serves_kimi_linear_with_each_requests_state_in_the_pool(h100_file, capsys):
+    from castcore.cli.main import main
+
+    argv = ["simulate", "--model", KIMI, "--device-file", str(h100_file), "--no-packs", "--requests", "8"]
+    assert main([*argv, "--input", "48", "--output", "8", "--concurrency", "4", "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["completed"] == 8 and done["median_tpot_ms"] > 0 and done["median_ttft_ms"] > 0
+
+
+def test_tensor_parallelism_splits_the_delta_attention_by_heads_and_keeps_the_latent_cache_whole(session):
+    def decode(tp):
+        workload = castcore.build_workload(KIMI, phase="decode", batch=2, kv_len=63, tp=tp)
+        return session.estimate(workload, device="h100-sxm")
+
+    one, two = decode(1), decode(2)
+    rule = next(r for r in two.records if r.invoke.name == "castcore::gated_delta_rule")
+    q, _, _, a, b = rule.invoke.args[:5]
+    assert q.shape[2] == a.shape[2] == b.shape[2] == HEADS // 2 and a.shape[3] == DIM  # per-channel gates too
+    # the latent layer's 64 entries (rank 16 + 8) whole on each device; each KDA layer's state and convolution
+    # inputs halved
+    latent = 2 * 64 * (16 + 8) * BF16
+    kda = LINEAR_LAYERS * 2 * (HEADS * DIM * DIM + 3 * HEADS * DIM * (WIDTH - 1)) * BF16
+    assert one.memory.kv_cache_bytes - latent == pytest.approx(kda, abs=64)  # and a length counter
+    assert two.memory.kv_cache_bytes - latent == pytest.approx(kda / 2, abs=64)
+    assert (
+        sum(r.invoke.name.endswith("all_reduce") for r in two.records) >= 2 * 4
+    )  # attention and MLP each layer

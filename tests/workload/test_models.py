@@ -42,6 +42,9 @@ PRESET_PARAMS = {  # published parameter counts (billions), and half the last di
     "qwen3-next-80b-a3b": (80, 0.5),  # "80B total parameters, only 3B active" (transformers' qwen3_next page)
     # "This model has 56B model parameters." (nvidia/Nemotron-H-56B-Base-8K's model card): castcore builds 56.32B
     "nemotron-h-56b": (56, 0.5),
+    # "48B" total (MoonshotAI/Kimi-Linear's README): castcore builds 49.12B, 48.37B without the untied embedding
+    # and LM head (0.38B each), so the published figure leaves those out
+    "kimi-linear-48b-a3b": (48, 1.2),
     "gpt-oss-20b": (20.9, 0.05),
     "gpt-oss-120b": (116.8, 0.05),  # the model card's totals
     "llama-4-scout": (
@@ -76,7 +79,15 @@ def test_presets_are_the_published_models():
         count = sum(p.numel() for p in model.parameters())
         assert count / 1e9 == pytest.approx(billions, abs=within), name
         assert load_model_config(name)["_source"].startswith(
-            ("ai-dynamo/aiconfigurator", "meta-llama/", "mistralai/", "Qwen/", "openai/", "zai-org/")
+            (
+                "ai-dynamo/aiconfigurator",
+                "meta-llama/",
+                "mistralai/",
+                "Qwen/",
+                "openai/",
+                "zai-org/",
+                "moonshotai/",
+            )
         ), name
         assert {p.device.type for p in model.parameters()} == {"meta"}
 

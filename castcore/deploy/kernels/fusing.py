@@ -182,13 +182,13 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
             replace_own_attn(module, fused_own_attn)
         done[f"attention (the model's own _attn) -> castcore::attention{reads}"] += len(attention_modules)
         # Its eager attention no longer runs: the note that says so at build time is not true of this capture.
-        stale = no_attention_backend_note(type(model).__name__, attention_of(model))
-        if stale in built.notes:
-            built.notes.remove(stale)
+        _drop_stale_note(built, model)
     elif attention_modules:
         eager[
             f"{type(attention_modules[0]).__name__} (the model keeps its own attention implementation)"
         ] += len(attention_modules)
+    else:  # every attention layer runs a forward of castcore's (Kimi Linear's): the build note is not true
+        _drop_stale_note(built, model)
     rotary = standard_rotary(model)
     if rotary:
         if attention_modules:
@@ -198,6 +198,12 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     return [f"{count} {kind}" for kind, count in done.items()], [
         f"{count} {kind}" for kind, count in eager.items()
     ]
+
+
+def _drop_stale_note(built: BuiltModel, model: nn.Module) -> None:
+    stale = no_attention_backend_note(type(model).__name__, attention_of(model))
+    if stale in built.notes:
+        built.notes.remove(stale)
 
 
 # --- norms ---------------------------------------------------------------------------------------------

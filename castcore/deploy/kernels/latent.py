@@ -21,6 +21,7 @@ model with real weights gives the same logits rewritten and eager (tests/deploy/
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import torch
@@ -35,13 +36,19 @@ PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 
 def is_latent_attention(module: nn.Module) -> bool:
     """transformers' MLA attention with cos/sin rotary tables (DeepSeek-V3's; DeepSeek-V2 rotates with complex
-    frequencies and keeps its own forward)."""
+    frequencies and keeps its own forward), or with no rotary at all (Kimi Linear's: ``is_nope``)."""
     config = getattr(module, "config", None)
     return (
         all(hasattr(module, name) for name in PARTS)
         and isinstance(getattr(config, "kv_lora_rank", None), int)
-        and hasattr(config, "rope_interleave")
+        and (hasattr(config, "rope_interleave") or is_nope(module))
     )
+
+
+def is_nope(module: nn.Module) -> bool:
+    """Latent attention whose keys and queries are never rotated: Kimi Linear's, whose class's forward takes no
+    rotary tables (its delta-attention layers' decay carries position; its checkpoint says ``mla_use_nope``)."""
+    return "position_embeddings" not in inspect.signature(type(module).forward).parameters
 
 
 def rewrite(module: nn.Module) -> None:
@@ -107,8 +114,10 @@ def latent_head(self, hidden_states, position_embeddings, cache, interleave: boo
     q_nope, q_rot = q.view(batch, seq, -1, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
     compressed, k_rot = kv_a.split([rank, rope], dim=-1)
     compressed = self.kv_a_layernorm(compressed).view(batch, 1, seq, rank)
-    cos, sin = position_embeddings
-    q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot.view(batch, 1, seq, rope), cos, sin, interleave)
+    k_rot = k_rot.view(batch, 1, seq, rope)
+    if not is_nope(self):
+        cos, sin = position_embeddings
+        q_rot, k_rot = ops.rotary_embedding(q_rot, k_rot, cos, sin, interleave)
     if cache is None:
         return q_nope, q_rot, q_resid, torch.cat([compressed, k_rot], dim=-1)
     # the cache entry, written once; the values slot holds nothing: the entry is the keys
@@ -149,7 +158,7 @@ def _forward(
     batch, seq = hidden_states.shape[:2]
     cache = cache if cache is not None else past_key_values
     q_nope, q_rot, _, latent = latent_head(
-        self, hidden_states, position_embeddings, cache, bool(config.rope_interleave)
+        self, hidden_states, position_embeddings, cache, bool(getattr(config, "rope_interleave", False))
     )
     heads = q_nope.shape[1]
     scale = float(getattr(self, "scaling", (nope + rope) ** -0.5))

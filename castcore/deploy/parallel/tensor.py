@@ -67,9 +67,10 @@ def per_device_config(config: Any, n: int) -> Any:
     for linear in (
         "linear_num_key_heads",
         "linear_num_value_heads",
+        "linear_num_heads",
         "mamba_num_heads",
         "n_groups",
-    ):  # Gated DeltaNet's heads and Mamba-2's heads and groups, split the same
+    ):  # Gated DeltaNet's heads, Kimi delta attention's, and Mamba-2's heads and groups, split the same
         if isinstance(config_field(text, linear), int):
             changes[linear] = config_field(text, linear) // n
     if isinstance(text, dict):

@@ -36,6 +36,10 @@ CONV1D = {
     "c_proj": "conv1d_rowwise",
 }
 KV_PROJECTIONS = ("k_proj", "v_proj")
+# Kimi Linear's delta attention: its per-head projections beside q/k/v (the write strength, and the forget and
+# output gates' second, low-rank-to-heads halves), split by heads as vLLM's KimiDeltaAttention splits them; the
+# gates' first halves (f_a_proj, g_a_proj) stay whole
+DELTA_HEADS = ("b_proj", "g_b_proj", "forget_gate.f_b_proj")
 SHARED_EXPERTS = (
     "shared_experts",
     "shared_expert",
@@ -66,7 +70,7 @@ def _check_divisible(model: torch.nn.Module, n: int) -> None:
     config = text_config(model)
     if config is None:
         return
-    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "linear_num_heads"):
         value = getattr(config, name, None)
         if name == "num_key_value_heads" and isinstance(value, int) and value and not n % value:
             continue  # fewer KV heads than devices: each device holds one, replicated (vLLM's rule)
@@ -137,6 +141,11 @@ def build_plan(
                 else ColwiseParallel()
             )
         info.plan[path] = kind
+    for path, kind in _delta_attention_heads(model).items():  # over what structure guessed of its gates
+        plan.pop(path, None)
+        info.plan.pop(path, None)
+        if kind == "colwise":
+            plan[path], info.plan[path] = ColwiseParallel(), "colwise"
     if not any(kind in ROW_KINDS for kind in info.plan.values()):
         raise ModelError(
             f"{say('tp', n)}: found no attention/MLP projections named {', '.join(COLWISE + ROWWISE)} "
@@ -199,6 +208,18 @@ def _by_structure(model: torch.nn.Module, planned: dict[str, str]) -> dict[str, 
         )
         if len(linears) >= 4:
             found[path] = "local_heads"
+    return found
+
+
+def _delta_attention_heads(model: torch.nn.Module) -> dict[str, str]:
+    """Every Kimi delta attention block's (one with a forget gate and an output gate beside its q/k/v) gate
+    projections: DELTA_HEADS "colwise", the gates' first halves "whole"."""
+    found = {}
+    for path, block in model.named_modules():
+        if hasattr(block, "forget_gate") and hasattr(block, "g_b_proj"):
+            at = f"{path}." if path else ""
+            found |= {at + name: "colwise" for name in DELTA_HEADS}
+            found |= {at + name: "whole" for name in ("g_a_proj", "forget_gate.f_a_proj")}
     return found
 
 
