@@ -31,6 +31,8 @@ ENGINE_ALLREDUCE = (
     "two_shot_latency_s",
     "two_shot_bandwidth",
 )
+# the collective libraries whose protocols a level's protocol_latency_s can be given for (Interconnect.library)
+LIBRARIES = ("nccl", "rccl")
 # a collective library's protocols, as Interconnect.protocol_latency_s orders them
 PROTOCOLS = (
     "LL",
@@ -69,6 +71,9 @@ class Interconnect:
     # step of each, which replaces latency_s for that library's algorithms; 0 for a protocol the library does not
     # run on this level. Empty: one protocol, latency_s a step.
     protocol_latency_s: tuple[float, ...] = ()
+    # The collective library that runs on this level, whose protocols' base latencies and shares of the bandwidth
+    # go with protocol_latency_s (NCCL on NVIDIA GPUs, RCCL, NCCL's fork, on AMD ones)
+    library: str = "nccl"
     # The most ranks the engine's own all-reduce runs for on this level (vLLM turns its custom all-reduce off above
     # two GPUs that are not all NVLink-connected); 0: no limit.
     engine_allreduce_max_ranks: int = 0

@@ -15,6 +15,7 @@ from castcore.devices.profile import (
     BAND_FAMILIES,
     ENGINE_ALLREDUCE,
     PROTOCOLS,
+    LIBRARIES,
     TOPOLOGIES,
     DeviceError,
     DeviceProfile,
@@ -233,6 +234,9 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
             f"'{where}' gives part of the engine all-reduce; give all of {', '.join(ENGINE_ALLREDUCE)}, "
             "or none"
         )
+    library = raw.get("library", "nccl")
+    if library not in LIBRARIES:
+        raise fail(f"'{where}.library' = {library!r}; use one of {', '.join(LIBRARIES)}")
     protocols = _step_latencies(raw, f"{where}.protocol_latency_s", fail)
     tree = _step_latencies(raw, f"{where}.tree_latency_s", fail)
     if tree and not protocols:
@@ -255,6 +259,7 @@ def _interconnect(i: int, raw: Any, fail) -> Interconnect:
             raw.get("reduction_latency_s", 0.0), f"{where}.reduction_latency_s", fail
         ),
         protocol_latency_s=protocols,
+        library=library,
         tree_latency_s=tree,
         engine_allreduce_max_ranks=max_ranks,
         **engine,

@@ -194,6 +194,13 @@ def test_the_fabric_gives_the_levels_bandwidth(tmp_path, fabric, bandwidth, nics
     assert level.nics_per_device == nics
     assert level.efficiency == 0.7  # the fraction of line rate the library reaches stays its own field
     assert level.tree_latency_s == ((5e-6, 8.5e-6, 14e-6) if "tree" in fabric else ())
+    assert level.library == "nccl"  # unless the level names another
+
+
+def test_a_level_names_the_collective_library_that_runs_on_it(tmp_path):
+    fabric = 'bandwidth = 1e10\nlibrary = "rccl"\nprotocol_latency_s = [3e-6, 0, 3e-6]'
+    level = castcore.load_device_file(_write(tmp_path, CLUSTER.replace("FABRIC", fabric))).interconnect[1]
+    assert (level.library, level.protocol_latency_s) == ("rccl", (3e-6, 0.0, 3e-6))
 
 
 @pytest.mark.parametrize(
@@ -226,6 +233,7 @@ def test_the_fabric_gives_the_levels_bandwidth(tmp_path, fabric, bandwidth, nics
             "bandwidth = 1e10\nprotocol_latency_s = [2.7e-6, 4e-6, 14e-6]\ntree_latency_s = [5e-6]",
             "'interconnect[1].tree_latency_s' must be [LL, LL128, Simple]",
         ),
+        ('bandwidth = 1e10\nlibrary = "mpi"', "'interconnect[1].library' = 'mpi'; use one of nccl, rccl"),
     ],
 )
 def test_bad_fabric_values_name_the_file_and_field(tmp_path, fabric, message):

@@ -50,12 +50,23 @@ TREE_CORRECTION = {
     "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 }
+# RCCL, NCCL's fork for AMD GPUs (Interconnect.library "rccl"), fitted on rccl-tests all_reduce_perf over 8x MI300X
+# under HIP graphs (ROCm blogs "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X",
+# 2025-03-02, RCCL 2.22.3, ROCm 6.3, 25 sizes 1 KiB-16 GiB): below about 8 MiB RCCL runs at about half the
+# bandwidth it reaches on large buffers (LL: 8-byte stores of 4 bytes of data), above it at all of it after a
+# start-up about 49 us dearer. With the mesh's two direct steps of 3.875 us (castpack-amd's mi300x profile) that
+# prices the 25 sizes at 2.4% median |error| (15% at most, 8 MiB), where one protocol gave 12% (46% at most).
+# Fitted on all-reduce; the other collectives are assumed to run the same way. No LL cap: the fit holds it.
+RCCL_BASE_LATENCY_S = {"LL": 0.0, "LL128": 0.0, "Simple": 49.25e-6}
+RCCL_LL_FRACTION = 0.52
 P2P_LL_THRESHOLD = 16384  # enqueue.cc NCCL_P2P_LL_THRESHOLD default: a send of at most this many bytes runs LL
 POINT_TO_POINT = ("all_to_all", "send")  # NCCL's send/receive: LL or Simple, never LL128
 
 
-def fraction(protocol: str, collective: str) -> float:
+def fraction(protocol: str, collective: str, library: str = "nccl") -> float:
     """The share of the level's bus bandwidth (``bandwidth x efficiency``, what Simple reaches) a protocol gets."""
+    if protocol == "LL" and library == "rccl":
+        return RCCL_LL_FRACTION
     if protocol == "LL":
         return 1 / 4 if collective == "all_reduce" else 1 / 3
     if protocol == "LL128":
@@ -77,9 +88,16 @@ def cheapest(level: Interconnect, collective: str, steps: int, moved: float,
     return cheapest_over(((level, steps, 0.0),), collective, moved, rate)
 
 
-def ll_cap(nodes: int) -> float:
-    """LL's most bus bandwidth: NCCL's one-node figure on one node, the host's over several."""
+def ll_cap(nodes: int, library: str = "nccl") -> float:
+    """LL's most bus bandwidth: NCCL's one-node figure on one node, the host's over several; none for RCCL."""
+    if library == "rccl":
+        return float("inf")
     return LL_MAX_BUS_BANDWIDTH if nodes <= 1 else LL_MAX_BUS_BANDWIDTH_NODES.get(nodes, LL_MAX_BUS_BANDWIDTH_MANY)
+
+
+def base_latency(protocol: str, library: str = "nccl") -> float:
+    """The library's cost a call of ``protocol``, paid once (NCCL's ring baseLat; RCCL's fitted)."""
+    return (RCCL_BASE_LATENCY_S if library == "rccl" else BASE_LATENCY_S)[protocol]
 
 
 def cheapest_over(legs: tuple[tuple[Interconnect, int, float], ...], collective: str, moved: float,
@@ -88,17 +106,18 @@ def cheapest_over(legs: tuple[tuple[Interconnect, int, float], ...], collective:
     its protocol's step latency, at least ``floor`` (x 3 in Simple, as NCCL's net overhead is); the protocols are
     those every leg's level offers; LL capped as over ``nodes`` nodes."""
     names = [p for p in PROTOCOLS if all(p in offered(level, collective) for level, _, _ in legs)]
+    library = legs[0][0].library  # one call runs one library
     best = None
     for protocol in names:
-        bandwidth = rate * fraction(protocol, collective)
+        bandwidth = rate * fraction(protocol, collective, library)
         if protocol == "LL":
-            bandwidth = min(bandwidth, ll_cap(nodes))
+            bandwidth = min(bandwidth, ll_cap(nodes, library))
         k = PROTOCOLS.index(protocol)
         time = moved / bandwidth + sum(
             steps * max(level.protocol_latency_s[k], floor * (3 if protocol == "Simple" else 1))
             for level, steps, floor in legs
         )
-        base = BASE_LATENCY_S[protocol]
+        base = base_latency(protocol, library)
         if best is None or time + base < best[1] + best[2]:
             best = (protocol, time, base)
     return best
@@ -141,8 +160,8 @@ def p2p(level: Interconnect, nbytes: float, rate: float) -> tuple[str, float, fl
     if not names:
         return None
     protocol = "LL" if "LL" in names and (nbytes <= P2P_LL_THRESHOLD or "Simple" not in names) else "Simple"
-    bandwidth = rate * fraction(protocol, "send")
+    bandwidth = rate * fraction(protocol, "send", level.library)
     if protocol == "LL":
-        bandwidth = min(bandwidth, LL_MAX_BUS_BANDWIDTH)
+        bandwidth = min(bandwidth, ll_cap(1, level.library))
     step = level.protocol_latency_s[PROTOCOLS.index(protocol)]
-    return protocol, step + nbytes / bandwidth, BASE_LATENCY_S[protocol]
+    return protocol, step + nbytes / bandwidth, base_latency(protocol, level.library)
