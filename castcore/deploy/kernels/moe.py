@@ -44,8 +44,9 @@ def rewrite_moe(module: nn.Module, dtype: torch.dtype | None = None) -> str | No
             module.forward = types.MethodType(_grouped_router_forward, module)
             if dtype is not None and dtype.is_floating_point and module.weight.dtype != dtype:
                 module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
-        else:
+        else:  # the gate only computes the logits (transformers 5.5): in the model's dtype too
             module.route_tokens_to_experts = types.MethodType(_grouped_routing, module)
+            module.gate.forward = types.MethodType(_router_logits, module.gate)
         return "MoE grouped top-k router (sigmoid, groups, top-k) -> castcore::grouped_topk"
     if _is_dense_routed_moe(module):
         _adopt_dense_experts(module.experts)
@@ -103,6 +104,10 @@ def _grouped_router_forward(self, hidden_states):
         float(self.routed_scaling_factor),
     )
     return logits, weights, indices
+
+
+def _router_logits(self, hidden_states):
+    return nn.functional.linear(hidden_states.reshape(-1, self.weight.shape[-1]), self.weight)
 
 
 def _grouped_routing(self, router_logits):
