@@ -265,3 +265,27 @@ def test_mi300x_all_reduce_matches_rccl_at_small_and_large_sizes(session):
             "all_reduce", nbytes, 8, device.interconnect, op_cost_s=device.comm_op_cost_s
         )
         assert cost.time_s * 1e6 == pytest.approx(measured_us, rel=0.03), nbytes
+
+
+# vLLM's custom all-reduce on MI300X, fp16, microseconds: at TP 4 (vllm-project/vllm #19744, table TP=4, column
+# 'baseline'), which the mi300x profile's engine constants are fitted on, and at TP 2 (ROCm/aiter #801, table tp2(us),
+# column 'vllm cr'), held out.
+VLLM_CR_MI300X_TP4 = {2048: 7.18, 16384: 7.26, 32768: 7.58, 262144: 14.39, 524288: 14.65, 1048576: 22.91,
+                      2097152: 36.64, 4194304: 63.86, 8388608: 118.31, 16777216: 230.48}
+VLLM_CR_MI300X_TP2 = {4096: 7.07, 8192: 7.58, 16384: 7.53, 32768: 7.30, 65536: 7.66, 131072: 8.70, 262144: 11.45,
+                      524288: 17.13, 1048576: 28.15, 2097152: 49.67, 4194304: 93.79, 8388608: 181.43,
+                      16777216: 355.91}
+
+
+@pytest.mark.parametrize("ranks, measured, median_within", [(4, VLLM_CR_MI300X_TP4, 0.02), (2, VLLM_CR_MI300X_TP2, 0.05)])
+def test_mi300x_engine_all_reduce_prices_vllms_custom_all_reduce(session, ranks, measured, median_within):
+    from castpack_collectives import alphabeta
+
+    mesh = session.devices["mi300x"].interconnect
+    errors = []
+    for nbytes, measured_us in measured.items():
+        cost = alphabeta.collective_cost("all_reduce", nbytes, ranks, mesh, 5.6e-6, alphabeta.ENGINE)
+        assert cost.algorithm in alphabeta.ENGINE_KERNELS, nbytes  # under 16 MiB, vLLM's own kernel
+        errors.append(abs(cost.time_s * 1e6 / measured_us - 1))
+    errors.sort()
+    assert errors[len(errors) // 2] < median_within and errors[-1] < 0.15, errors

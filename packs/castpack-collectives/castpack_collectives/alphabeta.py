@@ -188,11 +188,13 @@ def flat(collective: str, algorithm: str, nbytes: float, n: int, level: Intercon
             return None
         if level.engine_allreduce_max_ranks and n > level.engine_allreduce_max_ranks:
             return None  # the engine hands the call to the collective library (vLLM above two PCIe-only GPUs)
+        # On a full mesh the bandwidths are a rank's over all its links; a group of n uses n - 1 of them.
+        links = (n - 1) / (level.devices - 1) if level.topology == "full-mesh" and level.devices > 1 else 1.0
         if algorithm == "one_shot":
             return Phase(collective, algorithm, level, n, s, 1, (n - 1) * s,
-                         level.one_shot_latency_s + (n - 1) * s / level.one_shot_bandwidth)
+                         level.one_shot_latency_s + (n - 1) * s / (level.one_shot_bandwidth * links))
         return Phase(collective, algorithm, level, n, s, 2, 2 * share,
-                     level.two_shot_latency_s + 2 * share / level.two_shot_bandwidth)
+                     level.two_shot_latency_s + 2 * share / (level.two_shot_bandwidth * links))
     elif algorithm == "in_switch":  # each rank pushes its buffer into the switch once and reads the sum back
         if collective != "all_reduce" or not level.reduction_efficiency:
             return None

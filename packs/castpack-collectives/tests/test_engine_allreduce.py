@@ -32,6 +32,19 @@ def test_larger_all_reduce_is_two_shot_then_the_library_past_the_engine_limit():
     assert past.algorithm in NCCL and past.overhead_s == OP_COST
 
 
+def test_on_a_full_mesh_a_group_uses_only_its_own_links():
+    """The level's engine bandwidths are a rank's over all seven links; a group of 4 reads over 3 of them."""
+    mesh = Interconnect(name="mesh", devices=8, bandwidth=4.48e11, latency_s=3e-6, efficiency=0.7,
+                        topology="full-mesh", engine_allreduce_max_bytes=16 * 2**20, one_shot_latency_s=7e-6,
+                        one_shot_bandwidth=3.5e11, two_shot_latency_s=9e-6, two_shot_bandwidth=2.8e11)
+    one = collective_cost("all_reduce", 32e3, 4, (mesh,), OP_COST, ENGINE)
+    assert one.algorithm == "one_shot" and one.time_s == pytest.approx(7e-6 + 3 * 32e3 / (3.5e11 * 3 / 7))
+    two = collective_cost("all_reduce", 8e6, 4, (mesh,), OP_COST, ENGINE)
+    assert two.algorithm == "two_shot" and two.time_s == pytest.approx(9e-6 + 2 * 3 / 4 * 8e6 / (2.8e11 * 3 / 7))
+    whole = collective_cost("all_reduce", 8e6, 8, (mesh,), OP_COST, ENGINE)
+    assert whole.time_s == pytest.approx(9e-6 + 2 * 7 / 8 * 8e6 / 2.8e11)  # all seven links
+
+
 def test_engine_kernels_need_an_engine_call_an_all_reduce_and_the_constants():
     assert collective_cost("all_reduce", 64e3, 8, (BOARD,), OP_COST).algorithm in NCCL  # a library's call
     assert collective_cost("all_reduce", 64e3, 8, (PLAIN,), OP_COST, ENGINE).algorithm in NCCL
