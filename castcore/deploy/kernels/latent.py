@@ -11,6 +11,10 @@ FlashMLA) run it two ways:
   (``castcore::latent_attention``, one read of the cache for all heads), and the result is multiplied out by
   ``kv_b_proj``'s value half. That is far cheaper per step than decompressing the whole cache.
 
+Either way the query's and the entry's down-projections run as one GEMM (``merge_down_projections``) and the entry
+is written by the cache write alone (``castcore::latent_entry``, hoisted as vLLM's concat_and_cache_mla does it).
+Kimi Linear's latent attention rotates nothing (``is_nope``) and runs the same.
+
 In a mixed batch (castcore.serving.mixed_batch) both run in one iteration: the decode sequences absorbed and the
 prompt chunks decompressed, each set in one ``castcore::varlen_latent_attention`` call
 (castcore.deploy.kernels.packing).
