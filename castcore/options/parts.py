@@ -16,7 +16,8 @@ BLOCK_FP8 = (
     "fp8-block"  # fp8 weights in 128 x 128 blocks, W8A8 by itself: its activations fp8 in 1 x 128 groups
 )
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", BLOCK_FP8, "int8", "int4", "nvfp4", "mxfp4")
-ACTIVATION_DTYPES = ("int8", "fp8")  # W8A8 with weights of the same kind; fp8 with int4 weights is W4A8
+# W8A8 with weights of the same kind; fp8 with int4 weights is W4A8; mxfp4 with mxfp4 weights is W4A4
+ACTIVATION_DTYPES = ("int8", "fp8", "mxfp4")
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp8", "int8")
 # a fused attention kernel reads each grouped K/V head once, or once per query head
 KV_READS = (
@@ -125,7 +126,8 @@ DEPLOYMENT = (
     Option(
         "activations",
         "with --weights of the same dtype: W8A8 / FP8 matmuls (activations quantized per token); "
-        "fp8 with --weights int4: W4A8, products at the fp8 rate",
+        "fp8 with --weights int4: W4A8, products at the fp8 rate; mxfp4 with --weights mxfp4: W4A4 MXFP4 "
+        "(activations quantized per 32 columns), products at the fp4 rate",
         KERNELS,
         choices=ACTIVATION_DTYPES,
         optional=True,

@@ -213,17 +213,21 @@ def activation_fault(weights: str | None, activations: str | None) -> str | None
     engines pair them (plan skips such a pair before running it)."""
     if activations is None:
         return None
+    if (weights, activations) == ("mxfp4", "mxfp4"):
+        return None  # W4A4 MXFP4 (AMD's Quark checkpoints on MI355X)
     if weights in ("nvfp4", "mxfp4"):
         return (
             f"{say('weights', weights)} quantizes its activations as engines pair them (NVFP4, or "
             f"MXFP8 where the device has an fp4 rate): drop {say('activations')}"
+            + (f", or give {say('activations', 'mxfp4')} for W4A4" if weights == "mxfp4" else "")
         )
     if weights != activations and (weights, activations) not in ((BLOCK_FP8, "fp8"), ("int4", "fp8")):
         return (
             f"{say('activations', activations)} multiplies {activations} activations by {activations} weights"
             + (" (or int4 ones: W4A8)" if activations == "fp8" else "")
             + f": add {say('weights', activations)} "
-            f"(W8A8), or drop {say('activations')} for weight-only quantization"
+            f"({'W4A4' if activations == 'mxfp4' else 'W8A8'}), or drop {say('activations')} for weight-only "
+            "quantization"
         )
     return None
 

@@ -151,6 +151,27 @@ def test_mxfp4_with_an_fp4_rate_is_mxfp8_by_mxfp4_at_the_fp8_rate(session, b200)
     assert _mma(report, "castcore::block_scaled_mm") == {FP8: 2 * SEQ * ELEMENTS}
 
 
+def test_mxfp4_with_mxfp4_activations_is_w4a4_at_the_fp4_rate(session, b200):
+    """AMD's Quark MXFP4 checkpoints (vLLM's QuarkW4A4MXFP4 on MI355X): activations quantized per 32 columns to
+    fp4 with e8m0 scales, the product at the FP4 rate; refused where the device has none, naming the rate."""
+    report = _estimate(session, b200, weights="mxfp4", activations="mxfp4")
+    products = _records(report, "castcore::block_scaled_mm")
+    assert len(products) == len(_records(report, "castcore::quantize_blocks")) == LINEARS
+    for product in products:
+        a, b, scale_a, scale_b = product.invoke.args[:4]
+        assert (a.dtype, b.dtype, scale_a.dtype, scale_b.dtype) == (FP4, FP4, *(torch.float8_e8m0fnu,) * 2)
+        assert scale_a.shape[-1] == a.shape[-1] * 2 // 32  # one scale per 32 columns (two codes a byte)
+        assert product.estimate.detail["rates"][f"mma:{FP4}"] == "float4_e2m1fn_x2"
+    assert _mma(report, "castcore::block_scaled_mm") == {FP4: 2 * SEQ * ELEMENTS}
+    assert any(n.startswith("--weights mxfp4 --activations mxfp4: 12 linear layers") for n in report.notes)
+    w4a8 = _estimate(session, b200, weights="mxfp4")
+    assert report.memory.weight_bytes == w4a8.memory.weight_bytes  # the same weights, other activations
+    with pytest.raises(ModelError, match=r"activations='mxfp4'.*no float4_e2m1fn_x2 matrix rate"):
+        _estimate(session, weights="mxfp4", activations="mxfp4")  # the H100 test profile
+    with pytest.raises(ModelError, match=r"add weights='mxfp4' \(W4A4\)"):
+        castcore.build_workload(str(LLAMA), weights="int8", activations="mxfp4")
+
+
 def test_int4_weights_with_fp8_activations_are_w4a8_at_the_fp8_rate(session):
     base = _estimate(session)
     report = _estimate(session, weights="int4", activations="fp8")

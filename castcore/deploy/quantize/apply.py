@@ -116,7 +116,7 @@ def _check_device(workload: Workload, device: DeviceProfile | None) -> None:
     activations = "fp8" if workload.weights == BLOCK_FP8 else workload.activations
     if activations is None or device is None:
         return
-    name = dtype_name(activations)
+    name = fp4.FP4_RATE if activations == "mxfp4" else dtype_name(activations)
     if name not in device.mma_flops:
         raise ModelError(
             f"{say('activations', workload.activations)}: {device.name} has no {name} matrix rate (its "
@@ -172,9 +172,9 @@ def _weights_note(
 ) -> str:
     held = f"{linears} linear layers" + (f" and {experts} mixture-of-experts weight sets" if experts else "")
     tail = f"the embedding, LM head and MoE routers stay {model_dtype}, as vLLM keeps them"
-    if kind in fp4.FORMATS or quantization == fp4.BLOCK_SCALED:
+    if kind in fp4.FORMATS or quantization in fp4.BLOCK_SCALED_KINDS:
         layout, how, said = fp4.describe(
-            kind, quantization if quantization == fp4.BLOCK_SCALED else None, experts, model_dtype
+            kind, quantization if quantization in fp4.BLOCK_SCALED_KINDS else None, experts, model_dtype
         )
         return f"--weights {kind}{said}: {held} hold {layout}; {how}; {tail}"
     w8a8 = quantization == W8A8

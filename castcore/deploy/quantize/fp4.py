@@ -55,6 +55,8 @@ ops = torch.ops.castcore
 BLOCK_SCALED = (
     "block-scaled"  # a module's quantization: quantized activations times quantized weights, per block
 )
+BLOCK_SCALED_MX4 = "block-scaled mxfp4"  # the same with MXFP4 activations (W4A4)
+BLOCK_SCALED_KINDS = (BLOCK_SCALED, BLOCK_SCALED_MX4)
 FP4_RATE, FP8_RATE = "float4_e2m1fn_x2", "float8_e4m3fn"  # the profile's mma_flops keys
 # format: (input columns per weight scale, the scales' dtype); nvfp4 adds fp32 per-tensor scales.
 FORMATS = {"nvfp4": (16, torch.float8_e4m3fn), "mxfp4": (32, torch.float8_e8m0fnu)}
@@ -65,6 +67,8 @@ def pairing(kind: str, activations: str | None, device: DeviceProfile | None) ->
     """What runs the products of ``--weights kind``: BLOCK_SCALED (W4A4, W4A8) or None (weight-only, or W8A8,
     which castcore.deploy.quantize.apply decides). ModelError for NVFP4 on a device without an FP4 rate."""
     rates = device.mma_flops if device is not None else {FP4_RATE: 0, FP8_RATE: 0}
+    if (kind, activations) == ("mxfp4", "mxfp4"):  # the device's FP4 rate is checked before (apply)
+        return BLOCK_SCALED_MX4
     if kind == "nvfp4" and FP4_RATE not in rates:
         raise ModelError(
             f"{say('weights', 'nvfp4')}: {device.name} has no FP4 matrix rate ({FP4_RATE}), which "
@@ -112,20 +116,27 @@ def per_tensor_scales(
 
 
 def _activations(
-    rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, input_scale: torch.Tensor | None
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    input_scale: torch.Tensor | None,
+    quantization: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The activations quantized as the weight's format pairs them: NVFP4 (the weight's scales are e4m3), MXFP8
-    (e8m0), or fp8 per token (int4 weights)."""
+    """The activations quantized as the weight's format pairs them: NVFP4 (the weight's scales are e4m3), MXFP4
+    (W4A4 asked), MXFP8 (e8m0), or fp8 per token (int4 weights)."""
     if weight.dtype != FP4:
         return ops.quantize_per_token(rows, torch.float8_e4m3fn)
     if scales.dtype == torch.float8_e4m3fn:
         return ops.quantize_blocks(rows, FP4, FORMATS["nvfp4"][0], torch.float8_e4m3fn, input_scale)
-    return ops.quantize_blocks(rows, torch.float8_e4m3fn, MX_BLOCK, torch.float8_e8m0fnu, None)
+    codes = FP4 if quantization == BLOCK_SCALED_MX4 else torch.float8_e4m3fn
+    return ops.quantize_blocks(rows, codes, MX_BLOCK, torch.float8_e8m0fnu, None)
 
 
 def linear_product(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
-    codes_, scale = _activations(rows, module.qweight, module.weight_scale, module.input_scale)
+    codes_, scale = _activations(
+        rows, module.qweight, module.weight_scale, module.input_scale, module.quantization
+    )
     out = ops.block_scaled_mm(
         codes_,
         module.qweight,
@@ -143,7 +154,9 @@ def grouped_product(
     module: nn.Module, rows: torch.Tensor, weight: torch.Tensor, name: str, offs: torch.Tensor
 ) -> torch.Tensor:
     scales = getattr(module, f"{name}_scale")
-    codes_, scale = _activations(rows, weight, scales, getattr(module, f"{name}_input_scale"))
+    codes_, scale = _activations(
+        rows, weight, scales, getattr(module, f"{name}_input_scale"), module.quantization
+    )
     return ops.block_scaled_grouped_mm(
         codes_,
         weight,
@@ -176,6 +189,11 @@ def describe(kind: str, quantization: str | None, experts: int, model_dtype: str
             f"castcore::weight_only_linear{', castcore::weight_only_grouped_mm' if experts else ''} dequantize in "
             f"registers, products in {model_dtype} (W4A16: the device has no FP4 matrix rate)"
         )
+    elif quantization == BLOCK_SCALED_MX4:
+        how = (
+            "activations quantized to MXFP4 per 32 columns (castcore::quantize_blocks), W4A4 products at the fp4 "
+            f"rate (castcore::block_scaled_mm{grouped})"
+        )
     elif kind == "nvfp4":
         how = (
             "activations quantized to NVFP4 per 16 columns (castcore::quantize_blocks), W4A4 products at the fp4 "
@@ -186,4 +204,4 @@ def describe(kind: str, quantization: str | None, experts: int, model_dtype: str
             "activations quantized to MXFP8 per 32 columns (castcore::quantize_blocks), MXFP8 x MXFP4 products "
             f"at the fp8 rate (castcore::block_scaled_mm{grouped})"
         )
-    return layout, how, ""
+    return layout, how, " --activations mxfp4" if quantization == BLOCK_SCALED_MX4 else ""

@@ -148,7 +148,7 @@ def _linear_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _linear_product(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if self.quantization == WEIGHT_ONLY:
         return ops.weight_only_linear(x, self.qweight, self.weight_scale, self.group_size, self.bias)
-    if self.quantization == fp4.BLOCK_SCALED:  # W4A4, W4A8
+    if self.quantization in fp4.BLOCK_SCALED_KINDS:  # W4A4, W4A8
         return fp4.linear_product(self, x)
     rows = x.reshape(-1, x.shape[-1])
     if self.block_scaled:  # fp8-block: activations in 1 x 128 groups, a block-wise scaled product
@@ -243,7 +243,7 @@ def _grouped_linear(
     scales = getattr(self, f"{name}_scale")
     if self.quantization == WEIGHT_ONLY:
         out = ops.weight_only_grouped_mm(input, weight, scales, offs, getattr(self, f"{name}_group_size"))
-    elif self.quantization == fp4.BLOCK_SCALED:
+    elif self.quantization in fp4.BLOCK_SCALED_KINDS:
         out = fp4.grouped_product(self, input, weight, name, offs)
     else:
         codes, scale = ops.quantize_per_token(input, weight.dtype)
