@@ -71,6 +71,10 @@ def quantized_dtypes(w: dict[str, Any], options: dict[str, Any], notes: list[str
         options.update(weights="fp8", activations="fp8")
     elif str(w.get("weights_dtype") or "").startswith("fp4"):  # ModelOpt's FP4 checkpoints: NVFP4, W4A4
         options["weights"] = "nvfp4"
+    elif str(w.get("weights_dtype") or "").startswith("mxfp4"):  # Quark's MXFP4: W4A4 with MXFP4 activations
+        options["weights"] = "mxfp4"
+        if w.get("activations_dtype") == "mxfp4":
+            options["activations"] = "mxfp4"
     kv = str(w.get("kv_cache_dtype") or "")
     if _quantized(kv):
         if "fp8" not in KV_CACHE_DTYPES:

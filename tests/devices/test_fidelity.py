@@ -110,7 +110,7 @@ def test_every_point_has_a_plan_or_says_why_not():
     assert {p["device"] for p in serve} == {"a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm"}
     # Scheduler-run measurements are simulated (castcore.simulate), each once: none is also a static serve point.
     mlperf = [p for p in points if "mlcommons" in p["id"]]
-    assert len(mlperf) == 11 and all(p["category"] == "simulate" for p in mlperf)
+    assert len(mlperf) == 12 and all(p["category"] == "simulate" for p in mlperf)
     # the GB200 v5.1 rows are kept with their reason: their deployment is not in the documents read
     assert {p["id"] for p in mlperf if p["id"] in refused} == {
         "cb-gb200x4-mlcommons-inf51-llama2-70b-offline",
@@ -173,6 +173,13 @@ def test_continuous_batching_points_are_simulated_as_they_ran():
     assert mlperf["options"]["input_lengths"].startswith("normal:") and mlperf["options"]["rate"] > 0
     fp4 = plan_simulate(point("cb-b200-trtllm10-llama-3.3-70b-fp4-tp1-1000-1000"))
     assert fp4["options"]["weights"] == "nvfp4" and "activations" not in fp4["options"]  # ModelOpt FP4: W4A4
+    mx = plan_simulate(point("cb-mi355x8-mlcommons-inf51-open-llama2-70b-offline"))["options"]
+    assert (mx["weights"], mx["activations"], mx["kv_cache"], mx["dp"]) == (
+        "mxfp4",
+        "mxfp4",
+        "fp8",
+        8,
+    )  # Quark
 
 
 def test_deepseek_points_pass_attention_dp_ep_and_block_fp8_and_count_every_device():
