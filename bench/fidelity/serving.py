@@ -57,7 +57,8 @@ def _per_head_generation_attention(framework: str | None) -> bool:
 
 def quantized_dtypes(w: dict[str, Any], options: dict[str, Any], notes: list[str]) -> NotExpressible | None:
     """A workload's fp8 weights (TensorRT-LLM's FP8: fp8 GEMM inputs too; ``fp8-block``: DeepSeek-V3's block-scaled
-    fp8), FP4 (NVFP4) weights and fp8 KV cache into ``options``; a KV dtype the source does not state is left at ``options["dtype"]`` and said in ``notes``."""
+    fp8), FP4 (NVFP4; Quark's MXFP4, with MXFP4 activations where the source says so) weights and fp8 KV cache
+    into ``options``; a KV dtype the source does not state is left at ``options["dtype"]`` and said in ``notes``."""
     from castcore.workload.spec import KV_CACHE_DTYPES, WEIGHT_DTYPES
 
     # DeepSeek-V3's fp8: a scale per 128x128 weight block, activations quantized per 1x128 group
