@@ -2,7 +2,9 @@
 request using one of them, as vLLM's and S-LoRA's multi-LoRA batching runs them.
 
 Every attention and MLP projection (q, k, v, o, gate, up, down and their merged forms) keeps its weight and adds
-``x A B`` for the adapter of each token: A [d_in, R] and B [R, d_out] per adapter. Engines run the two products as
+``x A B`` for the adapter of each token: A [d_in, R] and B [R, d_out] per adapter; a merged projection (q/k/v as
+one, gate/up as one) keeps one adapter per projection merged, their A's side by side, as vLLM's merged LoRA layers
+do. Engines run the two products as
 gathered GEMMs over the batch's adapters (Punica's SGMV and BGMV kernels, S-LoRA's MBGMV: Chen et al., "Punica:
 Multi-Tenant LoRA Serving", MLSys 2024; Sheng et al., "S-LoRA", MLSys 2024): castcore prices them as grouped GEMMs,
 rows grouped by adapter (``torch._grouped_mm``), so the work is per token and the adapters' weights read are those
@@ -40,6 +42,9 @@ TARGETS = (
     "gate_up_proj",
 )
 ROW_PARALLEL = ("o_proj", "down_proj")  # the rest are column-parallel under --tp
+# A merged projection carries one adapter per projection merged (vLLM's MergedQKVParallelLinearWithLoRA and
+# MergedColumnParallelLinearWithLoRA): their A's side by side, each B expanding to its own columns.
+SLICES = {"qkv_proj": 3, "gate_up_proj": 2}
 
 
 class LoRAProjection(nn.Module):
@@ -55,12 +60,18 @@ class LoRAProjection(nn.Module):
         tp: int = 1,
         row_parallel: bool = False,
         skew: float | None = None,
+        slices: int = 1,
     ):
         super().__init__()
-        self.base, self.skew = base, skew or 0.0
+        self.base, self.skew, self.rank = base, skew or 0.0, rank
         d_in, d_out = base.in_features, base.out_features
-        local_in, local_out = (d_in // tp, d_out) if row_parallel else (d_in, d_out // tp)
-        self.lora_a = nn.Parameter(torch.empty(adapters, local_in, rank, dtype=dtype), requires_grad=False)
+        if getattr(base, "castcore_sharded", False):  # sharded by hand: its out_features are one device's
+            local_in, local_out = d_in, d_out
+        else:
+            local_in, local_out = (d_in // tp, d_out) if row_parallel else (d_in, d_out // tp)
+        self.lora_a = nn.Parameter(
+            torch.empty(adapters, local_in, rank * slices, dtype=dtype), requires_grad=False
+        )
         self.lora_b = nn.Parameter(torch.empty(adapters, rank, local_out, dtype=dtype), requires_grad=False)
         self.in_features, self.out_features = d_in, d_out
 
@@ -72,7 +83,10 @@ class LoRAProjection(nn.Module):
         offsets = torch.empty(self.lora_a.shape[0], dtype=torch.int32, device=rows.device)
         with adapter_popularity(self.skew):
             shrunk = torch._grouped_mm(rows, _fitted(self.lora_a, 1, rows.shape[-1]), offs=offsets)
-            expanded = torch._grouped_mm(shrunk, _fitted(self.lora_b, 2, out.shape[-1]), offs=offsets)
+            # each slice's B expands its own rank's columns to its own outputs: rank x d_out in all
+            expanded = torch._grouped_mm(
+                shrunk[:, : self.rank], _fitted(self.lora_b, 2, out.shape[-1]), offs=offsets
+            )
         return out + expanded.reshape(out.shape)
 
 
@@ -119,7 +133,13 @@ def attach(
     for name, module in found:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRAProjection(module, rank, adapters, dtype, tp, child in ROW_PARALLEL, skew))
+        setattr(
+            parent,
+            child,
+            LoRAProjection(
+                module, rank, adapters, dtype, tp, child in ROW_PARALLEL, skew, SLICES.get(child, 1)
+            ),
+        )
     return [
         f"multi-LoRA: {adapters} adapters of rank {rank} on {len(found)} projections, each token's adapter "
         "applied by two grouped GEMMs (shrink to the rank, expand back), reading the adapters a batch's tokens "

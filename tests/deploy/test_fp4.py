@@ -27,7 +27,7 @@ CONFIG = json.loads(LLAMA.read_text())  # hidden 64, ffn 160, 2 layers, 4 heads,
 LAYERS, SEQ = CONFIG["num_hidden_layers"], 16
 H, I, KV = CONFIG["hidden_size"], CONFIG["intermediate_size"], 32
 ELEMENTS = LAYERS * (H * H + 2 * KV * H + H * H + 2 * I * H + H * I)  # q, k, v, o, gate/up, down
-LINEARS = LAYERS * 6  # q, k, v, o, the merged gate/up, down
+LINEARS = LAYERS * 4  # the merged q/k/v, o, the merged gate/up, down
 FP4, FP8 = torch.float4_e2m1fn_x2, torch.float8_e4m3fn
 ops = torch.ops.castcore
 
@@ -163,7 +163,7 @@ def test_mxfp4_with_mxfp4_activations_is_w4a4_at_the_fp4_rate(session, b200):
         assert scale_a.shape[-1] == a.shape[-1] * 2 // 32  # one scale per 32 columns (two codes a byte)
         assert product.estimate.detail["rates"][f"mma:{FP4}"] == "float4_e2m1fn_x2"
     assert _mma(report, "castcore::block_scaled_mm") == {FP4: 2 * SEQ * ELEMENTS}
-    assert any(n.startswith("--weights mxfp4 --activations mxfp4: 12 linear layers") for n in report.notes)
+    assert any(n.startswith("--weights mxfp4 --activations mxfp4: 8 linear layers") for n in report.notes)
     w4a8 = _estimate(session, b200, weights="mxfp4")
     assert report.memory.weight_bytes == w4a8.memory.weight_bytes  # the same weights, other activations
     with pytest.raises(ModelError, match=r"activations='mxfp4'.*no float4_e2m1fn_x2 matrix rate"):
@@ -183,7 +183,7 @@ def test_int4_weights_with_fp8_activations_are_w4a8_at_the_fp8_rate(session):
     assert sum(r.properties.compute_ops[torch.bfloat16].gp_ops for r in products) == DEQUANTIZE * ELEMENTS
     int4 = _estimate(session, weights="int4")
     assert report.memory.weight_bytes == int4.memory.weight_bytes < base.memory.weight_bytes
-    assert any(n.startswith("--weights int4 --activations fp8: 12 linear layers") for n in report.notes)
+    assert any(n.startswith("--weights int4 --activations fp8: 8 linear layers") for n in report.notes)
     with pytest.raises(
         ModelError, match=r"activations='fp8' multiplies fp8 activations by fp8 weights \(or int4"
     ):
@@ -255,7 +255,7 @@ def test_gpt_oss_checkpoint_quantizes_its_experts_only(tmp_path, session, b200):
             == base.memory.weight_bytes - 2 * elements + elements // 2 + elements // 32
         )
         assert any(
-            "8 more linear layers stay bfloat16, as the checkpoint leaves them unquantized" in note
+            "4 more linear layers stay bfloat16, as the checkpoint leaves them unquantized" in note
             for note in report.notes
         )
 

@@ -80,6 +80,7 @@ def logits_eager_and_rewritten(name: str, prompt: int, steps: int = 3) -> tuple[
         "tiny-gpt-oss.json",
         "tiny-qwen3-moe.json",
         "tiny-glm4-moe.json",
+        "tiny-qwen3.json",
     ],
 )
 def test_the_fused_model_computes_what_the_eager_one_does(name):
@@ -136,6 +137,32 @@ def test_decode_and_tensor_parallel_run_fused(session, tiny_llama):
     assert (q.shape[1], k.shape[1], k.shape[2]) == (2, 1, 41)  # 4 heads / 2, 2 KV heads / 2, 40 cached + 1
     # One token attends to all 41 keys: 2 products of head_dim 16 per pair.
     assert sum(c.mma_ops for c in calls[0].properties.compute_ops.values()) == 2 * 2 * 2 * 41 * (16 + 16)
+
+
+def test_q_k_and_v_run_as_one_gemm_split_by_heads(session, tiny_llama):
+    """Deployed, an attention's three projections are one GEMM over the same hidden states, as engines merge them;
+    under --tp 2 each device's holds its 2 query heads and its KV head of 16 (tiny-llama: 4 heads, 2 KV heads)."""
+    eager, whole, split = (
+        session.estimate(castcore.build_workload(str(tiny_llama), seq=16, tp=tp, fuse=fuse))
+        for tp, fuse in ((1, False), (1, True), (2, True))
+    )
+
+    def projections(report):
+        return [
+            (r.invoke.module.rsplit(".", 1)[-1], tuple(r.invoke.args[1].shape))
+            for r in report.records
+            if r.invoke.name == "aten::mm" and ".layers.0.self_attn." in r.invoke.module
+        ]
+
+    assert projections(eager) == [
+        ("q_proj", (64, 64)),
+        ("k_proj", (64, 32)),
+        ("v_proj", (64, 32)),
+        ("o_proj", (64, 64)),
+    ]
+    assert projections(whole) == [("qkv_proj", (64, 64 + 32 + 32)), ("o_proj", (64, 64))]
+    assert projections(split) == [("qkv_proj", (64, 32 + 16 + 16)), ("o_proj", (32, 64))]
+    assert any("2 q/k/v projections -> one merged qkv_proj" in n for n in whole.notes)
 
 
 def test_moe_router_is_one_op(session):

@@ -14,9 +14,10 @@ from castcore.recording import routing
 
 DATA = Path(__file__).parents[1] / "data"
 LLAMA, H100 = str(DATA / "tiny-llama.json"), str(DATA / "h100-sxm.toml")
-# tiny-llama's projections (in + out features) per layer, 2 layers: q 64+64, k 64+32, v 64+32, o 64+64, the merged
-# gate/up 64+320, down 160+64.
-FEATURES = 2 * (128 + 96 + 96 + 128 + 384 + 224)
+# tiny-llama's projections (in + out features) per layer, 2 layers, deployed: the merged q/k/v, three adapters side by
+# side (64 in each, 64+32+32 out), o 64+64, the merged gate/up, two adapters (64 in each, 320 out), down 160+64: as
+# many as adapters on each projection unmerged.
+FEATURES = 2 * ((3 * 64 + 128) + 128 + (2 * 64 + 320) + 224)
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +35,22 @@ def grouped(report) -> list:
 
 def test_each_token_runs_its_adapters_shrink_and_expand(session):
     plain, adapted = decode(session), decode(session, lora_rank=16, adapters=4)
-    assert not grouped(plain) and len(grouped(adapted)) == 2 * 12  # shrink and expand on 12 projections
+    assert not grouped(plain) and len(grouped(adapted)) == 2 * 8  # shrink and expand on 8 projections
     flops = sum(sum(c.mma_ops for c in r.properties.compute_ops.values()) for r in grouped(adapted))
     assert flops == 2 * 32 * 16 * FEATURES  # 32 tokens, rank 16
     # Every adapter is resident: 4 x rank x (in + out) bf16 weights more.
     assert adapted.memory.weight_bytes - plain.memory.weight_bytes == 4 * 16 * FEATURES * 2
-    assert any(n.startswith("multi-LoRA: 4 adapters of rank 16 on 12 projections") for n in adapted.notes)
+    assert any(n.startswith("multi-LoRA: 4 adapters of rank 16 on 8 projections") for n in adapted.notes)
 
 
 def test_mixing_more_adapters_reads_more_adapter_weights(session):
     few, many = (decode(session, lora_rank=16, adapters=n) for n in (4, 64))
-    shrink = [grouped(report)[0] for report in (few, many)]  # layer 0's q projection: A is [adapters, 64, 16]
+    shrink = [grouped(report)[0] for report in (few, many)]  # layer 0's q/k/v: A is [adapters, 64, 3 x 16]
     read = [
         r.properties.memory_read_bytes - r.invoke.args[0].nbytes - r.invoke.args[2].nbytes for r in shrink
     ]
-    assert read[0] == pytest.approx(64 * 16 * 2 * touched_experts(4, 32))
-    assert read[1] == pytest.approx(64 * 16 * 2 * touched_experts(64, 32))
+    assert read[0] == pytest.approx(64 * 48 * 2 * touched_experts(4, 32))
+    assert read[1] == pytest.approx(64 * 48 * 2 * touched_experts(64, 32))
     assert read[1] > read[0]
 
 
@@ -60,25 +61,26 @@ def test_popular_adapters_cut_the_adapter_weights_a_batch_reads(session):
                 LLAMA, phase="decode", batch=32, kv_len=64, lora_rank=16, adapters=64, **more
             )
         )
-        first = grouped(report)[0]  # layer 0's q projection: A is [64, 64, 16]
+        first = grouped(report)[0]  # layer 0's q/k/v: A is [64, 64, 3 x 16]
         return first.properties.memory_read_bytes - first.invoke.args[0].nbytes - first.invoke.args[2].nbytes
 
     even, skewed = shrink(), shrink(adapter_skew=1.2)
-    assert even == pytest.approx(64 * 16 * 2 * touched_experts(64, 32))  # 32 requests reach 25.3 of 64 evenly
+    assert even == pytest.approx(64 * 48 * 2 * touched_experts(64, 32))  # 32 requests reach 25.3 of 64 evenly
     # Zipf odds i^-1.2: the most popular of 16 adapters is picked 37% of the time, the least 1.3%; 256 picks miss
     # the least popular 3.4% of the time, so 15.9 are touched. 32 requests over 64 such adapters touch 15.2.
     assert routing.popular_touched(16, 256, 1.2) == pytest.approx(15.89, abs=0.01)
     assert (
         routing.popular_touched(4, 1, 1.2) == pytest.approx(1.0) and routing.popular_touched(4, 2, 0) == 1.75
     )
-    assert skewed == pytest.approx(64 * 16 * 2 * routing.popular_touched(64, 32, 1.2))
+    assert skewed == pytest.approx(64 * 48 * 2 * routing.popular_touched(64, 32, 1.2))
     assert skewed < 0.65 * even
 
 
 def test_under_tensor_parallelism_each_device_holds_its_share_and_adds_no_communication(session):
     plain, adapted = decode(session, tp=2), decode(session, tp=2, lora_rank=16, adapters=4)
-    # Column-parallel q, k, v, gate/up keep A whole and split B's outputs; row-parallel o and down split A's inputs.
-    local = 2 * ((64 + 32) + (64 + 16) + (64 + 16) + (32 + 64) + (64 + 160) + (80 + 64))
+    # Column-parallel q/k/v and gate/up keep their A's whole and split B's outputs (2 query heads and 1 KV head
+    # of 16 a device); row-parallel o and down split A's inputs.
+    local = 2 * ((3 * 64 + 64) + (32 + 64) + (2 * 64 + 160) + (80 + 64))
     assert adapted.memory.weight_bytes - plain.memory.weight_bytes == 4 * 16 * local * 2
     flops = sum(sum(c.mma_ops for c in r.properties.compute_ops.values()) for r in grouped(adapted))
     assert flops == 2 * 32 * 16 * local

@@ -339,12 +339,14 @@ def test_fewer_kv_heads_than_devices_are_replicated(session, tmp_path, fuse):
         for r in prefill.records
         if r.invoke.name == "aten::mm" and ".layers.0." in r.invoke.module
     }
-    assert [tuple(mms[p].args[1].shape) for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == [
-        (128, 16),
-        (128, 16),
-        (128, 16),
-        (16, 128),
-    ]
+    # deployed, q/k/v run as one merged projection: 1 query head and the one replicated K and V head
+    expected = (
+        {"qkv_proj": (128, 16 + 16 + 16), "o_proj": (16, 128)}
+        if fuse
+        else {"q_proj": (128, 16), "k_proj": (128, 16), "v_proj": (128, 16), "o_proj": (16, 128)}
+    )
+    assert {p: tuple(mms[p].args[1].shape) for p in expected} == expected
+    assert not {"q_proj", "k_proj", "v_proj"} & set(mms) if fuse else "qkv_proj" not in mms
     decode = session.estimate(
         castcore.build_workload(str(path), phase="decode", kv_len=31, batch=2, tp=8, fuse=fuse)
     )
@@ -366,14 +368,9 @@ def test_projections_no_name_identifies_are_split_by_where_they_sit(session, fus
         session.estimate(castcore.build_workload(gptj, seq=16, batch=2, tp=tp, fuse=fuse)) for tp in (1, 2)
     )
     layers = _layer_matmuls(whole)
-    assert set(layers) == {
-        "attn.q_proj",
-        "attn.k_proj",
-        "attn.v_proj",
-        "attn.out_proj",
-        "mlp.fc_in",
-        "mlp.fc_out",
-    }
+    # deployed, q/k/v run as one merged projection, split by heads as the three were
+    qkv = {"attn.qkv_proj"} if fuse else {"attn.q_proj", "attn.k_proj", "attn.v_proj"}
+    assert set(layers) == qkv | {"attn.out_proj", "mlp.fc_in", "mlp.fc_out"}
     assert {k: v / 2 for k, v in layers.items()} == _layer_matmuls(split)
     reduces = [
         r.invoke.module.rsplit(".", 1)[-1]

@@ -92,8 +92,8 @@ def test_int8_weight_only_halves_the_linear_weights_and_what_a_decode_step_reads
     assert 0.5 < (ELEMENTS + CHANNEL_SCALES) / (2 * ELEMENTS) < 0.52
     assert _read(base) - _read(int8) == ELEMENTS - CHANNEL_SCALES  # every weight read once, as int8
     linear = _records(int8, "castcore::weight_only_linear")
-    # q, k, v, o, merged gate/up, down
-    assert len(linear) == LAYERS * 6 and not _records(int8, "aten::_int_mm")
+    # merged q/k/v, o, merged gate/up, down
+    assert len(linear) == LAYERS * 4 and not _records(int8, "aten::_int_mm")
     assert all(r.invoke.args[1].dtype == torch.int8 for r in linear)
     # The products still run in bf16; dequantizing costs one multiply-add (2 ops) per weight element per call.
     assert _ops(int8, "mma") == _ops(base, "mma") == {torch.bfloat16: _ops(base, "mma")[torch.bfloat16]}
@@ -140,7 +140,8 @@ def test_w8a8_products_count_in_the_quantized_dtype_at_its_rate(session, h100_fi
     base = _estimate(session)
     report = _estimate(session, weights=kind, activations=kind)
     products = _records(report, product)
-    assert len(products) == len(_records(report, "castcore::quantize_per_token")) == LAYERS * 6
+    # merged q/k/v, o, merged gate/up, down
+    assert len(products) == len(_records(report, "castcore::quantize_per_token")) == LAYERS * 4
     # Every decoder linear layer's product runs in int8 / fp8 on all 16 tokens; attention and the LM head stay bf16.
     mma = _ops(report, "mma")
     assert mma[dtype] == 2 * SEQ * ELEMENTS
@@ -168,14 +169,14 @@ def test_fp8_block_quantizes_activations_per_group_and_scales_products_per_block
         _records(report, "aten::_scaled_mm"),
         _records(report, "castcore::quantize_per_token_group"),
     )
-    assert len(products) == len(groups) == LAYERS * 6 and not _records(report, "castcore::quantize_per_token")
+    assert len(products) == len(groups) == LAYERS * 4 and not _records(report, "castcore::quantize_per_token")
     for product in products:  # codes [16, in] by [in, out], scales per 1 x 128 group and per 128 x 128 block
         a, b, scale_a, scale_b = product.invoke.args[:4]
         assert tuple(scale_a.shape) == (SEQ, math.ceil(a.shape[1] / 128))
         assert tuple(scale_b.shape) == (math.ceil(b.shape[0] / 128), math.ceil(b.shape[1] / 128))
     assert _ops(report, "mma")[torch.float8_e4m3fn] == 2 * SEQ * ELEMENTS
-    # q k v o (64 x 64 or less), merged gate/up (320 x 64), down (64 x 160)
-    blocks = LAYERS * (4 * 1 + 3 * 1 + 1 * 2)
+    # merged q/k/v (128 x 64), o (64 x 64), merged gate/up (320 x 64), down (64 x 160)
+    blocks = LAYERS * (1 + 1 + 3 * 1 + 1 * 2)
     fp8_block = report.memory.weight_bytes - base.memory.weight_bytes
     # one byte a weight instead of two, fp32 block scales
     assert fp8_block == ELEMENTS - 2 * ELEMENTS + blocks * 4
@@ -379,9 +380,7 @@ def test_the_command_line_and_the_api_give_the_same_figures(session, capsys):
     api = json.loads(_estimate(session, **options).to_json())
     for key in ("description", "workload", "notes", "totals", "ops", "memory", "coverage"):
         assert cli[key] == api[key], key
-    assert any(
-        note.startswith("--weights int8 --activations int8: 12 linear layers") for note in cli["notes"]
-    )
+    assert any(note.startswith("--weights int8 --activations int8: 8 linear layers") for note in cli["notes"])
 
 
 def test_serve_with_int8_weights_holds_about_half_the_weights(session, tmp_path, capsys):

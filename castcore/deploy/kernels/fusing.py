@@ -7,6 +7,7 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
 - RMSNorm modules -> ``castcore::rms_norm`` (Gemma's 1 + weight too), no fp32 upcast ops around it;
 - a decoder layer of input_layernorm / self_attn / post_attention_layernorm / mlp: the residual add before
   the second norm fused into it (``castcore::add_rms_norm``), as vLLM's fused_add_rms_norm does;
+- an attention's q, k and v projections merged into one, ``qkv_proj`` (castcore.deploy.kernels.qkv);
 - gated MLPs (gate_proj, up_proj, down_proj; SiLU or GELU): gate and up merged into one projection, then
   ``castcore::silu_and_mul`` / ``castcore::gelu_and_mul``; a GELU spelled out op by op (GPT-J's gelu_new) ->
   one ``aten::gelu`` with the tanh approximation;
@@ -65,6 +66,7 @@ from castcore.deploy.kernels.attention import (
     use_fused_attention,
 )
 from castcore.deploy.kernels.packing import packing_on
+from castcore.deploy.kernels.qkv import merge_qkv
 from castcore.workload.models import BuiltModel
 from castcore.deploy.kernels.moe import rewrite_moe
 
@@ -174,6 +176,8 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     attention_modules = attention_modules_of(model)
     for module in attention_modules:  # read by both fused paths below
         module.castcore_kv_per_query_head = kv_reads == "head"
+        if merge_qkv(module):
+            done["q/k/v projections -> one merged qkv_proj"] += 1
     reads = " (K/V read once per query head)" if kv_reads == "head" else ""
     if attention_modules and use_fused_attention(model):  # the interface path
         done[f"attention -> castcore::attention{reads}"] += len(attention_modules)

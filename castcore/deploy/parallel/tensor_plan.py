@@ -27,7 +27,9 @@ COLWISE = (
     "kv_b_proj",
 )  # MLA's per-head projections; its latent ones stay whole, as in vLLM
 ROWWISE = ("o_proj", "down_proj", "dense_4h_to_h")
-FUSED_QKV = ("query_key_value",)  # its sibling ``dense`` is the attention's output projection
+# Falcon's and GPT-NeoX's, and castcore's merged one (castcore.deploy.kernels.qkv); a ``dense`` beside it is the
+# attention's output projection
+FUSED_QKV = ("query_key_value", "qkv_proj")
 EXPERT_WEIGHTS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")  # 3-D Parameters of an experts module
 # GPT-2's [in, out]
 CONV1D = {

@@ -67,18 +67,25 @@ def _shard_fused_qkv(model: torch.nn.Module, path: str, n: int) -> None:
         or getattr(attention, "head_size", None)
         or linear.in_features // heads
     )
-    kv_heads = (linear.out_features // head_dim - heads) // 2
+    widths = getattr(
+        attention, "castcore_qkv_widths", None
+    )  # castcore's merge: q may be wider than its heads
+    kv_heads = widths[1] // head_dim if widths else (linear.out_features // head_dim - heads) // 2
     if heads % n or (kv_heads % n and n % kv_heads):
         raise ModelError(
             f"{say('tp', n)}: {path} has {heads} query heads and {kv_heads} key/value heads; tensor "
             f"parallelism needs the query heads to divide by {n} and the key/value heads to divide "
             f"by {n} or {n} to be a multiple of them (then each device holds one KV head)"
         )
-    rows = (heads // n + 2 * max(1, kv_heads // n)) * head_dim
+    kv_rows = max(1, kv_heads // n) * head_dim
+    q_rows = widths[0] // n if widths else heads // n * head_dim
+    rows = q_rows + 2 * kv_rows
+    if widths:
+        attention.castcore_qkv_widths = [q_rows, kv_rows, kv_rows]
     _replace(linear, "weight", (rows, linear.in_features))
     if linear.bias is not None:
         _replace(linear, "bias", (rows,))
-    linear.out_features = rows
+    linear.out_features, linear.castcore_sharded = rows, True
     _local_heads(attention, heads, kv_heads, n)
 
 
@@ -93,7 +100,7 @@ def _shard_kv_replicated(model: torch.nn.Module, path: str, n: int) -> None:
     _replace(linear, "weight", (head_dim, linear.in_features))
     if linear.bias is not None:
         _replace(linear, "bias", (head_dim,))
-    linear.out_features = head_dim
+    linear.out_features, linear.castcore_sharded = head_dim, True
     if leaf == KV_PROJECTIONS[0]:
         _local_heads(attention, heads, kv_heads, n)
 

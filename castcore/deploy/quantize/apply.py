@@ -143,7 +143,7 @@ def _quantize_weights(
     for path, module in list(model.named_modules()):
         if id(module) in kept:
             continue
-        if checkpoint.listed(path, left):
+        if checkpoint.listed(path, left) or _merged_part_listed(path, left):
             unlisted += _is_linear(module)
         elif _expert_weights(module):
             quantize_experts(module, path, kind, quantization, group)
@@ -164,6 +164,15 @@ def _quantize_weights(
             if unlisted
             else ""
         )
+    )
+
+
+def _merged_part_listed(path: str, left: tuple[str, ...]) -> bool:
+    """castcore's merged ``qkv_proj`` (castcore.deploy.kernels.qkv) stays in the model dtype when the checkpoint
+    leaves any of q, k, v so: an engine's merged layer holds one format."""
+    parent, _, leaf = path.rpartition(".")
+    return leaf == "qkv_proj" and any(
+        checkpoint.listed(f"{parent}.{part}", left) for part in ("q_proj", "k_proj", "v_proj")
     )
 
 
