@@ -325,6 +325,27 @@ def peers_serving(session: nox.Session) -> None:
 
 
 @nox.session
+def peers_static(session: nox.Session) -> None:
+    """castcore serve against AIConfigurator's static mode (aiconfigurator with its data wheel aiconfigurator-core,
+    SGLang backend) on static batches of MoE and dense models: writes bench/results/peers_static.json and .md. A few
+    minutes on 2 cores; not a default session and not part of bench. ``nox -s peers_static -- --quick`` runs a
+    smoke test instead and writes to the temp directory. AIConfigurator goes in under a constraints file pinning
+    torch to TORCH, as in peers_serving."""
+    from pathlib import Path
+
+    _install_core(session)
+    session.install("packs/castpack-nvidia", "packs/castpack-collectives")
+    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraints.write_text(f"{TORCH}\n")
+    session.install("-c", str(constraints), "aiconfigurator==0.12.0", "aiconfigurator-core==0.12.0")
+    session.run(
+        "python",
+        "bench/peers_static.py",
+        *(session.posargs or ["--out", "bench/results/peers_static.json"]),
+    )
+
+
+@nox.session
 def peers_disagg_spec(session: nox.Session) -> None:
     """castcore simulate's disaggregated prefill/decode, speculative decoding and prefix caching against
     AIConfigurator (aiconfigurator with its data wheel aiconfigurator-core, vLLM backend) on the same scenarios:
