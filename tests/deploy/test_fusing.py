@@ -165,6 +165,34 @@ def test_q_k_and_v_run_as_one_gemm_split_by_heads(session, tiny_llama):
     assert any("2 q/k/v projections -> one merged qkv_proj" in n for n in whole.notes)
 
 
+def test_each_layers_closing_residual_add_runs_in_the_next_norm(session, tiny_llama, tmp_path):
+    """vLLM's layers hand their residual to the next fused_add_rms_norm: 5 layers run one plain RMSNorm (the first
+    layer's input) and 2 x 5 fused add + norm kernels (the last the final norm's), no residual add of their own.
+    Layer reuse captures the first layer apart from the rest and prices as many kernels; its replayed last layer
+    leaves the final norm a plain one, a residual's read and write less."""
+    config = {**json.loads(tiny_llama.read_text()), "num_hidden_layers": 5}
+    path = tmp_path / "five.json"
+    path.write_text(json.dumps(config))
+    reused, whole = (
+        session.estimate(castcore.build_workload(str(path), seq=64, reuse=reuse)) for reuse in (True, False)
+    )
+
+    def count(report, name):
+        return sum(r.invoke.name == name for r in report.records)
+
+    assert (count(whole, "castcore::rms_norm"), count(whole, "castcore::add_rms_norm")) == (1, 10)
+    assert (count(reused, "castcore::rms_norm"), count(reused, "castcore::add_rms_norm")) == (2, 9)
+    floats = [
+        r
+        for r in whole.records
+        if r.invoke.name == "aten::add.Tensor" and r.invoke.outputs()[0].dtype.is_floating_point
+    ]
+    assert not floats
+    hidden = 64 * 64 * 2  # a residual's bf16 [64 tokens, 64]: read and written once more by the fused norm
+    assert whole.totals()["bytes"] - reused.totals()["bytes"] == pytest.approx(2 * hidden)
+    assert any("5 decoder layer closing residual add + the next RMSNorm" in n for n in whole.notes)
+
+
 def test_moe_router_is_one_op(session):
     report = session.estimate(castcore.build_workload(str(DATA / "tiny-mixtral.json"), seq=16))
     names = [r.invoke.name for r in report.records]

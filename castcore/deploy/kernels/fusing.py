@@ -6,7 +6,8 @@ call its device-neutral fused ops (castcore.builtin.fused_ops):
 
 - RMSNorm modules -> ``castcore::rms_norm`` (Gemma's 1 + weight too), no fp32 upcast ops around it;
 - a decoder layer of input_layernorm / self_attn / post_attention_layernorm / mlp: the residual add before
-  the second norm fused into it (``castcore::add_rms_norm``), as vLLM's fused_add_rms_norm does;
+  the second norm fused into it (``castcore::add_rms_norm``), as vLLM's fused_add_rms_norm does, and its closing
+  residual add into the next layer's input norm or the final norm (castcore.deploy.kernels.norms);
 - an attention's q, k and v projections merged into one, ``qkv_proj`` (castcore.deploy.kernels.qkv);
 - gated MLPs (gate_proj, up_proj, down_proj; SiLU or GELU): gate and up merged into one projection, then
   ``castcore::silu_and_mul`` / ``castcore::gelu_and_mul``; a GELU spelled out op by op (GPT-J's gelu_new) ->
@@ -35,7 +36,6 @@ What stays eager is said in the notes. ``--eager`` skips all of this.
 
 from __future__ import annotations
 
-import inspect
 import types
 from collections import Counter
 from collections.abc import Iterator
@@ -64,6 +64,14 @@ from castcore.deploy.kernels.attention import (
     fused_own_attn,
     fused_rotary,
     use_fused_attention,
+)
+from castcore.deploy.kernels.norms import (
+    FusedRMSNorm,
+    chain_residual_adds,
+    fused_layer_forward,
+    is_fusable_layer,
+    is_rms_norm,
+    is_weightless_head_norm,
 )
 from castcore.deploy.kernels.packing import packing_on
 from castcore.deploy.kernels.qkv import merge_qkv
@@ -130,8 +138,8 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     """The core's rewrites of ``built.model``: one line per kind with its count, and what stayed eager."""
     model, done, eager = built.model, Counter(), Counter()
     dtype = getattr(model, "dtype", None)  # a PreTrainedModel's: its first floating parameter's
-    for layer in [m for m in model.modules() if _is_fusable_layer(m)]:
-        layer.forward = types.MethodType(_fused_layer_forward, layer)
+    for layer in [m for m in model.modules() if is_fusable_layer(m)]:
+        layer.forward = types.MethodType(fused_layer_forward, layer)
         done["decoder layer residual add + RMSNorm -> castcore::add_rms_norm"] += 1
     # a block whose router and experts were rewritten runs no eager kernel itself
     moe_parts, blocks = (
@@ -143,10 +151,10 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        if _is_rms_norm(module):
+        if is_rms_norm(module):
             setattr(parent, attr, FusedRMSNorm(module))
             done["RMSNorm -> castcore::rms_norm"] += 1
-        elif _is_weightless_head_norm(module, parent):
+        elif is_weightless_head_norm(module, parent):
             setattr(parent, attr, FusedRMSNorm(module, parent))
             done["weightless RMS norm of q and k heads (Llama 4's L2Norm) -> castcore::rms_norm"] += 1
         elif _gated_activation(module) is not None:
@@ -166,6 +174,8 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     for module in blocks:
         if not any(id(child) in moe_parts for child in module.children()):
             eager[type(module).__name__] += 1
+    if chained := chain_residual_adds(model):
+        done["decoder layer closing residual add + the next RMSNorm -> castcore::add_rms_norm"] += chained
     # whole attention modules given a forward of castcore's
     for found, rewrite_one, said in _ATTENTION_REWRITES:
         modules = [m for m in model.modules() if is_transformers_module(m) and found(m)]
@@ -210,38 +220,7 @@ def _drop_stale_note(built: BuiltModel, model: nn.Module) -> None:
         built.notes.remove(stale)
 
 
-# --- norms ---------------------------------------------------------------------------------------------
-
-
-def _norm_parts(module: nn.Module) -> tuple[nn.Parameter, float, float] | None:
-    """(weight, eps, offset) of an RMSNorm module, offset 1 for the (1 + weight) norms of Gemma and Qwen3-Next."""
-    weight = getattr(module, "weight", None)
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    if not (
-        type(module).__name__.endswith("RMSNorm")
-        and isinstance(weight, nn.Parameter)
-        and weight.dim() == 1
-        and isinstance(eps, float)
-        and not list(module.children())
-    ):
-        return None
-    return weight, eps, 1.0 if _scales_by_one_plus_weight(module) else 0.0
-
-
-def _scales_by_one_plus_weight(module: nn.Module) -> bool:
-    """Whether the norm multiplies by 1 + weight (zero-centred weights), read from its forward's source."""
-    if type(module).__name__.startswith("Gemma"):
-        return True
-    try:
-        source = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        return False
-    return any(f"{one} + self.weight" in source for one in ("1", "1.0"))
-
-
-def _is_rms_norm(module: nn.Module) -> bool:
-    return _norm_parts(module) is not None
-
+# --- activations ----
 
 # transformers' activations that spell out 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in pointwise ops:
 # the tanh approximation of GELU, one kernel in a server (vLLM's gelu_new) and one aten::gelu here.
@@ -251,69 +230,6 @@ _TANH_GELUS = {"NewGELUActivation", "FastGELUActivation"}
 class TanhGelu(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.gelu(x, approximate="tanh")
-
-
-def _is_weightless_head_norm(module: nn.Module, parent: nn.Module) -> bool:
-    """Llama 4's qk norm: x / rms(x) over each head, no weight (vLLM runs it as an RMSNorm without one)."""
-    return (
-        type(module).__name__.endswith("L2Norm")
-        and isinstance(getattr(module, "eps", None), float)
-        and not list(module.parameters())
-        and isinstance(getattr(parent, "head_dim", None), int)
-        and isinstance(getattr(parent, "q_proj", None), nn.Linear)
-    )
-
-
-class FusedRMSNorm(nn.Module):
-    def __init__(self, norm: nn.Module, attention: nn.Module | None = None):
-        super().__init__()
-        if attention is None:
-            self.weight, self.eps, self.offset = _norm_parts(norm)
-        else:  # weightless: x / rms(x) * (1 + 0)
-            zeros = torch.zeros(attention.head_dim, device=attention.q_proj.weight.device)
-            self.weight, self.eps, self.offset = zeros, norm.eps, 1.0
-
-    def forward(self, hidden_states):
-        return ops.rms_norm(hidden_states, self.weight, self.eps, self.offset)
-
-
-# --- decoder layers: the residual add fused into the second norm ---------------------------------------
-
-_LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
-# Llama 4's layer names its MLP feed_forward and returns a tensor under a tuple annotation (5.5.0-5.24.0).
-_LLAMA4_LAYER = (
-    "Llama4TextDecoderLayer",
-    {"input_layernorm", "self_attn", "post_attention_layernorm", "feed_forward"},
-)
-
-
-def _is_fusable_layer(module: nn.Module) -> bool:
-    children = {name for name, _ in module.named_children()}
-    llama4 = (type(module).__name__, children) == _LLAMA4_LAYER
-    if (children != _LAYER_PARTS and not llama4) or not is_transformers_module(module):
-        return False
-    returns = inspect.signature(type(module).forward).return_annotation
-    return (
-        (llama4 or returns in (torch.Tensor, "torch.Tensor"))
-        and _is_rms_norm(module.post_attention_layernorm)
-        and is_transformers_module(module.input_layernorm)
-        and is_transformers_module(module.post_attention_layernorm)
-    )
-
-
-def _fused_layer_forward(self, hidden_states, *args, **kwargs):
-    """The pre-norm decoder layer with its first residual add fused into the post-attention norm."""
-    if args:  # called with positional options: the layer's own forward knows their order
-        return type(self).forward(self, hidden_states, *args, **kwargs)
-    attended = self.self_attn(self.input_layernorm(hidden_states), **kwargs)
-    attended = attended[0] if isinstance(attended, tuple) else attended
-    norm = self.post_attention_layernorm
-    weight, eps, offset = (
-        (norm.weight, norm.eps, norm.offset) if isinstance(norm, FusedRMSNorm) else _norm_parts(norm)
-    )
-    normed, residual = ops.add_rms_norm(attended, hidden_states, weight, eps, offset)
-    out = self.mlp(normed) if hasattr(self, "mlp") else self.feed_forward(normed)
-    return residual + (out[0] if isinstance(out, tuple) else out).view(residual.shape)
 
 
 # --- gated MLPs --------------------------------------------------------------------------------------------
