@@ -14,11 +14,12 @@ from typing import Any
 
 # family -> the operators (torch's names, overload left off) whose kernels it prices. castcore's deployed norms
 # (castcore::rms_norm, castcore::add_rms_norm) are the engines' kernels, not torch's, and keep the device-wide
-# numbers: at decode sizes, replayed from a CUDA graph, SGLang's RMSNorm takes 1.2 us on an H100 at 16 tokens of
-# 2048 (sgl-project/sglang#24733, do_bench_cudagraph), FlashInfer's 1.4 us at one token of 5120 on an RTX 5090
-# (vllm-project/vllm#55329), TransformerEngine's 2.9 us a call in a Megatron decode step's profile
-# (NVIDIA/Megatron-LM#6463), where torch's own takes 4.4 us at 4096 and 7.1 us at 8192 (the H200 measurements
-# behind this family: bench/kernels/measured/h200-sxm-2026-11-27.jsonl).
+# per-call cost, which every other small kernel pays. Published figures for them at decode sizes, replayed from a
+# CUDA graph, span it: SGLang's RMSNorm 1.2 us at 16 tokens of 2048 and 2.0 us at 16384 on an H100
+# (sgl-project/sglang#24733, do_bench_cudagraph), TransformerEngine's 2.9 us a call in a Megatron decode step's
+# profile (NVIDIA/Megatron-LM#6463), FlashInfer's and vLLM's add + norm 5.2 and 6.9 us at one token of 7168
+# (vllm-project/vllm#36899, its CUDA-graph mode); torch's own, behind this family, takes 4.4 us at 4096 and
+# 7.1 us at 8192 (bench/kernels/measured/h200-sxm-2026-11-27.jsonl).
 _FAMILY_OPS = {
     "rms_norm": ("aten::rms_norm", "aten::_fused_rms_norm"),
     "layer_norm": (
