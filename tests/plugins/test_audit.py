@@ -114,8 +114,8 @@ def test_dynamic_audit_shows_who_answers_and_uncovered_ops(site, tmp_path):
         key=("op",),
     )
     assert rows[("aten::mm",)]["answered_by"] == [f"{THROWAWAY} (estimator)"]
-    # 6 per layer (gate and up merged by the deployed kernels), the head
-    assert rows[("aten::mm",)]["calls"] == 13
+    # 4 per layer (q/k/v and gate/up merged by the deployed kernels), the head
+    assert rows[("aten::mm",)]["calls"] == 9
     assert rows[("aten::mm",)]["status"] == "CONFLICT"
     assert rows[("castcore::attention",)]["answered_by"] == ["core (properties)"]
     no_pack = rows_by(
