@@ -52,6 +52,19 @@ def _(x, residual, weight, eps, offset):
     return torch.empty_like(x), torch.empty_like(x)
 
 
+@torch.library.custom_op("castcore::rotary_qk_norm", mutates_args=())
+def rotary_qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """A per-head query or key RMSNorm that the rotary kernel after it computes (TensorRT-LLM's
+    fusedQKNormRope, SGLang's fused_qknorm_rope, vLLM's fused_qk_norm_rope): rms_norm's values, and no kernel of
+    its own in a deployed step (castcore.deploy.engine_step)."""
+    return _rms(x, weight, eps, offset)
+
+
+@rotary_qk_norm.register_fake
+def _(x, weight, eps, offset):
+    return torch.empty_like(x)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -107,6 +120,13 @@ def _(x, approximate):
 # runs anywhere is said to be unreached (castcore.plugins.audit.unreached_claims), never silently unused.
 _REPLACES = {
     "castcore::rms_norm": (
+        "aten::pow.Tensor_Scalar",
+        "aten::mean.dim",
+        "aten::rsqrt",
+        "aten::mul.Tensor",
+        "aten::_to_copy",
+    ),
+    "castcore::rotary_qk_norm": (
         "aten::pow.Tensor_Scalar",
         "aten::mean.dim",
         "aten::rsqrt",
@@ -202,6 +222,7 @@ OPS = {
     for name in (
         "rms_norm",
         "add_rms_norm",
+        "rotary_qk_norm",
         "rotary_embedding",
         "silu_and_mul",
         "gelu_and_mul",

@@ -193,6 +193,27 @@ def test_each_layers_closing_residual_add_runs_in_the_next_norm(session, tiny_ll
     assert any("5 decoder layer closing residual add + the next RMSNorm" in n for n in whole.notes)
 
 
+def test_qwen3s_head_norms_run_in_the_rotary_kernel(session):
+    """Qwen3 norms each query and key head before rotating it: deployed, the rotary kernel does both, as
+    TensorRT-LLM's fusedQKNormRope does; the norms' records stay (the same values) at no time of their own."""
+    qwen3 = str(DATA / "tiny-qwen3.json")
+    deployed, eager = (
+        session.estimate(castcore.build_workload(qwen3, phase="decode", kv_len=16, fuse=fuse))
+        for fuse in (True, False)
+    )
+    in_rotary = [r for r in deployed.records if r.invoke.name == "castcore::rotary_qk_norm"]
+    assert sorted({r.invoke.module.rsplit(".", 1)[-1] for r in in_rotary}) == ["k_norm", "q_norm"]
+    assert len(in_rotary) == 2 * 2
+    assert all(r.estimate.time_s == 0 and r.estimate.source.step == "hoisted" for r in in_rotary)
+    head_norms = [r for r in deployed.records if r.invoke.module.endswith(("q_norm", "k_norm"))]
+    assert {r.invoke.name for r in head_norms} == {"castcore::rotary_qk_norm"}
+    assert len([r for r in deployed.records if r.invoke.name == "castcore::rotary_embedding"]) == 2
+    assert not [r for r in eager.records if r.invoke.name == "castcore::rotary_qk_norm"]
+    assert any(
+        "2 attention layers' per-head q and k RMSNorms -> computed by the rotary" in n for n in deployed.notes
+    )
+
+
 def test_moe_router_is_one_op(session):
     report = session.estimate(castcore.build_workload(str(DATA / "tiny-mixtral.json"), seq=16))
     names = [r.invoke.name for r in report.records]

@@ -26,6 +26,9 @@ def _vector(invoke: OpInvoke, x, ops: float) -> PerformanceProperties:
     return invoke.memory_access_properties().add(x.dtype, gp=ops)
 
 
+@register_op_properties(
+    OPS["rotary_qk_norm"]
+)  # a deployed step hoists it into the rotary: this is its work alone
 @register_op_properties(OPS["rms_norm"])
 def _rms_norm(invoke: OpInvoke, device) -> PerformanceProperties:
     x = invoke.args[0]

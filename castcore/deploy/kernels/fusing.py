@@ -72,6 +72,7 @@ from castcore.deploy.kernels.norms import (
     is_fusable_layer,
     is_rms_norm,
     is_weightless_head_norm,
+    norms_in_rotary,
 )
 from castcore.deploy.kernels.packing import packing_on
 from castcore.deploy.kernels.qkv import merge_qkv
@@ -207,6 +208,11 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
     if rotary:
         if attention_modules:
             done["rotary embedding of q and k -> castcore::rotary_embedding"] += len(attention_modules)
+        if in_rotary := sum(norms_in_rotary(module) for module in attention_modules):
+            done[
+                "attention layers' per-head q and k RMSNorms -> computed by the rotary kernel "
+                "(castcore::rotary_qk_norm)"
+            ] += in_rotary
         outer = built.while_capturing
         built.while_capturing = lambda: _both(outer(), rotary_swapped(rotary, fused_rotary))
     return [f"{count} {kind}" for kind, count in done.items()], [

@@ -71,7 +71,32 @@ class FusedRMSNorm(nn.Module):
         carried = take_residual(self, hidden_states)
         if carried is not None:  # the layer before left its closing residual add to this norm (the final one)
             return ops.add_rms_norm(hidden_states, carried, self.weight, self.eps, self.offset)[0]
+        if self.__dict__.get("castcore_in_rotary"):  # a q or k head norm the rotary kernel computes
+            return ops.rotary_qk_norm(hidden_states, self.weight, self.eps, self.offset)
         return ops.rms_norm(hidden_states, self.weight, self.eps, self.offset)
+
+
+def norms_in_rotary(attention: nn.Module) -> bool:
+    """Mark the attention's per-head q and k norms as computed by the rotary kernel after them, as TensorRT-LLM's
+    fusedQKNormRope, SGLang's fused_qknorm_rope and vLLM's fused_qk_norm_rope run Qwen3's; True when marked. Only
+    where both norm one head at a time, the rotary turns whole heads and the forward norms before it rotates."""
+    norms = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+    head_dim = getattr(attention, "head_dim", None)
+    config = getattr(attention, "config", None)
+    if not all(isinstance(n, FusedRMSNorm) and n.weight.numel() == head_dim for n in norms):
+        return False
+    if getattr(config, "partial_rotary_factor", 1.0) not in (None, 1, 1.0):
+        return False
+    try:
+        source = inspect.getsource(type(attention).forward)
+    except (OSError, TypeError):
+        return False
+    normed, rotated = source.find("self.q_norm("), source.find("apply_rotary")
+    if normed < 0 or rotated < normed:
+        return False
+    for norm in norms:
+        norm.castcore_in_rotary = True
+    return True
 
 
 def take_residual(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor | None:
