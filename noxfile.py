@@ -291,6 +291,19 @@ def kernels(session: nox.Session) -> None:
     session.run("python", "bench/kernels/aic_tables.py", *([] if write else ["--check"]), *rest)
 
 
+def _with_aiconfigurator(session: nox.Session) -> str:
+    """castcore, castpack-nvidia and castpack-collectives, then AIConfigurator under a constraints file that pins
+    torch to TORCH (neither it nor its data wheel names one): the constraints file, for what else goes in."""
+    from pathlib import Path
+
+    _install_core(session)
+    session.install("packs/castpack-nvidia", "packs/castpack-collectives")
+    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraints.write_text(f"{TORCH}\n")
+    session.install("-c", str(constraints), "aiconfigurator==0.12.0", "aiconfigurator-core==0.12.0")
+    return str(constraints)
+
+
 @nox.session
 def peers_serving(session: nox.Session) -> None:
     """castcore simulate against two peer serving simulators, Vidur (vidur) and AIConfigurator (aiconfigurator with
@@ -306,17 +319,9 @@ def peers_serving(session: nox.Session) -> None:
     plots and its profiling, which this comparison does not run. Vidur would fetch its profiles from Hugging Face at
     run time; the bench runs it offline from local copies of those datasets under bench/peers_data/vidur (its
     README.md), and where there are none the table says so."""
-    from pathlib import Path
-
-    _install_core(session)
-    session.install("packs/castpack-nvidia", "packs/castpack-collectives")
-    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
-    constraints.write_text(f"{TORCH}\n")
-    session.install("-c", str(constraints), "aiconfigurator==0.12.0", "aiconfigurator-core==0.12.0")
+    constraints = _with_aiconfigurator(session)
     session.install("--no-deps", "vidur==0.0.26")
-    session.install(
-        "-c", str(constraints), "scikit-learn", "wandb", "plotly_express", "ddsketch", "fasteners"
-    )
+    session.install("-c", constraints, "scikit-learn", "wandb", "plotly_express", "ddsketch", "fasteners")
     session.run(
         "python",
         "bench/peers_serving.py",
@@ -331,13 +336,7 @@ def peers_static(session: nox.Session) -> None:
     minutes on 2 cores; not a default session and not part of bench. ``nox -s peers_static -- --quick`` runs a
     smoke test instead and writes to the temp directory. AIConfigurator goes in under a constraints file pinning
     torch to TORCH, as in peers_serving."""
-    from pathlib import Path
-
-    _install_core(session)
-    session.install("packs/castpack-nvidia", "packs/castpack-collectives")
-    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
-    constraints.write_text(f"{TORCH}\n")
-    session.install("-c", str(constraints), "aiconfigurator==0.12.0", "aiconfigurator-core==0.12.0")
+    _with_aiconfigurator(session)
     session.run(
         "python",
         "bench/peers_static.py",
@@ -352,13 +351,7 @@ def peers_disagg_spec(session: nox.Session) -> None:
     writes bench/results/peers_disagg_spec.json and .md. About a minute on 2 cores; not a default session and not
     part of bench. ``nox -s peers_disagg_spec -- --quick`` runs a smoke test instead and writes to the temp
     directory. AIConfigurator goes in under a constraints file pinning torch to TORCH, as in peers_serving."""
-    from pathlib import Path
-
-    _install_core(session)
-    session.install("packs/castpack-nvidia", "packs/castpack-collectives")
-    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
-    constraints.write_text(f"{TORCH}\n")
-    session.install("-c", str(constraints), "aiconfigurator==0.12.0", "aiconfigurator-core==0.12.0")
+    _with_aiconfigurator(session)
     session.run(
         "python",
         "bench/peers_disagg_spec.py",

@@ -19,9 +19,6 @@ copied and no castcore constant is fitted to them. ``nox -s peers_static`` insta
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import logging
 import statistics
 import sys
 import tempfile
@@ -30,6 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 import figures  # bench/figures.py: this script runs with bench/ on its path
+from peers_serving import quiet  # AIConfigurator's logging and prints kept off the output
 
 PEERS = {"aiconfigurator": "0.12.0", "aiconfigurator-core": "0.12.0"}
 BACKEND = ("sglang", "0.5.14")
@@ -81,19 +79,6 @@ def castcore_run(s: dict) -> dict:
         options["weights"] = weights
     report = castcore.serve(s["model"], device=s["device"], **options)
     return {"ttft_ms": report.ttft_s * 1e3, "tpot_ms": report.tpot_s * 1e3}
-
-
-@contextlib.contextmanager
-def quiet():
-    """AIConfigurator logs and prints as it goes; its output is not this report's."""
-    streams = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = io.StringIO()
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(logging.NOTSET)
-        sys.stdout, sys.stderr = streams
 
 
 def aiconfigurator_run(s: dict) -> dict:
