@@ -25,7 +25,9 @@ def test_llama4_standard_blocks_are_single_kernels(session):
     # each layer's residual add in its second norm, and its closing one in the next norm: layer 1's input norm,
     # then the final norm
     assert names.count("castcore::add_rms_norm") == 2 + 2
-    assert names.count("castcore::rms_norm") == 1 + 2  # layer 0's input norm, q and k of layer 0 (after its rotary)
+    assert (
+        names.count("castcore::rms_norm") == 1 + 2
+    )  # layer 0's input norm, q and k of layer 0 (after its rotary)
     assert "aten::view_as_complex" not in names and "aten::pow.Tensor_Scalar" not in names
 
 
