@@ -26,9 +26,8 @@ def _vector(invoke: OpInvoke, x, ops: float) -> PerformanceProperties:
     return invoke.memory_access_properties().add(x.dtype, gp=ops)
 
 
-@register_op_properties(
-    OPS["rotary_qk_norm"]
-)  # a deployed step hoists it into the rotary: this is its work alone
+# rotary_qk_norm: a deployed step hoists it into the rotary kernel; this is its work where it runs alone
+@register_op_properties(OPS["rotary_qk_norm"])
 @register_op_properties(OPS["rms_norm"])
 def _rms_norm(invoke: OpInvoke, device) -> PerformanceProperties:
     x = invoke.args[0]

@@ -226,7 +226,7 @@ def _drop_stale_note(built: BuiltModel, model: nn.Module) -> None:
         built.notes.remove(stale)
 
 
-# --- activations ----
+# --- activations -------------------------------------------------------------------------------------------
 
 # transformers' activations that spell out 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in pointwise ops:
 # the tanh approximation of GELU, one kernel in a server (vLLM's gelu_new) and one aten::gelu here.
