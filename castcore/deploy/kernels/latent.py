@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from castcore.builtin.attention_ops import is_decode
+from castcore.deploy.kernels.qkv import merged_linear
 from castcore.deploy.kernels.packing import packed_latent_attention, packing_on
 
 ops = torch.ops.castcore
@@ -71,18 +72,7 @@ def merge_down_projections(module: nn.Module) -> None:
     q_a, kv_a = parts
     if (q_a.bias is None) != (kv_a.bias is None):
         return
-    merged = nn.Linear(
-        q_a.in_features,
-        q_a.out_features + kv_a.out_features,
-        bias=q_a.bias is not None,
-        device=q_a.weight.device,
-        dtype=q_a.weight.dtype,
-    )
-    with torch.no_grad():
-        merged.weight = nn.Parameter(torch.cat([q_a.weight, kv_a.weight]), requires_grad=False)
-        if q_a.bias is not None:
-            merged.bias = nn.Parameter(torch.cat([q_a.bias, kv_a.bias]), requires_grad=False)
-    module.qkv_a_proj = merged
+    module.qkv_a_proj = merged_linear(parts)
     module.castcore_q_a_width = q_a.out_features
     del module.q_a_proj, module.kv_a_proj_with_mqa
 

@@ -23,6 +23,16 @@ def merge_qkv(attention: nn.Module) -> bool:
         return False
     if len({part.in_features for part in parts}) != 1 or len({part.bias is None for part in parts}) != 1:
         return False
+    attention.qkv_proj = merged_linear(parts)
+    attention.castcore_qkv_widths = [part.out_features for part in parts]
+    for index, name in enumerate(PARTS):
+        setattr(attention, name, QKVSlice(attention, index))
+    return True
+
+
+def merged_linear(parts: list[nn.Linear]) -> nn.Linear:
+    """One linear whose outputs are ``parts``' outputs side by side: their weights (and biases) concatenated, as
+    an engine loads projections that read the same input into one GEMM."""
     first = parts[0]
     merged = nn.Linear(
         first.in_features,
@@ -35,11 +45,7 @@ def merge_qkv(attention: nn.Module) -> bool:
         merged.weight = nn.Parameter(torch.cat([part.weight for part in parts]), requires_grad=False)
         if first.bias is not None:
             merged.bias = nn.Parameter(torch.cat([part.bias for part in parts]), requires_grad=False)
-    attention.qkv_proj = merged
-    attention.castcore_qkv_widths = [part.out_features for part in parts]
-    for index, name in enumerate(PARTS):
-        setattr(attention, name, QKVSlice(attention, index))
-    return True
+    return merged
 
 
 class QKVSlice(nn.Module):
