@@ -494,7 +494,22 @@ def test_the_estimate_page_groups_its_modules_with_the_flat_table_one_click_away
         page,
         re.DOTALL,
     )
-    assert "LlamaForCausalLM.model.layers.0-1 (x2)" in [row[0] for row in found["layers-table"]]  # two alike
+    # tiny-llama's first layer runs a plain input norm, its second the residual add in it (the next norm takes
+    # each layer's closing add): two unlike layers, each a row
+    layers = [row[0] for row in found["layers-table"]]
+    assert "LlamaForCausalLM.model.layers.0" in layers and "LlamaForCausalLM.model.layers.1" in layers
+
+
+def test_alike_layers_fold_into_one_row_on_the_estimate_page(tmp_path):
+    four = tmp_path / "four.json"
+    four.write_text(json.dumps({**json.loads(Path(LLAMA).read_text()), "num_hidden_layers": 4}))
+    page = tmp_path / "four.html"
+    argv = ["estimate", "--model", str(four), "--seq", "16", "--device-file", H100, "--no-packs"]
+    assert main([*argv, "--html", str(page)]) == 0
+    layers = [row[0] for row in tables(page.read_text(encoding="utf-8"))["layers-table"]]
+    # the first layer alone (a plain input norm), the three after it alike
+    assert "LlamaForCausalLM.model.layers.0" in layers
+    assert "LlamaForCausalLM.model.layers.1-3 (x3)" in layers
 
 
 def test_the_simulate_page_states_the_dtypes_and_draws_the_slo_targets(tmp_path):
