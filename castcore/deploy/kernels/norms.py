@@ -137,17 +137,15 @@ def fused_layer_forward(self, hidden_states, *args, **kwargs):
     before left taken by this layer's input norm."""
     first = self.input_layernorm
     carried = take_residual(first, hidden_states)
-    if carried is not None:
-        hidden_states_in = hidden_states
-        normed, hidden_states = ops.add_rms_norm(
-            hidden_states_in, carried, first.weight, first.eps, first.offset
-        )
     if args:  # called with positional options: the layer's own forward knows their order
-        if carried is not None:
-            hidden_states = hidden_states_in + carried
-        return type(self).forward(self, hidden_states, *args, **kwargs)
+        summed = hidden_states if carried is None else hidden_states + carried
+        return type(self).forward(self, summed, *args, **kwargs)
     if carried is None:
         normed = first(hidden_states)
+    else:
+        normed, hidden_states = ops.add_rms_norm(
+            hidden_states, carried, first.weight, first.eps, first.offset
+        )
     attended = self.self_attn(normed, **kwargs)
     attended = attended[0] if isinstance(attended, tuple) else attended
     norm = self.post_attention_layernorm
@@ -183,7 +181,8 @@ def chain_residual_adds(model: nn.Module) -> int:
             ahead = final if after is None else after.input_layernorm if _rewritten(after) else None
             if isinstance(ahead, FusedRMSNorm):
                 layer.__dict__["castcore_next_norm"] = ahead  # not a submodule: the norm is the next one's
-                takes.add(id(after))
+                if after is not None:
+                    takes.add(id(after))
                 chained += 1
         for layer in filter(_rewritten, layers):
             # Layer reuse (castcore.recording.reuse) replays layers alike in their plain attributes: the first,
