@@ -10,6 +10,7 @@ from typing import Any
 from castcore.options.catalog import say
 from castcore.simulation.presets import PRESETS, EngineLimits
 from castcore.workload import checkpoint
+from castcore.workload.spec import routed_experts
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Online quantization of a bf16 checkpoint, where the engine has a flag for it: (weights, activations) -> flags.
@@ -77,8 +78,7 @@ class Deployment:
 
 
 def is_moe(config: dict[str, Any]) -> bool:
-    text = config.get("text_config") or config
-    return any(text.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    return bool(routed_experts(config))
 
 
 def _attention_groups(d: Deployment) -> int:

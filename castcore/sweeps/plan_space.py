@@ -28,6 +28,7 @@ from castcore.workload.spec import (
     check_model_split,
     is_factory,
     load_model_config,
+    routed_experts,
 )
 
 PlanRequest = Any  # castcore.sweeps.plan's, which imports this module
@@ -86,9 +87,7 @@ def layouts(
     text = config.get("text_config") or config if config else {}
     heads = text.get("num_attention_heads") or text.get("n_head")
     layers = text.get("num_hidden_layers") or text.get("n_layer") or 1
-    experts = next(
-        (text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None
-    )
+    experts = routed_experts(config) if config else None
     if request.tp is not None:
         tps = list(request.tp)
     else:

@@ -262,6 +262,17 @@ def _check_parallel(work: Workload) -> None:
         )
 
 
+def routed_experts(config: Any) -> int | None:
+    """How many routed experts a mixture-of-experts layer of a config (a config.json dict or a transformers config)
+    holds; None for a dense model."""
+    if not isinstance(config, dict):
+        config = config.to_dict() if hasattr(config, "to_dict") else {}
+    text = config.get("text_config") or config
+    return next(
+        (text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None
+    )
+
+
 def check_model_split(
     name: str, config: dict[str, Any], *, tp: int = 1, ep: int = 1, pp: int = 1, groups: int = 0
 ) -> None:
@@ -274,9 +285,7 @@ def check_model_split(
             f"{say('pp', pp)} is more pipeline stages than {name}'s {layers} layers: use "
             f"{say('pp', layers)} or less"
         )
-    experts = next(
-        (text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text.get(k)), None
-    )
+    experts = routed_experts(config)
     if ep > 1:
         given, option = (
             (say("attention_dp", groups), say("attention_dp")) if groups else (say("ep", ep), say("ep"))
