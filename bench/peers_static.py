@@ -8,8 +8,8 @@ together; each tool gives its TTFT (the batch's prefill) and its mean TPOT over 
 (fp8 in 128x128 blocks, as its -FP8 checkpoint), Qwen3-30B-A3B, DeepSeek-V3 (fp8 blocks, as shipped) and three dense
 ones (Llama-3.1-8B, -70B, Qwen3-32B), on an H200 SXM and a B200, batches 1, 16 and 64, at the layouts the rows name
 (MoE models: EP equal to TP, as AIConfigurator's moe_ep_size; castcore --ep). castcore runs its defaults (deployed
-kernels, balanced routing); AIConfigurator runs its own (its power-law routing: exponent 1.2 for Qwen3, 1.01 for
-DeepSeek). This is the MoE-decode comparison of the project's issue on mixture-of-experts decode run where this
+kernels, routing by the power law fitted for the model's family); AIConfigurator runs its own (its power-law
+routing: exponent 1.2 for Qwen3, 1.01 for DeepSeek, the same law and fits). This is the MoE-decode comparison of the project's issue on mixture-of-experts decode run where this
 project may run it: on AIConfigurator's SGLang tables, not its TensorRT-LLM ones, which are held out.
 
 Only the peer's outputs for these scenarios are kept (bench/results/peers_static.json); nothing of its tables is
@@ -141,8 +141,9 @@ def markdown(result: dict, machine: dict) -> str:
         "`nox -s peers_static` (or `python bench/peers_static.py` beside the peer).",
         "",
         f"One static batch a row: B requests of {ISL} prompt and {OSL} output tokens. TTFT is the batch's prefill, "
-        "TPOT the mean decode step. castcore runs its defaults (deployed kernels, balanced routing); "
-        "AIConfigurator its own (power-law routing, exponent 1.2 for Qwen3 and 1.01 for DeepSeek). Ratios are "
+        "TPOT the mean decode step. castcore runs its defaults (deployed kernels, routing by its family's power "
+        "law, exponent 1.2 for Qwen3 and 1.01 for DeepSeek); AIConfigurator its own (the same law and exponents). "
+        "Ratios are "
         "castcore / AIConfigurator.",
         "",
         "| family | metric | scenarios | median ratio | median \\|ratio - 1\\| | range |",

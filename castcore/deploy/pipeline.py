@@ -25,6 +25,7 @@ from castcore.errors import CastcoreError
 from castcore.recording.recorder import CAPTURE_LOCK, Capture, CaptureError, capture, no_cyclic_gc
 from castcore.report.memory import analyze_memory, kv_cache_bytes
 from castcore.report.records import OpRecord, Report
+from castcore.deploy.parallel.experts import with_model_routing
 from castcore.deploy.parallel.parallelize import check_interconnect, parallelize
 from castcore.deploy.parallel.layout import plan_layout
 from castcore.recording.hints import collective_kernels
@@ -151,6 +152,7 @@ def _fuse_shard_capture(
     progress: Callable[[int], None] | None,
     more_kv: tuple[int, ...],
 ) -> dict[int, Capture]:
+    workload = with_model_routing(workload, built)
     if workload.fuse and workload.named and not workload.train:
         built.notes += fuse(host, built, device, workload.kv_reads)
         built.description += " (deployed kernels)"

@@ -52,7 +52,8 @@ def current_terms() -> str:
 class Option:
     """One option: its Python name, its command-line spelling, its sweep-spec key, its type and its check.
 
-    ``kind`` is "int" (whole numbers of at least ``minimum``), "number" (above zero and finite), "str", "bool" (a
+    ``kind`` is "int" (whole numbers of at least ``minimum``), "number" (finite, above zero, or at least zero with
+    ``minimum`` 0), "str", "bool" (a
     switch), "time" (``50ms``, ``1s`` or seconds), "objective" (a time, or a statistic and a time: ``p99:500ms``)
     or "path". ``negated``: the command-line switch sets the option to False (``--eager`` is
     ``fuse=False``). ``many``: a list of values (``--tp 1 2 4``; a path option repeats instead).
@@ -153,8 +154,15 @@ class Option:
         if self.kind == "objective":
             return Objective.parse(value, self)
         if self.kind == "number":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise self.error(value, "must be a number above zero")
+            zero = self.minimum == 0  # 0 is a value (--expert-skew 0: balanced)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 <= value < math.inf if zero else 0 < value < math.inf)
+            ):
+                raise self.error(
+                    value, "must be a number of 0 or more" if zero else "must be a number above zero"
+                )
             return float(value)
         if self.kind == "path" and isinstance(value, os.PathLike):
             return os.fspath(value)

@@ -192,11 +192,13 @@ DEPLOYMENT = (
     ),
     Option(
         "expert_skew",
-        "MoE routing as uneven as real traffic: expert loads a power law of exponent ALPHA (1.01 "
-        "fits DeepSeek-V3, 1.2 Qwen3-235B, as NVIDIA's AIConfigurator draws them): fewer experts' weights read, "
-        "with --ep the busiest device takes more rows (default: balanced)",
+        "MoE routing as uneven as real traffic: expert loads a power law of exponent ALPHA, as NVIDIA's "
+        "AIConfigurator draws them: fewer experts' weights read, with --ep the busiest device takes more rows "
+        "on fewer of its experts; 0 is balanced (default: the fit for the model's family, 1.01 for "
+        "DeepSeek-V3's architecture, 1.2 for every other)",
         PARALLEL,
         kind="number",
+        minimum=0,
         optional=True,
         metavar="ALPHA",
     ),

@@ -2,34 +2,64 @@
 
 Real traffic does not spread tokens evenly over experts: a few experts take most of them. castcore models the
 experts' loads as NVIDIA's AIConfigurator collectors draw them for their measured MoE tables: each expert's load
-a draw from a power law of exponent ``skew`` on [1, 0.8 x tokens] (on [0.01, 2] when there are fewer routed rows
-than experts), scaled to the routed rows; an expert whose share rounds to no row is not touched. castcore takes
-the draws' expected order statistics (the power law's quantiles) instead of random ones. ``skew`` 0 is the
-balanced ideal; the collectors' documentation fits 1.01 to DeepSeek-V3/R1 and 1.2 to Qwen3-235B serving CNN/Daily
-Mail and OpenOrca prompts by latency matching.
+a draw from a power law of exponent ``skew`` on [1, 0.8 x tokens] (on [0.01, 2] when there are no more routed
+rows than experts), scaled to the routed rows and rounded to whole rows, the rows rounding loses going one each to
+the most loaded experts; an expert left with no row is not touched. castcore takes the draws' expected order
+statistics (the power law's quantiles) instead of random ones; experts sit on expert-parallel ranks regardless of
+their load, so the busiest rank is averaged over seeded random placements. ``skew`` 0 is balanced (each row an
+independent, even pick). The collectors' documentation fits 1.01 to DeepSeek-V3/R1 and 1.2 to Qwen3-235B serving
+CNN/Daily Mail and OpenOrca prompts by latency matching, and AIConfigurator applies 1.2 to every other MoE model:
+``model_skew`` gives those as castcore's defaults.
 
 ``with expert_routing(skew=...)`` (castcore.deploy.pipeline, from ``--expert-skew``) and ``with
 expert_routing(top_k=...)`` (the experts forwards, which know their top-k) nest; ops captured inside both carry
-``attrs["expert_skew"]`` and ``attrs["top_k"]`` (``recorded``), which the grouped-GEMM formulas read.
+``attrs["expert_skew"]`` and ``attrs["top_k"]`` (``recorded``), which the grouped-GEMM formulas read. An
+expert-parallel forward adds ``touched=``: how many of its experts the busiest rank runs (``busiest_rank``), which
+its grouped products carry as ``attrs["experts_touched"]``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-_routing: ContextVar[tuple[float, int | None]] = ContextVar("castcore_expert_routing", default=(0.0, None))
+# (skew, top-k, experts the busiest rank touches)
+_routing: ContextVar[tuple[float, int | None, float | None]] = ContextVar(
+    "castcore_expert_routing", default=(0.0, None, None)
+)
+
+# The collectors' fits: DeepSeek-V3's architecture (DeepSeek-V3/R1/V3.x, Kimi K2) 1.01, every other MoE model 1.2.
+_FITTED = {"deepseek_v3": 1.01, "deepseek_v32": 1.01}
+TYPICAL_SKEW = 1.2
+
+
+def model_skew(config) -> float:
+    """The routing skew castcore assumes for a model (its config.json dict or transformers config) when none is
+    given: the collectors' fit for its family."""
+    kind = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    return _FITTED.get(kind, TYPICAL_SKEW)
 
 
 @contextmanager
-def expert_routing(skew: float | None = None, top_k: int | None = None) -> Iterator[None]:
-    """Set the routing skew, the top-k, or both, for ops captured inside; None keeps the outer value."""
+def expert_routing(
+    skew: float | None = None, top_k: int | None = None, touched: float | None = None
+) -> Iterator[None]:
+    """Set the routing skew, the top-k, the experts the busiest rank touches, or any of them, for ops captured
+    inside; None keeps the outer value."""
     if skew is not None and (isinstance(skew, bool) or not math.isfinite(skew) or skew < 0):
         raise ValueError(f"expert skew must be a finite number >= 0, not {skew!r}")
-    outer_skew, outer_k = _routing.get()
-    token = _routing.set((outer_skew if skew is None else float(skew), outer_k if top_k is None else top_k))
+    outer_skew, outer_k, outer_touched = _routing.get()
+    token = _routing.set(
+        (
+            outer_skew if skew is None else float(skew),
+            outer_k if top_k is None else top_k,
+            outer_touched if touched is None else touched,
+        )
+    )
     try:
         yield
     finally:
@@ -37,12 +67,14 @@ def expert_routing(skew: float | None = None, top_k: int | None = None) -> Itera
 
 
 def recorded() -> dict:
-    """The attrs an op captured now carries: the skew and top-k where both are known and the skew is not 0, and
-    the adapters' popularity inside ``adapter_popularity``."""
-    skew, top_k = _routing.get()
+    """The attrs an op captured now carries: the skew and top-k where both are known and the skew is not 0, the
+    experts the busiest rank touches inside an expert-parallel forward, and the adapters' popularity inside
+    ``adapter_popularity``."""
+    skew, top_k, touched = _routing.get()
     popularity = _popularity.get()
     return {
         **({"expert_skew": skew, "top_k": top_k} if skew and top_k else {}),
+        **({"experts_touched": touched} if touched else {}),
         **({"adapter_skew": popularity} if popularity else {}),
     }
 
@@ -84,37 +116,60 @@ def expert_loads(experts: int, tokens: float, top_k: int, skew: float) -> list[f
     return sorted((rows * d / total for d in draws), reverse=True)
 
 
+@functools.lru_cache(maxsize=1024)
+def whole_loads(experts: int, tokens: float, top_k: int, skew: float) -> tuple[int, ...]:
+    """The loads in whole rows, largest first, as the collectors round them: the rows rounding loses go one each
+    to the most loaded experts in turn, the rows it adds come off the least loaded expert in turn, or off the most
+    loaded one when that has none."""
+    rows = round(tokens * top_k)
+    loads = [round(load) for load in expert_loads(experts, tokens, top_k, skew)]
+    missing = rows - sum(loads)
+    for i in range(max(0, missing)):
+        loads[i % experts] += 1
+    for i in range(max(0, -missing)):
+        least = experts - 1 - i % experts
+        loads[least if loads[least] else loads.index(max(loads))] -= 1
+    return tuple(loads)
+
+
 def touched(experts: int, tokens: float, top_k: int, skew: float) -> int:
-    """How many experts get at least one row: those whose expected load rounds to one or more."""
-    return max(1, sum(load >= 0.5 for load in expert_loads(experts, tokens, top_k, skew)))
+    """How many experts get at least one row: those left a whole row, and at least a token's top-k (distinct)."""
+    return max(min(top_k, experts), sum(load > 0 for load in whole_loads(experts, tokens, top_k, skew)))
 
 
-def busiest_share(experts: int, ranks: int, tokens: float, top_k: int, skew: float) -> float:
-    """The share of all routed rows the busiest of ``ranks`` expert-parallel ranks receives: its experts are
-    the hottest one and a typical rest (experts are placed on ranks regardless of their load)."""
-    if ranks <= 1 or experts < ranks:
-        return 1.0
-    loads = expert_loads(experts, tokens, top_k, skew)
-    total, per_rank = sum(loads), experts // ranks
-    if not total:
-        return 1 / ranks
-    rest = (total - loads[0]) / max(1, experts - 1)
-    return min(1.0, (loads[0] + (per_rank - 1) * rest) / total)
+_PLACEMENTS = 256  # seeded random placements of the experts on ranks the busiest rank is averaged over
+
+
+@functools.lru_cache(maxsize=1024)
+def busiest_rank(experts: int, ranks: int, tokens: float, top_k: int, skew: float) -> tuple[float, float]:
+    """The routed rows and the touched experts of the busiest of ``ranks`` expert-parallel ranks under a skew, each
+    rank holding experts // ranks experts placed regardless of their load: averaged over seeded random placements
+    of ``whole_loads``, the rank with the most rows in each."""
+    loads = list(whole_loads(experts, tokens, top_k, skew))
+    per_rank = experts // ranks
+    shuffle = random.Random(0).shuffle
+    rows = hit = 0
+    for _ in range(_PLACEMENTS):
+        shuffle(loads)
+        busiest = max((loads[r * per_rank : (r + 1) * per_rank] for r in range(ranks)), key=sum)
+        rows += sum(busiest)
+        hit += sum(load > 0 for load in busiest)
+    return rows / _PLACEMENTS, hit / _PLACEMENTS
 
 
 def busiest_rows(experts: int, ranks: int, tokens: float, top_k: int, skew: float) -> float:
     """The expected routed rows on the busiest of ``ranks`` expert-parallel ranks when ``tokens`` tokens (over the
     whole group) each pick ``top_k`` of ``experts``. Balanced routing still lands unevenly: a rank's rows are taken
     as Poisson with mean R / ranks (R = tokens x top_k), so the busiest holds sum over c of 1 - P(rows <= c)^ranks,
-    1 token's 8 rows over 8 ranks about 2.6; under a skew, at least the hottest rank's share (busiest_share). At
-    most every row a rank can take (each token sends a rank at most min(top_k, its experts) rows)."""
+    1 token's 8 rows over 8 ranks about 2.6; under a skew, at least the busiest rank's rows (busiest_rank). At most
+    every row a rank can take (each token sends a rank at most min(top_k, its experts) rows)."""
     rows = tokens * top_k
     if ranks <= 1 or rows <= 0:
         return rows
     most = tokens * min(top_k, max(1, experts // ranks))
     found = max(_poisson_max(rows / ranks, ranks), rows / ranks)
-    if skew:
-        found = max(found, busiest_share(experts, ranks, tokens, top_k, skew) * rows)
+    if skew and experts >= ranks:
+        found = max(found, busiest_rank(experts, ranks, tokens, top_k, skew)[0])
     return min(found, most)
 
 

@@ -37,6 +37,11 @@ def _calls(report) -> Counter:
     )
 
 
+def balanced(model, **options):
+    """A workload routed evenly: these tests check the even law (castcore.recording.routing.busiest_rows at 0)."""
+    return castcore.build_workload(model, expert_skew=0, **options)
+
+
 PHASES = [{"seq": 16, "batch": 4}, {"phase": "decode", "kv_len": 16, "batch": 4}]
 
 
@@ -44,8 +49,7 @@ PHASES = [{"seq": 16, "batch": 4}, {"phase": "decode", "kv_len": 16, "batch": 4}
 @pytest.mark.parametrize("tp,ep", [(1, 2), (2, 2), (2, 4), (4, 2), (1, 4)])
 def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp, ep):
     whole, split = (
-        session.estimate(castcore.build_workload(MIXTRAL, **phase, **options))
-        for options in ({}, {"tp": tp, "ep": ep})
+        session.estimate(balanced(MIXTRAL, **phase, **options)) for options in ({}, {"tp": tp, "ep": ep})
     )
     assert _expert_weight_bytes(whole) == EXPERT_BYTES
     # ep < tp: each expert is also split over tp/ep devices, so a device holds 1/tp of the expert weights.
@@ -80,9 +84,7 @@ def test_each_device_holds_and_runs_one_ep_th_of_the_experts(session, phase, tp,
 def test_expert_parallelism_inside_tensor_parallelism_runs_the_rows_as_a_fused_moe_does(session):
     """--tp 2 --ep 2, one decoding token: the busiest device gathers its 2 of the token's 2 rows (one kernel),
     runs them, weights and sums them per token (one kernel) and all-reduces; no integer glue is priced."""
-    report = session.estimate(
-        castcore.build_workload(MIXTRAL, phase="decode", kv_len=16, batch=1, tp=2, ep=2)
-    )
+    report = session.estimate(balanced(MIXTRAL, phase="decode", kv_len=16, batch=1, tp=2, ep=2))
     permute = [r.invoke for r in report.records if r.invoke.name == "castcore::moe_permute"]
     unpermute = [r.invoke for r in report.records if r.invoke.name == "castcore::moe_unpermute"]
     assert len(permute) == len(unpermute) == LAYERS
@@ -105,9 +107,7 @@ def test_expert_parallelism_inside_tensor_parallelism_runs_the_rows_as_a_fused_m
     ]
     assert any("nothing is dispatched" in n and "one all_reduce" in n for n in report.notes)
     asked = session.estimate(
-        castcore.build_workload(
-            MIXTRAL, phase="decode", kv_len=16, batch=1, tp=2, ep=2, ep_kernels="low-latency"
-        )
+        balanced(MIXTRAL, phase="decode", kv_len=16, batch=1, tp=2, ep=2, ep_kernels="low-latency")
     )
     assert not _calls(asked)["all_to_all_single"]
     assert any(
@@ -118,7 +118,7 @@ def test_expert_parallelism_inside_tensor_parallelism_runs_the_rows_as_a_fused_m
 def test_the_busiest_device_receives_the_expected_most_rows(session):
     # ep 2 over 2 attention groups, prefill of 4 x 16 tokens: each group routes 32 tokens x top-2 = 64 rows; the
     # two groups' 128 rows land on 2 devices as Poisson counts of mean 64, the busiest's expected count about 69.
-    report = session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, ep=2, attention_dp=2))
+    report = session.estimate(balanced(MIXTRAL, seq=16, batch=4, ep=2, attention_dp=2))
     (dispatch, *_) = [
         r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"
     ]
@@ -150,7 +150,7 @@ def test_ep_kernels_say_how_dispatch_and_combine_run(session, kernels, prefill, 
     (castpack-collectives prices "low-latency" as DeepEP's low-latency kernels); every other collective of an
     inference step is a serving engine's."""
     for phase, want in ((PHASES[0], prefill), (PHASES[1], decode)):
-        report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, ep=4, ep_kernels=kernels, **phase))
+        report = session.estimate(balanced(MIXTRAL, tp=2, ep=4, ep_kernels=kernels, **phase))
         a2a = [r.invoke for r in report.records if r.invoke.name == "_c10d_functional::all_to_all_single"]
         assert len(a2a) == 2 * LAYERS and {i.attrs.get("kernels") for i in a2a} == {want}
         others = [
@@ -165,7 +165,7 @@ def test_ep_kernels_say_how_dispatch_and_combine_run(session, kernels, prefill, 
 
 
 def test_a_training_step_leaves_its_collectives_to_the_library(session):
-    report = session.estimate(castcore.build_workload(MIXTRAL, tp=2, train=True, seq=16, batch=4))
+    report = session.estimate(balanced(MIXTRAL, tp=2, train=True, seq=16, batch=4))
     collectives = [
         r.invoke
         for r in report.records
@@ -177,8 +177,7 @@ def test_a_training_step_leaves_its_collectives_to_the_library(session):
 def test_ep_over_tp_runs_attention_on_a_share_of_the_batch(session):
     # ep 4 over tp 2: 2 attention groups, each with 2 of the 4 sequences; its KV cache is the group's.
     whole, split = (
-        session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, **o))
-        for o in ({}, {"tp": 2, "ep": 4})
+        session.estimate(balanced(MIXTRAL, seq=16, batch=4, **o)) for o in ({}, {"tp": 2, "ep": 4})
     )
     (sdpa, *_) = [r.invoke for r in split.records if r.invoke.name == "castcore::attention"]
     assert sdpa.args[0].shape[0] == 2
@@ -189,25 +188,23 @@ def test_ep_over_tp_runs_attention_on_a_share_of_the_batch(session):
 
 def test_attention_dp_is_expert_parallelism_wider_than_tensor_parallelism(session):
     # --attention-dp 2 of --tp 2 spreads the experts over 4 devices: the same deployment as --ep 4 --tp 2.
-    sugar = castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, attention_dp=2)
-    plain = castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=4)
+    sugar = balanced(MIXTRAL, seq=16, batch=4, tp=2, attention_dp=2)
+    plain = balanced(MIXTRAL, seq=16, batch=4, tp=2, ep=4)
     assert sugar == plain and (plain.ep, plain.attention_dp) == (4, 2)
-    assert castcore.build_workload(MIXTRAL, seq=16, tp=2, ep=2).attention_dp == 1
+    assert balanced(MIXTRAL, seq=16, tp=2, ep=2).attention_dp == 1
     with pytest.raises(
         castcore.ModelError,
         match=r"attention_dp=2 groups of tp=2 spread the experts over 4 devices: "
         r"use ep=4, or leave ep out",
     ):
-        castcore.build_workload(MIXTRAL, seq=16, tp=2, ep=2, attention_dp=2)
+        balanced(MIXTRAL, seq=16, tp=2, ep=2, attention_dp=2)
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_a_batch_that_does_not_divide_over_the_attention_groups_is_priced_as_the_busiest(session, phase):
     # 3 sequences on 2 groups: the busiest holds 2, as with 4; 1 sequence leaves one group idle, as with 2.
     def run(batch):
-        return session.estimate(
-            castcore.build_workload(MIXTRAL, seq=16, batch=batch, attention_dp=2, phase=phase)
-        )
+        return session.estimate(balanced(MIXTRAL, seq=16, batch=batch, attention_dp=2, phase=phase))
 
     three, four, one, two = run(3), run(4), run(1), run(2)
     assert three.time_s == four.time_s and one.time_s == two.time_s
@@ -218,8 +215,7 @@ def test_a_batch_that_does_not_divide_over_the_attention_groups_is_priced_as_the
 
 def test_ep_replays_layers_as_a_full_capture_does(session):
     reused, full = (
-        session.estimate(castcore.build_workload(MIXTRAL, seq=16, batch=4, tp=2, ep=2, reuse=r))
-        for r in (True, False)
+        session.estimate(balanced(MIXTRAL, seq=16, batch=4, tp=2, ep=2, reuse=r)) for r in (True, False)
     )
     assert [(r.invoke.name, r.invoke.module, r.invoke.key) for r in reused.records] == [
         (r.invoke.name, r.invoke.module, r.invoke.key) for r in full.records
@@ -315,9 +311,7 @@ def test_the_op_table_says_how_many_experts_a_device_ran(session):
     # One decoding token, top-2 of 4 experts: 2 rows reach 4 x (1 - (3/4)^2) = 1.75 experts on one device. Under
     # --tp 2 --ep 2 the busiest device gets round(1.52) = 2 of them over its 2 experts: 2 x (1 - (1/2)^2) = 1.5.
     def experts_run(**layout):
-        report = session.estimate(
-            castcore.build_workload(MIXTRAL, phase="decode", kv_len=16, batch=1, **layout)
-        )
+        report = session.estimate(balanced(MIXTRAL, phase="decode", kv_len=16, batch=1, **layout))
         found = [s.experts_run for s in report.by_op() if s.experts_run is not None]
         assert len(found) == 1  # the grouped products, every other op None
         return found[0]
@@ -342,7 +336,7 @@ def _reduced_in(report) -> list[str]:
 def test_a_shared_expert_and_the_routed_ones_are_summed_by_one_all_reduce(session, layout):
     """DeepSeek's MoE block adds its shared expert to its routed experts: both leave partial sums, and one
     all_reduce of the block's output sums them, as vLLM's SharedFusedMoE does."""
-    report = session.estimate(castcore.build_workload(DEEPSEEK, phase="decode", kv_len=16, batch=1, **layout))
+    report = session.estimate(balanced(DEEPSEEK, phase="decode", kv_len=16, batch=1, **layout))
     attention = [f"layers.{i}.self_attn" for i in range(4)]
     # the embedding, each attention's o_proj, the dense MLP's down_proj, each MoE block (in its layer)
     assert _reduced_in(report) == [
@@ -352,9 +346,7 @@ def test_a_shared_expert_and_the_routed_ones_are_summed_by_one_all_reduce(sessio
         *(m for i in (1, 2, 3) for m in (attention[i], f"layers.{i}")),
     ]
     # Attention data parallelism brings the experts' outputs back whole: the shared expert reduces its own.
-    dispatched = session.estimate(
-        castcore.build_workload(DEEPSEEK, phase="decode", kv_len=16, batch=2, tp=2, ep=4)
-    )
+    dispatched = session.estimate(balanced(DEEPSEEK, phase="decode", kv_len=16, batch=2, tp=2, ep=4))
     assert [m for m in _reduced_in(dispatched) if "mlp" in m] == [
         "layers.0.mlp",
         *(f"layers.{i}.mlp.shared_experts" for i in (1, 2, 3)),

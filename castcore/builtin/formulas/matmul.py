@@ -112,14 +112,17 @@ GROUPED = (
 
 
 def routed_experts(invoke: OpInvoke, experts: int, rows: int) -> float:
-    """How many experts' weights a grouped product over ``rows`` routed rows reads: under a routing skew the
-    experts block recorded (castcore.recording.routing) those its loads reach, else ``touched_experts``. With no
-    more rows than experts the skew changes little (the rows still mostly land on distinct experts, as measured)."""
+    """How many experts' weights a grouped product over ``rows`` routed rows reads: under --ep and a routing skew,
+    the busiest rank's experts that its forward recorded; under a skew alone, those the experts' loads reach
+    (castcore.recording.routing); else ``touched_experts``."""
     popularity = invoke.attrs.get("adapter_skew")
     if popularity:  # multi-LoRA adapters, one a row's request picks by popularity (castcore.deploy.lora)
         return routing.popular_touched(experts, rows, popularity)
+    busiest = invoke.attrs.get("experts_touched")
+    if busiest:
+        return min(experts, busiest)
     skew, top_k = invoke.attrs.get("expert_skew"), invoke.attrs.get("top_k")
-    if skew and top_k and rows > experts:
+    if skew and top_k:
         return min(experts, routing.touched(experts, rows / top_k, top_k, skew))
     return touched_experts(experts, rows)
 

@@ -27,8 +27,8 @@ Shared experts (nn.Linear MLPs) stay tensor-parallel.
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,9 +39,12 @@ from castcore.recording import routing
 from castcore.recording.hints import collective_kernels
 from castcore.deploy.parallel.tensor_plan import _expert_weights
 from castcore.deploy.parallel.tensor_shards import _replace, split_experts
-from castcore.workload.spec import ModelError
+from castcore.workload.spec import ModelError, Workload, routed_experts
 
 ops = torch.ops.castcore
+
+if TYPE_CHECKING:
+    from castcore.workload.models import BuiltModel
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,20 @@ def shard_experts(model: torch.nn.Module, groups: ExpertGroups) -> int:
     return len(found)
 
 
+def with_model_routing(workload: Workload, built: BuiltModel) -> Workload:
+    """A mixture of experts routes as real traffic does unless --expert-skew says otherwise: its family's fitted
+    skew (castcore.recording.routing.model_skew), said in a note."""
+    if workload.expert_skew is not None or not routed_experts(built.config or {}):
+        return workload
+    skew = routing.model_skew(built.config)
+    built.notes.append(
+        f"MoE routing taken as uneven as served traffic: expert loads a power law of exponent {skew} (the fits "
+        "NVIDIA's AIConfigurator collectors publish: 1.01 for DeepSeek-V3's architecture, 1.2 for every other "
+        "family); an expert skew of 0 prices it balanced"
+    )
+    return replace(workload, expert_skew=skew)
+
+
 def _grouped(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, transposed: bool) -> torch.Tensor:
     # As transformers' grouped_mm experts run it: [rows, in] x [experts, in, out] grouped by offsets.
     return torch._grouped_mm(x, weight if transposed else weight.transpose(-2, -1), offs=offsets)
@@ -115,6 +132,15 @@ def _busiest_rows(local_experts: int, ranks: int, tokens: float, top_k: int) -> 
     whole rows: a batch of one token runs about 3 of its 8 rows on the busiest of 8 devices, not 8."""
     skew = routing.recorded().get("expert_skew") or 0.0
     return max(1, round(routing.busiest_rows(local_experts * ranks, ranks, tokens, top_k, skew)))
+
+
+def _busiest_touched(local_experts: int, ranks: int, tokens: float, top_k: int) -> float | None:
+    """Under a routing skew, how many of its experts the busiest rank runs (castcore.recording.routing.busiest_rank:
+    its rows crowd onto the hot ones); None when balanced, where its rows' even picks decide."""
+    skew = routing.recorded().get("expert_skew")
+    if not skew or ranks <= 1:
+        return None
+    return routing.busiest_rank(local_experts * ranks, ranks, tokens, top_k, skew)[1]
 
 
 def _expert_parallel_forward(groups: ExpertGroups):
@@ -144,7 +170,10 @@ def _local_experts_forward(groups: ExpertGroups):
             ):  # Llama 4: the router weight scales the input
                 rows = rows * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(rows.dtype)
                 top_k_weights = torch.ones_like(top_k_weights)
-            out = _experts(self, rows, offsets, _grouped)
+            with routing.expert_routing(
+                touched=_busiest_touched(self.num_experts, groups.ep_size, tokens, top_k)
+            ):
+                out = _experts(self, rows, offsets, _grouped)
             bias = getattr(self, "down_proj_bias", None) if getattr(self, "has_bias", False) else None
             combined = ops.moe_unpermute(
                 out, order, top_k_weights, bias, offsets if bias is not None else None
@@ -192,7 +221,10 @@ def _dispatched_forward(groups: ExpertGroups):
             # Balanced routing: the received rows split evenly across the local experts.
             local, count = self.num_experts, received.shape[0]
             offsets = torch.arange(1, local + 1, dtype=torch.int32, device=received.device) * (count // local)
-            out = _experts(self, received, offsets, _grouped)
+            with routing.expert_routing(
+                touched=_busiest_touched(self.num_experts, groups.ep_size, group_tokens, top_k)
+            ):
+                out = _experts(self, received, offsets, _grouped)
             if getattr(self, "has_bias", False):
                 out.add_(self.down_proj_bias[_row_experts(local, count, out.device)])
             # Combine: back to the tokens' devices, then weighted by the router and summed per token (one kernel).
