@@ -92,6 +92,21 @@ def _(q, k, cos, sin, interleaved=False):
     return torch.empty_like(q), torch.empty_like(k)
 
 
+@torch.library.custom_op("castcore::kv_cache_write", mutates_args=("keys", "values"))
+def kv_cache_write(
+    keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> None:
+    """The new tokens' keys and values written into a static cache at ``position`` along dim 2, both by one
+    kernel as engines write them (vLLM's reshape_and_cache_flash, MLA's concat_and_cache_mla)."""
+    keys.index_copy_(2, position, key)
+    values.index_copy_(2, position, value)
+
+
+@kv_cache_write.register_fake
+def _(keys, values, position, key, value):
+    return None
+
+
 @torch.library.custom_op("castcore::silu_and_mul", mutates_args=())
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, gate and up the two halves of the last dimension (a merged gate/up projection)."""
@@ -212,6 +227,7 @@ _REPLACES = {
     "castcore::moe_permute": ("aten::sort", "aten::index.Tensor", "aten::one_hot", "aten::histc"),
     "castcore::moe_unpermute": ("aten::mul.Tensor", "aten::index_add_", "aten::sum.dim_IntList"),
     "castcore::clamped_swiglu": ("aten::clamp", "aten::sigmoid", "aten::mul.Tensor", "aten::add.Tensor"),
+    "castcore::kv_cache_write": ("aten::index_copy_",),
 }
 
 for _fused, _eager in _REPLACES.items():
@@ -224,6 +240,7 @@ OPS = {
         "add_rms_norm",
         "rotary_qk_norm",
         "rotary_embedding",
+        "kv_cache_write",
         "silu_and_mul",
         "gelu_and_mul",
         "attention",

@@ -63,6 +63,7 @@ _FAMILY_OPS = {
         "castcore::quantize_blocks",
     ),
     "kv_cache_write": (
+        "castcore::kv_cache_write",
         "aten::index_put",
         "aten::index_put_",
         "aten::index_copy_",

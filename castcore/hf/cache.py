@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -111,6 +112,8 @@ class DecodeInputs:
     cache_dtype: torch.dtype | None
     standard: tuple[tuple[int, int], ...]  # (heads, dim) of the keys and values of a layer kv_written leaves
     argument: str  # the name the forward takes its cache by (cache_argument)
+    # the class a static layer takes so its update writes as a serving engine does (with_writes)
+    writes: Callable[[type], type] | None = None
 
     def __call__(self) -> tuple[tuple, dict[str, object]]:
         from transformers import StaticCache
@@ -141,6 +144,8 @@ class DecodeInputs:
                 # DeepSeek-V3.2's indexer keys, held beside the latent entries (StaticIndexedLayer, 5.24.0)
                 layer.lazy_initialization_indexer(torch.empty((self.batch, 1, index_dim), dtype=self.dtype))
                 layer.indexer_cumulative_length.fill_(self.kv_len)  # type: ignore[attr-defined]
+            if self.writes is not None:
+                layer.__class__ = self.writes(type(layer))
             if self.cache_dtype not in (None, self.dtype):
                 layer.__class__ = cast_on_write(type(layer))
         input_ids = torch.zeros((self.batch, 1), dtype=torch.long)
@@ -199,17 +204,29 @@ class DecodeInputs:
         return conv, state
 
     def per_device(self, n: int) -> DecodeInputs:
-        return decode_inputs(
-            self.model, self.batch, self.kv_len, self.dtype, tp=n, cache_dtype=self.cache_dtype
-        )
+        return self._remade(tp=n)
 
     def with_cache_dtype(self, cache_dtype: torch.dtype) -> DecodeInputs:
-        return decode_inputs(
-            self.model, self.batch, self.kv_len, self.dtype, tp=self.tp, cache_dtype=cache_dtype
-        )
+        return self._remade(cache_dtype=cache_dtype)
 
     def with_kv_len(self, n: int) -> DecodeInputs:
-        return decode_inputs(self.model, self.batch, n, self.dtype, tp=self.tp, cache_dtype=self.cache_dtype)
+        return self._remade(kv_len=n)
+
+    def with_writes(self, writes: Callable[[type], type]) -> DecodeInputs:
+        """The same step's inputs, each static cache layer's class made ``writes(its class)``."""
+        return replace(self, writes=writes)
+
+    def _remade(self, **changed: Any) -> DecodeInputs:
+        options = {"kv_len": self.kv_len, "tp": self.tp, "cache_dtype": self.cache_dtype, **changed}
+        remade = decode_inputs(
+            self.model,
+            self.batch,
+            options["kv_len"],
+            self.dtype,
+            tp=options["tp"],
+            cache_dtype=options["cache_dtype"],
+        )
+        return replace(remade, writes=self.writes)
 
 
 def _local_rows(projection: Any) -> int:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from castcore.cli.main import main
+from castcore.deploy import engine_step
 
 DATA = Path(__file__).parents[1] / "data"
 IDS = (torch.int64, torch.int32, torch.bool)
@@ -34,15 +35,25 @@ def test_glue_on_ids_costs_nothing_in_a_deployed_step_and_keeps_its_cost_eagerly
     assert kept and all(r.estimate.time_s >= 4e-6 for r in kept)  # the profile's 4 us a vector op
 
 
-def test_a_write_of_no_element_costs_nothing_in_a_deployed_step(session):
-    """Latent attention's cache entry is its keys; the value slot beside it is empty, and so is its write."""
+def test_a_write_of_no_element_costs_nothing_and_a_latent_entry_is_written_by_one_kernel(session):
+    """Latent attention's cache entry is its keys; the value slot beside it is empty. Eagerly its write is an
+    index_copy_ of no element, glue a deployed step would hoist; deployed, one castcore::kv_cache_write a layer
+    writes the entry, and the empty slot adds no byte."""
+    empty_slot, entry = torch.empty(2, 1, 8, 0), torch.empty(2, 1, 8, 4)
+    position = torch.zeros(1, dtype=torch.int64)
+    empty, written = (
+        session.estimate(lambda t, i, s: t.index_copy_(2, i, s), t, position, t[:, :, :1]).records[0].invoke
+        for t in (empty_slot, entry)
+    )
+    assert engine_step.hoisted(empty) and not engine_step.hoisted(written)
     model = str(DATA / "tiny-deepseek-v3.json")
     deployed = _decode(session, model, "h100-sxm")
-    writes = [r for r in deployed.records if r.invoke.name == "aten::index_copy_"]
-    empty = [r for r in writes if r.invoke.args[0].numel() == 0]
-    assert empty and len(empty) < len(writes)  # one empty value slot beside each latent entry
-    assert all(r.estimate.time_s == 0 and r.estimate.source.step == "hoisted" for r in empty)
-    assert all(r.estimate.time_s > 0 for r in writes if r not in empty)
+    assert not [r for r in deployed.records if r.invoke.name == "aten::index_copy_"]
+    one = [r for r in deployed.records if r.invoke.name == "castcore::kv_cache_write"]
+    assert len(one) == 4  # one a layer
+    keys, values, position, key, value = one[0].invoke.args[:5]
+    assert values.numel() == value.numel() == 0
+    assert one[0].bytes == position.nbytes + 2 * key.nbytes  # the new entry read and written, nothing else
 
 
 def test_a_plugins_op_on_ids_keeps_its_estimate(session):

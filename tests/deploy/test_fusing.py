@@ -430,3 +430,22 @@ def test_torchs_own_rms_norm_in_your_module_is_one_kernel_when_deployed(session)
     assert len(eager.records) > 2 and "aten::rms_norm" not in {r.invoke.name for r in eager.records}
     assert deployed.time_s < eager.time_s
     assert any("composite norms" in note for note in deployed.notes)
+
+
+def test_one_kernel_writes_a_static_layers_keys_and_values_as_transformers_writes_them():
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    from castcore.deploy.kernels.cache_writes import written_once
+
+    prompt = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4)
+    step = torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4)
+    caches = []
+    for layer in (StaticLayer(max_cache_len=8), written_once(StaticLayer)(max_cache_len=8)):
+        layer.update(*prompt)
+        caches.append(layer.update(*step))
+    for want, got in zip(*caches):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert written_once(StaticLayer) is written_once(
+        written_once(StaticLayer)
+    )  # made once, not wrapped again
+    assert written_once(StaticSlidingWindowLayer) is StaticSlidingWindowLayer  # it rolls its own window

@@ -128,8 +128,16 @@ def test_decode_reads_the_whole_cache_and_writes_one_token(session, tiny_llama):
     q, k, _ = attention[0].invoke.args[:3]
     assert q.shape[0] == 2 and q.shape[2] == 1  # one new token per sequence
     assert k.shape[2] == kv_len + 1  # the cached tokens and the new one
-    writes = [r for r in report.records if r.invoke.name == "aten::index_copy_"]
-    assert len(writes) == 4  # K and V of each layer, written in place
+    # K and V of each layer written in place, by one kernel (deployed) or two (eager)
+    writes = [r for r in report.records if r.invoke.name == "castcore::kv_cache_write"]
+    assert len(writes) == 2
+    _, _, position, key, value = writes[0].invoke.args[:5]
+    assert key.shape[2] == value.shape[2] == 1  # the new token's
+    assert writes[0].bytes == position.nbytes + 2 * (key.nbytes + value.nbytes)
+    eager = session.estimate(
+        build_workload(str(tiny_llama), batch=2, phase="decode", kv_len=kv_len, fuse=False)
+    )
+    assert len([r for r in eager.records if r.invoke.name == "aten::index_copy_"]) == 4
     cfg = load_model_config(str(tiny_llama))
     assert report.memory.kv_cache_bytes >= kv_cache_bytes(cfg, 2, kv_len + 1, torch.bfloat16)
 

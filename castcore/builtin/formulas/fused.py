@@ -46,6 +46,16 @@ def _rotary(invoke: OpInvoke, device) -> PerformanceProperties:
     return _vector(invoke, q, ROTARY * (q.numel() + k.numel()))
 
 
+@register_op_properties(OPS["kv_cache_write"])
+def _kv_cache_write(invoke: OpInvoke, device) -> PerformanceProperties:
+    # the new keys and values read, written in place at their positions: nothing else of the cache is touched
+    keys, values, position, key, value = invoke.args[:5]
+    return PerformanceProperties(
+        memory_read_bytes=position.nbytes + key.nbytes + value.nbytes,
+        memory_write_bytes=key.numel() * keys.element_size() + value.numel() * values.element_size(),
+    )
+
+
 @register_op_properties(OPS["silu_and_mul"])
 def _silu_and_mul(invoke: OpInvoke, device) -> PerformanceProperties:
     return _vector(invoke, invoke.args[0], SILU_AND_MUL * invoke.outputs()[0].numel())

@@ -74,6 +74,7 @@ from castcore.deploy.kernels.norms import (
     is_weightless_head_norm,
     norms_in_rotary,
 )
+from castcore.deploy.kernels.cache_writes import write_once
 from castcore.deploy.kernels.packing import packing_on
 from castcore.deploy.kernels.qkv import merge_qkv
 from castcore.workload.models import BuiltModel
@@ -204,6 +205,8 @@ def rewrite(built: BuiltModel, kv_reads: str = "group") -> tuple[list[str], list
         ] += len(attention_modules)
     else:  # every attention layer runs a forward of castcore's (Kimi Linear's): the build note is not true
         _drop_stale_note(built, model)
+    if written := write_once(built):
+        done["decode step's key and value cache writes -> one castcore::kv_cache_write"] += written
     rotary = standard_rotary(model)
     if rotary:
         if attention_modules:
