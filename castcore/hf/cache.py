@@ -251,6 +251,33 @@ def ssm_state_dtype(mixer: Any, dtype: torch.dtype) -> torch.dtype:
     return torch_dtype(named) if isinstance(named, str) and named != "auto" else dtype
 
 
+def writes_whole(layer_class: type) -> bool:
+    """Whether a static cache layer's ``update`` is ``StaticLayer``'s (a whole cache, written at the new
+    positions), not its own (a sliding window rolls its keys)."""
+    from transformers.cache_utils import StaticLayer
+
+    return getattr(layer_class, "update", None) is StaticLayer.update
+
+
+def cache_layer_classes(config: Any) -> list[type]:
+    """The classes of the layers a model's ``StaticCache`` holds (their tensors are made on first use, not here)."""
+    from transformers import StaticCache
+
+    return [type(layer) for layer in StaticCache(config=config, max_cache_len=2).layers]
+
+
+def static_update(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor, write) -> tuple:
+    """What ``StaticLayer.update`` does (the same in 5.5.0-5.24.0), the two copies at the new positions done by
+    ``write(keys, values, position, key_states, value_states)``."""
+    if not layer.is_initialized:
+        layer.lazy_initialization(key_states, value_states)
+    kv_length = key_states.shape[-2]
+    position = torch.arange(kv_length, device=layer.device) + layer.cumulative_length
+    layer.cumulative_length.add_(kv_length)
+    write(layer.keys, layer.values, position, key_states, value_states)
+    return layer.keys, layer.values
+
+
 _CASTING: dict[type, type] = {}
 
 

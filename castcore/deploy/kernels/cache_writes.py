@@ -1,8 +1,7 @@
 """A decode step's new keys and values written into the static cache by one kernel, as serving engines write them.
 
 transformers' ``StaticLayer.update`` writes keys and values with two ``index_copy_`` calls; vLLM writes both with
-one kernel (``reshape_and_cache_flash``, and ``concat_and_cache_mla`` for a latent cache), and so does SGLang's
-KV store. A plain static layer (one whose ``update`` is ``StaticLayer``'s, the same in 5.5.0-5.24.0) takes a class
+one kernel (``reshape_and_cache_flash``, and ``concat_and_cache_mla`` for a latent cache). A plain static layer (one whose ``update`` is ``StaticLayer``'s, the same in 5.5.0-5.24.0) takes a class
 whose ``update`` does what that one does with ``castcore::kv_cache_write`` for the two copies. A sliding-window
 layer keeps its own ``update``, which rolls its window.
 """
@@ -12,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from castcore.builtin import fused_ops  # noqa: F401  (defines the torch.ops.castcore ops)
+from castcore.hf.cache import cache_layer_classes, static_update, writes_whole
 from castcore.workload.models import BuiltModel
 
 ops = torch.ops.castcore
@@ -21,14 +21,11 @@ _WRITTEN_ONCE: dict[type, type] = {}
 def write_once(built: BuiltModel) -> int:
     """Make a decode step's static cache layers write keys and values with one kernel; how many layers do (0
     where the step's inputs hold no cache castcore builds: a prefill, a user's own inputs)."""
-    from transformers import StaticCache
-
     inputs = built.inputs_fn
     if getattr(inputs, "with_writes", None) is None:
         return 0
-    # the layers the step's cache will hold, their tensors not yet made
-    layers = StaticCache(config=inputs.config, max_cache_len=2).layers  # type: ignore[union-attr]
-    count = sum(written_once(type(layer)) is not type(layer) for layer in layers)
+    classes = cache_layer_classes(inputs.config)  # type: ignore[union-attr]
+    count = sum(written_once(layer_class) is not layer_class for layer_class in classes)
     if count:
         built.inputs_fn = inputs.with_writes(written_once)  # type: ignore[union-attr]
     return count
@@ -36,12 +33,7 @@ def write_once(built: BuiltModel) -> int:
 
 def written_once(layer_class: type) -> type:
     """``layer_class`` with an ``update`` that writes both with one kernel, or itself where its update is its own."""
-    from transformers.cache_utils import StaticLayer
-
-    if (
-        layer_class in _WRITTEN_ONCE.values()
-        or getattr(layer_class, "update", None) is not StaticLayer.update
-    ):
+    if layer_class in _WRITTEN_ONCE.values() or not writes_whole(layer_class):
         return layer_class
     if layer_class not in _WRITTEN_ONCE:
         _WRITTEN_ONCE[layer_class] = type(
@@ -51,10 +43,4 @@ def written_once(layer_class: type) -> type:
 
 
 def _update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-    if not self.is_initialized:
-        self.lazy_initialization(key_states, value_states)
-    kv_length = key_states.shape[-2]
-    position = torch.arange(kv_length, device=self.device) + self.cumulative_length
-    self.cumulative_length.add_(kv_length)
-    ops.kv_cache_write(self.keys, self.values, position, key_states, value_states)
-    return self.keys, self.values
+    return static_update(self, key_states, value_states, ops.kv_cache_write)
