@@ -149,6 +149,9 @@ def test_a_mixture_of_experts_routes_as_its_family_is_fitted_unless_told(session
         "power law of exponent 1.2" in n and "expert skew of 0 prices it balanced" in n for n in default.notes
     )
     assert not any("power law" in n for n in skewed.notes + balanced.notes)
+    # an eager graph's experts know no top-k: priced as they run, and no note claims a skew
+    eager = session.estimate(castcore.build_workload(MIXTRAL, **step, fuse=False))
+    assert not any("power law" in n for n in eager.notes)
     grouped = next(r for r in default.by_op() if r.op == "aten::_grouped_mm")
     assert grouped.experts_run == 2
     assert next(r for r in balanced.by_op() if r.op == "aten::_grouped_mm").experts_run == 2.73

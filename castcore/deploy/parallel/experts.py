@@ -109,8 +109,10 @@ def shard_experts(model: torch.nn.Module, groups: ExpertGroups) -> int:
 
 def with_model_routing(workload: Workload, built: BuiltModel) -> Workload:
     """A mixture of experts routes as real traffic does unless --expert-skew says otherwise: its family's fitted
-    skew (castcore.recording.routing.model_skew), said in a note."""
-    if workload.expert_skew is not None or not routed_experts(built.config or {}):
+    skew (castcore.recording.routing.model_skew), said in a note. Only castcore's experts forwards (deployed
+    kernels, or --ep) know their top-k and so price a skew: an eager graph's experts run as they are."""
+    priced = workload.ep > 1 or (workload.fuse and not workload.train)
+    if workload.expert_skew is not None or not priced or not routed_experts(built.config or {}):
         return workload
     skew = routing.model_skew(built.config)
     built.notes.append(
