@@ -15,7 +15,11 @@ CNN/Daily Mail and OpenOrca prompts by latency matching, and AIConfigurator appl
 expert_routing(top_k=...)`` (the experts forwards, which know their top-k) nest; ops captured inside both carry
 ``attrs["expert_skew"]`` and ``attrs["top_k"]`` (``recorded``), which the grouped-GEMM formulas read. An
 expert-parallel forward adds ``touched=``: how many of its experts the busiest rank runs (``busiest_rank``), which
-its grouped products carry as ``attrs["experts_touched"]``.
+its grouped products carry as ``attrs["experts_touched"]``. ``fused=True`` marks the ops an engine's fused MoE
+kernel runs as one (the sort by expert, the two grouped products with the activation between them, the weighted
+combine: ``attrs["fused_moe"]``); a dispatch over expert parallelism marks only the local experts' part, since its
+sort and combine move rows over the network. The core prices the parts as they are; a pack whose engines fuse them
+(castpack-amd, for AITER's fused MoE) reads the mark.
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-# (skew, top-k, experts the busiest rank touches)
-_routing: ContextVar[tuple[float, int | None, float | None]] = ContextVar(
-    "castcore_expert_routing", default=(0.0, None, None)
+# (skew, top-k, experts the busiest rank touches, inside an engine's fused MoE kernel)
+_routing: ContextVar[tuple[float, int | None, float | None, bool]] = ContextVar(
+    "castcore_expert_routing", default=(0.0, None, None, False)
 )
 
 # The collectors' fits: DeepSeek-V3's architecture (DeepSeek-V3/R1/V3.x, Kimi K2) 1.01, every other MoE model 1.2.
@@ -46,18 +50,22 @@ def model_skew(config) -> float:
 
 @contextmanager
 def expert_routing(
-    skew: float | None = None, top_k: int | None = None, touched: float | None = None
+    skew: float | None = None,
+    top_k: int | None = None,
+    touched: float | None = None,
+    fused: bool | None = None,
 ) -> Iterator[None]:
-    """Set the routing skew, the top-k, the experts the busiest rank touches, or any of them, for ops captured
-    inside; None keeps the outer value."""
+    """Set the routing skew, the top-k, the experts the busiest rank touches, whether the ops are one fused MoE
+    kernel's parts, or any of them, for ops captured inside; None keeps the outer value."""
     if skew is not None and (isinstance(skew, bool) or not math.isfinite(skew) or skew < 0):
         raise ValueError(f"expert skew must be a finite number >= 0, not {skew!r}")
-    outer_skew, outer_k, outer_touched = _routing.get()
+    outer_skew, outer_k, outer_touched, outer_fused = _routing.get()
     token = _routing.set(
         (
             outer_skew if skew is None else float(skew),
             outer_k if top_k is None else top_k,
             outer_touched if touched is None else touched,
+            outer_fused if fused is None else fused,
         )
     )
     try:
@@ -68,13 +76,14 @@ def expert_routing(
 
 def recorded() -> dict:
     """The attrs an op captured now carries: the skew and top-k where both are known and the skew is not 0, the
-    experts the busiest rank touches inside an expert-parallel forward, and the adapters' popularity inside
-    ``adapter_popularity``."""
-    skew, top_k, touched = _routing.get()
+    experts the busiest rank touches inside an expert-parallel forward, the fused-MoE mark, and the adapters'
+    popularity inside ``adapter_popularity``."""
+    skew, top_k, touched, fused = _routing.get()
     popularity = _popularity.get()
     return {
         **({"expert_skew": skew, "top_k": top_k} if skew and top_k else {}),
         **({"experts_touched": touched} if touched else {}),
+        **({"fused_moe": True} if fused else {}),
         **({"adapter_skew": popularity} if popularity else {}),
     }
 

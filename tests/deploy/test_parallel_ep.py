@@ -351,3 +351,39 @@ def test_a_shared_expert_and_the_routed_ones_are_summed_by_one_all_reduce(sessio
         "layers.0.mlp",
         *(f"layers.{i}.mlp.shared_experts" for i in (1, 2, 3)),
     ]
+
+
+def _marked(report, module_end: str) -> dict[str, bool]:
+    """Each op name under ``module_end`` (the experts block) -> whether its calls carry the fused-MoE mark."""
+    found: dict[str, bool] = {}
+    for r in report.records:
+        if r.invoke.module.endswith(module_end) and not r.invoke.name.startswith("_c10d_functional::wait"):
+            found[r.invoke.name] = found.get(r.invoke.name, True) and bool(r.invoke.attrs.get("fused_moe"))
+    return found
+
+
+@pytest.mark.parametrize("options", [{}, {"tp": 2, "ep": 2}], ids=["one device", "ep inside tp"])
+def test_a_local_experts_block_is_marked_as_one_fused_moe_kernels_parts(session, options):
+    # the sort, the products, the activation and the combine stay on the device: an engine's fused MoE runs them
+    # as one kernel (castcore.recording.routing's mark); the all_reduce after them is no part of it
+    report = session.estimate(balanced(MIXTRAL, phase="decode", kv_len=16, batch=2, **options))
+    marked = _marked(report, "layers.0.mlp.experts")
+    for op in (
+        "castcore::moe_permute",
+        "aten::_grouped_mm",
+        "castcore::silu_and_mul",
+        "castcore::moe_unpermute",
+    ):
+        assert marked[op] is True, op
+    if options:
+        assert marked["_c10d_functional::all_reduce"] is False
+    router = [r for r in report.records if r.invoke.name == "castcore::topk_softmax"]
+    assert router and not any(r.invoke.attrs.get("fused_moe") for r in router)
+
+
+def test_a_dispatch_marks_only_the_local_experts_not_the_sort_and_combine_that_cross_the_network(session):
+    report = session.estimate(balanced(MIXTRAL, phase="decode", kv_len=16, batch=2, ep=2, attention_dp=2))
+    marked = _marked(report, "layers.0.mlp.experts")
+    assert marked["aten::_grouped_mm"] and marked["castcore::silu_and_mul"]
+    assert not marked["castcore::moe_permute"] and not marked["castcore::moe_unpermute"]
+    assert not marked["_c10d_functional::all_to_all_single"]

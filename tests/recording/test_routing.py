@@ -77,6 +77,10 @@ def test_a_skew_is_recorded_only_with_a_top_k_and_bad_skews_are_refused():
             with routing.expert_routing(touched=3.5):
                 assert routing.recorded() == {"expert_skew": 1.2, "top_k": 2, "experts_touched": 3.5}
             assert "experts_touched" not in routing.recorded()
+            with routing.expert_routing(fused=True):
+                assert routing.recorded() == {"expert_skew": 1.2, "top_k": 2, "fused_moe": True}
+                with routing.expert_routing(fused=False):
+                    assert "fused_moe" not in routing.recorded()
     assert routing.recorded() == {}
     for bad in (-1, math.inf, True):
         with pytest.raises(ValueError, match="expert skew must be a finite number >= 0"):

@@ -167,8 +167,8 @@ def _fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """As vLLM's fused MoE runs: dispatch (gather + sort) in one kernel, the two grouped GEMMs with the gated
     activation between them, and the weighted combine in one kernel. ``_grouped`` is looked up by name, so a
     quantized deployment swaps in its own product (castcore.deploy.quantize.layers): the body stays in this one
-    function. Its ops carry the top-k for a routing skew (castcore.recording.routing)."""
-    with expert_routing(top_k=top_k_index.shape[-1]):
+    function. Its ops carry the top-k for a routing skew and the fused-MoE mark (castcore.recording.routing)."""
+    with expert_routing(top_k=top_k_index.shape[-1], fused=True):
         rows, order, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
         # Llama 4: the router weight scales the expert's input
         if getattr(self, "castcore_weights_on_input", False):

@@ -160,7 +160,8 @@ def _local_experts_forward(groups: ExpertGroups):
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        with routing.expert_routing(top_k=top_k_index.shape[-1]):
+        # sort, products and combine stay on this device: one fused MoE kernel's parts, as engines run them
+        with routing.expert_routing(top_k=top_k_index.shape[-1], fused=True):
             tokens, top_k = top_k_index.shape
             # The (token, expert) pairs routed to this device's experts, as many as the busiest device gets, with
             # local expert ids. Captures run on fake tensors: what matters is how many pairs are taken.
@@ -180,11 +181,11 @@ def _local_experts_forward(groups: ExpertGroups):
             combined = ops.moe_unpermute(
                 out, order, top_k_weights, bias, offsets if bias is not None else None
             )
-            # the local experts' share of each token, and with ep < tp each expert's share of its intermediate,
-            # summed here or, with a shared expert, by the block (castcore.deploy.parallel.tensor_shards)
-            if getattr(self, "castcore_block_sums", False):
-                return combined
-            return funcol.all_reduce(combined, "sum", groups.tp)
+        # the local experts' share of each token, and with ep < tp each expert's share of its intermediate,
+        # summed here or, with a shared expert, by the block (castcore.deploy.parallel.tensor_shards)
+        if getattr(self, "castcore_block_sums", False):
+            return combined
+        return funcol.all_reduce(combined, "sum", groups.tp)
 
     return forward
 
@@ -223,8 +224,9 @@ def _dispatched_forward(groups: ExpertGroups):
             # Balanced routing: the received rows split evenly across the local experts.
             local, count = self.num_experts, received.shape[0]
             offsets = torch.arange(1, local + 1, dtype=torch.int32, device=received.device) * (count // local)
+            # only the local experts are a fused kernel's parts: the sort and combine move rows over the network
             with routing.expert_routing(
-                touched=_busiest_touched(self.num_experts, groups.ep_size, group_tokens, top_k)
+                touched=_busiest_touched(self.num_experts, groups.ep_size, group_tokens, top_k), fused=True
             ):
                 out = _experts(self, received, offsets, _grouped)
             if getattr(self, "has_bias", False):
