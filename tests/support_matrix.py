@@ -135,9 +135,9 @@ def markdown(table: dict[str, dict[str, str]]) -> str:
         "of castcore's one-line reason. *Deployed kernels* says which blocks keep their eager graph instead of "
         "the kernels a serving engine runs (`all`: none). With the newest transformers castcore is tested on "
         f"({'.'.join(TESTED['transformers'][1].split('.')[:2])}); made by `python -m tests.support_matrix > docs/support.md`; "
-        "`tests/test_support_matrix.py` fails when what runs differs from this page. castpack-nvidia and "
-        "castpack-amd ship profiles only, so on NVIDIA and AMD devices every family runs as it does here (no "
-        "column of their own).",
+        "`tests/test_support_matrix.py` fails when what runs differs from this page. castpack-nvidia ships "
+        "profiles only, and castpack-amd's estimators only price a mixture-of-experts block's parts as AITER's fused "
+        "MoE runs them, so on NVIDIA and AMD devices every family runs as it does here (no column of their own).",
         "",
     ]
     for column in COLUMNS:

@@ -1,6 +1,6 @@
 """castpack-amd installed beside castcore: its profiles load, every number sourced, and castcore finds
-the pack, which claims no op (a pack of device profiles only). Run with `pytest` after installing the pack
-(editable or not), or `python3 -m nox`.
+the pack, which claims the parts of a routed-experts block AITER's fused MoE runs (castpack_amd.aiter_moe) and
+nothing else. Run with `pytest` after installing the pack (editable or not), or `python3 -m nox`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import castcore
+from castcore.pack import op_name
 
 PACK = "castpack-amd"
 MODULE = "castpack_amd"
@@ -52,10 +53,22 @@ def test_profile_loads_and_every_number_is_sourced():
             )
 
 
-def test_pack_is_loaded_through_its_entry_point_and_claims_no_op(session):
+# What AITER's fused MoE runs as one kernel's parts, which this pack prices on AMD GPUs: the rest is the core's.
+CLAIMED = {
+    "castcore::moe_permute",
+    "castcore::silu_and_mul",
+    "castcore::gelu_and_mul",
+    "castcore::clamped_swiglu",
+    "castcore::moe_unpermute",
+}
+
+
+def test_pack_is_loaded_through_its_entry_point_and_claims_the_fused_moe_parts(session):
     (pack,) = [info for info in session.plugins.infos if info.name == ENTRY_POINT]
     assert (pack.kind, pack.status, pack.distribution) == ("pack", "loaded", PACK), pack.error
-    assert not pack.claims and pack.hooks == []  # profiles only: the core prices every op
+    assert {op_name(c.op) for c in pack.claims} == CLAIMED
+    assert sorted(pack.hooks) == ["estimate_op", "op_properties"]  # the claims' own table: no fuse_model
+    assert {c.device for c in pack.claims} == {"mi3*"}  # AMD GPUs only: other devices keep the core's pricing
     assert session.devices[DEVICE].origin.startswith(f"{PACK}:profiles/")
     # Problems naming this pack or its device (another pack with the same device name, say).
     assert not [w for w in session.warnings if PACK in w or repr(DEVICE) in w], session.warnings
@@ -181,10 +194,11 @@ def test_castcore_audit_shows_who_wins_each_op_on_mi300x():
         "override",
         "decomposed",
     }  # no CONFLICT on an AMD GPU
-    # Every op with a winner is won by someone other than this pack (it claims none); the matrix products by the
-    # core's roofline over this profile's rates.
+    # This pack wins the fused MoE's parts and nothing else; the matrix products go to the core's roofline over
+    # this profile's rates.
     won = {op: row["winner"] for op, row in rows.items() if row["winner"]}
-    assert won and not [op for op, w in won.items() if w["plugin"].startswith(PACK)]
+    assert {op for op, w in won.items() if w["plugin"].startswith(PACK)} == CLAIMED
+    assert {won[op]["kind"] for op in CLAIMED} == {"estimator"}
     for op in ("aten::mm", "aten::bmm", "aten::_scaled_mm"):
         assert (won[op]["plugin"], won[op]["kind"]) == ("core", "properties"), op
 
@@ -289,3 +303,56 @@ def test_mi300x_engine_all_reduce_prices_vllms_custom_all_reduce(session, ranks,
         errors.append(abs(cost.time_s * 1e6 / measured_us - 1))
     errors.sort()
     assert errors[len(errors) // 2] < median_within and errors[-1] < 0.15, errors
+
+
+# A Mixtral of 4 experts, top-2, 2 layers: small enough to capture in a second, built from this config by transformers.
+TINY_MOE = {
+    "model_type": "mixtral",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 500,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+
+
+def _moe_decode(tmp_path, monkeypatch, device=DEVICE, **options):
+    config = tmp_path / "tiny-moe.json"
+    config.write_text(json.dumps(TINY_MOE))
+    for var in ("CASTCORE_LOAD_PACKS", "CASTCORE_CUSTOM_OP_PATH", "CASTCORE_STRICT"):
+        monkeypatch.delenv(var, raising=False)
+    workload = castcore.build_workload(str(config), phase="decode", kv_len=16, batch=4, **options)
+    return castcore.Session().estimate(workload, device=device)
+
+
+def _by_op(report, module_end="layers.0.mlp.experts"):
+    return {r.invoke.name: r for r in report.records if r.invoke.module.endswith(module_end)}
+
+
+def test_a_routed_experts_block_on_mi300x_runs_as_aiters_fused_moe(tmp_path, monkeypatch):
+    ours = _by_op(_moe_decode(tmp_path, monkeypatch))
+    monkeypatch.setenv("CASTCORE_DISABLE_PACKS", ENTRY_POINT)  # the estimators go; the profile is read as a file
+    profile = castcore.load_device_file(resources.files(MODULE) / "profiles" / f"{DEVICE}.toml")
+    core = _by_op(_moe_decode(tmp_path, monkeypatch, device=profile))
+    for op in ("castcore::silu_and_mul", "castcore::moe_unpermute"):  # stage 1's and stage 2's epilogues
+        assert ours[op].estimate.source.plugin.startswith(PACK)
+        assert ours[op].estimate.time_s == 0 and ours[op].estimate.detail["fused_into"].startswith("AITER")
+        assert core[op].estimate.time_s > 0 and core[op].estimate.source.plugin == "core"
+    sort, copy = ours["castcore::moe_permute"].estimate, core["castcore::moe_permute"].estimate
+    assert sort.detail["kernel"] == "AITER moe_sorting" and 0 < sort.time_s <= copy.time_s
+    # the products themselves stay the core's
+    assert ours["aten::_grouped_mm"].estimate.time_s == core["aten::_grouped_mm"].estimate.time_s
+
+
+def test_a_dispatched_sort_and_combine_keep_the_cores_pricing(tmp_path, monkeypatch):
+    # under attention data parallelism the rows cross the network: the sort copies them into the send buffer and
+    # the combine sums what comes back, as the core prices them; only the local experts' activation is fused
+    ops = _by_op(_moe_decode(tmp_path, monkeypatch, ep=2, attention_dp=2, expert_skew=0))
+    for op in ("castcore::moe_permute", "castcore::moe_unpermute"):
+        assert ops[op].estimate.source.plugin == "core" and ops[op].estimate.time_s > 0, op
+    assert ops["castcore::silu_and_mul"].estimate.time_s == 0
