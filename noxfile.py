@@ -26,6 +26,9 @@ nox.options.sessions = [
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"
+# The core's tests run on a worker per core (pytest-xdist), up to four: on CI's two cores that halves the longest
+# session. Each worker has its own cache and config folders (tests/conftest.py) and starts its own local Ray.
+PARALLEL = ["-n", "auto", "--maxprocesses", "4"]
 # What `ruff format` keeps formatted (pyproject.toml sets the line length); packs and examples are left as written.
 FORMATTED = ["castcore", "tests", "tests_browser", "bench", "noxfile.py"]
 # The parts of castcore mypy checks in the lint session (the rest is read for its types).
@@ -93,7 +96,7 @@ def tests(session: nox.Session) -> None:
     # The sweep's Ray backend and Parquet files are tested on a local Ray instance; the docs build hook's tests
     # raise mkdocs' own error.
     session.install(".[ray,docs]")
-    session.run("pytest", "tests", *session.posargs)
+    session.run("pytest", *PARALLEL, "tests", *session.posargs)
 
 
 @nox.session
@@ -107,7 +110,7 @@ def oldest(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".[test]", f"transformers=={_lowest('transformers')}")
     _say_versions(session)
-    session.run("pytest", "-m", "models", "tests", *session.posargs)
+    session.run("pytest", *PARALLEL, "-m", "models", "tests", *session.posargs)
 
 
 @nox.session
