@@ -305,19 +305,23 @@ def test_mi300x_engine_all_reduce_prices_vllms_custom_all_reduce(session, ranks,
     assert errors[len(errors) // 2] < median_within and errors[-1] < 0.15, errors
 
 
-# A Mixtral of 4 experts, top-2, 2 layers: small enough to capture in a second, built from this config by transformers.
+# A Qwen3-MoE of 8 experts, top-2, 2 layers: small enough to capture in a second, built from this config by
+# transformers.
 TINY_MOE = {
-    "model_type": "mixtral",
+    "model_type": "qwen3_moe",
     "hidden_size": 64,
-    "intermediate_size": 96,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 48,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "vocab_size": 500,
-    "num_local_experts": 4,
+    "head_dim": 16,
+    "num_experts": 8,
     "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "norm_topk_prob": True,
+    "vocab_size": 256,
     "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
 }
 
 
