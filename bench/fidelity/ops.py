@@ -113,14 +113,26 @@ def plan_mm(w: dict[str, Any]) -> OpPlan | NotExpressible:
         if batch != 1:
             return NotExpressible("a batched fp8 product: torch._scaled_mm takes 2-D operands only")
         # vLLM's kernels write bf16; mamf-finder.py and the CUTLASS example keep the fp8 input type.
-        out = torch.bfloat16 if "bf16 output" in str(w.get("scaling", "")) else dtype
-        one = torch.ones((), dtype=torch.float32, device="meta")
+        scaling = str(w.get("scaling", ""))
+        out = torch.bfloat16 if "bf16 output" in scaling else dtype
         b = meta(n, k, dtype=dtype).t()
+        if scaling.startswith(
+            "block"
+        ):  # DeepSeek-V3's: a scale per 1x128 row group of A, per 128x128 block of B
+            groups = -(-k // 128)
+            scales = (
+                meta(m, groups, dtype=torch.float32),
+                meta(-(-n // 128), groups, dtype=torch.float32).t(),
+            )
+        else:
+            one = torch.ones((), dtype=torch.float32, device="meta")
+            scales = (one, one)
         return OpPlan(
             _scaled_mm(out),
-            (meta(m, k, dtype=dtype), b, one, one),
+            (meta(m, k, dtype=dtype), b, *scales),
             work,
-            f"torch._scaled_mm {m}x{k} @ {k}x{n} {dtype} -> {out}",
+            f"torch._scaled_mm {m}x{k} @ {k}x{n} {dtype} -> {out}"
+            + (", block-scaled" if scales[0].dim() else ""),
         )
     if linear:
         return OpPlan(

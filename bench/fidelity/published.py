@@ -60,6 +60,8 @@ def make_session(packs: tuple[str, ...] = PACKS, device_files: Iterable[str | Pa
 def plan(point: dict[str, Any]):
     """What to run for a point: an OpPlan, a collective or serve plan (dicts), or NotExpressible."""
     category = point["category"]
+    if point["workload"].get("not_expressible"):  # the reason the point's reader recorded with it
+        return NotExpressible(point["workload"]["not_expressible"])
     if category in ("gemm", "attention", "memory"):
         return plan_op(point)
     if category == "collective":

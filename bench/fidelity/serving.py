@@ -34,6 +34,7 @@ MODEL_FILES = {
     "deepseek-ai/DeepSeek-V3": "deepseek-v3.json",
     "deepseek-ai/DeepSeek-R1": "deepseek-v3.json",  # DeepSeek-R1's config.json: the same architecture as V3's
     "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3.json",
+    "deepseek-ai/DeepSeek-V3-0324": "deepseek-v3.json",
     "nvidia/DeepSeek-R1-FP4": "deepseek-r1-fp4.json",  # ModelOpt NVFP4 of DeepSeek-R1: no fp8 quantization_config
     "nvidia/DeepSeek-R1-0528-FP4": "deepseek-r1-fp4.json",
     "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b-v0.1.json",

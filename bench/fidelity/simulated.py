@@ -78,8 +78,6 @@ def _lengths(w: dict[str, Any], name: str) -> str | None:
 def plan_simulate(point: dict[str, Any]) -> dict[str, Any] | NotExpressible:
     """``castcore.simulate`` keyword arguments, the metric and notes, or why the point is not expressible."""
     w = point["workload"]
-    if w.get("not_expressible"):
-        return NotExpressible(w["not_expressible"])
     if w["model"] not in MODEL_FILES:
         return NotExpressible(f"no config shipped under bench/fidelity/models/ for {w['model']}")
     if w.get("metric") not in METRICS:
