@@ -116,9 +116,8 @@ def plan_mm(w: dict[str, Any]) -> OpPlan | NotExpressible:
         scaling = str(w.get("scaling", ""))
         out = torch.bfloat16 if "bf16 output" in scaling else dtype
         b = meta(n, k, dtype=dtype).t()
-        if scaling.startswith(
-            "block"
-        ):  # DeepSeek-V3's: a scale per 1x128 row group of A, per 128x128 block of B
+        # DeepSeek-V3's block scaling: a scale per 1x128 row group of A, per 128x128 block of B
+        if scaling.startswith("block"):
             groups = -(-k // 128)
             scales = (
                 meta(m, groups, dtype=torch.float32),
