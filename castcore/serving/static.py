@@ -249,6 +249,14 @@ def _notes(report: ServeReport, config: dict[str, Any] | None) -> list[str]:
             f"--pp {staged.stages}: layers per stage {staged.layers}; prefill {staged.formula}; decode at KV "
             f"{points[-1]}: {last_stage.formula}"
         )
-    for step in report.reports():  # the pipeline's per-step lines are summed up above
-        notes += [line for line in step.notes if line not in notes and not line.startswith("--pp ")]
+    prefill, *decode = report.reports()  # the pipeline's per-step lines are summed up above
+    notes += [line for line in prefill.notes if line not in notes and not line.startswith("--pp ")]
+    for step in decode:  # a decode step's own line (its kernels include the cache writes) says whose it is
+        notes += [
+            f"decode steps: {line}"
+            for line in step.notes
+            if line not in prefill.notes
+            and f"decode steps: {line}" not in notes
+            and not line.startswith("--pp ")
+        ]
     return notes

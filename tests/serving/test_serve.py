@@ -111,6 +111,14 @@ def test_interpolated_decode_equals_stepping_every_token(session, served, tiny_l
     assert not any("not affine" in note for note in served.notes)
 
 
+def test_a_decode_steps_own_kernels_line_says_it_is_the_decode_steps_and_shared_lines_come_once(served):
+    deployed = [n for n in served.notes if "deployed kernels by castcore" in n]
+    prefill, decode = deployed  # the decode steps' line adds their cache writes, so it is their own
+    assert prefill.startswith("deployed kernels by castcore: ") and "kv_cache_write" not in prefill
+    assert decode.startswith("decode steps: deployed kernels by castcore: ") and "kv_cache_write" in decode
+    assert len(served.notes) == len(set(served.notes))
+
+
 def test_the_fit_and_its_points():
     assert decode_points(100, 1) == [100] and decode_points(100, 2) == [100, 101]
     assert fit_line({5: 2.0}) == (2.0, 0.0)
