@@ -1,9 +1,10 @@
 """A decode step's new keys and values written into the static cache by one kernel, as serving engines write them.
 
 transformers' ``StaticLayer.update`` writes keys and values with two ``index_copy_`` calls; vLLM writes both with
-one kernel (``reshape_and_cache_flash``, and ``concat_and_cache_mla`` for a latent cache). A plain static layer (one whose ``update`` is ``StaticLayer``'s, the same in 5.5.0-5.24.0) takes a class
-whose ``update`` does what that one does with ``castcore::kv_cache_write`` for the two copies. A sliding-window
-layer keeps its own ``update``, which rolls its window.
+one kernel (``reshape_and_cache_flash``, and ``concat_and_cache_mla`` for a latent cache). A plain static layer
+(one whose ``update`` is ``StaticLayer``'s, the same in 5.5.0-5.24.0) takes a class whose ``update`` does what that
+one does with ``castcore::kv_cache_write`` for the two copies. A sliding-window layer keeps its own ``update``,
+which rolls its window.
 """
 
 from __future__ import annotations
