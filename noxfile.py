@@ -282,11 +282,11 @@ def fidelity(session: nox.Session) -> None:
 @nox.session
 def kernels(session: nox.Session) -> None:
     """castcore's kernel estimates against NVIDIA's measured vLLM and SGLang kernel tables in the
-    aiconfigurator-core wheel (GEMM, fused MoE, attention, engine all-reduce, DeepEP), fitted and held-out points
-    apart. By default the CI check: fails when a family's held-out median |error| rose by more than two points
-    against bench/results/aic_tables.json, writing nothing (a few minutes). ``nox -s kernels -- --write`` rewrites
-    bench/results/aic_tables.md and .json. The wheel is read here, never shipped or needed by castcore; its
-    TensorRT-LLM and NCCL tables are not read."""
+    aiconfigurator-core wheel (GEMM, fused MoE, attention, DeepSeek's latent-attention module, engine all-reduce,
+    DeepEP), fitted and held-out points apart. By default the CI check: fails when a family's held-out median
+    |error| rose by more than two points against bench/results/aic_tables.json, writing nothing (a few minutes).
+    ``nox -s kernels -- --write`` rewrites bench/results/aic_tables.md and .json. The wheel is read here, never
+    shipped or needed by castcore; its TensorRT-LLM and NCCL tables are not read."""
     _install_core(session)
     session.install("packs/castpack-nvidia", "packs/castpack-collectives", "aiconfigurator-core==0.12.0")
     write = "--write" in session.posargs

@@ -30,6 +30,8 @@ the aiconfigurator-core wheel (Apache-2.0, ``systems/data/<gpu>/...``). Only the
   ``castcore::rotary_embedding``, the two cache writes (cast to the cache's dtype), ``castcore::attention``.
   Fitted: H100's and A100's vLLM bf16 rows (``attention_op_cost_s``, ``attention_wave_s``). Held out: the rest,
   every variant included; B200 has no fitted attention constant.
+- DeepSeek's latent-attention module: ``mla/vllm/*/mla_generation_module_perf.parquet`` (H100, H200), every row
+  held out and no constant fitted; how it is read and why nothing is fitted to it: bench/kernels/aic_mla.py.
 
 ``nox -s kernels`` runs this with the wheel installed and ``--check``: it fails when a family's held-out median
 |error| rose by more than two points against the committed ``bench/results/aic_tables.json`` (bench/kernels/
@@ -46,6 +48,7 @@ from importlib import resources
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # score.py sits beside this file
+import aic_mla  # noqa: E402
 import heldout  # noqa: E402
 from score import WITHIN, quantile  # noqa: E402
 
@@ -508,7 +511,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        results = score_allreduce() + score_low_latency() + score_gemm() + score_moe() + score_attention()
+        results = (
+            score_allreduce()
+            + score_low_latency()
+            + score_gemm()
+            + score_moe()
+            + score_attention()
+            + aic_mla.score_mla_module(table)
+        )
     except ModuleNotFoundError as exc:
         print(
             f"aic_tables: {exc.name} is not installed; run nox -s kernels, which installs "
