@@ -71,3 +71,43 @@ def test_the_committed_medians_cover_every_family_the_report_shows():
         line.split(" | ")[0].lstrip("| ") for line in report.splitlines() if "| held out: **all** |" in line
     }
     assert shown and shown == set(committed)
+
+
+def test_the_mla_module_family_prices_one_deployed_attention_module_per_measured_row():
+    import aic_mla
+
+    def row(heads, gemm, cache, batch, step):
+        return {
+            "num_heads": heads,
+            "gemm_type": gemm,
+            "kv_cache_dtype": cache,
+            "batch_size": batch,
+            "step": step,
+            "latency": 0.1,  # ms
+            "table": "h200_sxm/mla/vllm/0.24.0",
+        }
+
+    rows = [
+        row(16, "fp8_block", "bfloat16", 64, 8192),
+        row(16, "fp8_block", "fp8", 64, 8192),
+        row(128, "fp8_block", "bfloat16", 64, 8192),
+    ]
+
+    def table(system, family, engine, name):
+        wanted = ("h200_sxm", "mla", "vllm", "mla_generation_module_perf.parquet")
+        return list(rows) if (system, family, engine, name) == wanted else []
+
+    results = {r["point"]: r for r in aic_mla.score_mla_module(table)}
+
+    def priced(gemm, cache, heads):
+        return results[
+            f"h200_sxm/mla/vllm/0.24.0 {gemm} products, {cache} cache, {heads} heads, batch 64, 8192 tokens"
+        ]
+
+    assert [r["split"] for r in results.values()] == ["held out"] * 3
+    block = priced("fp8_block", "bfloat16", 16)
+    assert block["error"] == block["estimated_s"] / 1e-4 - 1
+    # an fp8 cache halves the bytes the decode attention reads over 8,192 tokens of 64 sequences
+    assert priced("fp8_block", "fp8", 16)["estimated_s"] < block["estimated_s"]
+    # eight times the heads: eight times the attention's query work, larger up and output projections
+    assert priced("fp8_block", "bfloat16", 128)["estimated_s"] > 1.5 * block["estimated_s"]
