@@ -10,7 +10,9 @@ sequences; the padding rows sample nothing); without padding (TensorRT-LLM's def
 runs eagerly. Larger batches, mixed batches and ``enforce_eager`` run eagerly: their kernels cannot start faster
 than the CPU launches them, ``launch_s`` each, so such an iteration takes at least ``kernels x launch_s``. vLLM's
 piecewise graphs cover mixed batches of up to the largest capture size in tokens: those are not launch-bound.
-``request_s`` delays a request's entry into the scheduler (tokenizing and admitting it), not the engine.
+``request_s`` delays a request's entry into the scheduler: its path outside the forward passes before its first
+token reaches the client (tokenizing, admitting, and where measured, the server's hops and streaming), not the
+engine.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ _LAUNCH = (
 _ASSUMED = (
     "assumed: no per-iteration CPU figure of this engine is published, so vLLM V1's (above) is taken, hidden "
     "behind the kernels by the overlap scheduler"
+)
+_SGLANG_MOCK = (
+    "tenstorrent/tt-inference-server issue #3560 (2026-05): SGLang serving one user through its OpenAI chat "
+    "endpoint (vllm bench serve, 128-token prompts) over a model whose every forward busy-waits 2.632 ms on the "
+    "CPU, so nothing of the engine's own time hides behind it: median TTFT 9.54 ms, TPOT 2.94 ms"
 )
 
 
@@ -85,12 +92,11 @@ _VLLM_COMPILATION = (
     "cudagraph_mode FULL_AND_PIECEWISE (v0.11-0.12 line): sizes 1, 2, 4, every 8 to 248, every 16 from 256 "
     "up to min(2 x max_num_seqs, 512) within max_num_batched_tokens, padded up; larger batches eager"
 )
-# SGLang's and TensorRT-LLM's CPU figures: vLLM's, assumed (none published), hidden by their overlap schedulers.
+# SGLang's and TensorRT-LLM's CPU figures per iteration: vLLM's, assumed, hidden by their overlap schedulers.
 _OVERLAPPED = dict(
     step_s=250e-6,
     sequence_s=12.7e-6,
     overlap=1.0,
-    request_s=1.3e-3,
     launch_s=20e-6,
     graphs="CUDA graphs",
     piecewise=False,
@@ -121,12 +127,17 @@ ENGINES: dict[str, Overheads] = {
     ),
     "sglang": Overheads(
         **_OVERLAPPED,  # type: ignore[arg-type]
+        # the mock's TTFT less its one prefill forward and that iteration's own 0.31 ms
+        request_s=6.6e-3,
         sizes=_sglang_sizes,
         padding=True,
         sources=(
             f"per iteration and sequence: {_ASSUMED} (LMSYS blog 'SGLang v0.4', 2024-12: the zero-overhead "
-            "scheduler leaves no GPU idle between decode batches)",
-            f"per request 1.3 ms: {_TOKENIZE}",
+            "scheduler leaves no GPU idle between decode batches); it agrees with SGLang's own serial 0.31 ms a "
+            f"decode step at one sequence: {_SGLANG_MOCK}",
+            "per request 6.6 ms (the HTTP request, chat template and tokenizing, the hops between SGLang's "
+            "processes, detokenizing and streaming the token): the mock's TTFT less its prefill forward and that "
+            f"iteration's 0.31 ms; {_SGLANG_MOCK}",
             f"eager 20 us per kernel: {_LAUNCH}",
             "capture sizes: sgl-project/sglang python/sglang/srt/server_args.py, _generate_cuda_graph_batch_sizes "
             "and cuda_graph_max_bs 256 for 60-160 GB GPUs at TP < 4 (v0.5 line), padded up; mixed batches eager",
@@ -134,6 +145,7 @@ ENGINES: dict[str, Overheads] = {
     ),
     "trtllm": Overheads(
         **_OVERLAPPED,  # type: ignore[arg-type]
+        request_s=1.3e-3,
         sizes=_trtllm_sizes,
         padding=False,
         sources=(
