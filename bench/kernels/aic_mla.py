@@ -51,15 +51,16 @@ def module_seconds(session, device: str, config: str, batch: int, step: int, kv_
     return sum(r.estimate.time_s for r in report.records if ".layers.0.self_attn" in r.invoke.module)
 
 
-def score_mla_module(table, sample: int = 300) -> list[dict]:
-    """``table``: aic_tables.table, which reads one measured table's rows."""
+def score_mla_module(table, sample: int = 300, session=None, systems=SYSTEMS) -> list[dict]:
+    """``table``: aic_tables.table, which reads one measured table's rows; ``systems``: the profile each GPU's
+    rows are priced on (castpack-nvidia's in ``session``, by default a Session with the installed packs)."""
     import castcore
 
-    session = castcore.Session()
+    session = session or castcore.Session()
     results = []
     with tempfile.TemporaryDirectory() as folder:
         configs: dict[tuple[int, str], str] = {}
-        for system, device in SYSTEMS.items():
+        for system, device in systems.items():
             rows = table(system, "mla", "vllm", "mla_generation_module_perf.parquet")
             random.Random(0).shuffle(rows)
             for row in rows[:sample]:
