@@ -146,6 +146,14 @@ SIMULATE = paged(
                         choices=("on", "off"),
                         optional=True,
                     ),
+                    Option(
+                        "mixed_chunk",
+                        "run decodes in the iterations that compute prompt chunks (vllm, trtllm: always; "
+                        "sglang: off by default, its --enable-mixed-chunk)",
+                        ENGINE,
+                        choices=("on", "off"),
+                        optional=True,
+                    ),
                     int_option("block_size", None, "KV cache tokens per block", ENGINE, optional=True),
                     Option(
                         "kv_memory_fraction",
@@ -338,6 +346,7 @@ ENGINE_OPTIONS = (
     "max_running_requests",
     "max_batched_tokens",
     "chunked_prefill",
+    "mixed_chunk",
     "block_size",
     "kv_memory_fraction",
     "kv_policy",

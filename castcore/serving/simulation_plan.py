@@ -137,8 +137,9 @@ def check(model: str = DEFAULT_MODEL, **options: Any) -> Simulation:
         for name in ENGINE_OPTIONS
         if (value := options.pop(name, None)) is not None
     }
-    if "chunked_prefill" in overrides:
-        overrides["chunked_prefill"] = overrides["chunked_prefill"] == "on"
+    for switch in ("chunked_prefill", "mixed_chunk"):
+        if switch in overrides:
+            overrides[switch] = overrides[switch] == "on"
     base = build_workload(model, **options)
     arrivals = arrivals_of(given["rate"], given["burstiness"], given["concurrency"])
     engine_limits = limits(given["engine"], **overrides)  # its refusals before the requests'

@@ -116,6 +116,10 @@ class SimulationReport:
         ]
         if self.overheads is not None:
             lines.append(describe(self.engine, self.overheads))
+        if not self.limits.mixed_chunk:
+            lines.append(
+                "scheduling: an iteration with prompt chunks runs them alone; the decodes wait for it"
+            )
         steady = format_line(self.summary.get("steady_state"))
         if steady:
             lines.append(steady)

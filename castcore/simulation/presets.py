@@ -32,7 +32,9 @@ class EngineLimits:
     captured in one (None: the engine's rule); both priced by castcore.simulation.overheads.
     ``kv_memory_fraction_given``: the fraction was given, not the preset's (SGLang derives its own from the device
     and TP otherwise: castcore.serving.engine_memory). ``given``: the fields given as options, which the device
-    does not change (``for_device``).
+    does not change (``for_device``). ``mixed_chunk``: decodes run in the same iteration as prompt chunks (vLLM
+    and TensorRT-LLM always); off, an iteration with prompt work to do runs only that, and the decodes wait for
+    an iteration without (SGLang's default, ``--enable-mixed-chunk`` off).
     """
 
     max_running_requests: int
@@ -48,6 +50,7 @@ class EngineLimits:
     max_capture_size: int | None = None
     kv_memory_fraction_given: bool = False
     given: tuple[str, ...] = ()
+    mixed_chunk: bool = True
 
 
 _VLLM_ARGS = "vllm-project/vllm vllm/engine/arg_utils.py, EngineArgs._set_default_args, commit 99d7eb5d (v0.11 line, 2025-10)"
@@ -84,6 +87,7 @@ PRESETS: dict[str, EngineLimits] = {
         max_running_requests=4096,
         max_batched_tokens=8192,  # chunked_prefill_size 8192 for 60-160 GB GPUs (H100, H200, A100 80GB).
         chunked_prefill=True,
+        mixed_chunk=False,  # enable_mixed_chunk False: a prefill batch runs alone, the decodes wait for it.
         block_size=1,  # page_size 1 (token-granular KV pool) unless an attention backend asks for more.
         # mem_fraction_static = (gpu_mem - reserved) / gpu_mem, reserved = 512 MB + 1.5 MB per chunked-prefill token
         # + 2 MB per CUDA-graph batch (256 at TP < 4) + TP/8 GB, at least 10 GB above 60 GB: for an 80 GB H100 at TP 1
@@ -93,6 +97,7 @@ PRESETS: dict[str, EngineLimits] = {
         memory_share_of="device",
         sources=(
             f"chunked_prefill_size 8192, mem_fraction_static formula: {_SGLANG_ARGS}",
+            f"enable_mixed_chunk False (prompt chunks and decodes in separate batches): {_SGLANG_ARGS}",
             f"max_running_requests = min(max_total_num_tokens // 2, req_to_token_pool.size <= 4096): {_SGLANG_RUNNER}",
             f"page_size 1: {_SGLANG_ARGS}",
         ),
@@ -117,7 +122,7 @@ PRESETS: dict[str, EngineLimits] = {
 _WHOLE = ("max_running_requests", "max_batched_tokens", "block_size", "scheduler_steps", "max_capture_size")
 
 
-_KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill", "kv_policy", "enforce_eager")
+_KNOWN = (*_WHOLE, "kv_memory_fraction", "chunked_prefill", "mixed_chunk", "kv_policy", "enforce_eager")
 
 
 def limits(engine: str, **overrides: object) -> EngineLimits:
@@ -132,7 +137,7 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         elif name == "kv_memory_fraction":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ModelError(f"{option} takes a fraction in (0, 1], not {value!r}")
-        elif name in ("chunked_prefill", "enforce_eager"):
+        elif name in ("chunked_prefill", "mixed_chunk", "enforce_eager"):
             if not isinstance(value, bool):
                 raise ModelError(f"{option} takes true or false, not {value!r}")
         elif name == "kv_policy":
@@ -141,6 +146,11 @@ def limits(engine: str, **overrides: object) -> EngineLimits:
         else:
             known = ", ".join(say(n) for n in _KNOWN)
             raise ModelError(f"{option} is not an engine option; known: {known}")
+    if overrides.get("mixed_chunk") is False and engine != "sglang":
+        raise ModelError(
+            f"{say('mixed_chunk')} off is SGLang's scheduling ({say('engine', 'sglang')}); {engine} always runs "
+            f"decodes in the iteration of the prompt chunks: drop {say('mixed_chunk')}"
+        )
     if overrides.get("enforce_eager") and overrides.get("max_capture_size") is not None:
         raise ModelError(
             f"{say('max_capture_size')} sizes the CUDA graphs {say('enforce_eager', True)} turns off: give one"

@@ -13,6 +13,10 @@
 3. After the batch ran, a request whose computed tokens reach its prompt plus its generated tokens produces output
    tokens, timestamped at the end of the iteration (so a prefill's last chunk gives the first token), and finishes
    after its last output token, freeing its blocks.
+
+Without mixed chunks (SGLang's default) an iteration first tries steps 1 and 2 with the prompts alone (the running
+requests part-way through theirs, then the waiting ones); only when that finds no prompt work do the decodes run,
+on their own.
 """
 
 from __future__ import annotations
@@ -62,21 +66,29 @@ class Scheduler:
         self.waiting.append(state)
 
     def schedule(self) -> Batch:
+        mixed = self.limits.mixed_chunk
         batch = Batch()
-        budget = self._schedule_running(batch)
+        budget = self._schedule_running(batch, None if mixed else False)
         deciding = self.policies.decisions.deciding(bool(self.running))
         if not batch.preempted and deciding:
             self._admit_waiting(batch, budget)
-        return batch
+        if mixed or batch.chunks or batch.preempted:
+            return batch
+        decodes = Batch()  # no prompt work: the decodes' own iteration
+        self._schedule_running(decodes, True)
+        return decodes
 
-    def _schedule_running(self, batch: Batch) -> int:
-        """Step 1; the budget left."""
+    def _schedule_running(self, batch: Batch, decoding: bool | None = None) -> int:
+        """Step 1 for the running requests that are ``decoding`` (None: all); the budget left."""
         budget, running, pool = self.limits.max_batched_tokens, self.running, self.pool
         draft = self.policies.decoding.draft
         requests, chunks = batch.requests, batch.chunks
         k = 0
         while k < len(running) and budget > 0:
             state = running[k]
+            if decoding is not None and state.decoding != decoding:
+                k += 1
+                continue
             tokens = state.prompt + state.generated
             left = tokens - state.computed
             new = min(left + draft if state.decoding else left, budget)  # a verification pass: k drafts too

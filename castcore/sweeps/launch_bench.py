@@ -148,10 +148,14 @@ def simulate_command(
         "kv_policy",
         "scheduler_steps",
         "chunked_prefill",
+        "mixed_chunk",
     ):
         value = getattr(limits, name)
         if value != getattr(preset, name):
-            shown = {True: "on", False: "off"}[value] if name == "chunked_prefill" else f"{value:g}"
+            if isinstance(value, bool):
+                shown = "on" if value else "off"
+            else:
+                shown = value if isinstance(value, str) else f"{value:g}"
             argv += [SIMULATE[name].cli, shown]
     argv += [SIMULATE["enforce_eager"].cli] if limits.enforce_eager else []
     if limits.max_capture_size is not None:

@@ -231,6 +231,7 @@ def limit_flags(engine: str, limits: EngineLimits, notes: list[str]) -> tuple[li
             else ["--chunked-prefill-size", "-1", "--max-prefill-tokens", tokens]
         )
         flags += ["--max-running-requests", running, "--page-size", str(limits.block_size)]
+        flags += ["--enable-mixed-chunk"] if limits.mixed_chunk else []
         flags += ["--disable-cuda-graph"] if limits.enforce_eager else []
         flags += (
             [] if limits.max_capture_size is None else ["--cuda-graph-max-bs", str(limits.max_capture_size)]

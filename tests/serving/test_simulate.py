@@ -170,6 +170,10 @@ def test_a_small_kv_cache_preempts_and_every_request_still_finishes(tmp_path, ca
             ["--enforce-eager", "--max-capture-size", "8"],
             "--max-capture-size sizes the CUDA graphs --enforce-eager turns off: give one",
         ),
+        (
+            ["--mixed-chunk", "off"],
+            "--mixed-chunk off is SGLang's scheduling (--engine sglang); vllm always runs decodes",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
@@ -595,3 +599,15 @@ def test_the_step_time_models_kept_are_the_last_used(monkeypatch):
     session.simulate(LLAMA, weights="int8", **options)  # a third: the least recently used (tp 2) goes
     kept = list(session.pipeline.derived.values())
     assert len(kept) == 2 and kept[0] is first
+
+
+def test_sglang_runs_prompts_apart_from_the_decodes_unless_mixed_chunks_are_on(capsys):
+    """SGLang's default runs an iteration of prompts alone, so the decodes running then wait a whole prompt
+    iteration for their next token (castcore.simulation.scheduler); --mixed-chunk on batches them together."""
+    apart = _simulate(capsys, "--engine", "sglang", "--rate", "800")
+    mixed = _simulate(capsys, "--engine", "sglang", "--rate", "800", "--mixed-chunk", "on")
+    assert apart["engine_limits"]["mixed_chunk"] is False and mixed["engine_limits"]["mixed_chunk"] is True
+    assert apart["p99_itl_ms"] > 2 * mixed["p99_itl_ms"]
+    assert apart["mean_itl_ms"] > mixed["mean_itl_ms"]
+    # a prompt's iteration is its own: its first token comes no later than when it shares one
+    assert apart["mean_ttft_ms"] <= mixed["mean_ttft_ms"] * 1.01

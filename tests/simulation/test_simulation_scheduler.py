@@ -3,6 +3,9 @@ preset chooses."""
 
 from __future__ import annotations
 
+import pytest
+
+from castcore.errors import ModelError
 from castcore.simulation.blocks import BlockPool
 from castcore.simulation.chunks import Chunk
 from castcore.simulation.policies import MultiStep, OnDemand, Policies, Reserve, Speculation
@@ -81,3 +84,39 @@ def test_speculation_counts_out_accepted_tokens_whole_as_they_accrue():
     assert [spec.accept(state, 3) for _ in range(4)] == [1, 2, 1, 2]  # 1.5 a step: credit 1.5, 2.0, 1.5, 2.0
     state.generated = 9
     assert spec.accept(state, 3) == 1  # never beyond the output
+
+
+def test_without_mixed_chunks_the_prompts_run_alone_and_the_decodes_wait_for_them():
+    """SGLang's default: an iteration with prompt work runs only that (a chunked prompt's next chunk too); the
+    decodes run when no prompt is left. vLLM's scheduler runs them together."""
+    for mixed in (True, False):
+        scheduler, (first, second, third) = scheduler_for(
+            [Request(0, 10, 4), Request(1, 150, 4), Request(2, 10, 4)], mixed_chunk=mixed
+        )
+        scheduler.waiting.pop()
+        scheduler.waiting.pop()  # the first alone: it prefills, then decodes
+        scheduler.update(scheduler.schedule(), 1.0)
+        scheduler.add(second)
+        scheduler.add(third)
+        batch = scheduler.schedule()  # the second's prompt is longer than the 100-token budget
+        if mixed:
+            assert batch.requests == [first, second] and batch.chunks == [Chunk(1, 10), Chunk(99, 0, False)]
+            continue
+        assert batch.requests == [second] and batch.chunks == [Chunk(100, 0, False)]
+        scheduler.update(batch, 2.0)
+        batch = scheduler.schedule()  # the rest of the second's prompt, and the third's
+        assert batch.requests == [second, third]
+        assert batch.chunks == [Chunk(50, 100, True), Chunk(10, 0, True)]
+        scheduler.update(batch, 3.0)
+        batch = scheduler.schedule()  # no prompt left: every decode
+        assert batch.requests == [first, second, third] and all(c.new == 1 for c in batch.chunks)
+        scheduler.update(batch, 4.0)
+        assert first.token_times == [1.0, 4.0]  # its second token waited out both prompt iterations
+
+
+def test_only_sglang_batches_its_decodes_apart():
+    assert limits("sglang").mixed_chunk is False and limits("vllm").mixed_chunk
+    assert limits("sglang", mixed_chunk=True).mixed_chunk
+    for engine in ("vllm", "trtllm"):
+        with pytest.raises(ModelError, match=f"SGLang's scheduling .*; {engine} always runs decodes"):
+            limits(engine, mixed_chunk=False)

@@ -99,6 +99,11 @@ def test_sglang_attention_dp_and_ep():
         "sglang", deployment, Traffic(2048, 512, 256), limits("sglang", kv_memory_fraction=0.8)
     ).launch
     assert given[-2:] == ["--mem-fraction-static", "0.8"]
+    # decodes batched with the prompt chunks, as castcore simulated them: SGLang's flag, and simulate's option
+    mixed = launch_files("sglang", deployment, Traffic(2048, 512, 256), limits("sglang", mixed_chunk=True))
+    assert "--enable-mixed-chunk" in mixed.launch and "--enable-mixed-chunk" not in files.launch
+    assert mixed.simulate[mixed.simulate.index("--mixed-chunk") + 1] == "on"
+    assert "--mixed-chunk" not in files.simulate
     assert shlex.join(files.bench) == (
         "python -m sglang.bench_serving --backend sglang --model deepseek-ai/DeepSeek-V3 --dataset-name random "
         "--random-input-len 2048 --random-output-len 512 --random-range-ratio 1 --num-prompts 256 --request-rate inf "
