@@ -104,6 +104,11 @@ def test_sglang_attention_dp_and_ep():
     assert "--enable-mixed-chunk" in mixed.launch and "--enable-mixed-chunk" not in files.launch
     assert mixed.simulate[mixed.simulate.index("--mixed-chunk") + 1] == "on"
     assert "--mixed-chunk" not in files.simulate
+    # a limit given as a word passes on as given
+    reserved = launch_files(
+        "sglang", deployment, Traffic(2048, 512, 256), limits("sglang", kv_policy="reserve")
+    )
+    assert reserved.simulate[reserved.simulate.index("--kv-policy") + 1] == "reserve"
     assert shlex.join(files.bench) == (
         "python -m sglang.bench_serving --backend sglang --model deepseek-ai/DeepSeek-V3 --dataset-name random "
         "--random-input-len 2048 --random-output-len 512 --random-range-ratio 1 --num-prompts 256 --request-rate inf "
