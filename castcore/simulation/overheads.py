@@ -11,7 +11,7 @@ runs eagerly. Larger batches, mixed batches and ``enforce_eager`` run eagerly: t
 than the CPU launches them, ``launch_s`` each, so such an iteration takes at least ``kernels x launch_s``. vLLM's
 piecewise graphs cover mixed batches of up to the largest capture size in tokens: those are not launch-bound.
 ``request_s`` delays a request's entry into the scheduler: its path outside the forward passes before its first
-token reaches the client (tokenizing, admitting, and where measured, the server's hops and streaming), not the
+token reaches the client (the HTTP request, tokenizing, the server's hops, streaming the token back), not the
 engine.
 """
 
@@ -31,10 +31,6 @@ _GAP = (
     "vllm-project/vllm issue #10634 (2024-11): the gap left between decode steps once scheduling runs ahead of "
     "the GPU is put at 200-300 us"
 )
-_TOKENIZE = (
-    "tenstorrent/tt-inference-server issue #2173 (2026-02): encoding a 131-token prompt with a Hugging Face "
-    "tokenizer took 1.3-2.8 ms warm; castcore takes the warm 1.3 ms per request, before its first token"
-)
 _LAUNCH = (
     "sgl-project/sglang PR #1401 (2024-09): Llama-3-8B decode at batch 1 (FlashInfer) 8.23 ms eager and 7.35 ms "
     "with CUDA graphs; eager is launch-bound there, so 8.23 ms over the 404 kernels castcore counts in that step "
@@ -48,6 +44,15 @@ _SGLANG_MOCK = (
     "tenstorrent/tt-inference-server issue #3560 (2026-05): SGLang serving one user through its OpenAI chat "
     "endpoint (vllm bench serve, 128-token prompts) over a model whose every forward busy-waits 2.632 ms on the "
     "CPU, so nothing of the engine's own time hides behind it: median TTFT 9.54 ms, TPOT 2.94 ms"
+)
+_REQUEST = (
+    "per request 6.6 ms (the HTTP request, chat template and tokenizing, the hops between the server's processes, "
+    "detokenizing and streaming the token): the mock's TTFT less its prefill forward and that iteration's 0.31 ms"
+)
+_REQUEST_ASSUMED = (
+    "per request 6.6 ms, assumed: SGLang's measured path (see the sglang preset), since this engine's OpenAI "
+    "server has the same parts (a front end that templates and tokenizes, hands the request to the engine's "
+    "process and streams the detokenized tokens back) and no measurement of its own was found"
 )
 
 
@@ -93,10 +98,12 @@ _VLLM_COMPILATION = (
     "up to min(2 x max_num_seqs, 512) within max_num_batched_tokens, padded up; larger batches eager"
 )
 # SGLang's and TensorRT-LLM's CPU figures per iteration: vLLM's, assumed, hidden by their overlap schedulers.
+REQUEST_S = 6.6e-3  # the path of a request outside the forward passes (SGLang's, measured: _REQUEST)
 _OVERLAPPED = dict(
     step_s=250e-6,
     sequence_s=12.7e-6,
     overlap=1.0,
+    request_s=REQUEST_S,
     launch_s=20e-6,
     graphs="CUDA graphs",
     piecewise=False,
@@ -107,7 +114,7 @@ ENGINES: dict[str, Overheads] = {
         step_s=250e-6,
         sequence_s=12.7e-6,
         overlap=0.0,  # async scheduling is opt-in (--async-scheduling) in the v0.11 line
-        request_s=1.3e-3,
+        request_s=REQUEST_S,
         launch_s=20e-6,
         graphs="CUDA graphs",
         sizes=_vllm_sizes,
@@ -117,7 +124,7 @@ ENGINES: dict[str, Overheads] = {
             f"per iteration 250 us: {_GAP}",
             f"per sequence 12.7 us: {_V1_LOOP}",
             "no overlap: vllm-project/vllm PR #19970 (2025-06) adds async scheduling as an opt-in flag",
-            f"per request 1.3 ms: {_TOKENIZE}",
+            _REQUEST_ASSUMED,
             f"eager 20 us per kernel: {_LAUNCH}",
             f"capture sizes: {_VLLM_COMPILATION}",
             "on Ascend, vllm-ascend's ACL graphs start from the same sizes and padding "
@@ -127,17 +134,13 @@ ENGINES: dict[str, Overheads] = {
     ),
     "sglang": Overheads(
         **_OVERLAPPED,  # type: ignore[arg-type]
-        # the mock's TTFT less its one prefill forward and that iteration's own 0.31 ms
-        request_s=6.6e-3,
         sizes=_sglang_sizes,
         padding=True,
         sources=(
             f"per iteration and sequence: {_ASSUMED} (LMSYS blog 'SGLang v0.4', 2024-12: the zero-overhead "
             "scheduler leaves no GPU idle between decode batches); it agrees with SGLang's own serial 0.31 ms a "
             f"decode step at one sequence: {_SGLANG_MOCK}",
-            "per request 6.6 ms (the HTTP request, chat template and tokenizing, the hops between SGLang's "
-            "processes, detokenizing and streaming the token): the mock's TTFT less its prefill forward and that "
-            f"iteration's 0.31 ms; {_SGLANG_MOCK}",
+            f"{_REQUEST}; {_SGLANG_MOCK}",
             f"eager 20 us per kernel: {_LAUNCH}",
             "capture sizes: sgl-project/sglang python/sglang/srt/server_args.py, _generate_cuda_graph_batch_sizes "
             "and cuda_graph_max_bs 256 for 60-160 GB GPUs at TP < 4 (v0.5 line), padded up; mixed batches eager",
@@ -145,13 +148,12 @@ ENGINES: dict[str, Overheads] = {
     ),
     "trtllm": Overheads(
         **_OVERLAPPED,  # type: ignore[arg-type]
-        request_s=1.3e-3,
         sizes=_trtllm_sizes,
         padding=False,
         sources=(
             f"per iteration and sequence: {_ASSUMED} (nvidia.github.io/TensorRT-LLM features/overlap-scheduler: "
             "on by default)",
-            f"per request 1.3 ms: {_TOKENIZE}",
+            _REQUEST_ASSUMED,
             f"eager 20 us per kernel: {_LAUNCH}",
             "capture sizes: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, CudaGraphConfig (1.0 line): "
             "max_batch_size 128, enable_padding False, sizes 1-31, 32, 64, 128; a size not captured runs eager",

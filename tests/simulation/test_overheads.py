@@ -123,7 +123,7 @@ def test_bad_graph_options_are_refused(overrides, said):
 def test_the_summary_line_names_the_graphs_and_the_cpu_costs():
     assert describe("vllm", step_of("vllm").summary()) == (
         "engine overheads (vllm): CUDA graphs up to batch 512; CPU 0.25 ms + 0.0127 ms per sequence per "
-        "iteration, 1.3 ms per request before its first token"
+        "iteration, 6.6 ms per request before its first token"
     )
     line = describe("trtllm", step_of("trtllm", enforce_eager=True).summary())
     assert (
