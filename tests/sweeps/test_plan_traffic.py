@@ -101,14 +101,14 @@ def test_max_rate_bisects_under_the_bursty_traffic(tmp_path):
     found = _plan(
         tmp_path,
         *("--input", "normal:40:10", "--output", "6", "--max-rate", "--burstiness", "0.3"),
-        *("--requests", "30", "--ttft", "p90:2.2ms", "--workers", "1", "--validate", "0"),
+        *("--requests", "30", "--ttft", "p90:7.5ms", "--workers", "1", "--validate", "0"),
     )
     best = found["best"][0]
     assert best["max_rate"] > 0 and best["rate"] == best["max_rate"]
     simulated = _simulated(
         input_lengths="normal:40:10", output_lengths="6", requests=30, rate=best["rate"], burstiness=0.3
     )
-    assert best["p90_ttft_ms"] == pytest.approx(simulated["p90_ttft_ms"]) and best["p90_ttft_ms"] <= 2.2
+    assert best["p90_ttft_ms"] == pytest.approx(simulated["p90_ttft_ms"]) and best["p90_ttft_ms"] <= 7.5
 
 
 @pytest.mark.parametrize(
@@ -198,7 +198,7 @@ def test_plan_help_documents_its_traffic_and_exit_3(capsys):
 def test_a_plan_whose_objective_needs_three_replicas_finds_three_not_four(tmp_path):
     traffic = ("--input", "200", "--output", "40", "--rate", "200000", "--requests", "200")
     found = _plan(
-        tmp_path, *traffic, "--ttft", "p99:5ms", "--max-devices", "4", "--workers", "1", "--validate", "0"
+        tmp_path, *traffic, "--ttft", "p99:10.3ms", "--max-devices", "4", "--workers", "1", "--validate", "0"
     )
     best = found["best"][0]
     assert (best["tp"], best["dp"], best["devices"]) == (1, 3, 3)
@@ -206,7 +206,7 @@ def test_a_plan_whose_objective_needs_three_replicas_finds_three_not_four(tmp_pa
     assert found["points"] == 4
     # simulate agrees: two replicas miss the objective, three meet it
     at = dict(input_lengths="200", output_lengths="40", requests=200, rate=200000.0)
-    assert _simulated(**at, dp=2)["p99_ttft_ms"] > 5 >= _simulated(**at, dp=3)["p99_ttft_ms"]
+    assert _simulated(**at, dp=2)["p99_ttft_ms"] > 10.3 >= _simulated(**at, dp=3)["p99_ttft_ms"]
     assert best["p99_ttft_ms"] == pytest.approx(_simulated(**at, dp=3)["p99_ttft_ms"])
 
 
