@@ -97,8 +97,8 @@ _VLLM_COMPILATION = (
     "cudagraph_mode FULL_AND_PIECEWISE (v0.11-0.12 line): sizes 1, 2, 4, every 8 to 248, every 16 from 256 "
     "up to min(2 x max_num_seqs, 512) within max_num_batched_tokens, padded up; larger batches eager"
 )
-# SGLang's and TensorRT-LLM's CPU figures per iteration: vLLM's, assumed, hidden by their overlap schedulers.
 REQUEST_S = 6.6e-3  # the path of a request outside the forward passes (SGLang's, measured: _REQUEST)
+# SGLang's and TensorRT-LLM's CPU figures per iteration: vLLM's, assumed, hidden by their overlap schedulers.
 _OVERLAPPED = dict(
     step_s=250e-6,
     sequence_s=12.7e-6,
